@@ -1,0 +1,1 @@
+"""The sans-IO transport engine: QPs, keys, rings, timers.  No I/O, no clock."""

@@ -1,0 +1,226 @@
+"""State shared by the three halves of a QP engine.
+
+A QP engine is split the way a NIC's transport is:
+
+* the **requester** (:mod:`.requester`) turns send WQEs into request packets
+  and keeps the retransmission timer;
+* the **completer** (also :mod:`.requester`) consumes ACKs, NAKs and read or
+  atomic responses and writes send CQEs in posting order;
+* the **responder** (:mod:`.responder`) checks and executes incoming
+  requests, consumes receive WQEs and answers with ACKs, NAKs and responses.
+
+:class:`QPCore` holds the state all of them read: the QP's attributes, its
+rings and CQs, and the link to the device (:class:`HCAPort`) through which
+packets leave, timers are armed and async events are posted.  The engine is
+sans-IO: every entry point takes ``now`` (seconds, from an injected clock)
+and nothing here reads a clock, sleeps or touches a socket.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING, Any, Protocol
+
+from softverbs.engine.memory import KeyTable
+from softverbs.engine.queues import (
+    CQE,
+    CompletionQueue,
+    RecvWQE,
+    Route,
+    SendWQE,
+    SharedRQ,
+    WorkQueue,
+)
+from softverbs.enums import (
+    IBV_QPS_RESET,
+    IBV_QPT_RC,
+    IBV_QPT_UC,
+    IBV_QPT_UD,
+    IBV_QPT_XRC_RECV,
+    IBV_QPT_XRC_SEND,
+    IBV_WC_SUCCESS,
+)
+from softverbs.wire.opcodes import Transport
+from softverbs.wire.packet import Packet
+
+if TYPE_CHECKING:
+    from collections import Counter
+
+
+class HCAPort(Protocol):
+    """What a QP engine needs from its device."""
+
+    keys: KeyTable
+    counters: Counter[str]
+    outbox: deque[Packet]
+
+    def schedule(self, qp: QPCore, deadline: float) -> None: ...
+    def post_event(self, event_type: int, element: Any) -> None: ...
+    def cq_overrun(self, cq: CompletionQueue) -> None: ...
+    def find_srq(self, srqn: int) -> SharedRQ | None: ...
+
+
+#: QP type -> BTH transport prefix.
+TRANSPORT_OF: dict[int, Transport] = {
+    IBV_QPT_RC: Transport.RC,
+    IBV_QPT_UC: Transport.UC,
+    IBV_QPT_UD: Transport.UD,
+    IBV_QPT_XRC_SEND: Transport.XRC,
+    IBV_QPT_XRC_RECV: Transport.XRC,
+}
+
+#: Messages per ACK request when a message is longer than this many packets.
+ACKREQ_EVERY = 64
+#: Unacknowledged packets a requester keeps in flight (a pacing window).
+DEFAULT_WINDOW = 512
+
+
+class QPCore:
+    """Attributes, rings and device link of one QP (see module docstring)."""
+
+    def __init__(
+        self,
+        hca: HCAPort,
+        qpn: int,
+        qp_type: int,
+        pd: object,
+        send_cq: CompletionQueue | None,
+        recv_cq: CompletionQueue | None,
+        sq: WorkQueue | None,
+        rq: WorkQueue | None,
+        srq: SharedRQ | None,
+        sq_sig_all: bool,
+        owner: Any = None,
+    ) -> None:
+        self.hca = hca
+        self.qpn = qpn
+        self.qp_type = qp_type
+        self.transport = TRANSPORT_OF[qp_type]
+        self.reliable = qp_type in (IBV_QPT_RC, IBV_QPT_XRC_SEND, IBV_QPT_XRC_RECV)
+        self.pd = pd
+        self.send_cq = send_cq
+        self.recv_cq = recv_cq
+        self.sq = sq
+        self.rq = rq
+        self.srq = srq
+        self.sq_sig_all = sq_sig_all
+        self.owner = owner  #: the verbs QP, for async events
+        self.xrcd: object = None
+        self.state: int = IBV_QPS_RESET
+        # --- attributes set by modify ------------------------------------
+        self.port = 1
+        self.pkey_index = 0
+        self.pkey = 0xFFFF
+        self.qkey = 0
+        self.access = 0  #: qp_access_flags: remote rights of the responder
+        self.dest_qpn = 0
+        self.route: Route | None = None
+        self.pmtu = 1024
+        self.sq_psn = 0
+        self.rq_psn = 0
+        self.timeout = 0
+        self.retry_cnt = 7
+        self.rnr_retry = 7
+        self.min_rnr_timer = 0
+        self.max_rd_atomic = 1
+        self.max_dest_rd_atomic = 1
+        self.en_sqd_async_notify = False
+        self.sport = 0
+        self.window = DEFAULT_WINDOW
+        self.comm_established = False
+        self.last_error = ""  #: why the QP last left RTS by itself, in words
+        self.timer_at: float | None = None  #: deadline of the live timer entry
+        self.timer_token = 0
+        self.reset_transport()
+
+    def reset_transport(self) -> None:
+        """Forget all transport progress (RESET)."""
+        # requester / completer
+        self.sq_next = 0  #: ring index of the next WQE to start
+        self.inflight: deque[SendWQE] = deque()
+        self.npsn = self.sq_psn  #: PSN of the next new request packet
+        self.una = self.sq_psn  #: oldest unacknowledged PSN
+        self.rd_out = 0  #: outstanding RDMA READs and atomics
+        self.retry_left = self.retry_cnt
+        self.rnr_left = self.rnr_retry
+        self.deadline: float | None = None  #: retransmission timer
+        self.rnr_until: float | None = None  #: RNR back-off end
+        self.rnr_psn = 0
+        self.retry_episode = False  #: a retransmission is already under way
+        self.blocked = False  #: a failed WQE waits to reach the head
+        self.draining = False
+        # responder
+        self.epsn = self.rq_psn
+        self.msn = 0
+        self.rq_next = 0
+        self.resp_op = -1  #: Kind of the multi-packet message in progress, or -1
+        self.resp_rqe: RecvWQE | None = None
+        self.resp_views: list[memoryview] = []
+        self.resp_off = 0
+        self.resp_wview: memoryview | None = None
+        self.resp_drop = False  #: UC: discard until the next FIRST/ONLY
+        self.nak_sent = False
+        self.replay: deque[tuple[int, int, int, int, int, int, int]] = deque()
+
+    # --- device links -------------------------------------------------------
+    def send(self, pkt: Packet) -> None:
+        self.hca.outbox.append(pkt)
+
+    def arm(self, deadline: float) -> None:
+        self.hca.schedule(self, deadline)
+
+    def push_cqe(self, cq: CompletionQueue | None, cqe: CQE) -> None:
+        if cq is None:
+            return
+        cqe.qp = self
+        if cq.error:
+            self.hca.counters["cqe_dropped_cq_error"] += 1
+            return
+        if not cq.push(cqe):
+            self.hca.cq_overrun(cq)
+
+    def next_deadline(self) -> float | None:
+        if self.rnr_until is not None:
+            return self.rnr_until
+        return self.deadline
+
+    # --- implemented by the halves and the state machine ---------------------
+    def handle_timer(self, now: float) -> None:
+        raise NotImplementedError
+
+    def to_error(self, now: float) -> None:
+        raise NotImplementedError
+
+    def send_queue_error(self, now: float) -> None:
+        raise NotImplementedError
+
+    def new_request(self, opcode: int, psn: int, payload: Any = b"") -> Packet:
+        """A request packet addressed to the connected peer."""
+        pkt = Packet(opcode, self.dest_qpn, psn, payload)
+        self.address(pkt, self.route)
+        return pkt
+
+    def address(self, pkt: Packet, route: Route | None) -> None:
+        pkt.pkey = self.pkey
+        pkt.sqpn = self.qpn
+        pkt.sport = self.sport
+        if route is not None:
+            pkt.sgid = route.sgid
+            pkt.dgid = route.dgid
+            pkt.hop_limit = route.hop_limit
+            pkt.tclass = route.tclass
+            pkt.flow_label = route.flow_label
+
+    def reply(self, req: Packet, opcode: int, psn: int, payload: Any = b"") -> Packet:
+        """A response packet back to the sender of ``req``."""
+        pkt = Packet(opcode, self.dest_qpn, psn, payload)
+        pkt.pkey = self.pkey
+        pkt.sqpn = self.qpn
+        pkt.sport = self.sport or req.sport
+        pkt.sgid = req.dgid
+        pkt.dgid = req.sgid
+        pkt.hop_limit = 64
+        return pkt
+
+    def success(self, cqe: CQE) -> bool:
+        return cqe.status == IBV_WC_SUCCESS

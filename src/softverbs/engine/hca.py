@@ -1,0 +1,143 @@
+"""The device-level engine: what a NIC holds besides its QPs.
+
+An :class:`HCA` owns the memory key table, the QP and SRQ number spaces, the
+counters, the timer heap and the outbox of packets waiting for the fabric.
+It is still sans-IO: :meth:`HCA.receive` takes a decoded packet and the
+time, :meth:`HCA.run_timers` takes the time, and packets to send pile up in
+:attr:`HCA.outbox` for whoever drives the device (see
+:mod:`softverbs.fabric.runtime`).
+
+QP numbers come from a counter that only moves forward (wrapping at 2**24,
+skipping 0, 1 and numbers in use), so a destroyed QP's number is not handed
+out again until the whole space has been walked -- a stale peer cannot reach
+a new QP by accident (seed 002, note 1).  The first number is 0x11, as rxe's.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter, deque
+from collections.abc import Callable
+from typing import Any
+
+from softverbs.engine.core import QPCore
+from softverbs.engine.memory import KeyTable
+from softverbs.engine.queues import CompletionQueue, SharedRQ
+from softverbs.enums import IBV_EVENT_CQ_ERR, IBV_EVENT_QP_FATAL
+from softverbs.wire.opcodes import OPINFO
+from softverbs.wire.packet import Packet
+
+QPN_MASK = 0xFFFFFF
+FIRST_QPN = 0x11
+
+#: Signature of the async event sink: (event type, engine object).
+EventSink = Callable[[int, Any], None]
+
+
+class HCA:
+    """One device's engine state (see the module docstring)."""
+
+    def __init__(self, name: str, gids: list[bytes]) -> None:
+        self.name = name
+        self.gids = gids
+        self.keys = KeyTable()
+        self.counters: Counter[str] = Counter()
+        self.outbox: deque[Packet] = deque()
+        self.qps: dict[int, QPCore] = {}
+        self.srqs: dict[int, SharedRQ] = {}
+        self.cqs: dict[int, CompletionQueue] = {}
+        self._timers: list[tuple[float, int, QPCore]] = []
+        self._timer_seq = 0
+        self._next_qpn = FIRST_QPN
+        self._next_srqn = 1
+        self.events: deque[tuple[int, Any]] = deque()
+        self.on_event: EventSink = self._queue_event
+
+    # --- numbers ----------------------------------------------------------------
+    def alloc_qpn(self) -> int:
+        for _ in range(QPN_MASK):
+            qpn = self._next_qpn
+            self._next_qpn = (qpn + 1) & QPN_MASK or FIRST_QPN
+            if qpn >= 2 and qpn not in self.qps:
+                return qpn
+        raise MemoryError("no free QP number")
+
+    def alloc_srqn(self) -> int:
+        for _ in range(QPN_MASK):
+            srqn = self._next_srqn
+            self._next_srqn = (srqn + 1) & QPN_MASK or 1
+            if srqn not in self.srqs:
+                return srqn
+        raise MemoryError("no free SRQ number")
+
+    def find_srq(self, srqn: int) -> SharedRQ | None:
+        return self.srqs.get(srqn)
+
+    # --- packets -----------------------------------------------------------------
+    def receive(self, pkt: Packet, now: float) -> None:
+        """Deliver one decoded packet addressed to this device."""
+        counters = self.counters
+        counters["rcvd_pkts"] += 1
+        info = OPINFO[pkt.opcode]
+        if info is None:
+            counters["drop_bad_opcode"] += 1
+            return
+        qp = self.qps.get(pkt.dqpn)
+        if qp is None:
+            counters["drop_unknown_qp"] += 1
+            return
+        qp.receive(pkt, info, now)  # type: ignore[attr-defined]
+
+    # --- timers ---------------------------------------------------------------------
+    def schedule(self, qp: QPCore, deadline: float) -> None:
+        """Make sure ``qp.handle_timer`` runs no later than ``deadline``.
+
+        Each QP has at most one live heap entry (``timer_token``); an entry
+        that fires early is harmless, because the QP re-arms for its real
+        deadline.  Older entries are skipped when they surface.
+        """
+        if qp.timer_at is not None and qp.timer_at <= deadline:
+            return
+        self._timer_seq += 1
+        qp.timer_token = self._timer_seq
+        qp.timer_at = deadline
+        heapq.heappush(self._timers, (deadline, self._timer_seq, qp))
+
+    def next_deadline(self) -> float | None:
+        timers = self._timers
+        while timers and timers[0][2].timer_token != timers[0][1]:
+            heapq.heappop(timers)
+        return timers[0][0] if timers else None
+
+    def run_timers(self, now: float) -> bool:
+        """Fire every timer due at ``now``; True if any fired."""
+        timers = self._timers
+        fired = False
+        while timers and timers[0][0] <= now:
+            _, token, qp = heapq.heappop(timers)
+            if qp.timer_token != token:
+                continue
+            qp.timer_token = 0
+            qp.timer_at = None
+            if self.qps.get(qp.qpn) is qp:
+                fired = True
+                qp.handle_timer(now)
+        return fired
+
+    # --- events ----------------------------------------------------------------------
+    def _queue_event(self, event_type: int, element: Any) -> None:
+        self.events.append((event_type, element))
+
+    def post_event(self, event_type: int, element: Any) -> None:
+        self.counters["async_events"] += 1
+        self.on_event(event_type, element)
+
+    def cq_overrun(self, cq: CompletionQueue) -> None:
+        """A CQE did not fit: the CQ is in error, and so is every QP using it."""
+        self.counters["cq_overrun"] += 1
+        self.post_event(IBV_EVENT_CQ_ERR, cq)
+        for qp in list(self.qps.values()):
+            if qp.send_cq is cq or qp.recv_cq is cq:
+                qp.last_error = "its completion queue overran"
+                self.post_event(IBV_EVENT_QP_FATAL, qp)
+                qp.to_error(0.0)

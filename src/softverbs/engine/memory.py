@@ -1,0 +1,245 @@
+"""Memory keys: the only way the engine touches memory.
+
+Every memory region (MR) and memory window (MW) is a :class:`MemKey` in the
+device's :class:`KeyTable`.  A key is 32 bits: a 24-bit table index and an
+8-bit "key byte" that changes when a window is re-bound or a key is
+re-registered, so a stale key never matches (IBA 10.6.3).
+
+The engine asks two questions, and gets either a ``memoryview`` of exactly
+the requested bytes or a short string saying why not:
+
+* :meth:`KeyTable.local` -- may this QP use ``lkey`` for ``[addr, addr+len)``?
+* :meth:`KeyTable.remote` -- may a remote requester use ``rkey`` for it,
+  with the given remote access right?
+
+Nothing outside a registered region is reachable: the view handed back is a
+slice of the region's own buffer, bounds-checked first.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+from typing import Any
+
+from softverbs.enums import (
+    IBV_ACCESS_LOCAL_WRITE,
+    IBV_ACCESS_MW_BIND,
+    IBV_ACCESS_REMOTE_ATOMIC,
+    IBV_ACCESS_REMOTE_READ,
+    IBV_ACCESS_REMOTE_WRITE,
+    IBV_ACCESS_ZERO_BASED,
+)
+
+KEY_INDEX_SHIFT = 8
+KEY_BYTE_MASK = 0xFF
+MAX_KEYS = 1 << 24
+
+REMOTE_ACCESS = IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC
+
+
+class MemKind(IntEnum):
+    MR = 0
+    MW1 = 1  #: type 1 window: bound with ibv_bind_mw, checked against the PD
+    MW2 = 2  #: type 2 window: bound by a BIND_MW WR, checked against the QP
+
+
+class MemKey:
+    """One registered region or window."""
+
+    __slots__ = (
+        "access",
+        "binds",
+        "iova",
+        "key",
+        "kind",
+        "length",
+        "mr",
+        "owner",
+        "pd",
+        "qpn",
+        "valid",
+        "view",
+    )
+
+    def __init__(self, kind: MemKind, key: int, pd: object, owner: Any = None) -> None:
+        self.kind = kind
+        self.key = key
+        self.pd = pd
+        self.owner = owner  #: the verbs object (MR or MW), for diagnostics
+        self.iova = 0  #: address the region is addressed by on the wire
+        self.length = 0
+        self.access = 0
+        self.view: memoryview | None = None
+        self.valid = kind is MemKind.MR
+        self.qpn = -1  #: type 2 windows: the QP they are bound to
+        self.mr: MemKey | None = None  #: windows: the region they are bound to
+        self.binds = 0  #: regions: number of windows bound to them
+
+    def slice(self, addr: int, length: int) -> memoryview | str:
+        """The bytes ``[addr, addr+length)`` or why they are out of bounds."""
+        assert self.view is not None
+        off = addr - self.iova
+        if off < 0 or length < 0 or off + length > self.length:
+            return (
+                f"[{addr:#x}, +{length}) is outside key {self.key:#x} "
+                f"[{self.iova:#x}, +{self.length})"
+            )
+        return self.view[off : off + length]
+
+
+class KeyTable:
+    """All keys of one device, by index."""
+
+    def __init__(self) -> None:
+        self._keys: dict[int, MemKey] = {}
+        self._next_index = 1
+        self._seed = 0
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def _alloc_index(self) -> int:
+        for _ in range(MAX_KEYS):
+            index = self._next_index
+            self._next_index = index + 1 if index + 1 < MAX_KEYS else 1
+            if index not in self._keys:
+                return index
+        raise MemoryError("no free memory key")
+
+    def register(
+        self,
+        kind: MemKind,
+        pd: object,
+        view: memoryview | None,
+        addr: int,
+        access: int,
+        owner: Any = None,
+    ) -> MemKey:
+        """Add a region (``view`` of real memory at ``addr``) or an unbound window."""
+        index = self._alloc_index()
+        # Vary the key byte so that keys of different objects rarely collide
+        # even when indexes are reused.
+        self._seed = (self._seed + 0x3B) & KEY_BYTE_MASK
+        mk = MemKey(kind, (index << KEY_INDEX_SHIFT) | self._seed, pd, owner)
+        if view is not None:
+            mk.view = view
+            mk.length = len(view)
+            mk.iova = 0 if access & IBV_ACCESS_ZERO_BASED else addr
+        mk.access = access
+        self._keys[index] = mk
+        return mk
+
+    def unregister(self, mk: MemKey) -> None:
+        mk.valid = False
+        self._keys.pop(mk.key >> KEY_INDEX_SHIFT, None)
+
+    def find(self, key: int) -> MemKey | None:
+        mk = self._keys.get(key >> KEY_INDEX_SHIFT)
+        if mk is None or mk.key != key:
+            return None
+        return mk
+
+    def local(self, lkey: int, pd: object, addr: int, length: int, write: bool) -> memoryview | str:
+        """Resolve a local SGE.  ``write``: the device will store into it."""
+        mk = self._keys.get(lkey >> KEY_INDEX_SHIFT)
+        if mk is None or mk.key != lkey or mk.kind is not MemKind.MR:
+            return f"lkey {lkey:#x} is not a registered memory region"
+        if not mk.valid:
+            return f"lkey {lkey:#x} was invalidated"
+        if mk.pd is not pd:
+            return f"lkey {lkey:#x} belongs to another protection domain"
+        if write and not mk.access & IBV_ACCESS_LOCAL_WRITE:
+            return f"lkey {lkey:#x} lacks IBV_ACCESS_LOCAL_WRITE"
+        return mk.slice(addr, length)
+
+    def remote(
+        self, rkey: int, pd: object, qpn: int, va: int, length: int, right: int
+    ) -> memoryview | str:
+        """Resolve a remote access with ``right`` (one IBV_ACCESS_REMOTE_* bit)."""
+        mk = self._keys.get(rkey >> KEY_INDEX_SHIFT)
+        if mk is None or mk.key != rkey:
+            return f"rkey {rkey:#x} is not valid on this device"
+        if not mk.valid:
+            return f"rkey {rkey:#x} was invalidated"
+        if mk.pd is not pd:
+            return f"rkey {rkey:#x} belongs to another protection domain"
+        if mk.kind is MemKind.MW2 and mk.qpn != qpn:
+            return f"rkey {rkey:#x} is a type 2 window bound to QP {mk.qpn:#x}, not {qpn:#x}"
+        if not mk.access & right:
+            return f"rkey {rkey:#x} does not grant {_right_name(right)}"
+        return mk.slice(va, length)
+
+    # --- windows -----------------------------------------------------------
+    def bind(
+        self,
+        mw: MemKey,
+        mr: MemKey,
+        new_key: int,
+        addr: int,
+        length: int,
+        access: int,
+        qpn: int,
+        pd: object,
+    ) -> str | None:
+        """Bind window ``mw`` to ``[addr, addr+length)`` of ``mr``; None on success."""
+        if mr.kind is not MemKind.MR or not mr.valid:
+            return "the region to bind is not a valid memory region"
+        if mr.pd is not pd or mw.pd is not pd:
+            return "window, region and QP must share one protection domain"
+        if not mr.access & IBV_ACCESS_MW_BIND:
+            return "the region was not registered with IBV_ACCESS_MW_BIND"
+        if access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC) and not (
+            mr.access & IBV_ACCESS_LOCAL_WRITE
+        ):
+            return "remote write/atomic rights need a region with IBV_ACCESS_LOCAL_WRITE"
+        if mw.kind is MemKind.MW2:
+            if mw.valid:
+                return "a type 2 window must be invalidated before it is bound again"
+            if (new_key >> KEY_INDEX_SHIFT) != (mw.key >> KEY_INDEX_SHIFT):
+                return "a bind may change only the key byte of the window's rkey"
+        view = mr.slice(addr, length)
+        if isinstance(view, str):
+            return view
+        if mw.mr is not None:
+            mw.mr.binds -= 1
+        mw.key = new_key
+        mw.view = view
+        mw.iova = 0 if access & IBV_ACCESS_ZERO_BASED else addr
+        mw.length = length
+        mw.access = access & REMOTE_ACCESS
+        mw.mr = mr
+        mw.qpn = qpn if mw.kind is MemKind.MW2 else -1
+        mr.binds += 1
+        # A type 1 window with zero length is unbound (IBA 10.6.7.2.1).
+        mw.valid = length > 0 or mw.kind is MemKind.MW2
+        return None
+
+    def invalidate(self, rkey: int, pd: object, qpn: int | None = None) -> str | None:
+        """LOCAL_INV / SEND_WITH_INV of a type 2 window; None on success."""
+        mk = self.find(rkey)
+        if mk is None:
+            return f"rkey {rkey:#x} is not valid on this device"
+        if mk.pd is not pd:
+            return f"rkey {rkey:#x} belongs to another protection domain"
+        if mk.kind is not MemKind.MW2:
+            return f"rkey {rkey:#x} is not a type 2 memory window; only those can be invalidated"
+        if not mk.valid:
+            return f"rkey {rkey:#x} is already invalid"
+        if qpn is not None and mk.qpn != qpn:
+            return f"rkey {rkey:#x} is bound to QP {mk.qpn:#x}, not {qpn:#x}"
+        mk.valid = False
+        if mk.mr is not None:
+            mk.mr.binds -= 1
+            mk.mr = None
+        return None
+
+
+_RIGHT_NAMES: dict[int, str] = {
+    IBV_ACCESS_REMOTE_READ: "IBV_ACCESS_REMOTE_READ",
+    IBV_ACCESS_REMOTE_WRITE: "IBV_ACCESS_REMOTE_WRITE",
+    IBV_ACCESS_REMOTE_ATOMIC: "IBV_ACCESS_REMOTE_ATOMIC",
+}
+
+
+def _right_name(right: int) -> str:
+    return _RIGHT_NAMES.get(right, hex(right))

@@ -1,0 +1,184 @@
+"""The QP engine: requester + responder + the effects of state changes.
+
+Which transitions are legal, and which attributes each needs, is decided
+above, by the state table in :mod:`softverbs.verbs.qpstate`.  This module
+only carries a transition out:
+
+* **RESET** discards every WQE without a CQE and removes the QP's un-polled
+  CQEs from its CQs (as mlx5 does); the rings start again at zero.
+* **ERR** (by modify, or by the engine itself) completes every outstanding
+  WQE with ``IBV_WC_WR_FLUSH_ERR`` in posting order -- send queue, then the
+  receive queue, or only the receive WQE it took from its SRQ, followed by
+  ``IBV_EVENT_QP_LAST_WQE_REACHED``.  Later posts are flushed at once.
+* **SQE** (UC and UD only) flushes the send queue; receives go on.
+* **SQD** stops starting new send WQEs; once every started one is
+  acknowledged, ``IBV_EVENT_SQ_DRAINED`` is posted if it was asked for.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from softverbs.engine import psn as P
+from softverbs.engine.queues import CQE
+from softverbs.engine.requester import Requester
+from softverbs.engine.responder import Responder
+from softverbs.enums import (
+    IBV_EVENT_COMM_EST,
+    IBV_EVENT_QP_LAST_WQE_REACHED,
+    IBV_QPS_ERR,
+    IBV_QPS_INIT,
+    IBV_QPS_RESET,
+    IBV_QPS_RTR,
+    IBV_QPS_RTS,
+    IBV_QPS_SQD,
+    IBV_QPS_SQE,
+    IBV_QPT_XRC_RECV,
+    IBV_QPT_XRC_SEND,
+    IBV_WC_RECV,
+    IBV_WC_WR_FLUSH_ERR,
+)
+from softverbs.wire.opcodes import OpInfo
+from softverbs.wire.packet import Packet, udp_sport
+
+#: States in which a responder accepts requests.
+_RESPONDING = frozenset({IBV_QPS_RTR, IBV_QPS_RTS, IBV_QPS_SQD, IBV_QPS_SQE})
+
+
+class QPEngine(Requester, Responder):
+    """One queue pair's transport (see the module docstring)."""
+
+    # --- packets in --------------------------------------------------------------
+    def receive(self, pkt: Packet, info: OpInfo, now: float) -> None:
+        counters = self.hca.counters
+        if self.state not in _RESPONDING:
+            counters["drop_qp_state"] += 1
+            return
+        if info.transport != self.transport:
+            counters["drop_transport_mismatch"] += 1
+            return
+        if (pkt.pkey & 0x7FFF) != (self.pkey & 0x7FFF) or not (pkt.pkey | self.pkey) & 0x8000:
+            counters["drop_bad_pkey"] += 1
+            return
+        if info.request:
+            if self.qp_type == IBV_QPT_XRC_SEND:
+                counters["drop_qp_state"] += 1
+                return
+            if not self.comm_established:
+                self.comm_established = True
+                if self.state == IBV_QPS_RTR:
+                    self.hca.post_event(IBV_EVENT_COMM_EST, self)
+            self.on_request(pkt, info, now)
+        else:
+            if self.state == IBV_QPS_RTR or self.qp_type == IBV_QPT_XRC_RECV:
+                counters["drop_qp_state"] += 1
+                return
+            self.on_response(pkt, info, now)
+
+    def rq_doorbell(self, now: float) -> None:
+        """Receive WQEs were posted."""
+        if self.state == IBV_QPS_ERR:
+            self.flush_rq()
+
+    # --- attributes ------------------------------------------------------------------
+    def set_attrs(self, attrs: dict[str, Any]) -> None:
+        """Apply validated attributes (names as in ``ibv_qp_attr``)."""
+        for name, value in attrs.items():
+            setattr(self, name, value)
+            if name == "sq_psn":
+                self.npsn = self.una = value
+            elif name == "rq_psn":
+                self.epsn = value
+            elif name == "retry_cnt":
+                self.retry_left = value
+            elif name == "rnr_retry":
+                self.rnr_left = value
+        if "dest_qpn" in attrs:
+            self.sport = udp_sport(self.qpn, self.dest_qpn)
+
+    # --- transitions --------------------------------------------------------------------
+    def set_state(self, new: int, now: float) -> None:
+        old = self.state
+        if new == IBV_QPS_RESET:
+            self.reset()
+        elif new == IBV_QPS_ERR:
+            self.to_error(now)
+        elif new == IBV_QPS_SQE:
+            self.send_queue_error(now)
+        elif new == IBV_QPS_SQD:
+            self.state = IBV_QPS_SQD
+            if old == IBV_QPS_RTS:
+                self.draining = True
+            self.pump_sq(now)
+        elif new == IBV_QPS_RTS:
+            self.state = IBV_QPS_RTS
+            self.draining = False
+            if old == IBV_QPS_SQE:
+                self.blocked = False
+            self.pump_sq(now)
+        else:
+            self.state = new
+            if new == IBV_QPS_INIT:
+                self.comm_established = False
+
+    def reset(self) -> None:
+        """RESET: drop all work without completions and clean the CQs."""
+        for cq in {id(c): c for c in (self.send_cq, self.recv_cq) if c is not None}.values():
+            for cqe in cq.purge(self):
+                if cqe.wq is not None and cqe.wq is self.srq:
+                    self.srq.release(cqe.index)
+        if self.resp_rqe is not None and self.resp_rqe.srq is not None:
+            self.resp_rqe.srq.release(self.resp_rqe.index)
+        if self.sq is not None:
+            self.sq.reset()
+        if self.rq is not None:
+            self.rq.reset()
+        self.state = IBV_QPS_RESET
+        self.comm_established = False
+        self.last_error = ""
+        self.reset_transport()
+
+    def to_error(self, now: float) -> None:
+        if self.state == IBV_QPS_ERR:
+            return
+        was_reset = self.state == IBV_QPS_RESET
+        self.state = IBV_QPS_ERR
+        self.flush_sq()
+        self.flush_rq()
+        self.replay.clear()
+        if self.srq is not None and not was_reset:
+            self.hca.post_event(IBV_EVENT_QP_LAST_WQE_REACHED, self)
+
+    def send_queue_error(self, now: float) -> None:
+        self.state = IBV_QPS_SQE
+        self.flush_sq()
+
+    def flush_rq(self) -> None:
+        rqe = self.resp_rqe
+        self.resp_rqe = None
+        self.resp_op = -1
+        self.resp_wview = None
+        if rqe is not None:
+            self._flush_rqe(rqe)
+        rq = self.rq
+        if rq is None or self.srq is not None:
+            return
+        while self.rq_next < rq.db:
+            self._flush_rqe(rq.get(self.rq_next))
+            self.rq_next += 1
+
+    def _flush_rqe(self, rqe: Any) -> None:
+        cqe = CQE(rqe.wr_id, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV, self.qpn)
+        cqe.reason = "flushed: the QP is in the error state"
+        srq = rqe.srq
+        cqe.wq = srq if srq is not None else self.rq
+        cqe.index = rqe.index
+        cq = srq.cq if srq is not None and srq.cq is not None else self.recv_cq
+        self.push_cqe(cq, cqe)
+
+    # --- introspection ------------------------------------------------------------------
+    def sq_draining(self) -> bool:
+        return self.state == IBV_QPS_SQD and self.draining
+
+    def outstanding_psns(self) -> int:
+        return P.diff(self.npsn, self.una)

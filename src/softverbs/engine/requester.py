@@ -1,0 +1,656 @@
+"""Requester and completer: send WQEs in, request packets out, CQEs in order.
+
+Life of a send WQE
+------------------
+1. *Posted*: the driver writes it into the SQ ring; the doorbell moves
+   ``sq.db`` past it.
+2. *Started* (:meth:`Requester.pump_sq`): taken from the ring in order, its
+   local memory resolved and given a PSN range -- one PSN per packet, or per
+   expected response packet for an RDMA READ.  A fenced WQE waits for every
+   earlier READ and atomic; READs and atomics wait while ``max_rd_atomic``
+   of them are outstanding; nothing starts in SQD, or while a failed WQE
+   waits to reach the head of the queue.
+3. *Transmitted*: packets go out while fewer than ``window`` PSNs are
+   unacknowledged.  The last packet of a message, and every
+   :data:`~.core.ACKREQ_EVERY`-th packet, asks for an ACK.
+4. *Acknowledged*: ACKs are cumulative.  READ and atomic WQEs are done when
+   their responses arrive; an ACK beyond an unanswered READ means its
+   responses were lost, and the READ is retried (an implied NAK).
+5. *Completed* (:meth:`Requester.complete`): strictly in posting order; a CQE
+   is written if the WQE was signaled or failed.  A failed WQE moves an RC QP
+   to ERR and a UC/UD QP to SQE; the QP state machine then flushes the rest.
+
+Recovery is go-back-N: on a PSN-sequence NAK, on an ACK timeout, or at the
+end of an RNR back-off, transmission restarts from the first missing PSN.
+Timeouts and sequence NAKs spend ``retry_cnt``; RNR NAKs spend
+``rnr_retry`` (7 = forever).  Any forward progress refills both.
+"""
+
+from __future__ import annotations
+
+import sys
+from enum import IntEnum
+
+from softverbs.engine import psn as P
+from softverbs.engine.core import ACKREQ_EVERY, QPCore
+from softverbs.engine.queues import CQE, SendWQE, scatter
+from softverbs.enums import (
+    IBV_QPS_ERR,
+    IBV_QPS_RTS,
+    IBV_QPS_SQD,
+    IBV_QPS_SQE,
+    IBV_QPT_UD,
+    IBV_QPT_XRC_SEND,
+    IBV_WC_BIND_MW,
+    IBV_WC_COMP_SWAP,
+    IBV_WC_FETCH_ADD,
+    IBV_WC_LOC_LEN_ERR,
+    IBV_WC_LOC_PROT_ERR,
+    IBV_WC_LOC_QP_OP_ERR,
+    IBV_WC_LOCAL_INV,
+    IBV_WC_MW_BIND_ERR,
+    IBV_WC_RDMA_READ,
+    IBV_WC_RDMA_WRITE,
+    IBV_WC_REM_ACCESS_ERR,
+    IBV_WC_REM_INV_RD_REQ_ERR,
+    IBV_WC_REM_INV_REQ_ERR,
+    IBV_WC_REM_OP_ERR,
+    IBV_WC_RETRY_EXC_ERR,
+    IBV_WC_RNR_RETRY_EXC_ERR,
+    IBV_WC_SEND,
+    IBV_WC_SUCCESS,
+    IBV_WR_ATOMIC_CMP_AND_SWP,
+    IBV_WR_ATOMIC_FETCH_AND_ADD,
+    IBV_WR_BIND_MW,
+    IBV_WR_LOCAL_INV,
+    IBV_WR_RDMA_READ,
+    IBV_WR_RDMA_WRITE,
+    IBV_WR_RDMA_WRITE_WITH_IMM,
+    IBV_WR_SEND,
+    IBV_WR_SEND_WITH_IMM,
+    IBV_WR_SEND_WITH_INV,
+)
+from softverbs.wire.opcodes import (
+    AETH_ACK,
+    AETH_NAK,
+    AETH_RNR_NAK,
+    NAK_INVALID_RD_REQUEST,
+    NAK_INVALID_REQUEST,
+    NAK_PSN_SEQUENCE_ERROR,
+    NAK_REMOTE_ACCESS_ERROR,
+    NAK_REMOTE_OPERATIONAL_ERROR,
+    Kind,
+    Op,
+    OpInfo,
+    Transport,
+    aeth_kind,
+    aeth_value,
+)
+from softverbs.wire.packet import Packet
+
+#: Atomics act on host-endian 64-bit words, as a NIC's DMA does on this host.
+NATIVE = sys.byteorder
+
+
+class WrClass(IntEnum):
+    """How the requester executes a WR opcode."""
+
+    SEND = 0
+    WRITE = 1
+    READ = 2
+    ATOMIC = 3
+    LOCAL = 4  #: executed inside the device: LOCAL_INV, BIND_MW
+
+
+class WrInfo:
+    """Static facts about one ``ibv_wr_opcode``."""
+
+    __slots__ = ("imm", "inv", "klass", "wc_opcode")
+
+    def __init__(self, klass: WrClass, wc_opcode: int, imm: bool = False, inv: bool = False):
+        self.klass = klass
+        self.wc_opcode = wc_opcode
+        self.imm = imm
+        self.inv = inv
+
+
+#: ibv_wr_opcode -> how to execute it and which WC opcode reports it.
+WR_INFO: dict[int, WrInfo] = {
+    IBV_WR_SEND: WrInfo(WrClass.SEND, IBV_WC_SEND),
+    IBV_WR_SEND_WITH_IMM: WrInfo(WrClass.SEND, IBV_WC_SEND, imm=True),
+    IBV_WR_SEND_WITH_INV: WrInfo(WrClass.SEND, IBV_WC_SEND, inv=True),
+    IBV_WR_RDMA_WRITE: WrInfo(WrClass.WRITE, IBV_WC_RDMA_WRITE),
+    IBV_WR_RDMA_WRITE_WITH_IMM: WrInfo(WrClass.WRITE, IBV_WC_RDMA_WRITE, imm=True),
+    IBV_WR_RDMA_READ: WrInfo(WrClass.READ, IBV_WC_RDMA_READ),
+    IBV_WR_ATOMIC_CMP_AND_SWP: WrInfo(WrClass.ATOMIC, IBV_WC_COMP_SWAP),
+    IBV_WR_ATOMIC_FETCH_AND_ADD: WrInfo(WrClass.ATOMIC, IBV_WC_FETCH_ADD),
+    IBV_WR_LOCAL_INV: WrInfo(WrClass.LOCAL, IBV_WC_LOCAL_INV),
+    IBV_WR_BIND_MW: WrInfo(WrClass.LOCAL, IBV_WC_BIND_MW),
+}
+
+# (class, imm, inv) -> operations for (FIRST, MIDDLE, LAST, ONLY)
+_MSG_OPS: dict[tuple[WrClass, bool, bool], tuple[Op, Op, Op, Op]] = {
+    (WrClass.SEND, False, False): (Op.SEND_FIRST, Op.SEND_MIDDLE, Op.SEND_LAST, Op.SEND_ONLY),
+    (WrClass.SEND, True, False): (
+        Op.SEND_FIRST, Op.SEND_MIDDLE, Op.SEND_LAST_WITH_IMMEDIATE, Op.SEND_ONLY_WITH_IMMEDIATE,
+    ),
+    (WrClass.SEND, False, True): (
+        Op.SEND_FIRST, Op.SEND_MIDDLE, Op.SEND_LAST_WITH_INVALIDATE, Op.SEND_ONLY_WITH_INVALIDATE,
+    ),
+    (WrClass.WRITE, False, False): (
+        Op.RDMA_WRITE_FIRST, Op.RDMA_WRITE_MIDDLE, Op.RDMA_WRITE_LAST, Op.RDMA_WRITE_ONLY,
+    ),
+    (WrClass.WRITE, True, False): (
+        Op.RDMA_WRITE_FIRST, Op.RDMA_WRITE_MIDDLE, Op.RDMA_WRITE_LAST_WITH_IMMEDIATE,
+        Op.RDMA_WRITE_ONLY_WITH_IMMEDIATE,
+    ),
+}  # fmt: skip
+
+#: NAK code -> the requester's WC status.
+NAK_STATUS: dict[int, int] = {
+    NAK_INVALID_REQUEST: IBV_WC_REM_INV_REQ_ERR,
+    NAK_REMOTE_ACCESS_ERROR: IBV_WC_REM_ACCESS_ERR,
+    NAK_REMOTE_OPERATIONAL_ERROR: IBV_WC_REM_OP_ERR,
+    NAK_INVALID_RD_REQUEST: IBV_WC_REM_INV_RD_REQ_ERR,
+}
+
+NAK_REASON: dict[int, str] = {
+    NAK_INVALID_REQUEST: "the responder NAKed the request as invalid",
+    NAK_REMOTE_ACCESS_ERROR: "the responder NAKed a remote access error",
+    NAK_REMOTE_OPERATIONAL_ERROR: "the responder NAKed a remote operational error",
+    NAK_INVALID_RD_REQUEST: "the responder NAKed an invalid RD request",
+}
+
+
+def _msg_opcodes(transport: Transport, klass: WrClass, imm: bool, inv: bool) -> tuple[int, ...]:
+    ops = _MSG_OPS[(klass, imm, inv)]
+    return tuple(transport | op for op in ops)
+
+
+class Requester(QPCore):
+    """The send side of a QP engine (see the module docstring)."""
+
+    # --- entry points -------------------------------------------------------
+    def doorbell(self, now: float) -> None:
+        """The driver advanced ``sq.db``."""
+        if self.state in (IBV_QPS_ERR, IBV_QPS_SQE):
+            self.flush_sq()
+            return
+        self.pump_sq(now)
+
+    def pump_sq(self, now: float) -> None:
+        """Transmit what the window allows and start what may start."""
+        if self.state not in (IBV_QPS_RTS, IBV_QPS_SQD) or self.rnr_until is not None:
+            return
+        for wqe in self.inflight:
+            if not wqe.ackd and wqe.tx < wqe.npkts and not self._transmit(wqe, now):
+                break
+        sq = self.sq
+        assert sq is not None
+        while self.sq_next < sq.db and self.state == IBV_QPS_RTS and not self.blocked:
+            wqe = sq.get(self.sq_next)
+            info = WR_INFO[wqe.opcode]
+            rd = info.klass in (WrClass.READ, WrClass.ATOMIC)
+            if wqe.fence and self.rd_out:
+                break
+            if rd and self.rd_out >= max(1, self.max_rd_atomic):
+                break
+            if self.reliable and P.diff(self.npsn, self.una) >= self.window:
+                break
+            self.sq_next += 1
+            self._start(wqe, info, now)
+        self.complete(now)
+        if self.state == IBV_QPS_SQD and self.draining:
+            self._check_drained()
+
+    # --- starting and transmitting ------------------------------------------
+    def _start(self, wqe: SendWQE, info: WrInfo, now: float) -> None:
+        wqe.started = True
+        klass = info.klass
+        if klass is WrClass.LOCAL:
+            self._execute_local(wqe)
+            self.inflight.append(wqe)
+            return
+        error = self._resolve(wqe, klass)
+        if error is not None:
+            self.inflight.append(wqe)
+            return
+        pmtu = self.pmtu
+        npkts = 1 if klass is WrClass.ATOMIC else max(1, -(-wqe.length // pmtu))
+        wqe.npkts = npkts
+        wqe.psn = self.npsn
+        self.npsn = P.add(self.npsn, npkts)
+        if klass in (WrClass.READ, WrClass.ATOMIC):
+            self.rd_out += 1
+        self.inflight.append(wqe)
+        self._transmit(wqe, now)
+
+    def _resolve(self, wqe: SendWQE, klass: WrClass) -> int | None:
+        """Resolve local memory; on failure mark the WQE failed (returns status)."""
+        keys = self.hca.keys
+        if klass in (WrClass.SEND, WrClass.WRITE):
+            if wqe.inline is not None:
+                wqe.data = wqe.inline
+            else:
+                views: list[memoryview] = []
+                for addr, length, lkey in wqe.sges:
+                    v = keys.local(lkey, self.pd, addr, length, False)
+                    if isinstance(v, str):
+                        return self._fail_local(wqe, IBV_WC_LOC_PROT_ERR, v)
+                    views.append(v)
+                wqe.data = views[0] if len(views) == 1 else b"".join(views)
+            if self.qp_type == IBV_QPT_UD and wqe.length > self.pmtu:
+                return self._fail_local(
+                    wqe, IBV_WC_LOC_LEN_ERR,
+                    f"a UD message of {wqe.length} bytes exceeds the path MTU {self.pmtu}",
+                )  # fmt: skip
+            return None
+        views = []
+        for addr, length, lkey in wqe.sges:
+            v = keys.local(lkey, self.pd, addr, length, True)
+            if isinstance(v, str):
+                return self._fail_local(wqe, IBV_WC_LOC_PROT_ERR, v)
+            views.append(v)
+        if klass is WrClass.ATOMIC:
+            if wqe.length < 8:
+                return self._fail_local(
+                    wqe, IBV_WC_LOC_LEN_ERR, "an atomic needs an 8-byte local buffer"
+                )
+            views = [views[0][:8]] if len(views[0]) >= 8 else views
+        wqe.data = views
+        return None
+
+    def _fail_local(self, wqe: SendWQE, status: int, reason: str) -> int:
+        wqe.status = status
+        wqe.reason = reason
+        wqe.ackd = True
+        wqe.npkts = 0
+        self.blocked = True
+        return status
+
+    def _execute_local(self, wqe: SendWQE) -> None:
+        keys = self.hca.keys
+        if wqe.opcode == IBV_WR_LOCAL_INV:
+            err = keys.invalidate(wqe.inv_rkey, self.pd)
+            if err is not None:
+                self._fail_local(wqe, IBV_WC_LOC_QP_OP_ERR, err)
+        else:
+            assert wqe.bind is not None
+            mw, mr, new_key, addr, length, access = wqe.bind
+            err = keys.bind(mw, mr, new_key, addr, length, access, self.qpn, self.pd)
+            if err is not None:
+                self._fail_local(wqe, IBV_WC_MW_BIND_ERR, err)
+        wqe.ackd = True
+
+    def _transmit(self, wqe: SendWQE, now: float) -> bool:
+        """Send this WQE's pending packets; False if the window closed."""
+        info = WR_INFO[wqe.opcode]
+        klass = info.klass
+        if klass is WrClass.READ:
+            self._send_read(wqe)
+        elif klass is WrClass.ATOMIC:
+            self._send_atomic(wqe)
+        else:
+            if not self._send_message(wqe, info, now):
+                return False
+        if self.reliable:
+            if self.deadline is None:
+                timeout = P.ack_timeout_s(self.timeout)
+                if timeout is not None:
+                    self.deadline = now + timeout
+                    self.arm(self.deadline)
+        else:
+            wqe.ackd = True
+        return True
+
+    def _send_message(self, wqe: SendWQE, info: WrInfo, now: float) -> bool:
+        first_op, middle_op, last_op, only_op = _msg_opcodes(
+            self.transport, info.klass, info.imm, info.inv
+        )
+        n = wqe.npkts
+        pmtu = self.pmtu
+        data = wqe.data
+        write = info.klass is WrClass.WRITE
+        ud = self.qp_type == IBV_QPT_UD
+        xrc = self.qp_type == IBV_QPT_XRC_SEND
+        i = wqe.tx
+        while i < n:
+            psn = P.add(wqe.psn, i)
+            if self.reliable and P.diff(psn, self.una) >= self.window:
+                wqe.tx = i
+                return False
+            if n == 1:
+                op = only_op
+                payload = data
+            else:
+                op = first_op if i == 0 else last_op if i == n - 1 else middle_op
+                payload = data[i * pmtu : (i + 1) * pmtu]
+            if ud:
+                pkt = Packet(op, wqe.remote_qpn, psn, payload)
+                self.address(pkt, wqe.route)
+                qkey = wqe.remote_qkey
+                pkt.qkey = self.qkey if qkey & 0x80000000 else qkey
+                pkt.src_qp = self.qpn
+            else:
+                pkt = self.new_request(op, psn, payload)
+            if xrc:
+                pkt.srqn = wqe.xrc_srqn
+            last = i == n - 1
+            if write and (i == 0):
+                pkt.va = wqe.remote_addr
+                pkt.rkey = wqe.rkey
+                pkt.dma_len = wqe.length
+            if last:
+                pkt.imm = wqe.imm
+                pkt.inv_rkey = wqe.inv_rkey
+                pkt.se = wqe.se
+                pkt.ackreq = self.reliable
+            elif self.reliable and (i + 1) % ACKREQ_EVERY == 0:
+                pkt.ackreq = True
+            self.send(pkt)
+            i += 1
+        wqe.tx = n
+        return True
+
+    def _send_read(self, wqe: SendWQE) -> None:
+        done = wqe.rxd * self.pmtu
+        pkt = self.new_request(self.transport | Op.RDMA_READ_REQUEST, P.add(wqe.psn, wqe.rxd))
+        if self.qp_type == IBV_QPT_XRC_SEND:
+            pkt.srqn = wqe.xrc_srqn
+        pkt.va = wqe.remote_addr + done
+        pkt.rkey = wqe.rkey
+        pkt.dma_len = wqe.length - done
+        pkt.ackreq = True
+        self.send(pkt)
+        wqe.tx = wqe.npkts
+
+    def _send_atomic(self, wqe: SendWQE) -> None:
+        op = Op.COMPARE_SWAP if wqe.opcode == IBV_WR_ATOMIC_CMP_AND_SWP else Op.FETCH_ADD
+        pkt = self.new_request(self.transport | op, wqe.psn)
+        if self.qp_type == IBV_QPT_XRC_SEND:
+            pkt.srqn = wqe.xrc_srqn
+        pkt.va = wqe.remote_addr
+        pkt.rkey = wqe.rkey
+        pkt.swap_add = wqe.compare_add if op == Op.FETCH_ADD else wqe.swap
+        pkt.compare = wqe.compare_add if op == Op.COMPARE_SWAP else 0
+        pkt.ackreq = True
+        self.send(pkt)
+        wqe.tx = 1
+
+    # --- completer ------------------------------------------------------------
+    def on_response(self, pkt: Packet, info: OpInfo, now: float) -> None:
+        if self.state not in (IBV_QPS_RTS, IBV_QPS_SQD) or not self.inflight:
+            self.hca.counters["drop_unexpected_response"] += 1
+            return
+        kind = info.kind
+        if kind is Kind.ACK:
+            k = aeth_kind(pkt.syndrome)
+            if k == AETH_ACK:
+                self._acked(pkt.psn, now)
+            elif k == AETH_RNR_NAK:
+                self._rnr_nak(pkt, now)
+            elif k == AETH_NAK:
+                self._nak(pkt, now)
+            else:
+                self.hca.counters["drop_bad_aeth"] += 1
+                return
+        elif kind is Kind.READ_RESP:
+            self._read_response(pkt, info, now)
+        else:
+            self._atomic_ack(pkt, now)
+        self.complete(now)
+        self.pump_sq(now)
+
+    def _find(self, psn: int) -> SendWQE | None:
+        for wqe in self.inflight:
+            if wqe.npkts and 0 <= P.diff(psn, wqe.psn) < wqe.npkts:
+                return wqe
+        return None
+
+    def _acked(self, psn: int, now: float) -> None:
+        """Cumulative acknowledgement of every PSN up to ``psn``."""
+        if P.diff(psn, self.una) < 0 or P.diff(psn, self.npsn) >= 0:
+            return  # old (duplicate) or for a PSN never sent
+        for wqe in self.inflight:
+            if wqe.ackd or not wqe.npkts:
+                continue
+            if P.diff(wqe.psn, psn) > 0:
+                break
+            if WR_INFO[wqe.opcode].klass in (WrClass.READ, WrClass.ATOMIC):
+                # The responder is past this READ/atomic but its response is
+                # missing: an implied NAK (IBA 9.7.5.1.5).
+                self._progress(now, P.add(wqe.psn, wqe.rxd))
+                self._retry(now, P.add(wqe.psn, wqe.rxd), "implied NAK")
+                return
+            if P.diff(P.add(wqe.psn, wqe.npkts - 1), psn) <= 0:
+                wqe.ackd = True
+            else:
+                break
+        self._progress(now, P.add(psn, 1))
+
+    def _progress(self, now: float, una: int) -> None:
+        """The peer acknowledged every PSN before ``una``."""
+        if P.diff(una, self.una) <= 0:
+            return
+        self.una = una
+        self.retry_left = self.retry_cnt
+        self.rnr_left = self.rnr_retry
+        self.retry_episode = False
+        if P.diff(self.npsn, una) > 0:
+            timeout = P.ack_timeout_s(self.timeout)
+            self.deadline = None if timeout is None else now + timeout
+            if self.deadline is not None:
+                self.arm(self.deadline)
+        else:
+            self.deadline = None
+
+    def _rnr_nak(self, pkt: Packet, now: float) -> None:
+        counters = self.hca.counters
+        counters["rcvd_rnr_err"] += 1
+        psn = pkt.psn
+        self._acked(P.add(psn, -1), now)
+        wqe = self._find(psn)
+        if wqe is None:
+            return
+        if self.rnr_left == 0:
+            counters["retry_rnr_exceeded_err"] += 1
+            self._fail_remote(
+                wqe, IBV_WC_RNR_RETRY_EXC_ERR,
+                f"the responder had no receive WQE; rnr_retry={self.rnr_retry} retries exhausted",
+            )  # fmt: skip
+            return
+        if self.rnr_retry != P.RNR_RETRY_INFINITE:
+            self.rnr_left -= 1
+        self.rnr_psn = psn
+        self.rnr_until = now + P.RNR_TIMER_S[aeth_value(pkt.syndrome)]
+        self.deadline = None
+        self.arm(self.rnr_until)
+
+    def _nak(self, pkt: Packet, now: float) -> None:
+        code = aeth_value(pkt.syndrome)
+        psn = pkt.psn
+        self._acked(P.add(psn, -1), now)
+        if code == NAK_PSN_SEQUENCE_ERROR:
+            self.hca.counters["rcvd_seq_err"] += 1
+            self._retry(now, psn, "PSN sequence error NAK")
+            return
+        wqe = self._find(psn)
+        if wqe is None:
+            self.hca.counters["drop_unexpected_response"] += 1
+            return
+        status = NAK_STATUS.get(code, IBV_WC_REM_OP_ERR)
+        self._fail_remote(wqe, status, NAK_REASON.get(code, f"NAK code {code}"))
+
+    def _fail_remote(self, wqe: SendWQE, status: int, reason: str) -> None:
+        wqe.status = status
+        wqe.reason = reason
+        wqe.ackd = True
+        self.blocked = True
+
+    def _read_response(self, pkt: Packet, info: OpInfo, now: float) -> None:
+        counters = self.hca.counters
+        wqe = self._find(pkt.psn)
+        if wqe is None or WR_INFO[wqe.opcode].klass is not WrClass.READ or wqe.ackd:
+            counters["drop_unexpected_response"] += 1
+            return
+        expected = P.add(wqe.psn, wqe.rxd)
+        if pkt.psn != expected:
+            if P.diff(pkt.psn, expected) < 0:
+                counters["duplicate_response"] += 1
+            else:
+                self._retry(now, expected, "missing READ response")
+            return
+        first = wqe.rxd == 0
+        if info.first != first or (info.last != (wqe.rxd == wqe.npkts - 1)):
+            counters["drop_bad_read_response"] += 1
+            return
+        self._acked(P.add(wqe.psn, -1), now)
+        payload = pkt.payload
+        pmtu = self.pmtu
+        if len(payload) > pmtu or (not info.last and len(payload) != pmtu):
+            counters["drop_bad_read_response"] += 1
+            return
+        if not scatter(wqe.data, wqe.rxd * pmtu, payload):
+            counters["drop_bad_read_response"] += 1
+            return
+        wqe.rxd += 1
+        if info.last:
+            wqe.ackd = True
+            self.rd_out -= 1
+        self._progress(now, P.add(pkt.psn, 1))
+
+    def _atomic_ack(self, pkt: Packet, now: float) -> None:
+        wqe = self._find(pkt.psn)
+        if wqe is None or WR_INFO[wqe.opcode].klass is not WrClass.ATOMIC or wqe.ackd:
+            self.hca.counters["drop_unexpected_response"] += 1
+            return
+        self._acked(P.add(wqe.psn, -1), now)
+        view = wqe.data[0]
+        view[:8] = pkt.orig.to_bytes(8, NATIVE)
+        wqe.rxd = 1
+        wqe.ackd = True
+        self.rd_out -= 1
+        self._progress(now, P.add(pkt.psn, 1))
+
+    # --- retransmission ---------------------------------------------------------
+    def _retry(self, now: float, psn: int, why: str) -> None:
+        """Go back to ``psn``, spending one ``retry_cnt`` once per episode."""
+        if self.retry_episode:
+            return
+        counters = self.hca.counters
+        if self.retry_left == 0:
+            wqe = self._find(psn) or next((w for w in self.inflight if not w.ackd), None)
+            if wqe is not None:
+                counters["retry_exceeded_err"] += 1
+                self._fail_remote(
+                    wqe, IBV_WC_RETRY_EXC_ERR,
+                    f"{why}: retry_cnt={self.retry_cnt} retries exhausted",
+                )  # fmt: skip
+            return
+        self.retry_left -= 1
+        self.retry_episode = True
+        counters["completer_retry_err"] += 1
+        self.rewind(psn)
+        self.deadline = None
+
+    def rewind(self, psn: int) -> None:
+        """Make every unacknowledged packet from ``psn`` on pending again."""
+        for wqe in self.inflight:
+            if wqe.ackd or not wqe.npkts:
+                continue
+            end = P.diff(P.add(wqe.psn, wqe.npkts), psn)
+            if end <= 0:
+                continue  # entirely before psn
+            if WR_INFO[wqe.opcode].klass in (WrClass.READ, WrClass.ATOMIC):
+                wqe.tx = 0
+            else:
+                off = P.diff(psn, wqe.psn)
+                wqe.tx = min(wqe.tx, max(0, off))
+        self.una = psn if P.diff(psn, self.una) > 0 else self.una
+
+    def handle_timer(self, now: float) -> None:
+        if self.rnr_until is not None:
+            if now < self.rnr_until:
+                self.arm(self.rnr_until)
+                return
+            self.rnr_until = None
+            self.retry_episode = False
+            self.rewind(self.rnr_psn)
+            self.hca.counters["rnr_retries"] += 1
+            self.pump_sq(now)
+            return
+        if self.deadline is None:
+            return
+        if now < self.deadline:
+            self.arm(self.deadline)
+            return
+        self.deadline = None
+        if not any(not w.ackd and w.npkts for w in self.inflight):
+            return
+        self.hca.counters["local_ack_timeout_err"] += 1
+        self.retry_episode = False
+        self._retry(now, self.una, "local ACK timeout")
+        self.retry_episode = False
+        self.complete(now)
+        self.pump_sq(now)
+
+    # --- completion -----------------------------------------------------------------
+    def complete(self, now: float) -> None:
+        """Write CQEs for the finished WQEs at the head, in posting order."""
+        inflight = self.inflight
+        while inflight and inflight[0].ackd:
+            wqe = inflight.popleft()
+            ok = wqe.status == IBV_WC_SUCCESS
+            if ok and not (wqe.signaled or self.sq_sig_all):
+                continue
+            info = WR_INFO[wqe.opcode]
+            cqe = CQE(wqe.wr_id, wqe.status, info.wc_opcode, self.qpn)
+            if ok:
+                cqe.byte_len = 8 if info.klass is WrClass.ATOMIC else wqe.length
+            else:
+                cqe.reason = wqe.reason
+            cqe.wq = self.sq
+            cqe.index = wqe.index
+            self.push_cqe(self.send_cq, cqe)
+            if not ok:
+                self.hca.counters["send_err" if self.reliable else "send_queue_err"] += 1
+                if self.reliable:
+                    self.to_error(now)
+                else:
+                    self.send_queue_error(now)
+                return
+
+    def _check_drained(self) -> None:
+        sq = self.sq
+        assert sq is not None
+        if not self.inflight:
+            self.draining = False
+            if self.en_sqd_async_notify:
+                from softverbs.enums import IBV_EVENT_SQ_DRAINED
+
+                self.hca.post_event(IBV_EVENT_SQ_DRAINED, self)
+
+    # --- flushing ------------------------------------------------------------------
+    def flush_sq(self) -> None:
+        """Complete every started and doorbelled WQE with WR_FLUSH_ERR, in order."""
+        from softverbs.enums import IBV_WC_WR_FLUSH_ERR
+
+        sq = self.sq
+        if sq is None:
+            return
+        pending: list[SendWQE] = list(self.inflight)
+        self.inflight.clear()
+        while self.sq_next < sq.db:
+            pending.append(sq.get(self.sq_next))
+            self.sq_next += 1
+        for wqe in pending:
+            info = WR_INFO[wqe.opcode]
+            cqe = CQE(wqe.wr_id, IBV_WC_WR_FLUSH_ERR, info.wc_opcode, self.qpn)
+            cqe.reason = "flushed: the QP is in the error state"
+            cqe.wq = sq
+            cqe.index = wqe.index
+            self.push_cqe(self.send_cq, cqe)
+        self.rd_out = 0
+        self.deadline = None
+        self.rnr_until = None
+        self.blocked = False

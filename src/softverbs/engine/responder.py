@@ -1,0 +1,514 @@
+"""Responder: checks and executes incoming requests.
+
+For RC and XRC every request packet goes through the same steps
+(IBA 9.7.5.1, 9.7.5.2):
+
+1. **PSN check.**  The expected PSN (``epsn``) is executed.  An earlier PSN
+   is a duplicate: a SEND or WRITE is ACKed again, a READ is executed again
+   from the requested PSN, an atomic is answered again from the replay
+   cache (``max_dest_rd_atomic`` entries, oldest evicted).  A later PSN means
+   packets were lost: one PSN-sequence NAK per gap, then silence until the
+   expected PSN arrives.
+2. **Opcode sequence.**  Inside a multi-packet message only MIDDLE and LAST
+   of the same kind may come; outside one, only FIRST or ONLY.  Anything
+   else is an invalid request.
+3. **Resources.**  A SEND, or a WRITE with immediate, needs a receive WQE
+   (own RQ, SRQ, or the XRC SRQ named in the XRCETH).  None: an RNR NAK
+   carrying ``min_rnr_timer``; the PSN is not consumed.
+4. **Access and bounds** through the key table.  Failures are NAKed (remote
+   access error, invalid request) and move this QP to ERR with an async
+   event, or complete the receive WQE in error (length, local protection).
+5. **Execute**, then ACK when the request asked for one (AckReq), with the
+   count of completed messages (MSN).
+
+UC has no ACKs: a PSN gap drops the rest of the message and the responder
+resynchronises on the next FIRST or ONLY, reusing the receive WQE of the
+dropped message.  UD messages are single packets checked against the QKEY;
+the receive buffer gets the 40-byte GRH first.  Drops are counted, never
+raised.
+"""
+
+from __future__ import annotations
+
+from softverbs.engine import psn as P
+from softverbs.engine.core import QPCore
+from softverbs.engine.queues import CQE, RecvWQE, scatter
+from softverbs.engine.requester import NATIVE
+from softverbs.enums import (
+    IBV_ACCESS_REMOTE_ATOMIC,
+    IBV_ACCESS_REMOTE_READ,
+    IBV_ACCESS_REMOTE_WRITE,
+    IBV_EVENT_QP_ACCESS_ERR,
+    IBV_EVENT_QP_REQ_ERR,
+    IBV_QPT_UD,
+    IBV_QPT_XRC_RECV,
+    IBV_WC_GRH,
+    IBV_WC_LOC_LEN_ERR,
+    IBV_WC_LOC_PROT_ERR,
+    IBV_WC_RECV,
+    IBV_WC_RECV_RDMA_WITH_IMM,
+    IBV_WC_REM_INV_REQ_ERR,
+    IBV_WC_SUCCESS,
+    IBV_WC_WITH_IMM,
+    IBV_WC_WITH_INV,
+)
+from softverbs.wire.opcodes import (
+    AETH_ACK,
+    AETH_CREDIT_INVALID,
+    AETH_NAK,
+    AETH_RNR_NAK,
+    NAK_INVALID_REQUEST,
+    NAK_PSN_SEQUENCE_ERROR,
+    NAK_REMOTE_ACCESS_ERROR,
+    NAK_REMOTE_OPERATIONAL_ERROR,
+    Kind,
+    Op,
+    OpInfo,
+    aeth_syndrome,
+)
+from softverbs.wire.packet import Packet
+
+_MASK64 = (1 << 64) - 1
+_GRH_LEN = 40
+_ACK_SYNDROME = aeth_syndrome(AETH_ACK, AETH_CREDIT_INVALID)
+
+# replay cache entry fields
+_R_PSN, _R_NPKTS, _R_KIND, _R_VA, _R_RKEY, _R_LEN, _R_ORIG = range(7)
+
+#: Marker returned by _take_rqe when an XRC SRQ number is not acceptable.
+_XRC_BAD_SRQ = RecvWQE(0, [], 0)
+
+_REMOTE_RIGHT = {
+    Kind.WRITE: IBV_ACCESS_REMOTE_WRITE,
+    Kind.READ_REQ: IBV_ACCESS_REMOTE_READ,
+    Kind.ATOMIC: IBV_ACCESS_REMOTE_ATOMIC,
+}
+
+
+class Responder(QPCore):
+    """The receive side of a QP engine (see the module docstring)."""
+
+    def on_request(self, pkt: Packet, info: OpInfo, now: float) -> None:
+        if self.qp_type == IBV_QPT_UD:
+            self._ud_receive(pkt, info, now)
+        elif self.reliable:
+            self._rc_receive(pkt, info, now)
+        else:
+            self._uc_receive(pkt, info, now)
+
+    # --- RC / XRC ---------------------------------------------------------------
+    def _rc_receive(self, pkt: Packet, info: OpInfo, now: float) -> None:
+        d = P.diff(pkt.psn, self.epsn)
+        if d < 0:
+            self._duplicate(pkt, info)
+            return
+        if d > 0:
+            self.hca.counters["out_of_seq_request"] += 1
+            if not self.nak_sent:
+                self.nak_sent = True
+                self._send_nak(pkt, NAK_PSN_SEQUENCE_ERROR, self.epsn)
+            return
+        kind = info.kind
+        if (self.resp_op >= 0) == info.first or (self.resp_op >= 0 and kind != self.resp_op):
+            self._fail(pkt, NAK_INVALID_REQUEST, now, "unexpected opcode in the message sequence")
+            return
+        if kind is Kind.SEND:
+            self._recv_send(pkt, info, now)
+        elif kind is Kind.WRITE:
+            self._recv_write(pkt, info, now)
+        elif kind is Kind.READ_REQ:
+            self._recv_read(pkt, now)
+        else:
+            self._recv_atomic(pkt, info, now)
+
+    def _accept(self, pkt: Packet, npsn: int = 1) -> None:
+        """The packet executed: consume its PSN(s) and ACK if asked."""
+        self.epsn = P.add(self.epsn, npsn)
+        self.nak_sent = False
+        if pkt.ackreq and self.reliable:
+            self._send_ack(pkt, pkt.psn)
+
+    def _send_ack(self, req: Packet, psn: int) -> None:
+        ack = self.reply(req, self.transport | Op.ACKNOWLEDGE, psn)
+        ack.syndrome = _ACK_SYNDROME
+        ack.msn = self.msn
+        self.send(ack)
+
+    def _send_nak(self, req: Packet, code: int, psn: int) -> None:
+        nak = self.reply(req, self.transport | Op.ACKNOWLEDGE, psn)
+        nak.syndrome = aeth_syndrome(AETH_NAK, code)
+        nak.msn = self.msn
+        self.send(nak)
+
+    def _rnr(self, pkt: Packet) -> None:
+        self.hca.counters["send_rnr_err"] += 1
+        nak = self.reply(pkt, self.transport | Op.ACKNOWLEDGE, pkt.psn)
+        nak.syndrome = aeth_syndrome(AETH_RNR_NAK, self.min_rnr_timer)
+        nak.msn = self.msn
+        self.send(nak)
+
+    def _fail(
+        self,
+        pkt: Packet,
+        code: int,
+        now: float,
+        reason: str,
+        rqe_status: int = 0,
+    ) -> None:
+        """A responder error: NAK it, report it, and move this QP to ERR."""
+        counters = self.hca.counters
+        counters[_FAIL_COUNTER.get(code, "resp_error")] += 1
+        if self.reliable:
+            self._send_nak(pkt, code, pkt.psn)
+        rqe = self.resp_rqe
+        if rqe_status and rqe is not None:
+            self.resp_rqe = None
+            self._complete_rqe(rqe, rqe_status, 0, reason=reason)
+        if code == NAK_REMOTE_ACCESS_ERROR:
+            self.hca.post_event(IBV_EVENT_QP_ACCESS_ERR, self)
+        elif code == NAK_INVALID_REQUEST:
+            self.hca.post_event(IBV_EVENT_QP_REQ_ERR, self)
+        self.last_error = reason
+        self.to_error(now)
+
+    # --- receive WQEs -------------------------------------------------------------
+    def _take_rqe(self, pkt: Packet) -> RecvWQE | None:
+        if self.qp_type == IBV_QPT_XRC_RECV:
+            srq = self.hca.find_srq(pkt.srqn)
+            if srq is None or srq.xrcd is None or srq.xrcd is not self.xrcd:
+                return _XRC_BAD_SRQ
+            return srq.take()
+        if self.srq is not None:
+            return self.srq.take()
+        rq = self.rq
+        if rq is None or self.rq_next >= rq.db:
+            return None
+        rqe: RecvWQE = rq.get(self.rq_next)
+        self.rq_next += 1
+        return rqe
+
+    def _rqe_pd(self, pkt: Packet) -> object:
+        """The PD memory checks use: an XRC responder uses its SRQ's PD."""
+        if self.qp_type == IBV_QPT_XRC_RECV:
+            srq = self.hca.find_srq(pkt.srqn)
+            return getattr(srq, "pd", None)
+        return self.pd
+
+    def _rqe_views(self, rqe: RecvWQE, pd: object) -> list[memoryview] | str:
+        views: list[memoryview] = []
+        keys = self.hca.keys
+        for addr, length, lkey in rqe.sges:
+            v = keys.local(lkey, pd, addr, length, True)
+            if isinstance(v, str):
+                return v
+            views.append(v)
+        return views
+
+    def _complete_rqe(
+        self,
+        rqe: RecvWQE,
+        status: int,
+        byte_len: int,
+        opcode: int = IBV_WC_RECV,
+        flags: int = 0,
+        imm: int = 0,
+        src_qp: int = 0,
+        solicited: bool = False,
+        reason: str = "",
+    ) -> None:
+        cqe = CQE(rqe.wr_id, status, opcode, self.qpn, byte_len, flags, imm)
+        cqe.src_qp = src_qp if src_qp else self.dest_qpn
+        cqe.solicited = solicited
+        cqe.reason = reason
+        srq = rqe.srq
+        cqe.wq = srq if srq is not None else self.rq
+        cqe.index = rqe.index
+        if status == IBV_WC_SUCCESS:
+            self.hca.counters["rdma_recvs" if opcode == IBV_WC_RECV_RDMA_WITH_IMM else "recvs"] += 1
+        cq = srq.cq if srq is not None and srq.cq is not None else self.recv_cq
+        self.push_cqe(cq, cqe)
+
+    def _begin_recv(self, pkt: Packet, now: float) -> bool:
+        """Take a receive WQE for a new message; False if the packet is done."""
+        rqe = self.resp_rqe  # UC: reuse the WQE of a dropped message
+        if rqe is None:
+            rqe = self._take_rqe(pkt)
+        if rqe is _XRC_BAD_SRQ:
+            self.hca.counters["drop_xrc_bad_srq"] += 1
+            self._fail(
+                pkt, NAK_INVALID_REQUEST, now, f"XRC SRQ {pkt.srqn:#x} is not in this domain"
+            )
+            return False
+        if rqe is None:
+            if self.reliable:
+                self._rnr(pkt)
+            else:
+                self.hca.counters["drop_no_rqe"] += 1
+                self.resp_drop = True
+            return False
+        views = self._rqe_views(rqe, self._rqe_pd(pkt))
+        if isinstance(views, str):
+            self.resp_rqe = rqe
+            self._fail(pkt, NAK_REMOTE_OPERATIONAL_ERROR, now, views, IBV_WC_LOC_PROT_ERR)
+            return False
+        self.resp_rqe = rqe
+        self.resp_views = views
+        self.resp_off = 0
+        return True
+
+    # --- SEND ----------------------------------------------------------------------
+    def _recv_send(self, pkt: Packet, info: OpInfo, now: float) -> None:
+        if info.first and not self._begin_recv(pkt, now):
+            return
+        payload = pkt.payload
+        n = len(payload)
+        if n > self.pmtu or (not info.last and n != self.pmtu):
+            self._fail(pkt, NAK_INVALID_REQUEST, now, f"packet payload of {n} bytes is illegal")
+            return
+        if not scatter(self.resp_views, self.resp_off, payload):
+            self._fail(
+                pkt, NAK_INVALID_REQUEST, now,
+                "the message is longer than the receive WQE", IBV_WC_LOC_LEN_ERR,
+            )  # fmt: skip
+            return
+        self.resp_off += n
+        if not info.last:
+            self.resp_op = Kind.SEND
+            self._accept(pkt)
+            return
+        rqe = self.resp_rqe
+        assert rqe is not None
+        flags = 0
+        imm = 0
+        if info.imm:
+            flags = IBV_WC_WITH_IMM
+            imm = pkt.imm
+        elif info.inv:
+            err = self.hca.keys.invalidate(pkt.inv_rkey, self._rqe_pd(pkt), self.qpn)
+            if err is not None:
+                self._fail(pkt, NAK_INVALID_REQUEST, now, err, IBV_WC_REM_INV_REQ_ERR)
+                return
+            flags = IBV_WC_WITH_INV
+            imm = pkt.inv_rkey
+        self.resp_rqe = None
+        self.resp_op = -1
+        self.msn = P.add(self.msn, 1)
+        self._complete_rqe(rqe, IBV_WC_SUCCESS, self.resp_off, IBV_WC_RECV, flags, imm,
+                           solicited=pkt.se)  # fmt: skip
+        self._accept(pkt)
+
+    # --- WRITE ---------------------------------------------------------------------
+    def _recv_write(self, pkt: Packet, info: OpInfo, now: float) -> None:
+        if info.first:
+            view = self._remote(pkt, Kind.WRITE, pkt.va, pkt.dma_len, now)
+            if view is None:
+                return
+            self.resp_wview = view
+            self.resp_off = 0
+        if info.imm and info.last and not self._begin_recv(pkt, now):
+            return
+        view = self.resp_wview
+        assert view is not None
+        payload = pkt.payload
+        n = len(payload)
+        off = self.resp_off
+        if n > self.pmtu or (not info.last and n != self.pmtu) or off + n > len(view):
+            self._fail(
+                pkt, NAK_INVALID_REQUEST, now, "RDMA WRITE payload does not match its DMA length"
+            )
+            return
+        if info.last and off + n != len(view):
+            self._fail(pkt, NAK_INVALID_REQUEST, now, "RDMA WRITE ended before its DMA length")
+            return
+        view[off : off + n] = payload
+        self.resp_off = off + n
+        if not info.last:
+            self.resp_op = Kind.WRITE
+            self._accept(pkt)
+            return
+        self.resp_op = -1
+        self.resp_wview = None
+        self.msn = P.add(self.msn, 1)
+        if info.imm:
+            rqe = self.resp_rqe
+            assert rqe is not None
+            self.resp_rqe = None
+            self._complete_rqe(rqe, IBV_WC_SUCCESS, self.resp_off, IBV_WC_RECV_RDMA_WITH_IMM,
+                               IBV_WC_WITH_IMM, pkt.imm, solicited=pkt.se)  # fmt: skip
+        self._accept(pkt)
+
+    def _remote(
+        self, pkt: Packet, kind: Kind, va: int, length: int, now: float
+    ) -> memoryview | None:
+        """Check the QP's remote rights and the key; NAK and return None if denied."""
+        right = _REMOTE_RIGHT[kind]
+        if not self.access & right:
+            reason = f"QP {self.qpn:#x} does not allow remote {kind.name.lower()}s"
+        elif length == 0 and kind is not Kind.ATOMIC:
+            return memoryview(b"")  # zero-length: the R_Key is not checked
+        else:
+            got = self.hca.keys.remote(pkt.rkey, self._rqe_pd(pkt), self.qpn, va, length, right)
+            if not isinstance(got, str):
+                return got
+            reason = got
+        if self.reliable:
+            self._fail(pkt, NAK_REMOTE_ACCESS_ERROR, now, reason)
+        else:
+            self.hca.counters["drop_uc_access"] += 1
+            self.resp_drop = True
+        return None
+
+    # --- READ ----------------------------------------------------------------------
+    def _recv_read(self, pkt: Packet, now: float) -> None:
+        view = self._remote(pkt, Kind.READ_REQ, pkt.va, pkt.dma_len, now)
+        if view is None:
+            return
+        n = max(1, -(-pkt.dma_len // self.pmtu))
+        self._remember((pkt.psn, n, Kind.READ_REQ, pkt.va, pkt.rkey, pkt.dma_len, 0))
+        self.epsn = P.add(self.epsn, n)
+        self.nak_sent = False
+        self.msn = P.add(self.msn, 1)
+        self._read_respond(pkt, view, pkt.psn)
+
+    def _read_respond(self, req: Packet, view: memoryview, psn: int) -> None:
+        pmtu = self.pmtu
+        length = len(view)
+        n = max(1, -(-length // pmtu))
+        t = self.transport
+        for i in range(n):
+            if n == 1:
+                op = t | Op.RDMA_READ_RESPONSE_ONLY
+            elif i == 0:
+                op = t | Op.RDMA_READ_RESPONSE_FIRST
+            elif i == n - 1:
+                op = t | Op.RDMA_READ_RESPONSE_LAST
+            else:
+                op = t | Op.RDMA_READ_RESPONSE_MIDDLE
+            rsp = self.reply(req, op, P.add(psn, i), view[i * pmtu : (i + 1) * pmtu])
+            rsp.syndrome = _ACK_SYNDROME
+            rsp.msn = self.msn
+            self.send(rsp)
+
+    # --- atomics -------------------------------------------------------------------
+    def _recv_atomic(self, pkt: Packet, info: OpInfo, now: float) -> None:
+        if pkt.va & 7:
+            self._fail(
+                pkt, NAK_INVALID_REQUEST, now, f"atomic address {pkt.va:#x} is not 8-byte aligned"
+            )
+            return
+        view = self._remote(pkt, Kind.ATOMIC, pkt.va, 8, now)
+        if view is None:
+            return
+        orig = int.from_bytes(view, NATIVE)
+        if info.op is Op.COMPARE_SWAP:
+            if orig == pkt.compare:
+                view[:] = (pkt.swap_add & _MASK64).to_bytes(8, NATIVE)
+        else:
+            view[:] = ((orig + pkt.swap_add) & _MASK64).to_bytes(8, NATIVE)
+        self._remember((pkt.psn, 1, Kind.ATOMIC, pkt.va, pkt.rkey, 8, orig))
+        self.epsn = P.add(self.epsn, 1)
+        self.nak_sent = False
+        self.msn = P.add(self.msn, 1)
+        self._send_atomic_ack(pkt, orig)
+
+    def _send_atomic_ack(self, req: Packet, orig: int) -> None:
+        ack = self.reply(req, self.transport | Op.ATOMIC_ACKNOWLEDGE, req.psn)
+        ack.syndrome = _ACK_SYNDROME
+        ack.msn = self.msn
+        ack.orig = orig
+        self.send(ack)
+
+    def _remember(self, entry: tuple[int, int, int, int, int, int, int]) -> None:
+        replay = self.replay
+        replay.append(entry)
+        while len(replay) > max(1, self.max_dest_rd_atomic):
+            replay.popleft()
+
+    # --- duplicates ------------------------------------------------------------------
+    def _duplicate(self, pkt: Packet, info: OpInfo) -> None:
+        counters = self.hca.counters
+        counters["duplicate_request"] += 1
+        kind = info.kind
+        if kind is Kind.READ_REQ or kind is Kind.ATOMIC:
+            for entry in self.replay:
+                off = P.diff(pkt.psn, entry[_R_PSN])
+                if entry[_R_KIND] == kind and 0 <= off < entry[_R_NPKTS]:
+                    break
+            else:
+                counters["drop_duplicate_too_old"] += 1
+                return
+            if kind is Kind.ATOMIC:
+                self._send_atomic_ack(pkt, entry[_R_ORIG])
+                return
+            # Execute the READ again from the requested PSN (IBA 9.7.5.1.2).
+            got = self.hca.keys.remote(
+                pkt.rkey, self._rqe_pd(pkt), self.qpn, pkt.va, pkt.dma_len, IBV_ACCESS_REMOTE_READ
+            )
+            if isinstance(got, str):
+                counters["drop_duplicate_read_denied"] += 1
+                return
+            self._read_respond(pkt, got, pkt.psn)
+            return
+        self._send_ack(pkt, P.add(self.epsn, -1))
+
+    # --- UC -------------------------------------------------------------------------------
+    def _uc_receive(self, pkt: Packet, info: OpInfo, now: float) -> None:
+        in_order = pkt.psn == self.epsn and not self.resp_drop
+        if info.first:
+            if self.resp_op >= 0 or not in_order:
+                self.hca.counters["uc_resync"] += 1
+            self.resp_op = -1
+            self.resp_drop = False
+            self.epsn = pkt.psn
+        elif not in_order or info.kind != self.resp_op:
+            self.hca.counters["drop_uc_missing_packet"] += 1
+            self.resp_drop = True
+            self.resp_op = -1
+            self.resp_wview = None
+            return
+        if info.kind is Kind.SEND:
+            self._recv_send(pkt, info, now)
+        else:
+            self._recv_write(pkt, info, now)
+
+    # --- UD -------------------------------------------------------------------------------
+    def _ud_receive(self, pkt: Packet, info: OpInfo, now: float) -> None:
+        counters = self.hca.counters
+        if pkt.qkey != self.qkey:
+            counters["qkey_violation"] += 1
+            return
+        rqe = self._take_rqe(pkt)
+        if rqe is None:
+            counters["drop_no_rqe"] += 1
+            return
+        payload = pkt.payload
+        total = _GRH_LEN + len(payload)
+        views = self._rqe_views(rqe, self.pd)
+        if isinstance(views, str):
+            self._complete_rqe(rqe, IBV_WC_LOC_PROT_ERR, 0, reason=views)
+            self.to_error(now)
+            return
+        if total > rqe.length:
+            self._complete_rqe(
+                rqe, IBV_WC_LOC_LEN_ERR, 0,
+                reason=f"a UD message of {len(payload)} bytes + 40-byte GRH exceeds "
+                f"the receive WQE's {rqe.length} bytes",
+            )  # fmt: skip
+            self.to_error(now)
+            return
+        from softverbs.wire.codec import grh_bytes
+
+        scatter(views, 0, grh_bytes(pkt))
+        scatter(views, _GRH_LEN, payload)
+        flags = IBV_WC_GRH
+        if info.imm:
+            flags |= IBV_WC_WITH_IMM
+        self._complete_rqe(rqe, IBV_WC_SUCCESS, total, IBV_WC_RECV, flags, pkt.imm,
+                           src_qp=pkt.src_qp, solicited=pkt.se)  # fmt: skip
+
+
+_FAIL_COUNTER = {
+    NAK_INVALID_REQUEST: "resp_invalid_request",
+    NAK_REMOTE_ACCESS_ERROR: "resp_remote_access_err",
+    NAK_REMOTE_OPERATIONAL_ERROR: "resp_local_err",
+}

@@ -1,0 +1,82 @@
+"""Errors, sorted by who caused them.
+
+* :class:`PyverbsRDMAError` -- a verb failed, with the errno rdma-core would
+  return (``error_code``).  Raised at once for local misuse: EINVAL, ENOMEM,
+  EPERM, EBUSY, EOPNOTSUPP.  The message says what was wrong and what to do.
+* :class:`PyverbsUserError` -- the Python-level arguments are wrong before any
+  verb runs (a wrong type, a missing SGE), exactly where pyverbs raises it.
+* :class:`WireError` -- internal: a received packet is malformed.  It never
+  leaves the receive path; the fabric counts it under ``reason`` and drops
+  the packet.
+
+Remote and protocol failures never raise: they become NAKs, WC statuses, the
+ERR state and async events.
+
+The class names, constructor shapes and message format match
+``pyverbs.pyverbs_error`` so that code catching pyverbs' errors catches ours.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+
+class PyverbsError(Exception):
+    """Base class of every error softverbs raises to the application."""
+
+    def __init__(self, msg: str, error_code: int = -1) -> None:
+        if error_code != -1:
+            msg = f"{msg}. Errno: {error_code}, {os.strerror(error_code)}"
+        super().__init__(msg)
+
+
+class PyverbsRDMAError(PyverbsError):
+    """A verb failed; ``error_code`` is the errno (positive)."""
+
+    def __init__(self, msg: str, error_code: int = -1) -> None:
+        super().__init__(msg, error_code)
+        self._error_code = error_code
+
+    @property
+    def error_code(self) -> int:
+        return self._error_code
+
+
+class PyverbsUserError(PyverbsError):
+    """The caller passed arguments pyverbs itself would reject."""
+
+    def __init__(self, msg: str) -> None:
+        super().__init__(msg)
+
+
+#: The name the design documents use for a failed verb.
+VerbsError = PyverbsRDMAError
+
+
+def einval(msg: str) -> PyverbsRDMAError:
+    return PyverbsRDMAError(msg, errno.EINVAL)
+
+
+def enomem(msg: str) -> PyverbsRDMAError:
+    return PyverbsRDMAError(msg, errno.ENOMEM)
+
+
+def eopnotsupp(msg: str) -> PyverbsRDMAError:
+    return PyverbsRDMAError(msg, errno.EOPNOTSUPP)
+
+
+def ebusy(msg: str) -> PyverbsRDMAError:
+    return PyverbsRDMAError(msg, errno.EBUSY)
+
+
+def eperm(msg: str) -> PyverbsRDMAError:
+    return PyverbsRDMAError(msg, errno.EPERM)
+
+
+class WireError(Exception):
+    """A received packet is malformed; ``reason`` names the drop counter."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason

@@ -1,0 +1,1 @@
+"""Fabrics that carry packets between devices: in-process, UDP; taps and faults."""

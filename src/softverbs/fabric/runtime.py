@@ -1,0 +1,222 @@
+"""Driving the sans-IO engine: one lock, one clock, one progress loop.
+
+A :class:`Runtime` owns a set of :class:`~softverbs.engine.hca.HCA` objects
+that share a lock.  Every verb takes the lock, does its work and calls
+:meth:`Runtime.progress`, which runs the devices until they are quiet:
+
+1. packets in each device's outbox are handed to :meth:`Runtime.transmit`
+   (the fabric: another in-process device, or a UDP socket), through the
+   fault layer and the pcap taps if any;
+2. packets that arrived are delivered to their device;
+3. timers that are due fire.
+
+Single-threaded pyverbs programs, which run both peers in one process, thus
+make progress inside ``post_send``, ``poll`` and the blocking calls, as the
+design asks.  A fabric with remote peers adds a progress thread that runs the
+same loop under the same lock (:mod:`softverbs.fabric.udp`).
+
+The clock is injected.  :class:`VirtualClock` never reads real time: when
+nothing is runnable, :meth:`Runtime.progress` jumps it to the next timer, so
+a simulated run with loss and long timeouts takes no wall time.
+"""
+
+from __future__ import annotations
+
+import heapq
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Protocol
+
+from softverbs.engine.hca import HCA
+from softverbs.wire.packet import Packet
+
+
+class Clock(Protocol):
+    virtual: bool
+
+    def now(self) -> float: ...
+
+
+class MonotonicClock:
+    """Real time."""
+
+    virtual = False
+
+    def now(self) -> float:
+        return time.monotonic()
+
+
+class VirtualClock:
+    """Simulated time: it moves only when the runtime advances it."""
+
+    virtual = True
+
+    def __init__(self, start: float = 0.0) -> None:
+        self.t = start
+
+    def now(self) -> float:
+        return self.t
+
+    def advance(self, t: float) -> None:
+        if t > self.t:
+            self.t = t
+
+
+class PacketFilter(Protocol):
+    """The fault layer: decides what happens to each packet in flight."""
+
+    def process(self, pkt: Packet, now: float) -> list[tuple[float, Packet]]: ...
+
+
+class Runtime:
+    """Lock, clock and progress loop shared by a set of devices."""
+
+    def __init__(self, clock: Clock | None = None) -> None:
+        self.lock = threading.RLock()
+        self.cond = threading.Condition(self.lock)
+        self.clock: Clock = clock or MonotonicClock()
+        self.hcas: list[HCA] = []
+        self.inbox: deque[tuple[HCA, Packet]] = deque()
+        self.faults: PacketFilter | None = None
+        self._delayed: list[tuple[float, int, HCA, Packet]] = []
+        self._delay_seq = 0
+        self.taps: list[Callable[[Packet, float], None]] = []
+        self.generation = 0  #: bumped whenever progress did something
+
+    def attach(self, hca: HCA) -> None:
+        with self.lock:
+            self.hcas.append(hca)
+
+    def detach(self, hca: HCA) -> None:
+        with self.lock:
+            if hca in self.hcas:
+                self.hcas.remove(hca)
+
+    # --- fabric ---------------------------------------------------------------
+    def transmit(self, src: HCA, pkt: Packet, now: float) -> None:
+        """Put one packet on the wire.  Subclasses route it."""
+        raise NotImplementedError
+
+    def _send(self, src: HCA, pkt: Packet, now: float) -> None:
+        src.counters["sent_pkts"] += 1
+        for tap in self.taps:
+            tap(pkt, now)
+        faults = self.faults
+        if faults is None:
+            self.transmit(src, pkt, now)
+            return
+        for when, out in faults.process(pkt, now):
+            if when <= now:
+                self.transmit(src, out, now)
+            else:
+                self._delay_seq += 1
+                heapq.heappush(self._delayed, (when, self._delay_seq, src, out))
+
+    # --- progress -----------------------------------------------------------------
+    def progress(self) -> bool:
+        """Run every device until quiet; True if anything happened.
+
+        Must be called with :attr:`lock` held.
+        """
+        clock = self.clock
+        now = clock.now()
+        did = False
+        while True:
+            moved = False
+            for hca in self.hcas:
+                outbox = hca.outbox
+                while outbox:
+                    moved = True
+                    self._send(hca, outbox.popleft(), now)
+            inbox = self.inbox
+            while inbox:
+                moved = True
+                hca, pkt = inbox.popleft()
+                hca.receive(pkt, now)
+            if self._delayed and self._delayed[0][0] <= now:
+                moved = True
+                self._release_delayed(now)
+            for hca in self.hcas:
+                deadline = hca.next_deadline()
+                if deadline is not None and deadline <= now and hca.run_timers(now):
+                    moved = True
+            if moved:
+                did = True
+                continue
+            if clock.virtual:
+                nxt = self.next_deadline()
+                if nxt is not None and isinstance(clock, VirtualClock):
+                    clock.advance(nxt)
+                    now = nxt
+                    continue
+            break
+        if did:
+            self.generation += 1
+            self.cond.notify_all()
+        return did
+
+    def _release_delayed(self, now: float) -> None:
+        while self._delayed and self._delayed[0][0] <= now:
+            _, _, src, pkt = heapq.heappop(self._delayed)
+            self.transmit(src, pkt, now)
+
+    def next_deadline(self) -> float | None:
+        deadlines = [d for d in (h.next_deadline() for h in self.hcas) if d is not None]
+        if self._delayed:
+            deadlines.append(self._delayed[0][0])
+        return min(deadlines) if deadlines else None
+
+    def wait_for(self, ready: Callable[[], bool], timeout: float | None = None) -> bool:
+        """Block until ``ready()`` (checked under the lock); False on timeout.
+
+        While waiting, timers keep firing: the wait wakes at the next
+        deadline, runs :meth:`progress`, and sleeps again.
+        """
+        with self.lock:
+            end = None if timeout is None else time.monotonic() + timeout
+            while True:
+                self.progress()
+                if ready():
+                    return True
+                now = time.monotonic()
+                if end is not None and now >= end:
+                    return False
+                wait: float | None = None
+                nxt = self.next_deadline()
+                if nxt is not None:
+                    wait = max(0.0, nxt - self.clock.now())
+                if end is not None:
+                    wait = end - now if wait is None else min(wait, end - now)
+                if self.clock.virtual and nxt is None and end is None:
+                    wait = None
+                self.cond.wait(wait)
+
+
+class InprocRuntime(Runtime):
+    """The in-process fabric: every attached device is reachable by GID."""
+
+    def __init__(self, clock: Clock | None = None) -> None:
+        super().__init__(clock)
+        self.by_gid: dict[bytes, HCA] = {}
+
+    def attach(self, hca: HCA) -> None:
+        with self.lock:
+            super().attach(hca)
+            for gid in hca.gids:
+                self.by_gid[gid] = hca
+
+    def detach(self, hca: HCA) -> None:
+        with self.lock:
+            super().detach(hca)
+            for gid in hca.gids:
+                if self.by_gid.get(gid) is hca:
+                    del self.by_gid[gid]
+
+    def transmit(self, src: HCA, pkt: Packet, now: float) -> None:
+        dst = self.by_gid.get(pkt.dgid)
+        if dst is None:
+            src.counters["drop_no_route"] += 1
+            return
+        self.inbox.append((dst, pkt))

@@ -1,0 +1,1 @@
+"""The objects an application holds, shaped like pyverbs."""

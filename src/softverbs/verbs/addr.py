@@ -1,0 +1,274 @@
+"""Addressing: GIDs, global routes, address handles (pyverbs ``addr``).
+
+On RoCE every path is global: the GRH (in RoCEv2, the IP header) carries
+the source and destination GIDs, and a GID is an IP address.  An AH or a
+connected QP's ``ah_attr`` therefore needs ``is_global=1`` and a
+``GlobalRoute`` naming the destination GID and the local GID index; both
+are resolved into an engine :class:`~softverbs.engine.queues.Route` when the
+AH is created or the QP is modified.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import TYPE_CHECKING, Any
+
+from softverbs.engine.queues import Route
+from softverbs.errors import PyverbsUserError, einval
+from softverbs.verbs.base import PyverbsCM, PyverbsObject, require
+
+if TYPE_CHECKING:
+    from softverbs.engine.hca import HCA
+    from softverbs.verbs.pd import PD
+
+
+def gid_str(raw: bytes) -> str:
+    """A GID in pyverbs' 8-word form: 'xxxx:xxxx:...:xxxx'."""
+    h = raw.hex()
+    return ":".join(h[i : i + 4] for i in range(0, 32, 4))
+
+
+def parse_gid(val: str) -> bytes:
+    """Accept pyverbs' 8-word form or any IPv6/IPv4 address text."""
+    words = val.split(":")
+    if len(words) == 8 and all(len(w) == 4 for w in words):
+        try:
+            return bytes.fromhex("".join(words))
+        except ValueError:
+            pass
+    try:
+        ip = ipaddress.ip_address(val)
+    except ValueError:
+        raise PyverbsUserError(f"Invalid GID value ({val})") from None
+    if ip.version == 4:
+        return b"\x00" * 10 + b"\xff\xff" + ip.packed
+    return ip.packed
+
+
+class GID(PyverbsObject):
+    """``ibv_gid``: 16 bytes, shown as 'xxxx:xxxx:xxxx:xxxx:xxxx:xxxx:xxxx:xxxx'."""
+
+    def __init__(self, val: str | None = None) -> None:
+        super().__init__()
+        self.raw = bytes(16) if val is None else parse_gid(val)
+
+    @classmethod
+    def from_raw(cls, raw: bytes) -> GID:
+        gid = cls()
+        gid.raw = bytes(raw)
+        return gid
+
+    @property
+    def gid(self) -> str:
+        return gid_str(self.raw)
+
+    @gid.setter
+    def gid(self, val: str) -> None:
+        self.raw = parse_gid(val)
+
+    def __str__(self) -> str:
+        return gid_str(self.raw)
+
+    def __repr__(self) -> str:
+        return f"GID('{self}')"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, GID) and other.raw == self.raw
+
+    def __hash__(self) -> int:
+        return hash(self.raw)
+
+
+class GlobalRoute(PyverbsObject):
+    """``ibv_global_route``."""
+
+    def __init__(
+        self,
+        dgid: GID | None = None,
+        flow_label: int = 0,
+        sgid_index: int = 0,
+        hop_limit: int = 1,
+        traffic_class: int = 0,
+    ) -> None:
+        super().__init__()
+        if dgid is not None:
+            require(dgid, GID, "dgid")
+        self.dgid: GID = dgid if dgid is not None else GID()
+        self.flow_label = flow_label
+        self.sgid_index = sgid_index
+        self.hop_limit = hop_limit
+        self.traffic_class = traffic_class
+
+    def __str__(self) -> str:
+        return (
+            f"{'DGID':<22}: {self.dgid}\n{'flow label':<22}: {self.flow_label}\n"
+            f"{'sgid index':<22}: {self.sgid_index}\n{'hop limit':<22}: {self.hop_limit}\n"
+            f"{'traffic class':<22}: {self.traffic_class}\n"
+        )
+
+
+class GRH(PyverbsObject):
+    """``ibv_grh``: the 40 bytes a UD receive gets before its payload."""
+
+    def __init__(
+        self,
+        sgid: GID | None = None,
+        dgid: GID | None = None,
+        version_tclass_flow: int = 0,
+        paylen: int = 0,
+        next_hdr: int = 0,
+        hop_limit: int = 1,
+    ) -> None:
+        super().__init__()
+        self.sgid = sgid or GID()
+        self.dgid = dgid or GID()
+        self.version_tclass_flow = version_tclass_flow
+        self.paylen = paylen
+        self.next_hdr = next_hdr
+        self.hop_limit = hop_limit
+
+
+class AHAttr(PyverbsObject):
+    """``ibv_ah_attr``."""
+
+    def __init__(
+        self,
+        dlid: int = 0,
+        sl: int = 0,
+        src_path_bits: int = 0,
+        static_rate: int = 0,
+        is_global: int = 0,
+        port_num: int = 1,
+        gr: GlobalRoute | None = None,
+    ) -> None:
+        super().__init__()
+        self.dlid = dlid
+        self.sl = sl
+        self.src_path_bits = src_path_bits
+        self.static_rate = static_rate
+        self.is_global = is_global
+        self.port_num = port_num
+        if is_global and gr is None:
+            raise PyverbsUserError("Global AH Attr is created but gr parameter is None")
+        self.gr: GlobalRoute = gr if gr is not None else GlobalRoute()
+
+    # The GRH fields, flattened as pyverbs exposes them.
+    @property
+    def dgid(self) -> str | None:
+        return str(self.gr.dgid) if self.is_global else None
+
+    @dgid.setter
+    def dgid(self, val: str) -> None:
+        if self.is_global:
+            self.gr.dgid = GID(val)
+
+    @property
+    def flow_label(self) -> int | None:
+        return self.gr.flow_label if self.is_global else None
+
+    @flow_label.setter
+    def flow_label(self, val: int) -> None:
+        self.gr.flow_label = val
+
+    @property
+    def sgid_index(self) -> int | None:
+        return self.gr.sgid_index if self.is_global else None
+
+    @sgid_index.setter
+    def sgid_index(self, val: int) -> None:
+        self.gr.sgid_index = val
+
+    @property
+    def hop_limit(self) -> int | None:
+        return self.gr.hop_limit if self.is_global else None
+
+    @hop_limit.setter
+    def hop_limit(self, val: int) -> None:
+        self.gr.hop_limit = val
+
+    @property
+    def traffic_class(self) -> int | None:
+        return self.gr.traffic_class if self.is_global else None
+
+    @traffic_class.setter
+    def traffic_class(self, val: int) -> None:
+        self.gr.traffic_class = val
+
+    def __str__(self) -> str:
+        s = (
+            f"{'DLID':<22}: {self.dlid}\n{'SL':<22}: {self.sl}\n"
+            f"{'Is global':<22}: {self.is_global}\n{'Port num':<22}: {self.port_num}\n"
+        )
+        return s + (str(self.gr) if self.is_global else "")
+
+
+def resolve_route(hca: HCA, attr: AHAttr, what: str = "AH") -> Route:
+    """Turn an AHAttr into an engine Route, or EINVAL saying what is wrong."""
+    if attr.port_num != 1:
+        raise einval(f"{what}: port {attr.port_num} does not exist; use port_num=1")
+    if not attr.is_global:
+        raise einval(
+            f"{what}: RoCE needs a global route: set is_global=1 and a GlobalRoute "
+            "with the destination GID (LID-only addressing is InfiniBand-only)"
+        )
+    gr = attr.gr
+    index = gr.sgid_index
+    gids = hca.gids
+    if not 0 <= index < len(gids):
+        raise einval(
+            f"{what}: sgid_index {index} is not a valid GID index; this device has "
+            f"GIDs 0..{len(gids) - 1}"
+        )
+    dgid = gr.dgid.raw
+    if dgid == bytes(16):
+        raise einval(f"{what}: the destination GID is all zeros")
+    return Route(
+        dgid=dgid,
+        sgid=gids[index],
+        sgid_index=index,
+        hop_limit=gr.hop_limit,
+        tclass=gr.traffic_class,
+        flow_label=gr.flow_label,
+        port=attr.port_num,
+    )
+
+
+class AH(PyverbsCM):
+    """An address handle: ``AH(pd, attr=AHAttr(...))``."""
+
+    close_rank = 20
+
+    def __init__(self, pd: PD, **kwargs: Any) -> None:
+        from softverbs.verbs.pd import PD
+
+        super().__init__()
+        require(pd, PD, "pd")
+        attr = kwargs.get("attr")
+        if attr is None:
+            wc = kwargs.get("wc")
+            grh = kwargs.get("grh")
+            if wc is None:
+                raise PyverbsUserError("AH needs attr=AHAttr(...) or wc=, grh=, port_num=")
+            attr = _attr_from_wc(wc, grh, kwargs.get("port_num", 1))
+        require(attr, AHAttr, "attr")
+        self.pd = pd
+        self._ctx = pd.ctx
+        self.attr = attr
+        self.route = resolve_route(pd.ctx.hca, attr)
+        pd.add_ref(self)
+
+
+def _attr_from_wc(wc: Any, grh: Any, port_num: int) -> AHAttr:
+    """``ibv_create_ah_from_wc``: reply to the sender of a UD receive."""
+    if isinstance(grh, GRH):
+        sgid = grh.sgid
+    elif isinstance(grh, (bytes, bytearray, memoryview)) and len(grh) >= 40:
+        raw = bytes(grh[:40])
+        sgid = (
+            GID.from_raw(raw[8:24])
+            if raw[0] >> 4 == 6
+            else GID.from_raw(b"\x00" * 10 + b"\xff\xff" + raw[32:36])
+        )
+    else:
+        raise einval("create_ah_from_wc needs the 40-byte GRH of the received message")
+    return AHAttr(is_global=1, port_num=port_num, gr=GlobalRoute(dgid=sgid, sgid_index=1))

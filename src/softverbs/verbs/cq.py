@@ -1,0 +1,309 @@
+"""Completion queues, completion channels and work completions (pyverbs ``cq``).
+
+``CQ.poll`` is where the application consumes completions -- and where send
+and receive queue slots are given back (see :mod:`softverbs.engine.queues`):
+polling the CQE of a WQE releases that WQE's slot and every earlier one of
+the same queue.  A send queue full of unsignaled WQEs therefore never drains.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from softverbs.engine.queues import CQE, CompletionQueue
+from softverbs.enums import (
+    IBV_WC_BAD_RESP_ERR,
+    IBV_WC_FATAL_ERR,
+    IBV_WC_GENERAL_ERR,
+    IBV_WC_INV_EEC_STATE_ERR,
+    IBV_WC_INV_EECN_ERR,
+    IBV_WC_LOC_ACCESS_ERR,
+    IBV_WC_LOC_EEC_OP_ERR,
+    IBV_WC_LOC_LEN_ERR,
+    IBV_WC_LOC_PROT_ERR,
+    IBV_WC_LOC_QP_OP_ERR,
+    IBV_WC_LOC_RDD_VIOL_ERR,
+    IBV_WC_MW_BIND_ERR,
+    IBV_WC_REM_ABORT_ERR,
+    IBV_WC_REM_ACCESS_ERR,
+    IBV_WC_REM_INV_RD_REQ_ERR,
+    IBV_WC_REM_INV_REQ_ERR,
+    IBV_WC_REM_OP_ERR,
+    IBV_WC_RESP_TIMEOUT_ERR,
+    IBV_WC_RETRY_EXC_ERR,
+    IBV_WC_RNR_RETRY_EXC_ERR,
+    IBV_WC_SUCCESS,
+    IBV_WC_TM_ERR,
+    IBV_WC_TM_RNDV_INCOMPLETE,
+    IBV_WC_WR_FLUSH_ERR,
+)
+from softverbs.errors import PyverbsRDMAError, PyverbsUserError, einval
+from softverbs.verbs.base import PyverbsCM, PyverbsObject, require
+
+if TYPE_CHECKING:
+    from softverbs.verbs.device import Context
+
+#: libibverbs' ``ibv_wc_status_str`` texts.
+WC_STATUS_STR: dict[int, str] = {
+    IBV_WC_SUCCESS: "success",
+    IBV_WC_LOC_LEN_ERR: "local length error",
+    IBV_WC_LOC_QP_OP_ERR: "local QP operation error",
+    IBV_WC_LOC_EEC_OP_ERR: "local EE context operation error",
+    IBV_WC_LOC_PROT_ERR: "local protection error",
+    IBV_WC_WR_FLUSH_ERR: "Work Request Flushed Error",
+    IBV_WC_MW_BIND_ERR: "memory management operation error",
+    IBV_WC_BAD_RESP_ERR: "bad response error",
+    IBV_WC_LOC_ACCESS_ERR: "local access error",
+    IBV_WC_REM_INV_REQ_ERR: "remote invalid request error",
+    IBV_WC_REM_ACCESS_ERR: "remote access error",
+    IBV_WC_REM_OP_ERR: "remote operation error",
+    IBV_WC_RETRY_EXC_ERR: "transport retry counter exceeded",
+    IBV_WC_RNR_RETRY_EXC_ERR: "RNR retry counter exceeded",
+    IBV_WC_LOC_RDD_VIOL_ERR: "local RDD violation error",
+    IBV_WC_REM_INV_RD_REQ_ERR: "remote invalid RD request",
+    IBV_WC_REM_ABORT_ERR: "aborted error",
+    IBV_WC_INV_EECN_ERR: "invalid EE context number",
+    IBV_WC_INV_EEC_STATE_ERR: "invalid EE context state",
+    IBV_WC_FATAL_ERR: "fatal error",
+    IBV_WC_RESP_TIMEOUT_ERR: "response timeout error",
+    IBV_WC_GENERAL_ERR: "general error",
+    IBV_WC_TM_ERR: "TM error",
+    IBV_WC_TM_RNDV_INCOMPLETE: "TM software rendezvous",
+}
+
+
+def wc_status_str(status: int) -> str:
+    """``ibv_wc_status_str``."""
+    return WC_STATUS_STR.get(status, "unknown")
+
+
+class WC(PyverbsObject):
+    """A work completion (``ibv_wc``).
+
+    Beyond pyverbs: ``reason`` says in words why a completion failed (empty on
+    success), and ``invalidated_rkey`` names the union member of ``imm_data``.
+    """
+
+    __slots__ = (
+        "byte_len",
+        "dlid_path_bits",
+        "imm_data",
+        "opcode",
+        "pkey_index",
+        "qp_num",
+        "reason",
+        "sl",
+        "slid",
+        "src_qp",
+        "status",
+        "vendor_err",
+        "wc_flags",
+        "wr_id",
+    )
+
+    def __init__(
+        self,
+        wr_id: int = 0,
+        status: int = 0,
+        opcode: int = 0,
+        vendor_err: int = 0,
+        byte_len: int = 0,
+        qp_num: int = 0,
+        src_qp: int = 0,
+        imm_data: int = 0,
+        wc_flags: int = 0,
+        pkey_index: int = 0,
+        slid: int = 0,
+        sl: int = 0,
+        dlid_path_bits: int = 0,
+    ) -> None:
+        self.wr_id = wr_id
+        self.status = status
+        self.opcode = opcode
+        self.vendor_err = vendor_err
+        self.byte_len = byte_len
+        self.qp_num = qp_num
+        self.src_qp = src_qp
+        self.imm_data = imm_data
+        self.wc_flags = wc_flags
+        self.pkey_index = pkey_index
+        self.slid = slid
+        self.sl = sl
+        self.dlid_path_bits = dlid_path_bits
+        self.reason = ""
+
+    @classmethod
+    def from_cqe(cls, cqe: CQE) -> WC:
+        wc = cls.__new__(cls)
+        wc.wr_id = cqe.wr_id
+        wc.status = cqe.status
+        wc.opcode = cqe.opcode
+        wc.vendor_err = cqe.vendor_err
+        wc.byte_len = cqe.byte_len
+        wc.qp_num = cqe.qp_num
+        wc.src_qp = cqe.src_qp
+        wc.imm_data = cqe.imm
+        wc.wc_flags = cqe.wc_flags
+        wc.pkey_index = 0
+        wc.slid = cqe.slid
+        wc.sl = cqe.sl
+        wc.dlid_path_bits = 0
+        wc.reason = cqe.reason
+        return wc
+
+    @property
+    def invalidated_rkey(self) -> int:
+        return self.imm_data
+
+    def __repr__(self) -> str:
+        extra = f", reason={self.reason!r}" if self.reason else ""
+        return (
+            f"WC(wr_id={self.wr_id}, status={wc_status_str(self.status)!r}, "
+            f"opcode={self.opcode}, byte_len={self.byte_len}, qp_num={self.qp_num:#x}{extra})"
+        )
+
+    def __str__(self) -> str:
+        f = "{:22}: {:<20}\n"
+        return (
+            "WC:\n" + f.format("WR ID", self.wr_id)
+            + f.format("status", wc_status_str(self.status)) + f.format("opcode", self.opcode)
+            + f.format("vendor error", self.vendor_err) + f.format("byte length", self.byte_len)
+            + f.format("QP num", self.qp_num) + f.format("source QP", self.src_qp)
+            + f.format("WC flags", self.wc_flags) + f.format("imm_data", self.imm_data)
+            + (f.format("reason", self.reason) if self.reason else "")
+        )  # fmt: skip
+
+
+class CompChannel(PyverbsCM):
+    """A completion event channel: ``CompChannel(ctx)``."""
+
+    close_rank = 70
+
+    def __init__(self, context: Context) -> None:
+        from softverbs.verbs.device import Context
+
+        super().__init__()
+        require(context, Context, "context")
+        self.context = context
+        self._ctx = context
+        self.pending: deque[CQ] = deque()
+        context.add_ref(self)
+
+    @property
+    def fd(self) -> int:
+        return -1
+
+    def get_cq_event(self, expected_cq: CQ, timeout: float | None = None) -> None:
+        """Wait for the next completion event (``ibv_get_cq_event``).
+
+        ``timeout`` (seconds) is a softverbs addition; on timeout: EAGAIN.
+        """
+        self._check_open()
+        rt = self.context.runtime
+        if not rt.wait_for(lambda: bool(self.pending), timeout):
+            raise PyverbsRDMAError("Failed to get CQ event: none arrived in time", 11)
+        with rt.lock:
+            cq = self.pending.popleft()
+        if cq is not expected_cq:
+            raise PyverbsRDMAError("Received event on an unexpected CQ")
+        cq.num_events += 1
+
+    def _fire(self, cq: CQ) -> None:
+        self.pending.append(cq)
+
+
+class CQ(PyverbsCM):
+    """A completion queue: ``CQ(ctx, cqe, cq_context, channel, comp_vector)``."""
+
+    close_rank = 60
+
+    def __init__(
+        self,
+        context: Context,
+        cqe: int,
+        cq_context: Any = None,
+        channel: CompChannel | None = None,
+        comp_vector: int = 0,
+    ) -> None:
+        from softverbs.verbs.device import LIMITS, Context
+
+        super().__init__()
+        require(context, Context, "context")
+        context._check_open()
+        if not isinstance(cqe, int):
+            raise PyverbsUserError(f"cqe must be an int, got {type(cqe).__name__}")
+        if not 1 <= cqe <= LIMITS["max_cqe"]:
+            raise einval(f"cqe {cqe} is out of range: a CQ holds 1..{LIMITS['max_cqe']} entries")
+        if channel is not None:
+            require(channel, CompChannel, "channel")
+        if not 0 <= comp_vector < context.num_comp_vectors:
+            raise einval(
+                f"comp_vector {comp_vector} is out of range; the device has "
+                f"{context.num_comp_vectors} completion vector(s)"
+            )
+        self.context = context
+        self._ctx = context
+        self.channel = channel
+        self.cq_context = cq_context
+        self.num_events = 0
+        self.ring = CompletionQueue(cqe)
+        self.ring.owner = self
+        if channel is not None:
+            self.ring.notify = lambda: channel._fire(self)
+            channel.add_ref(self)
+        context.add_ref(self)
+
+    @property
+    def cqe(self) -> int:
+        return self.ring.capacity
+
+    @property
+    def comp_channel(self) -> CompChannel | None:
+        return self.channel
+
+    def poll(self, num_entries: int = 1) -> tuple[int, list[WC]]:
+        """Take up to ``num_entries`` completions: ``(npolled, [WC, ...])``."""
+        self._check_open()
+        ring = self.ring
+        rt = self.context.runtime
+        with rt.lock:
+            rt.progress()
+            entries = ring.entries
+            out: list[WC] = []
+            while entries and len(out) < num_entries:
+                cqe = entries.popleft()
+                wq = cqe.wq
+                if wq is not None:
+                    wq.release(cqe.index)
+                out.append(WC.from_cqe(cqe))
+        return len(out), out
+
+    def req_notify(self, solicited_only: bool = False) -> None:
+        """Arm the CQ: the next (solicited) completion posts one event."""
+        self._check_open()
+        if self.channel is None:
+            raise einval("req_notify needs a CQ created with a completion channel")
+        with self.context.lock:
+            self.ring.armed = True
+            self.ring.solicited_only = bool(solicited_only)
+
+    def ack_events(self, num_events: int) -> None:
+        self.num_events = max(0, self.num_events - num_events)
+
+    def resize(self, cqe: int) -> None:
+        from softverbs.verbs.device import LIMITS
+
+        self._check_open()
+        with self.context.lock:
+            if not 1 <= cqe <= LIMITS["max_cqe"] or cqe < len(self.ring.entries):
+                raise einval(
+                    f"cannot resize the CQ to {cqe}: it must hold 1..{LIMITS['max_cqe']} "
+                    f"entries and at least the {len(self.ring.entries)} waiting to be polled"
+                )
+            self.ring.capacity = cqe
+
+    @property
+    def error(self) -> bool:
+        """True after an overrun (a softverbs addition)."""
+        return self.ring.error

@@ -1,0 +1,455 @@
+"""Devices and contexts: ``get_device_list``, ``Context``, device queries.
+
+A *device* is one soft HCA in this process: an engine
+(:class:`~softverbs.engine.hca.HCA`) driven by a runtime (the in-process
+fabric, or a UDP socket).  Devices are opened lazily by name; several
+:class:`Context` objects on one device share its QP numbers, keys and
+counters, as several ``ibv_open_device`` calls on one NIC do.
+
+With no configuration there is one device, ``sv0``, on the in-process
+fabric.  Its GID table is shaped like rxe's: index 0 holds a link-local IPv6
+GID derived from the device's MAC, index 1 the IPv4-mapped GID of its
+address.  Both are RoCEv2 GIDs.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import threading
+import weakref
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from softverbs.engine.hca import HCA
+from softverbs.enums import (
+    IBV_ATOMIC_HCA,
+    IBV_DEVICE_BAD_PKEY_CNTR,
+    IBV_DEVICE_BAD_QKEY_CNTR,
+    IBV_DEVICE_CHANGE_PHY_PORT,
+    IBV_DEVICE_MEM_MGT_EXTENSIONS,
+    IBV_DEVICE_MEM_WINDOW,
+    IBV_DEVICE_MEM_WINDOW_TYPE_2B,
+    IBV_DEVICE_PORT_ACTIVE_EVENT,
+    IBV_DEVICE_RC_RNR_NAK_GEN,
+    IBV_DEVICE_SRQ_RESIZE,
+    IBV_DEVICE_SYS_IMAGE_GUID,
+    IBV_DEVICE_UD_AV_PORT_ENFORCE,
+    IBV_DEVICE_XRC,
+    IBV_GID_TYPE_SYSFS_ROCE_V2,
+    IBV_LINK_LAYER_ETHERNET,
+    IBV_MTU_4096,
+    IBV_NODE_CA,
+    IBV_PORT_ACTIVE,
+    IBV_PORT_CM_SUP,
+    IBV_TRANSPORT_IB,
+    bytes_to_mtu,
+    ibv_event_type,
+)
+from softverbs.errors import PyverbsRDMAError, PyverbsUserError, einval
+from softverbs.fabric.runtime import InprocRuntime, Runtime
+from softverbs.verbs.base import PyverbsCM, PyverbsObject
+
+GID_TABLE_LEN = 16
+PKEY_TABLE = (0xFFFF,)
+MAX_MSG_SZ = 1 << 31
+
+#: Device limits, reported by query_device and enforced by the verbs.
+LIMITS: dict[str, int] = {
+    "max_qp": 0x10000,
+    "max_qp_wr": 0x4000,
+    "max_sge": 32,
+    "max_sge_rd": 32,
+    "max_cq": 0x4000,
+    "max_cqe": 0x8000 - 1,
+    "max_mr": 0x40000,
+    "max_pd": 0x10000,
+    "max_qp_rd_atom": 128,
+    "max_qp_init_rd_atom": 128,
+    "max_res_rd_atom": 0x10000,
+    "max_mw": 0x10000,
+    "max_ah": 0x8000,
+    "max_srq": 0x10000,
+    "max_srq_wr": 0x4000,
+    "max_srq_sge": 27,
+    "max_pkeys": len(PKEY_TABLE),
+    "max_inline_data": 0x400,
+    "max_mcast_grp": 0,
+    "max_mcast_qp_attach": 0,
+}
+
+DEVICE_CAP_FLAGS = (
+    IBV_DEVICE_BAD_PKEY_CNTR
+    | IBV_DEVICE_BAD_QKEY_CNTR
+    | IBV_DEVICE_CHANGE_PHY_PORT
+    | IBV_DEVICE_UD_AV_PORT_ENFORCE
+    | IBV_DEVICE_PORT_ACTIVE_EVENT
+    | IBV_DEVICE_SYS_IMAGE_GUID
+    | IBV_DEVICE_RC_RNR_NAK_GEN
+    | IBV_DEVICE_SRQ_RESIZE
+    | IBV_DEVICE_MEM_MGT_EXTENSIONS
+    | IBV_DEVICE_MEM_WINDOW
+    | IBV_DEVICE_MEM_WINDOW_TYPE_2B
+    | IBV_DEVICE_XRC
+)
+
+#: Counters every device reports, even at zero (rxe's hw_counters names
+#: where one exists).
+STANDARD_COUNTERS = (
+    "sent_pkts",
+    "rcvd_pkts",
+    "duplicate_request",
+    "out_of_seq_request",
+    "rcvd_rnr_err",
+    "send_rnr_err",
+    "rcvd_seq_err",
+    "retry_exceeded_err",
+    "retry_rnr_exceeded_err",
+    "completer_retry_err",
+    "send_err",
+    "rdma_sends",
+    "rdma_recvs",
+    "doorbells",
+)
+
+
+def _eui64_gid(mac: bytes) -> bytes:
+    eui = bytes([mac[0] ^ 0x02]) + mac[1:3] + b"\xff\xfe" + mac[3:6]
+    return b"\xfe\x80" + b"\x00" * 6 + eui
+
+
+def ip_to_gid(addr: str) -> bytes:
+    ip = ipaddress.ip_address(addr)
+    if ip.version == 4:
+        return b"\x00" * 10 + b"\xff\xff" + ip.packed
+    return ip.packed
+
+
+@dataclass
+class DeviceSpec:
+    """How a device is configured: ``softverbs link add`` writes these."""
+
+    name: str
+    kind: str = "inproc"  #: "inproc" or "udp"
+    addr: str = "127.0.0.1"
+    netdev: str = ""
+    mtu: int = 4096  #: active path MTU in bytes
+    mac: bytes = b"\x02\x00\x00\x00\x00\x01"
+
+
+@dataclass
+class SoftDevice:
+    """One open soft HCA in this process."""
+
+    spec: DeviceSpec
+    hca: HCA
+    runtime: Runtime
+    index: int
+    guid: int
+    contexts: weakref.WeakSet[Context] = field(default_factory=weakref.WeakSet)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+_lock = threading.Lock()
+_devices: dict[str, SoftDevice] = {}
+_inproc: InprocRuntime | None = None
+
+
+def inproc_runtime() -> InprocRuntime:
+    """The process-wide in-process fabric."""
+    global _inproc
+    if _inproc is None:
+        _inproc = InprocRuntime()
+    return _inproc
+
+
+def configured_specs() -> list[DeviceSpec]:
+    """Device specs from the environment; by default the single sv0."""
+    names = os.environ.get("SOFTVERBS_INPROC_DEVICES", "sv0").split(",")
+    specs = []
+    for i, name in enumerate(n.strip() for n in names if n.strip()):
+        specs.append(
+            DeviceSpec(
+                name=name,
+                addr=f"127.0.0.{i + 1}",
+                mac=bytes([2, 0, 0, 0, 0, i + 1]),
+            )
+        )
+    return specs
+
+
+def _open(spec: DeviceSpec, index: int) -> SoftDevice:
+    gids = [_eui64_gid(spec.mac), ip_to_gid(spec.addr)]
+    hca = HCA(spec.name, gids)
+    runtime = inproc_runtime()
+    runtime.attach(hca)
+    guid = int.from_bytes(_eui64_gid(spec.mac)[8:], "big")
+    return SoftDevice(spec, hca, runtime, index, guid)
+
+
+def open_device(name: str) -> SoftDevice:
+    with _lock:
+        dev = _devices.get(name)
+        if dev is not None:
+            return dev
+        for index, spec in enumerate(configured_specs()):
+            if spec.name == name:
+                dev = _open(spec, index)
+                _devices[name] = dev
+                return dev
+    raise PyverbsRDMAError(
+        f"Failed to find device {name}; softverbs devices are: "
+        + ", ".join(s.name for s in configured_specs())
+    )
+
+
+class Device(PyverbsObject):
+    """An entry of :func:`get_device_list` (pyverbs ``Device``)."""
+
+    def __init__(self, name: bytes, guid: int, node_type: int, transport_type: int, index: int):
+        super().__init__()
+        self._name = name
+        self._guid = guid
+        self._node_type = node_type
+        self._transport_type = transport_type
+        self._index = index
+
+    @property
+    def name(self) -> bytes:
+        return self._name
+
+    @property
+    def guid(self) -> int:
+        return self._guid
+
+    @property
+    def node_type(self) -> int:
+        return self._node_type
+
+    @property
+    def transport_type(self) -> int:
+        return self._transport_type
+
+    @property
+    def index(self) -> int:
+        return self._index
+
+    def __repr__(self) -> str:
+        return f"Device({self._name.decode()!r}, guid={self._guid:#018x})"
+
+
+def get_device_list() -> list[Device]:
+    """The soft devices visible to this process."""
+    out = []
+    for index, spec in enumerate(configured_specs()):
+        guid = int.from_bytes(_eui64_gid(spec.mac)[8:], "big")
+        out.append(Device(spec.name.encode(), guid, IBV_NODE_CA, IBV_TRANSPORT_IB, index))
+    return out
+
+
+class _Attrs(PyverbsObject):
+    """A read-only bag of attributes, printed like pyverbs prints them."""
+
+    _fields: tuple[str, ...] = ()
+
+    def __init__(self, **values: Any) -> None:
+        super().__init__()
+        self.__dict__.update(values)
+
+    def __str__(self) -> str:
+        return "".join(f"{name:<28}: {getattr(self, name)}\n" for name in self._fields)
+
+
+class DeviceAttr(_Attrs):
+    """``ibv_device_attr`` (``Context.query_device``)."""
+
+    _fields = (
+        "fw_version", "node_guid", "sys_image_guid", "max_mr_size", "page_size_cap",
+        "vendor_id", "vendor_part_id", "hw_ver", "max_qp", "max_qp_wr", "device_cap_flags",
+        "max_sge", "max_sge_rd", "max_cq", "max_cqe", "max_mr", "max_pd", "max_qp_rd_atom",
+        "max_ee_rd_atom", "max_res_rd_atom", "max_qp_init_rd_atom", "max_ee_init_rd_atom",
+        "atomic_caps", "max_ee", "max_rdd", "max_mw", "max_raw_ipv6_qps", "max_raw_ethy_qp",
+        "max_mcast_grp", "max_mcast_qp_attach", "max_total_mcast_qp_attach", "max_ah",
+        "max_fmr", "max_map_per_fmr", "max_srq", "max_srq_wr", "max_srq_sge", "max_pkeys",
+        "local_ca_ack_delay", "phys_port_cnt",
+    )  # fmt: skip
+
+
+class PortAttr(_Attrs):
+    """``ibv_port_attr`` (``Context.query_port``)."""
+
+    _fields = (
+        "state", "max_mtu", "active_mtu", "gid_tbl_len", "port_cap_flags", "max_msg_sz",
+        "bad_pkey_cntr", "qkey_viol_cntr", "pkey_tbl_len", "lid", "sm_lid", "lmc",
+        "max_vl_num", "sm_sl", "subnet_timeout", "init_type_reply", "active_width",
+        "active_speed", "phys_state", "link_layer", "flags", "port_cap_flags2",
+        "active_speed_ex",
+    )  # fmt: skip
+
+
+class AsyncEvent(PyverbsObject):
+    """An asynchronous event (``ibv_async_event``).
+
+    Beyond pyverbs' ``event_type``, softverbs says which object it concerns
+    (``element``: a QP, CQ or SRQ object, or a port number) and why
+    (``reason``).
+    """
+
+    def __init__(self, event_type: int = 0, element: Any = None, reason: str = "") -> None:
+        super().__init__()
+        self._event_type = event_type
+        self.element = element
+        self.reason = reason
+
+    @property
+    def event_type(self) -> int:
+        return self._event_type
+
+    def ack(self) -> None:
+        """Acknowledge the event (nothing to release in softverbs)."""
+
+    def __str__(self) -> str:
+        try:
+            name = ibv_event_type(self._event_type).name
+        except ValueError:
+            name = str(self._event_type)
+        return f"{'Event Type':<24}: {name:<20}\n"
+
+
+class Context(PyverbsCM):
+    """An open device (pyverbs ``Context``): ``Context(name='sv0')``."""
+
+    close_rank = 100
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__()
+        name = kwargs.get("name")
+        if name is None:
+            raise PyverbsUserError("Device name must be provided")
+        if isinstance(name, bytes):
+            name = name.decode()
+        self.name: str = name
+        self.device: SoftDevice = open_device(name)
+        self.hca = self.device.hca
+        self.runtime = self.device.runtime
+        self.lock = self.runtime.lock
+        self.events: deque[AsyncEvent] = deque()
+        self.device.contexts.add(self)
+        self.hca.on_event = _dispatch_event(self.device)
+
+    # --- queries ------------------------------------------------------------
+    @property
+    def num_comp_vectors(self) -> int:
+        return 1
+
+    def query_device(self) -> DeviceAttr:
+        self._check_open()
+        guid = self.device.guid
+        return DeviceAttr(
+            fw_version="0.0.0", node_guid=guid, sys_image_guid=guid,
+            max_mr_size=0xFFFFFFFFFFFFFFFF, page_size_cap=0xFFFFF000,
+            vendor_id=0xFFFFFF, vendor_part_id=0, hw_ver=0,
+            device_cap_flags=DEVICE_CAP_FLAGS, max_ee_rd_atom=0, max_ee_init_rd_atom=0,
+            atomic_caps=IBV_ATOMIC_HCA, max_ee=0, max_rdd=0, max_raw_ipv6_qps=0,
+            max_raw_ethy_qp=0, max_total_mcast_qp_attach=0, max_fmr=0, max_map_per_fmr=0,
+            local_ca_ack_delay=15, phys_port_cnt=1,
+            **{k: v for k, v in LIMITS.items() if k != "max_inline_data"},
+        )  # fmt: skip
+
+    def _port(self, port_num: int) -> None:
+        if port_num != 1:
+            raise einval(f"Port {port_num} does not exist; softverbs devices have one port, 1")
+
+    def query_port(self, port_num: int) -> PortAttr:
+        self._check_open()
+        self._port(port_num)
+        counters = self.hca.counters
+        return PortAttr(
+            state=IBV_PORT_ACTIVE, max_mtu=IBV_MTU_4096,
+            active_mtu=bytes_to_mtu(self.device.spec.mtu), gid_tbl_len=GID_TABLE_LEN,
+            port_cap_flags=IBV_PORT_CM_SUP, max_msg_sz=MAX_MSG_SZ,
+            bad_pkey_cntr=counters["drop_bad_pkey"], qkey_viol_cntr=counters["qkey_violation"],
+            pkey_tbl_len=len(PKEY_TABLE), lid=0, sm_lid=0, lmc=0, max_vl_num=1, sm_sl=0,
+            subnet_timeout=0, init_type_reply=0, active_width=1, active_speed=0x80,
+            phys_state=5, link_layer=IBV_LINK_LAYER_ETHERNET, flags=0, port_cap_flags2=0,
+            active_speed_ex=0,
+        )  # fmt: skip
+
+    def query_gid(self, port_num: int, index: int) -> Any:
+        from softverbs.verbs.addr import GID
+
+        self._check_open()
+        self._port(port_num)
+        if not 0 <= index < GID_TABLE_LEN:
+            raise PyverbsRDMAError(f"Failed to query gid {index} of port {port_num}", 22)
+        gids = self.hca.gids
+        raw = gids[index] if index < len(gids) else bytes(16)
+        return GID.from_raw(raw)
+
+    def query_gid_type(self, port_num: int, index: int) -> int:
+        self._check_open()
+        self._port(port_num)
+        if not 0 <= index < len(self.hca.gids):
+            raise PyverbsRDMAError(
+                f"Failed to query gid type of port {port_num} and gid index {index}", 61
+            )
+        return IBV_GID_TYPE_SYSFS_ROCE_V2
+
+    def query_pkey(self, port_num: int, index: int) -> int:
+        self._port(port_num)
+        if not 0 <= index < len(PKEY_TABLE):
+            raise PyverbsRDMAError(f"Failed to query pkey {index} of port {port_num}", 22)
+        return PKEY_TABLE[index]
+
+    def get_pkey_index(self, port_num: int, pkey: int) -> int:
+        self._port(port_num)
+        if pkey not in PKEY_TABLE:
+            raise PyverbsRDMAError(f"Failed to get pkey index of pkey = {pkey} of port {port_num}")
+        return PKEY_TABLE.index(pkey)
+
+    # --- async events ---------------------------------------------------------
+    def get_async_event(self, timeout: float | None = None) -> AsyncEvent:
+        """Wait for the next async event of this context.
+
+        ``timeout`` (seconds) is a softverbs addition; without it the call
+        blocks like ``ibv_get_async_event``.  On timeout: EAGAIN.
+        """
+        self._check_open()
+        if not self.runtime.wait_for(lambda: bool(self.events), timeout):
+            raise PyverbsRDMAError("Failed to get async event: none arrived in time", 11)
+        with self.lock:
+            return self.events.popleft()
+
+    def _release(self) -> None:
+        self.device.contexts.discard(self)
+
+
+def _dispatch_event(device: SoftDevice) -> Any:
+    """Route engine events to the context that owns the object."""
+
+    def sink(event_type: int, element: Any) -> None:
+        owner = getattr(element, "owner", None)
+        target = getattr(owner, "_ctx", None)
+        reason = getattr(element, "last_error", "")
+        ev = AsyncEvent(event_type, owner if owner is not None else element, reason)
+        if isinstance(target, Context) and not target.closed:
+            target.events.append(ev)
+            return
+        for ctx in list(device.contexts):
+            if not ctx.closed:
+                ctx.events.append(ev)
+                return
+
+    return sink
+
+
+def counters(ctx: Context) -> dict[str, int]:
+    """The device's counters (rxe ``hw_counters`` names where one exists)."""
+    with ctx.lock:
+        out = dict.fromkeys(STANDARD_COUNTERS, 0)
+        out.update(ctx.hca.counters)
+        return out

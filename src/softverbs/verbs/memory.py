@@ -1,0 +1,103 @@
+"""Real process memory for memory regions.
+
+An MR covers real memory: its ``buf`` is the buffer's address in this
+process, SGEs carry addresses, and the engine moves data through
+``memoryview`` slices of that memory.  Three ways to get it:
+
+* :func:`allocate` -- fresh, zeroed, page-aligned anonymous memory (what
+  pyverbs' ``MR(pd, length, access)`` does with posix_memalign);
+* :func:`from_buffer` -- any writable buffer-protocol object (bytearray,
+  mmap, numpy array): the region is that object's memory, pinned while
+  registered;
+* :func:`from_address` -- memory the caller already owns, by address, as
+  ``ibv_reg_mr(addr, ...)``.  The range is checked against the process's
+  memory map first, so a bad address is EFAULT, not a crash.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import mmap
+
+from softverbs.errors import PyverbsRDMAError, einval
+
+
+class Memory:
+    """A registered range: its address, a byte view, and what keeps it alive."""
+
+    __slots__ = ("addr", "keepalive", "view")
+
+    def __init__(self, view: memoryview, addr: int, keepalive: object) -> None:
+        self.view = view
+        self.addr = addr
+        self.keepalive = keepalive
+
+    def release(self) -> None:
+        """Drop the view; close the mapping if we allocated it."""
+        self.view.release()
+        if isinstance(self.keepalive, mmap.mmap):
+            # A view handed out to the application may still be alive.
+            with contextlib.suppress(BufferError):
+                self.keepalive.close()
+
+
+def address_of(view: memoryview) -> int:
+    """The address of a writable buffer's first byte."""
+    if view.readonly:
+        raise einval("cannot register a read-only buffer; pass a writable one (bytearray, mmap)")
+    if len(view) == 0:
+        return 0
+    return ctypes.addressof(ctypes.c_char.from_buffer(view))
+
+
+def allocate(length: int) -> Memory:
+    if length < 0:
+        raise einval(f"MR length {length} is negative")
+    mm = mmap.mmap(-1, max(length, 1))
+    view = memoryview(mm)[:length]
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(mm))
+    return Memory(view, addr, mm)
+
+
+def from_buffer(buf: object) -> Memory:
+    try:
+        view = memoryview(buf)  # type: ignore[arg-type]
+    except TypeError:
+        raise einval(f"{type(buf).__name__} does not support the buffer protocol") from None
+    if not view.c_contiguous:
+        raise einval("the buffer must be C-contiguous")
+    view = view.cast("B")
+    return Memory(view, address_of(view), buf)
+
+
+def _mapped(addr: int, length: int) -> bool:
+    end = addr + length
+    try:
+        with open("/proc/self/maps") as f:
+            ranges = []
+            for line in f:
+                start, end_ = line.split(None, 1)[0].split("-")
+                ranges.append((int(start, 16), int(end_, 16)))
+    except OSError:
+        return True  # no way to check on this platform
+    pos = addr
+    for lo, hi in sorted(ranges):
+        if lo <= pos < hi:
+            pos = hi
+            if pos >= end:
+                return True
+    return pos >= end
+
+
+def from_address(addr: int, length: int) -> Memory:
+    if addr <= 0 or length < 0:
+        raise einval(f"invalid address {addr:#x} / length {length}")
+    if not _mapped(addr, length):
+        raise PyverbsRDMAError(
+            f"Failed to register memory: [{addr:#x}, +{length}) is not mapped in this process",
+            errno.EFAULT,
+        )
+    arr = (ctypes.c_char * length).from_address(addr)
+    return Memory(memoryview(arr).cast("B"), addr, arr)

@@ -1,0 +1,952 @@
+"""Queue pairs (pyverbs ``qp``): creation, modify/query, posting.
+
+Posting is the driver half of a NIC: ``post_send`` checks the WR (local
+misuse raises at once: EINVAL, ENOMEM), writes a WQE into the send ring and
+rings the doorbell; the engine does the rest.  A WR list stops at the first
+bad WR, which is reported through ``bad_wr`` and named in the error; the WRs
+before it stay posted.
+
+Doorbells and deferred posting (seed 003): a WR carrying
+:data:`~softverbs.enums.IBV_SEND_DEFER` is written without ringing.  The
+doorbell rings after the last non-deferred WR of a call, which hands every
+WQE written so far -- deferred ones included -- to the engine.  When a post
+fails, the doorbell rings for everything written before the failure, so no
+deferred WR is stranded, and the failed WR produces no completion.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+from typing import TYPE_CHECKING, Any
+
+from softverbs.engine.qp import QPEngine
+from softverbs.engine.queues import SendWQE, Sge, WorkQueue
+from softverbs.engine.requester import WR_INFO, WrClass
+from softverbs.enums import (
+    IBV_MTU_256,
+    IBV_MTU_1024,
+    IBV_MTU_4096,
+    IBV_QP_ACCESS_FLAGS,
+    IBV_QP_ALT_PATH,
+    IBV_QP_AV,
+    IBV_QP_DEST_QPN,
+    IBV_QP_EN_SQD_ASYNC_NOTIFY,
+    IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+    IBV_QP_MAX_DEST_RD_ATOMIC,
+    IBV_QP_MAX_QP_RD_ATOMIC,
+    IBV_QP_MIN_RNR_TIMER,
+    IBV_QP_PATH_MIG_STATE,
+    IBV_QP_PATH_MTU,
+    IBV_QP_PKEY_INDEX,
+    IBV_QP_PORT,
+    IBV_QP_QKEY,
+    IBV_QP_RETRY_CNT,
+    IBV_QP_RNR_RETRY,
+    IBV_QP_RQ_PSN,
+    IBV_QP_SQ_PSN,
+    IBV_QP_STATE,
+    IBV_QP_TIMEOUT,
+    IBV_QPS_ERR,
+    IBV_QPS_INIT,
+    IBV_QPS_RESET,
+    IBV_QPS_RTR,
+    IBV_QPS_RTS,
+    IBV_QPS_SQD,
+    IBV_QPS_SQE,
+    IBV_QPT_RAW_PACKET,
+    IBV_QPT_RC,
+    IBV_QPT_UC,
+    IBV_QPT_UD,
+    IBV_QPT_XRC_RECV,
+    IBV_QPT_XRC_SEND,
+    IBV_SEND_DEFER,
+    IBV_SEND_FENCE,
+    IBV_SEND_INLINE,
+    IBV_SEND_SIGNALED,
+    IBV_SEND_SOLICITED,
+    IBV_WR_ATOMIC_CMP_AND_SWP,
+    IBV_WR_ATOMIC_FETCH_AND_ADD,
+    IBV_WR_BIND_MW,
+    IBV_WR_LOCAL_INV,
+    IBV_WR_RDMA_READ,
+    IBV_WR_RDMA_WRITE,
+    IBV_WR_RDMA_WRITE_WITH_IMM,
+    IBV_WR_SEND,
+    IBV_WR_SEND_WITH_IMM,
+    IBV_WR_SEND_WITH_INV,
+    ibv_qp_state,
+    ibv_qp_type,
+    ibv_wr_opcode,
+    mtu_to_bytes,
+)
+from softverbs.errors import PyverbsRDMAError, PyverbsUserError, einval, enomem, eopnotsupp
+from softverbs.verbs import qpstate
+from softverbs.verbs.addr import AH, AHAttr, GlobalRoute, resolve_route
+from softverbs.verbs.base import PyverbsCM, PyverbsObject, require
+from softverbs.verbs.cq import CQ
+from softverbs.verbs.mr import MW, MWBind, MWBindInfo, inc_rkey
+from softverbs.verbs.pd import PD
+from softverbs.verbs.srq import SRQ, recv_wqe
+from softverbs.verbs.wr import SGE, RecvWR, SendWR
+
+if TYPE_CHECKING:
+    from softverbs.verbs.device import Context
+
+#: WR opcodes each QP type accepts.
+ALLOWED_OPCODES: dict[int, frozenset[int]] = {
+    IBV_QPT_RC: frozenset(WR_INFO),
+    IBV_QPT_XRC_SEND: frozenset(WR_INFO),
+    IBV_QPT_UC: frozenset({IBV_WR_SEND, IBV_WR_SEND_WITH_IMM, IBV_WR_RDMA_WRITE,
+                           IBV_WR_RDMA_WRITE_WITH_IMM, IBV_WR_LOCAL_INV, IBV_WR_BIND_MW}),
+    IBV_QPT_UD: frozenset({IBV_WR_SEND, IBV_WR_SEND_WITH_IMM}),
+    IBV_QPT_XRC_RECV: frozenset(),
+}  # fmt: skip
+
+SEND_FLAGS = IBV_SEND_FENCE | IBV_SEND_SIGNALED | IBV_SEND_SOLICITED | IBV_SEND_INLINE
+_INLINE_OK = (WrClass.SEND, WrClass.WRITE)
+_POST_SEND_STATES = (IBV_QPS_RTS, IBV_QPS_SQD, IBV_QPS_SQE, IBV_QPS_ERR)
+
+
+def _name(enum: Any, value: int) -> str:
+    try:
+        return str(enum(value).name)
+    except ValueError:
+        return str(value)
+
+
+class QPCap(PyverbsObject):
+    """``ibv_qp_cap``."""
+
+    def __init__(
+        self,
+        max_send_wr: int = 1,
+        max_recv_wr: int = 10,
+        max_send_sge: int = 1,
+        max_recv_sge: int = 1,
+        max_inline_data: int = 0,
+    ) -> None:
+        super().__init__()
+        self.max_send_wr = max_send_wr
+        self.max_recv_wr = max_recv_wr
+        self.max_send_sge = max_send_sge
+        self.max_recv_sge = max_recv_sge
+        self.max_inline_data = max_inline_data
+
+    def copy(self) -> QPCap:
+        return QPCap(self.max_send_wr, self.max_recv_wr, self.max_send_sge,
+                     self.max_recv_sge, self.max_inline_data)  # fmt: skip
+
+    def __str__(self) -> str:
+        f = "{:22}: {:<20}\n"
+        return "".join(
+            f.format(n, getattr(self, n))
+            for n in (
+                "max_send_wr",
+                "max_recv_wr",
+                "max_send_sge",
+                "max_recv_sge",
+                "max_inline_data",
+            )
+        )
+
+
+class _InitAttrBase(PyverbsObject):
+    """Fields common to QPInitAttr and QPInitAttrEx."""
+
+    def __init__(
+        self, qp_type: int, qp_context: Any, scq: Any, rcq: Any, srq: SRQ | None,
+        cap: QPCap | None, sq_sig_all: int,
+    ) -> None:  # fmt: skip
+        super().__init__()
+        for cq, what in ((scq, "scq"), (rcq, "rcq")):
+            if cq is not None and not isinstance(cq, CQ):
+                raise PyverbsUserError(f"Expected CQ/CQEX, got {type(cq)} for {what}")
+        if srq is not None:
+            require(srq, SRQ, "srq")
+        self.qp_type = qp_type
+        self.qp_context = qp_context
+        self.send_cq = scq
+        self.recv_cq = rcq
+        self.srq = srq
+        # pyverbs: without a QPCap every capability is 0
+        self.cap = cap.copy() if cap is not None else QPCap(0, 0, 0, 0, 0)
+        self.sq_sig_all = sq_sig_all
+
+    # the capability fields, flattened as pyverbs exposes them
+    @property
+    def max_send_wr(self) -> int:
+        return self.cap.max_send_wr
+
+    @max_send_wr.setter
+    def max_send_wr(self, val: int) -> None:
+        self.cap.max_send_wr = val
+
+    @property
+    def max_recv_wr(self) -> int:
+        return self.cap.max_recv_wr
+
+    @max_recv_wr.setter
+    def max_recv_wr(self, val: int) -> None:
+        self.cap.max_recv_wr = val
+
+    @property
+    def max_send_sge(self) -> int:
+        return self.cap.max_send_sge
+
+    @max_send_sge.setter
+    def max_send_sge(self, val: int) -> None:
+        self.cap.max_send_sge = val
+
+    @property
+    def max_recv_sge(self) -> int:
+        return self.cap.max_recv_sge
+
+    @max_recv_sge.setter
+    def max_recv_sge(self, val: int) -> None:
+        self.cap.max_recv_sge = val
+
+    @property
+    def max_inline_data(self) -> int:
+        return self.cap.max_inline_data
+
+    @max_inline_data.setter
+    def max_inline_data(self, val: int) -> None:
+        self.cap.max_inline_data = val
+
+
+class QPInitAttr(_InitAttrBase):
+    """``ibv_qp_init_attr``: ``QPInitAttr(qp_type, qp_context, scq, rcq, srq, cap, sq_sig_all)``."""
+
+    def __init__(
+        self,
+        qp_type: int = IBV_QPT_UD,
+        qp_context: Any = None,
+        scq: Any = None,
+        rcq: Any = None,
+        srq: SRQ | None = None,
+        cap: QPCap | None = None,
+        sq_sig_all: int = 1,
+    ) -> None:
+        super().__init__(qp_type, qp_context, scq, rcq, srq, cap, sq_sig_all)
+
+
+class QPInitAttrEx(_InitAttrBase):
+    """``ibv_qp_init_attr_ex``, for ``QP(ctx, QPInitAttrEx(...))``."""
+
+    def __init__(
+        self,
+        qp_type: int = IBV_QPT_UD,
+        qp_context: Any = None,
+        scq: Any = None,
+        rcq: Any = None,
+        srq: SRQ | None = None,
+        cap: QPCap | None = None,
+        sq_sig_all: int = 0,
+        comp_mask: int = 0,
+        pd: PD | None = None,
+        xrcd: Any = None,
+        create_flags: int = 0,
+        max_tso_header: int = 0,
+        source_qpn: int = 0,
+        hash_conf: Any = None,
+        ind_table: Any = None,
+        send_ops_flags: int = 0,
+    ) -> None:
+        super().__init__(qp_type, qp_context, scq, rcq, srq, cap, sq_sig_all)
+        if pd is not None:
+            require(pd, PD, "pd")
+        self.comp_mask = comp_mask
+        self.pd = pd
+        self.xrcd = xrcd
+        self.create_flags = create_flags
+        self.max_tso_header = max_tso_header
+        self.source_qpn = source_qpn
+        self.hash_conf = hash_conf
+        self.ind_table = ind_table
+        self.send_ops_flags = send_ops_flags
+
+
+class QPAttr(PyverbsObject):
+    """``ibv_qp_attr``: the attributes of ``modify`` and ``query``."""
+
+    def __init__(
+        self,
+        qp_state: int = IBV_QPS_INIT,
+        cur_qp_state: int = IBV_QPS_RESET,
+        port_num: int = 1,
+        path_mtu: int = IBV_MTU_1024,
+    ) -> None:
+        super().__init__()
+        self.qp_state = qp_state
+        self.cur_qp_state = cur_qp_state
+        self.port_num = port_num
+        self.path_mtu = path_mtu
+        self.path_mig_state = 0
+        self.qkey = 0
+        self.rq_psn = 0
+        self.sq_psn = 0
+        self.dest_qp_num = 0
+        self.qp_access_flags = 0
+        self.cap = QPCap(0, 0, 0, 0, 0)
+        self.ah_attr = AHAttr()
+        self.alt_ah_attr = AHAttr()
+        self.pkey_index = 0
+        self.alt_pkey_index = 0
+        self.en_sqd_async_notify = 0
+        self.sq_draining = 0
+        self.max_rd_atomic = 0
+        self.max_dest_rd_atomic = 0
+        self.min_rnr_timer = 0
+        self.timeout = 0
+        self.retry_cnt = 0
+        self.rnr_retry = 0
+        self.alt_port_num = 0
+        self.alt_timeout = 0
+        self.rate_limit = 0
+
+    def __str__(self) -> str:
+        skip = {"logger", "cap", "ah_attr", "alt_ah_attr"}
+        return "".join(f"{k:<22}: {v}\n" for k, v in vars(self).items() if k not in skip)
+
+
+def _copy_ah(attr: AHAttr) -> AHAttr:
+    gr = GlobalRoute(
+        dgid=attr.gr.dgid, flow_label=attr.gr.flow_label, sgid_index=attr.gr.sgid_index,
+        hop_limit=attr.gr.hop_limit, traffic_class=attr.gr.traffic_class,
+    )  # fmt: skip
+    return AHAttr(dlid=attr.dlid, sl=attr.sl, src_path_bits=attr.src_path_bits,
+                  static_rate=attr.static_rate, is_global=attr.is_global,
+                  port_num=attr.port_num, gr=gr)  # fmt: skip
+
+
+def _check_range(name: str, value: int, lo: int, hi: int) -> int:
+    if not isinstance(value, int) or not lo <= value <= hi:
+        raise einval(f"{name}={value!r} is out of range {lo}..{hi}")
+    return value
+
+
+class QP(PyverbsCM):
+    """A queue pair: ``QP(pd, QPInitAttr(...), QPAttr?)`` or ``QP(ctx, QPInitAttrEx(...))``.
+
+    Given a ``QPAttr``, the constructor moves RC, UC and XRC QPs to INIT and
+    UD QPs to RTS, as pyverbs does.
+    """
+
+    close_rank = 10
+
+    def __init__(self, creator: Any, init_attr: Any, qp_attr: QPAttr | None = None) -> None:
+        from softverbs.verbs.device import LIMITS, Context
+
+        super().__init__()
+        if isinstance(creator, PD):
+            require(init_attr, (QPInitAttr, QPInitAttrEx), "init_attr")
+            pd: PD | None = creator
+            ctx: Context = creator.ctx
+        elif isinstance(creator, Context):
+            require(init_attr, QPInitAttrEx, "init_attr")
+            pd = init_attr.pd
+            ctx = creator
+        else:
+            raise PyverbsUserError(f"QP creator must be a PD or a Context, got {type(creator)}")
+        ctx._check_open()
+        qp_type = init_attr.qp_type
+        if qp_type == IBV_QPT_RAW_PACKET:
+            raise eopnotsupp("raw packet QPs are not supported by softverbs")
+        if qp_type not in ALLOWED_OPCODES:
+            raise einval(f"unknown QP type {qp_type}")
+        cap: QPCap = init_attr.cap
+        self._validate_create(init_attr, pd, qp_type, cap, LIMITS)
+        self._ctx = ctx
+        self.context = ctx
+        self.pd = pd
+        self.scq: CQ | None = init_attr.send_cq
+        self.rcq: CQ | None = init_attr.recv_cq
+        self.srq: SRQ | None = init_attr.srq
+        self.xrcd = getattr(init_attr, "xrcd", None)
+        self.cap = cap.copy()
+        self.qp_context = init_attr.qp_context
+        self.sq_sig_all = bool(init_attr.sq_sig_all)
+        self.send_ops_flags = getattr(init_attr, "send_ops_flags", 0)
+        self.create_flags = getattr(init_attr, "create_flags", 0)
+        self._attrs = QPAttr(qp_state=IBV_QPS_RESET)
+        self._unsignaled_run = 0  #: unsignaled WRs posted since the last signaled one
+        has_sq = qp_type != IBV_QPT_XRC_RECV
+        has_rq = qp_type not in (IBV_QPT_XRC_RECV, IBV_QPT_XRC_SEND) and self.srq is None
+        sq = WorkQueue(cap.max_send_wr) if has_sq else None
+        rq = WorkQueue(cap.max_recv_wr) if has_rq else None
+        hca = ctx.hca
+        with ctx.lock:
+            qpn = hca.alloc_qpn()
+            self.engine = QPEngine(
+                hca, qpn, qp_type, pd if pd is not None else self.xrcd,
+                self.scq.ring if self.scq is not None else None,
+                self.rcq.ring if self.rcq is not None else None,
+                sq, rq, self.srq.ring if self.srq is not None else None,
+                self.sq_sig_all, owner=self,
+            )  # fmt: skip
+            self.engine.xrcd = self.xrcd
+            mtu = ctx.device.spec.mtu
+            self.engine.pmtu = min(1024, mtu)
+            hca.qps[qpn] = self.engine
+        for parent in (pd, self.scq, self.rcq, self.srq, self.xrcd, ctx if pd is None else None):
+            if parent is not None:
+                parent.add_ref(self)
+        if qp_attr is not None:
+            if qp_type in (IBV_QPT_UD,):
+                self.to_rts(qp_attr)
+            else:
+                self.to_init(qp_attr)
+
+    @staticmethod
+    def _validate_create(init_attr: Any, pd: PD | None, qp_type: int, cap: QPCap,
+                         limits: dict[str, int]) -> None:  # fmt: skip
+        tname = _name(ibv_qp_type, qp_type)
+        if qp_type == IBV_QPT_XRC_RECV:
+            if getattr(init_attr, "xrcd", None) is None:
+                raise einval("an XRC receive QP needs an XRC domain (QPInitAttrEx(xrcd=...))")
+        elif pd is None:
+            raise einval(f"a {tname} QP needs a PD (QPInitAttrEx(pd=...))")
+        if qp_type != IBV_QPT_XRC_RECV and init_attr.send_cq is None:
+            raise einval(f"a {tname} QP needs a send CQ")
+        if qp_type not in (IBV_QPT_XRC_RECV, IBV_QPT_XRC_SEND) and init_attr.recv_cq is None:
+            raise einval(f"a {tname} QP needs a receive CQ")
+        if init_attr.srq is not None and qp_type in (IBV_QPT_XRC_SEND, IBV_QPT_XRC_RECV):
+            raise einval(f"a {tname} QP cannot use an SRQ")
+        checks = (
+            ("max_send_wr", cap.max_send_wr, limits["max_qp_wr"]),
+            ("max_recv_wr", cap.max_recv_wr, limits["max_qp_wr"]),
+            ("max_send_sge", cap.max_send_sge, limits["max_sge"]),
+            ("max_recv_sge", cap.max_recv_sge, limits["max_sge"]),
+            ("max_inline_data", cap.max_inline_data, limits["max_inline_data"]),
+        )
+        for name, value, hi in checks:
+            if not isinstance(value, int) or not 0 <= value <= hi:
+                raise einval(f"cap.{name}={value!r} exceeds the device limit {hi}")
+
+    # --- properties ------------------------------------------------------------
+    @property
+    def qp_num(self) -> int:
+        return self.engine.qpn
+
+    @property
+    def qp_state(self) -> int:
+        return int(self.engine.state)
+
+    @property
+    def qp_type(self) -> int:
+        return int(self.engine.qp_type)
+
+    def __str__(self) -> str:
+        return (f"QP\n{'QP type':22}: {_name(ibv_qp_type, self.qp_type):<20}\n"
+                f"{'QP state':22}: {_name(ibv_qp_state, self.qp_state):<20}\n"
+                f"{'QP num':22}: {self.qp_num:<20}\n")  # fmt: skip
+
+    # --- state transitions ---------------------------------------------------------
+    def _get_comp_mask(self, dst: str) -> int:
+        cur = {"INIT": IBV_QPS_RESET, "RTR": IBV_QPS_INIT, "RTS": IBV_QPS_RTR}[dst]
+        new = {"INIT": IBV_QPS_INIT, "RTR": IBV_QPS_RTR, "RTS": IBV_QPS_RTS}[dst]
+        r = qpstate.rule(self.qp_type, cur, new)
+        assert r is not None
+        return r[0] | IBV_QP_STATE
+
+    def to_init(self, qp_attr: QPAttr) -> None:
+        qp_attr.qp_state = IBV_QPS_INIT
+        self.modify(qp_attr, self._get_comp_mask("INIT"))
+
+    def to_rtr(self, qp_attr: QPAttr) -> None:
+        if self.qp_state != IBV_QPS_INIT:
+            self.to_init(qp_attr)
+        qp_attr.qp_state = IBV_QPS_RTR
+        self.modify(qp_attr, self._get_comp_mask("RTR"))
+
+    def to_rts(self, qp_attr: QPAttr) -> None:
+        if self.qp_state != IBV_QPS_RTR:
+            self.to_rtr(qp_attr)
+        qp_attr.qp_state = IBV_QPS_RTS
+        self.modify(qp_attr, self._get_comp_mask("RTS"))
+
+    def modify(self, qp_attr: QPAttr, comp_mask: int) -> None:
+        """``ibv_modify_qp``: judged by the state table (:mod:`.qpstate`)."""
+        self._check_open()
+        require(qp_attr, QPAttr, "qp_attr")
+        eng = self.engine
+        rt = self._ctx.runtime
+        with rt.lock:
+            cur = eng.state
+            new = qp_attr.qp_state if comp_mask & IBV_QP_STATE else None
+            if new is not None and new not in ibv_qp_state._value2member_map_:
+                raise einval(f"qp_state {new} is not a QP state")
+            new = qpstate.check(eng.qp_type, cur, comp_mask, new, qp_attr.cur_qp_state)
+            values = self._engine_values(qp_attr, comp_mask)
+            eng.set_attrs(values)
+            self._remember(qp_attr, comp_mask)
+            eng.set_state(new, rt.clock.now())
+            if new == IBV_QPS_RESET:
+                self._unsignaled_run = 0
+            rt.progress()
+
+    def _engine_values(self, a: QPAttr, mask: int) -> dict[str, Any]:
+        from softverbs.verbs.device import LIMITS, PKEY_TABLE
+
+        v: dict[str, Any] = {}
+        if mask & IBV_QP_PKEY_INDEX:
+            idx = _check_range("pkey_index", a.pkey_index, 0, len(PKEY_TABLE) - 1)
+            v["pkey_index"] = idx
+            v["pkey"] = PKEY_TABLE[idx]
+        if mask & IBV_QP_PORT:
+            _check_range("port_num", a.port_num, 1, 1)
+        if mask & IBV_QP_QKEY:
+            v["qkey"] = _check_range("qkey", a.qkey, 0, 0xFFFFFFFF)
+        if mask & IBV_QP_ACCESS_FLAGS:
+            v["access"] = _check_range("qp_access_flags", a.qp_access_flags, 0, 0xFFFFFFFF)
+        if mask & IBV_QP_AV:
+            v["route"] = resolve_route(self._ctx.hca, a.ah_attr, "QP ah_attr")
+        if mask & IBV_QP_PATH_MTU:
+            mtu = _check_range("path_mtu", a.path_mtu, IBV_MTU_256, IBV_MTU_4096)
+            v["pmtu"] = min(mtu_to_bytes(mtu), self._ctx.device.spec.mtu)
+        if mask & IBV_QP_DEST_QPN:
+            v["dest_qpn"] = _check_range("dest_qp_num", a.dest_qp_num, 0, 0xFFFFFF)
+        if mask & IBV_QP_RQ_PSN:
+            v["rq_psn"] = _check_range("rq_psn", a.rq_psn, 0, 0xFFFFFFFF) & 0xFFFFFF
+        if mask & IBV_QP_SQ_PSN:
+            v["sq_psn"] = _check_range("sq_psn", a.sq_psn, 0, 0xFFFFFFFF) & 0xFFFFFF
+        if mask & IBV_QP_TIMEOUT:
+            v["timeout"] = _check_range("timeout", a.timeout, 0, 31)
+        if mask & IBV_QP_RETRY_CNT:
+            v["retry_cnt"] = _check_range("retry_cnt", a.retry_cnt, 0, 7)
+        if mask & IBV_QP_RNR_RETRY:
+            v["rnr_retry"] = _check_range("rnr_retry", a.rnr_retry, 0, 7)
+        if mask & IBV_QP_MIN_RNR_TIMER:
+            v["min_rnr_timer"] = _check_range("min_rnr_timer", a.min_rnr_timer, 0, 31)
+        if mask & IBV_QP_MAX_QP_RD_ATOMIC:
+            v["max_rd_atomic"] = _check_range(
+                "max_rd_atomic", a.max_rd_atomic, 0, LIMITS["max_qp_rd_atom"]
+            )
+        if mask & IBV_QP_MAX_DEST_RD_ATOMIC:
+            v["max_dest_rd_atomic"] = _check_range(
+                "max_dest_rd_atomic", a.max_dest_rd_atomic, 0, LIMITS["max_qp_rd_atom"]
+            )
+        if mask & IBV_QP_EN_SQD_ASYNC_NOTIFY:
+            v["en_sqd_async_notify"] = bool(a.en_sqd_async_notify)
+        if mask & IBV_QP_ALT_PATH:
+            resolve_route(self._ctx.hca, a.alt_ah_attr, "QP alt_ah_attr")
+        if mask & IBV_QP_PATH_MIG_STATE:
+            _check_range("path_mig_state", a.path_mig_state, 0, 2)
+        return v
+
+    _REMEMBERED: tuple[tuple[int, tuple[str, ...]], ...] = (
+        (IBV_QP_PKEY_INDEX, ("pkey_index",)),
+        (IBV_QP_PORT, ("port_num",)),
+        (IBV_QP_QKEY, ("qkey",)),
+        (IBV_QP_ACCESS_FLAGS, ("qp_access_flags",)),
+        (IBV_QP_PATH_MTU, ("path_mtu",)),
+        (IBV_QP_DEST_QPN, ("dest_qp_num",)),
+        (IBV_QP_RQ_PSN, ("rq_psn",)),
+        (IBV_QP_SQ_PSN, ("sq_psn",)),
+        (IBV_QP_TIMEOUT, ("timeout",)),
+        (IBV_QP_RETRY_CNT, ("retry_cnt",)),
+        (IBV_QP_RNR_RETRY, ("rnr_retry",)),
+        (IBV_QP_MIN_RNR_TIMER, ("min_rnr_timer",)),
+        (IBV_QP_MAX_QP_RD_ATOMIC, ("max_rd_atomic",)),
+        (IBV_QP_MAX_DEST_RD_ATOMIC, ("max_dest_rd_atomic",)),
+        (IBV_QP_EN_SQD_ASYNC_NOTIFY, ("en_sqd_async_notify",)),
+        (IBV_QP_PATH_MIG_STATE, ("path_mig_state",)),
+        (IBV_QP_ALT_PATH, ("alt_pkey_index", "alt_port_num", "alt_timeout")),
+    )
+
+    def _remember(self, a: QPAttr, mask: int) -> None:
+        mine = self._attrs
+        for bit, names in self._REMEMBERED:
+            if mask & bit:
+                for n in names:
+                    setattr(mine, n, getattr(a, n))
+        if mask & IBV_QP_AV:
+            mine.ah_attr = _copy_ah(a.ah_attr)
+        if mask & IBV_QP_ALT_PATH:
+            mine.alt_ah_attr = _copy_ah(a.alt_ah_attr)
+
+    def query(self, attr_mask: int = 0) -> tuple[QPAttr, QPInitAttr]:
+        """``ibv_query_qp``: (QPAttr, QPInitAttr) with every attribute filled in."""
+        self._check_open()
+        with self._ctx.lock:
+            mine = self._attrs
+            out = QPAttr()
+            for k, val in vars(mine).items():
+                if k != "logger":
+                    setattr(out, k, val)
+            out.ah_attr = _copy_ah(mine.ah_attr)
+            out.alt_ah_attr = _copy_ah(mine.alt_ah_attr)
+            out.qp_state = self.qp_state
+            out.cur_qp_state = self.qp_state
+            out.sq_draining = int(self.engine.sq_draining())
+            out.cap = self.cap.copy()
+            init = QPInitAttr(qp_type=self.qp_type, qp_context=self.qp_context, scq=self.scq,
+                              rcq=self.rcq, srq=self.srq, cap=self.cap,
+                              sq_sig_all=int(self.sq_sig_all))  # fmt: skip
+        return out, init
+
+    # --- posting -------------------------------------------------------------------------
+    def _ring(self, upto: int) -> None:
+        eng = self.engine
+        sq = eng.sq
+        assert sq is not None
+        if upto <= sq.db:
+            return
+        sq.db = upto
+        hca = self._ctx.hca
+        hca.counters["doorbells"] += 1
+        eng.doorbell(self._ctx.runtime.clock.now())
+
+    def post_send(self, wr: SendWR, bad_wr: SendWR | None = None) -> None:
+        """Post a list of send WRs (``wr`` and its ``next_wr`` chain)."""
+        self._check_open()
+        require(wr, SendWR, "wr")
+        eng = self.engine
+        rt = self._ctx.runtime
+        with rt.lock:
+            sq = eng.sq
+            ring_to = sq.db if sq is not None else 0
+            w: SendWR | None = wr
+            n = 0
+            try:
+                while w is not None:
+                    wqe = self._build_send(w, n)
+                    assert sq is not None
+                    sq.push(wqe)
+                    self._unsignaled_run = 0 if wqe.signaled else self._unsignaled_run + 1
+                    if not w.send_flags & IBV_SEND_DEFER:
+                        ring_to = sq.pi
+                    w = w.next_wr
+                    n += 1
+            except PyverbsRDMAError:
+                if sq is not None:
+                    self._ring(sq.pi)  # never strand deferred WQEs (seed 003)
+                rt.progress()
+                if bad_wr is not None and w is not None:
+                    _copy_send_wr(w, bad_wr)
+                raise
+            self._ring(ring_to)
+            rt.progress()
+
+    def _build_send(self, w: SendWR, n: int) -> SendWQE:
+        eng = self.engine
+        qp_type = eng.qp_type
+        state = eng.state
+        tname = _name(ibv_qp_type, qp_type)
+        where = f"post_send: WR #{n} (wr_id={w.wr_id})"
+        if eng.sq is None:
+            raise einval(f"{where}: an {tname} QP has no send queue")
+        if state not in _POST_SEND_STATES:
+            raise einval(
+                f"{where}: the QP is in {_name(ibv_qp_state, state)}; send WRs may be "
+                "posted only in RTS (or SQD, SQE, ERR). Move the QP to RTS first"
+            )
+        opcode = w.opcode
+        if opcode not in ALLOWED_OPCODES[qp_type]:
+            raise einval(f"{where}: opcode {_name(ibv_wr_opcode, opcode)} is not "
+                         f"supported on {tname} QPs")  # fmt: skip
+        flags = w.send_flags
+        if flags & ~(SEND_FLAGS | IBV_SEND_DEFER):
+            raise einval(f"{where}: unsupported send_flags bits "
+                         f"{flags & ~(SEND_FLAGS | IBV_SEND_DEFER):#x}")  # fmt: skip
+        sq = eng.sq
+        if sq.used >= sq.size:
+            raise enomem(self._sq_full_message(where))
+        cap = self.cap
+        if len(w.sg) > cap.max_send_sge:
+            raise einval(f"{where}: {len(w.sg)} SGEs exceed max_send_sge={cap.max_send_sge}")
+        info = WR_INFO[opcode]
+        sges: list[Sge] = [(s.addr, s.length, s.lkey) for s in w.sg]
+        length = sum(s[1] for s in sges)
+        signaled = bool(flags & IBV_SEND_SIGNALED) or self.sq_sig_all
+        wqe = SendWQE(w.wr_id, opcode, signaled, sges, length)
+        if flags & IBV_SEND_INLINE:
+            if info.klass not in _INLINE_OK:
+                raise einval(f"{where}: IBV_SEND_INLINE applies only to SEND and RDMA WRITE")
+            if length > cap.max_inline_data:
+                raise einval(f"{where}: {length} bytes of inline data exceed "
+                             f"max_inline_data={cap.max_inline_data}")  # fmt: skip
+            wqe.inline = self._inline_bytes(sges, where)
+        wqe.fence = bool(flags & IBV_SEND_FENCE)
+        wqe.se = bool(flags & IBV_SEND_SOLICITED)
+        if info.imm:
+            wqe.imm = w.imm_data & 0xFFFFFFFF
+        if opcode in (IBV_WR_SEND_WITH_INV, IBV_WR_LOCAL_INV):
+            wqe.inv_rkey = w.imm_data & 0xFFFFFFFF
+        if info.klass in (WrClass.WRITE, WrClass.READ, WrClass.ATOMIC):
+            wqe.rkey = w.rkey_remote
+            wqe.remote_addr = w.remote_addr
+        if info.klass is WrClass.ATOMIC:
+            wqe.compare_add = w.compare_add & 0xFFFFFFFFFFFFFFFF
+            wqe.swap = w.swap & 0xFFFFFFFFFFFFFFFF
+        if qp_type == IBV_QPT_UD:
+            if w.ah is None:
+                raise einval(f"{where}: a UD send needs an address handle (set_wr_ud)")
+            wqe.route = w.ah.route
+            wqe.remote_qpn = w.remote_qpn & 0xFFFFFF
+            wqe.remote_qkey = w.remote_qkey & 0xFFFFFFFF
+        elif qp_type == IBV_QPT_XRC_SEND:
+            wqe.xrc_srqn = w.remote_srqn & 0xFFFFFF
+        if opcode == IBV_WR_BIND_MW:
+            wqe.bind = self._bind_args(w.mw, w.bind_info, w.bind_rkey, where, type2=True)
+        return wqe
+
+    def _sq_full_message(self, where: str) -> str:
+        sq = self.engine.sq
+        assert sq is not None
+        size = sq.size
+        return (
+            f"{where}: the send queue is full: {sq.used} of {size} slots are held by WRs "
+            f"whose completions have not been polled, and {self._unsignaled_run} unsignaled "
+            "WRs were posted since the last signaled one. A slot is freed only when a CQE "
+            "of its WR, or of a later WR of this send queue, is polled; unsignaled WRs "
+            f"make no CQE. Signal at least one WR every k < max_send_wr ({size}) posts and "
+            "poll its completion. If the queue is full of unsignaled WRs that already "
+            "completed, nothing will free it: move the QP to RESET (or destroy it)"
+        )
+
+    @staticmethod
+    def _inline_bytes(sges: list[Sge], where: str) -> bytes:
+        from softverbs.verbs.memory import _mapped
+
+        parts = []
+        for addr, length, _ in sges:
+            if length and not _mapped(addr, length):
+                raise einval(f"{where}: inline data at [{addr:#x}, +{length}) is not mapped")
+            parts.append(ctypes.string_at(addr, length) if length else b"")
+        return b"".join(parts)
+
+    def _bind_args(self, mw: MW | None, info: MWBindInfo | None, new_key: int, where: str,
+                   type2: bool) -> Any:  # fmt: skip
+        from softverbs.enums import IBV_MW_TYPE_1, IBV_MW_TYPE_2
+
+        if mw is None or info is None:
+            raise einval(f"{where}: a bind needs a memory window and MWBindInfo (set_bind_wr)")
+        want = IBV_MW_TYPE_2 if type2 else IBV_MW_TYPE_1
+        if mw.type != want:
+            raise einval(
+                f"{where}: type {mw.type} windows are bound with "
+                + ("QP.bind_mw()" if mw.type == IBV_MW_TYPE_1 else "an IBV_WR_BIND_MW WR")
+            )
+        return (mw._key, info.mr._key, new_key, info.addr, info.length, info.mw_access_flags)
+
+    def bind_mw(self, mw: MW, mw_bind: MWBind) -> None:
+        """Bind a type 1 window (``ibv_bind_mw``): a BIND_MW WQE on this QP's SQ."""
+        require(mw, MW, "mw")
+        require(mw_bind, MWBind, "mw_bind")
+        wr = SendWR(wr_id=mw_bind.wr_id, opcode=IBV_WR_BIND_MW,
+                    send_flags=mw_bind.send_flags)  # fmt: skip
+        wr.mw = mw
+        wr.bind_info = mw_bind.info
+        wr.bind_rkey = inc_rkey(mw.rkey)
+        eng = self.engine
+        rt = self._ctx.runtime
+        with rt.lock:
+            wqe = self._build_send(wr, 0)
+            wqe.bind = self._bind_args(mw, mw_bind.info, wr.bind_rkey, "bind_mw", type2=False)
+            assert eng.sq is not None
+            eng.sq.push(wqe)
+            self._ring(eng.sq.pi)
+            rt.progress()
+
+    def post_recv(self, wr: RecvWR, bad_wr: RecvWR | None = None) -> None:
+        """Post a list of receive WRs."""
+        self._check_open()
+        require(wr, RecvWR, "wr")
+        eng = self.engine
+        rt = self._ctx.runtime
+        with rt.lock:
+            w: RecvWR | None = wr
+            n = 0
+            posted = 0
+            try:
+                while w is not None:
+                    where = f"post_recv: WR #{n} (wr_id={w.wr_id})"
+                    if self.srq is not None:
+                        raise einval(f"{where}: this QP takes its receives from an SRQ; "
+                                     "post them to the SRQ")  # fmt: skip
+                    rq = eng.rq
+                    if rq is None:
+                        raise einval(f"{where}: an {_name(ibv_qp_type, eng.qp_type)} QP "
+                                     "has no receive queue")  # fmt: skip
+                    if eng.state == IBV_QPS_RESET:
+                        raise einval(f"{where}: the QP is in RESET; move it to INIT first")
+                    if rq.used >= rq.size:
+                        raise enomem(
+                            f"{where}: the receive queue is full: {rq.used} of {rq.size} "
+                            "receive WRs are posted and not yet completed and polled"
+                        )
+                    rq.push(recv_wqe(w, self.cap.max_recv_sge, where))
+                    posted += 1
+                    w = w.next_wr
+                    n += 1
+            finally:
+                if posted:
+                    assert eng.rq is not None
+                    eng.rq.db = eng.rq.pi
+                    eng.rq_doorbell(rt.clock.now())
+                    rt.progress()
+            del posted
+
+    def _release(self) -> None:
+        ctx = self._ctx
+        eng = self.engine
+        with ctx.lock:
+            eng.reset()
+            ctx.hca.qps.pop(eng.qpn, None)
+            ctx.runtime.progress()
+
+
+class QPEx(QP):
+    """An extended QP with the ``wr_*`` posting API (``ibv_qp_ex``).
+
+    ``wr_start`` opens a batch, each ``wr_<opcode>`` call starts a WR and the
+    ``wr_set_*`` calls complete it; ``wr_complete`` checks the whole batch,
+    writes it and rings the doorbell once; ``wr_abort`` discards it.
+    """
+
+    def __init__(self, creator: Any, init_attr: Any, qp_attr: QPAttr | None = None) -> None:
+        super().__init__(creator, init_attr, qp_attr)
+        self.comp_mask = getattr(init_attr, "comp_mask", 0)
+        self.wr_id = 0
+        self.wr_flags = 0
+        self._batch: list[SendWR] | None = None
+
+    def _begin(self, opcode: int) -> SendWR:
+        from softverbs.enums import ibv_qp_create_send_ops_flags as ops
+
+        if self._batch is None:
+            raise einval("wr_* called outside wr_start()/wr_complete()")
+        need = _SEND_OPS_FLAG.get(opcode)
+        if not self.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS or (
+            need is not None and not self.send_ops_flags & need
+        ):
+            flag = ops(need).name if need else "?"
+            raise einval(f"this QPEx was not created with {flag} in send_ops_flags")
+        wr = SendWR(wr_id=self.wr_id, opcode=opcode, num_sge=0,
+                    send_flags=self.wr_flags)  # fmt: skip
+        self._batch.append(wr)
+        return wr
+
+    def _current(self) -> SendWR:
+        if not self._batch:
+            raise einval("wr_set_* needs a WR started by a wr_<opcode> call")
+        return self._batch[-1]
+
+    def wr_start(self) -> None:
+        self._check_open()
+        self._batch = []
+
+    def wr_abort(self) -> None:
+        self._batch = None
+
+    def wr_complete(self) -> None:
+        batch = self._batch
+        self._batch = None
+        if batch is None:
+            raise einval("wr_complete without wr_start")
+        if not batch:
+            return
+        eng = self.engine
+        rt = self._ctx.runtime
+        with rt.lock:
+            sq = eng.sq
+            assert sq is not None
+            if sq.size - sq.used < len(batch):
+                raise enomem(self._sq_full_message(f"wr_complete: batch of {len(batch)}"))
+            wqes = [self._build_send(w, i) for i, w in enumerate(batch)]
+            for w, wqe in zip(batch, wqes, strict=True):
+                sq.push(wqe)
+                self._unsignaled_run = 0 if wqe.signaled else self._unsignaled_run + 1
+                del w
+            self._ring(sq.pi)
+            rt.progress()
+
+    # builders
+    def wr_send(self) -> None:
+        self._begin(IBV_WR_SEND)
+
+    def wr_send_imm(self, data: int) -> None:
+        self._begin(IBV_WR_SEND_WITH_IMM).imm_data = _htobe32(data)
+
+    def wr_send_inv(self, invalidate_rkey: int) -> None:
+        self._begin(IBV_WR_SEND_WITH_INV).imm_data = invalidate_rkey
+
+    def wr_rdma_write(self, rkey: int, remote_addr: int) -> None:
+        self._begin(IBV_WR_RDMA_WRITE).set_wr_rdma(rkey, remote_addr)
+
+    def wr_rdma_write_imm(self, rkey: int, remote_addr: int, data: int) -> None:
+        wr = self._begin(IBV_WR_RDMA_WRITE_WITH_IMM)
+        wr.set_wr_rdma(rkey, remote_addr)
+        wr.imm_data = _htobe32(data)
+
+    def wr_rdma_read(self, rkey: int, remote_addr: int) -> None:
+        self._begin(IBV_WR_RDMA_READ).set_wr_rdma(rkey, remote_addr)
+
+    def wr_atomic_cmp_swp(self, rkey: int, remote_addr: int, compare: int, swap: int) -> None:
+        self._begin(IBV_WR_ATOMIC_CMP_AND_SWP).set_wr_atomic(rkey, remote_addr, compare, swap)
+
+    def wr_atomic_fetch_add(self, rkey: int, remote_addr: int, add: int) -> None:
+        self._begin(IBV_WR_ATOMIC_FETCH_AND_ADD).set_wr_atomic(rkey, remote_addr, add)
+
+    def wr_local_inv(self, invalidate_rkey: int) -> None:
+        self._begin(IBV_WR_LOCAL_INV).imm_data = invalidate_rkey
+
+    def wr_bind_mw(self, mw: MW, rkey: int, bind_info: MWBindInfo) -> None:
+        wr = self._begin(IBV_WR_BIND_MW)
+        wr.mw = mw
+        wr.bind_info = bind_info
+        wr.bind_rkey = rkey
+
+    # setters
+    def wr_set_sge(self, sge: SGE) -> None:
+        self._current().sg = [sge]
+
+    def wr_set_sge_list(self, num_sge: int, sg_list: list[SGE]) -> None:
+        self._current().sg = list(sg_list[:num_sge])
+
+    def wr_set_ud_addr(self, ah: AH, remote_qpn: int, remote_qkey: int) -> None:
+        self._current().set_wr_ud(ah, remote_qpn, remote_qkey)
+
+    def wr_set_xrc_srqn(self, remote_srqn: int) -> None:
+        self._current().set_qp_type_xrc(remote_srqn)
+
+    def wr_set_inline_data(self, addr: int, length: int) -> None:
+        wr = self._current()
+        wr.sg = [SGE(addr, length, 0)]
+        wr.send_flags |= IBV_SEND_INLINE
+
+    def wr_set_inline_data_list(self, num_buf: int, buf_list: list[Any]) -> None:
+        wr = self._current()
+        wr.sg = [SGE(b.addr, b.length, 0) for b in buf_list[:num_buf]]
+        wr.send_flags |= IBV_SEND_INLINE
+
+
+def _htobe32(v: int) -> int:
+    v &= 0xFFFFFFFF
+    return int.from_bytes(v.to_bytes(4, "big"), sys.byteorder)
+
+
+def _send_ops_table() -> dict[int, int]:
+    from softverbs.enums import ibv_qp_create_send_ops_flags as f
+
+    return {
+        IBV_WR_SEND: f.IBV_QP_EX_WITH_SEND,
+        IBV_WR_SEND_WITH_IMM: f.IBV_QP_EX_WITH_SEND_WITH_IMM,
+        IBV_WR_SEND_WITH_INV: f.IBV_QP_EX_WITH_SEND_WITH_INV,
+        IBV_WR_RDMA_WRITE: f.IBV_QP_EX_WITH_RDMA_WRITE,
+        IBV_WR_RDMA_WRITE_WITH_IMM: f.IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM,
+        IBV_WR_RDMA_READ: f.IBV_QP_EX_WITH_RDMA_READ,
+        IBV_WR_ATOMIC_CMP_AND_SWP: f.IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP,
+        IBV_WR_ATOMIC_FETCH_AND_ADD: f.IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD,
+        IBV_WR_LOCAL_INV: f.IBV_QP_EX_WITH_LOCAL_INV,
+        IBV_WR_BIND_MW: f.IBV_QP_EX_WITH_BIND_MW,
+    }
+
+
+_SEND_OPS_FLAG = _send_ops_table()
+
+
+def _copy_send_wr(src: SendWR, dst: SendWR) -> None:
+    dst.__dict__.update(src.__dict__)

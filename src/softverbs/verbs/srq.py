@@ -1,0 +1,201 @@
+"""Shared receive queues (pyverbs ``srq``).
+
+An SRQ is a pool of receive WQEs that any attached QP may take.  When the
+number of WQEs left drops below an armed ``srq_limit``, the device posts
+``IBV_EVENT_SRQ_LIMIT_REACHED`` once and disarms (IBA 10.2.9.5).  A QP that
+moves to ERR flushes only the WQE it had taken and not completed; the SRQ's
+other WQEs stay for the other QPs.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from softverbs.engine.queues import RecvWQE, SharedRQ
+from softverbs.enums import (
+    IBV_EVENT_SRQ_LIMIT_REACHED,
+    IBV_SRQ_LIMIT,
+    IBV_SRQ_MAX_WR,
+    IBV_SRQT_BASIC,
+    IBV_SRQT_XRC,
+)
+from softverbs.errors import PyverbsUserError, einval, enomem, eopnotsupp
+from softverbs.verbs.base import PyverbsCM, PyverbsObject, require
+from softverbs.verbs.wr import RecvWR
+
+if TYPE_CHECKING:
+    from softverbs.verbs.device import Context
+    from softverbs.verbs.pd import PD
+
+
+def recv_wqe(w: RecvWR, max_sge: int, where: str) -> RecvWQE:
+    """Check a receive WR and turn it into a ring entry."""
+    if len(w.sg) > max_sge:
+        raise einval(f"{where}: {len(w.sg)} SGEs exceed max_recv_sge={max_sge}")
+    sges = [(s.addr, s.length, s.lkey) for s in w.sg]
+    return RecvWQE(w.wr_id, sges, sum(s[1] for s in sges))
+
+
+class SrqAttr(PyverbsObject):
+    """``ibv_srq_attr``."""
+
+    def __init__(self, max_wr: int = 100, max_sge: int = 1, srq_limit: int = 0) -> None:
+        super().__init__()
+        self.max_wr = max_wr
+        self.max_sge = max_sge
+        self.srq_limit = srq_limit
+
+
+class SrqInitAttr(PyverbsObject):
+    """``ibv_srq_init_attr``: ``SrqInitAttr(SrqAttr(...))``."""
+
+    def __init__(self, attr: SrqAttr | None = None) -> None:
+        super().__init__()
+        self.attr = attr if attr is not None else SrqAttr()
+
+    @property
+    def max_wr(self) -> int:
+        return self.attr.max_wr
+
+    @property
+    def max_sge(self) -> int:
+        return self.attr.max_sge
+
+    @property
+    def srq_limit(self) -> int:
+        return self.attr.srq_limit
+
+
+class SrqInitAttrEx(PyverbsObject):
+    """``ibv_srq_init_attr_ex``: basic or XRC SRQs created from a Context."""
+
+    def __init__(self, max_wr: int = 100, max_sge: int = 1, srq_limit: int = 0) -> None:
+        super().__init__()
+        self.max_wr = max_wr
+        self.max_sge = max_sge
+        self.srq_limit = srq_limit
+        self.comp_mask = 0
+        self.srq_type = IBV_SRQT_BASIC
+        self.pd: PD | None = None
+        self.xrcd: Any = None
+        self.cq: Any = None
+        self.max_num_tags = 0
+        self.max_ops = 0
+
+
+class SRQ(PyverbsCM):
+    """A shared receive queue: ``SRQ(pd, SrqInitAttr)`` or ``SRQ(ctx, SrqInitAttrEx)``."""
+
+    close_rank = 50
+
+    def __init__(self, creator: Any, attr: Any) -> None:
+        from softverbs.verbs.cq import CQ
+        from softverbs.verbs.device import LIMITS, Context
+        from softverbs.verbs.pd import PD
+
+        super().__init__()
+        if isinstance(creator, PD):
+            require(attr, SrqInitAttr, "attr")
+            pd: PD | None = creator
+            ctx: Context = creator.ctx
+            srq_type = IBV_SRQT_BASIC
+            xrcd = None
+            cq = None
+        elif isinstance(creator, Context):
+            require(attr, SrqInitAttrEx, "attr")
+            ctx = creator
+            pd = attr.pd
+            srq_type = attr.srq_type
+            xrcd = attr.xrcd
+            cq = attr.cq
+            if srq_type not in (IBV_SRQT_BASIC, IBV_SRQT_XRC):
+                raise eopnotsupp(f"SRQ type {srq_type} is not supported")
+            if pd is None:
+                raise einval("an SRQ needs a PD (SrqInitAttrEx.pd)")
+            if srq_type == IBV_SRQT_XRC and (xrcd is None or cq is None):
+                raise einval("an XRC SRQ needs an XRC domain and a CQ (SrqInitAttrEx.xrcd, .cq)")
+            if cq is not None:
+                require(cq, CQ, "cq")
+        else:
+            raise PyverbsUserError("SRQ needs either a Context or a PD for creation")
+        ctx._check_open()
+        max_wr, max_sge, limit = attr.max_wr, attr.max_sge, attr.srq_limit
+        if not 1 <= max_wr <= LIMITS["max_srq_wr"]:
+            raise einval(f"max_wr {max_wr} is out of range 1..{LIMITS['max_srq_wr']}")
+        if not 0 <= max_sge <= LIMITS["max_srq_sge"]:
+            raise einval(f"max_sge {max_sge} is out of range 0..{LIMITS['max_srq_sge']}")
+        if limit > max_wr:
+            raise einval(f"srq_limit {limit} exceeds max_wr {max_wr}")
+        self._ctx = ctx
+        self.context = ctx
+        self.pd = pd
+        self.cq = cq
+        self.xrcd = xrcd
+        self.srq_type = srq_type
+        hca = ctx.hca
+        with ctx.lock:
+            ring = SharedRQ(max_wr, max_sge)
+            ring.owner = self
+            ring.pd = pd
+            ring.xrcd = xrcd
+            ring.cq = cq.ring if cq is not None else None
+            ring.armed_limit = limit
+            ring.on_limit = lambda r: hca.post_event(IBV_EVENT_SRQ_LIMIT_REACHED, r)
+            if srq_type == IBV_SRQT_XRC:
+                ring.srqn = hca.alloc_srqn()
+                hca.srqs[ring.srqn] = ring
+        self.ring = ring
+        for parent in (pd, cq, xrcd):
+            if parent is not None:
+                parent.add_ref(self)
+
+    def get_srq_num(self) -> int:
+        if self.srq_type != IBV_SRQT_XRC:
+            raise einval("only XRC SRQs have an SRQ number")
+        return self.ring.srqn
+
+    def post_recv(self, wr: RecvWR, bad_wr: RecvWR | None = None) -> None:
+        self._check_open()
+        require(wr, RecvWR, "wr")
+        ring = self.ring
+        with self._ctx.lock:
+            w: RecvWR | None = wr
+            n = 0
+            while w is not None:
+                where = f"post_srq_recv: WR #{n} (wr_id={w.wr_id})"
+                if ring.outstanding >= ring.max_wr:
+                    raise enomem(
+                        f"{where}: the SRQ is full: {ring.outstanding} of {ring.max_wr} WRs "
+                        "are posted or taken and not yet polled"
+                    )
+                ring.post(recv_wqe(w, ring.max_sge, where))
+                w = w.next_wr
+                n += 1
+            self._ctx.runtime.progress()
+
+    def modify(self, attr: SrqAttr, comp_mask: int) -> None:
+        """``ibv_modify_srq``: arm the limit event and/or resize."""
+        self._check_open()
+        ring = self.ring
+        with self._ctx.lock:
+            if comp_mask & ~(IBV_SRQ_LIMIT | IBV_SRQ_MAX_WR):
+                raise einval(f"modify SRQ: unsupported mask bits {comp_mask:#x}")
+            if comp_mask & IBV_SRQ_MAX_WR:
+                if attr.max_wr < ring.outstanding:
+                    raise einval(
+                        f"modify SRQ: max_wr {attr.max_wr} is below the {ring.outstanding} "
+                        "WRs outstanding"
+                    )
+                ring.max_wr = attr.max_wr
+            if comp_mask & IBV_SRQ_LIMIT:
+                if attr.srq_limit > ring.max_wr:
+                    raise einval(f"srq_limit {attr.srq_limit} exceeds max_wr {ring.max_wr}")
+                ring.armed_limit = attr.srq_limit
+
+    def query(self) -> SrqAttr:
+        self._check_open()
+        return SrqAttr(self.ring.max_wr, self.ring.max_sge, self.ring.armed_limit)
+
+    def _release(self) -> None:
+        with self._ctx.lock:
+            self._ctx.hca.srqs.pop(self.ring.srqn, None)

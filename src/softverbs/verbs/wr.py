@@ -1,0 +1,220 @@
+"""Work requests: ``SGE``, ``SendWR``, ``RecvWR`` (pyverbs ``wr``).
+
+These are the application's descriptions of work.  Posting copies them into
+ring entries (the SGE list included), so a WR object may be changed or
+reused as soon as ``post_send``/``post_recv`` returns, as with C verbs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import TYPE_CHECKING, Any
+
+from softverbs.enums import (
+    IBV_SEND_FENCE,
+    IBV_SEND_INLINE,
+    IBV_SEND_IP_CSUM,
+    IBV_SEND_SIGNALED,
+    IBV_SEND_SOLICITED,
+    IBV_WR_BIND_MW,
+    IBV_WR_LOCAL_INV,
+    IBV_WR_SEND,
+    IBV_WR_SEND_WITH_INV,
+)
+from softverbs.errors import PyverbsUserError
+from softverbs.verbs.base import PyverbsCM
+
+if TYPE_CHECKING:
+    from softverbs.verbs.addr import AH
+    from softverbs.verbs.mr import MW, MWBindInfo
+
+
+class SGE(PyverbsCM):
+    """A scatter/gather element: ``SGE(addr, length, lkey)``."""
+
+    def __init__(self, addr: int, length: int, lkey: int) -> None:
+        self.addr = addr
+        self.length = length
+        self.lkey = lkey
+
+    def read(self, length: int, offset: int) -> bytes:
+        """Read memory at the SGE's address (like pyverbs, unchecked: use MR.read)."""
+        return ctypes.string_at(self.addr + offset, length)
+
+    def close(self) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        return f"SGE(addr={self.addr:#x}, length={self.length}, lkey={self.lkey:#x})"
+
+    def __str__(self) -> str:
+        f = "{:22}: {:<20}\n"
+        return (
+            f.format("Address", hex(self.addr))
+            + f.format("Length", self.length)
+            + f.format("Key", hex(self.lkey))
+        )
+
+
+def _sg_list(sg: Any, num_sge: int) -> list[SGE]:
+    if num_sge == 0:
+        return []
+    if sg is None:
+        raise PyverbsUserError(f"num_sge is {num_sge} but no SGE list was given")
+    if isinstance(sg, SGE):
+        sg = [sg]
+    sges = list(sg)
+    if len(sges) < num_sge:
+        raise PyverbsUserError(f"num_sge is {num_sge} but the SGE list has {len(sges)}")
+    for s in sges[:num_sge]:
+        if not isinstance(s, SGE):
+            raise PyverbsUserError(f"SGE list entries must be SGE objects, got {type(s).__name__}")
+    return sges[:num_sge]
+
+
+class RecvWR(PyverbsCM):
+    """A receive work request: ``RecvWR(wr_id, num_sge, sg, next_wr)``."""
+
+    def __init__(
+        self, wr_id: int = 0, num_sge: int = 0, sg: Any = None, next_wr: RecvWR | None = None
+    ) -> None:
+        self.wr_id = wr_id
+        self.sg = _sg_list(sg, num_sge)
+        self.next_wr = next_wr
+
+    @property
+    def num_sge(self) -> int:
+        return len(self.sg)
+
+    @num_sge.setter
+    def num_sge(self, val: int) -> None:
+        self.sg = self.sg[:val]
+
+    def close(self) -> None:
+        pass
+
+    def __str__(self) -> str:
+        return f"{'WR ID':22}: {self.wr_id:<20}\n{'Num SGE':22}: {self.num_sge:<20}\n"
+
+
+_NO_SGE_OPCODES = (IBV_WR_LOCAL_INV, IBV_WR_BIND_MW, IBV_WR_SEND_WITH_INV)
+
+
+class SendWR(PyverbsCM):
+    """A send work request, shaped like pyverbs' ``SendWR``.
+
+    ``send_flags`` defaults to ``IBV_SEND_SIGNALED``, as in pyverbs.
+    """
+
+    def __init__(
+        self,
+        wr_id: int = 0,
+        opcode: int = IBV_WR_SEND,
+        num_sge: int = 0,
+        imm_data: int = 0,
+        sg: Any = None,
+        send_flags: int = IBV_SEND_SIGNALED,
+        next_wr: SendWR | None = None,
+    ) -> None:
+        if opcode not in _NO_SGE_OPCODES and (num_sge < 1 or sg is None):
+            raise PyverbsUserError("A WR needs at least one SGE")
+        self.wr_id = wr_id
+        self.opcode = opcode
+        self.sg = _sg_list(sg, num_sge)
+        self.imm_data = imm_data
+        self.send_flags = send_flags
+        self.next_wr = next_wr
+        # the union members of ibv_send_wr.wr
+        self.remote_addr = 0
+        self.rkey_remote = 0
+        self.compare_add = 0
+        self.swap = 0
+        self.ah: AH | None = None
+        self.remote_qpn = 0
+        self.remote_qkey = 0
+        self.remote_srqn = 0
+        self.mw: MW | None = None
+        self.bind_info: MWBindInfo | None = None
+        self.bind_rkey = 0
+
+    @property
+    def num_sge(self) -> int:
+        return len(self.sg)
+
+    @num_sge.setter
+    def num_sge(self, val: int) -> None:
+        self.sg = self.sg[:val]
+
+    @property
+    def sg_list(self) -> list[SGE]:
+        return self.sg
+
+    @sg_list.setter
+    def sg_list(self, val: SGE | list[SGE]) -> None:
+        self.sg = [val] if isinstance(val, SGE) else list(val)
+
+    @property
+    def invalidate_rkey(self) -> int:
+        """The R_Key to invalidate (shares storage with ``imm_data``, as in C)."""
+        return self.imm_data
+
+    @invalidate_rkey.setter
+    def invalidate_rkey(self, val: int) -> None:
+        self.imm_data = val
+
+    @property
+    def rkey(self) -> int:
+        """After ``set_bind_wr``: the rkey the window will have once bound."""
+        return self.bind_rkey
+
+    def set_wr_ud(self, ah: AH, rqpn: int, rqkey: int) -> None:
+        from softverbs.verbs.addr import AH
+
+        if not isinstance(ah, AH):
+            raise PyverbsUserError(f"ah must be an AH, got {type(ah).__name__}")
+        self.ah = ah
+        self.remote_qpn = rqpn
+        self.remote_qkey = rqkey
+
+    def set_wr_rdma(self, rkey: int, addr: int) -> None:
+        self.rkey_remote = rkey
+        self.remote_addr = addr
+
+    def set_wr_atomic(self, rkey: int, addr: int, compare_add: int, swap: int = 0) -> None:
+        self.rkey_remote = rkey
+        self.remote_addr = addr
+        self.compare_add = compare_add
+        self.swap = swap
+
+    def set_bind_wr(self, mw: MW, bind_info: MWBindInfo) -> None:
+        from softverbs.verbs.mr import inc_rkey
+
+        self.mw = mw
+        self.bind_info = bind_info
+        self.bind_rkey = inc_rkey(mw.rkey)
+
+    def set_qp_type_xrc(self, remote_srqn: int) -> None:
+        self.remote_srqn = remote_srqn
+
+    def close(self) -> None:
+        pass
+
+    def __str__(self) -> str:
+        f = "{:22}: {:<20}\n"
+        return (f.format("WR ID", self.wr_id) + f.format("Num SGE", self.num_sge)
+                + f.format("Opcode", self.opcode)
+                + f.format("Send flags", send_flags_to_str(self.send_flags))
+                + f.format("Imm Data", self.imm_data))  # fmt: skip
+
+
+_SEND_FLAG_NAMES = {
+    IBV_SEND_FENCE: "IBV_SEND_FENCE",
+    IBV_SEND_SIGNALED: "IBV_SEND_SIGNALED",
+    IBV_SEND_SOLICITED: "IBV_SEND_SOLICITED",
+    IBV_SEND_INLINE: "IBV_SEND_INLINE",
+    IBV_SEND_IP_CSUM: "IBV_SEND_IP_CSUM",
+}
+
+
+def send_flags_to_str(flags: int) -> str:
+    return "".join(name + " " for bit, name in _SEND_FLAG_NAMES.items() if flags & bit)
