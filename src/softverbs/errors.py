@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 
 
 class PyverbsError(Exception):
@@ -37,6 +38,9 @@ class PyverbsRDMAError(PyverbsError):
     def __init__(self, msg: str, error_code: int = -1) -> None:
         super().__init__(msg, error_code)
         self._error_code = error_code
+        if error_code > 0:
+            # a failed C verb leaves its errno behind; PyverbsRDMAErrno reads it
+            _errno.value = error_code
 
     @property
     def error_code(self) -> int:
@@ -52,6 +56,29 @@ class PyverbsUserError(PyverbsError):
 
 #: The name the design documents use for a failed verb.
 VerbsError = PyverbsRDMAError
+
+
+class _Errno(threading.local):
+    value = 0
+
+
+#: The errno of the last failed verb on this thread, like C's ``errno``.
+_errno = _Errno()
+
+
+def last_errno() -> int:
+    """The errno of the last verb that failed on this thread (0 if none has)."""
+    return _errno.value
+
+
+def PyverbsRDMAErrno(msg: str) -> PyverbsRDMAError:
+    """pyverbs' ``PyverbsRDMAErrno``: an error carrying the current errno.
+
+    In C the current errno is whatever the last failed call left. softverbs
+    raises its errors instead of setting errno, so here it is the errno of
+    the last :class:`PyverbsRDMAError` raised on this thread.
+    """
+    return PyverbsRDMAError(msg, _errno.value)
 
 
 def einval(msg: str) -> PyverbsRDMAError:

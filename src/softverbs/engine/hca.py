@@ -122,6 +122,10 @@ class HCA:
             if self.qps.get(qp.qpn) is qp:
                 fired = True
                 qp.handle_timer(now)
+                # Whatever path handle_timer took, the QP's timer stays armed.
+                deadline = qp.next_deadline()
+                if deadline is not None:
+                    self.schedule(qp, deadline)
         return fired
 
     # --- events ----------------------------------------------------------------------

@@ -143,7 +143,7 @@ class QPEngine(Requester, Responder):
             return
         was_reset = self.state == IBV_QPS_RESET
         self.state = IBV_QPS_ERR
-        self.flush_sq()
+        self.flush_posted_sq()
         self.flush_rq()
         self.replay.clear()
         if self.srq is not None and not was_reset:
@@ -151,6 +151,15 @@ class QPEngine(Requester, Responder):
 
     def send_queue_error(self, now: float) -> None:
         self.state = IBV_QPS_SQE
+        self.flush_posted_sq()
+
+    def flush_posted_sq(self) -> None:
+        """Flush every posted send WQE, deferred ones too: each was posted
+        successfully, so each must complete (seed 003), and entering ERR or SQE
+        completes every WR that has not completed (seed 001)."""
+        sq = self.sq
+        if sq is not None:
+            sq.db = sq.pi
         self.flush_sq()
 
     def flush_rq(self) -> None:

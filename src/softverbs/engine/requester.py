@@ -498,13 +498,24 @@ class Requester(QPCore):
             if P.diff(pkt.psn, expected) < 0:
                 counters["duplicate_response"] += 1
             else:
-                self._retry(now, expected, "missing READ response")
+                # Responses were lost.  The responder is past every PSN before this
+                # one: that acknowledges earlier SENDs/WRITEs and retries from the
+                # first unanswered READ/atomic, which may be an earlier WQE than this.
+                self._acked(P.add(pkt.psn, -1), now)
             return
-        first = wqe.rxd == 0
-        if info.first != first or (info.last != (wqe.rxd == wqe.npkts - 1)):
+        # A READ asked again from a middle PSN (after a loss) is answered by a new
+        # response that starts with FIRST or ONLY, so FIRST is legal at any PSN;
+        # only the READ's first PSN must be FIRST, and only its last PSN LAST.
+        bad_first = wqe.rxd == 0 and not info.first
+        if bad_first or info.last != (wqe.rxd == wqe.npkts - 1):
             counters["drop_bad_read_response"] += 1
             return
         self._acked(P.add(wqe.psn, -1), now)
+        if self.una != expected:
+            # An earlier READ/atomic is still unanswered (_acked just retried it):
+            # responses complete in PSN order, so this one must come again later.
+            counters["drop_response_after_gap"] += 1
+            return
         payload = pkt.payload
         pmtu = self.pmtu
         if len(payload) > pmtu or (not info.last and len(payload) != pmtu):
@@ -525,6 +536,9 @@ class Requester(QPCore):
             self.hca.counters["drop_unexpected_response"] += 1
             return
         self._acked(P.add(wqe.psn, -1), now)
+        if self.una != wqe.psn:  # an earlier READ/atomic is unanswered (see _read_response)
+            self.hca.counters["drop_response_after_gap"] += 1
+            return
         view = wqe.data[0]
         view[:8] = pkt.orig.to_bytes(8, NATIVE)
         wqe.rxd = 1
@@ -566,7 +580,8 @@ class Requester(QPCore):
             else:
                 off = P.diff(psn, wqe.psn)
                 wqe.tx = min(wqe.tx, max(0, off))
-        self.una = psn if P.diff(psn, self.una) > 0 else self.una
+        # ``una`` is not moved here: only an acknowledgement may move it forward, and
+        # ``psn`` can be past an unanswered READ (an RNR NAK behind it, say).
 
     def handle_timer(self, now: float) -> None:
         if self.rnr_until is not None:
@@ -575,9 +590,14 @@ class Requester(QPCore):
                 return
             self.rnr_until = None
             self.retry_episode = False
+            # An ACK during the back-off may have set an ACK deadline whose timer entry
+            # was merged into this one: restart it with the retransmission, and arm it.
+            self.deadline = None
             self.rewind(self.rnr_psn)
             self.hca.counters["rnr_retries"] += 1
             self.pump_sq(now)
+            if self.deadline is not None:
+                self.arm(self.deadline)
             return
         if self.deadline is None:
             return

@@ -146,6 +146,10 @@ class Responder(QPCore):
         nak.syndrome = aeth_syndrome(AETH_RNR_NAK, self.min_rnr_timer)
         nak.msn = self.msn
         self.send(nak)
+        # The RNR NAK already sends the requester back to this PSN: the requests
+        # it had pipelined behind it are dropped without a PSN-sequence NAK, which
+        # would cost it a retry_cnt for a loss that never happened (as qib/hfi1).
+        self.nak_sent = True
 
     def _fail(
         self,
@@ -164,11 +168,11 @@ class Responder(QPCore):
         if rqe_status and rqe is not None:
             self.resp_rqe = None
             self._complete_rqe(rqe, rqe_status, 0, reason=reason)
+        self.last_error = reason  # before the event: the event carries it as its reason
         if code == NAK_REMOTE_ACCESS_ERROR:
             self.hca.post_event(IBV_EVENT_QP_ACCESS_ERR, self)
         elif code == NAK_INVALID_REQUEST:
             self.hca.post_event(IBV_EVENT_QP_REQ_ERR, self)
-        self.last_error = reason
         self.to_error(now)
 
     # --- receive WQEs -------------------------------------------------------------
@@ -253,13 +257,14 @@ class Responder(QPCore):
             return False
         self.resp_rqe = rqe
         self.resp_views = views
-        self.resp_off = 0
         return True
 
     # --- SEND ----------------------------------------------------------------------
     def _recv_send(self, pkt: Packet, info: OpInfo, now: float) -> None:
-        if info.first and not self._begin_recv(pkt, now):
-            return
+        if info.first:
+            if not self._begin_recv(pkt, now):
+                return
+            self.resp_off = 0
         payload = pkt.payload
         n = len(payload)
         if n > self.pmtu or (not info.last and n != self.pmtu):
@@ -345,7 +350,8 @@ class Responder(QPCore):
         if not self.access & right:
             reason = f"QP {self.qpn:#x} does not allow remote {kind.name.lower()}s"
         elif length == 0 and kind is not Kind.ATOMIC:
-            return memoryview(b"")  # zero-length: the R_Key is not checked
+            # zero-length: the R_Key is not checked; writable, as a WRITE stores into it
+            return memoryview(bytearray())
         else:
             got = self.hca.keys.remote(pkt.rkey, self._rqe_pd(pkt), self.qpn, va, length, right)
             if not isinstance(got, str):

@@ -30,7 +30,9 @@ from collections.abc import Callable
 from typing import Protocol
 
 from softverbs.engine.hca import HCA
-from softverbs.wire.packet import Packet
+from softverbs.errors import WireError
+from softverbs.wire.codec import decode_udp_payload, encode_udp_payload
+from softverbs.wire.packet import IPV4_MAPPED_PREFIX, Packet
 
 
 class Clock(Protocol):
@@ -219,4 +221,29 @@ class InprocRuntime(Runtime):
         if dst is None:
             src.counters["drop_no_route"] += 1
             return
+        if pkt.corrupt_bit >= 0:
+            # In-process packets carry no ICRC; to corrupt one, put it on the
+            # wire for real, flip the bit and let the receiver's check judge it.
+            wire = flip_bit(bytearray(encode_udp_payload(pkt, _ip(pkt.sgid), _ip(pkt.dgid),
+                                                         pkt.sport)), pkt.corrupt_bit)
+            try:
+                pkt = decode_udp_payload(wire, _ip(pkt.sgid), _ip(pkt.dgid), pkt.sport)
+            except WireError as exc:
+                dst.counters["rcvd_pkts"] += 1
+                dst.counters[f"drop_{exc.reason}"] += 1
+                return
         self.inbox.append((dst, pkt))
+
+
+def flip_bit(data: bytearray, bit: int) -> bytearray:
+    """Flip one bit of an encoded transport packet (never the ICRC-masked byte 4)."""
+    nbits = len(data) * 8
+    pos = bit % nbits
+    if pos // 8 == 4:
+        pos = (pos + 8) % nbits
+    data[pos // 8] ^= 1 << (pos % 8)
+    return data
+
+
+def _ip(gid: bytes) -> bytes:
+    return gid[12:] if gid[:12] == IPV4_MAPPED_PREFIX else gid

@@ -360,13 +360,16 @@ class Context(PyverbsCM):
             **{k: v for k, v in LIMITS.items() if k != "max_inline_data"},
         )  # fmt: skip
 
-    def _port(self, port_num: int) -> None:
+    def _port(self, port_num: int, failed: str) -> None:
+        # ``failed`` is pyverbs' message for the verb: programs match on it
         if port_num != 1:
-            raise einval(f"Port {port_num} does not exist; softverbs devices have one port, 1")
+            raise einval(
+                f"{failed}: port {port_num} does not exist; softverbs devices have one port, 1"
+            )
 
     def query_port(self, port_num: int) -> PortAttr:
         self._check_open()
-        self._port(port_num)
+        self._port(port_num, f"Failed to query port {port_num}")
         counters = self.hca.counters
         return PortAttr(
             state=IBV_PORT_ACTIVE, max_mtu=IBV_MTU_4096,
@@ -383,7 +386,7 @@ class Context(PyverbsCM):
         from softverbs.verbs.addr import GID
 
         self._check_open()
-        self._port(port_num)
+        self._port(port_num, f"Failed to query gid {index} of port {port_num}")
         if not 0 <= index < GID_TABLE_LEN:
             raise PyverbsRDMAError(f"Failed to query gid {index} of port {port_num}", 22)
         gids = self.hca.gids
@@ -392,7 +395,7 @@ class Context(PyverbsCM):
 
     def query_gid_type(self, port_num: int, index: int) -> int:
         self._check_open()
-        self._port(port_num)
+        self._port(port_num, f"Failed to query gid type of port {port_num} and gid index {index}")
         if not 0 <= index < len(self.hca.gids):
             raise PyverbsRDMAError(
                 f"Failed to query gid type of port {port_num} and gid index {index}", 61
@@ -400,13 +403,13 @@ class Context(PyverbsCM):
         return IBV_GID_TYPE_SYSFS_ROCE_V2
 
     def query_pkey(self, port_num: int, index: int) -> int:
-        self._port(port_num)
+        self._port(port_num, f"Failed to query pkey {index} of port {port_num}")
         if not 0 <= index < len(PKEY_TABLE):
             raise PyverbsRDMAError(f"Failed to query pkey {index} of port {port_num}", 22)
         return PKEY_TABLE[index]
 
     def get_pkey_index(self, port_num: int, pkey: int) -> int:
-        self._port(port_num)
+        self._port(port_num, f"Failed to get pkey index of pkey = {pkey} of port {port_num}")
         if pkey not in PKEY_TABLE:
             raise PyverbsRDMAError(f"Failed to get pkey index of pkey = {pkey} of port {port_num}")
         return PKEY_TABLE.index(pkey)

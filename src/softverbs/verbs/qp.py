@@ -387,7 +387,9 @@ class QP(PyverbsCM):
             )  # fmt: skip
             self.engine.xrcd = self.xrcd
             mtu = ctx.device.spec.mtu
-            self.engine.pmtu = min(1024, mtu)
+            # A UD message may be as long as the port's active MTU (rxe: the
+            # port's mtu_cap); connected QPs get their path_mtu at INIT->RTR.
+            self.engine.pmtu = mtu if qp_type == IBV_QPT_UD else min(1024, mtu)
             hca.qps[qpn] = self.engine
         for parent in (pd, self.scq, self.rcq, self.srq, self.xrcd, ctx if pd is None else None):
             if parent is not None:
@@ -629,7 +631,7 @@ class QP(PyverbsCM):
             self._ring(ring_to)
             rt.progress()
 
-    def _build_send(self, w: SendWR, n: int) -> SendWQE:
+    def _build_send(self, w: SendWR, n: int, type1_bind: bool = False) -> SendWQE:
         eng = self.engine
         qp_type = eng.qp_type
         state = eng.state
@@ -689,7 +691,8 @@ class QP(PyverbsCM):
         elif qp_type == IBV_QPT_XRC_SEND:
             wqe.xrc_srqn = w.remote_srqn & 0xFFFFFF
         if opcode == IBV_WR_BIND_MW:
-            wqe.bind = self._bind_args(w.mw, w.bind_info, w.bind_rkey, where, type2=True)
+            wqe.bind = self._bind_args(w.mw, w.bind_info, w.bind_rkey, where,
+                                       type2=not type1_bind)  # fmt: skip
         return wqe
 
     def _sq_full_message(self, where: str) -> str:
@@ -743,11 +746,17 @@ class QP(PyverbsCM):
         eng = self.engine
         rt = self._ctx.runtime
         with rt.lock:
-            wqe = self._build_send(wr, 0)
-            wqe.bind = self._bind_args(mw, mw_bind.info, wr.bind_rkey, "bind_mw", type2=False)
-            assert eng.sq is not None
-            eng.sq.push(wqe)
-            self._ring(eng.sq.pi)
+            sq = eng.sq
+            assert sq is not None
+            try:
+                wqe = self._build_send(wr, 0, type1_bind=True)
+            except PyverbsRDMAError:
+                self._ring(sq.pi)  # never strand deferred WQEs (seed 003)
+                rt.progress()
+                raise
+            sq.push(wqe)
+            self._unsignaled_run = 0 if wqe.signaled else self._unsignaled_run + 1
+            self._ring(sq.pi)
             rt.progress()
 
     def post_recv(self, wr: RecvWR, bad_wr: RecvWR | None = None) -> None:
@@ -781,6 +790,10 @@ class QP(PyverbsCM):
                     posted += 1
                     w = w.next_wr
                     n += 1
+            except PyverbsRDMAError:
+                if bad_wr is not None and w is not None:
+                    _copy_wr(w, bad_wr)
+                raise
             finally:
                 if posted:
                     assert eng.rq is not None
@@ -798,6 +811,15 @@ class QP(PyverbsCM):
             ctx.runtime.progress()
 
 
+class DataBuffer(PyverbsCM):
+    """One inline buffer for ``QPEx.wr_set_inline_data_list`` (``ibv_data_buf``)."""
+
+    def __init__(self, addr: int, length: int) -> None:
+        super().__init__()
+        self.addr = addr
+        self.length = length
+
+
 class QPEx(QP):
     """An extended QP with the ``wr_*`` posting API (``ibv_qp_ex``).
 
@@ -809,6 +831,9 @@ class QPEx(QP):
     def __init__(self, creator: Any, init_attr: Any, qp_attr: QPAttr | None = None) -> None:
         super().__init__(creator, init_attr, qp_attr)
         self.comp_mask = getattr(init_attr, "comp_mask", 0)
+        #: RSS indirection table (pyverbs ``QPEx.ind_table``); softverbs has
+        #: no receive WQs, so it is whatever the init attr carried, normally None
+        self.ind_table = getattr(init_attr, "ind_table", None)
         self.wr_id = 0
         self.wr_flags = 0
         self._batch: list[SendWR] | None = None
@@ -824,8 +849,7 @@ class QPEx(QP):
         ):
             flag = ops(need).name if need else "?"
             raise einval(f"this QPEx was not created with {flag} in send_ops_flags")
-        wr = SendWR(wr_id=self.wr_id, opcode=opcode, num_sge=0,
-                    send_flags=self.wr_flags)  # fmt: skip
+        wr = SendWR.without_sges(self.wr_id, opcode, self.wr_flags)
         self._batch.append(wr)
         return wr
 
@@ -853,9 +877,14 @@ class QPEx(QP):
         with rt.lock:
             sq = eng.sq
             assert sq is not None
-            if sq.size - sq.used < len(batch):
-                raise enomem(self._sq_full_message(f"wr_complete: batch of {len(batch)}"))
-            wqes = [self._build_send(w, i) for i, w in enumerate(batch)]
+            try:
+                if sq.size - sq.used < len(batch):
+                    raise enomem(self._sq_full_message(f"wr_complete: batch of {len(batch)}"))
+                wqes = [self._build_send(w, i) for i, w in enumerate(batch)]
+            except PyverbsRDMAError:
+                self._ring(sq.pi)  # never strand WQEs deferred before the batch (seed 003)
+                rt.progress()
+                raise
             for w, wqe in zip(batch, wqes, strict=True):
                 sq.push(wqe)
                 self._unsignaled_run = 0 if wqe.signaled else self._unsignaled_run + 1
@@ -949,4 +978,9 @@ _SEND_OPS_FLAG = _send_ops_table()
 
 
 def _copy_send_wr(src: SendWR, dst: SendWR) -> None:
+    _copy_wr(src, dst)
+
+
+def _copy_wr(src: SendWR | RecvWR, dst: SendWR | RecvWR) -> None:
+    """Fill ``bad_wr`` with the WR that failed, as ibv_post_* does."""
     dst.__dict__.update(src.__dict__)

@@ -154,6 +154,11 @@ ALWAYS_ALLOWED = IBV_QP_STATE | RATE
 
 def mask_names(mask: int) -> str:
     names = [f.name for f in ibv_qp_attr_mask if f.value & mask and f.name]
+    known = 0
+    for f in ibv_qp_attr_mask:
+        known |= f.value
+    if mask & ~known:  # reserved bits have no name: show them, or the message says "none"
+        names.append(f"unknown bits {mask & ~known:#x}")
     return ", ".join(n for n in names if n) or "none"
 
 

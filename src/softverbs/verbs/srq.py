@@ -19,7 +19,7 @@ from softverbs.enums import (
     IBV_SRQT_BASIC,
     IBV_SRQT_XRC,
 )
-from softverbs.errors import PyverbsUserError, einval, enomem, eopnotsupp
+from softverbs.errors import PyverbsRDMAError, PyverbsUserError, einval, enomem, eopnotsupp
 from softverbs.verbs.base import PyverbsCM, PyverbsObject, require
 from softverbs.verbs.wr import RecvWR
 
@@ -161,17 +161,23 @@ class SRQ(PyverbsCM):
         with self._ctx.lock:
             w: RecvWR | None = wr
             n = 0
-            while w is not None:
-                where = f"post_srq_recv: WR #{n} (wr_id={w.wr_id})"
-                if ring.outstanding >= ring.max_wr:
-                    raise enomem(
-                        f"{where}: the SRQ is full: {ring.outstanding} of {ring.max_wr} WRs "
-                        "are posted or taken and not yet polled"
-                    )
-                ring.post(recv_wqe(w, ring.max_sge, where))
-                w = w.next_wr
-                n += 1
-            self._ctx.runtime.progress()
+            try:
+                while w is not None:
+                    where = f"post_srq_recv: WR #{n} (wr_id={w.wr_id})"
+                    if ring.outstanding >= ring.max_wr:
+                        raise enomem(
+                            f"{where}: the SRQ is full: {ring.outstanding} of {ring.max_wr} "
+                            "WRs are posted or taken and not yet polled"
+                        )
+                    ring.post(recv_wqe(w, ring.max_sge, where))
+                    w = w.next_wr
+                    n += 1
+            except PyverbsRDMAError:
+                if bad_wr is not None and w is not None:
+                    bad_wr.__dict__.update(w.__dict__)  # ibv_post_srq_recv's bad_wr
+                raise
+            finally:
+                self._ctx.runtime.progress()
 
     def modify(self, attr: SrqAttr, comp_mask: int) -> None:
         """``ibv_modify_srq``: arm the limit event and/or resize."""

@@ -137,6 +137,13 @@ class SendWR(PyverbsCM):
         self.bind_info: MWBindInfo | None = None
         self.bind_rkey = 0
 
+    @classmethod
+    def without_sges(cls, wr_id: int, opcode: int, send_flags: int) -> SendWR:
+        """A WR whose SGEs are set later, as the ``ibv_wr_*`` builders of QPEx do."""
+        wr = cls(wr_id, IBV_WR_LOCAL_INV, send_flags=send_flags)
+        wr.opcode = opcode
+        return wr
+
     @property
     def num_sge(self) -> int:
         return len(self.sg)

@@ -73,6 +73,8 @@ class Packet:
         "hop_limit",
         # not on the wire: the sending QP, for the UDP source port and traces
         "sqpn",
+        # not on the wire: fault injection flips this bit of the encoded packet
+        "corrupt_bit",
     )
 
     opcode: int
@@ -107,6 +109,7 @@ class Packet:
     flow_label: int
     hop_limit: int
     sqpn: int
+    corrupt_bit: int
 
     def __init__(self, opcode: int, dqpn: int, psn: int, payload: Any = b"") -> None:
         self.opcode = opcode
@@ -141,6 +144,7 @@ class Packet:
         self.flow_label = 0
         self.hop_limit = 64
         self.sqpn = 0
+        self.corrupt_bit = -1
 
     def copy(self) -> Packet:
         """A shallow copy (the payload is shared; it is never mutated)."""

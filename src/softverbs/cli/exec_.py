@@ -1,0 +1,94 @@
+"""``softverbs exec [--] CMD [ARGS...]``: run a pyverbs program on softverbs.
+
+How it works. softverbs ships rdma-core's ``pyverbs`` module tree as
+``softverbs.compat.pyverbs``. The tree is thin aliases onto softverbs'
+own objects (see :mod:`softverbs.compat`). Installing softverbs never
+creates a top-level ``pyverbs``, so a real pyverbs installed on the same
+machine keeps working. For a single child process, ``exec`` does three things:
+
+1. It puts the directory that holds the compat package (``softverbs/compat``)
+   first on ``PYTHONPATH``. Python puts ``PYTHONPATH`` entries ahead of
+   site-packages, so in the child ``import pyverbs`` finds softverbs' tree
+   even when a real pyverbs is installed. Nothing else lives in that
+   directory, so no other top-level name changes.
+2. It sets ``SOFTVERBS_EXEC=1``, so a program (or a test suite) can tell
+   that it runs on softverbs.
+3. It replaces itself with CMD (``os.execvpe``, which searches ``PATH``). No
+   wrapper process stays behind, so signals go straight to CMD and CMD's
+   exit status, or the signal that killed it, is what the caller sees.
+
+The soft device needs no setup. In the child, ``get_device_list()`` shows
+the configured softverbs devices, by default the in-process ``sv0``.
+
+Limits. An interpreter started with ``-E`` or ``-I`` ignores
+``PYTHONPATH``. A directory named ``pyverbs`` next to the script (or in the
+current directory, for ``python -m``) comes before ``PYTHONPATH`` and wins.
+The child's Python must be able to import softverbs, which holds when it is
+the interpreter softverbs is installed in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Mapping
+
+import softverbs.compat
+
+#: Set in the child's environment; "1" means "running under softverbs exec".
+EXEC_ENV = "SOFTVERBS_EXEC"
+
+#: Shell conventions for a command that cannot run.
+EXIT_NOT_FOUND = 127
+EXIT_NOT_EXECUTABLE = 126
+
+
+def compat_dir() -> str:
+    """The directory that contains softverbs' ``pyverbs`` package."""
+    return os.path.dirname(os.path.abspath(softverbs.compat.__file__))
+
+
+def child_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` changed for the child: compat dir first on PYTHONPATH, marker set."""
+    env = dict(environ)
+    first = compat_dir()
+    # A nested ``softverbs exec`` must not pile up copies of the entry.
+    rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != first]
+    env["PYTHONPATH"] = os.pathsep.join([first, *rest])
+    env[EXEC_ENV] = "1"
+    return env
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.usage = "%(prog)s [-h] [--] CMD [ARGS...]"
+    parser.add_argument(
+        "argv",
+        nargs=argparse.REMAINDER,
+        metavar="CMD [ARGS...]",
+        help="the program to run, e.g. python3 -m pytest tests/ (put -- before it "
+        "if it starts with '-')",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    argv: list[str] = list(args.argv)
+    # argparse keeps the "--" separator in a REMAINDER list; it is ours, not CMD's
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    if not argv:
+        print("softverbs exec: no command given; usage: softverbs exec [--] CMD [ARGS...]",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    env = child_env(os.environ)
+    # exec discards this process's buffers: flush what has been printed so far
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execvpe(argv[0], argv, env)
+    except FileNotFoundError:
+        print(f"softverbs exec: {argv[0]}: command not found", file=sys.stderr)
+        return EXIT_NOT_FOUND
+    except OSError as exc:  # found but not runnable: a directory, no x bit, bad format
+        print(f"softverbs exec: {argv[0]}: cannot run: {exc.strerror}", file=sys.stderr)
+        return EXIT_NOT_EXECUTABLE

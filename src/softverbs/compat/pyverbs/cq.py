@@ -1,0 +1,21 @@
+"""``pyverbs.cq``: completion queues, completion channels, work completions."""
+
+from softverbs.verbs.cq import CQ, WC, CompChannel
+from softverbs.verbs.strings import (
+    cqe_flags_to_str,
+    cqe_opcode_to_str,
+    cqe_status_to_str,
+    create_wc_flags_to_str,
+    flags_to_str,
+)
+
+__all__ = [
+    "CQ",
+    "WC",
+    "CompChannel",
+    "cqe_flags_to_str",
+    "cqe_opcode_to_str",
+    "cqe_status_to_str",
+    "create_wc_flags_to_str",
+    "flags_to_str",
+]

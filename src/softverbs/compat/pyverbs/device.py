@@ -1,0 +1,53 @@
+"""``pyverbs.device``: devices, contexts, device and port attributes."""
+
+from softverbs.verbs.device import (
+    AsyncEvent,
+    Context,
+    Device,
+    DeviceAttr,
+    PortAttr,
+    get_device_list,
+)
+from softverbs.verbs.strings import (
+    guid_format,
+    guid_to_hex,
+    phys_state_to_str,
+    port_state_to_str,
+    speed_to_str,
+    str_from_flags,
+    translate_device_caps,
+    translate_event_type,
+    translate_gid_type,
+    translate_link_layer,
+    translate_mtu,
+    translate_node_type,
+    translate_port_cap_flags,
+    translate_port_cap_flags2,
+    translate_transport_type,
+    width_to_str,
+)
+
+__all__ = [
+    "AsyncEvent",
+    "Context",
+    "Device",
+    "DeviceAttr",
+    "PortAttr",
+    "get_device_list",
+    "guid_format",
+    "guid_to_hex",
+    "phys_state_to_str",
+    "port_state_to_str",
+    "speed_to_str",
+    "str_from_flags",
+    "translate_device_caps",
+    "translate_event_type",
+    "translate_gid_type",
+    "translate_link_layer",
+    "translate_mtu",
+    "translate_node_type",
+    "translate_port_cap_flags",
+    "translate_port_cap_flags2",
+    "translate_transport_type",
+    "width_to_str",
+]

@@ -1,0 +1,334 @@
+"""The UDP fabric: RoCEv2 over ordinary UDP sockets.
+
+A UDP device is bound to a network interface (or to explicit addresses),
+as rxe is bound to a netdev.  Its GID table is built the way rxe builds
+one: the interface's IPv6 link-local address first, then each IPv4 address
+as an IPv4-mapped GID, then other IPv6 addresses -- all RoCEv2 GIDs.
+
+Sending
+    One UDP socket per local address is bound to port 4791 and receives.
+    Packets leave with the UDP source port rxe would use for the QP pair
+    (:func:`~softverbs.wire.packet.udp_sport`): a small pool of send-only
+    sockets bound to those ports on the same address.  If a port cannot be
+    bound (something else holds it) the packet leaves from 4791 instead --
+    the ICRC is computed for whichever port is used, so it stays valid.
+    Sockets are unconnected with ``IP_PMTUDISC_DO``, so Linux sends IPv4
+    datagrams with DF and IP ID 0, which the ICRC covers (see
+    :mod:`softverbs.wire.codec`).  The UDP checksum is 0 (``SO_NO_CHECK``,
+    ``UDP_NO_CHECK6_TX``), as rxe sends it; zero-checksum IPv6 is accepted
+    (``UDP_NO_CHECK6_RX``).
+
+Receiving and progress
+    Datagrams are decoded (ICRC checked) and handed to the engine.  A
+    malformed datagram is dropped and counted under ``drop_<reason>``; it
+    never raises.  A progress thread waits on the sockets and the next timer
+    deadline, so ACKs, READ responses and atomics are answered while the
+    application is busy elsewhere; application calls drain the sockets too,
+    so a polling loop sees its completions without a thread hop.  Both run
+    the same loop under the runtime's one lock.
+
+Path MTU
+    ``active_mtu`` follows the interface MTU as in rxe: the largest IB MTU
+    not above (netdev MTU - 80 bytes of headers).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import logging
+import selectors
+import socket
+import subprocess
+import threading
+from dataclasses import dataclass
+
+from softverbs.engine.hca import HCA
+from softverbs.errors import PyverbsRDMAError, WireError
+from softverbs.fabric.runtime import Clock, Runtime, flip_bit
+from softverbs.wire.codec import decode_udp_payload, encode_udp_payload
+from softverbs.wire.opcodes import ROCEV2_PORT
+from softverbs.wire.packet import IPV4_MAPPED_PREFIX, Packet
+
+log = logging.getLogger(__name__)
+
+#: rxe's allowance for headers when deriving the IB MTU from the netdev MTU.
+ROCE_HEADER_ALLOWANCE = 80
+IB_MTUS = (4096, 2048, 1024, 512, 256)
+
+# Linux socket options Python does not name.
+SO_NO_CHECK = 11
+UDP_NO_CHECK6_TX = 101
+UDP_NO_CHECK6_RX = 102
+IP_MTU_DISCOVER = getattr(socket, "IP_MTU_DISCOVER", 10)
+IP_PMTUDISC_DO = getattr(socket, "IP_PMTUDISC_DO", 2)
+IPV6_MTU_DISCOVER = getattr(socket, "IPV6_MTU_DISCOVER", 23)
+IPV6_PMTUDISC_DO = 2
+
+RECV_BUFFER = 8 << 20
+MAX_DATAGRAM = 65536
+
+
+def ib_mtu_for(netdev_mtu: int) -> int:
+    """The active IB MTU rxe derives from a netdev MTU."""
+    room = netdev_mtu - ROCE_HEADER_ALLOWANCE
+    for mtu in IB_MTUS:
+        if mtu <= room:
+            return mtu
+    return IB_MTUS[-1]
+
+
+@dataclass
+class LocalAddr:
+    """One address of the device: text, packed bytes, scope (IPv6 link-local)."""
+
+    text: str
+    packed: bytes
+    scope_id: int = 0
+
+    @property
+    def gid(self) -> bytes:
+        return IPV4_MAPPED_PREFIX + self.packed if len(self.packed) == 4 else self.packed
+
+    @property
+    def family(self) -> int:
+        return socket.AF_INET if len(self.packed) == 4 else socket.AF_INET6
+
+
+def netdev_addresses(ifname: str) -> tuple[int, list[LocalAddr]]:
+    """(MTU, addresses in rxe GID order) of an interface."""
+    try:
+        out = subprocess.run(
+            ["ip", "-j", "addr", "show", "dev", ifname],
+            capture_output=True, text=True, check=True, timeout=10,
+        ).stdout  # fmt: skip
+        info = json.loads(out)[0]
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
+        raise PyverbsRDMAError(f"cannot read the addresses of netdev {ifname!r}: {exc}") from None
+    mtu = int(info.get("mtu", 1500))
+    index = int(info.get("ifindex", 0))
+    link_local: list[LocalAddr] = []
+    v4: list[LocalAddr] = []
+    v6: list[LocalAddr] = []
+    for a in info.get("addr_info", []):
+        ip = ipaddress.ip_address(a["local"])
+        if ip.version == 4:
+            v4.append(LocalAddr(str(ip), ip.packed))
+        elif ip.is_link_local:
+            link_local.append(LocalAddr(str(ip), ip.packed, index))
+        else:
+            v6.append(LocalAddr(str(ip), ip.packed))
+    return mtu, link_local + v4 + v6
+
+
+def explicit_addresses(addrs: list[str]) -> list[LocalAddr]:
+    out = []
+    for text in addrs:
+        ip = ipaddress.ip_address(text.split("%")[0])
+        scope = 0
+        if "%" in text:
+            scope = socket.if_nametoindex(text.split("%", 1)[1])
+        out.append(LocalAddr(str(ip), ip.packed, scope))
+    return out
+
+
+def _ip_of_gid(gid: bytes) -> bytes:
+    return gid[12:] if gid[:12] == IPV4_MAPPED_PREFIX else gid
+
+
+class UdpRuntime(Runtime):
+    """One UDP device's sockets, progress thread and progress loop."""
+
+    def __init__(self, addrs: list[LocalAddr], clock: Clock | None = None) -> None:
+        super().__init__(clock)
+        if not addrs:
+            raise PyverbsRDMAError("a UDP device needs at least one address")
+        self.addrs = addrs
+        self._by_ip: dict[bytes, LocalAddr] = {a.packed: a for a in addrs}
+        self._rx: dict[socket.socket, LocalAddr] = {}
+        self._tx: dict[tuple[bytes, int], socket.socket] = {}
+        self._main: dict[bytes, socket.socket] = {}
+        self._sel = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._sel.register(self._wake_r, selectors.EVENT_READ)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._sleep_until: float | None = None
+        for addr in addrs:
+            sock = self._socket(addr, ROCEV2_PORT)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECV_BUFFER)
+            sock.setblocking(False)
+            self._rx[sock] = addr
+            self._main[addr.packed] = sock
+            self._sel.register(sock, selectors.EVENT_READ)
+
+    @property
+    def gids(self) -> list[bytes]:
+        return [a.gid for a in self.addrs]
+
+    @staticmethod
+    def _socket(addr: LocalAddr, port: int) -> socket.socket:
+        sock = socket.socket(addr.family, socket.SOCK_DGRAM)
+        try:
+            if addr.family == socket.AF_INET:
+                sock.setsockopt(socket.IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO)
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.SOL_SOCKET, SO_NO_CHECK, 1)
+                sock.bind((addr.text, port))
+            else:
+                sock.setsockopt(socket.IPPROTO_IPV6, IPV6_MTU_DISCOVER, IPV6_PMTUDISC_DO)
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.IPPROTO_UDP, UDP_NO_CHECK6_TX, 1)
+                    sock.setsockopt(socket.IPPROTO_UDP, UDP_NO_CHECK6_RX, 1)
+                sock.bind((addr.text, port, 0, addr.scope_id))
+        except OSError:
+            sock.close()
+            raise
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, RECV_BUFFER)
+        return sock
+
+    # --- sending -----------------------------------------------------------------
+    def _sender(self, local: LocalAddr, sport: int) -> tuple[socket.socket, int]:
+        key = (local.packed, sport)
+        sock = self._tx.get(key)
+        if sock is None:
+            try:
+                sock = self._socket(local, sport)
+            except OSError:
+                # Port taken: send from 4791 instead; the ICRC follows the port.
+                return self._main[local.packed], ROCEV2_PORT
+            self._tx[key] = sock
+        return sock, sport
+
+    def transmit(self, src: HCA, pkt: Packet, now: float) -> None:
+        src_ip = _ip_of_gid(pkt.sgid)
+        local = self._by_ip.get(src_ip)
+        if local is None:
+            src.counters["drop_no_route"] += 1
+            return
+        dst_ip = _ip_of_gid(pkt.dgid)
+        if len(dst_ip) != len(src_ip):
+            src.counters["drop_no_route"] += 1
+            return
+        sock, sport = self._sender(local, pkt.sport or ROCEV2_PORT)
+        data = encode_udp_payload(pkt, src_ip, dst_ip, sport)
+        if pkt.corrupt_bit >= 0:
+            flip_bit(data, pkt.corrupt_bit)
+        dst_text = str(ipaddress.ip_address(dst_ip))
+        dest: tuple[str, int] | tuple[str, int, int, int]
+        if len(dst_ip) == 4:
+            dest = (dst_text, ROCEV2_PORT)
+        else:
+            dest = (dst_text, ROCEV2_PORT, 0, local.scope_id)
+        try:
+            sock.sendto(data, dest)
+        except BlockingIOError:
+            src.counters["drop_tx_busy"] += 1  # like a full NIC queue: RC recovers
+        except OSError as exc:
+            src.counters["drop_tx_error"] += 1
+            log.debug("sendto %s failed: %s", dest, exc)
+
+    # --- receiving -----------------------------------------------------------------
+    def _drain(self, now: float) -> bool:
+        got = False
+        hca = self.hcas[0] if self.hcas else None
+        for sock, local in self._rx.items():
+            while True:
+                try:
+                    data, peer = sock.recvfrom(MAX_DATAGRAM)
+                except (BlockingIOError, InterruptedError):
+                    break
+                except OSError as exc:
+                    log.debug("recvfrom failed: %s", exc)
+                    break
+                got = True
+                if hca is None:
+                    continue
+                self._deliver(hca, data, peer, local, now)
+        return got
+
+    def _deliver(self, hca: HCA, data: bytes, peer: tuple[str, int] | tuple[str, int, int, int],
+                 local: LocalAddr, now: float) -> None:  # fmt: skip
+        try:
+            src_ip = ipaddress.ip_address(peer[0].split("%")[0]).packed
+            pkt = decode_udp_payload(data, src_ip, local.packed, peer[1])
+        except WireError as exc:
+            hca.counters["rcvd_pkts"] += 1
+            hca.counters[f"drop_{exc.reason}"] += 1
+            return
+        except ValueError:
+            hca.counters["drop_bad_source"] += 1
+            return
+        try:
+            hca.receive(pkt, now)
+        except Exception:  # never let a packet kill the device
+            hca.counters["drop_internal_error"] += 1
+            log.exception("internal error while receiving %r", pkt)
+
+    def progress(self) -> bool:
+        did = self._drain(self.clock.now())
+        did = super().progress() or did
+        if self._thread is not None and threading.current_thread() is not self._thread:
+            # A verb may have armed a timer earlier than the thread sleeps on.
+            nxt = self.next_deadline()
+            if nxt is not None and (self._sleep_until is None or nxt < self._sleep_until):
+                self.wake()
+        return did
+
+    # --- the progress thread ----------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name="softverbs-progress", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with self.lock:
+                nxt = self.next_deadline()
+                now = self.clock.now()
+                self._sleep_until = nxt
+            timeout = None if nxt is None else max(0.0, nxt - now)
+            try:
+                events = self._sel.select(timeout)
+            except OSError:
+                break
+            for key, _ in events:
+                if key.fileobj is self._wake_r:
+                    with contextlib.suppress(OSError):
+                        self._wake_r.recv(4096)
+            if self._stop.is_set():
+                break
+            with self.lock:
+                try:
+                    self.progress()
+                except Exception:
+                    log.exception("softverbs progress loop error")
+
+    def wake(self) -> None:
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"\0")
+
+    def stop(self) -> None:
+        """Stop the thread, send what is queued, close the sockets."""
+        self._stop.set()
+        self.wake()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+        self._thread = None
+        with self.lock:
+            with contextlib.suppress(Exception):
+                super().progress()
+            for sock in [*self._rx, *self._tx.values()]:
+                with contextlib.suppress(OSError):
+                    sock.close()
+            self._rx.clear()
+            self._tx.clear()
+            self._main.clear()
+            with contextlib.suppress(Exception):
+                self._sel.close()
+            for s in (self._wake_r, self._wake_w):
+                with contextlib.suppress(OSError):
+                    s.close()

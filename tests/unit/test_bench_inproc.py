@@ -1,0 +1,37 @@
+"""``bench/bench_inproc.py --quick`` runs to the end and prints its tables.
+
+A smoke test of the benchmark script, not a benchmark: no speed is asserted.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_quick_run_prints_tables(tmp_path: Path) -> None:
+    r = subprocess.run(
+        [sys.executable, "bench/bench_inproc.py", "--quick", "--plot", str(tmp_path / "p.png")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = r.stdout
+    assert re.search(r"^machine: .*\d+ CPUs.*Python \d+\.\d+", out, re.M), out
+
+    # (a) one row per batch size: batch, messages/s, usec/message
+    for batch in (1, 16, 64):
+        assert re.search(rf"^\s+{batch}\s+[\d,]+\s+\d+\.\d\d$", out, re.M), out
+    # (b) one row per size: softverbs MB/s, memcpy MB/s, ratio
+    for size in ("4 KiB", "64 KiB", "1 MiB"):
+        assert re.search(rf"^\s+{size}\s+[\d,]+\.\d\s+[\d,]+\.\d\s+\d+\.\d+$", out, re.M), out
+
+    # the plot is written when matplotlib is importable, skipped (and said so) if not
+    assert (tmp_path / "p.png").exists() or "skipping the plot" in out
