@@ -621,9 +621,11 @@ class Requester(QPCore):
         while inflight and inflight[0].ackd:
             wqe = inflight.popleft()
             ok = wqe.status == IBV_WC_SUCCESS
+            info = WR_INFO[wqe.opcode]
+            if ok and info.klass is WrClass.SEND:
+                self.hca.counters["rdma_sends"] += 1  # rxe: every completed SEND WQE
             if ok and not (wqe.signaled or self.sq_sig_all):
                 continue
-            info = WR_INFO[wqe.opcode]
             cqe = CQE(wqe.wr_id, wqe.status, info.wc_opcode, self.qpn)
             if ok:
                 cqe.byte_len = 8 if info.klass is WrClass.ATOMIC else wqe.length

@@ -125,8 +125,11 @@ class Responder(QPCore):
         """The packet executed: consume its PSN(s) and ACK if asked."""
         self.epsn = P.add(self.epsn, npsn)
         self.nak_sent = False
-        if pkt.ackreq and self.reliable:
-            self._send_ack(pkt, pkt.psn)
+        if self.reliable:
+            if pkt.ackreq:
+                self._send_ack(pkt, pkt.psn)
+            else:
+                self.hca.counters["ack_deferred"] += 1  # coalesced into a later ACK
 
     def _send_ack(self, req: Packet, psn: int) -> None:
         ack = self.reply(req, self.transport | Op.ACKNOWLEDGE, psn)
@@ -228,7 +231,7 @@ class Responder(QPCore):
         cqe.wq = srq if srq is not None else self.rq
         cqe.index = rqe.index
         if status == IBV_WC_SUCCESS:
-            self.hca.counters["rdma_recvs" if opcode == IBV_WC_RECV_RDMA_WITH_IMM else "recvs"] += 1
+            self.hca.counters["rdma_recvs"] += 1  # rxe: every completed receive WQE
         cq = srq.cq if srq is not None and srq.cq is not None else self.recv_cq
         self.push_cqe(cq, cqe)
 

@@ -19,7 +19,7 @@ import os
 import threading
 import weakref
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from softverbs.engine.hca import HCA
@@ -110,8 +110,14 @@ STANDARD_COUNTERS = (
     "send_err",
     "rdma_sends",
     "rdma_recvs",
+    "ack_deferred",
+    "link_downed",
     "doorbells",
 )
+
+
+#: LIMITS entries that are DeviceAttr fields.
+_DEVICE_ATTR_LIMITS = frozenset(LIMITS) - {"max_inline_data"}
 
 
 def _eui64_gid(mac: bytes) -> bytes:
@@ -251,44 +257,89 @@ def get_device_list() -> list[Device]:
     return out
 
 
-class _Attrs(PyverbsObject):
-    """A read-only bag of attributes, printed like pyverbs prints them."""
-
-    _fields: tuple[str, ...] = ()
-
-    def __init__(self, **values: Any) -> None:
-        super().__init__()
-        self.__dict__.update(values)
-
-    def __str__(self) -> str:
-        return "".join(f"{name:<28}: {getattr(self, name)}\n" for name in self._fields)
+def _attrs_str(obj: object) -> str:
+    return "".join(f"{f.name:<28}: {getattr(obj, f.name)}\n" for f in fields(obj))  # type: ignore[arg-type]
 
 
-class DeviceAttr(_Attrs):
+@dataclass(slots=True)
+class DeviceAttr:
     """``ibv_device_attr`` (``Context.query_device``)."""
 
-    _fields = (
-        "fw_version", "node_guid", "sys_image_guid", "max_mr_size", "page_size_cap",
-        "vendor_id", "vendor_part_id", "hw_ver", "max_qp", "max_qp_wr", "device_cap_flags",
-        "max_sge", "max_sge_rd", "max_cq", "max_cqe", "max_mr", "max_pd", "max_qp_rd_atom",
-        "max_ee_rd_atom", "max_res_rd_atom", "max_qp_init_rd_atom", "max_ee_init_rd_atom",
-        "atomic_caps", "max_ee", "max_rdd", "max_mw", "max_raw_ipv6_qps", "max_raw_ethy_qp",
-        "max_mcast_grp", "max_mcast_qp_attach", "max_total_mcast_qp_attach", "max_ah",
-        "max_fmr", "max_map_per_fmr", "max_srq", "max_srq_wr", "max_srq_sge", "max_pkeys",
-        "local_ca_ack_delay", "phys_port_cnt",
-    )  # fmt: skip
+    fw_version: str
+    node_guid: int
+    sys_image_guid: int
+    max_mr_size: int
+    page_size_cap: int
+    vendor_id: int
+    vendor_part_id: int
+    hw_ver: int
+    max_qp: int
+    max_qp_wr: int
+    device_cap_flags: int
+    max_sge: int
+    max_sge_rd: int
+    max_cq: int
+    max_cqe: int
+    max_mr: int
+    max_pd: int
+    max_qp_rd_atom: int
+    max_ee_rd_atom: int
+    max_res_rd_atom: int
+    max_qp_init_rd_atom: int
+    max_ee_init_rd_atom: int
+    atomic_caps: int
+    max_ee: int
+    max_rdd: int
+    max_mw: int
+    max_raw_ipv6_qps: int
+    max_raw_ethy_qp: int
+    max_mcast_grp: int
+    max_mcast_qp_attach: int
+    max_total_mcast_qp_attach: int
+    max_ah: int
+    max_fmr: int
+    max_map_per_fmr: int
+    max_srq: int
+    max_srq_wr: int
+    max_srq_sge: int
+    max_pkeys: int
+    local_ca_ack_delay: int
+    phys_port_cnt: int
+
+    def __str__(self) -> str:
+        return _attrs_str(self)
 
 
-class PortAttr(_Attrs):
+@dataclass(slots=True)
+class PortAttr:
     """``ibv_port_attr`` (``Context.query_port``)."""
 
-    _fields = (
-        "state", "max_mtu", "active_mtu", "gid_tbl_len", "port_cap_flags", "max_msg_sz",
-        "bad_pkey_cntr", "qkey_viol_cntr", "pkey_tbl_len", "lid", "sm_lid", "lmc",
-        "max_vl_num", "sm_sl", "subnet_timeout", "init_type_reply", "active_width",
-        "active_speed", "phys_state", "link_layer", "flags", "port_cap_flags2",
-        "active_speed_ex",
-    )  # fmt: skip
+    state: int
+    max_mtu: int
+    active_mtu: int
+    gid_tbl_len: int
+    port_cap_flags: int
+    max_msg_sz: int
+    bad_pkey_cntr: int
+    qkey_viol_cntr: int
+    pkey_tbl_len: int
+    lid: int
+    sm_lid: int
+    lmc: int
+    max_vl_num: int
+    sm_sl: int
+    subnet_timeout: int
+    init_type_reply: int
+    active_width: int
+    active_speed: int
+    phys_state: int
+    link_layer: int
+    flags: int
+    port_cap_flags2: int
+    active_speed_ex: int
+
+    def __str__(self) -> str:
+        return _attrs_str(self)
 
 
 class AsyncEvent(PyverbsObject):
@@ -357,7 +408,7 @@ class Context(PyverbsCM):
             atomic_caps=IBV_ATOMIC_HCA, max_ee=0, max_rdd=0, max_raw_ipv6_qps=0,
             max_raw_ethy_qp=0, max_total_mcast_qp_attach=0, max_fmr=0, max_map_per_fmr=0,
             local_ca_ack_delay=15, phys_port_cnt=1,
-            **{k: v for k, v in LIMITS.items() if k != "max_inline_data"},
+            **{k: v for k, v in LIMITS.items() if k in _DEVICE_ATTR_LIMITS},
         )  # fmt: skip
 
     def _port(self, port_num: int, failed: str) -> None:

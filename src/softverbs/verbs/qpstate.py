@@ -103,6 +103,8 @@ TRANSITIONS: dict[tuple[int, int], dict[int, Rule]] = {
         rc=(SQPSN | TIMEOUT | RETRY | RNR_RETRY | RD, CUR | ALT | ACCESS | RNR_TIMER | MIG),
         uc=(SQPSN, CUR | ALT | ACCESS | MIG),
         ud=(SQPSN, CUR | QKEY),
+        # An XRC send QP has no responder, so no MIN_RNR_TIMER (Linux XRC_INI).
+        xs=(SQPSN | TIMEOUT | RETRY | RNR_RETRY | RD, CUR | ALT | ACCESS | MIG),
         xr=(SQPSN | TIMEOUT, CUR | ALT | ACCESS | RNR_TIMER | MIG),
     ),
     (IBV_QPS_RTS, IBV_QPS_RTS): _rules(

@@ -109,7 +109,12 @@ EXPECTED: dict[tuple[int, int], dict[int, tuple[int, int]]] = {
         RC: RC_RTR_RTS,
         UC: row("SQ_PSN", "CUR_STATE ALT_PATH ACCESS_FLAGS PATH_MIG_STATE"),
         UD: row("SQ_PSN", "CUR_STATE QKEY"),
-        XS: RC_RTR_RTS,  # "... and RC's RTR->RTS row"
+        # "... and RC's RTR->RTS row" for the required attributes; optional ones as
+        # Linux's XRC_INI: with no responder, MIN_RNR_TIMER has no meaning.
+        XS: row(
+            "SQ_PSN TIMEOUT RETRY_CNT RNR_RETRY MAX_QP_RD_ATOMIC",
+            "CUR_STATE ALT_PATH ACCESS_FLAGS PATH_MIG_STATE",
+        ),
         XR: row("SQ_PSN TIMEOUT", "CUR_STATE ALT_PATH ACCESS_FLAGS MIN_RNR_TIMER PATH_MIG_STATE"),
     },
     (RTS, RTS): {
