@@ -15,9 +15,11 @@ make progress inside ``post_send``, ``poll`` and the blocking calls, as the
 design asks.  A fabric with remote peers adds a progress thread that runs the
 same loop under the same lock (:mod:`softverbs.fabric.udp`).
 
-The clock is injected.  :class:`VirtualClock` never reads real time: when
-nothing is runnable, :meth:`Runtime.progress` jumps it to the next timer, so
-a simulated run with loss and long timeouts takes no wall time.
+The clock is injected.  :class:`VirtualClock` never reads real time.  Time
+moves only when someone waits: a ``poll`` that finds nothing, or a blocking
+call, lets :meth:`Runtime.idle_step` jump the clock to the next timer.  A
+simulated run with loss and long timeouts therefore takes no wall time, and
+a QP that retries forever cannot make a call spin forever.
 """
 
 from __future__ import annotations
@@ -66,6 +68,12 @@ class VirtualClock:
             self.t = t
 
 
+class PacketSink(Protocol):
+    """Where a tap writes packets (a PcapWriter)."""
+
+    def write_packet(self, pkt: Packet, ts: float | None = None) -> None: ...
+
+
 class PacketFilter(Protocol):
     """The fault layer: decides what happens to each packet in flight."""
 
@@ -84,7 +92,7 @@ class Runtime:
         self.faults: PacketFilter | None = None
         self._delayed: list[tuple[float, int, HCA, Packet]] = []
         self._delay_seq = 0
-        self.taps: list[Callable[[Packet, float], None]] = []
+        self.taps: list[tuple[PacketSink, frozenset[bytes] | None]] = []
         self.generation = 0  #: bumped whenever progress did something
 
     def attach(self, hca: HCA) -> None:
@@ -101,10 +109,25 @@ class Runtime:
         """Put one packet on the wire.  Subclasses route it."""
         raise NotImplementedError
 
+    def add_tap(self, sink: PacketSink, gids: frozenset[bytes] | None = None) -> None:
+        """Copy every packet (to or from ``gids``, if given) to ``sink``."""
+        with self.lock:
+            self.taps.append((sink, gids))
+
+    def remove_tap(self, sink: PacketSink) -> None:
+        with self.lock:
+            self.taps = [t for t in self.taps if t[0] is not sink]
+
+    def tap(self, pkt: Packet, now: float) -> None:
+        ts = now if self.clock.virtual else None
+        for sink, gids in self.taps:
+            if gids is None or pkt.sgid in gids or pkt.dgid in gids:
+                sink.write_packet(pkt, ts)
+
     def _send(self, src: HCA, pkt: Packet, now: float) -> None:
         src.counters["sent_pkts"] += 1
-        for tap in self.taps:
-            tap(pkt, now)
+        if self.taps:
+            self.tap(pkt, now)
         faults = self.faults
         if faults is None:
             self.transmit(src, pkt, now)
@@ -144,20 +167,25 @@ class Runtime:
                 deadline = hca.next_deadline()
                 if deadline is not None and deadline <= now and hca.run_timers(now):
                     moved = True
-            if moved:
-                did = True
-                continue
-            if clock.virtual:
-                nxt = self.next_deadline()
-                if nxt is not None and isinstance(clock, VirtualClock):
-                    clock.advance(nxt)
-                    now = nxt
-                    continue
-            break
+            if not moved:
+                break
+            did = True
         if did:
             self.generation += 1
             self.cond.notify_all()
         return did
+
+    def idle_step(self) -> bool:
+        """Virtual clock only: jump to the next timer and run; False if none."""
+        clock = self.clock
+        if not isinstance(clock, VirtualClock):
+            return False
+        nxt = self.next_deadline()
+        if nxt is None:
+            return False
+        clock.advance(nxt)
+        self.progress()
+        return True
 
     def _release_delayed(self, now: float) -> None:
         while self._delayed and self._delayed[0][0] <= now:
@@ -177,6 +205,8 @@ class Runtime:
         deadline, runs :meth:`progress`, and sleeps again.
         """
         with self.lock:
+            if self.clock.virtual:
+                return self._wait_virtual(ready, timeout)
             end = None if timeout is None else time.monotonic() + timeout
             while True:
                 self.progress()
@@ -191,9 +221,27 @@ class Runtime:
                     wait = max(0.0, nxt - self.clock.now())
                 if end is not None:
                     wait = end - now if wait is None else min(wait, end - now)
-                if self.clock.virtual and nxt is None and end is None:
-                    wait = None
                 self.cond.wait(wait)
+
+    def _wait_virtual(self, ready: Callable[[], bool], timeout: float | None) -> bool:
+        """wait_for on a virtual clock: ``timeout`` is in simulated seconds."""
+        end = None if timeout is None else self.clock.now() + timeout
+        self.progress()
+        while not ready():
+            nxt = self.next_deadline()
+            if end is not None and (nxt is None or nxt > end):
+                assert isinstance(self.clock, VirtualClock)
+                self.clock.advance(end)
+                return False
+            if not self.idle_step():
+                from softverbs.errors import PyverbsRDMAError
+
+                raise PyverbsRDMAError(
+                    "the simulation is idle: nothing in flight and no timer armed, so "
+                    "what this call waits for can never happen (post a receive or a send?)",
+                    35,  # EDEADLK
+                )
+        return True
 
 
 class InprocRuntime(Runtime):

@@ -122,6 +122,20 @@ def netdev_addresses(ifname: str) -> tuple[int, list[LocalAddr]]:
     return mtu, link_local + v4 + v6
 
 
+def netdev_of_address(addr: str) -> tuple[str, int]:
+    """(interface name, MTU) of the interface holding ``addr``; ("", 1500) if none."""
+    try:
+        out = subprocess.run(["ip", "-j", "addr", "show"], capture_output=True, text=True,
+                             check=True, timeout=10).stdout  # fmt: skip
+        for info in json.loads(out):
+            for a in info.get("addr_info", []):
+                if a.get("local") == addr:
+                    return str(info["ifname"]), int(info.get("mtu", 1500))
+    except (OSError, subprocess.SubprocessError, ValueError, KeyError):
+        pass
+    return "", 1500
+
+
 def explicit_addresses(addrs: list[str]) -> list[LocalAddr]:
     out = []
     for text in addrs:
@@ -261,6 +275,8 @@ class UdpRuntime(Runtime):
         except ValueError:
             hca.counters["drop_bad_source"] += 1
             return
+        if self.taps:
+            self.tap(pkt, now)
         try:
             hca.receive(pkt, now)
         except Exception:  # never let a packet kill the device

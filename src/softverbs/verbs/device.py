@@ -15,14 +15,10 @@ address.  Both are RoCEv2 GIDs.
 from __future__ import annotations
 
 import ipaddress
-import os
-import threading
-import weakref
 from collections import deque
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
-from softverbs.engine.hca import HCA
 from softverbs.enums import (
     IBV_ATOMIC_HCA,
     IBV_DEVICE_BAD_PKEY_CNTR,
@@ -48,8 +44,9 @@ from softverbs.enums import (
     ibv_event_type,
 )
 from softverbs.errors import PyverbsRDMAError, PyverbsUserError, einval
-from softverbs.fabric.runtime import InprocRuntime, Runtime
+from softverbs.verbs import registry
 from softverbs.verbs.base import PyverbsCM, PyverbsObject
+from softverbs.verbs.registry import SoftDevice
 
 GID_TABLE_LEN = 16
 PKEY_TABLE = (0xFFFF,)
@@ -120,97 +117,11 @@ STANDARD_COUNTERS = (
 _DEVICE_ATTR_LIMITS = frozenset(LIMITS) - {"max_inline_data"}
 
 
-def _eui64_gid(mac: bytes) -> bytes:
-    eui = bytes([mac[0] ^ 0x02]) + mac[1:3] + b"\xff\xfe" + mac[3:6]
-    return b"\xfe\x80" + b"\x00" * 6 + eui
-
-
 def ip_to_gid(addr: str) -> bytes:
     ip = ipaddress.ip_address(addr)
     if ip.version == 4:
         return b"\x00" * 10 + b"\xff\xff" + ip.packed
     return ip.packed
-
-
-@dataclass
-class DeviceSpec:
-    """How a device is configured: ``softverbs link add`` writes these."""
-
-    name: str
-    kind: str = "inproc"  #: "inproc" or "udp"
-    addr: str = "127.0.0.1"
-    netdev: str = ""
-    mtu: int = 4096  #: active path MTU in bytes
-    mac: bytes = b"\x02\x00\x00\x00\x00\x01"
-
-
-@dataclass
-class SoftDevice:
-    """One open soft HCA in this process."""
-
-    spec: DeviceSpec
-    hca: HCA
-    runtime: Runtime
-    index: int
-    guid: int
-    contexts: weakref.WeakSet[Context] = field(default_factory=weakref.WeakSet)
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
-
-_lock = threading.Lock()
-_devices: dict[str, SoftDevice] = {}
-_inproc: InprocRuntime | None = None
-
-
-def inproc_runtime() -> InprocRuntime:
-    """The process-wide in-process fabric."""
-    global _inproc
-    if _inproc is None:
-        _inproc = InprocRuntime()
-    return _inproc
-
-
-def configured_specs() -> list[DeviceSpec]:
-    """Device specs from the environment; by default the single sv0."""
-    names = os.environ.get("SOFTVERBS_INPROC_DEVICES", "sv0").split(",")
-    specs = []
-    for i, name in enumerate(n.strip() for n in names if n.strip()):
-        specs.append(
-            DeviceSpec(
-                name=name,
-                addr=f"127.0.0.{i + 1}",
-                mac=bytes([2, 0, 0, 0, 0, i + 1]),
-            )
-        )
-    return specs
-
-
-def _open(spec: DeviceSpec, index: int) -> SoftDevice:
-    gids = [_eui64_gid(spec.mac), ip_to_gid(spec.addr)]
-    hca = HCA(spec.name, gids)
-    runtime = inproc_runtime()
-    runtime.attach(hca)
-    guid = int.from_bytes(_eui64_gid(spec.mac)[8:], "big")
-    return SoftDevice(spec, hca, runtime, index, guid)
-
-
-def open_device(name: str) -> SoftDevice:
-    with _lock:
-        dev = _devices.get(name)
-        if dev is not None:
-            return dev
-        for index, spec in enumerate(configured_specs()):
-            if spec.name == name:
-                dev = _open(spec, index)
-                _devices[name] = dev
-                return dev
-    raise PyverbsRDMAError(
-        f"Failed to find device {name}; softverbs devices are: "
-        + ", ".join(s.name for s in configured_specs())
-    )
 
 
 class Device(PyverbsObject):
@@ -249,12 +160,11 @@ class Device(PyverbsObject):
 
 
 def get_device_list() -> list[Device]:
-    """The soft devices visible to this process."""
-    out = []
-    for index, spec in enumerate(configured_specs()):
-        guid = int.from_bytes(_eui64_gid(spec.mac)[8:], "big")
-        out.append(Device(spec.name.encode(), guid, IBV_NODE_CA, IBV_TRANSPORT_IB, index))
-    return out
+    """The soft devices visible to this process (or to the active simulation)."""
+    return [
+        Device(spec.name.encode(), spec.guid, IBV_NODE_CA, IBV_TRANSPORT_IB, index)
+        for index, spec in enumerate(registry.active().specs())
+    ]
 
 
 def _attrs_str(obj: object) -> str:
@@ -384,7 +294,8 @@ class Context(PyverbsCM):
         if isinstance(name, bytes):
             name = name.decode()
         self.name: str = name
-        self.device: SoftDevice = open_device(name)
+        self._registry = registry.active()
+        self.device: SoftDevice = self._registry.open(name)
         self.hca = self.device.hca
         self.runtime = self.device.runtime
         self.lock = self.runtime.lock
@@ -424,7 +335,7 @@ class Context(PyverbsCM):
         counters = self.hca.counters
         return PortAttr(
             state=IBV_PORT_ACTIVE, max_mtu=IBV_MTU_4096,
-            active_mtu=bytes_to_mtu(self.device.spec.mtu), gid_tbl_len=GID_TABLE_LEN,
+            active_mtu=bytes_to_mtu(self.device.mtu), gid_tbl_len=GID_TABLE_LEN,
             port_cap_flags=IBV_PORT_CM_SUP, max_msg_sz=MAX_MSG_SZ,
             bad_pkey_cntr=counters["drop_bad_pkey"], qkey_viol_cntr=counters["qkey_violation"],
             pkey_tbl_len=len(PKEY_TABLE), lid=0, sm_lid=0, lmc=0, max_vl_num=1, sm_sl=0,
@@ -480,6 +391,7 @@ class Context(PyverbsCM):
 
     def _release(self) -> None:
         self.device.contexts.discard(self)
+        self._registry.release(self.device)
 
 
 def _dispatch_event(device: SoftDevice) -> Any:

@@ -386,7 +386,7 @@ class QP(PyverbsCM):
                 self.sq_sig_all, owner=self,
             )  # fmt: skip
             self.engine.xrcd = self.xrcd
-            mtu = ctx.device.spec.mtu
+            mtu = ctx.device.mtu
             # A UD message may be as long as the port's active MTU (rxe: the
             # port's mtu_cap); connected QPs get their path_mtu at INIT->RTR.
             self.engine.pmtu = mtu if qp_type == IBV_QPT_UD else min(1024, mtu)
@@ -506,7 +506,7 @@ class QP(PyverbsCM):
             v["route"] = resolve_route(self._ctx.hca, a.ah_attr, "QP ah_attr")
         if mask & IBV_QP_PATH_MTU:
             mtu = _check_range("path_mtu", a.path_mtu, IBV_MTU_256, IBV_MTU_4096)
-            v["pmtu"] = min(mtu_to_bytes(mtu), self._ctx.device.spec.mtu)
+            v["pmtu"] = min(mtu_to_bytes(mtu), self._ctx.device.mtu)
         if mask & IBV_QP_DEST_QPN:
             v["dest_qpn"] = _check_range("dest_qp_num", a.dest_qp_num, 0, 0xFFFFFF)
         if mask & IBV_QP_RQ_PSN:

@@ -1,0 +1,253 @@
+"""Which devices exist, and opening them.
+
+Three kinds of device, one way to open them:
+
+* **in-process** devices (``sv0`` by default) share the process-wide
+  in-process fabric; every one is reachable from the others by GID.  Each
+  has an identity address (127.0.0.N) from which its GIDs are derived, the
+  way rxe derives them from its netdev: index 0 a link-local IPv6 GID from
+  the device's MAC, index 1 the IPv4-mapped GID.  No socket is opened.
+* **UDP** devices come from the ``softverbs link`` table
+  (:mod:`softverbs.config`): each is bound to a netdev or to addresses and
+  speaks RoCEv2 over UDP (:mod:`softverbs.fabric.udp`), with a progress
+  thread.  It starts when the first context opens it and stops when the
+  last one closes (or at exit).
+* **simulated** devices belong to a :class:`~softverbs.sim.Simulation`: an
+  isolated in-process fabric on a virtual clock.  While a simulation is
+  active (``with Simulation(): ...``), device names resolve to its devices.
+
+A :class:`Registry` holds the specs and open devices of one world; the
+default world is the process's, and each simulation pushes its own.
+Environment settings that every runtime honours: ``SOFTVERBS_FAULTS``
+(seeded fault rules, :mod:`softverbs.fabric.faults`) and
+``SOFTVERBS_PCAP`` (a pcap file capturing the device's traffic).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import threading
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from softverbs import config
+from softverbs.engine.hca import HCA
+from softverbs.errors import PyverbsRDMAError
+from softverbs.fabric.runtime import Clock, InprocRuntime, Runtime
+
+if TYPE_CHECKING:
+    from softverbs.verbs.device import Context
+
+
+def eui64_gid(mac: bytes) -> bytes:
+    """The IPv6 link-local GID of a MAC address (modified EUI-64)."""
+    eui = bytes([mac[0] ^ 0x02]) + mac[1:3] + b"\xff\xfe" + mac[3:6]
+    return b"\xfe\x80" + b"\x00" * 6 + eui
+
+
+@dataclass
+class DeviceSpec:
+    """How to build one device."""
+
+    name: str
+    kind: str = "inproc"  #: "inproc", "udp" or "sim"
+    addrs: tuple[str, ...] = ()
+    netdev: str = ""
+    mtu: int = 0  #: active IB MTU in bytes; 0 = derived from the netdev
+    mac: bytes = b"\x02\x00\x00\x00\x00\x01"
+
+    @property
+    def guid(self) -> int:
+        return int.from_bytes(eui64_gid(self.mac)[8:], "big")
+
+
+@dataclass
+class SoftDevice:
+    """One open device: its engine, the runtime that drives it, its contexts."""
+
+    spec: DeviceSpec
+    hca: HCA
+    runtime: Runtime
+    index: int
+    mtu: int
+    contexts: weakref.WeakSet[Context] = field(default_factory=weakref.WeakSet)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def guid(self) -> int:
+        return self.spec.guid
+
+
+def _netdev_mac(netdev: str) -> bytes | None:
+    try:
+        text = Path(f"/sys/class/net/{netdev}/address").read_text().strip()
+        mac = bytes.fromhex(text.replace(":", ""))
+    except (OSError, ValueError):
+        return None
+    return mac if len(mac) == 6 and any(mac) else None
+
+
+def _addr_mac(addr: str, index: int) -> bytes:
+    """A stable locally administered MAC for a device known only by address."""
+    tail = bytes(int(x) for x in addr.split(".")) if addr.count(".") == 3 else bytes(4)
+    return bytes([0x02, index & 0xFF]) + tail
+
+
+class Registry:
+    """The devices of one world: the process, or one simulation."""
+
+    def __init__(self, specs: list[DeviceSpec] | None = None, clock: Clock | None = None):
+        self._fixed_specs = specs
+        self._clock = clock
+        self._lock = threading.Lock()
+        self.devices: dict[str, SoftDevice] = {}
+        self._inproc: InprocRuntime | None = None
+
+    # --- specs ---------------------------------------------------------------
+    def specs(self) -> list[DeviceSpec]:
+        if self._fixed_specs is not None:
+            return self._fixed_specs
+        specs = [
+            DeviceSpec(name=n, addrs=(f"127.0.0.{i + 1}",), mac=bytes([2, 0, 0, 0, 0, i + 1]))
+            for i, n in enumerate(config.inproc_names())
+        ]
+        for i, link in enumerate(config.load_links()):
+            mac = (_netdev_mac(link.netdev) if link.netdev else None) or _addr_mac(
+                link.addrs[0] if link.addrs else "", 0x10 + i
+            )
+            specs.append(DeviceSpec(link.name, "udp", tuple(link.addrs), link.netdev,
+                                    link.mtu, mac))  # fmt: skip
+        return specs
+
+    # --- runtimes --------------------------------------------------------------
+    def inproc_runtime(self) -> InprocRuntime:
+        if self._inproc is None:
+            self._inproc = InprocRuntime(self._clock)
+            _apply_environment(self._inproc)
+        return self._inproc
+
+    def _build(self, spec: DeviceSpec, index: int) -> SoftDevice:
+        if spec.kind == "udp":
+            return self._build_udp(spec, index)
+        from softverbs.fabric.udp import explicit_addresses
+
+        addrs = explicit_addresses(list(spec.addrs))
+        gids = [eui64_gid(spec.mac)] + [a.gid for a in addrs]
+        hca = HCA(spec.name, gids)
+        runtime = self.inproc_runtime()
+        runtime.attach(hca)
+        return SoftDevice(spec, hca, runtime, index, spec.mtu or 4096)
+
+    def _build_udp(self, spec: DeviceSpec, index: int) -> SoftDevice:
+        from softverbs.fabric.udp import (
+            UdpRuntime,
+            explicit_addresses,
+            ib_mtu_for,
+            netdev_addresses,
+            netdev_of_address,
+        )
+
+        if spec.netdev:
+            netdev_mtu, addrs = netdev_addresses(spec.netdev)
+        else:
+            addrs = explicit_addresses(list(spec.addrs))
+            netdev_mtu = netdev_of_address(addrs[0].text)[1] if addrs else 1500
+        try:
+            runtime = UdpRuntime(addrs, self._clock)
+        except OSError as exc:
+            raise PyverbsRDMAError(
+                f"cannot open device {spec.name}: binding UDP port 4791 on "
+                f"{', '.join(a.text for a in addrs)} failed ({exc}); is another process "
+                "(or kernel rxe) using that address?",
+                exc.errno or 0,
+            ) from None
+        _apply_environment(runtime)
+        hca = HCA(spec.name, runtime.gids)
+        runtime.attach(hca)
+        runtime.start()
+        return SoftDevice(spec, hca, runtime, index, spec.mtu or ib_mtu_for(netdev_mtu))
+
+    def open(self, name: str) -> SoftDevice:
+        with self._lock:
+            dev = self.devices.get(name)
+            if dev is not None:
+                return dev
+            specs = self.specs()
+            for index, spec in enumerate(specs):
+                if spec.name == name:
+                    dev = self._build(spec, index)
+                    self.devices[name] = dev
+                    return dev
+        raise PyverbsRDMAError(
+            f"Failed to find device {name}; softverbs devices are: "
+            + (", ".join(s.name for s in specs) or "none")
+        )
+
+    def release(self, dev: SoftDevice) -> None:
+        """The last context of ``dev`` closed: stop a UDP device's runtime."""
+        if dev.spec.kind != "udp" or any(not c.closed for c in dev.contexts):
+            return
+        with self._lock:
+            if self.devices.get(dev.name) is dev:
+                del self.devices[dev.name]
+        dev.runtime.detach(dev.hca)
+        stop = getattr(dev.runtime, "stop", None)
+        if stop is not None:
+            stop()
+
+    def shutdown(self) -> None:
+        for dev in list(self.devices.values()):
+            stop = getattr(dev.runtime, "stop", None)
+            if stop is not None:
+                with contextlib.suppress(Exception):
+                    stop()
+        self.devices.clear()
+
+
+def _apply_environment(runtime: Runtime) -> None:
+    """SOFTVERBS_FAULTS and SOFTVERBS_PCAP, for every runtime."""
+    faults = os.environ.get("SOFTVERBS_FAULTS")
+    if faults:
+        from softverbs.fabric.faults import parse_faults
+
+        runtime.faults = parse_faults(faults)
+    path = os.environ.get("SOFTVERBS_PCAP")
+    if path:
+        from softverbs.fabric.pcap import PcapWriter
+
+        if "{pid}" in path:
+            path = path.replace("{pid}", str(os.getpid()))
+        runtime.add_tap(PcapWriter(path))
+
+
+_default = Registry()
+_stack: list[Registry] = []
+atexit.register(_default.shutdown)
+
+
+def active() -> Registry:
+    """The registry device names resolve in: the innermost simulation, or the process's."""
+    return _stack[-1] if _stack else _default
+
+
+def push(registry: Registry) -> None:
+    _stack.append(registry)
+
+
+def pop(registry: Registry) -> None:
+    if _stack and _stack[-1] is registry:
+        _stack.pop()
+    elif registry in _stack:
+        _stack.remove(registry)
+
+
+def open_device(name: str) -> SoftDevice:
+    return active().open(name)
+
