@@ -18,6 +18,7 @@ from collections.abc import Sequence
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("demo", "RC ping-pong on the embedded device, with a perftest-style summary"),
     "exec": ("exec_", "run a program with softverbs standing in for pyverbs"),
+    "link": ("link", "add, show and delete UDP (RoCEv2) devices, like 'rdma link'"),
 }
 
 

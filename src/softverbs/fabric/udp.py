@@ -43,6 +43,7 @@ import socket
 import subprocess
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 
 from softverbs.engine.hca import HCA
 from softverbs.errors import PyverbsRDMAError, WireError
@@ -123,17 +124,19 @@ def netdev_addresses(ifname: str) -> tuple[int, list[LocalAddr]]:
 
 
 def netdev_of_address(addr: str) -> tuple[str, int]:
-    """(interface name, MTU) of the interface holding ``addr``; ("", 1500) if none."""
+    """(interface name, MTU) that traffic from ``addr`` uses; ("", 1500) if unknown.
+
+    Asks the routing table, as the kernel would: 127.0.0.2 has no address
+    entry of its own but is routed through ``lo``.
+    """
     try:
-        out = subprocess.run(["ip", "-j", "addr", "show"], capture_output=True, text=True,
-                             check=True, timeout=10).stdout  # fmt: skip
-        for info in json.loads(out):
-            for a in info.get("addr_info", []):
-                if a.get("local") == addr:
-                    return str(info["ifname"]), int(info.get("mtu", 1500))
-    except (OSError, subprocess.SubprocessError, ValueError, KeyError):
-        pass
-    return "", 1500
+        out = subprocess.run(["ip", "-j", "route", "get", addr], capture_output=True,
+                             text=True, check=True, timeout=10).stdout  # fmt: skip
+        dev = str(json.loads(out)[0]["dev"])
+        mtu = int(Path(f"/sys/class/net/{dev}/mtu").read_text())
+    except (OSError, subprocess.SubprocessError, ValueError, KeyError, IndexError):
+        return "", 1500
+    return dev, mtu
 
 
 def explicit_addresses(addrs: list[str]) -> list[LocalAddr]:
