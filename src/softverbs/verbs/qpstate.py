@@ -210,23 +210,28 @@ def check(qp_type: int, cur: int, mask: int, new: int | None, cur_attr: int | No
 
 
 def transition_table_markdown() -> str:
-    """The table of legal transitions, for docs/."""
-    lines = ["| transition | " + " | ".join(ibv_qp_type(t).name or "" for t in QP_TYPES) + " |",
-             "|---|" + "---|" * len(QP_TYPES)]  # fmt: skip
+    """The table of legal transitions (required, then optional in brackets), for docs/."""
+
+    def short(name: str) -> str:
+        return name.replace("IBV_QPS_", "").replace("IBV_QPT_", "").replace("IBV_QP_", "")
+
+    head = [short(ibv_qp_type(t).name or "") for t in QP_TYPES]
+    lines = ["| transition | " + " | ".join(head) + " |", "|---|" + "---|" * len(QP_TYPES)]
     for (a, b), types in TRANSITIONS.items():
-        if b in (IBV_QPS_RESET, IBV_QPS_ERR) and a != IBV_QPS_RESET:
+        if b in (IBV_QPS_RESET, IBV_QPS_ERR):
             continue
         cells = []
         for t in QP_TYPES:
             r = types.get(t)
             if r is None:
                 cells.append("illegal")
-            else:
-                req, opt = r
-                cell = mask_names(req) if req else "—"
-                if opt:
-                    cell += f" ({mask_names(opt)})"
-                cells.append(cell.replace("IBV_QP_", ""))
-        lines.append(f"| {_state_name(a)}→{_state_name(b)} | " + " | ".join(cells) + " |")
+                continue
+            req, opt = r
+            cell = short(mask_names(req)) if req else "—"
+            if opt:
+                cell += f" ({short(mask_names(opt))})"
+            cells.append(cell)
+        name = f"{short(_state_name(a))}→{short(_state_name(b))}"
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines.append("| any→RESET, any→ERR | " + " | ".join("—" for _ in QP_TYPES) + " |")
     return "\n".join(lines)
