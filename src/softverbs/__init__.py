@@ -18,6 +18,7 @@ from softverbs.verbs.pd import PD
 from softverbs.verbs.qp import QP, QPAttr, QPCap, QPEx, QPInitAttr, QPInitAttrEx
 from softverbs.verbs.srq import SRQ, SrqAttr, SrqInitAttr, SrqInitAttrEx
 from softverbs.verbs.wr import SGE, RecvWR, SendWR
+from softverbs.verbs.xrcd import XRCD, XRCDInitAttr
 
 __version__ = "0.1.0"
 
@@ -34,6 +35,7 @@ __all__ = [
     "SGE",
     "SRQ",
     "WC",
+    "XRCD",
     "AHAttr",
     "AsyncEvent",
     "CompChannel",
@@ -56,6 +58,7 @@ __all__ = [
     "SrqInitAttr",
     "SrqInitAttrEx",
     "VerbsError",
+    "XRCDInitAttr",
     "counters",
     "enums",
     "get_device_list",

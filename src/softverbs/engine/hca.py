@@ -34,6 +34,20 @@ FIRST_QPN = 0x11
 EventSink = Callable[[int, Any], None]
 
 
+class XrcDomain:
+    """An XRC domain: an identity that XRC SRQs and receive QPs share."""
+
+    __slots__ = ("key", "number", "refs")
+
+    def __init__(self, number: int, key: object) -> None:
+        self.number = number
+        self.key = key  #: the (st_dev, st_ino) of the file that shares it, or None
+        self.refs = 0
+
+    def __repr__(self) -> str:
+        return f"<XrcDomain {self.number} refs={self.refs}>"
+
+
 class HCA:
     """One device's engine state (see the module docstring)."""
 
@@ -50,6 +64,8 @@ class HCA:
         self._timer_seq = 0
         self._next_qpn = FIRST_QPN
         self._next_srqn = 1
+        self.xrcds: dict[object, XrcDomain] = {}
+        self._next_xrcd = 1
         self.events: deque[tuple[int, Any]] = deque()
         self.on_event: EventSink = self._queue_event
 
@@ -72,6 +88,19 @@ class HCA:
 
     def find_srq(self, srqn: int) -> SharedRQ | None:
         return self.srqs.get(srqn)
+
+    def open_xrcd(self, key: object) -> XrcDomain:
+        """A new XRC domain, shared under ``key`` (a file identity) if not None."""
+        domain = XrcDomain(self._next_xrcd, key)
+        self._next_xrcd += 1
+        if key is not None:
+            self.xrcds[key] = domain
+        return domain
+
+    def close_xrcd(self, domain: XrcDomain) -> None:
+        domain.refs -= 1
+        if domain.refs <= 0 and domain.key is not None and self.xrcds.get(domain.key) is domain:
+            del self.xrcds[domain.key]
 
     # --- packets -----------------------------------------------------------------
     def receive(self, pkt: Packet, now: float) -> None:

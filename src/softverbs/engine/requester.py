@@ -180,13 +180,12 @@ class Requester(QPCore):
 
     def pump_sq(self, now: float) -> None:
         """Transmit what the window allows and start what may start."""
-        if self.state not in (IBV_QPS_RTS, IBV_QPS_SQD) or self.rnr_until is not None:
+        sq = self.sq
+        if sq is None or self.state not in (IBV_QPS_RTS, IBV_QPS_SQD) or self.rnr_until is not None:
             return
         for wqe in self.inflight:
             if not wqe.ackd and wqe.tx < wqe.npkts and not self._transmit(wqe, now):
                 break
-        sq = self.sq
-        assert sq is not None
         while self.sq_next < sq.db and self.state == IBV_QPS_RTS and not self.blocked:
             wqe = sq.get(self.sq_next)
             info = WR_INFO[wqe.opcode]

@@ -379,13 +379,13 @@ class QP(PyverbsCM):
         with ctx.lock:
             qpn = hca.alloc_qpn()
             self.engine = QPEngine(
-                hca, qpn, qp_type, pd if pd is not None else self.xrcd,
+                hca, qpn, qp_type, pd,
                 self.scq.ring if self.scq is not None else None,
                 self.rcq.ring if self.rcq is not None else None,
                 sq, rq, self.srq.ring if self.srq is not None else None,
                 self.sq_sig_all, owner=self,
             )  # fmt: skip
-            self.engine.xrcd = self.xrcd
+            self.engine.xrcd = self.xrcd.domain if self.xrcd is not None else None
             mtu = ctx.device.mtu
             # A UD message may be as long as the port's active MTU (rxe: the
             # port's mtu_cap); connected QPs get their path_mtu at INIT->RTR.

@@ -137,7 +137,7 @@ class SRQ(PyverbsCM):
             ring = SharedRQ(max_wr, max_sge)
             ring.owner = self
             ring.pd = pd
-            ring.xrcd = xrcd
+            ring.xrcd = xrcd.domain if xrcd is not None else None
             ring.cq = cq.ring if cq is not None else None
             ring.armed_limit = limit
             ring.on_limit = lambda r: hca.post_event(IBV_EVENT_SRQ_LIMIT_REACHED, r)

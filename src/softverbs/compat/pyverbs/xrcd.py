@@ -1,8 +1,5 @@
-"""``pyverbs.xrcd``: XRC domains.
+"""``pyverbs.xrcd``: XRC domains."""
 
-softverbs does not implement ``XRCD`` and ``XRCDInitAttr`` yet, so the
-module exists but is empty. ``from pyverbs.xrcd import XRCD`` therefore
-fails with an ImportError that names the missing class.
-"""
+from softverbs.verbs.xrcd import XRCD, XRCDInitAttr
 
-__all__: list[str] = []
+__all__ = ["XRCD", "XRCDInitAttr"]
