@@ -205,6 +205,12 @@ class SharedRQ:
         self.owner: Any = None  #: the verbs SRQ
         self.pd: object = None
 
+    def modify(self, max_wr: int | None, limit: int | None) -> None:
+        if max_wr is not None:
+            self.max_wr = max_wr
+        if limit is not None:
+            self.armed_limit = limit
+
     def post(self, wqe: RecvWQE) -> None:
         wqe.srq = self
         self.posted.append(wqe)
@@ -303,6 +309,21 @@ class CompletionQueue:
             if self.notify is not None:
                 self.notify()
         return True
+
+    def take(self, n: int) -> list[CQE]:
+        """Consume up to ``n`` CQEs (the driver's poll)."""
+        entries = self.entries
+        out: list[CQE] = []
+        while entries and len(out) < n:
+            out.append(entries.popleft())
+        return out
+
+    def pending(self) -> int:
+        return len(self.entries)
+
+    def arm(self, solicited_only: bool) -> None:
+        self.armed = True
+        self.solicited_only = solicited_only
 
     def purge(self, qp: object) -> list[CQE]:
         """Remove the un-polled CQEs of ``qp`` (RESET); returns them."""

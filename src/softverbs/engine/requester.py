@@ -173,6 +173,7 @@ class Requester(QPCore):
     # --- entry points -------------------------------------------------------
     def doorbell(self, now: float) -> None:
         """The driver advanced ``sq.db``."""
+        self.hca.counters["doorbells"] += 1
         if self.state in (IBV_QPS_ERR, IBV_QPS_SQE):
             self.flush_sq()
             return

@@ -18,7 +18,6 @@ from softverbs.errors import PyverbsUserError, einval
 from softverbs.verbs.base import PyverbsCM, PyverbsObject, require
 
 if TYPE_CHECKING:
-    from softverbs.engine.hca import HCA
     from softverbs.verbs.pd import PD
 
 
@@ -202,7 +201,7 @@ class AHAttr(PyverbsObject):
         return s + (str(self.gr) if self.is_global else "")
 
 
-def resolve_route(hca: HCA, attr: AHAttr, what: str = "AH") -> Route:
+def resolve_route(gids: list[bytes], attr: AHAttr, what: str = "AH") -> Route:
     """Turn an AHAttr into an engine Route, or EINVAL saying what is wrong."""
     if attr.port_num != 1:
         raise einval(f"{what}: port {attr.port_num} does not exist; use port_num=1")
@@ -213,7 +212,6 @@ def resolve_route(hca: HCA, attr: AHAttr, what: str = "AH") -> Route:
         )
     gr = attr.gr
     index = gr.sgid_index
-    gids = hca.gids
     if not 0 <= index < len(gids):
         raise einval(
             f"{what}: sgid_index {index} is not a valid GID index; this device has "
@@ -254,7 +252,7 @@ class AH(PyverbsCM):
         self.pd = pd
         self._ctx = pd.ctx
         self.attr = attr
-        self.route = resolve_route(pd.ctx.hca, attr)
+        self.route = resolve_route(pd.ctx.provider.gids, attr)
         pd.add_ref(self)
 
 

@@ -247,8 +247,7 @@ class CQ(PyverbsCM):
         self.channel = channel
         self.cq_context = cq_context
         self.num_events = 0
-        self.ring = CompletionQueue(cqe)
-        self.ring.owner = self
+        self.ring: CompletionQueue = context.provider.create_cq(cqe, self)
         if channel is not None:
             self.ring.notify = lambda: channel._fire(self)
             channel.add_ref(self)
@@ -269,12 +268,12 @@ class CQ(PyverbsCM):
         rt = self.context.runtime
         with rt.lock:
             rt.progress()
-            if not ring.entries:
+            cqes = ring.take(num_entries)
+            if not cqes:
                 rt.idle_step()  # a virtual clock moves on when the poller finds nothing
-            entries = ring.entries
+                cqes = ring.take(num_entries)
             out: list[WC] = []
-            while entries and len(out) < num_entries:
-                cqe = entries.popleft()
+            for cqe in cqes:
                 wq = cqe.wq
                 if wq is not None:
                     wq.release(cqe.index)
@@ -287,8 +286,7 @@ class CQ(PyverbsCM):
         if self.channel is None:
             raise einval("req_notify needs a CQ created with a completion channel")
         with self.context.lock:
-            self.ring.armed = True
-            self.ring.solicited_only = bool(solicited_only)
+            self.ring.arm(bool(solicited_only))
 
     def ack_events(self, num_events: int) -> None:
         self.num_events = max(0, self.num_events - num_events)
@@ -298,12 +296,16 @@ class CQ(PyverbsCM):
 
         self._check_open()
         with self.context.lock:
-            if not 1 <= cqe <= LIMITS["max_cqe"] or cqe < len(self.ring.entries):
+            waiting = self.ring.pending()
+            if not 1 <= cqe <= LIMITS["max_cqe"] or cqe < waiting:
                 raise einval(
                     f"cannot resize the CQ to {cqe}: it must hold 1..{LIMITS['max_cqe']} "
-                    f"entries and at least the {len(self.ring.entries)} waiting to be polled"
+                    f"entries and at least the {waiting} waiting to be polled"
                 )
             self.ring.capacity = cqe
+
+    def _release(self) -> None:
+        self.context.provider.destroy_cq(self.ring)
 
     @property
     def error(self) -> bool:

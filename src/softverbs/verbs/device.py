@@ -296,12 +296,14 @@ class Context(PyverbsCM):
         self.name: str = name
         self._registry = registry.active()
         self.device: SoftDevice = self._registry.open(name)
+        self.provider = self.device.provider
+        #: the device's engine when it runs in this process (for tools and tests)
         self.hca = self.device.hca
         self.runtime = self.device.runtime
         self.lock = self.runtime.lock
         self.events: deque[AsyncEvent] = deque()
         self.device.contexts.add(self)
-        self.hca.on_event = _dispatch_event(self.device)
+        self.provider.set_event_sink(_dispatch_event(self.device))
 
     # --- queries ------------------------------------------------------------
     @property
@@ -332,12 +334,13 @@ class Context(PyverbsCM):
     def query_port(self, port_num: int) -> PortAttr:
         self._check_open()
         self._port(port_num, f"Failed to query port {port_num}")
-        counters = self.hca.counters
+        counters = self.provider.counters()
         return PortAttr(
             state=IBV_PORT_ACTIVE, max_mtu=IBV_MTU_4096,
             active_mtu=bytes_to_mtu(self.device.mtu), gid_tbl_len=GID_TABLE_LEN,
             port_cap_flags=IBV_PORT_CM_SUP, max_msg_sz=MAX_MSG_SZ,
-            bad_pkey_cntr=counters["drop_bad_pkey"], qkey_viol_cntr=counters["qkey_violation"],
+            bad_pkey_cntr=counters.get("drop_bad_pkey", 0),
+            qkey_viol_cntr=counters.get("qkey_violation", 0),
             pkey_tbl_len=len(PKEY_TABLE), lid=0, sm_lid=0, lmc=0, max_vl_num=1, sm_sl=0,
             subnet_timeout=0, init_type_reply=0, active_width=1, active_speed=0x80,
             phys_state=5, link_layer=IBV_LINK_LAYER_ETHERNET, flags=0, port_cap_flags2=0,
@@ -351,14 +354,14 @@ class Context(PyverbsCM):
         self._port(port_num, f"Failed to query gid {index} of port {port_num}")
         if not 0 <= index < GID_TABLE_LEN:
             raise PyverbsRDMAError(f"Failed to query gid {index} of port {port_num}", 22)
-        gids = self.hca.gids
+        gids = self.provider.gids
         raw = gids[index] if index < len(gids) else bytes(16)
         return GID.from_raw(raw)
 
     def query_gid_type(self, port_num: int, index: int) -> int:
         self._check_open()
         self._port(port_num, f"Failed to query gid type of port {port_num} and gid index {index}")
-        if not 0 <= index < len(self.hca.gids):
+        if not 0 <= index < len(self.provider.gids):
             raise PyverbsRDMAError(
                 f"Failed to query gid type of port {port_num} and gid index {index}", 61
             )
@@ -417,5 +420,5 @@ def counters(ctx: Context) -> dict[str, int]:
     """The device's counters (rxe ``hw_counters`` names where one exists)."""
     with ctx.lock:
         out = dict.fromkeys(STANDARD_COUNTERS, 0)
-        out.update(ctx.hca.counters)
+        out.update(ctx.provider.counters())
         return out

@@ -21,7 +21,7 @@ from softverbs.enums import (
     IBV_REREG_MR_CHANGE_PD,
     IBV_REREG_MR_CHANGE_TRANSLATION,
 )
-from softverbs.errors import PyverbsUserError, ebusy, einval, eopnotsupp
+from softverbs.errors import PyverbsRDMAError, PyverbsUserError, einval, eopnotsupp
 from softverbs.verbs import memory
 from softverbs.verbs.base import PyverbsCM, require
 from softverbs.verbs.pd import PD
@@ -96,10 +96,7 @@ class MR(PyverbsCM):
         self._ctx = creator.ctx
         self._mem = mem
         self._user_addr = buffer is not None or bool(address)
-        with creator.ctx.lock:
-            self._key: MemKey = creator.ctx.hca.keys.register(
-                MemKind.MR, creator, mem.view, mem.addr, access, owner=self
-            )
+        self._key: MemKey = creator.ctx.provider.reg_mr(creator, mem, access, self)
         self.access = access
         creator.add_ref(self)
 
@@ -167,43 +164,37 @@ class MR(PyverbsCM):
         if flags & ~(IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD
                      | IBV_REREG_MR_CHANGE_ACCESS) or not flags:  # fmt: skip
             raise einval(f"rereg: invalid flags {flags:#x}")
-        if key.binds:
-            raise ebusy("rereg: memory windows are bound to this MR")
         if flags & IBV_REREG_MR_CHANGE_ACCESS:
             check_access(access)
         if flags & IBV_REREG_MR_CHANGE_PD:
             require(pd, PD, "pd")
-        with self._ctx.lock:
-            if flags & IBV_REREG_MR_CHANGE_TRANSLATION:
-                mem = memory.from_address(addr, length)
-                self._mem.release() if not self._user_addr else None
-                self._mem = mem
-                self._user_addr = True
-                key.view = mem.view
-                key.length = len(mem.view)
-                key.iova = 0 if key.access & IBV_ACCESS_ZERO_BASED else mem.addr
-            if flags & IBV_REREG_MR_CHANGE_ACCESS:
-                key.access = access
-                self.access = access
-                if flags & IBV_REREG_MR_CHANGE_TRANSLATION == 0:
-                    key.iova = 0 if access & IBV_ACCESS_ZERO_BASED else self._mem.addr
-            if flags & IBV_REREG_MR_CHANGE_PD:
-                assert pd is not None
-                self.pd._deps.discard(self)
-                self.pd = pd
-                key.pd = pd
-                pd.add_ref(self)
+        mem = None
+        if flags & IBV_REREG_MR_CHANGE_TRANSLATION:
+            mem = memory.from_address(addr, length)
+        self._ctx.provider.update_mr(
+            key,
+            mem,
+            access if flags & IBV_REREG_MR_CHANGE_ACCESS else None,
+            pd if flags & IBV_REREG_MR_CHANGE_PD else None,
+        )
+        if mem is not None:
+            if not self._user_addr:
+                self._mem.release()
+            self._mem = mem
+            self._user_addr = True
+        if flags & IBV_REREG_MR_CHANGE_ACCESS:
+            self.access = access
+        if pd is not None and flags & IBV_REREG_MR_CHANGE_PD:
+            self.pd._deps.discard(self)
+            self.pd = pd
+            pd.add_ref(self)
 
     def _release(self) -> None:
-        key = self._key
-        if key.binds:
+        try:
+            self._ctx.provider.dereg_mr(self._key)
+        except PyverbsRDMAError:
             self._closed = False
-            raise ebusy(
-                f"Failed to dereg MR: {key.binds} memory window(s) are still bound to it; "
-                "invalidate or deallocate them first"
-            )
-        with self._ctx.lock:
-            self._ctx.hca.keys.unregister(key)
+            raise
         if not self._user_addr:
             self._mem.release()
 
@@ -252,8 +243,7 @@ class MW(PyverbsCM):
         self.pd = pd
         self._ctx = pd.ctx
         self._type = mw_type
-        with pd.ctx.lock:
-            self._key: MemKey = pd.ctx.hca.keys.register(kinds[mw_type], pd, None, 0, 0, self)
+        self._key: MemKey = pd.ctx.provider.alloc_mw(pd, kinds[mw_type], self)
         pd.add_ref(self)
 
     @property
@@ -269,12 +259,7 @@ class MW(PyverbsCM):
         return self._key.key >> 8
 
     def _release(self) -> None:
-        with self._ctx.lock:
-            key = self._key
-            if key.mr is not None:
-                key.mr.binds -= 1
-                key.mr = None
-            self._ctx.hca.keys.unregister(key)
+        self._ctx.provider.dealloc_mw(self._key)
 
     def __str__(self) -> str:
         return f"MW:\n{'Rkey':22}: {self.rkey:<20}\n{'MW Type':22}: {self._type:<20}\n"

@@ -20,8 +20,7 @@ import ctypes
 import sys
 from typing import TYPE_CHECKING, Any
 
-from softverbs.engine.qp import QPEngine
-from softverbs.engine.queues import SendWQE, Sge, WorkQueue
+from softverbs.engine.queues import SendWQE, Sge
 from softverbs.engine.requester import WR_INFO, WrClass
 from softverbs.enums import (
     IBV_MTU_256,
@@ -373,24 +372,22 @@ class QP(PyverbsCM):
         self._unsignaled_run = 0  #: unsignaled WRs posted since the last signaled one
         has_sq = qp_type != IBV_QPT_XRC_RECV
         has_rq = qp_type not in (IBV_QPT_XRC_RECV, IBV_QPT_XRC_SEND) and self.srq is None
-        sq = WorkQueue(cap.max_send_wr) if has_sq else None
-        rq = WorkQueue(cap.max_recv_wr) if has_rq else None
-        hca = ctx.hca
-        with ctx.lock:
-            qpn = hca.alloc_qpn()
-            self.engine = QPEngine(
-                hca, qpn, qp_type, pd,
-                self.scq.ring if self.scq is not None else None,
-                self.rcq.ring if self.rcq is not None else None,
-                sq, rq, self.srq.ring if self.srq is not None else None,
-                self.sq_sig_all, owner=self,
-            )  # fmt: skip
-            self.engine.xrcd = self.xrcd.domain if self.xrcd is not None else None
-            mtu = ctx.device.mtu
+        mtu = ctx.device.mtu
+        self.engine = ctx.provider.create_qp(
+            qp_type,
+            pd,
+            self.scq.ring if self.scq is not None else None,
+            self.rcq.ring if self.rcq is not None else None,
+            self.srq.ring if self.srq is not None else None,
+            self.xrcd.domain if self.xrcd is not None else None,
+            cap.max_send_wr if has_sq else None,
+            cap.max_recv_wr if has_rq else None,
+            self.sq_sig_all,
             # A UD message may be as long as the port's active MTU (rxe: the
             # port's mtu_cap); connected QPs get their path_mtu at INIT->RTR.
-            self.engine.pmtu = mtu if qp_type == IBV_QPT_UD else min(1024, mtu)
-            hca.qps[qpn] = self.engine
+            mtu if qp_type == IBV_QPT_UD else min(1024, mtu),
+            self,
+        )
         for parent in (pd, self.scq, self.rcq, self.srq, self.xrcd, ctx if pd is None else None):
             if parent is not None:
                 parent.add_ref(self)
@@ -503,7 +500,7 @@ class QP(PyverbsCM):
         if mask & IBV_QP_ACCESS_FLAGS:
             v["access"] = _check_range("qp_access_flags", a.qp_access_flags, 0, 0xFFFFFFFF)
         if mask & IBV_QP_AV:
-            v["route"] = resolve_route(self._ctx.hca, a.ah_attr, "QP ah_attr")
+            v["route"] = resolve_route(self._ctx.provider.gids, a.ah_attr, "QP ah_attr")
         if mask & IBV_QP_PATH_MTU:
             mtu = _check_range("path_mtu", a.path_mtu, IBV_MTU_256, IBV_MTU_4096)
             v["pmtu"] = min(mtu_to_bytes(mtu), self._ctx.device.mtu)
@@ -532,7 +529,7 @@ class QP(PyverbsCM):
         if mask & IBV_QP_EN_SQD_ASYNC_NOTIFY:
             v["en_sqd_async_notify"] = bool(a.en_sqd_async_notify)
         if mask & IBV_QP_ALT_PATH:
-            resolve_route(self._ctx.hca, a.alt_ah_attr, "QP alt_ah_attr")
+            resolve_route(self._ctx.provider.gids, a.alt_ah_attr, "QP alt_ah_attr")
         if mask & IBV_QP_PATH_MIG_STATE:
             _check_range("path_mig_state", a.path_mig_state, 0, 2)
         return v
@@ -596,8 +593,6 @@ class QP(PyverbsCM):
         if upto <= sq.db:
             return
         sq.db = upto
-        hca = self._ctx.hca
-        hca.counters["doorbells"] += 1
         eng.doorbell(self._ctx.runtime.clock.now())
 
     def post_send(self, wr: SendWR, bad_wr: SendWR | None = None) -> None:
@@ -803,12 +798,7 @@ class QP(PyverbsCM):
             del posted
 
     def _release(self) -> None:
-        ctx = self._ctx
-        eng = self.engine
-        with ctx.lock:
-            eng.reset()
-            ctx.hca.qps.pop(eng.qpn, None)
-            ctx.runtime.progress()
+        self._ctx.provider.destroy_qp(self.engine)
 
 
 class DataBuffer(PyverbsCM):

@@ -38,6 +38,7 @@ from softverbs import config
 from softverbs.engine.hca import HCA
 from softverbs.errors import PyverbsRDMAError
 from softverbs.fabric.runtime import Clock, InprocRuntime, Runtime
+from softverbs.verbs.provider import EmbeddedProvider
 
 if TYPE_CHECKING:
     from softverbs.verbs.device import Context
@@ -74,6 +75,7 @@ class SoftDevice:
     runtime: Runtime
     index: int
     mtu: int
+    provider: EmbeddedProvider
     contexts: weakref.WeakSet[Context] = field(default_factory=weakref.WeakSet)
 
     @property
@@ -143,7 +145,8 @@ class Registry:
         hca = HCA(spec.name, gids)
         runtime = self.inproc_runtime()
         runtime.attach(hca)
-        return SoftDevice(spec, hca, runtime, index, spec.mtu or 4096)
+        provider = EmbeddedProvider(hca, runtime)
+        return SoftDevice(spec, hca, runtime, index, spec.mtu or 4096, provider)
 
     def _build_udp(self, spec: DeviceSpec, index: int) -> SoftDevice:
         from softverbs.fabric.udp import (
@@ -172,7 +175,8 @@ class Registry:
         hca = HCA(spec.name, runtime.gids)
         runtime.attach(hca)
         runtime.start()
-        return SoftDevice(spec, hca, runtime, index, spec.mtu or ib_mtu_for(netdev_mtu))
+        mtu = spec.mtu or ib_mtu_for(netdev_mtu)
+        return SoftDevice(spec, hca, runtime, index, mtu, EmbeddedProvider(hca, runtime))
 
     def open(self, name: str) -> SoftDevice:
         with self._lock:

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 
 from softverbs.engine.queues import RecvWQE, SharedRQ
 from softverbs.enums import (
-    IBV_EVENT_SRQ_LIMIT_REACHED,
     IBV_SRQ_LIMIT,
     IBV_SRQ_MAX_WR,
     IBV_SRQT_BASIC,
@@ -132,19 +131,15 @@ class SRQ(PyverbsCM):
         self.cq = cq
         self.xrcd = xrcd
         self.srq_type = srq_type
-        hca = ctx.hca
-        with ctx.lock:
-            ring = SharedRQ(max_wr, max_sge)
-            ring.owner = self
-            ring.pd = pd
-            ring.xrcd = xrcd.domain if xrcd is not None else None
-            ring.cq = cq.ring if cq is not None else None
-            ring.armed_limit = limit
-            ring.on_limit = lambda r: hca.post_event(IBV_EVENT_SRQ_LIMIT_REACHED, r)
-            if srq_type == IBV_SRQT_XRC:
-                ring.srqn = hca.alloc_srqn()
-                hca.srqs[ring.srqn] = ring
-        self.ring = ring
+        self.ring: SharedRQ = ctx.provider.create_srq(
+            max_wr,
+            max_sge,
+            limit,
+            pd,
+            xrcd.domain if srq_type == IBV_SRQT_XRC and xrcd is not None else None,
+            cq.ring if cq is not None else None,
+            self,
+        )
         for parent in (pd, cq, xrcd):
             if parent is not None:
                 parent.add_ref(self)
@@ -186,22 +181,22 @@ class SRQ(PyverbsCM):
         with self._ctx.lock:
             if comp_mask & ~(IBV_SRQ_LIMIT | IBV_SRQ_MAX_WR):
                 raise einval(f"modify SRQ: unsupported mask bits {comp_mask:#x}")
-            if comp_mask & IBV_SRQ_MAX_WR:
-                if attr.max_wr < ring.outstanding:
-                    raise einval(
-                        f"modify SRQ: max_wr {attr.max_wr} is below the {ring.outstanding} "
-                        "WRs outstanding"
-                    )
-                ring.max_wr = attr.max_wr
+            if comp_mask & IBV_SRQ_MAX_WR and attr.max_wr < ring.outstanding:
+                raise einval(
+                    f"modify SRQ: max_wr {attr.max_wr} is below the {ring.outstanding} "
+                    "WRs outstanding"
+                )
+            limit = None
             if comp_mask & IBV_SRQ_LIMIT:
-                if attr.srq_limit > ring.max_wr:
-                    raise einval(f"srq_limit {attr.srq_limit} exceeds max_wr {ring.max_wr}")
-                ring.armed_limit = attr.srq_limit
+                max_wr = attr.max_wr if comp_mask & IBV_SRQ_MAX_WR else ring.max_wr
+                if attr.srq_limit > max_wr:
+                    raise einval(f"srq_limit {attr.srq_limit} exceeds max_wr {max_wr}")
+                limit = attr.srq_limit
+            ring.modify(attr.max_wr if comp_mask & IBV_SRQ_MAX_WR else None, limit)
 
     def query(self) -> SrqAttr:
         self._check_open()
         return SrqAttr(self.ring.max_wr, self.ring.max_sge, self.ring.armed_limit)
 
     def _release(self) -> None:
-        with self._ctx.lock:
-            self._ctx.hca.srqs.pop(self.ring.srqn, None)
+        self._ctx.provider.destroy_srq(self.ring)

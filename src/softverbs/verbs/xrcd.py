@@ -15,13 +15,11 @@ device service (``softverbs service``).
 
 from __future__ import annotations
 
-import errno
-import os
 from typing import TYPE_CHECKING
 
 from softverbs.engine.hca import XrcDomain
 from softverbs.enums import IBV_XRCD_INIT_ATTR_FD, IBV_XRCD_INIT_ATTR_OFLAGS
-from softverbs.errors import PyverbsRDMAError, einval
+from softverbs.errors import einval
 from softverbs.verbs.base import PyverbsCM, PyverbsObject, require
 
 if TYPE_CHECKING:
@@ -54,34 +52,10 @@ class XRCD(PyverbsCM):
         if init_attr.comp_mask & need != need:
             raise einval("Failed to allocate XRCD: comp_mask needs IBV_XRCD_INIT_ATTR_FD "
                          "and IBV_XRCD_INIT_ATTR_OFLAGS")  # fmt: skip
-        key = None
-        if init_attr.fd != -1:
-            try:
-                st = os.fstat(init_attr.fd)
-            except OSError as exc:
-                raise PyverbsRDMAError(f"Failed to allocate XRCD: fd {init_attr.fd}: {exc}",
-                                       errno.EBADF) from None  # fmt: skip
-            key = (st.st_dev, st.st_ino)
-        oflags = init_attr.oflags
-        hca = context.hca
-        with context.lock:
-            domain = hca.xrcds.get(key) if key is not None else None
-            if domain is not None:
-                if oflags & os.O_CREAT and oflags & os.O_EXCL:
-                    raise PyverbsRDMAError(
-                        "Failed to allocate XRCD: the file already backs an XRC domain "
-                        "and O_EXCL was given", errno.EEXIST)  # fmt: skip
-            else:
-                if not oflags & os.O_CREAT:
-                    raise einval("Failed to allocate XRCD: no XRC domain uses this file; "
-                                 "pass O_CREAT to create one")  # fmt: skip
-                domain = hca.open_xrcd(key)
-            domain.refs += 1
+        self.domain: XrcDomain = context.provider.open_xrcd(init_attr.fd, init_attr.oflags)
         self.ctx = context
         self._ctx = context
-        self.domain: XrcDomain = domain
         context.add_ref(self)
 
     def _release(self) -> None:
-        with self._ctx.lock:
-            self._ctx.hca.close_xrcd(self.domain)
+        self._ctx.provider.close_xrcd(self.domain)

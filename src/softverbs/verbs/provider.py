@@ -1,0 +1,204 @@
+"""Providers: how verbs objects reach the device that runs their engine.
+
+libibverbs talks to a NIC through a provider library; softverbs' verbs
+objects talk to a device through a provider too.  Two exist:
+
+* :class:`EmbeddedProvider` -- the engine runs in this process.  Every
+  method acts on the device's :class:`~softverbs.engine.hca.HCA` directly and
+  returns real engine objects (QPEngine, CompletionQueue, SharedRQ, MemKey).
+* :class:`softverbs.service.client.ServiceProvider` -- the engine runs in the
+  device service (``softverbsd``), another process.  It returns proxies
+  with the same interface, backed by shared-memory rings and a socket.
+
+Verbs objects only create and destroy through the provider; afterwards they
+use the engine-shaped interface of what they got back (``set_attrs``,
+``set_state``, ``doorbell``, ``state``, ring ``push``/``take``...), which is
+why there is one verbs layer, not two.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from typing import TYPE_CHECKING, Any
+
+from softverbs.engine.hca import HCA, XrcDomain
+from softverbs.engine.memory import MemKey, MemKind
+from softverbs.engine.qp import QPEngine
+from softverbs.engine.queues import CompletionQueue, SharedRQ, WorkQueue
+from softverbs.enums import IBV_EVENT_SRQ_LIMIT_REACHED
+from softverbs.errors import PyverbsRDMAError, ebusy, einval
+from softverbs.fabric.runtime import Runtime
+
+if TYPE_CHECKING:
+    from softverbs.verbs.memory import Memory
+
+
+class EmbeddedProvider:
+    """The device's engine lives in this process."""
+
+    def __init__(self, hca: HCA, runtime: Runtime) -> None:
+        self.hca = hca
+        self.runtime = runtime
+
+    # --- queue pairs -------------------------------------------------------------
+    def create_qp(
+        self,
+        qp_type: int,
+        pd: object,
+        send_cq: CompletionQueue | None,
+        recv_cq: CompletionQueue | None,
+        srq: SharedRQ | None,
+        xrcd: XrcDomain | None,
+        sq_size: int | None,
+        rq_size: int | None,
+        sq_sig_all: bool,
+        pmtu: int,
+        owner: Any,
+    ) -> QPEngine:
+        hca = self.hca
+        with self.runtime.lock:
+            qpn = hca.alloc_qpn()
+            eng = QPEngine(
+                hca, qpn, qp_type, pd, send_cq, recv_cq,
+                WorkQueue(sq_size) if sq_size is not None else None,
+                WorkQueue(rq_size) if rq_size is not None else None,
+                srq, sq_sig_all, owner=owner,
+            )  # fmt: skip
+            eng.xrcd = xrcd
+            eng.pmtu = pmtu
+            hca.qps[qpn] = eng
+        return eng
+
+    def destroy_qp(self, eng: QPEngine) -> None:
+        with self.runtime.lock:
+            eng.reset()
+            self.hca.qps.pop(eng.qpn, None)
+            self.runtime.progress()
+
+    # --- completion and shared receive queues ------------------------------------------
+    def create_cq(self, capacity: int, owner: Any) -> CompletionQueue:
+        ring = CompletionQueue(capacity)
+        ring.owner = owner
+        return ring
+
+    def destroy_cq(self, ring: CompletionQueue) -> None:
+        ring.error = True
+
+    def create_srq(
+        self,
+        max_wr: int,
+        max_sge: int,
+        limit: int,
+        pd: object,
+        xrcd: XrcDomain | None,
+        cq: CompletionQueue | None,
+        owner: Any,
+    ) -> SharedRQ:
+        hca = self.hca
+        with self.runtime.lock:
+            ring = SharedRQ(max_wr, max_sge)
+            ring.owner = owner
+            ring.pd = pd
+            ring.xrcd = xrcd
+            ring.cq = cq
+            ring.armed_limit = limit
+            ring.on_limit = lambda r: hca.post_event(IBV_EVENT_SRQ_LIMIT_REACHED, r)
+            if xrcd is not None:
+                ring.srqn = hca.alloc_srqn()
+                hca.srqs[ring.srqn] = ring
+        return ring
+
+    def destroy_srq(self, ring: SharedRQ) -> None:
+        with self.runtime.lock:
+            if self.hca.srqs.get(ring.srqn) is ring:
+                del self.hca.srqs[ring.srqn]
+
+    # --- memory --------------------------------------------------------------------------
+    def reg_mr(self, pd: object, mem: Memory, access: int, owner: Any) -> MemKey:
+        with self.runtime.lock:
+            return self.hca.keys.register(MemKind.MR, pd, mem.view, mem.addr, access, owner)
+
+    def update_mr(self, key: MemKey, mem: Memory | None, access: int | None, pd: object) -> None:
+        """``ibv_rereg_mr``: new translation, access and/or PD for a region."""
+        from softverbs.enums import IBV_ACCESS_ZERO_BASED
+
+        with self.runtime.lock:
+            if key.binds:
+                raise ebusy("rereg: memory windows are bound to this MR")
+            if access is not None:
+                key.access = access
+            if mem is not None:
+                key.view = mem.view
+                key.length = len(mem.view)
+            base = mem.addr if mem is not None else key.iova
+            if mem is not None or access is not None:
+                key.iova = 0 if key.access & IBV_ACCESS_ZERO_BASED else base
+            if pd is not None:
+                key.pd = pd
+
+    def dereg_mr(self, key: MemKey) -> None:
+        with self.runtime.lock:
+            if key.binds:
+                raise ebusy(
+                    f"Failed to dereg MR: {key.binds} memory window(s) are still bound to it; "
+                    "invalidate or deallocate them first"
+                )
+            self.hca.keys.unregister(key)
+
+    def alloc_mw(self, pd: object, kind: MemKind, owner: Any) -> MemKey:
+        with self.runtime.lock:
+            return self.hca.keys.register(kind, pd, None, 0, 0, owner)
+
+    def dealloc_mw(self, key: MemKey) -> None:
+        with self.runtime.lock:
+            if key.mr is not None:
+                key.mr.binds -= 1
+                key.mr = None
+            self.hca.keys.unregister(key)
+
+    # --- XRC domains --------------------------------------------------------------------
+    def open_xrcd(self, fd: int, oflags: int) -> XrcDomain:
+        """``ibv_open_xrcd``: the domain shared through ``fd``'s file, or a new one."""
+        key = None
+        if fd != -1:
+            try:
+                st = os.fstat(fd)
+            except OSError as exc:
+                raise PyverbsRDMAError(f"Failed to allocate XRCD: fd {fd}: {exc}",
+                                       errno.EBADF) from None  # fmt: skip
+            key = (st.st_dev, st.st_ino)
+        hca = self.hca
+        with self.runtime.lock:
+            domain = hca.xrcds.get(key) if key is not None else None
+            if domain is not None:
+                if oflags & os.O_CREAT and oflags & os.O_EXCL:
+                    raise PyverbsRDMAError(
+                        "Failed to allocate XRCD: the file already backs an XRC domain "
+                        "and O_EXCL was given",
+                        errno.EEXIST,
+                    )
+            else:
+                if not oflags & os.O_CREAT:
+                    raise einval("Failed to allocate XRCD: no XRC domain uses this file; "
+                                 "pass O_CREAT to create one")  # fmt: skip
+                domain = hca.open_xrcd(key)
+            domain.refs += 1
+            return domain
+
+    def close_xrcd(self, domain: XrcDomain) -> None:
+        with self.runtime.lock:
+            self.hca.close_xrcd(domain)
+
+    # --- device ---------------------------------------------------------------------------
+    @property
+    def gids(self) -> list[bytes]:
+        return self.hca.gids
+
+    def set_event_sink(self, sink: Any) -> None:
+        """Where async events go: ``sink(event_type, engine object)``."""
+        self.hca.on_event = sink
+
+    def counters(self) -> dict[str, int]:
+        with self.runtime.lock:
+            return dict(self.hca.counters)
