@@ -18,7 +18,14 @@ from softverbs.verbs.pd import PD
 from softverbs.verbs.qp import QP, QPAttr, QPCap, QPEx, QPInitAttr, QPInitAttrEx
 from softverbs.verbs.srq import SRQ, SrqAttr, SrqInitAttr, SrqInitAttrEx
 from softverbs.verbs.wr import SGE, RecvWR, SendWR
-from softverbs.verbs.xrcd import XRCD, XRCDInitAttr
+from softverbs.verbs.xrcd import (
+    XRCD,
+    XRCDInitAttr,
+    open_qp,
+    xrc_rcv_qp_alloc,
+    xrc_rcv_qp_register,
+    xrc_rcv_qp_unregister,
+)
 
 __version__ = "0.1.0"
 
@@ -63,5 +70,9 @@ __all__ = [
     "enums",
     "get_device_list",
     "inc_rkey",
+    "open_qp",
     "wc_status_str",
+    "xrc_rcv_qp_alloc",
+    "xrc_rcv_qp_register",
+    "xrc_rcv_qp_unregister",
 ]

@@ -63,6 +63,10 @@ class HCA:
         self._timers: list[tuple[float, int, QPCore]] = []
         self._timer_seq = 0
         self._next_qpn = FIRST_QPN
+        self._xrc_gen = 0
+        self._xrc_slot = 0
+        #: XRC receive QPs owned by the device: qpn -> processes holding them
+        self.xrc_refs: dict[int, set[object]] = {}
         self._next_srqn = 1
         self.xrcds: dict[object, XrcDomain] = {}
         self._next_xrcd = 1
@@ -70,11 +74,26 @@ class HCA:
         self.on_event: EventSink = self._queue_event
 
     # --- numbers ----------------------------------------------------------------
-    def alloc_qpn(self) -> int:
+    def alloc_qpn(self, xrc_recv: bool = False) -> int:
+        """A fresh QP number.
+
+        XRC receive QPs follow seed 002's note 1: the MSB is always set and
+        the upper bits advance on every allocation (a generation above a
+        12-bit slot), so a destroyed and re-created receive QP never gets its
+        old number back soon.
+        """
+        if xrc_recv:
+            for _ in range(1 << 23):
+                self._xrc_gen = (self._xrc_gen + 1) & 0x7FF
+                qpn = 0x800000 | (self._xrc_gen << 12) | (self._xrc_slot & 0xFFF)
+                self._xrc_slot = (self._xrc_slot + 1) & 0xFFF
+                if qpn not in self.qps:
+                    return qpn
+            raise MemoryError("no free XRC receive QP number")
         for _ in range(QPN_MASK):
             qpn = self._next_qpn
             self._next_qpn = (qpn + 1) & QPN_MASK or FIRST_QPN
-            if qpn >= 2 and qpn not in self.qps:
+            if qpn >= 2 and qpn not in self.qps and not qpn & 0x800000:
                 return qpn
         raise MemoryError("no free QP number")
 

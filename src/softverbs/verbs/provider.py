@@ -26,7 +26,7 @@ from softverbs.engine.hca import HCA, XrcDomain
 from softverbs.engine.memory import MemKey, MemKind
 from softverbs.engine.qp import QPEngine
 from softverbs.engine.queues import CompletionQueue, SharedRQ, WorkQueue
-from softverbs.enums import IBV_EVENT_SRQ_LIMIT_REACHED
+from softverbs.enums import IBV_EVENT_SRQ_LIMIT_REACHED, IBV_QPT_XRC_RECV
 from softverbs.errors import PyverbsRDMAError, ebusy, einval
 from softverbs.fabric.runtime import Runtime
 
@@ -40,6 +40,8 @@ class EmbeddedProvider:
     def __init__(self, hca: HCA, runtime: Runtime) -> None:
         self.hca = hca
         self.runtime = runtime
+        #: who "this process" is when it registers with an XRC receive QP
+        self.process: object = object()
 
     # --- queue pairs -------------------------------------------------------------
     def create_qp(
@@ -55,14 +57,20 @@ class EmbeddedProvider:
         sq_sig_all: bool,
         pmtu: int,
         owner: Any,
+        rings: tuple[Any, Any] | None = None,
     ) -> QPEngine:
+        """A QP engine.  ``rings`` (send, receive) overrides the local rings
+        the sizes would make: the device service passes shared-memory ones."""
         hca = self.hca
-        with self.runtime.lock:
-            qpn = hca.alloc_qpn()
-            eng = QPEngine(
-                hca, qpn, qp_type, pd, send_cq, recv_cq,
+        if rings is None:
+            rings = (
                 WorkQueue(sq_size) if sq_size is not None else None,
                 WorkQueue(rq_size) if rq_size is not None else None,
+            )
+        with self.runtime.lock:
+            qpn = hca.alloc_qpn(xrc_recv=qp_type == IBV_QPT_XRC_RECV)
+            eng = QPEngine(
+                hca, qpn, qp_type, pd, send_cq, recv_cq, rings[0], rings[1],
                 srq, sq_sig_all, owner=owner,
             )  # fmt: skip
             eng.xrcd = xrcd
@@ -74,7 +82,80 @@ class EmbeddedProvider:
         with self.runtime.lock:
             eng.reset()
             self.hca.qps.pop(eng.qpn, None)
+            self.hca.xrc_refs.pop(eng.qpn, None)
             self.runtime.progress()
+
+    # --- XRC receive QPs: owned by the device, held by processes (seed 002) -----------
+    def xrc_hold(self, eng: QPEngine, holder: object) -> None:
+        """``holder`` (a process, or a QP object) now keeps the receive QP alive."""
+        with self.runtime.lock:
+            self.hca.xrc_refs.setdefault(eng.qpn, set()).add(holder)
+
+    def xrc_lookup(self, domain: XrcDomain, qpn: int) -> QPEngine:
+        """The XRC receive QP ``qpn`` of ``domain``, or EINVAL saying why not."""
+        hca = self.hca
+        with self.runtime.lock:
+            eng = hca.qps.get(qpn)
+            if eng is None or not isinstance(eng, QPEngine):
+                raise einval(f"QP {qpn:#x} does not exist")
+            if eng.qp_type != IBV_QPT_XRC_RECV or qpn not in hca.xrc_refs:
+                raise einval(f"QP {qpn:#x} is not an XRC receive QP")
+            if eng.xrcd is not domain:
+                raise einval(f"XRC receive QP {qpn:#x} belongs to another XRC domain")
+            return eng
+
+    def xrc_release(self, eng: QPEngine, holder: object) -> bool:
+        """``holder`` lets go; the last one destroys the QP.  True if destroyed."""
+        with self.runtime.lock:
+            refs = self.hca.xrc_refs.get(eng.qpn)
+            if refs is None:
+                return False
+            refs.discard(holder)
+            if refs:
+                return False
+            self.destroy_qp(eng)
+            return True
+
+    def xrc_rcv_qp_alloc(
+        self, domain: XrcDomain, steps: list[tuple[int, dict[str, Any]]], holder: object
+    ) -> int:
+        """Create a receive QP in ``domain``, apply ``steps`` (state, attributes),
+        and register ``holder`` -- atomically, as ``ibv_xrc_rcv_qp_alloc``."""
+        eng = self.create_qp(IBV_QPT_XRC_RECV, None, None, None, None, domain, None, None,
+                             False, 1024, None)  # fmt: skip
+        with self.runtime.lock:
+            try:
+                for state, values in steps:
+                    eng.set_attrs(values)
+                    eng.set_state(state, self.runtime.clock.now())
+            except Exception:
+                self.destroy_qp(eng)
+                raise
+            self.xrc_hold(eng, holder)
+        return eng.qpn
+
+    def xrc_register(self, domain: XrcDomain, qpn: int) -> None:
+        """``ibv_xrc_rcv_qp_register``: once per process; again adds no reference."""
+        self.xrc_hold(self.xrc_lookup(domain, qpn), self.process)
+
+    def xrc_unregister(self, domain: XrcDomain, qpn: int) -> None:
+        """``ibv_xrc_rcv_qp_unregister``: the last registration destroys the QP."""
+        self.xrc_release(self.xrc_lookup(domain, qpn), self.process)
+
+    def open_xrc_qp(self, domain: XrcDomain, qpn: int, holder: object) -> QPEngine:
+        """``ibv_open_qp``: a new handle on an existing receive QP."""
+        eng = self.xrc_lookup(domain, qpn)
+        self.xrc_hold(eng, holder)
+        return eng
+
+    def xrc_release_all(self, holder: object) -> None:
+        """A process is gone: drop every reference it held."""
+        with self.runtime.lock:
+            for qpn, refs in list(self.hca.xrc_refs.items()):
+                if holder in refs:
+                    eng = self.hca.qps.get(qpn)
+                    if isinstance(eng, QPEngine):
+                        self.xrc_release(eng, holder)
 
     # --- completion and shared receive queues ------------------------------------------
     def create_cq(self, capacity: int, owner: Any) -> CompletionQueue:
@@ -94,20 +175,22 @@ class EmbeddedProvider:
         xrcd: XrcDomain | None,
         cq: CompletionQueue | None,
         owner: Any,
+        ring: Any = None,
     ) -> SharedRQ:
+        """An SRQ; ``ring`` overrides the local one (the service's shared ring)."""
         hca = self.hca
+        srq: SharedRQ = ring if ring is not None else SharedRQ(max_wr, max_sge)
         with self.runtime.lock:
-            ring = SharedRQ(max_wr, max_sge)
-            ring.owner = owner
-            ring.pd = pd
-            ring.xrcd = xrcd
-            ring.cq = cq
-            ring.armed_limit = limit
-            ring.on_limit = lambda r: hca.post_event(IBV_EVENT_SRQ_LIMIT_REACHED, r)
+            srq.owner = owner
+            srq.pd = pd
+            srq.xrcd = xrcd
+            srq.cq = cq
+            srq.armed_limit = limit
+            srq.on_limit = lambda r: hca.post_event(IBV_EVENT_SRQ_LIMIT_REACHED, r)
             if xrcd is not None:
-                ring.srqn = hca.alloc_srqn()
-                hca.srqs[ring.srqn] = ring
-        return ring
+                srq.srqn = hca.alloc_srqn()
+                hca.srqs[srq.srqn] = srq
+        return srq
 
     def destroy_srq(self, ring: SharedRQ) -> None:
         with self.runtime.lock:

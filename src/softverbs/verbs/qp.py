@@ -325,6 +325,57 @@ def _check_range(name: str, value: int, lo: int, hi: int) -> int:
     return value
 
 
+def engine_values(ctx: Context, a: QPAttr, mask: int) -> dict[str, Any]:
+    """Check ``a``'s attributes named by ``mask`` and turn them into engine values."""
+    from softverbs.verbs.device import LIMITS, PKEY_TABLE
+
+    v: dict[str, Any] = {}
+    if mask & IBV_QP_PKEY_INDEX:
+        idx = _check_range("pkey_index", a.pkey_index, 0, len(PKEY_TABLE) - 1)
+        v["pkey_index"] = idx
+        v["pkey"] = PKEY_TABLE[idx]
+    if mask & IBV_QP_PORT:
+        _check_range("port_num", a.port_num, 1, 1)
+    if mask & IBV_QP_QKEY:
+        v["qkey"] = _check_range("qkey", a.qkey, 0, 0xFFFFFFFF)
+    if mask & IBV_QP_ACCESS_FLAGS:
+        v["access"] = _check_range("qp_access_flags", a.qp_access_flags, 0, 0xFFFFFFFF)
+    if mask & IBV_QP_AV:
+        v["route"] = resolve_route(ctx.provider.gids, a.ah_attr, "QP ah_attr")
+    if mask & IBV_QP_PATH_MTU:
+        mtu = _check_range("path_mtu", a.path_mtu, IBV_MTU_256, IBV_MTU_4096)
+        v["pmtu"] = min(mtu_to_bytes(mtu), ctx.device.mtu)
+    if mask & IBV_QP_DEST_QPN:
+        v["dest_qpn"] = _check_range("dest_qp_num", a.dest_qp_num, 0, 0xFFFFFF)
+    if mask & IBV_QP_RQ_PSN:
+        v["rq_psn"] = _check_range("rq_psn", a.rq_psn, 0, 0xFFFFFFFF) & 0xFFFFFF
+    if mask & IBV_QP_SQ_PSN:
+        v["sq_psn"] = _check_range("sq_psn", a.sq_psn, 0, 0xFFFFFFFF) & 0xFFFFFF
+    if mask & IBV_QP_TIMEOUT:
+        v["timeout"] = _check_range("timeout", a.timeout, 0, 31)
+    if mask & IBV_QP_RETRY_CNT:
+        v["retry_cnt"] = _check_range("retry_cnt", a.retry_cnt, 0, 7)
+    if mask & IBV_QP_RNR_RETRY:
+        v["rnr_retry"] = _check_range("rnr_retry", a.rnr_retry, 0, 7)
+    if mask & IBV_QP_MIN_RNR_TIMER:
+        v["min_rnr_timer"] = _check_range("min_rnr_timer", a.min_rnr_timer, 0, 31)
+    if mask & IBV_QP_MAX_QP_RD_ATOMIC:
+        v["max_rd_atomic"] = _check_range(
+            "max_rd_atomic", a.max_rd_atomic, 0, LIMITS["max_qp_rd_atom"]
+        )
+    if mask & IBV_QP_MAX_DEST_RD_ATOMIC:
+        v["max_dest_rd_atomic"] = _check_range(
+            "max_dest_rd_atomic", a.max_dest_rd_atomic, 0, LIMITS["max_qp_rd_atom"]
+        )
+    if mask & IBV_QP_EN_SQD_ASYNC_NOTIFY:
+        v["en_sqd_async_notify"] = bool(a.en_sqd_async_notify)
+    if mask & IBV_QP_ALT_PATH:
+        resolve_route(ctx.provider.gids, a.alt_ah_attr, "QP alt_ah_attr")
+    if mask & IBV_QP_PATH_MIG_STATE:
+        _check_range("path_mig_state", a.path_mig_state, 0, 2)
+    return v
+
+
 class QP(PyverbsCM):
     """A queue pair: ``QP(pd, QPInitAttr(...), QPAttr?)`` or ``QP(ctx, QPInitAttrEx(...))``.
 
@@ -388,6 +439,8 @@ class QP(PyverbsCM):
             mtu if qp_type == IBV_QPT_UD else min(1024, mtu),
             self,
         )
+        if qp_type == IBV_QPT_XRC_RECV:
+            ctx.provider.xrc_hold(self.engine, self)  # the device owns it; we hold it
         for parent in (pd, self.scq, self.rcq, self.srq, self.xrcd, ctx if pd is None else None):
             if parent is not None:
                 parent.add_ref(self)
@@ -396,6 +449,26 @@ class QP(PyverbsCM):
                 self.to_rts(qp_attr)
             else:
                 self.to_init(qp_attr)
+
+    @classmethod
+    def opened(cls, ctx: Context, xrcd: Any, engine: Any) -> QP:
+        """A QP object for an XRC receive QP that another process created
+        (``ibv_open_qp``): it can be modified, queried and closed; closing
+        drops this handle's reference."""
+        qp = cls.__new__(cls)
+        PyverbsCM.__init__(qp)
+        qp._ctx = qp.context = ctx
+        qp.pd = qp.scq = qp.rcq = qp.srq = None
+        qp.xrcd = xrcd
+        qp.cap = QPCap(0, 0, 0, 0, 0)
+        qp.qp_context = None
+        qp.sq_sig_all = False
+        qp.send_ops_flags = qp.create_flags = 0
+        qp._attrs = QPAttr(qp_state=engine.state)
+        qp._unsignaled_run = 0
+        qp.engine = engine
+        xrcd.add_ref(qp)
+        return qp
 
     @staticmethod
     def _validate_create(init_attr: Any, pd: PD | None, qp_type: int, cap: QPCap,
@@ -486,53 +559,7 @@ class QP(PyverbsCM):
             rt.progress()
 
     def _engine_values(self, a: QPAttr, mask: int) -> dict[str, Any]:
-        from softverbs.verbs.device import LIMITS, PKEY_TABLE
-
-        v: dict[str, Any] = {}
-        if mask & IBV_QP_PKEY_INDEX:
-            idx = _check_range("pkey_index", a.pkey_index, 0, len(PKEY_TABLE) - 1)
-            v["pkey_index"] = idx
-            v["pkey"] = PKEY_TABLE[idx]
-        if mask & IBV_QP_PORT:
-            _check_range("port_num", a.port_num, 1, 1)
-        if mask & IBV_QP_QKEY:
-            v["qkey"] = _check_range("qkey", a.qkey, 0, 0xFFFFFFFF)
-        if mask & IBV_QP_ACCESS_FLAGS:
-            v["access"] = _check_range("qp_access_flags", a.qp_access_flags, 0, 0xFFFFFFFF)
-        if mask & IBV_QP_AV:
-            v["route"] = resolve_route(self._ctx.provider.gids, a.ah_attr, "QP ah_attr")
-        if mask & IBV_QP_PATH_MTU:
-            mtu = _check_range("path_mtu", a.path_mtu, IBV_MTU_256, IBV_MTU_4096)
-            v["pmtu"] = min(mtu_to_bytes(mtu), self._ctx.device.mtu)
-        if mask & IBV_QP_DEST_QPN:
-            v["dest_qpn"] = _check_range("dest_qp_num", a.dest_qp_num, 0, 0xFFFFFF)
-        if mask & IBV_QP_RQ_PSN:
-            v["rq_psn"] = _check_range("rq_psn", a.rq_psn, 0, 0xFFFFFFFF) & 0xFFFFFF
-        if mask & IBV_QP_SQ_PSN:
-            v["sq_psn"] = _check_range("sq_psn", a.sq_psn, 0, 0xFFFFFFFF) & 0xFFFFFF
-        if mask & IBV_QP_TIMEOUT:
-            v["timeout"] = _check_range("timeout", a.timeout, 0, 31)
-        if mask & IBV_QP_RETRY_CNT:
-            v["retry_cnt"] = _check_range("retry_cnt", a.retry_cnt, 0, 7)
-        if mask & IBV_QP_RNR_RETRY:
-            v["rnr_retry"] = _check_range("rnr_retry", a.rnr_retry, 0, 7)
-        if mask & IBV_QP_MIN_RNR_TIMER:
-            v["min_rnr_timer"] = _check_range("min_rnr_timer", a.min_rnr_timer, 0, 31)
-        if mask & IBV_QP_MAX_QP_RD_ATOMIC:
-            v["max_rd_atomic"] = _check_range(
-                "max_rd_atomic", a.max_rd_atomic, 0, LIMITS["max_qp_rd_atom"]
-            )
-        if mask & IBV_QP_MAX_DEST_RD_ATOMIC:
-            v["max_dest_rd_atomic"] = _check_range(
-                "max_dest_rd_atomic", a.max_dest_rd_atomic, 0, LIMITS["max_qp_rd_atom"]
-            )
-        if mask & IBV_QP_EN_SQD_ASYNC_NOTIFY:
-            v["en_sqd_async_notify"] = bool(a.en_sqd_async_notify)
-        if mask & IBV_QP_ALT_PATH:
-            resolve_route(self._ctx.provider.gids, a.alt_ah_attr, "QP alt_ah_attr")
-        if mask & IBV_QP_PATH_MIG_STATE:
-            _check_range("path_mig_state", a.path_mig_state, 0, 2)
-        return v
+        return engine_values(self._ctx, a, mask)
 
     _REMEMBERED: tuple[tuple[int, tuple[str, ...]], ...] = (
         (IBV_QP_PKEY_INDEX, ("pkey_index",)),
@@ -798,7 +825,10 @@ class QP(PyverbsCM):
             del posted
 
     def _release(self) -> None:
-        self._ctx.provider.destroy_qp(self.engine)
+        if self.engine.qp_type == IBV_QPT_XRC_RECV:
+            self._ctx.provider.xrc_release(self.engine, self)
+        else:
+            self._ctx.provider.destroy_qp(self.engine)
 
 
 class DataBuffer(PyverbsCM):

@@ -15,10 +15,18 @@ device service (``softverbs service``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from softverbs.engine.hca import XrcDomain
-from softverbs.enums import IBV_XRCD_INIT_ATTR_FD, IBV_XRCD_INIT_ATTR_OFLAGS
+from softverbs.enums import (
+    IBV_QP_STATE,
+    IBV_QPS_INIT,
+    IBV_QPS_RESET,
+    IBV_QPS_RTR,
+    IBV_QPT_XRC_RECV,
+    IBV_XRCD_INIT_ATTR_FD,
+    IBV_XRCD_INIT_ATTR_OFLAGS,
+)
 from softverbs.errors import einval
 from softverbs.verbs.base import PyverbsCM, PyverbsObject, require
 
@@ -59,3 +67,77 @@ class XRCD(PyverbsCM):
 
     def _release(self) -> None:
         self._ctx.provider.close_xrcd(self.domain)
+
+
+# --- XRC receive QPs owned by the device (seed 002) ----------------------------------
+
+
+def _alloc_steps(xrcd: XRCD, attr: Any, attr_mask: int) -> list[tuple[int, dict[str, Any]]]:
+    """Split one attribute mask into the RESET->INIT and INIT->RTR modifies."""
+    from softverbs.verbs import qpstate
+    from softverbs.verbs.qp import engine_values
+
+    steps: list[tuple[int, dict[str, Any]]] = []
+    left = attr_mask & ~IBV_QP_STATE
+    cur = IBV_QPS_RESET
+    for new in (IBV_QPS_INIT, IBV_QPS_RTR):
+        rule = qpstate.rule(IBV_QPT_XRC_RECV, cur, new)
+        assert rule is not None
+        mask = (attr_mask & (rule[0] | rule[1])) | IBV_QP_STATE
+        qpstate.check(IBV_QPT_XRC_RECV, cur, mask, new, None)
+        steps.append((new, engine_values(xrcd.ctx, attr, mask)))
+        left &= ~mask
+        cur = new
+    if left:
+        raise einval(
+            f"xrc_rcv_qp_alloc: attributes {qpstate.mask_names(left)} belong to neither "
+            "RESET->INIT nor INIT->RTR"
+        )
+    return steps
+
+
+def xrc_rcv_qp_alloc(xrcd: XRCD, attr: Any, attr_mask: int) -> int:
+    """Create an XRC receive QP owned by the device, move it RESET->INIT->RTR
+    with ``attr``/``attr_mask``, and register this process with it.
+
+    Returns the QP number to hand to the sender.  The QP lives until the last
+    process registered with it unregisters -- or dies (seed 002).
+    """
+    require(xrcd, XRCD, "xrcd")
+    xrcd._check_open()
+    provider = xrcd.ctx.provider
+    return int(provider.xrc_rcv_qp_alloc(xrcd.domain, _alloc_steps(xrcd, attr, attr_mask),
+                                         provider.process))  # fmt: skip
+
+
+def xrc_rcv_qp_register(xrcd: XRCD, qp_num: int) -> None:
+    """Register this process with receive QP ``qp_num`` (once; again adds nothing).
+
+    EINVAL if no such QP exists, it is not an XRC receive QP, or it belongs
+    to another XRC domain.
+    """
+    require(xrcd, XRCD, "xrcd")
+    xrcd._check_open()
+    xrcd.ctx.provider.xrc_register(xrcd.domain, qp_num)
+
+
+def xrc_rcv_qp_unregister(xrcd: XRCD, qp_num: int) -> None:
+    """Drop this process's registration; the last one destroys the QP."""
+    require(xrcd, XRCD, "xrcd")
+    xrcd._check_open()
+    xrcd.ctx.provider.xrc_unregister(xrcd.domain, qp_num)
+
+
+def open_qp(ctx: Context, xrcd: XRCD, qp_num: int) -> Any:
+    """``ibv_open_qp``: a QP object for an existing XRC receive QP of ``xrcd``."""
+    from softverbs.verbs.qp import QP
+
+    require(xrcd, XRCD, "xrcd")
+    xrcd._check_open()
+    handle = object()
+    eng = ctx.provider.open_xrc_qp(xrcd.domain, qp_num, handle)
+    qp = QP.opened(ctx, xrcd, eng)
+    # the QP object itself is the reference from now on
+    ctx.provider.xrc_hold(eng, qp)
+    ctx.provider.xrc_release(eng, handle)
+    return qp

@@ -1,0 +1,1 @@
+"""The device service: engines that outlive processes (softverbsd)."""

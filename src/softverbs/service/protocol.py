@@ -1,0 +1,73 @@
+"""The wire between applications and the device service.
+
+A ``SOCK_SEQPACKET`` Unix socket: each message is one JSON object, and may
+carry file descriptors (``SCM_RIGHTS``) -- the memfds of shared rings and
+memory regions, and XRC domain files.  JSON, not pickle: the service must
+never execute what a peer sends, and a peer that is not a softverbs client
+gets a clear error and is disconnected.
+
+Requests carry ``op`` and ``id``; the reply carries the same ``id`` and
+either the results or ``errno`` and ``error``.  Doorbells (``db_sq``,
+``db_rq``) have no reply: they are one-way, like a doorbell write.  The
+service also sends unsolicited messages: ``event`` (an async event) and
+``cq_event`` (a completion event for a CQ with a channel).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from typing import Any
+
+PROTOCOL_VERSION = 1
+MAX_MESSAGE = 1 << 20
+MAX_FDS = 4
+
+
+class ProtocolError(Exception):
+    """The peer sent something that is not a softverbs message."""
+
+
+def default_socket_path() -> str:
+    """``$SOFTVERBS_SERVICE`` if it is a path, else one per user in the runtime dir."""
+    env = os.environ.get("SOFTVERBS_SERVICE", "")
+    if env and env not in ("1", "yes", "on"):
+        return env
+    base = os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/softverbs-{os.getuid()}"
+    return os.path.join(base, "softverbsd.sock")
+
+
+def service_requested() -> bool:
+    """Did the user opt into the device service (``SOFTVERBS_SERVICE``)?"""
+    return bool(os.environ.get("SOFTVERBS_SERVICE"))
+
+
+def send(sock: socket.socket, msg: dict[str, Any], fds: list[int] | None = None) -> None:
+    data = json.dumps(msg, separators=(",", ":")).encode()
+    if len(data) > MAX_MESSAGE:
+        raise ProtocolError(f"message of {len(data)} bytes is too long")
+    if fds:
+        socket.send_fds(sock, [data], fds)
+    else:
+        sock.send(data)
+
+
+def recv(sock: socket.socket) -> tuple[dict[str, Any], list[int]]:
+    """One message and its fds; EOFError when the peer closed."""
+    data, fds, _flags, _addr = socket.recv_fds(sock, MAX_MESSAGE, MAX_FDS)
+    if not data:
+        for fd in fds:
+            os.close(fd)
+        raise EOFError("peer closed the connection")
+    try:
+        msg = json.loads(data)
+    except ValueError:
+        for fd in fds:
+            os.close(fd)
+        raise ProtocolError("not a JSON message") from None
+    if not isinstance(msg, dict):
+        for fd in fds:
+            os.close(fd)
+        raise ProtocolError("a message must be a JSON object")
+    return msg, fds
