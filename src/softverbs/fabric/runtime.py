@@ -80,6 +80,20 @@ class PacketFilter(Protocol):
     def process(self, pkt: Packet, now: float) -> list[tuple[float, Packet]]: ...
 
 
+class DeviceRuntime(Protocol):
+    """What verbs objects need from whatever drives their device: a
+    :class:`Runtime` here, or the device service's client runtime."""
+
+    lock: threading.RLock
+    cond: threading.Condition
+    clock: Clock
+
+    def progress(self) -> bool: ...
+    def idle_step(self) -> bool: ...
+    def next_deadline(self) -> float | None: ...
+    def wait_for(self, ready: Callable[[], bool], timeout: float | None = None) -> bool: ...
+
+
 class Runtime:
     """Lock, clock and progress loop shared by a set of devices."""
 

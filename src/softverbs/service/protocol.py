@@ -15,6 +15,7 @@ service also sends unsolicited messages: ``event`` (an async event) and
 
 from __future__ import annotations
 
+import array
 import json
 import os
 import socket
@@ -23,6 +24,7 @@ from typing import Any
 PROTOCOL_VERSION = 1
 MAX_MESSAGE = 1 << 20
 MAX_FDS = 4
+_FD_SPACE = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
 
 
 class ProtocolError(Exception):
@@ -53,9 +55,21 @@ def send(sock: socket.socket, msg: dict[str, Any], fds: list[int] | None = None)
         sock.send(data)
 
 
-def recv(sock: socket.socket) -> tuple[dict[str, Any], list[int]]:
+def recv_nowait(sock: socket.socket) -> tuple[dict[str, Any], list[int]]:
+    """Like :func:`recv`, but BlockingIOError if nothing is waiting."""
+    return recv(sock, socket.MSG_DONTWAIT)
+
+
+def recv(sock: socket.socket, flags: int = 0) -> tuple[dict[str, Any], list[int]]:
     """One message and its fds; EOFError when the peer closed."""
-    data, fds, _flags, _addr = socket.recv_fds(sock, MAX_MESSAGE, MAX_FDS)
+    # Not socket.recv_fds: in Python 3.11 it ignores its flags argument.
+    data, ancdata, _flags, _addr = sock.recvmsg(MAX_MESSAGE, _FD_SPACE, flags)
+    fds: list[int] = []
+    for level, kind, payload in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            arr = array.array("i")
+            arr.frombytes(payload[: len(payload) - len(payload) % arr.itemsize])
+            fds.extend(arr)
     if not data:
         for fd in fds:
             os.close(fd)

@@ -244,6 +244,7 @@ class ShmWorkQueue(_Ring):
         super().__init__(region, size, slot)
         self.send = send
         self.ci = 0
+        self.tag = (WQ_NONE, 0)  #: (WQ_SQ or WQ_RQ, QP number) for CQEs
         self._handles = handles or (lambda _k: 0)
         self._resolve = resolve or (lambda _h: None)
 
@@ -304,6 +305,7 @@ class ShmSharedRQ(_Ring):
         super().__init__(region, size, slot)
         self.max_wr = size
         self.max_sge = max_sge
+        self.tag = (WQ_NONE, 0)  #: (WQ_SRQ, SRQ number) for CQEs
         self.outstanding = 0  # application side
         self.armed_limit = 0  # service side
         self.srqn = 0

@@ -91,7 +91,7 @@ class MR(PyverbsCM):
         else:
             if not isinstance(length, int):
                 raise PyverbsUserError(f"length must be an int, got {type(length).__name__}")
-            mem = memory.allocate(length)
+            mem = creator.ctx.provider.alloc_memory(length)
         self.pd = creator
         self._ctx = creator.ctx
         self._mem = mem

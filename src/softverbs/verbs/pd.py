@@ -24,7 +24,11 @@ class PD(PyverbsCM):
         creator._check_open()
         self.ctx: Context = creator
         self._ctx = creator
+        creator.provider.alloc_pd(self)
         creator.add_ref(self)
+
+    def _release(self) -> None:
+        self.ctx.provider.dealloc_pd(self)
 
     @property
     def context(self) -> Any:

@@ -43,6 +43,19 @@ class EmbeddedProvider:
         #: who "this process" is when it registers with an XRC receive QP
         self.process: object = object()
 
+    # --- protection domains and memory ----------------------------------------------
+    def alloc_pd(self, pd: object) -> None:
+        """Nothing to do: the engine compares PDs by identity."""
+
+    def dealloc_pd(self, pd: object) -> None:
+        pass
+
+    def alloc_memory(self, length: int) -> Memory:
+        """Fresh, zeroed, page-aligned memory for ``MR(pd, length, access)``."""
+        from softverbs.verbs import memory
+
+        return memory.allocate(length)
+
     # --- queue pairs -------------------------------------------------------------
     def create_qp(
         self,
@@ -58,9 +71,12 @@ class EmbeddedProvider:
         pmtu: int,
         owner: Any,
         rings: tuple[Any, Any] | None = None,
+        caps: tuple[int, int, int] = (1, 0, 1),
     ) -> QPEngine:
         """A QP engine.  ``rings`` (send, receive) overrides the local rings
-        the sizes would make: the device service passes shared-memory ones."""
+        the sizes would make: the device service passes shared-memory ones.
+        ``caps`` (max send SGEs, max inline bytes, max receive SGEs) size the
+        slots of rings that need a fixed layout; local rings do not."""
         hca = self.hca
         if rings is None:
             rings = (

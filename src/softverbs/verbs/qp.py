@@ -438,6 +438,7 @@ class QP(PyverbsCM):
             # port's mtu_cap); connected QPs get their path_mtu at INIT->RTR.
             mtu if qp_type == IBV_QPT_UD else min(1024, mtu),
             self,
+            caps=(cap.max_send_sge, cap.max_inline_data, cap.max_recv_sge),
         )
         if qp_type == IBV_QPT_XRC_RECV:
             ctx.provider.xrc_hold(self.engine, self)  # the device owns it; we hold it
@@ -464,7 +465,7 @@ class QP(PyverbsCM):
         qp.qp_context = None
         qp.sq_sig_all = False
         qp.send_ops_flags = qp.create_flags = 0
-        qp._attrs = QPAttr(qp_state=engine.state)
+        qp._attrs = QPAttr(qp_state=IBV_QPS_RESET)
         qp._unsignaled_run = 0
         qp.engine = engine
         xrcd.add_ref(qp)
@@ -499,7 +500,7 @@ class QP(PyverbsCM):
     # --- properties ------------------------------------------------------------
     @property
     def qp_num(self) -> int:
-        return self.engine.qpn
+        return int(self.engine.qpn)
 
     @property
     def qp_state(self) -> int:

@@ -32,12 +32,12 @@ import threading
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from softverbs import config
 from softverbs.engine.hca import HCA
 from softverbs.errors import PyverbsRDMAError
-from softverbs.fabric.runtime import Clock, InprocRuntime, Runtime
+from softverbs.fabric.runtime import Clock, DeviceRuntime, InprocRuntime, Runtime
 from softverbs.verbs.provider import EmbeddedProvider
 
 if TYPE_CHECKING:
@@ -71,11 +71,11 @@ class SoftDevice:
     """One open device: its engine, the runtime that drives it, its contexts."""
 
     spec: DeviceSpec
-    hca: HCA
-    runtime: Runtime
+    hca: HCA | None  #: None when the engine runs in the device service
+    runtime: DeviceRuntime
     index: int
     mtu: int
-    provider: EmbeddedProvider
+    provider: Any  #: an EmbeddedProvider, or the device service's ServiceProvider
     contexts: weakref.WeakSet[Context] = field(default_factory=weakref.WeakSet)
 
     @property
@@ -201,7 +201,8 @@ class Registry:
         with self._lock:
             if self.devices.get(dev.name) is dev:
                 del self.devices[dev.name]
-        dev.runtime.detach(dev.hca)
+        if isinstance(dev.runtime, Runtime) and dev.hca is not None:
+            dev.runtime.detach(dev.hca)
         stop = getattr(dev.runtime, "stop", None)
         if stop is not None:
             stop()
@@ -236,9 +237,25 @@ _stack: list[Registry] = []
 atexit.register(_default.shutdown)
 
 
+_service: Any = None
+
+
 def active() -> Registry:
-    """The registry device names resolve in: the innermost simulation, or the process's."""
-    return _stack[-1] if _stack else _default
+    """The registry device names resolve in: the innermost simulation, the
+    device service's (``SOFTVERBS_SERVICE``), or the process's own."""
+    global _service
+    if _stack:
+        return _stack[-1]
+    from softverbs.service.protocol import service_requested
+
+    if service_requested():
+        if _service is None:
+            from softverbs.service.client import ServiceRegistry
+
+            _service = ServiceRegistry()
+            atexit.register(_service.shutdown)
+        return _service  # type: ignore[no-any-return]
+    return _default
 
 
 def push(registry: Registry) -> None:

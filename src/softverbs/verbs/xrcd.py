@@ -134,10 +134,7 @@ def open_qp(ctx: Context, xrcd: XRCD, qp_num: int) -> Any:
 
     require(xrcd, XRCD, "xrcd")
     xrcd._check_open()
-    handle = object()
-    eng = ctx.provider.open_xrc_qp(xrcd.domain, qp_num, handle)
-    qp = QP.opened(ctx, xrcd, eng)
-    # the QP object itself is the reference from now on
-    ctx.provider.xrc_hold(eng, qp)
-    ctx.provider.xrc_release(eng, handle)
+    qp = QP.opened(ctx, xrcd, None)
+    qp.engine = ctx.provider.open_xrc_qp(xrcd.domain, qp_num, qp)  # the QP object holds it
+    qp._attrs.qp_state = qp.engine.state
     return qp
