@@ -7,25 +7,74 @@ The API follows pyverbs (rdma-core's Python bindings)::
 See the README and docs/ for the guide.
 """
 
-from softverbs import enums
-from softverbs.enums import IBV_SEND_DEFER
-from softverbs.errors import PyverbsError, PyverbsRDMAError, PyverbsUserError, VerbsError
-from softverbs.verbs.addr import AH, GID, GRH, AHAttr, GlobalRoute
-from softverbs.verbs.cq import CQ, WC, CompChannel, wc_status_str
-from softverbs.verbs.device import AsyncEvent, Context, Device, counters, get_device_list
-from softverbs.verbs.mr import MR, MW, MWBind, MWBindInfo, inc_rkey
-from softverbs.verbs.pd import PD
-from softverbs.verbs.qp import QP, QPAttr, QPCap, QPEx, QPInitAttr, QPInitAttrEx
-from softverbs.verbs.srq import SRQ, SrqAttr, SrqInitAttr, SrqInitAttrEx
-from softverbs.verbs.wr import SGE, RecvWR, SendWR
-from softverbs.verbs.xrcd import (
-    XRCD,
-    XRCDInitAttr,
-    open_qp,
-    xrc_rcv_qp_alloc,
-    xrc_rcv_qp_register,
-    xrc_rcv_qp_unregister,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from softverbs import enums
+    from softverbs.enums import IBV_SEND_DEFER
+    from softverbs.errors import PyverbsError, PyverbsRDMAError, PyverbsUserError, VerbsError
+    from softverbs.verbs.addr import AH, GID, GRH, AHAttr, GlobalRoute
+    from softverbs.verbs.capture import Capture, capture
+    from softverbs.verbs.cq import CQ, WC, CompChannel, wc_status_str
+    from softverbs.verbs.device import AsyncEvent, Context, Device, counters, get_device_list
+    from softverbs.verbs.mr import MR, MW, MWBind, MWBindInfo, inc_rkey
+    from softverbs.verbs.pd import PD
+    from softverbs.verbs.qp import QP, QPAttr, QPCap, QPEx, QPInitAttr, QPInitAttrEx
+    from softverbs.verbs.srq import SRQ, SrqAttr, SrqInitAttr, SrqInitAttrEx
+    from softverbs.verbs.wr import SGE, RecvWR, SendWR
+    from softverbs.verbs.xrcd import (
+        XRCD,
+        XRCDInitAttr,
+        open_qp,
+        xrc_rcv_qp_alloc,
+        xrc_rcv_qp_register,
+        xrc_rcv_qp_unregister,
+    )
+
+#: public name -> the module that defines it.  Nothing is imported until a
+#: name is used (PEP 562), so a tool that needs one module of softverbs (the
+#: ``rdma`` command of ``softverbs exec``, ``softverbs --help``) starts fast.
+_HOMES: dict[str, str] = {
+    "IBV_SEND_DEFER": "softverbs.enums",
+    **dict.fromkeys(("PyverbsError", "PyverbsRDMAError", "PyverbsUserError", "VerbsError"),
+                    "softverbs.errors"),
+    **dict.fromkeys(("AH", "GID", "GRH", "AHAttr", "GlobalRoute"), "softverbs.verbs.addr"),
+    **dict.fromkeys(("Capture", "capture"), "softverbs.verbs.capture"),
+    **dict.fromkeys(("CQ", "WC", "CompChannel", "wc_status_str"), "softverbs.verbs.cq"),
+    **dict.fromkeys(("AsyncEvent", "Context", "Device", "counters", "get_device_list"),
+                    "softverbs.verbs.device"),
+    **dict.fromkeys(("MR", "MW", "MWBind", "MWBindInfo", "inc_rkey"), "softverbs.verbs.mr"),
+    "PD": "softverbs.verbs.pd",
+    **dict.fromkeys(("QP", "QPAttr", "QPCap", "QPEx", "QPInitAttr", "QPInitAttrEx"),
+                    "softverbs.verbs.qp"),
+    **dict.fromkeys(("SRQ", "SrqAttr", "SrqInitAttr", "SrqInitAttrEx"), "softverbs.verbs.srq"),
+    **dict.fromkeys(("SGE", "RecvWR", "SendWR"), "softverbs.verbs.wr"),
+    **dict.fromkeys(("XRCD", "XRCDInitAttr", "open_qp", "xrc_rcv_qp_alloc",
+                     "xrc_rcv_qp_register", "xrc_rcv_qp_unregister"), "softverbs.verbs.xrcd"),
+}  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is not None:
+        value = getattr(importlib.import_module(home), name)
+    else:
+        try:  # a submodule: softverbs.enums, softverbs.verbs, ...
+            value = importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
 
 __version__ = "0.1.0"
 
@@ -45,6 +94,7 @@ __all__ = [
     "XRCD",
     "AHAttr",
     "AsyncEvent",
+    "Capture",
     "CompChannel",
     "Context",
     "Device",
@@ -66,6 +116,7 @@ __all__ = [
     "SrqInitAttrEx",
     "VerbsError",
     "XRCDInitAttr",
+    "capture",
     "counters",
     "enums",
     "get_device_list",

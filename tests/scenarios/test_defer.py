@@ -10,7 +10,7 @@ from __future__ import annotations
 import errno
 
 import pytest
-from conftest import (
+from scenario_kit import (
     RECV_OFF,
     assert_cq_empty,
     chain,
@@ -146,7 +146,7 @@ def test_inline_failure_inside_a_list_rings_for_deferred_ones(ctx):
 # --- QPEx: wr_start ... wr_complete rings once; wr_abort discards ----------------------------
 def _qpex_pair(ctx, **kw):
     p = make_pair(ctx, IBV_QPT_RC, connected=False, **kw)
-    from conftest import ALL_ACCESS, connect
+    from scenario_kit import ALL_ACCESS, connect
 
     from softverbs import QPAttr, QPCap
 
@@ -265,7 +265,7 @@ def test_qpex_failed_batch_rings_for_earlier_deferred_wr(ctx, failure):
 
 def test_modify_to_err_flushes_deferred_wrs(ctx):
     """A deferred WR was posted successfully, so it must complete: ERR flushes it."""
-    from conftest import modify_state
+    from scenario_kit import modify_state
 
     from softverbs.enums import IBV_QPS_ERR, IBV_WC_WR_FLUSH_ERR
 

@@ -6,7 +6,7 @@ import errno
 from types import SimpleNamespace
 
 import pytest
-from conftest import (
+from scenario_kit import (
     RECV_OFF,
     DropFilter,
     assert_cq_empty,

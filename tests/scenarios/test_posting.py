@@ -5,7 +5,7 @@ from __future__ import annotations
 import errno
 
 import pytest
-from conftest import (
+from scenario_kit import (
     RECV_OFF,
     Pair,
     assert_cq_empty,

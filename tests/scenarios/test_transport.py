@@ -6,7 +6,7 @@ import errno
 import sys
 
 import pytest
-from conftest import (
+from scenario_kit import (
     ALL_ACCESS,
     QKEY,
     RECV_OFF,
@@ -759,7 +759,7 @@ def test_ack_timeout_zero_waits_forever(ctx):
 
 # --- UC specifics ----------------------------------------------------------------------------
 def test_uc_lost_packet_drops_the_message(ctx):
-    from conftest import DropFilter
+    from scenario_kit import DropFilter
 
     from softverbs.wire.opcodes import Op
 
@@ -899,7 +899,7 @@ def test_multi_packet_send_scatters_over_sges(ctx):
     "right", [IBV_ACCESS_REMOTE_WRITE, softverbs.enums.IBV_ACCESS_REMOTE_ATOMIC]
 )
 def test_remote_write_or_atomic_needs_local_write(ctx, right):
-    from conftest import raises_errno
+    from scenario_kit import raises_errno
 
     from softverbs import PD
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import errno
 
 import pytest
-from conftest import (
+from scenario_kit import (
     RECV_OFF,
     assert_cq_empty,
     check_wc,
@@ -127,7 +127,7 @@ def test_full_sq_recovers_only_through_reset(ctx):
     with raises_errno(errno.ENOMEM):
         a.qp.post_send(write_wr(100, a, b, 8, flags=0))
     # a move to ERR does not free slots of WRs that already succeeded
-    from conftest import modify_state
+    from scenario_kit import modify_state
 
     modify_state(a.qp, IBV_QPS_ERR)
     assert_cq_empty(a.scq, "no flush CQE for WRs that already completed")
@@ -181,7 +181,7 @@ def test_flushed_unsignaled_wrs_complete(ctx):
     """Flushed WRs are errors, so unsignaled ones make a CQE too."""
     p = make_pair(ctx, IBV_QPT_RC, sq_sig_all=0, max_send_wr=N)
     a, b = p.a, p.b
-    from conftest import modify_state
+    from scenario_kit import modify_state
 
     modify_state(a.qp, IBV_QPS_ERR)
     for i in range(N):

@@ -59,7 +59,7 @@ PYVERBS_NAMES: dict[str, set[str]] = {
     "wr": {"SGE", "RecvWR", "SendWR", "send_flags_to_str"},
     "srq": {"SrqAttr", "SrqInitAttr", "SrqInitAttrEx", "OpsWr", "SRQ"},
     "base": {"inc_rkey", "PyverbsRDMAErrno", "LOG_LEVEL", "LOG_FORMAT", "PyverbsObject",
-             "PyverbsCM"},
+             "PyverbsCM", "PyverbsRDMAError"},
     "xrcd": {"XRCDInitAttr", "XRCD"},
     "utils": {"be64toh", "gid_str", "gid_str_to_array", "qp_type_to_str", "qp_state_to_str",
               "mtu_to_str", "access_flags_to_str", "mig_state_to_str", "rereg_error_to_str"},

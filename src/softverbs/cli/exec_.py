@@ -9,11 +9,17 @@ machine keeps working. For a single child process, ``exec`` does three things:
 1. It puts the directory that holds the compat package (``softverbs/compat``)
    first on ``PYTHONPATH``. Python puts ``PYTHONPATH`` entries ahead of
    site-packages, so in the child ``import pyverbs`` finds softverbs' tree
-   even when a real pyverbs is installed. Nothing else lives in that
-   directory, so no other top-level name changes.
+   even when a real pyverbs is installed. Only ``bin`` (scripts, not a
+   package anyone imports) lives next to it, so no other top-level name
+   changes.
 2. It sets ``SOFTVERBS_EXEC=1``, so a program (or a test suite) can tell
    that it runs on softverbs.
-3. It replaces itself with CMD (``os.execvpe``, which searches ``PATH``). No
+3. It puts ``compat/bin`` first on ``PATH``.  That directory holds an
+   ``rdma`` command answering ``rdma link show`` / ``rdma dev show`` for
+   softverbs devices (:mod:`softverbs.cli.rdma`), which programs use to find
+   a device's netdev.  The script runs this interpreter
+   (``SOFTVERBS_PYTHON``).
+4. It replaces itself with CMD (``os.execvpe``, which searches ``PATH``). No
    wrapper process stays behind, so signals go straight to CMD and CMD's
    exit status, or the signal that killed it, is what the caller sees.
 
@@ -30,6 +36,7 @@ the interpreter softverbs is installed in.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from collections.abc import Mapping
@@ -38,6 +45,8 @@ import softverbs.compat
 
 #: Set in the child's environment; "1" means "running under softverbs exec".
 EXEC_ENV = "SOFTVERBS_EXEC"
+#: The interpreter the compat scripts (``rdma``) run softverbs with.
+PYTHON_ENV = "SOFTVERBS_PYTHON"
 
 #: Shell conventions for a command that cannot run.
 EXIT_NOT_FOUND = 127
@@ -49,13 +58,30 @@ def compat_dir() -> str:
     return os.path.dirname(os.path.abspath(softverbs.compat.__file__))
 
 
-def child_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """``environ`` changed for the child: compat dir first on PYTHONPATH, marker set."""
-    env = dict(environ)
-    first = compat_dir()
+def bin_dir() -> str:
+    """The directory of the commands ``exec`` puts first on PATH (``rdma``)."""
+    path = os.path.join(compat_dir(), "bin")
+    script = os.path.join(path, "rdma")
+    # an install may have dropped the mode bits of package data
+    if os.path.exists(script) and not os.access(script, os.X_OK):
+        with contextlib.suppress(OSError):
+            os.chmod(script, 0o755)
+    return path
+
+
+def _prepend(value: str, first: str) -> str:
     # A nested ``softverbs exec`` must not pile up copies of the entry.
-    rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != first]
-    env["PYTHONPATH"] = os.pathsep.join([first, *rest])
+    rest = [p for p in value.split(os.pathsep) if p and p != first]
+    return os.pathsep.join([first, *rest])
+
+
+def child_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` changed for the child: compat dir first on PYTHONPATH, compat
+    commands first on PATH, marker set."""
+    env = dict(environ)
+    env["PYTHONPATH"] = _prepend(env.get("PYTHONPATH", ""), compat_dir())
+    env["PATH"] = _prepend(env.get("PATH", os.defpath), bin_dir())
+    env.setdefault(PYTHON_ENV, sys.executable)
     env[EXEC_ENV] = "1"
     return env
 

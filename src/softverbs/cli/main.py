@@ -16,9 +16,15 @@ from collections.abc import Sequence
 
 #: subcommand -> (module under softverbs.cli, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
+    "conformance": ("conformance", "run rdma-core's test suite on softverbs; per-file results"),
     "demo": ("demo", "RC ping-pong on the embedded device, with a perftest-style summary"),
     "exec": ("exec_", "run a program with softverbs standing in for pyverbs"),
     "link": ("link", "add, show and delete UDP (RoCEv2) devices, like 'rdma link'"),
+    "rc-pingpong": ("pingpong", "RC SEND ping-pong, interoperable with ibv_rc_pingpong"),
+    "uc-pingpong": ("pingpong", "UC SEND ping-pong, interoperable with ibv_uc_pingpong"),
+    "ud-pingpong": ("pingpong", "UD SEND ping-pong, interoperable with ibv_ud_pingpong"),
+    "service": ("service", "start, stop and inspect the device service softverbsd"),
+    "xsrq-pingpong": ("xsrq_pingpong", "XRC SRQ ping-pong, modelled on ibv_xsrq_pingpong"),
 }
 
 
@@ -47,6 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     module_name, help_text = COMMANDS[name]
     mod = importlib.import_module(f"softverbs.cli.{module_name}")
     parser = argparse.ArgumentParser(prog=f"softverbs {name}", description=help_text)
+    parser.set_defaults(command=name)  # a module serving several subcommands reads this
     mod.add_arguments(parser)
     args = parser.parse_args(args_list[1:])
     rc: int = mod.run(args)

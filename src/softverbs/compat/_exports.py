@@ -19,8 +19,14 @@ from types import ModuleType
 _CONSTANT = re.compile(r"_?[A-Z][A-Z0-9_]*")
 
 
-def enum_exports(module: ModuleType, keep: Callable[[str], bool]) -> dict[str, object]:
-    """``name -> object`` for the enum classes and constants of ``module`` that ``keep``."""
+def enum_exports(
+    module: ModuleType, keep: Callable[[str], bool], private: tuple[str, ...] = ("_IBV_",)
+) -> dict[str, object]:
+    """``name -> object`` for the enum classes and constants of ``module`` that ``keep``.
+
+    ``private``: the prefixes of pyverbs' underscore spellings to keep
+    (``_IBV_*`` for verbs.h, ``_MLX5DV_*`` for mlx5dv.h).
+    """
     out: dict[str, object] = {}
     for name, value in vars(module).items():
         if isinstance(value, type):
@@ -29,7 +35,7 @@ def enum_exports(module: ModuleType, keep: Callable[[str], bool]) -> dict[str, o
         else:
             # constants: IBV_*, RAI_*, ... and pyverbs' _IBV_* aliases, never private tables
             wanted = bool(_CONSTANT.fullmatch(name)) and (
-                not name.startswith("_") or name.startswith("_IBV_")
+                not name.startswith("_") or name.startswith(private)
             )
         if wanted and keep(name):
             out[name] = value

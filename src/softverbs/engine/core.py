@@ -128,6 +128,9 @@ class QPCore:
         self.sport = 0
         self.window = DEFAULT_WINDOW
         self.comm_established = False
+        #: stop the SQ in SQD after a transfer fails its signature check (mlx5dv
+        #: MLX5DV_QP_CREATE_SIG_PIPELINING; see Requester.pump_sq)
+        self.sig_pipelining = False
         self.last_error = ""  #: why the QP last left RTS by itself, in words
         self.timer_at: float | None = None  #: deadline of the live timer entry
         self.timer_token = 0
@@ -149,6 +152,8 @@ class QPCore:
         self.retry_episode = False  #: a retransmission is already under way
         self.blocked = False  #: a failed WQE waits to reach the head
         self.draining = False
+        self.sig_pending = False  #: a transfer failed its signature check: stop soon
+        self.sig_stopped = False  #: stopped for it: post SQ_DRAINED once drained
         # responder
         self.epsn = self.rq_psn
         self.msn = 0

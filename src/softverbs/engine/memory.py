@@ -18,8 +18,9 @@ slice of the region's own buffer, bounds-checked first.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import IntEnum
-from typing import Any
+from typing import Any, Protocol
 
 from softverbs.enums import (
     IBV_ACCESS_LOCAL_WRITE,
@@ -41,6 +42,17 @@ class MemKind(IntEnum):
     MR = 0
     MW1 = 1  #: type 1 window: bound with ibv_bind_mw, checked against the PD
     MW2 = 2  #: type 2 window: bound by a BIND_MW WR, checked against the QP
+    MKEY = 3  #: indirect key: a layout over regions, maybe transforming (engine/signature.py)
+
+
+class KeyTransform(Protocol):
+    """What an indirect key resolves through instead of one buffer.
+
+    ``view`` returns the bytes of ``[addr, addr+length)`` -- built for a read,
+    or (``write``) an object the engine stores into as into a memoryview:
+    ``len()``, slicing, slice assignment -- or a sentence saying why not."""
+
+    def view(self, addr: int, length: int, write: bool, atomic: bool) -> memoryview | str: ...
 
 
 class MemKey:
@@ -57,8 +69,10 @@ class MemKey:
         "owner",
         "pd",
         "qpn",
+        "resolver",
         "valid",
         "view",
+        "xform",
     )
 
     def __init__(self, kind: MemKind, key: int, pd: object, owner: Any = None) -> None:
@@ -74,9 +88,17 @@ class MemKey:
         self.qpn = -1  #: type 2 windows: the QP they are bound to
         self.mr: MemKey | None = None  #: windows: the region they are bound to
         self.binds = 0  #: regions: number of windows bound to them
+        #: implicit (whole address space) regions: addr, length -> view or why not
+        self.resolver: Callable[[int, int], memoryview | str] | None = None
+        #: indirect keys: the transform every access goes through
+        self.xform: KeyTransform | None = None
 
     def slice(self, addr: int, length: int) -> memoryview | str:
         """The bytes ``[addr, addr+length)`` or why they are out of bounds."""
+        if self.resolver is not None:
+            if addr < 0 or length < 0:
+                return f"[{addr:#x}, +{length}) is not a valid range"
+            return self.resolver(addr, length)
         assert self.view is not None
         off = addr - self.iova
         if off < 0 or length < 0 or off + length > self.length:
@@ -94,6 +116,9 @@ class KeyTable:
         self._keys: dict[int, MemKey] = {}
         self._next_index = 1
         self._seed = 0
+        #: data integrity (signature) errors seen by transforming keys; a requester
+        #: whose data movement raised it knows that WQE failed its check
+        self.integrity_errors = 0
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -129,6 +154,19 @@ class KeyTable:
         self._keys[index] = mk
         return mk
 
+    def register_implicit(
+        self,
+        pd: object,
+        resolver: Callable[[int, int], memoryview | str],
+        access: int,
+        owner: Any = None,
+    ) -> MemKey:
+        """Add an implicit region: every address ``resolver`` can map, with one key."""
+        mk = self.register(MemKind.MR, pd, None, 0, access, owner)
+        mk.resolver = resolver
+        mk.length = 1 << 64
+        return mk
+
     def unregister(self, mk: MemKey) -> None:
         mk.valid = False
         self._keys.pop(mk.key >> KEY_INDEX_SHIFT, None)
@@ -142,7 +180,7 @@ class KeyTable:
     def local(self, lkey: int, pd: object, addr: int, length: int, write: bool) -> memoryview | str:
         """Resolve a local SGE.  ``write``: the device will store into it."""
         mk = self._keys.get(lkey >> KEY_INDEX_SHIFT)
-        if mk is None or mk.key != lkey or mk.kind is not MemKind.MR:
+        if mk is None or mk.key != lkey or mk.kind not in (MemKind.MR, MemKind.MKEY):
             return f"lkey {lkey:#x} is not a registered memory region"
         if not mk.valid:
             return f"lkey {lkey:#x} was invalidated"
@@ -150,6 +188,8 @@ class KeyTable:
             return f"lkey {lkey:#x} belongs to another protection domain"
         if write and not mk.access & IBV_ACCESS_LOCAL_WRITE:
             return f"lkey {lkey:#x} lacks IBV_ACCESS_LOCAL_WRITE"
+        if mk.xform is not None:
+            return mk.xform.view(addr, length, write, False)
         return mk.slice(addr, length)
 
     def remote(
@@ -167,6 +207,10 @@ class KeyTable:
             return f"rkey {rkey:#x} is a type 2 window bound to QP {mk.qpn:#x}, not {qpn:#x}"
         if not mk.access & right:
             return f"rkey {rkey:#x} does not grant {_right_name(right)}"
+        if mk.xform is not None:
+            return mk.xform.view(
+                va, length, right != IBV_ACCESS_REMOTE_READ, right == IBV_ACCESS_REMOTE_ATOMIC
+            )
         return mk.slice(va, length)
 
     # --- windows -----------------------------------------------------------
@@ -215,12 +259,20 @@ class KeyTable:
         return None
 
     def invalidate(self, rkey: int, pd: object, qpn: int | None = None) -> str | None:
-        """LOCAL_INV / SEND_WITH_INV of a type 2 window; None on success."""
+        """LOCAL_INV / SEND_WITH_INV of a type 2 window (or LOCAL_INV of an
+        indirect key); None on success."""
         mk = self.find(rkey)
         if mk is None:
             return f"rkey {rkey:#x} is not valid on this device"
         if mk.pd is not pd:
             return f"rkey {rkey:#x} belongs to another protection domain"
+        if mk.kind is MemKind.MKEY:
+            if qpn is not None:
+                return f"rkey {rkey:#x} is an indirect key; it cannot be invalidated remotely"
+            if not mk.valid:
+                return f"key {rkey:#x} is already invalid"
+            mk.valid = False
+            return None
         if mk.kind is not MemKind.MW2:
             return f"rkey {rkey:#x} is not a type 2 memory window; only those can be invalidated"
         if not mk.valid:

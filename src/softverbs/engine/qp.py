@@ -113,6 +113,7 @@ class QPEngine(Requester, Responder):
         elif new == IBV_QPS_RTS:
             self.state = IBV_QPS_RTS
             self.draining = False
+            self.sig_stopped = False  # a signature stop's SQ_DRAINED is moot once resumed
             if old == IBV_QPS_SQE:
                 self.blocked = False
             self.pump_sq(now)

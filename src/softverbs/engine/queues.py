@@ -73,6 +73,8 @@ class SendWQE:
         "inline",
         "inv_rkey",
         "length",
+        "local_op",
+        "nop",
         "npkts",
         "opcode",
         "psn",
@@ -116,6 +118,10 @@ class SendWQE:
         self.xrc_srqn = 0
         #: BIND_MW: (mw key, mr key, new rkey, addr, length, access)
         self.bind: tuple[MemKey, MemKey, int, int, int, int] | None = None
+        #: a provider's local WQE (IBV_WR_DRIVER1): run in send-queue order,
+        #: returns None or why it failed
+        self.local_op: Callable[[], str | None] | None = None
+        self.nop = False  #: cancelled: completes as a NOP (cancel_posted_send_wrs)
         # requester progress
         self.started = False
         self.psn = 0

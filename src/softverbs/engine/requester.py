@@ -9,10 +9,15 @@ Life of a send WQE
    expected response packet for an RDMA READ.  A fenced WQE waits for every
    earlier READ and atomic; READs and atomics wait while ``max_rd_atomic``
    of them are outstanding; nothing starts in SQD, or while a failed WQE
-   waits to reach the head of the queue.
+   waits to reach the head of the queue.  With signature pipelining, a
+   transfer whose data failed a signature check (the key table's
+   ``integrity_errors`` rose while it gathered or scattered) makes the QP
+   stop itself in SQD before the next fenced WQE.  A cancelled WQE (``nop``)
+   starts as a NOP.
 3. *Transmitted*: packets go out while fewer than ``window`` PSNs are
    unacknowledged.  The last packet of a message, and every
-   :data:`~.core.ACKREQ_EVERY`-th packet, asks for an ACK.
+   :data:`~.core.ACKREQ_EVERY`-th packet, asks for an ACK.  A long RDMA READ
+   is asked for in pieces of at most ``window`` responses.
 4. *Acknowledged*: ACKs are cumulative.  READ and atomic WQEs are done when
    their responses arrive; an ACK beyond an unanswered READ means its
    responses were lost, and the READ is retried (an implied NAK).
@@ -114,6 +119,11 @@ class WrInfo:
         self.inv = inv
 
 
+#: verbs.h IBV_WR_DRIVER1 / IBV_WC_DRIVER1: a provider's own local WQE (an mlx5
+#: UMR, say), executed through ``SendWQE.local_op``.  pyverbs exposes neither.
+WR_DRIVER1 = 11
+WC_DRIVER1 = 135
+
 #: ibv_wr_opcode -> how to execute it and which WC opcode reports it.
 WR_INFO: dict[int, WrInfo] = {
     IBV_WR_SEND: WrInfo(WrClass.SEND, IBV_WC_SEND),
@@ -126,6 +136,7 @@ WR_INFO: dict[int, WrInfo] = {
     IBV_WR_ATOMIC_FETCH_AND_ADD: WrInfo(WrClass.ATOMIC, IBV_WC_FETCH_ADD),
     IBV_WR_LOCAL_INV: WrInfo(WrClass.LOCAL, IBV_WC_LOCAL_INV),
     IBV_WR_BIND_MW: WrInfo(WrClass.LOCAL, IBV_WC_BIND_MW),
+    WR_DRIVER1: WrInfo(WrClass.LOCAL, WC_DRIVER1),
 }
 
 # (class, imm, inv) -> operations for (FIRST, MIDDLE, LAST, ONLY)
@@ -184,13 +195,18 @@ class Requester(QPCore):
         sq = self.sq
         if sq is None or self.state not in (IBV_QPS_RTS, IBV_QPS_SQD) or self.rnr_until is not None:
             return
+        held = False  #: a WQE has packets left to send: later PSNs must wait for them
         for wqe in self.inflight:
             if not wqe.ackd and wqe.tx < wqe.npkts and not self._transmit(wqe, now):
+                held = True
                 break
-        while self.sq_next < sq.db and self.state == IBV_QPS_RTS and not self.blocked:
+        while not held and self.sq_next < sq.db and self.state == IBV_QPS_RTS and not self.blocked:
             wqe = sq.get(self.sq_next)
             info = WR_INFO[wqe.opcode]
             rd = info.klass in (WrClass.READ, WrClass.ATOMIC)
+            if wqe.fence and self.sig_pending:
+                self._sig_stop()  # never past a fence after a signature error
+                break
             if wqe.fence and self.rd_out:
                 break
             if rd and self.rd_out >= max(1, self.max_rd_atomic):
@@ -199,6 +215,9 @@ class Requester(QPCore):
                 break
             self.sq_next += 1
             self._start(wqe, info, now)
+            held = not wqe.ackd and wqe.tx < wqe.npkts  # a window-bound message, a long READ
+        if self.sig_pending and self.state == IBV_QPS_RTS and self.sq_next >= sq.db:
+            self._sig_stop()  # nothing more to start: stop here
         self.complete(now)
         if self.state == IBV_QPS_SQD and self.draining:
             self._check_drained()
@@ -207,11 +226,17 @@ class Requester(QPCore):
     def _start(self, wqe: SendWQE, info: WrInfo, now: float) -> None:
         wqe.started = True
         klass = info.klass
-        if klass is WrClass.LOCAL:
-            self._execute_local(wqe)
+        if klass is WrClass.LOCAL or wqe.nop:  # a NOP: cancelled (cancel_posted)
+            if not wqe.nop:
+                self._execute_local(wqe)
+            wqe.ackd = True
             self.inflight.append(wqe)
             return
+        keys = self.hca.keys
+        seen = keys.integrity_errors
         error = self._resolve(wqe, klass)
+        if keys.integrity_errors != seen:
+            self._sig_failed()  # gathering through a signature key found a bad block
         if error is not None:
             self.inflight.append(wqe)
             return
@@ -270,7 +295,13 @@ class Requester(QPCore):
 
     def _execute_local(self, wqe: SendWQE) -> None:
         keys = self.hca.keys
-        if wqe.opcode == IBV_WR_LOCAL_INV:
+        if wqe.local_op is not None:
+            err = wqe.local_op()
+            if err is not None:
+                self._fail_local(wqe, IBV_WC_LOC_PROT_ERR, err)
+        elif wqe.opcode == WR_DRIVER1:
+            self._fail_local(wqe, IBV_WC_LOC_QP_OP_ERR, "a driver WQE without an operation")
+        elif wqe.opcode == IBV_WR_LOCAL_INV:
             err = keys.invalidate(wqe.inv_rkey, self.pd)
             if err is not None:
                 self._fail_local(wqe, IBV_WC_LOC_QP_OP_ERR, err)
@@ -286,14 +317,17 @@ class Requester(QPCore):
         """Send this WQE's pending packets; False if the window closed."""
         info = WR_INFO[wqe.opcode]
         klass = info.klass
+        asked_all = True
         if klass is WrClass.READ:
-            self._send_read(wqe)
+            asked_all = self._send_read(wqe)
         elif klass is WrClass.ATOMIC:
             self._send_atomic(wqe)
         else:
-            if not self._send_message(wqe, info, now):
-                return False
+            asked_all = self._send_message(wqe, info, now)
         if self.reliable:
+            # Armed even when the window closed part-way: a retransmission clears the
+            # deadline, and if it fills the window and is lost again, this timer is all
+            # that is left to notice (the responder NAKs a gap only once).
             if self.deadline is None:
                 timeout = P.ack_timeout_s(self.timeout)
                 if timeout is not None:
@@ -301,7 +335,7 @@ class Requester(QPCore):
                     self.arm(self.deadline)
         else:
             wqe.ackd = True
-        return True
+        return asked_all
 
     def _send_message(self, wqe: SendWQE, info: WrInfo, now: float) -> bool:
         first_op, middle_op, last_op, only_op = _msg_opcodes(
@@ -352,17 +386,34 @@ class Requester(QPCore):
         wqe.tx = n
         return True
 
-    def _send_read(self, wqe: SendWQE) -> None:
-        done = wqe.rxd * self.pmtu
-        pkt = self.new_request(self.transport | Op.RDMA_READ_REQUEST, P.add(wqe.psn, wqe.rxd))
+    def _send_read(self, wqe: SendWQE) -> bool:
+        """Ask for the READ's responses from the first missing one; True once all are asked.
+
+        The responses are paced like requests: one READ request asks for at most
+        ``window`` of them, up to the end of a ``window``-aligned piece of the READ,
+        and the next piece is asked for when this one has arrived.  (A single request
+        for a long READ makes the responder send it all at once, which overruns the
+        receiver's socket buffer; every retry then sent the whole rest again.)  The
+        later WQEs wait meanwhile, as their PSNs follow the READ's.  A piece asked
+        again after a loss ends where the piece did, so the responder finds it in
+        its replay cache.
+        """
+        if wqe.tx > wqe.rxd:
+            return wqe.tx >= wqe.npkts  # a piece is outstanding: wait for its responses
+        piece = max(1, self.window)
+        start = wqe.rxd
+        end = min(wqe.npkts, (start // piece + 1) * piece)
+        done = start * self.pmtu
+        pkt = self.new_request(self.transport | Op.RDMA_READ_REQUEST, P.add(wqe.psn, start))
         if self.qp_type == IBV_QPT_XRC_SEND:
             pkt.srqn = wqe.xrc_srqn
         pkt.va = wqe.remote_addr + done
         pkt.rkey = wqe.rkey
-        pkt.dma_len = wqe.length - done
+        pkt.dma_len = min(wqe.length, end * self.pmtu) - done
         pkt.ackreq = True
         self.send(pkt)
-        wqe.tx = wqe.npkts
+        wqe.tx = end
+        return end >= wqe.npkts
 
     def _send_atomic(self, wqe: SendWQE) -> None:
         op = Op.COMPARE_SWAP if wqe.opcode == IBV_WR_ATOMIC_CMP_AND_SWP else Op.FETCH_ADD
@@ -386,6 +437,12 @@ class Requester(QPCore):
         if kind is Kind.ACK:
             k = aeth_kind(pkt.syndrome)
             if k == AETH_ACK:
+                if P.diff(pkt.psn, self.una) < 0:
+                    # Acknowledges nothing new (say, the re-ACK of a duplicate request).
+                    self.hca.counters["duplicate_response"] += 1
+                elif P.diff(pkt.psn, self.npsn) >= 0:
+                    self.hca.counters["drop_unexpected_response"] += 1  # a PSN never sent
+                    return
                 self._acked(pkt.psn, now)
             elif k == AETH_RNR_NAK:
                 self._rnr_nak(pkt, now)
@@ -418,7 +475,8 @@ class Requester(QPCore):
                 break
             if WR_INFO[wqe.opcode].klass in (WrClass.READ, WrClass.ATOMIC):
                 # The responder is past this READ/atomic but its response is
-                # missing: an implied NAK (IBA 9.7.5.1.5).
+                # missing: an implied NAK (IBA 9.7.5.1.5; mlx5 counts it by this name).
+                self.hca.counters["implied_nak_seq_err"] += 1
                 self._progress(now, P.add(wqe.psn, wqe.rxd))
                 self._retry(now, P.add(wqe.psn, wqe.rxd), "implied NAK")
                 return
@@ -469,6 +527,12 @@ class Requester(QPCore):
     def _nak(self, pkt: Packet, now: float) -> None:
         code = aeth_value(pkt.syndrome)
         psn = pkt.psn
+        if P.diff(psn, self.una) < 0 or P.diff(psn, self.npsn) >= 0:
+            # A NAK names an unacknowledged PSN.  Any other is stale or bogus, and
+            # going back to it would rewind nothing yet stop the retransmission timer.
+            old = P.diff(psn, self.una) < 0
+            self.hca.counters["duplicate_response" if old else "drop_unexpected_response"] += 1
+            return
         self._acked(P.add(psn, -1), now)
         if code == NAK_PSN_SEQUENCE_ERROR:
             self.hca.counters["rcvd_seq_err"] += 1
@@ -503,11 +567,13 @@ class Requester(QPCore):
                 # first unanswered READ/atomic, which may be an earlier WQE than this.
                 self._acked(P.add(pkt.psn, -1), now)
             return
-        # A READ asked again from a middle PSN (after a loss) is answered by a new
-        # response that starts with FIRST or ONLY, so FIRST is legal at any PSN;
-        # only the READ's first PSN must be FIRST, and only its last PSN LAST.
+        # A READ is asked for in pieces (_send_read), and again from a middle PSN
+        # after a loss; each answer starts with FIRST or ONLY, so FIRST is legal at any
+        # PSN, but only the READ's first PSN must be FIRST, and LAST comes exactly at
+        # the end of a piece.
+        final = wqe.rxd == wqe.npkts - 1
         bad_first = wqe.rxd == 0 and not info.first
-        if bad_first or info.last != (wqe.rxd == wqe.npkts - 1):
+        if bad_first or info.last != (final or (wqe.rxd + 1) % max(1, self.window) == 0):
             counters["drop_bad_read_response"] += 1
             return
         self._acked(P.add(wqe.psn, -1), now)
@@ -518,14 +584,17 @@ class Requester(QPCore):
             return
         payload = pkt.payload
         pmtu = self.pmtu
-        if len(payload) > pmtu or (not info.last and len(payload) != pmtu):
+        if len(payload) > pmtu or (not final and len(payload) != pmtu):
             counters["drop_bad_read_response"] += 1
             return
+        seen = self.hca.keys.integrity_errors
         if not scatter(wqe.data, wqe.rxd * pmtu, payload):
             counters["drop_bad_read_response"] += 1
             return
+        if self.hca.keys.integrity_errors != seen:
+            self._sig_failed()  # scattering into a signature key found a bad block
         wqe.rxd += 1
-        if info.last:
+        if final:
             wqe.ackd = True
             self.rd_out -= 1
         self._progress(now, P.add(pkt.psn, 1))
@@ -593,7 +662,10 @@ class Requester(QPCore):
             # An ACK during the back-off may have set an ACK deadline whose timer entry
             # was merged into this one: restart it with the retransmission, and arm it.
             self.deadline = None
-            self.rewind(self.rnr_psn)
+            # Go back to the first unacknowledged PSN, not just to rnr_psn: a READ or
+            # atomic before it whose response is missing (the RNR NAK implied its loss)
+            # must go again too, or nothing is sent and no timer is left to notice.
+            self.rewind(self.una)
             self.hca.counters["rnr_retries"] += 1
             self.pump_sq(now)
             if self.deadline is not None:
@@ -622,7 +694,7 @@ class Requester(QPCore):
             wqe = inflight.popleft()
             ok = wqe.status == IBV_WC_SUCCESS
             info = WR_INFO[wqe.opcode]
-            if ok and info.klass is WrClass.SEND:
+            if ok and info.klass is WrClass.SEND and not wqe.nop:
                 self.hca.counters["rdma_sends"] += 1  # rxe: every completed SEND WQE
             if ok and not (wqe.signaled or self.sq_sig_all):
                 continue
@@ -647,10 +719,47 @@ class Requester(QPCore):
         assert sq is not None
         if not self.inflight:
             self.draining = False
-            if self.en_sqd_async_notify:
+            if self.en_sqd_async_notify or self.sig_stopped:
                 from softverbs.enums import IBV_EVENT_SQ_DRAINED
 
+                self.sig_stopped = False
                 self.hca.post_event(IBV_EVENT_SQ_DRAINED, self)
+
+    # --- signature pipelining (mlx5dv_qp_cancel_posted_send_wrs(3)) ---------------------
+    def _sig_failed(self) -> None:
+        """This QP's transfer failed a signature check: with pipelining, stop the
+        SQ before the next fenced WQE (pump_sq), or once nothing is left to start."""
+        if self.sig_pipelining:
+            self.sig_pending = True
+
+    def _sig_stop(self) -> None:
+        """Move to SQD by ourselves; SQ_DRAINED follows when the started WQEs are done."""
+        self.sig_pending = False
+        self.sig_stopped = True
+        self.state = IBV_QPS_SQD
+        self.draining = True
+        self.hca.counters["sig_pipelining_stops"] += 1
+        self.last_error = (
+            "a transfer failed its signature check: the send queue stopped in SQD "
+            "(signature pipelining); check the mkeys, cancel the responses, move to RTS"
+        )
+
+    def cancel_posted(self, wr_id: int) -> int:
+        """Turn every posted, not yet started send WQE with ``wr_id`` into a NOP.
+
+        A NOP completes successfully in order (with a CQE if it was signaled), or
+        is flushed if the QP goes to ERR.  Returns how many were turned."""
+        sq = self.sq
+        if sq is None:
+            return 0
+        n = 0
+        for index in range(self.sq_next, sq.pi):
+            wqe: SendWQE = sq.get(index)
+            if wqe.wr_id == wr_id:
+                wqe.nop = True
+                wqe.length = 0
+                n += 1
+        return n
 
     # --- flushing ------------------------------------------------------------------
     def flush_sq(self) -> None:

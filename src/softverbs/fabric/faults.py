@@ -20,14 +20,23 @@ All randomness comes from one ``random.Random(seed)``, and decisions are
 made in packet order, so a run with the same seed and the same traffic
 makes the same decisions.  Failing tests print their seed.
 
+A packet takes the first rule that matches it; ``limit`` stops a rule after
+it has acted on that many packets (then later rules may match them).
+
 From the environment: ``SOFTVERBS_FAULTS="seed=7;drop=0.1;kinds=ack"``;
 several rules are separated by ``|``, e.g.
 ``"seed=1;drop=0.05|kinds=read_resp;dup=0.2"`` (the seed may appear in any
-rule).
+rule).  Settings: ``seed``, ``drop``, ``dup`` (or ``duplicate``),
+``reorder``, ``corrupt`` (probabilities), ``delay``, ``jitter``,
+``reorder_delay`` (seconds), ``kinds`` (comma-separated), ``src`` and ``dst``
+(an IPv4/IPv6 address or a GID), ``dqpn`` and ``limit`` (integers, ``0x``
+allowed).  A bad setting raises ValueError saying which and why.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import math
 import random
 from collections import Counter
 from dataclasses import dataclass, field
@@ -37,6 +46,8 @@ from softverbs.wire.packet import Packet
 
 #: kind names a rule may match, beyond the Kind enum's own names
 _GROUPS = {"request", "response", "ack", "nak", "read_resp", "atomic_ack"}
+#: every name ``kinds`` accepts
+KIND_NAMES = frozenset(_GROUPS | {k.name.lower() for k in Kind})
 
 
 def packet_kinds(pkt: Packet) -> frozenset[str]:
@@ -44,13 +55,12 @@ def packet_kinds(pkt: Packet) -> frozenset[str]:
     info = OPINFO[pkt.opcode]
     if info is None:
         return frozenset({"unknown"})
-    names = {info.kind.name.lower(), "request" if info.request else "response"}
+    names = {"request" if info.request else "response"}
     if info.kind is Kind.ACK:
-        k = aeth_kind(pkt.syndrome)
-        if k in (AETH_NAK, AETH_RNR_NAK):
-            names.add("nak")
-        else:
-            names.add("ack")
+        # The ACK opcode carries ACKs and NAKs: "ack" is a positive one only.
+        names.add("nak" if aeth_kind(pkt.syndrome) in (AETH_NAK, AETH_RNR_NAK) else "ack")
+    else:
+        names.add(info.kind.name.lower())
     return frozenset(names)
 
 
@@ -69,17 +79,31 @@ class FaultRule:
     src_gid: bytes | None = None
     dst_gid: bytes | None = None
     dqpn: int | None = None
-    limit: int | None = None  #: stop after this many faults
-    applied: int = field(default=0, compare=False)
+    limit: int | None = None  #: stop after acting on this many packets
+    applied: int = field(default=0, compare=False)  #: packets acted on so far
 
     def __post_init__(self) -> None:
-        unknown = set(self.kinds) - _GROUPS - {k.name.lower() for k in Kind}
+        unknown = set(self.kinds) - KIND_NAMES
         if unknown:
-            raise ValueError(f"unknown packet kinds {sorted(unknown)}")
+            raise ValueError(
+                f"unknown packet kinds {sorted(unknown)}; known: {', '.join(sorted(KIND_NAMES))}"
+            )
         for name in ("drop", "duplicate", "reorder", "corrupt"):
             p = getattr(self, name)
             if not 0.0 <= p <= 1.0:
                 raise ValueError(f"{name} probability {p} is not in [0, 1]")
+        for name in ("delay", "jitter", "reorder_delay"):
+            t = getattr(self, name)
+            if not (math.isfinite(t) and t >= 0):
+                raise ValueError(f"{name} {t} is not a time in seconds >= 0")
+        if self.limit is not None and self.limit < 0:
+            raise ValueError(f"limit {self.limit} is negative")
+        if self.dqpn is not None and not 0 <= self.dqpn <= 0xFFFFFF:
+            raise ValueError(f"dqpn {self.dqpn:#x} is not a 24-bit QP number")
+        for name in ("src_gid", "dst_gid"):
+            gid = getattr(self, name)
+            if gid is not None and len(gid) != 16:
+                raise ValueError(f"{name} must be a 16-byte GID, not {len(gid)} bytes")
 
     def matches(self, pkt: Packet) -> bool:
         if self.limit is not None and self.applied >= self.limit:
@@ -119,26 +143,30 @@ class FaultInjector:
             rule.applied += 1
             stats["dropped"] += 1
             return []
+        hit = False
         when = now
         if rule.delay or rule.jitter:
+            hit = True
             when = now + rule.delay + rng.random() * rule.jitter
             stats["delayed"] += 1
             pkt = _detached(pkt)
         if rule.corrupt and rng.random() < rule.corrupt:
-            rule.applied += 1
+            hit = True
             stats["corrupted"] += 1
             pkt = _detached(pkt)
             pkt.corrupt_bit = rng.randrange(1 << 30)
         if rule.reorder and rng.random() < rule.reorder:
-            rule.applied += 1
+            hit = True
             stats["reordered"] += 1
             when += rule.reorder_delay
             pkt = _detached(pkt)
         out = [(when, pkt)]
         if rule.duplicate and rng.random() < rule.duplicate:
-            rule.applied += 1
+            hit = True
             stats["duplicated"] += 1
             out.append((when, _detached(pkt)))
+        if hit:  # one packet counts once against the limit, whatever was done to it
+            rule.applied += 1
         return out
 
 def _detached(pkt: Packet) -> Packet:
@@ -152,25 +180,77 @@ def parse_faults(text: str) -> FaultInjector:
     """Build an injector from ``SOFTVERBS_FAULTS`` syntax (module docstring)."""
     seed = 0
     rules = []
-    names = {"dup": "duplicate", "duplicate": "duplicate", "drop": "drop",
-             "reorder": "reorder", "corrupt": "corrupt", "delay": "delay",
-             "jitter": "jitter", "limit": "limit", "dqpn": "dqpn",
-             "reorder_delay": "reorder_delay"}  # fmt: skip
     for chunk in text.split("|"):
         kwargs: dict[str, object] = {}
         for item in filter(None, (p.strip() for p in chunk.split(";"))):
-            key, _, value = item.partition("=")
-            key = key.strip().lower()
-            if key == "seed":
-                seed = int(value)
-            elif key == "kinds":
-                kwargs["kinds"] = frozenset(v.strip().lower() for v in value.split(",") if v)
-            elif key in ("limit", "dqpn"):
-                kwargs[names[key]] = int(value, 0)
-            elif key in names:
-                kwargs[names[key]] = float(value)
-            else:
-                raise ValueError(f"unknown fault setting {key!r} in {text!r}")
+            key, eq, value = item.partition("=")
+            key, value = key.strip().lower(), value.strip()
+            try:
+                if not eq:
+                    raise ValueError("expected name=value")
+                if key == "seed":
+                    seed = _int(value)
+                elif key in _SETTINGS:
+                    name, convert = _SETTINGS[key]
+                    kwargs[name] = convert(value)
+                else:
+                    known = ", ".join(sorted([*_SETTINGS, "seed"]))
+                    raise ValueError(f"unknown setting; known: {known}")
+            except ValueError as exc:
+                raise ValueError(f"fault setting {item!r} in {text!r}: {exc}") from None
         if kwargs:
-            rules.append(FaultRule(**kwargs))  # type: ignore[arg-type]
+            try:
+                rules.append(FaultRule(**kwargs))  # type: ignore[arg-type]
+            except ValueError as exc:
+                raise ValueError(f"fault rule {chunk.strip()!r} in {text!r}: {exc}") from None
     return FaultInjector(rules, seed)
+
+
+def _int(value: str) -> int:
+    try:
+        return int(value, 0)
+    except ValueError:
+        raise ValueError(f"{value!r} is not an integer") from None
+
+
+def _float(value: str) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not a number") from None
+
+
+def _kinds(value: str) -> frozenset[str]:
+    kinds = frozenset(v.strip().lower() for v in value.split(",") if v.strip())
+    if not kinds:
+        raise ValueError("no packet kinds given")
+    return kinds
+
+
+def _gid(value: str) -> bytes:
+    """An IPv4 address (as its IPv4-mapped GID), an IPv6 address or a GID in IPv6 form."""
+    try:
+        ip = ipaddress.ip_address(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not an IPv4/IPv6 address or a GID") from None
+    if ip.version == 4:
+        return b"\x00" * 10 + b"\xff\xff" + ip.packed
+    return ip.packed
+
+
+#: SOFTVERBS_FAULTS setting -> (FaultRule field, parser)
+_SETTINGS = {
+    "drop": ("drop", _float),
+    "dup": ("duplicate", _float),
+    "duplicate": ("duplicate", _float),
+    "reorder": ("reorder", _float),
+    "corrupt": ("corrupt", _float),
+    "delay": ("delay", _float),
+    "jitter": ("jitter", _float),
+    "reorder_delay": ("reorder_delay", _float),
+    "kinds": ("kinds", _kinds),
+    "src": ("src_gid", _gid),
+    "dst": ("dst_gid", _gid),
+    "dqpn": ("dqpn", _int),
+    "limit": ("limit", _int),
+}

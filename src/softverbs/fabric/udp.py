@@ -66,6 +66,7 @@ IP_MTU_DISCOVER = getattr(socket, "IP_MTU_DISCOVER", 10)
 IP_PMTUDISC_DO = getattr(socket, "IP_PMTUDISC_DO", 2)
 IPV6_MTU_DISCOVER = getattr(socket, "IPV6_MTU_DISCOVER", 23)
 IPV6_PMTUDISC_DO = 2
+IPV6_FREEBIND = 78
 
 RECV_BUFFER = 8 << 20
 MAX_DATAGRAM = 65536
@@ -87,6 +88,7 @@ class LocalAddr:
     text: str
     packed: bytes
     scope_id: int = 0
+    tentative: bool = False  #: IPv6 duplicate address detection has not finished
 
     @property
     def gid(self) -> bytes:
@@ -114,12 +116,13 @@ def netdev_addresses(ifname: str) -> tuple[int, list[LocalAddr]]:
     v6: list[LocalAddr] = []
     for a in info.get("addr_info", []):
         ip = ipaddress.ip_address(a["local"])
+        tentative = bool(a.get("tentative") or a.get("dadfailed"))
         if ip.version == 4:
             v4.append(LocalAddr(str(ip), ip.packed))
         elif ip.is_link_local:
-            link_local.append(LocalAddr(str(ip), ip.packed, index))
+            link_local.append(LocalAddr(str(ip), ip.packed, index, tentative))
         else:
-            v6.append(LocalAddr(str(ip), ip.packed))
+            v6.append(LocalAddr(str(ip), ip.packed, 0, tentative))
     return mtu, link_local + v4 + v6
 
 
@@ -169,6 +172,9 @@ class UdpRuntime(Runtime):
         self._sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
+        # wake() runs under the lock; a blocking send into a full pair would wait
+        # for the thread, which waits for the lock.  A full pair is a wakeup anyway.
+        self._wake_w.setblocking(False)
         self._sel.register(self._wake_r, selectors.EVENT_READ)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -199,6 +205,12 @@ class UdpRuntime(Runtime):
                 with contextlib.suppress(OSError):
                     sock.setsockopt(socket.IPPROTO_UDP, UDP_NO_CHECK6_TX, 1)
                     sock.setsockopt(socket.IPPROTO_UDP, UDP_NO_CHECK6_RX, 1)
+                if addr.tentative:
+                    # An interface just brought up has its IPv6 addresses still in
+                    # duplicate address detection for a second or two, and binding one
+                    # fails (EADDRNOTAVAIL).  Bind it anyway: the GID table keeps its
+                    # layout, and the GID carries traffic once the address is valid.
+                    sock.setsockopt(socket.IPPROTO_IPV6, IPV6_FREEBIND, 1)
                 sock.bind((addr.text, port, 0, addr.scope_id))
         except OSError:
             sock.close()
@@ -248,8 +260,16 @@ class UdpRuntime(Runtime):
             log.debug("sendto %s failed: %s", dest, exc)
 
     # --- receiving -----------------------------------------------------------------
-    def _drain(self, now: float) -> bool:
+    def _drain(self) -> bool:
+        """Deliver every waiting datagram, each at the time it is taken.
+
+        Draining a full socket buffer can take a long time on a busy host; an ACK
+        processed at its end must set its retransmission deadline from then, not
+        from when the drain began, or the timer fires early and a whole window is
+        sent again for nothing -- which only makes the next drain longer.
+        """
         got = False
+        clock = self.clock
         hca = self.hcas[0] if self.hcas else None
         for sock, local in self._rx.items():
             while True:
@@ -263,7 +283,7 @@ class UdpRuntime(Runtime):
                 got = True
                 if hca is None:
                     continue
-                self._deliver(hca, data, peer, local, now)
+                self._deliver(hca, data, peer, local, clock.now())
         return got
 
     def _deliver(self, hca: HCA, data: bytes, peer: tuple[str, int] | tuple[str, int, int, int],
@@ -287,13 +307,21 @@ class UdpRuntime(Runtime):
             log.exception("internal error while receiving %r", pkt)
 
     def progress(self) -> bool:
-        did = self._drain(self.clock.now())
-        did = super().progress() or did
+        got = self._drain()
+        did = super().progress()
+        if got and not did:
+            # A datagram that only made a CQE or an event (a UD or UC receive, an
+            # ACK) sends nothing, so the loop above did not wake the threads
+            # blocked in wait_for (get_cq_event, get_async_event): wake them here.
+            self.generation += 1
+            self.cond.notify_all()
+        did = did or got
         if self._thread is not None and threading.current_thread() is not self._thread:
             # A verb may have armed a timer earlier than the thread sleeps on.
             nxt = self.next_deadline()
             if nxt is not None and (self._sleep_until is None or nxt < self._sleep_until):
                 self.wake()
+                self._sleep_until = nxt  # one wakeup per earlier deadline, not one per poll
         return did
 
     # --- the progress thread ----------------------------------------------------------

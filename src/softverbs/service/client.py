@@ -62,9 +62,9 @@ START_TIMEOUT = 10.0
 class Connection:
     """One socket to the service, shared by every served device of this process."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, spawn: bool = True) -> None:
         self.path = path
-        self.sock = self._connect(path)
+        self.sock = self._connect(path, spawn)
         self.lock = threading.RLock()
         self._next_id = 1
         self.handlers: dict[str, Callable[[dict[str, Any]], None]] = {}
@@ -73,7 +73,8 @@ class Connection:
         self.service_pid: int = hello["pid"]
 
     @staticmethod
-    def _connect(path: str) -> socket.socket:
+    def _connect(path: str, spawn: bool = True) -> socket.socket:
+        """Connect, starting the service on demand (unless ``spawn`` is False)."""
         deadline = time.monotonic() + START_TIMEOUT
         started = False
         while True:
@@ -83,6 +84,9 @@ class Connection:
                 return sock
             except (FileNotFoundError, ConnectionRefusedError):
                 sock.close()
+                if not spawn:
+                    raise PyverbsRDMAError(f"no softverbs device service is listening on {path}",
+                                           errno.ECONNREFUSED) from None  # fmt: skip
                 if not started:
                     _spawn_service(path)
                     started = True
@@ -151,6 +155,16 @@ class Connection:
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self.sock.close()
+
+    def abandon(self) -> None:
+        """In a forked child: let go of the parent's socket without a word.
+
+        The child closes only its copy of the descriptor (the parent's stays
+        connected); any later use of this connection fails as a lost service.
+        """
+        self.lock = threading.RLock()
+        with contextlib.suppress(OSError):
+            os.close(self.sock.detach())
 
 
 def _spawn_service(path: str) -> None:
@@ -243,9 +257,26 @@ class RemoteQP:
         self.qp_type = qp_type
         self.sq = sq
         self.rq = rq
-        self.state = state
+        self._state = state
         self.last_error = ""
         self._pending: dict[str, Any] = {}
+
+    @property
+    def state(self) -> int:
+        """The QP's state as the device last published it in the send ring
+        (it moves QPs to ERR by itself); a QP without one asks."""
+        if self.sq is not None:
+            published = self.sq.published_state()
+            if published is not None:
+                return published
+            return self._state
+        reply = self.conn.call("query_qp", qp=self.number)
+        self._state = int(reply["state"])
+        return self._state
+
+    @state.setter
+    def state(self, value: int) -> None:
+        self._state = value
 
     def set_attrs(self, values: dict[str, Any]) -> None:
         self._pending.update(values)
@@ -268,7 +299,7 @@ class RemoteQP:
 
     def sq_draining(self) -> bool:
         reply = self.conn.call("query_qp", qp=self.number)
-        self.state = int(reply["state"])
+        self._state = int(reply["state"])
         self.last_error = str(reply["last_error"])
         return bool(reply["draining"])
 
@@ -283,11 +314,17 @@ def _encode(value: Any) -> Any:
 
 
 class _Event:
-    """What the verbs event sink expects: the object and why."""
+    """What the verbs event sink expects: the object and why.
 
-    def __init__(self, owner: Any, reason: str) -> None:
+    An event of a device-owned XRC receive QP that this process holds by
+    registration (not through a QP object) has no owner here; it carries the
+    QP number instead (``qpn``, ``qp_num``).
+    """
+
+    def __init__(self, owner: Any, reason: str, qpn: int = 0) -> None:
         self.owner = owner
         self.last_error = reason
+        self.qpn = self.qp_num = qpn
 
 
 class ServiceProvider:
@@ -315,6 +352,13 @@ class ServiceProvider:
 
     @staticmethod
     def _on_event(msg: dict[str, Any]) -> None:
+        if msg.get("kind") == "xrc_qp":
+            for prov in list(_PROVIDERS):
+                if prov.dev == msg.get("dev") and prov._sink is not None:
+                    event = _Event(None, str(msg.get("reason", "")), int(msg.get("qpn", 0)))
+                    prov._sink(int(msg["event"]), event)
+                    return
+            return
         for prov in list(_PROVIDERS):
             owner = prov._owners.get((msg.get("kind", ""), msg.get("obj", -1)))
             if owner is not None and prov._sink is not None:
@@ -376,6 +420,14 @@ class ServiceProvider:
     def dealloc_mw(self, key: Any) -> None:
         self.conn.call("destroy", obj=key.number, kind="mw")
 
+    def reg_mr_implicit(self, *args: Any) -> Any:
+        raise eopnotsupp("implicit (on-demand paging) MRs are not supported on a device "
+                         "served by softverbsd")  # fmt: skip
+
+    def dm_pool(self) -> Any:
+        raise eopnotsupp("device memory (ibv_alloc_dm) is not supported on a device served "
+                         "by softverbsd")  # fmt: skip
+
     # --- CQs and SRQs ------------------------------------------------------------------
     def _wq_of(self, kind: int, number: int) -> Any:
         return self._rings.get((kind, number))
@@ -408,9 +460,14 @@ class ServiceProvider:
         ring.number = int(reply["obj"])  # type: ignore[attr-defined]
         ring.srqn = int(reply["srqn"])
         ring.owner = owner
+        number = ring.number  # type: ignore[attr-defined]
+        ring.on_modify = lambda limit: self._modify_srq(number, limit)
         self._rings[(WQ_SRQ, ring.number)] = ring  # type: ignore[attr-defined]
         self._owners[("srq", ring.number)] = owner  # type: ignore[attr-defined]
         return ring
+
+    def _modify_srq(self, number: int, limit: int) -> None:
+        self.conn.call("modify_srq", srq=number, limit=limit)
 
     def destroy_srq(self, ring: Any) -> None:
         self.conn.call("destroy", obj=ring.number, kind="srq")
@@ -513,6 +570,7 @@ class ServiceRegistry:
         self._runtime: ClientRuntime | None = None
         self.devices: dict[str, SoftDevice] = {}
         self._lock = threading.Lock()
+        _REGISTRIES.add(self)
 
     def connection(self) -> Connection:
         if self._conn is None:
@@ -546,3 +604,23 @@ class ServiceRegistry:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+
+_REGISTRIES: weakref.WeakSet[ServiceRegistry] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """Fork safety: a child must not talk on its parent's connection -- the
+    service would mix their requests, and replies would go to whichever process
+    reads first.  The child forgets the parent's connection, devices and
+    providers; it connects on its own at first use."""
+    for reg in list(_REGISTRIES):
+        conn, reg._conn, reg._runtime = reg._conn, None, None
+        reg.devices = {}
+        reg._lock = threading.Lock()
+        if conn is not None:
+            conn.abandon()
+    _PROVIDERS.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

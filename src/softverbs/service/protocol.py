@@ -16,6 +16,7 @@ service also sends unsolicited messages: ``event`` (an async event) and
 from __future__ import annotations
 
 import array
+import contextlib
 import json
 import os
 import socket
@@ -45,10 +46,16 @@ def service_requested() -> bool:
     return bool(os.environ.get("SOFTVERBS_SERVICE"))
 
 
-def send(sock: socket.socket, msg: dict[str, Any], fds: list[int] | None = None) -> None:
+def encode(msg: dict[str, Any]) -> bytes:
+    """One message as it goes on the wire."""
     data = json.dumps(msg, separators=(",", ":")).encode()
     if len(data) > MAX_MESSAGE:
         raise ProtocolError(f"message of {len(data)} bytes is too long")
+    return data
+
+
+def send(sock: socket.socket, msg: dict[str, Any], fds: list[int] | None = None) -> None:
+    data = encode(msg)
     if fds:
         socket.send_fds(sock, [data], fds)
     else:
@@ -63,25 +70,29 @@ def recv_nowait(sock: socket.socket) -> tuple[dict[str, Any], list[int]]:
 def recv(sock: socket.socket, flags: int = 0) -> tuple[dict[str, Any], list[int]]:
     """One message and its fds; EOFError when the peer closed."""
     # Not socket.recv_fds: in Python 3.11 it ignores its flags argument.
-    data, ancdata, _flags, _addr = sock.recvmsg(MAX_MESSAGE, _FD_SPACE, flags)
+    data, ancdata, mflags, _addr = sock.recvmsg(MAX_MESSAGE + 1, _FD_SPACE, flags)
     fds: list[int] = []
     for level, kind, payload in ancdata:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             arr = array.array("i")
             arr.frombytes(payload[: len(payload) - len(payload) % arr.itemsize])
             fds.extend(arr)
-    if not data:
-        for fd in fds:
-            os.close(fd)
-        raise EOFError("peer closed the connection")
     try:
-        msg = json.loads(data)
-    except ValueError:
+        if not data:
+            raise EOFError("peer closed the connection")
+        if len(data) > MAX_MESSAGE or mflags & socket.MSG_TRUNC:
+            raise ProtocolError(f"a message is at most {MAX_MESSAGE} bytes")
+        if mflags & socket.MSG_CTRUNC:
+            raise ProtocolError(f"a message carries at most {MAX_FDS} file descriptors")
+        try:
+            msg = json.loads(data)
+        except (ValueError, RecursionError):
+            raise ProtocolError("not a JSON message") from None
+        if not isinstance(msg, dict):
+            raise ProtocolError("a message must be a JSON object")
+    except BaseException:
         for fd in fds:
-            os.close(fd)
-        raise ProtocolError("not a JSON message") from None
-    if not isinstance(msg, dict):
-        for fd in fds:
-            os.close(fd)
-        raise ProtocolError("a message must be a JSON object")
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        raise
     return msg, fds

@@ -21,11 +21,14 @@ as a NIC's queues live in host memory.
   ``error``.  Removing a QP's un-polled CQEs (RESET, destroy) marks their
   slots dead; polling skips dead slots.
 
-Each ring is one object with two faces: ``side="app"`` or ``side="device"``
-decides which fields live in shared memory and which are local.  Writers
-store a slot before publishing its index, readers read the index before the
-slot; every index has a single writer.  On x86 (total store order) that is
-all the ordering required; other architectures would need fences.
+Each ring is one object with two faces, the application's and the
+device's (``device=True``), which decide which fields live in shared memory
+and which are local.  Writers store a slot before publishing its index,
+readers read the index before the slot; every index has a single writer and
+is read and written as one aligned 8-byte word (:meth:`SharedRegion.words`
+-- never with ``struct``, which clears a field before writing it).  On x86
+(total store order) that is all the ordering required; other architectures
+would need fences.
 
 WQE and CQE layouts are fixed little-endian structs (below).  Pointers to
 engine objects are replaced by numbers: a UD route is written out in full,
@@ -35,6 +38,7 @@ memory windows and regions by the service's handle numbers.
 from __future__ import annotations
 
 import contextlib
+import logging
 import mmap
 import os
 import struct
@@ -42,7 +46,12 @@ from collections.abc import Callable
 from typing import Any
 
 from softverbs.engine.queues import CQE, RecvWQE, Route, SendWQE
-from softverbs.enums import IBV_WC_SUCCESS
+from softverbs.engine.requester import WR_INFO
+from softverbs.enums import IBV_WC_SUCCESS, IBV_WR_BIND_MW, IBV_WR_LOCAL_INV
+from softverbs.errors import eopnotsupp
+
+_OPCODES = frozenset(WR_INFO)
+_log = logging.getLogger("softverbsd")
 
 # --- memory ---------------------------------------------------------------
 
@@ -61,8 +70,28 @@ class SharedRegion:
         self.fd = fd
         self.mm = mmap.mmap(fd, self.size)
         self.view = memoryview(self.mm)
+        self.closed = False
+        self._words: list[memoryview] = []
+
+    def words(self, nbytes: int) -> memoryview:
+        """The first ``nbytes`` as native 64-bit words (a ring header).
+
+        Indices shared between processes must be read and written whole:
+        ``struct.pack_into`` clears its target before it writes, so a reader
+        in the other process can see 0 in the middle of an update (a CQ
+        consumer index read as 0 looks like an overrun).  A ``'Q'``
+        memoryview item is stored and loaded as one aligned 8-byte access.
+        """
+        words = self.view[:nbytes].cast("Q")
+        self._words.append(words)
+        return words
 
     def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for words in self._words:
+            words.release()
         self.view.release()
         # A slice may still be referenced somewhere; the mapping then goes with it.
         with contextlib.suppress(BufferError):
@@ -73,8 +102,8 @@ class SharedRegion:
 
 # --- layouts ----------------------------------------------------------------
 
-# ring header: pi, db/taken/ci, flags ...
-_HDR = struct.Struct("<QQQQ")
+# ring header: eight native 64-bit words (pi, db/taken/ci, ...; see each ring),
+# accessed only as whole words (SharedRegion.words)
 HEADER_SIZE = 64
 
 # send WQE: wr_id opcode flags nsge length imm inv_rkey rkey remote_addr compare swap
@@ -139,11 +168,27 @@ def pack_send(buf: memoryview, off: int, wqe: SendWQE, handles: Callable[[Any], 
     buf[pos : pos + len(inline)] = inline
 
 
-def unpack_send(buf: memoryview, off: int, resolve: Callable[[int], Any]) -> SendWQE:
-    """The inverse of :func:`pack_send`; ``resolve`` turns handle numbers into MemKeys."""
+class CorruptWQE(ValueError):
+    """A slot holds something post_send never writes."""
+
+
+def unpack_send(buf: memoryview, off: int, resolve: Callable[[int], Any],
+                slot: int | None = None) -> SendWQE:  # fmt: skip
+    """The inverse of :func:`pack_send`; ``resolve`` turns handle numbers into MemKeys.
+
+    With ``slot`` (the device side) the WQE is checked: a slot the
+    application scribbled on raises :class:`CorruptWQE` instead of handing
+    the engine something post_send would never have written.
+    """
     (wr_id, opcode, flags, nsge, length, imm, inv_rkey, rkey, remote_addr, compare, swap,
      rqpn, rqkey, srqn, has_route, dgid, sgid, sgid_index, hop, tclass, flow, port,
      mw_h, mr_h, new_key, baddr, blen, bacc, inline_len) = _SEND.unpack_from(buf, off)  # fmt: skip
+    if slot is not None:
+        if opcode not in _OPCODES:
+            raise CorruptWQE(f"opcode {opcode} is not a send opcode")
+        room = slot - _SEND.size
+        if nsge * _SGE.size + (inline_len if flags & F_INLINE else 0) > room:
+            raise CorruptWQE(f"{nsge} SGEs and {inline_len} inline bytes overflow the slot")
     pos = off + _SEND.size
     sges = []
     for _ in range(nsge):
@@ -163,6 +208,18 @@ def unpack_send(buf: memoryview, off: int, resolve: Callable[[int], Any]) -> Sen
         mw, mr = resolve(mw_h), resolve(mr_h)
         wqe.bind = (mw, mr, new_key, baddr, blen, bacc) if mw is not None and mr is not None \
             else None  # fmt: skip
+    if slot is not None and opcode == IBV_WR_BIND_MW and wqe.bind is None:
+        raise CorruptWQE("the bind names a window or region this process does not have")
+    return wqe
+
+
+def poisoned(wr_id: int, why: str) -> SendWQE:
+    """What the device executes instead of a corrupt WQE: a local operation
+    that fails (LOCAL_INV of key 0, never valid), so the WR completes with
+    ``IBV_WC_LOC_QP_OP_ERR`` and the QP goes to ERR -- the application's
+    ring is its own business, the service goes on."""
+    wqe = SendWQE(wr_id, IBV_WR_LOCAL_INV, True, [], 0)
+    wqe.inv_rkey = 0
     return wqe
 
 
@@ -174,13 +231,18 @@ def pack_recv(buf: memoryview, off: int, wqe: RecvWQE) -> None:
         pos += _SGE.size
 
 
-def unpack_recv(buf: memoryview, off: int) -> RecvWQE:
+def unpack_recv(buf: memoryview, off: int, slot: int | None = None) -> RecvWQE:
     wr_id, nsge, length = _RECV.unpack_from(buf, off)
+    if slot is not None:  # the device side: never read past the slot
+        nsge = min(nsge, (slot - _RECV.size) // _SGE.size)
+        length = 0
     pos = off + _RECV.size
     sges = []
     for _ in range(nsge):
         sges.append(_SGE.unpack_from(buf, pos))
         pos += _SGE.size
+    if slot is not None:
+        length = sum(s[1] for s in sges)
     return RecvWQE(wr_id, sges, length)
 
 
@@ -215,6 +277,7 @@ class _Ring:
     def __init__(self, region: SharedRegion, size: int, slot: int) -> None:
         self.region = region
         self.buf = region.view
+        self.hdr = region.words(HEADER_SIZE)
         self.size = size
         self.slot = slot
 
@@ -223,10 +286,10 @@ class _Ring:
         return HEADER_SIZE + size * slot
 
     def _get(self, field: int) -> int:
-        return int(struct.unpack_from("<Q", self.buf, field * 8)[0])
+        return int(self.hdr[field])
 
     def _set(self, field: int, value: int) -> None:
-        struct.pack_into("<Q", self.buf, field * 8, value)
+        self.hdr[field] = value
 
     def offset(self, index: int) -> int:
         return HEADER_SIZE + (index % self.size) * self.slot
@@ -236,15 +299,24 @@ class ShmWorkQueue(_Ring):
     """A send or receive queue in shared memory (engine ``WorkQueue`` interface).
 
     Header fields: 0 = pi, 1 = db.  ``ci`` is local to the application.
+
+    On the device side (``device=True``) the doorbell index the engine reads
+    is the service's own copy, taken from shared memory only when a doorbell
+    message arrives (:meth:`latch`) and never more than one ring's worth
+    ahead of the last one, and every WQE is checked as it is read: an
+    application that scribbles on its ring hurts only its own QP.
     """
 
     def __init__(self, region: SharedRegion, size: int, slot: int, send: bool,
                  handles: Callable[[Any], int] | None = None,
-                 resolve: Callable[[int], Any] | None = None) -> None:  # fmt: skip
+                 resolve: Callable[[int], Any] | None = None,
+                 device: bool = False) -> None:  # fmt: skip
         super().__init__(region, size, slot)
         self.send = send
         self.ci = 0
         self.tag = (WQ_NONE, 0)  #: (WQ_SQ or WQ_RQ, QP number) for CQEs
+        self.device = device
+        self._db = 0  #: device side: the doorbell as last latched
         self._handles = handles or (lambda _k: 0)
         self._resolve = resolve or (lambda _h: None)
 
@@ -258,11 +330,30 @@ class ShmWorkQueue(_Ring):
 
     @property
     def db(self) -> int:
-        return self._get(1)
+        return self._db if self.device else self._get(1)
 
     @db.setter
     def db(self, value: int) -> None:
-        self._set(1, value)
+        if self.device:
+            # Never behind, never past what was posted, never more than a
+            # ring ahead: pi and db are the application's to write.
+            self._db = max(self._db, min(value, self._get(0), self._db + self.size))
+        else:
+            self._set(1, value)
+
+    def latch(self) -> None:
+        """Device side: a doorbell rang; take the application's ``db``."""
+        self.db = self._get(1)
+
+    # Header field 2 mirrors the QP's state (plus one; 0 = not published), so
+    # that the application sees the device move its QP to ERR without asking.
+    def publish_state(self, state: int) -> None:
+        if not self.region.closed:
+            self._set(2, state + 1)
+
+    def published_state(self) -> int | None:
+        value = self._get(2)
+        return value - 1 if value else None
 
     @property
     def used(self) -> int:
@@ -279,7 +370,15 @@ class ShmWorkQueue(_Ring):
 
     def get(self, index: int) -> Any:
         off = self.offset(index)
-        wqe = unpack_send(self.buf, off, self._resolve) if self.send else unpack_recv(self.buf, off)
+        if not self.send:
+            wqe: Any = unpack_recv(self.buf, off, self.slot if self.device else None)
+        elif not self.device:
+            wqe = unpack_send(self.buf, off, self._resolve)
+        else:
+            try:
+                wqe = unpack_send(self.buf, off, self._resolve, self.slot)
+            except CorruptWQE as exc:
+                wqe = poisoned(_SEND.unpack_from(self.buf, off)[0], str(exc))
         wqe.index = index
         return wqe
 
@@ -289,25 +388,31 @@ class ShmWorkQueue(_Ring):
 
     def reset(self) -> None:
         self.pi = 0
-        self.db = 0
+        self._set(1, 0)
+        self._db = 0
         self.ci = 0
 
 
 class ShmSharedRQ(_Ring):
     """A shared receive queue in shared memory (engine ``SharedRQ`` interface).
 
-    Header fields: 0 = pi (application), 1 = taken (service).  ``outstanding``
-    is the application's count; the limit and everything the engine sets are
-    the service's.
+    Header fields: 0 = pi (application), 1 = taken (service), 2 = the armed
+    ``srq_limit`` (service: armed by a ``modify_srq`` request, disarmed when
+    it fires, read by the application's ``query``).  ``outstanding`` is the
+    application's count; everything the engine sets is the service's.  The
+    application arms the limit through ``on_modify`` (a request: the device
+    owns the limit); resizing is not offered (EOPNOTSUPP).
     """
 
-    def __init__(self, region: SharedRegion, size: int, slot: int, max_sge: int) -> None:
+    def __init__(self, region: SharedRegion, size: int, slot: int, max_sge: int,
+                 device: bool = False) -> None:  # fmt: skip
         super().__init__(region, size, slot)
         self.max_wr = size
         self.max_sge = max_sge
+        self.device = device
         self.tag = (WQ_NONE, 0)  #: (WQ_SRQ, SRQ number) for CQEs
         self.outstanding = 0  # application side
-        self.armed_limit = 0  # service side
+        self.on_modify: Callable[[int], None] | None = None  # application side
         self.srqn = 0
         self.xrcd: object = None
         self.cq: Any = None
@@ -323,10 +428,12 @@ class ShmSharedRQ(_Ring):
         self.outstanding += 1
 
     def take(self) -> RecvWQE | None:
+        if self.region.closed:
+            return None
         taken, pi = self._get(1), self._get(0)
         if taken >= pi:
             return None
-        wqe = unpack_recv(self.buf, self.offset(taken))
+        wqe = unpack_recv(self.buf, self.offset(taken), self.slot)
         wqe.index = taken
         wqe.srq = self  # type: ignore[assignment]
         self._set(1, taken + 1)
@@ -340,9 +447,25 @@ class ShmSharedRQ(_Ring):
     def release(self, index: int) -> None:
         self.outstanding -= 1
 
+    @property
+    def armed_limit(self) -> int:
+        return 0 if self.region.closed else self._get(2)
+
+    @armed_limit.setter
+    def armed_limit(self, value: int) -> None:
+        if not self.region.closed:
+            self._set(2, value)
+
     def modify(self, max_wr: int | None, limit: int | None) -> None:
-        if limit is not None:
-            self.armed_limit = limit
+        if self.device:
+            if limit is not None:
+                self.armed_limit = limit
+            return
+        if max_wr is not None and max_wr != self.max_wr:
+            raise eopnotsupp("resizing an SRQ is not supported on a device served by "
+                             "softverbsd; create it with the max_wr it needs")  # fmt: skip
+        if limit is not None and self.on_modify is not None:
+            self.on_modify(limit)
 
 
 class ShmCompletionQueue(_Ring):
@@ -358,39 +481,60 @@ class ShmCompletionQueue(_Ring):
     PI, CI, ARM, FIRED, ERROR = range(5)
 
     def __init__(self, region: SharedRegion, size: int,
-                 wq_of: Callable[[int, int], Any] | None = None) -> None:  # fmt: skip
+                 wq_of: Callable[[int, int], Any] | None = None,
+                 device: bool = False) -> None:  # fmt: skip
         super().__init__(region, size, CQE_SIZE)
-        self.capacity = size
+        self.device = device
+        self._capacity = size
         self.notify: Callable[[], None] | None = None
         self.owner: Any = None
         self._wq_of = wq_of
         self.wq_ids: Callable[[Any], tuple[int, int]] = lambda _wq: (WQ_NONE, 0)
 
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    @capacity.setter
+    def capacity(self, value: int) -> None:
+        """``CQ.resize``: the service sized the ring; it cannot be resized."""
+        if value != self._capacity:
+            raise eopnotsupp("resizing a CQ is not supported on a device served by "
+                             "softverbsd; create it with the cqe it needs")  # fmt: skip
+
     # --- service side: engine interface ------------------------------------------
     @property
     def error(self) -> bool:
-        return bool(self._get(self.ERROR))
+        return not self.region.closed and bool(self._get(self.ERROR))
 
     @error.setter
     def error(self, value: bool) -> None:
-        self._set(self.ERROR, int(value))
+        if not self.region.closed:
+            self._set(self.ERROR, int(value))
 
     @property
     def armed(self) -> bool:
         return self._get(self.ARM) >> 1 != self._get(self.FIRED)
 
     def push(self, cqe: CQE) -> bool:
-        if self._get(self.ERROR):
+        if self.region.closed:  # its process is gone; nobody will poll it
+            return True
+        buf, hdr = self.buf, self.hdr
+        pi, ci, error = hdr[0], hdr[1], hdr[4]
+        if error:
             return False
-        pi, ci = self._get(self.PI), self._get(self.CI)
         if pi - ci >= self.capacity:
+            _log.warning("CQ overrun: %d CQEs written, %d polled, capacity %d (%r)", pi, ci,
+                         self.capacity, self.owner)  # fmt: skip
             self._set(self.ERROR, 1)
             return False
         kind, wq_id = self.wq_ids(cqe.wq)
-        pack_cqe(self.buf, self.offset(pi), cqe, kind, wq_id)
-        self._set(self.PI, pi + 1)
-        arm = self._get(self.ARM)
-        if arm >> 1 != self._get(self.FIRED) and (
+        pack_cqe(buf, self.offset(pi), cqe, kind, wq_id)
+        hdr[0] = pi + 1
+        # The arm request is read after the CQE is published: an application
+        # that arms and then finds the CQ empty is sure to get its event.
+        arm, fired = hdr[2], hdr[3]
+        if arm >> 1 != fired and (
             not arm & 1 or cqe.solicited or cqe.status != IBV_WC_SUCCESS
         ):
             self._set(self.FIRED, arm >> 1)
@@ -401,7 +545,10 @@ class ShmCompletionQueue(_Ring):
     def purge(self, qp: object) -> list[CQE]:
         """Mark ``qp``'s un-polled CQEs dead (RESET, destroy); the poller skips them."""
         qpn = getattr(qp, "qpn", -1)
-        for i in range(self._get(self.CI), self._get(self.PI)):
+        if self.region.closed:
+            return []
+        pi = self._get(self.PI)
+        for i in range(max(self._get(self.CI), pi - self.capacity), pi):
             off = self.offset(i)
             cqe, _, _, dead = unpack_cqe(self.buf, off)
             if not dead and cqe.qp_num == qpn:

@@ -247,26 +247,38 @@ class AH(PyverbsCM):
             grh = kwargs.get("grh")
             if wc is None:
                 raise PyverbsUserError("AH needs attr=AHAttr(...) or wc=, grh=, port_num=")
-            attr = _attr_from_wc(wc, grh, kwargs.get("port_num", 1))
+            attr = _attr_from_wc(wc, grh, kwargs.get("port_num", 1), pd.ctx.provider.gids)
         require(attr, AHAttr, "attr")
         self.pd = pd
         self._ctx = pd.ctx
         self.attr = attr
-        self.route = resolve_route(pd.ctx.provider.gids, attr)
+        self.route = resolve_route(pd.ctx.provider.gids, attr, "Failed to create AH")
         pd.add_ref(self)
 
 
-def _attr_from_wc(wc: Any, grh: Any, port_num: int) -> AHAttr:
-    """``ibv_create_ah_from_wc``: reply to the sender of a UD receive."""
+def _attr_from_wc(wc: Any, grh: Any, port_num: int, gids: list[bytes] | None = None) -> AHAttr:
+    """``ibv_create_ah_from_wc``: reply to the sender of a UD receive.
+
+    ``grh`` is a GRH, its 40 bytes, or -- as pyverbs passes it -- the address
+    of the receive buffer that holds them.  The local GID is the one the
+    message was sent to (the GRH's destination), found in the GID table.
+    """
+    if isinstance(grh, int) and not isinstance(grh, bool):
+        import ctypes
+
+        from softverbs.verbs.memory import _mapped
+
+        if not grh or not _mapped(grh, 40):
+            raise einval(f"create_ah_from_wc: no GRH at address {grh:#x}")
+        grh = ctypes.string_at(grh, 40)
     if isinstance(grh, GRH):
-        sgid = grh.sgid
+        sgid, dgid = grh.sgid, grh.dgid
     elif isinstance(grh, (bytes, bytearray, memoryview)) and len(grh) >= 40:
         raw = bytes(grh[:40])
-        sgid = (
-            GID.from_raw(raw[8:24])
-            if raw[0] >> 4 == 6
-            else GID.from_raw(b"\x00" * 10 + b"\xff\xff" + raw[32:36])
-        )
+        v6 = raw[0] >> 4 == 6
+        sgid = GID.from_raw(raw[8:24] if v6 else b"\x00" * 10 + b"\xff\xff" + raw[32:36])
+        dgid = GID.from_raw(raw[24:40] if v6 else b"\x00" * 10 + b"\xff\xff" + raw[36:40])
     else:
         raise einval("create_ah_from_wc needs the 40-byte GRH of the received message")
-    return AHAttr(is_global=1, port_num=port_num, gr=GlobalRoute(dgid=sgid, sgid_index=1))
+    index = gids.index(dgid.raw) if gids and dgid.raw in gids else 1
+    return AHAttr(is_global=1, port_num=port_num, gr=GlobalRoute(dgid=sgid, sgid_index=index))

@@ -8,6 +8,8 @@ the same queue.  A send queue full of unsignaled WQEs therefore never drains.
 
 from __future__ import annotations
 
+import errno
+import math
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -187,14 +189,14 @@ class CompChannel(PyverbsCM):
         require(context, Context, "context")
         self.context = context
         self._ctx = context
-        self.pending: deque[CQ] = deque()
+        self.pending: deque[CQBase] = deque()
         context.add_ref(self)
 
     @property
     def fd(self) -> int:
         return -1
 
-    def get_cq_event(self, expected_cq: CQ, timeout: float | None = None) -> None:
+    def get_cq_event(self, expected_cq: CQBase, timeout: float | None = None) -> None:
         """Wait for the next completion event (``ibv_get_cq_event``).
 
         ``timeout`` (seconds) is a softverbs addition; on timeout: EAGAIN.
@@ -209,43 +211,60 @@ class CompChannel(PyverbsCM):
             raise PyverbsRDMAError("Received event on an unexpected CQ")
         cq.num_events += 1
 
-    def _fire(self, cq: CQ) -> None:
+    def _fire(self, cq: CQBase) -> None:
         self.pending.append(cq)
 
 
-class CQ(PyverbsCM):
-    """A completion queue: ``CQ(ctx, cqe, cq_context, channel, comp_vector)``."""
+def as_count(value: Any, what: str) -> int:
+    """An entry count as a C ``int`` parameter takes it: ints, and floats
+    truncated toward zero (pyverbs passes Python numbers straight to C)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise PyverbsUserError(f"{what} must be a number, got {type(value).__name__}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise PyverbsUserError(f"{what} must be a finite number, got {value}")
+    return int(value)
+
+
+class CQBase(PyverbsCM):
+    """What CQ and CQEX share: the ring, the channel, the comp vector, close().
+
+    pyverbs' ``CQ`` and ``CQEX`` are unrelated classes; a QP, an SRQ or a WQ
+    takes either.  This common base is how softverbs says "either".
+    """
 
     close_rank = 60
 
     def __init__(
         self,
         context: Context,
-        cqe: int,
+        cqe: Any,
         cq_context: Any = None,
         channel: CompChannel | None = None,
-        comp_vector: int = 0,
+        comp_vector: Any = 0,
     ) -> None:
         from softverbs.verbs.device import LIMITS, Context
 
         super().__init__()
         require(context, Context, "context")
         context._check_open()
-        if not isinstance(cqe, int):
-            raise PyverbsUserError(f"cqe must be an int, got {type(cqe).__name__}")
+        cqe = as_count(cqe, "cqe")
+        comp_vector = as_count(comp_vector, "comp_vector")
         if not 1 <= cqe <= LIMITS["max_cqe"]:
-            raise einval(f"cqe {cqe} is out of range: a CQ holds 1..{LIMITS['max_cqe']} entries")
+            raise einval(f"Failed to create a CQ: cqe {cqe} is out of range; a CQ holds "
+                         f"1..{LIMITS['max_cqe']} entries")  # fmt: skip
         if channel is not None:
             require(channel, CompChannel, "channel")
+            channel._check_open()
         if not 0 <= comp_vector < context.num_comp_vectors:
             raise einval(
-                f"comp_vector {comp_vector} is out of range; the device has "
-                f"{context.num_comp_vectors} completion vector(s)"
+                f"Failed to create a CQ: comp_vector {comp_vector} is out of range; the "
+                f"device has {context.num_comp_vectors} completion vector(s)"
             )
         self.context = context
         self._ctx = context
         self.channel = channel
         self.cq_context = cq_context
+        self.comp_vector = comp_vector
         self.num_events = 0
         self.ring: CompletionQueue = context.provider.create_cq(cqe, self)
         if channel is not None:
@@ -255,15 +274,18 @@ class CQ(PyverbsCM):
 
     @property
     def cqe(self) -> int:
-        return self.ring.capacity
+        return int(self.ring.capacity)
 
     @property
     def comp_channel(self) -> CompChannel | None:
         return self.channel
 
-    def poll(self, num_entries: int = 1) -> tuple[int, list[WC]]:
-        """Take up to ``num_entries`` completions: ``(npolled, [WC, ...])``."""
-        self._check_open()
+    @property
+    def handle(self) -> int:
+        return id(self) & 0xFFFFFFFF
+
+    def _take(self, num_entries: int) -> list[CQE]:
+        """Consume up to ``num_entries`` CQEs and give their WQ slots back."""
         ring = self.ring
         rt = self.context.runtime
         with rt.lock:
@@ -272,13 +294,11 @@ class CQ(PyverbsCM):
             if not cqes:
                 rt.idle_step()  # a virtual clock moves on when the poller finds nothing
                 cqes = ring.take(num_entries)
-            out: list[WC] = []
             for cqe in cqes:
                 wq = cqe.wq
                 if wq is not None:
                     wq.release(cqe.index)
-                out.append(WC.from_cqe(cqe))
-        return len(out), out
+        return cqes
 
     def req_notify(self, solicited_only: bool = False) -> None:
         """Arm the CQ: the next (solicited) completion posts one event."""
@@ -291,23 +311,42 @@ class CQ(PyverbsCM):
     def ack_events(self, num_events: int) -> None:
         self.num_events = max(0, self.num_events - num_events)
 
-    def resize(self, cqe: int) -> None:
-        from softverbs.verbs.device import LIMITS
-
-        self._check_open()
-        with self.context.lock:
-            waiting = self.ring.pending()
-            if not 1 <= cqe <= LIMITS["max_cqe"] or cqe < waiting:
-                raise einval(
-                    f"cannot resize the CQ to {cqe}: it must hold 1..{LIMITS['max_cqe']} "
-                    f"entries and at least the {waiting} waiting to be polled"
-                )
-            self.ring.capacity = cqe
-
     def _release(self) -> None:
         self.context.provider.destroy_cq(self.ring)
 
     @property
     def error(self) -> bool:
         """True after an overrun (a softverbs addition)."""
-        return self.ring.error
+        return bool(self.ring.error)
+
+    def __str__(self) -> str:
+        f = "{:22}: {:<20}\n"
+        return f"{type(self).__name__}\n" + f.format("Handle", self.handle) + f.format(
+            "CQEs", self.cqe
+        )
+
+
+class CQ(CQBase):
+    """A completion queue: ``CQ(ctx, cqe, cq_context, channel, comp_vector)``."""
+
+    def poll(self, num_entries: int = 1) -> tuple[int, list[WC]]:
+        """Take up to ``num_entries`` completions: ``(npolled, [WC, ...])``."""
+        self._check_open()
+        out = [WC.from_cqe(cqe) for cqe in self._take(as_count(num_entries, "num_entries"))]
+        return len(out), out
+
+    def resize(self, cqe: int) -> None:
+        """``ibv_resize_cq``: EINVAL below the completions waiting to be polled."""
+        from softverbs.verbs.device import LIMITS
+
+        self._check_open()
+        cqe = as_count(cqe, "cqe")
+        with self.context.lock:
+            waiting = self.ring.pending()
+            if not 1 <= cqe <= LIMITS["max_cqe"] or cqe < waiting:
+                raise PyverbsRDMAError(
+                    f"Failed to resize CQ: it must hold 1..{LIMITS['max_cqe']} entries and "
+                    f"at least the {waiting} waiting to be polled; {cqe} was asked",
+                    errno.EINVAL,
+                )
+            self.ring.capacity = cqe

@@ -14,7 +14,12 @@ address.  Both are RoCEv2 GIDs.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import ipaddress
+import os
+import socket
+import weakref
 from collections import deque
 from dataclasses import dataclass, fields
 from typing import Any
@@ -33,6 +38,7 @@ from softverbs.enums import (
     IBV_DEVICE_SYS_IMAGE_GUID,
     IBV_DEVICE_UD_AV_PORT_ENFORCE,
     IBV_DEVICE_XRC,
+    IBV_GID_TYPE_ROCE_V2,
     IBV_GID_TYPE_SYSFS_ROCE_V2,
     IBV_LINK_LAYER_ETHERNET,
     IBV_MTU_4096,
@@ -45,7 +51,8 @@ from softverbs.enums import (
 )
 from softverbs.errors import PyverbsRDMAError, PyverbsUserError, einval
 from softverbs.verbs import registry
-from softverbs.verbs.base import PyverbsCM, PyverbsObject
+from softverbs.verbs.base import PyverbsCM, PyverbsObject, require
+from softverbs.verbs.device_ex import DeviceAttrEx, GIDEntry, soft_odp_caps
 from softverbs.verbs.registry import SoftDevice
 
 GID_TABLE_LEN = 16
@@ -115,6 +122,16 @@ STANDARD_COUNTERS = (
 
 #: LIMITS entries that are DeviceAttr fields.
 _DEVICE_ATTR_LIMITS = frozenset(LIMITS) - {"max_inline_data"}
+
+
+def _ifindex(netdev: str) -> int:
+    """The kernel's index of ``netdev`` (0 for none, as for in-process devices)."""
+    if not netdev:
+        return 0
+    try:
+        return socket.if_nametoindex(netdev)
+    except OSError:
+        return 0
 
 
 def ip_to_gid(addr: str) -> bytes:
@@ -281,21 +298,110 @@ class AsyncEvent(PyverbsObject):
         return f"{'Event Type':<24}: {name:<20}\n"
 
 
+class UContext:
+    """The handle namespace of one opened device, shared with its imports.
+
+    ``ibv_import_device`` opens a second context on the *same* device file
+    (``cmd_fd``), and ``ibv_import_pd`` / ``ibv_import_mr`` / ``ibv_import_dm``
+    then name that context's objects by handle.  softverbs does the same in
+    one process: every context has a real file descriptor (``cmd_fd``), a
+    context imported from a duplicate of it shares this namespace, and a
+    handle finds the very object it names.
+    """
+
+    def __init__(self) -> None:
+        self._next = 1
+        self._objs: dict[int, weakref.ReferenceType[Any]] = {}
+        self.fds = 0  #: open cmd_fds of this namespace (the context's and its imports')
+
+    def add(self, obj: Any) -> int:
+        handle = self._next
+        self._next += 1
+        self._objs[handle] = weakref.ref(obj)
+        return handle
+
+    def remove(self, obj: Any) -> None:
+        for handle, ref in list(self._objs.items()):
+            if ref() is obj:
+                del self._objs[handle]
+
+    def lookup(self, cls: type[Any], handle: Any, fail: str) -> Any:
+        """The live object of type ``cls`` named ``handle``, or EINVAL."""
+        ref = self._objs.get(handle) if isinstance(handle, int) else None
+        obj: Any = ref() if ref is not None else None
+        if obj is None or not isinstance(obj, cls) or obj.closed:
+            raise PyverbsRDMAError(f"{fail}: no {cls.__name__} has handle {handle!r} in this "
+                                   "device context", errno.EINVAL)  # fmt: skip
+        return obj
+
+    def mr_by_lkey(self, lkey: int) -> Any:
+        from softverbs.verbs.mr import MR
+
+        for ref in self._objs.values():
+            obj = ref()
+            if isinstance(obj, MR) and not obj.closed and obj.lkey == lkey:
+                return obj
+        return None
+
+
+#: cmd_fd inode -> (device, namespace) of the context that owns it
+_CMD_FDS: dict[tuple[int, int], tuple[Any, UContext]] = {}
+
+
+def _new_cmd_fd(name: str) -> int:
+    """A file descriptor of its own for a context (a memfd, or a pipe's read end)."""
+    try:
+        return os.memfd_create(f"softverbs-{name}", os.MFD_CLOEXEC)
+    except (AttributeError, OSError):
+        r, w = os.pipe()
+        os.close(w)
+        return r
+
+
+def _fd_key(fd: int) -> tuple[int, int]:
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino
+
+
+def _close_cmd_fd(fd: int, ucontext: UContext) -> None:
+    """Close a context's ``cmd_fd``; forget the namespace when no descriptor of it is left."""
+    with contextlib.suppress(OSError):
+        key = _fd_key(fd)
+        os.close(fd)
+        ucontext.fds -= 1
+        if ucontext.fds <= 0 and _CMD_FDS.get(key, (None, None))[1] is ucontext:
+            del _CMD_FDS[key]
+
+
 class Context(PyverbsCM):
-    """An open device (pyverbs ``Context``): ``Context(name='sv0')``."""
+    """An open device (pyverbs ``Context``): ``Context(name='sv0')``, or
+    ``Context(cmd_fd=fd)`` to import a context from a duplicate of another
+    one's ``cmd_fd`` (``ibv_import_device``)."""
 
     close_rank = 100
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__()
         name = kwargs.get("name")
-        if name is None:
-            raise PyverbsUserError("Device name must be provided")
-        if isinstance(name, bytes):
-            name = name.decode()
-        self.name: str = name
+        cmd_fd = kwargs.get("cmd_fd")
         self._registry = registry.active()
-        self.device: SoftDevice = self._registry.open(name)
+        if cmd_fd is not None:
+            self._import(cmd_fd)
+        else:
+            if name is None:
+                raise PyverbsUserError("Device name must be provided")
+            if isinstance(name, bytes):
+                name = name.decode()
+            if not isinstance(name, str):
+                raise PyverbsUserError(f"Device name must be a str, got {type(name).__name__}")
+            self.name: str = name
+            self.device: SoftDevice = self._registry.open(name)
+            self.ucontext = UContext()
+            self._cmd_fd = _new_cmd_fd(name)
+            _CMD_FDS[_fd_key(self._cmd_fd)] = (self.device, self.ucontext)
+        # as ibv_close_device: the descriptor goes with the context, closed or collected
+        self.ucontext.fds += 1
+        self._fd_closer = weakref.finalize(self, _close_cmd_fd, self._cmd_fd, self.ucontext)
         self.provider = self.device.provider
         #: the device's engine when it runs in this process (for tools and tests)
         self.hca = self.device.hca
@@ -304,6 +410,32 @@ class Context(PyverbsCM):
         self.events: deque[AsyncEvent] = deque()
         self.device.contexts.add(self)
         self.provider.set_event_sink(_dispatch_event(self.device))
+
+    def _import(self, cmd_fd: Any) -> None:
+        if isinstance(cmd_fd, bool) or not isinstance(cmd_fd, int):
+            raise PyverbsUserError(f"cmd_fd must be an int, got {type(cmd_fd).__name__}")
+        try:
+            found = _CMD_FDS.get(_fd_key(cmd_fd))
+        except OSError as exc:
+            raise PyverbsRDMAError(f"Failed to import device: fd {cmd_fd}: {exc.strerror}",
+                                   exc.errno or errno.EBADF) from None  # fmt: skip
+        devices = getattr(self._registry, "devices", {})
+        if found is None or found[0] not in devices.values():
+            raise PyverbsRDMAError(f"Failed to import device: fd {cmd_fd} is not the command "
+                                   "fd of an open softverbs context", errno.EINVAL)  # fmt: skip
+        self.device, self.ucontext = found
+        self.name = self.device.name
+        self._cmd_fd = cmd_fd  # ibv_import_device takes the descriptor over
+
+    @property
+    def cmd_fd(self) -> int:
+        """The context's command file descriptor (``ibv_context.cmd_fd``)."""
+        self._check_open()
+        return self._cmd_fd
+
+    @property
+    def context(self) -> int:
+        return id(self)
 
     # --- queries ------------------------------------------------------------
     @property
@@ -323,6 +455,71 @@ class Context(PyverbsCM):
             local_ca_ack_delay=15, phys_port_cnt=1,
             **{k: v for k, v in LIMITS.items() if k in _DEVICE_ATTR_LIMITS},
         )  # fmt: skip
+
+    def query_device_ex(self, ex_input: Any = None) -> DeviceAttrEx:
+        """``ibv_query_device_ex``: the device attributes and extended caps."""
+        from softverbs.verbs.device_ex import QueryDeviceExInput
+
+        self._check_open()
+        if ex_input is not None:
+            require(ex_input, QueryDeviceExInput, "ex_input")
+            if ex_input.comp_mask:
+                raise PyverbsRDMAError(f"Failed to query EX device {self.name}",
+                                       errno.EINVAL)  # fmt: skip
+        attr = self.query_device()
+        return DeviceAttrEx(
+            orig_attr=attr, odp_caps=soft_odp_caps(), xrc_odp_caps=soft_odp_caps().xrc_odp_caps,
+            device_cap_flags_ex=attr.device_cap_flags, max_dm_size=self._max_dm_size(),
+            phys_port_cnt_ex=attr.phys_port_cnt,
+        )  # fmt: skip
+
+    def _max_dm_size(self) -> int:
+        from softverbs.verbs.dm import MAX_DM_SIZE
+
+        return MAX_DM_SIZE if hasattr(self.provider, "dm_pool") else 0
+
+    def _gid_entries(self) -> list[GIDEntry]:
+        ifindex = _ifindex(self.device.spec.netdev)
+        return [
+            GIDEntry.from_raw(raw, index, 1, IBV_GID_TYPE_ROCE_V2, ifindex)
+            for index, raw in enumerate(self.provider.gids)
+            if any(raw)
+        ]
+
+    def query_gid_table(self, max_entries: int, flags: int = 0) -> list[GIDEntry]:
+        """``ibv_query_gid_table``: every valid GID of every port.
+
+        As the C call, an error carries a *negative* errno: -EINVAL when
+        ``max_entries`` is smaller than the number of valid GIDs.
+        """
+        self._check_open()
+        for what, value in (("max_entries", max_entries), ("flags", flags)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise PyverbsUserError(f"{what} must be an int, got {type(value).__name__}")
+        entries = self._gid_entries()
+        if max_entries < 0 or flags or len(entries) > max_entries:
+            raise PyverbsRDMAError("Failed to query gid tables of the device", -errno.EINVAL)
+        return entries
+
+    def query_gid_ex(self, port_num: int, gid_index: int, flags: int = 0) -> GIDEntry:
+        """``ibv_query_gid_ex``: one GID entry; ENODATA for an empty index."""
+        self._check_open()
+        fail = f"Failed to query gid table of port {port_num} in index {gid_index}"
+        self._port(port_num, fail)
+        if isinstance(gid_index, bool) or not isinstance(gid_index, int):
+            raise PyverbsUserError(f"gid_index must be an int, got {type(gid_index).__name__}")
+        if flags or not 0 <= gid_index < GID_TABLE_LEN:
+            raise PyverbsRDMAError(fail, errno.EINVAL)
+        for entry in self._gid_entries():
+            if entry.gid_index == gid_index:
+                return entry
+        raise PyverbsRDMAError(fail, errno.ENODATA)
+
+    def query_rt_values_ex(self, comp_mask: int = 1) -> tuple[int, int]:
+        """``ibv_query_rt_values_ex``: softverbs devices keep no hardware clock."""
+        self._check_open()
+        raise PyverbsRDMAError("Failed to query real time values: softverbs devices have no "
+                               "hardware clock", errno.EOPNOTSUPP)  # fmt: skip
 
     def _port(self, port_num: int, failed: str) -> None:
         # ``failed`` is pyverbs' message for the verb: programs match on it
@@ -394,6 +591,7 @@ class Context(PyverbsCM):
 
     def _release(self) -> None:
         self.device.contexts.discard(self)
+        self._fd_closer()
         self._registry.release(self.device)
 
 

@@ -91,6 +91,10 @@ def _mapped(addr: int, length: int) -> bool:
     return pos >= end
 
 
+#: The public name: is ``[addr, addr + length)`` mapped in this process?
+mapped = _mapped
+
+
 def from_address(addr: int, length: int) -> Memory:
     if addr <= 0 or length < 0:
         raise einval(f"invalid address {addr:#x} / length {length}")
@@ -101,3 +105,27 @@ def from_address(addr: int, length: int) -> Memory:
         )
     arr = (ctypes.c_char * length).from_address(addr)
     return Memory(memoryview(arr).cast("B"), addr, arr)
+
+
+def implicit_resolver(addr: int, length: int) -> memoryview | str:
+    """The bytes ``[addr, addr+length)`` of this process, for an implicit ODP
+    key, or why they cannot be reached (not mapped: the page fault fails)."""
+    if length == 0:
+        return memoryview(b"")
+    if addr <= 0 or length < 0 or not _mapped(addr, length):
+        return f"[{addr:#x}, +{length}) is not mapped in this process"
+    return memoryview((ctypes.c_char * length).from_address(addr)).cast("B")
+
+
+def touch(addr: int, length: int) -> None:
+    """Fault in every page of ``[addr, addr+length)`` (EFAULT if not mapped)."""
+    if length <= 0:
+        return
+    if not _mapped(addr, length):
+        raise PyverbsRDMAError(
+            f"Failed to advise MR: [{addr:#x}, +{length}) is not mapped in this process",
+            errno.EFAULT,
+        )
+    page = mmap.PAGESIZE
+    for pos in range(addr - addr % page, addr + length, page):
+        ctypes.string_at(max(pos, addr), 1)

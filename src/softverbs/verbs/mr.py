@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 from typing import Any
 
 from softverbs.engine.memory import MemKey, MemKind
 from softverbs.enums import (
+    IBV_ACCESS_FLUSH_GLOBAL,
+    IBV_ACCESS_FLUSH_PERSISTENT,
     IBV_ACCESS_HUGETLB,
     IBV_ACCESS_LOCAL_WRITE,
     IBV_ACCESS_MW_BIND,
@@ -33,18 +36,27 @@ SUPPORTED_ACCESS = (
     | IBV_ACCESS_REMOTE_ATOMIC
     | IBV_ACCESS_MW_BIND
     | IBV_ACCESS_ZERO_BASED
+    | IBV_ACCESS_ON_DEMAND
     | IBV_ACCESS_HUGETLB
     | IBV_ACCESS_RELAXED_ORDERING
 )
+#: Rights softverbs knows but has no device support for (no FLUSH operation).
+UNSUPPORTED_ACCESS = IBV_ACCESS_FLUSH_GLOBAL | IBV_ACCESS_FLUSH_PERSISTENT
+
+#: ``MR.length`` of an implicit (whole address space) ODP MR: SIZE_MAX.
+IMPLICIT_LENGTH = (1 << 64) - 1
 
 
-def check_access(access: int, what: str = "MR") -> None:
-    """The verbs rules for access flags (IBA 10.6.3.1)."""
-    if access & IBV_ACCESS_ON_DEMAND:
-        raise eopnotsupp(f"{what}: on-demand paging (IBV_ACCESS_ON_DEMAND) is not supported")
-    unknown = access & ~SUPPORTED_ACCESS
-    if unknown:
+def check_access(access: Any, what: str = "MR") -> None:
+    """The verbs rules for access flags (IBA 10.6.3.1); ``what`` prefixes the error."""
+    if isinstance(access, bool) or not isinstance(access, int):
+        raise PyverbsUserError(f"{what}: access must be an int, got {type(access).__name__}")
+    unknown = access & ~(SUPPORTED_ACCESS | UNSUPPORTED_ACCESS)
+    if access < 0 or unknown:
         raise einval(f"{what}: unknown access flag bits {unknown:#x}")
+    if access & UNSUPPORTED_ACCESS:
+        raise eopnotsupp(f"{what}: softverbs devices do not support the FLUSH operation "
+                         "(IBV_ACCESS_FLUSH_GLOBAL / IBV_ACCESS_FLUSH_PERSISTENT)")  # fmt: skip
     if access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC) and not (
         access & IBV_ACCESS_LOCAL_WRITE
     ):
@@ -59,11 +71,30 @@ def inc_rkey(rkey: int) -> int:
     return (rkey & 0xFFFFFF00) | ((rkey + 1) & 0xFF)
 
 
+def _length(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise PyverbsUserError(f"length must be an int, got {type(value).__name__}")
+    return int(value)
+
+
 class MR(PyverbsCM):
-    """A memory region: ``MR(pd, length, access)``.
+    """A memory region: ``MR(pd, length, access, address=None, implicit=False)``.
+
+    * without ``address``: fresh zeroed page-aligned memory of ``length`` bytes;
+    * with ``address``: the caller's memory at that address;
+    * ``implicit=True`` (with ``IBV_ACCESS_ON_DEMAND``): the key covers the
+      whole address space (``length`` is SIZE_MAX) -- any mapped address of
+      the process may be used with it; ``buf`` is still a buffer of
+      ``length`` bytes (or ``address``) to read and write through;
+    * ``handle=h``: import the MR of that handle from the context this PD's
+      context was imported from (``ibv_import_mr``); ``address`` is then the
+      address ``buf`` reports, as in pyverbs.
 
     Beyond pyverbs: ``MR(pd, access=..., buffer=obj)`` registers any
     writable buffer-protocol object in place (bytearray, mmap, numpy array).
+    On-demand paging is what softverbs always does (it never pins memory;
+    see :mod:`softverbs.verbs.device_ex`), so ``IBV_ACCESS_ON_DEMAND`` MRs
+    behave as any other; :meth:`prefetch` touches their pages.
     """
 
     close_rank = 40
@@ -77,28 +108,77 @@ class MR(PyverbsCM):
         implicit: bool = False,
         **kwargs: Any,
     ) -> None:
-        super().__init__()
         require(creator, PD, "creator")
         creator._check_open()
-        if implicit:
-            raise eopnotsupp("implicit (whole address space) MRs are not supported")
-        check_access(access)
+        handle = kwargs.get("handle")
+        if handle is not None:
+            self._import(creator, handle, address)
+            return
+        length = _length(length)
+        fail = f"Failed to register a MR. length: {length}, access flags: {access}"
+        check_access(access, fail)
+        if implicit and not access & IBV_ACCESS_ON_DEMAND:
+            raise einval(f"{fail}: an implicit MR must be an on-demand paging MR "
+                         "(IBV_ACCESS_ON_DEMAND)")  # fmt: skip
         buffer = kwargs.get("buffer")
         if buffer is not None:
             mem = memory.from_buffer(buffer)
         elif address:
+            if isinstance(address, bool) or not isinstance(address, int):
+                raise PyverbsUserError(f"address must be an int, got {type(address).__name__}")
             mem = memory.from_address(address, length)
         else:
-            if not isinstance(length, int):
-                raise PyverbsUserError(f"length must be an int, got {type(length).__name__}")
+            if length < 0:
+                raise PyverbsUserError(f"The MR buffer isn't allocated or length {length} "
+                                       "is invalid")  # fmt: skip
             mem = creator.ctx.provider.alloc_memory(length)
-        self.pd = creator
-        self._ctx = creator.ctx
+        self._setup(creator, mem, access, user_addr=buffer is not None or bool(address),
+                    implicit=implicit)  # fmt: skip
+
+    def _setup(self, pd: PD, mem: memory.Memory, access: int, user_addr: bool,
+               implicit: bool = False) -> None:  # fmt: skip
+        """Register ``mem`` (and own it unless ``user_addr``)."""
+        PyverbsCM.__init__(self)
+        self.pd = pd
+        self._ctx = pd.ctx
         self._mem = mem
-        self._user_addr = buffer is not None or bool(address)
-        self._key: MemKey = creator.ctx.provider.reg_mr(creator, mem, access, self)
+        self._user_addr = user_addr
+        self._imported = False
+        self._implicit = implicit
+        provider = pd.ctx.provider
+        try:
+            if implicit:
+                reg = getattr(provider, "reg_mr_implicit", None)
+                if reg is None:
+                    raise eopnotsupp("Failed to register a MR: this device (served by the "
+                                     "device service) has no implicit ODP MRs")  # fmt: skip
+                self._key: MemKey = reg(pd.engine_pd, memory.implicit_resolver, access, self)
+            else:
+                self._key = provider.reg_mr(pd.engine_pd, mem, access, self)
+        except BaseException:
+            if not user_addr:
+                mem.release()
+            raise
         self.access = access
-        creator.add_ref(self)
+        self._handle = pd.ctx.ucontext.add(self)
+        pd.add_ref(self)
+
+    def _import(self, pd: PD, handle: Any, address: int | None) -> None:
+        PyverbsCM.__init__(self)
+        original = pd.ctx.ucontext.lookup(MR, handle, "Failed to import MR")
+        self.pd = pd
+        self._ctx = pd.ctx
+        self._key = original._key
+        self._implicit = original._implicit
+        self.access = original.access
+        self._handle = original.handle
+        self._imported = True
+        self._user_addr = True
+        # as ibv_import_mr: the region keeps its keys and length; its address is
+        # whatever the caller says it is (pyverbs' ``address``), NULL if nothing
+        view = original._mem.view
+        self._mem = memory.Memory(view, address or 0, original)
+        pd.add_ref(self)
 
     @classmethod
     def from_buffer(cls, pd: PD, buf: object, access: int) -> MR:
@@ -108,23 +188,23 @@ class MR(PyverbsCM):
     # --- pyverbs properties -----------------------------------------------------
     @property
     def buf(self) -> int:
-        return self._mem.addr
+        return int(self._mem.addr)
 
     @property
     def lkey(self) -> int:
-        return self._key.key
+        return int(self._key.key)
 
     @property
     def rkey(self) -> int:
-        return self._key.key
+        return int(self._key.key)
 
     @property
     def length(self) -> int:
-        return len(self._mem.view)
+        return IMPLICIT_LENGTH if self._implicit else len(self._mem.view)
 
     @property
     def handle(self) -> int:
-        return self._key.key >> 8
+        return self._handle
 
     @property
     def view(self) -> memoryview:
@@ -132,11 +212,18 @@ class MR(PyverbsCM):
         self._check_open()
         return self._mem.view
 
-    def _bounds(self, length: int, offset: int) -> None:
+    def _bounds(self, length: Any, offset: Any) -> tuple[int, int]:
+        for what, value in (("length", length), ("offset", offset)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise PyverbsUserError(f"{what} must be an int, got {type(value).__name__}")
         if offset < 0:
             raise PyverbsUserError(f"Invalid offset {offset}")
-        if length < 0 or offset + length > self.length:
-            raise PyverbsUserError(f"[{offset}, +{length}) is outside the MR's {self.length} bytes")
+        size = len(self._mem.view)
+        if length < 0 or offset + length > size:
+            raise PyverbsUserError(f"The MR buffer isn't allocated or length {length} is "
+                                   f"invalid: [{offset}, +{length}) is outside its {size} "
+                                   "bytes")  # fmt: skip
+        return length, offset
 
     def write(
         self, data: bytes | str | bytearray | memoryview, length: int, offset: int = 0
@@ -145,15 +232,39 @@ class MR(PyverbsCM):
         self._check_open()
         if isinstance(data, str):
             data = data.encode()
-        self._bounds(length, offset)
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise PyverbsUserError(f"data must be str or bytes, got {type(data).__name__}")
+        length, offset = self._bounds(length, offset)
         if length > len(data):
             raise PyverbsUserError(f"length {length} is longer than the data ({len(data)} bytes)")
         self._mem.view[offset : offset + length] = memoryview(data)[:length]
 
     def read(self, length: int, offset: int) -> bytes:
         self._check_open()
-        self._bounds(length, offset)
+        length, offset = self._bounds(length, offset)
         return bytes(self._mem.view[offset : offset + length])
+
+    def prefetch(self, addr: int, length: int, fault: bool) -> None:
+        """Make ``[addr, addr+length)`` resident (``ibv_advise_mr`` PREFETCH).
+
+        softverbs reaches memory through the process's page tables, so
+        prefetching means touching one byte per page; without ``fault``
+        (PREFETCH_NO_FAULT) pages that are not present are left alone.
+        """
+        from softverbs.errors import PyverbsRDMAError
+
+        self._check_open()
+        if not self._implicit:
+            base = self._key.iova
+            if addr < base or addr + length > base + self._key.length:
+                raise PyverbsRDMAError(f"Failed to advise MR: [{addr:#x}, +{length}) is "
+                                       "outside the MR", errno.EINVAL)  # fmt: skip
+        if fault:
+            memory.touch(addr, length)
+
+    def unimport(self) -> None:
+        """``ibv_unimport_mr``: forget an imported MR without deregistering it."""
+        self.close()
 
     def rereg(
         self, flags: int, pd: PD | None = None, addr: int = 0, length: int = 0, access: int = 0
@@ -161,21 +272,26 @@ class MR(PyverbsCM):
         """``ibv_rereg_mr``: change the PD, the translation or the access."""
         self._check_open()
         key = self._key
+        fail = "Failed to rereg MR"
+        if isinstance(flags, bool) or not isinstance(flags, int):
+            raise PyverbsUserError(f"flags must be an int, got {type(flags).__name__}")
         if flags & ~(IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD
                      | IBV_REREG_MR_CHANGE_ACCESS) or not flags:  # fmt: skip
-            raise einval(f"rereg: invalid flags {flags:#x}")
+            raise einval(f"{fail}: invalid flags {flags:#x}")
+        if self._imported or self._implicit:
+            raise eopnotsupp(f"{fail}: an imported or implicit MR cannot be re-registered")
         if flags & IBV_REREG_MR_CHANGE_ACCESS:
-            check_access(access)
+            check_access(access, fail)
         if flags & IBV_REREG_MR_CHANGE_PD:
             require(pd, PD, "pd")
         mem = None
         if flags & IBV_REREG_MR_CHANGE_TRANSLATION:
-            mem = memory.from_address(addr, length)
+            mem = memory.from_address(addr, _length(length))
         self._ctx.provider.update_mr(
             key,
             mem,
             access if flags & IBV_REREG_MR_CHANGE_ACCESS else None,
-            pd if flags & IBV_REREG_MR_CHANGE_PD else None,
+            pd.engine_pd if pd is not None and flags & IBV_REREG_MR_CHANGE_PD else None,
         )
         if mem is not None:
             if not self._user_addr:
@@ -190,11 +306,14 @@ class MR(PyverbsCM):
             pd.add_ref(self)
 
     def _release(self) -> None:
+        if self._imported:
+            return
         try:
             self._ctx.provider.dereg_mr(self._key)
         except PyverbsRDMAError:
             self._closed = False
             raise
+        self._ctx.ucontext.remove(self)
         if not self._user_addr:
             self._mem.release()
 
@@ -238,12 +357,13 @@ class MW(PyverbsCM):
         require(pd, PD, "pd")
         pd._check_open()
         kinds: dict[int, MemKind] = {IBV_MW_TYPE_1: MemKind.MW1, IBV_MW_TYPE_2: MemKind.MW2}
-        if mw_type not in kinds:
-            raise einval(f"unknown memory window type {mw_type}; use IBV_MW_TYPE_1 or _2")
+        if isinstance(mw_type, bool) or mw_type not in kinds:
+            raise einval(f"Failed to allocate MW: unknown memory window type {mw_type!r}; use "
+                         "IBV_MW_TYPE_1 or IBV_MW_TYPE_2")  # fmt: skip
         self.pd = pd
         self._ctx = pd.ctx
         self._type = mw_type
-        self._key: MemKey = pd.ctx.provider.alloc_mw(pd, kinds[mw_type], self)
+        self._key: MemKey = pd.ctx.provider.alloc_mw(pd.engine_pd, kinds[mw_type], self)
         pd.add_ref(self)
 
     @property

@@ -31,6 +31,7 @@ from softverbs.errors import PyverbsRDMAError, ebusy, einval
 from softverbs.fabric.runtime import Runtime
 
 if TYPE_CHECKING:
+    from softverbs.verbs.dm import DmPool
     from softverbs.verbs.memory import Memory
 
 
@@ -49,6 +50,15 @@ class EmbeddedProvider:
 
     def dealloc_pd(self, pd: object) -> None:
         pass
+
+    def dm_pool(self) -> DmPool:
+        """The device's on-device memory (``ibv_alloc_dm``), made on first use."""
+        from softverbs.verbs.dm import DmPool
+
+        pool: DmPool | None = getattr(self, "_dm_pool", None)
+        if pool is None:
+            pool = self._dm_pool = DmPool()
+        return pool
 
     def alloc_memory(self, length: int) -> Memory:
         """Fresh, zeroed, page-aligned memory for ``MR(pd, length, access)``."""
@@ -72,9 +82,11 @@ class EmbeddedProvider:
         owner: Any,
         rings: tuple[Any, Any] | None = None,
         caps: tuple[int, int, int] = (1, 0, 1),
+        engine_cls: type[QPEngine] = QPEngine,
     ) -> QPEngine:
         """A QP engine.  ``rings`` (send, receive) overrides the local rings
-        the sizes would make: the device service passes shared-memory ones.
+        the sizes would make: the device service passes shared-memory ones,
+        and an ``engine_cls`` that mirrors the QP state into them.
         ``caps`` (max send SGEs, max inline bytes, max receive SGEs) size the
         slots of rings that need a fixed layout; local rings do not."""
         hca = self.hca
@@ -85,7 +97,7 @@ class EmbeddedProvider:
             )
         with self.runtime.lock:
             qpn = hca.alloc_qpn(xrc_recv=qp_type == IBV_QPT_XRC_RECV)
-            eng = QPEngine(
+            eng = engine_cls(
                 hca, qpn, qp_type, pd, send_cq, recv_cq, rings[0], rings[1],
                 srq, sq_sig_all, owner=owner,
             )  # fmt: skip
@@ -217,6 +229,11 @@ class EmbeddedProvider:
     def reg_mr(self, pd: object, mem: Memory, access: int, owner: Any) -> MemKey:
         with self.runtime.lock:
             return self.hca.keys.register(MemKind.MR, pd, mem.view, mem.addr, access, owner)
+
+    def reg_mr_implicit(self, pd: object, resolver: Any, access: int, owner: Any) -> MemKey:
+        """An implicit ODP region: one key for every mapped address."""
+        with self.runtime.lock:
+            return self.hca.keys.register_implicit(pd, resolver, access, owner)
 
     def update_mr(self, key: MemKey, mem: Memory | None, access: int | None, pd: object) -> None:
         """``ibv_rereg_mr``: new translation, access and/or PD for a region."""

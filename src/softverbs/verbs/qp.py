@@ -17,11 +17,12 @@ deferred WR is stranded, and the failed WR produces no completion.
 from __future__ import annotations
 
 import ctypes
+import errno
 import sys
 from typing import TYPE_CHECKING, Any
 
 from softverbs.engine.queues import SendWQE, Sge
-from softverbs.engine.requester import WR_INFO, WrClass
+from softverbs.engine.requester import WR_DRIVER1, WR_INFO, WrClass
 from softverbs.enums import (
     IBV_MTU_256,
     IBV_MTU_1024,
@@ -83,7 +84,7 @@ from softverbs.errors import PyverbsRDMAError, PyverbsUserError, einval, enomem,
 from softverbs.verbs import qpstate
 from softverbs.verbs.addr import AH, AHAttr, GlobalRoute, resolve_route
 from softverbs.verbs.base import PyverbsCM, PyverbsObject, require
-from softverbs.verbs.cq import CQ
+from softverbs.verbs.cq import CQBase
 from softverbs.verbs.mr import MW, MWBind, MWBindInfo, inc_rkey
 from softverbs.verbs.pd import PD
 from softverbs.verbs.srq import SRQ, recv_wqe
@@ -93,9 +94,10 @@ if TYPE_CHECKING:
     from softverbs.verbs.device import Context
 
 #: WR opcodes each QP type accepts.
+#: (A provider's driver WQE, WR_DRIVER1, is built by the provider, never posted.)
 ALLOWED_OPCODES: dict[int, frozenset[int]] = {
-    IBV_QPT_RC: frozenset(WR_INFO),
-    IBV_QPT_XRC_SEND: frozenset(WR_INFO),
+    IBV_QPT_RC: frozenset(WR_INFO) - {WR_DRIVER1},
+    IBV_QPT_XRC_SEND: frozenset(WR_INFO) - {WR_DRIVER1},
     IBV_QPT_UC: frozenset({IBV_WR_SEND, IBV_WR_SEND_WITH_IMM, IBV_WR_RDMA_WRITE,
                            IBV_WR_RDMA_WRITE_WITH_IMM, IBV_WR_LOCAL_INV, IBV_WR_BIND_MW}),
     IBV_QPT_UD: frozenset({IBV_WR_SEND, IBV_WR_SEND_WITH_IMM}),
@@ -159,7 +161,7 @@ class _InitAttrBase(PyverbsObject):
     ) -> None:  # fmt: skip
         super().__init__()
         for cq, what in ((scq, "scq"), (rcq, "rcq")):
-            if cq is not None and not isinstance(cq, CQ):
+            if cq is not None and not isinstance(cq, CQBase):
                 raise PyverbsUserError(f"Expected CQ/CQEX, got {type(cq)} for {what}")
         if srq is not None:
             require(srq, SRQ, "srq")
@@ -376,6 +378,22 @@ def engine_values(ctx: Context, a: QPAttr, mask: int) -> dict[str, Any]:
     return v
 
 
+class ECE(PyverbsCM):
+    """``ibv_ece``: Enhanced Connection Establishment options (a vendor's own)."""
+
+    def __init__(self, vendor_id: int = 0, options: int = 0, comp_mask: int = 0) -> None:
+        super().__init__()
+        self.vendor_id = vendor_id
+        self.options = options
+        self.comp_mask = comp_mask
+
+    def __str__(self) -> str:
+        f = "{:22}: 0x{:<20x}\n"
+        return ("ECE:\n" + f.format("Vendor ID", self.vendor_id)
+                + f.format("Options", self.options)
+                + f.format("Comp Mask", self.comp_mask))  # fmt: skip
+
+
 class QP(PyverbsCM):
     """A queue pair: ``QP(pd, QPInitAttr(...), QPAttr?)`` or ``QP(ctx, QPInitAttrEx(...))``.
 
@@ -410,8 +428,8 @@ class QP(PyverbsCM):
         self._ctx = ctx
         self.context = ctx
         self.pd = pd
-        self.scq: CQ | None = init_attr.send_cq
-        self.rcq: CQ | None = init_attr.recv_cq
+        self.scq: CQBase | None = init_attr.send_cq
+        self.rcq: CQBase | None = init_attr.recv_cq
         self.srq: SRQ | None = init_attr.srq
         self.xrcd = getattr(init_attr, "xrcd", None)
         self.cap = cap.copy()
@@ -426,7 +444,7 @@ class QP(PyverbsCM):
         mtu = ctx.device.mtu
         self.engine = ctx.provider.create_qp(
             qp_type,
-            pd,
+            pd.engine_pd if pd is not None else None,
             self.scq.ring if self.scq is not None else None,
             self.rcq.ring if self.rcq is not None else None,
             self.srq.ring if self.srq is not None else None,
@@ -756,6 +774,37 @@ class QP(PyverbsCM):
                 + ("QP.bind_mw()" if mw.type == IBV_MW_TYPE_1 else "an IBV_WR_BIND_MW WR")
             )
         return (mw._key, info.mr._key, new_key, info.addr, info.length, info.mw_access_flags)
+
+    def set_ece(self, ece: ECE) -> None:
+        """``ibv_set_ece``: ECE options are a vendor's; softverbs has none."""
+        self._check_open()
+        require(ece, ECE, "ece")
+        if ece.vendor_id == 0:
+            return  # as pyverbs: nothing to set
+        raise PyverbsRDMAError("Failed to set ECE: softverbs devices have no vendor ECE "
+                               "options", errno.EOPNOTSUPP)  # fmt: skip
+
+    def query_ece(self) -> ECE:
+        """``ibv_query_ece``: EOPNOTSUPP, as on a device without ECE."""
+        self._check_open()
+        raise PyverbsRDMAError("Failed to query ECE: softverbs devices have no vendor ECE "
+                               "options", errno.EOPNOTSUPP)  # fmt: skip
+
+    def query_data_in_order(self, op: int, flags: int = 0) -> int:
+        """``ibv_query_qp_data_in_order``: softverbs places the data of a message in
+        order (packets that arrive out of order are never placed), so a whole
+        message is always written in order."""
+        from softverbs.enums import (
+            IBV_QUERY_QP_DATA_IN_ORDER_ALIGNED_128_BYTES,
+            IBV_QUERY_QP_DATA_IN_ORDER_RETURN_CAPS,
+            IBV_QUERY_QP_DATA_IN_ORDER_WHOLE_MSG,
+        )
+
+        self._check_open()
+        if flags & IBV_QUERY_QP_DATA_IN_ORDER_RETURN_CAPS:
+            return int(IBV_QUERY_QP_DATA_IN_ORDER_WHOLE_MSG
+                       | IBV_QUERY_QP_DATA_IN_ORDER_ALIGNED_128_BYTES)  # fmt: skip
+        return 1
 
     def bind_mw(self, mw: MW, mw_bind: MWBind) -> None:
         """Bind a type 1 window (``ibv_bind_mw``): a BIND_MW WQE on this QP's SQ."""

@@ -41,6 +41,7 @@ from softverbs.fabric.runtime import Clock, DeviceRuntime, InprocRuntime, Runtim
 from softverbs.verbs.provider import EmbeddedProvider
 
 if TYPE_CHECKING:
+    from softverbs.fabric.pcap import PcapWriter
     from softverbs.verbs.device import Context
 
 
@@ -222,14 +223,31 @@ def _apply_environment(runtime: Runtime) -> None:
     if faults:
         from softverbs.fabric.faults import parse_faults
 
-        runtime.faults = parse_faults(faults)
+        try:
+            runtime.faults = parse_faults(faults)
+        except ValueError as exc:
+            raise ValueError(f"SOFTVERBS_FAULTS: {exc}") from None
     path = os.environ.get("SOFTVERBS_PCAP")
     if path:
-        from softverbs.fabric.pcap import PcapWriter
-
         if "{pid}" in path:
             path = path.replace("{pid}", str(os.getpid()))
-        runtime.add_tap(PcapWriter(path))
+        runtime.add_tap(_pcap_writer(path))
+
+
+_pcap_writers: dict[str, PcapWriter] = {}
+
+
+def _pcap_writer(path: str) -> PcapWriter:
+    """One writer per file: every runtime of the process (in-process, each UDP device,
+    each simulation) shares it, instead of truncating the file under the others."""
+    from softverbs.fabric.pcap import PcapWriter
+
+    key = os.path.abspath(path)
+    writer = _pcap_writers.get(key)
+    if writer is None:
+        writer = _pcap_writers[key] = PcapWriter(path)
+        atexit.register(writer.flush)  # not close: a UDP device stopping at exit still sends
+    return writer
 
 
 _default = Registry()

@@ -9,14 +9,17 @@ other WQEs stay for the other QPs.
 
 from __future__ import annotations
 
+import errno
 from typing import TYPE_CHECKING, Any
 
 from softverbs.engine.queues import RecvWQE, SharedRQ
 from softverbs.enums import (
+    IBV_OPS_SIGNALED,
     IBV_SRQ_LIMIT,
     IBV_SRQ_MAX_WR,
     IBV_SRQT_BASIC,
     IBV_SRQT_XRC,
+    IBV_WR_TAG_ADD,
 )
 from softverbs.errors import PyverbsRDMAError, PyverbsUserError, einval, enomem, eopnotsupp
 from softverbs.verbs.base import PyverbsCM, PyverbsObject, require
@@ -82,13 +85,36 @@ class SrqInitAttrEx(PyverbsObject):
         self.max_ops = 0
 
 
+class OpsWr(PyverbsCM):
+    """``ibv_ops_wr``: a tag-matching list operation for ``SRQ.post_srq_ops``."""
+
+    def __init__(self, wr_id: int = 0, opcode: int = IBV_WR_TAG_ADD, flags: int = IBV_OPS_SIGNALED,
+                 next_wr: OpsWr | None = None, unexpected_cnt: int = 0, recv_wr_id: int = 0,
+                 num_sge: int | None = None, tag: int = 0, mask: int = 0,
+                 sg_list: list[Any] | None = None) -> None:  # fmt: skip
+        super().__init__()
+        if next_wr is not None:
+            require(next_wr, OpsWr, "next_wr")
+        self.wr_id = wr_id
+        self.opcode = opcode
+        self.flags = flags
+        self.next_wr = next_wr
+        self.unexpected_cnt = unexpected_cnt
+        self.recv_wr_id = recv_wr_id
+        self.num_sge = num_sge if num_sge is not None else len(sg_list or [])
+        self.tag = tag
+        self.mask = mask
+        self.sg_list = list(sg_list or [])
+        self.handle = 0
+
+
 class SRQ(PyverbsCM):
     """A shared receive queue: ``SRQ(pd, SrqInitAttr)`` or ``SRQ(ctx, SrqInitAttrEx)``."""
 
     close_rank = 50
 
     def __init__(self, creator: Any, attr: Any) -> None:
-        from softverbs.verbs.cq import CQ
+        from softverbs.verbs.cq import CQBase
         from softverbs.verbs.device import LIMITS, Context
         from softverbs.verbs.pd import PD
 
@@ -114,7 +140,7 @@ class SRQ(PyverbsCM):
             if srq_type == IBV_SRQT_XRC and (xrcd is None or cq is None):
                 raise einval("an XRC SRQ needs an XRC domain and a CQ (SrqInitAttrEx.xrcd, .cq)")
             if cq is not None:
-                require(cq, CQ, "cq")
+                require(cq, CQBase, "cq")
         else:
             raise PyverbsUserError("SRQ needs either a Context or a PD for creation")
         ctx._check_open()
@@ -135,7 +161,7 @@ class SRQ(PyverbsCM):
             max_wr,
             max_sge,
             limit,
-            pd,
+            pd.engine_pd if pd is not None else None,
             xrcd.domain if srq_type == IBV_SRQT_XRC and xrcd is not None else None,
             cq.ring if cq is not None else None,
             self,
@@ -173,6 +199,13 @@ class SRQ(PyverbsCM):
                 raise
             finally:
                 self._ctx.runtime.progress()
+
+    def post_srq_ops(self, wr: OpsWr, bad_wr: OpsWr | None = None) -> None:
+        """``ibv_post_srq_ops``: tag-matching SRQs only, which softverbs has not."""
+        self._check_open()
+        require(wr, OpsWr, "wr")
+        raise PyverbsRDMAError("post SRQ ops failed: softverbs has no tag-matching SRQs "
+                               "(tm_caps are 0)", errno.EOPNOTSUPP)  # fmt: skip
 
     def modify(self, attr: SrqAttr, comp_mask: int) -> None:
         """``ibv_modify_srq``: arm the limit event and/or resize."""

@@ -1,4 +1,4 @@
-"""``pyverbs.device``: devices, contexts, device and port attributes."""
+"""``pyverbs.device``: devices, contexts, device and port attributes, device memory."""
 
 from softverbs.verbs.device import (
     AsyncEvent,
@@ -8,6 +8,20 @@ from softverbs.verbs.device import (
     PortAttr,
     get_device_list,
 )
+from softverbs.verbs.device_ex import (
+    CQModerationCaps,
+    DeviceAttrEx,
+    FdArr,
+    GIDEntry,
+    ODPCaps,
+    PacketPacingCaps,
+    PCIAtomicCaps,
+    QueryDeviceExInput,
+    RSSCaps,
+    TMCaps,
+    TSOCaps,
+)
+from softverbs.verbs.dm import DM, AllocDmAttr
 from softverbs.verbs.strings import (
     guid_format,
     guid_to_hex,
@@ -28,11 +42,24 @@ from softverbs.verbs.strings import (
 )
 
 __all__ = [
+    "DM",
+    "AllocDmAttr",
     "AsyncEvent",
+    "CQModerationCaps",
     "Context",
     "Device",
     "DeviceAttr",
+    "DeviceAttrEx",
+    "FdArr",
+    "GIDEntry",
+    "ODPCaps",
+    "PCIAtomicCaps",
+    "PacketPacingCaps",
     "PortAttr",
+    "QueryDeviceExInput",
+    "RSSCaps",
+    "TMCaps",
+    "TSOCaps",
     "get_device_list",
     "guid_format",
     "guid_to_hex",

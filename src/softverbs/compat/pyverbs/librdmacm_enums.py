@@ -1,8 +1,8 @@
 """``pyverbs.librdmacm_enums``: the RDMA CM enums of :mod:`softverbs.enums`.
 
 These are the ``rdma_*`` enum classes and the ``RDMA_*`` / ``RAI_*``
-constants. softverbs has no connection manager yet, but programs (rdma-core's
-tests among them) import these names to spell port spaces and event types.
+constants that programs (rdma-core's tests among them) use to spell port
+spaces and event types for ``pyverbs.cmid`` (:mod:`softverbs.cm`).
 """
 
 from softverbs import enums as _enums

@@ -1,5 +1,5 @@
-"""``pyverbs.pd``: protection domains."""
+"""``pyverbs.pd``: protection domains and parent domains."""
 
-from softverbs.verbs.pd import PD
+from softverbs.verbs.pd import PD, ParentDomain, ParentDomainContext, ParentDomainInitAttr
 
-__all__ = ["PD"]
+__all__ = ["PD", "ParentDomain", "ParentDomainContext", "ParentDomainInitAttr"]

@@ -1,6 +1,7 @@
 """``pyverbs.qp``: queue pairs and their attribute objects."""
 
 from softverbs.verbs.qp import (
+    ECE,
     QP,
     DataBuffer,
     QPAttr,
@@ -10,4 +11,4 @@ from softverbs.verbs.qp import (
     QPInitAttrEx,
 )
 
-__all__ = ["QP", "DataBuffer", "QPAttr", "QPCap", "QPEx", "QPInitAttr", "QPInitAttrEx"]
+__all__ = ["ECE", "QP", "DataBuffer", "QPAttr", "QPCap", "QPEx", "QPInitAttr", "QPInitAttrEx"]

@@ -1,5 +1,5 @@
 """``pyverbs.srq``: shared receive queues."""
 
-from softverbs.verbs.srq import SRQ, SrqAttr, SrqInitAttr, SrqInitAttrEx
+from softverbs.verbs.srq import SRQ, OpsWr, SrqAttr, SrqInitAttr, SrqInitAttrEx
 
-__all__ = ["SRQ", "SrqAttr", "SrqInitAttr", "SrqInitAttrEx"]
+__all__ = ["SRQ", "OpsWr", "SrqAttr", "SrqInitAttr", "SrqInitAttrEx"]

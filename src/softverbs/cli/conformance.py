@@ -1,0 +1,362 @@
+"""``softverbs conformance``: run rdma-core's own test suite on softverbs.
+
+rdma-core's ``tests/`` directory is the verbs conformance suite of the field
+(kernel soft-RoCE is tested against it).  It ships in the ``pyverbs`` sdist on
+PyPI, which also holds pyverbs' sources.  This command:
+
+1. fetches the sdist with ``pip download --no-deps pyverbs==VERSION`` into a
+   cache directory (``--cache``, else ``$SOFTVERBS_CACHE``, else
+   ``~/.cache/softverbs/conformance``), and reuses it when present;
+2. unpacks ``rdma-core/tests`` next to it in the cache -- the suite is GPL and
+   is never copied anywhere else (in particular not into a source tree);
+3. runs ``tests/run_tests.py -v`` through ``softverbs exec`` on one device
+   configuration (``--config``):
+
+   * ``embedded`` (default): the in-process device ``sv0``, no link table.
+     Fastest, and every single-process test runs exactly as it would.
+   * ``udp``: a RoCEv2 UDP device bound to the loopback interface (``softverbs
+     link add --netdev lo``).  Packets really are encoded, sent and decoded,
+     and the device has a netdev, so tests that need an IP address run too.
+   * ``service``: the in-process device served by ``softverbsd`` (started for
+     the run on a private socket, stopped afterwards), so the processes a test
+     forks share one device, as with kernel rxe.
+
+4. parses unittest's verbose output and prints, per test file and in total,
+   the tests that passed, failed, errored and were skipped.  A skipped test
+   never counts as passed, and a test the output does not account for (the
+   run timed out, or the output could not be read) counts as an error.
+
+``--json FILE`` writes the same numbers, with each failure's and skip's
+reason, for tools (``tests/conformance/test_conformance.py`` compares the
+passed count with ``tests/conformance/floor.json``); ``--floor N`` makes the
+exit status 1 when fewer than ``N`` tests passed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+DEFAULT_VERSION = "59.0"
+CONFIGS = ("embedded", "udp", "service")
+#: Test files that only run on one vendor's hardware (mlx5, EFA, irdma) or a GPU.
+VENDOR_PREFIXES = ("test_mlx5", "test_efa", "test_cuda")
+STATUSES = ("passed", "failed", "errors", "skipped")
+DEFAULT_TIMEOUT = 3600.0
+
+
+# --- fetching the suite ---------------------------------------------------------------------------
+
+
+def cache_dir(explicit: str | None = None) -> Path:
+    if explicit:
+        return Path(explicit).expanduser()
+    env = os.environ.get("SOFTVERBS_CACHE")
+    if env:
+        return Path(env).expanduser()
+    return Path("~/.cache/softverbs/conformance").expanduser()
+
+
+def fetch_sdist(cache: Path, version: str) -> Path:
+    """The pyverbs sdist in ``cache``, downloaded with pip if it is not there yet."""
+    cache.mkdir(parents=True, exist_ok=True)
+    sdist = cache / f"pyverbs-{version}.tar.gz"
+    if sdist.exists():
+        return sdist
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+           "--disable-pip-version-check", "-d", str(cache), f"pyverbs=={version}"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0 or not sdist.exists():
+        raise RuntimeError(
+            f"pip download of pyverbs=={version} failed:\n{proc.stdout}{proc.stderr}"
+        )
+    return sdist
+
+
+def unpack_suite(sdist: Path, cache: Path, version: str) -> Path:
+    """``rdma-core/tests`` of the sdist, unpacked once under ``cache``; returns the
+    directory that *contains* ``tests`` (run_tests.py imports the package ``tests``)."""
+    root = cache / f"suite-{version}"
+    tests = root / "tests"
+    if (tests / "run_tests.py").exists():
+        return root
+    tmp = Path(tempfile.mkdtemp(prefix="suite-", dir=cache))
+    try:
+        with tarfile.open(sdist) as tar:
+            members = []
+            for m in tar.getmembers():
+                parts = Path(m.name).parts
+                # pyverbs-59.0/rdma-core/tests/<file>: regular files only
+                if len(parts) >= 4 and parts[1:3] == ("rdma-core", "tests") and m.isfile():
+                    m.name = str(Path("tests", *parts[3:]))
+                    members.append(m)
+            if not members:
+                raise RuntimeError(f"{sdist} has no rdma-core/tests")
+            tar.extractall(tmp, members=members, filter="data")
+        if root.exists():
+            shutil.rmtree(root)
+        tmp.rename(root)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return root
+
+
+# --- parsing unittest's verbose output ------------------------------------------------------------
+
+_HEADER = re.compile(
+    r"^(?P<meth>\w+) \((?P<id>tests\.(?P<file>\w+)\.\w+\.(?P=meth))\)(?P<rest>.*)$"
+)
+_STATUS = re.compile(
+    r" \.\.\. (?P<status>ok|FAIL|ERROR|expected failure|unexpected success|"
+    r"skipped (?P<reason>'.*'|\".*\"))\s*$"
+)
+#: a status on a line of its own: the test printed something after unittest's " ... "
+_BARE_STATUS = re.compile(
+    r"^(?P<status>ok|FAIL|ERROR|expected failure|unexpected success|"
+    r"skipped (?P<reason>'.*'|\".*\"))\s*$"
+)
+_SECTION = re.compile(r"^(?P<kind>ERROR|FAIL): (?P<meth>\w+) \((?P<id>tests\.[\w.]+)\)$")
+_STATUS_MAP = {"ok": "passed", "FAIL": "failed", "ERROR": "errors", "expected failure": "passed",
+               "unexpected success": "failed"}  # fmt: skip
+
+
+@dataclass
+class TestResult:
+    id: str
+    file: str
+    status: str  #: passed, failed, errors or skipped
+    reason: str = ""  #: skip reason, or the last line of the traceback
+
+
+def _reason(raw: str | None) -> str:
+    if not raw:
+        return ""
+    with contextlib.suppress(ValueError, SyntaxError):
+        import ast
+
+        return str(ast.literal_eval(raw))
+    return raw.strip("'\"")
+
+
+def _sections(lines: list[str]) -> dict[str, str]:
+    """test id -> the last line of its traceback, from the FAIL:/ERROR: sections."""
+    out: dict[str, str] = {}
+    current: str | None = None
+    last = ""
+    for line in lines:
+        m = _SECTION.match(line)
+        if m or line.startswith("Ran ") or line.startswith("=" * 20):
+            if current is not None and last:
+                out.setdefault(current, last)
+            current = m.group("id") if m else None
+            last = ""
+            continue
+        if current is not None and line.strip() and not line.startswith("-" * 20):
+            last = line.strip()
+    if current is not None and last:
+        out.setdefault(current, last)
+    return out
+
+
+def parse_output(text: str) -> list[TestResult]:
+    """The results in ``unittest -v`` output, in order.  A test whose status
+    line is missing (a crash, a timeout) is reported as an error."""
+    lines = text.splitlines()
+    results: dict[str, TestResult] = {}
+    current: TestResult | None = None
+    dots = False  #: unittest wrote " ... " for the current test; its status may follow alone
+    for line in lines:
+        head = _HEADER.match(line)
+        if head:
+            if current is not None and current.id not in results:
+                results[current.id] = current  # the previous one never got a status
+            current = TestResult(head.group("id"), head.group("file"), "")
+            tail = head.group("rest")
+            dots = False
+        elif current is not None and not current.status:
+            tail = line
+        else:
+            continue
+        st = _STATUS.search(tail) or (_BARE_STATUS.match(tail) if dots else None)
+        dots = dots or " ... " in tail
+        if st and current is not None:
+            word = st.group("status")
+            if word.startswith("skipped"):
+                current.status, current.reason = "skipped", _reason(st.group("reason"))
+            else:
+                current.status = _STATUS_MAP[word]
+            results[current.id] = current
+            current = None
+    if current is not None and current.id not in results:
+        results[current.id] = current
+    tracebacks = _sections(lines)
+    for r in results.values():
+        if not r.status:
+            r.status, r.reason = "errors", "no result in the output (crash or timeout)"
+        elif r.status in ("failed", "errors"):
+            r.reason = tracebacks.get(r.id, r.reason)
+    return list(results.values())
+
+
+@dataclass
+class Summary:
+    config: str
+    version: str
+    seconds: float
+    ran: int  #: unittest's own "Ran N tests", -1 if the run did not finish
+    files: dict[str, dict[str, int]] = field(default_factory=dict)
+    total: dict[str, int] = field(default_factory=dict)
+    generic: dict[str, int] = field(default_factory=dict)  #: without vendor/GPU files
+    results: list[TestResult] = field(default_factory=list)
+
+
+def is_vendor(file: str) -> bool:
+    return file.startswith(VENDOR_PREFIXES)
+
+
+def summarize(results: list[TestResult], config: str, version: str, seconds: float,
+              ran: int) -> Summary:  # fmt: skip
+    s = Summary(config, version, seconds, ran, results=results)
+    s.total = dict.fromkeys(STATUSES, 0)
+    s.generic = dict.fromkeys(STATUSES, 0)
+    for r in results:
+        s.files.setdefault(r.file, dict.fromkeys(STATUSES, 0))[r.status] += 1
+        s.total[r.status] += 1
+        if not is_vendor(r.file):
+            s.generic[r.status] += 1
+    s.files = dict(sorted(s.files.items()))
+    return s
+
+
+def format_table(s: Summary, include_vendor: bool = True) -> str:
+    head = f"{'file':<26}{'passed':>8}{'failed':>8}{'errors':>8}{'skipped':>9}"
+    rows = [head, "-" * len(head)]
+    for file, c in s.files.items():
+        if include_vendor or not is_vendor(file):
+            rows.append(f"{file:<26}{c['passed']:>8}{c['failed']:>8}{c['errors']:>8}"
+                        f"{c['skipped']:>9}")  # fmt: skip
+    rows.append("-" * len(head))
+    for label, c in (("generic (no vendor/GPU)", s.generic), ("total", s.total)):
+        rows.append(f"{label:<26}{c['passed']:>8}{c['failed']:>8}{c['errors']:>8}"
+                    f"{c['skipped']:>9}")  # fmt: skip
+    return "\n".join(rows)
+
+
+# --- device configurations ------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def configured(config: str, work: Path) -> Iterator[tuple[dict[str, str], str]]:
+    """(environment, device name) for one configuration; cleans up afterwards."""
+    env = dict(os.environ)
+    for key in ("SOFTVERBS_SERVICE", "SOFTVERBS_FAULTS", "SOFTVERBS_PCAP"):
+        env.pop(key, None)
+    links = work / "links.json"
+    env["SOFTVERBS_CONFIG"] = str(links)
+    if config == "embedded":
+        env["SOFTVERBS_INPROC_DEVICES"] = "sv0"
+        yield env, "sv0"
+        return
+    if config == "udp":
+        links.write_text(json.dumps({"links": [{"name": "svlo", "netdev": "lo"}]}))
+        env["SOFTVERBS_INPROC_DEVICES"] = ""
+        yield env, "svlo"
+        return
+    if config != "service":
+        raise ValueError(f"unknown configuration {config!r}; choose from {', '.join(CONFIGS)}")
+    sock = work / "softverbsd.sock"
+    env["SOFTVERBS_INPROC_DEVICES"] = "sv0"
+    env["SOFTVERBS_SERVICE"] = str(sock)
+    start = [sys.executable, "-m", "softverbs", "service", "start", "--socket", str(sock)]
+    subprocess.run(start, env=env, check=True, capture_output=True, timeout=60)
+    try:
+        yield env, "sv0"
+    finally:
+        stop = [sys.executable, "-m", "softverbs", "service", "stop", "--socket", str(sock)]
+        subprocess.run(stop, env=env, check=False, capture_output=True, timeout=60)
+
+
+def run_suite(root: Path, config: str, version: str, timeout: float,
+              tests: Sequence[str] = (), log: Path | None = None) -> Summary:  # fmt: skip
+    """Run the unpacked suite under ``root`` on ``config``; parse and summarize."""
+    with (
+        tempfile.TemporaryDirectory(prefix="softverbs-conformance-") as tmp,
+        configured(config, Path(tmp)) as (env, dev),
+    ):
+        cmd = [sys.executable, "-m", "softverbs", "exec", "--", sys.executable,
+               str(root / "tests" / "run_tests.py"), "-v", "--dev", dev, *tests]  # fmt: skip
+        start = time.monotonic()
+        try:
+            proc = subprocess.run(cmd, cwd=root, env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                  timeout=timeout, check=False)  # fmt: skip
+            out = proc.stdout
+        except subprocess.TimeoutExpired as exc:
+            out = exc.stdout or b""
+        seconds = time.monotonic() - start
+    text = out.decode(errors="replace") if isinstance(out, bytes) else str(out)
+    if log is not None:
+        log.write_text(text)
+    ran = re.search(r"^Ran (\d+) tests? in", text, re.M)
+    return summarize(parse_output(text), config, version, seconds, int(ran.group(1)) if ran else -1)
+
+
+# --- the command ----------------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", choices=CONFIGS, default="embedded",
+                        help="the device configuration to run on (default: embedded)")  # fmt: skip
+    parser.add_argument("--cache", metavar="DIR",
+                        help="where the suite is downloaded and unpacked (default: "
+                             "$SOFTVERBS_CACHE or ~/.cache/softverbs/conformance)")  # fmt: skip
+    parser.add_argument("--pyverbs-version", default=DEFAULT_VERSION, dest="suite_version",
+                        help=f"the pyverbs/rdma-core release (default: {DEFAULT_VERSION})")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
+                        help="stop the run after this many seconds")  # fmt: skip
+    parser.add_argument("--json", metavar="FILE", help="write the results as JSON to FILE")
+    parser.add_argument("--log", metavar="FILE", help="write the suite's raw output to FILE")
+    parser.add_argument("--floor", type=int,
+                        help="exit 1 when fewer tests than this passed")  # fmt: skip
+    parser.add_argument("--generic-only", action="store_true",
+                        help="leave vendor (mlx5, EFA) and GPU test files out of the table")
+    parser.add_argument("tests", nargs="*",
+                        help="run only these tests (unittest names, e.g. tests.test_cq)")
+
+
+def run(args: argparse.Namespace) -> int:
+    cache = cache_dir(args.cache)
+    try:
+        sdist = fetch_sdist(cache, args.suite_version)
+        root = unpack_suite(sdist, cache, args.suite_version)
+    except (RuntimeError, OSError, tarfile.TarError) as exc:
+        print(f"softverbs conformance: {exc}", file=sys.stderr)
+        return 2
+    print(f"rdma-core {args.suite_version} tests ({root / 'tests'}) on the {args.config} "
+          "configuration ...", flush=True)  # fmt: skip
+    s = run_suite(root, args.config, args.suite_version, args.timeout, args.tests,
+                  Path(args.log) if args.log else None)  # fmt: skip
+    print(format_table(s, include_vendor=not args.generic_only))
+    ran = "did not finish" if s.ran < 0 else f"unittest ran {s.ran}"
+    print(f"\n{s.total['passed']} passed, {s.total['failed']} failed, {s.total['errors']} "
+          f"errors, {s.total['skipped']} skipped ({ran}) in {s.seconds:.0f} s")  # fmt: skip
+    if args.json:
+        Path(args.json).write_text(json.dumps(asdict(s), indent=1) + "\n")
+    if args.floor is not None and s.total["passed"] < args.floor:
+        print(f"softverbs conformance: {s.total['passed']} passed, below the floor of "
+              f"{args.floor}", file=sys.stderr)  # fmt: skip
+        return 1
+    return 0

@@ -1,0 +1,730 @@
+"""``softverbs rc-pingpong``, ``uc-pingpong``, ``ud-pingpong``: rdma-core's ping-pong tools.
+
+These are the programs ``ibv_rc_pingpong``, ``ibv_uc_pingpong`` and
+``ibv_ud_pingpong`` from rdma-core's ``libibverbs/examples``, rewritten on
+the softverbs (pyverbs-shaped) API.  They behave like the C tools on the
+wire and on the terminal, so either end of a run may be the C tool on Linux
+rxe or a RoCE NIC and the other end softverbs::
+
+    host A$ softverbs rc-pingpong -d sv1 -g 1            # server
+    host B$ ibv_rc_pingpong -d rxe0 -g 1 hostA            # client
+
+Theory of operation
+-------------------
+1. **Resources.**  One buffer of ``size`` bytes (``size + 40`` for UD: a UD
+   receive starts with the 40-byte GRH) filled with 0x7b, one MR on it with
+   local write access, one CQ of ``rx_depth + 1`` entries (with a completion
+   channel under ``-e``), one QP with ``max_send_wr`` 1, ``max_recv_wr``
+   ``rx_depth`` and one SGE each way.  The QP is moved to INIT with the
+   attribute mask the C tool uses (UD: Q_Key 0x11111111), and ``rx_depth``
+   receives are posted.
+2. **Rendezvous** over TCP (port 18515 by default).  Each side describes
+   itself as ``"%04x:%06x:%06x:%s"`` -- LID, QPN, a random 24-bit PSN and the
+   GID of ``-g`` as 32 hex digits in byte order -- in a 52-byte
+   NUL-terminated message.  The client (the side given a server name)
+   connects and sends its message; the server reads it, connects its QP,
+   answers with its own message and waits for the client's ``"done\\0"``
+   (5 bytes).  The client then connects its QP.  Without ``-g`` the GID is
+   all zeros and the C tools address by LID, which RoCE cannot do: the QP
+   (or AH) modify fails, as it does with rxe.
+3. **Connecting** is INIT -> RTR -> RTS with the C tool's attributes and
+   masks.  RC: path MTU ``-m``, ``max_dest_rd_atomic`` 1, ``min_rnr_timer``
+   12, ``timeout`` 14, ``retry_cnt`` 7, ``rnr_retry`` 7, ``max_rd_atomic`` 1.
+   UC: path MTU, dest QPN and PSNs only.  UD: state changes only, plus an
+   address handle for the peer (``hop_limit`` 1, SL ``-l``).
+4. **Ping-pong.**  Every send is signaled (``sq_sig_all`` is 0) and sends the
+   whole buffer (UD: the ``size`` bytes after the GRH space) to the peer,
+   where it lands in the same buffer.  The client posts the first send.
+   From then on each side posts its next send only when both its previous
+   send and its previous receive have completed, so the two sides take turns.
+   Receives are replenished to ``rx_depth`` whenever one or fewer remain
+   posted.  The run ends when ``iters`` sends and ``iters`` receives have
+   completed; any completion that is not a success ends it with exit status
+   1.  With ``-e`` the loop sleeps on the completion channel and re-arms the
+   CQ before each poll.
+5. **Report.**  ``bytes = size * iters * 2`` (both directions) and the
+   elapsed time give the two closing lines, in the C tool's format.  With
+   ``-c`` the client writes 0 at the start of every page of its buffer
+   before the first send, and the server checks those bytes at the end.
+
+Options the device cannot honour fail the way the C tools fail on a device
+without the feature: on-demand paging (``-o``, ``-O``, ``-P``), completion
+timestamps (``-t``) and device memory (``-j``).  ``-N`` (the ``ibv_wr_*``
+send API) is supported through :class:`~softverbs.QPEx`.
+
+Errors print the C tool's message on stderr and exit with status 1; a bad
+command line prints the usage and exits with status 1, as ``getopt`` does in
+the C tools.
+"""
+
+from __future__ import annotations
+
+import argparse
+import mmap
+import random
+import socket
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+from softverbs import (
+    AH,
+    CQ,
+    GID,
+    MR,
+    PD,
+    QP,
+    SGE,
+    AHAttr,
+    CompChannel,
+    Context,
+    GlobalRoute,
+    PyverbsError,
+    QPAttr,
+    QPCap,
+    QPEx,
+    QPInitAttr,
+    QPInitAttrEx,
+    RecvWR,
+    SendWR,
+    get_device_list,
+    wc_status_str,
+)
+from softverbs.enums import (
+    IBV_ACCESS_LOCAL_WRITE,
+    IBV_LINK_LAYER_ETHERNET,
+    IBV_QP_ACCESS_FLAGS,
+    IBV_QP_AV,
+    IBV_QP_DEST_QPN,
+    IBV_QP_EX_WITH_SEND,
+    IBV_QP_INIT_ATTR_PD,
+    IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+    IBV_QP_MAX_DEST_RD_ATOMIC,
+    IBV_QP_MAX_QP_RD_ATOMIC,
+    IBV_QP_MIN_RNR_TIMER,
+    IBV_QP_PATH_MTU,
+    IBV_QP_PKEY_INDEX,
+    IBV_QP_PORT,
+    IBV_QP_QKEY,
+    IBV_QP_RETRY_CNT,
+    IBV_QP_RNR_RETRY,
+    IBV_QP_RQ_PSN,
+    IBV_QP_SQ_PSN,
+    IBV_QP_STATE,
+    IBV_QP_TIMEOUT,
+    IBV_QPS_INIT,
+    IBV_QPS_RTR,
+    IBV_QPS_RTS,
+    IBV_QPT_RC,
+    IBV_QPT_UC,
+    IBV_QPT_UD,
+    IBV_SEND_INLINE,
+    IBV_SEND_SIGNALED,
+    IBV_WC_SUCCESS,
+    bytes_to_mtu,
+    mtu_to_bytes,
+)
+
+DEFAULT_PORT = 18515  #: the TCP rendezvous port of every ibv_*_pingpong
+MSG_SIZE = 52  #: sizeof "0000:000000:000000:" + 32 hex digits + NUL
+DONE = b"done\0"  #: the client's last rendezvous message (sizeof "done")
+RECV_WRID, SEND_WRID = 1, 2  #: PINGPONG_RECV_WRID, PINGPONG_SEND_WRID
+UD_QKEY = 0x11111111
+GRH_SIZE = 40  #: a UD receive buffer starts with the GRH (IPv4: 20 zeros + header)
+FILL = 0x7B  #: the C tools memset their buffer to 0x7b
+PAGE_SIZE = mmap.PAGESIZE
+
+#: Each subcommand's transport, and what differs between the three C tools.
+KINDS: dict[str, int] = {"rc": IBV_QPT_RC, "uc": IBV_QPT_UC, "ud": IBV_QPT_UD}
+
+
+class PingPongError(Exception):
+    """A failure the C tool reports on stderr before exiting with status 1."""
+
+
+# --------------------------------------------------------------------------
+# command line
+
+
+def _kind(parser: argparse.ArgumentParser) -> str:
+    """rc, uc or ud, from the subcommand name (``softverbs <kind>-pingpong``)."""
+    command = parser.get_default("command") or parser.prog.split()[-1]
+    kind = str(command).split("-", 1)[0]
+    if kind not in KINDS:
+        raise ValueError(f"not a ping-pong subcommand: {command!r}")
+    return kind
+
+
+def _uint(text: str) -> int:
+    """A number as strtoul(optarg, NULL, 0) reads it: decimal, 0x hex or 0 octal."""
+    try:
+        value = int(text, 0)
+    except ValueError:
+        if text.startswith("0") and text.isdigit():
+            return int(text, 8)
+        raise argparse.ArgumentTypeError(f"invalid number {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative: {text!r}")
+    return value
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number {text!r}") from None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    kind = _kind(parser)
+    parser.set_defaults(kind=kind)
+    tool = f"ibv_{kind}_pingpong"
+    parser.description = (
+        f"rdma-core's {tool} on softverbs: without SERVER, wait for a client on the TCP "
+        f"port; with SERVER, connect to it. Interoperates with {tool}."
+    )
+    # getopt in the C tools prints the usage and returns 1 on a bad option
+    setattr(parser, "error", _usage_error(parser))  # noqa: B010 (a method override)
+    parser.add_argument("server", nargs="?", metavar="SERVER",
+                        help="connect to the server at SERVER (default: be the server)")
+    parser.add_argument("-p", "--port", type=_uint, default=DEFAULT_PORT,
+                        help=f"listen on/connect to port PORT (default {DEFAULT_PORT})")
+    parser.add_argument("-d", "--ib-dev", metavar="DEV",
+                        help="use IB device DEV (default first device found)")
+    parser.add_argument("-i", "--ib-port", type=_int, default=1, metavar="PORT",
+                        help="use port PORT of IB device (default 1)")
+    size = 1024 if kind == "ud" else 4096
+    parser.add_argument("-s", "--size", type=_uint, default=size,
+                        help=f"size of message to exchange (default {size})")
+    if kind != "ud":
+        parser.add_argument("-m", "--mtu", type=_int, default=1024,
+                            help="path MTU (default 1024)")
+    parser.add_argument("-r", "--rx-depth", type=_uint, default=500, metavar="DEP",
+                        help="number of receives to post at a time (default 500)")
+    parser.add_argument("-n", "--iters", type=_uint, default=1000,
+                        help="number of exchanges (default 1000)")
+    parser.add_argument("-l", "--sl", type=_int, default=0, help="service level value")
+    parser.add_argument("-e", "--events", action="count", default=0,
+                        help="sleep on CQ events (default poll)")
+    parser.add_argument("-g", "--gid-idx", type=_int, default=-1, metavar="GIDIDX",
+                        help="local port gid index")
+    parser.add_argument("-c", "--chk", action="store_true", help="validate received buffer")
+    if kind == "rc":
+        parser.add_argument("-o", "--odp", action="store_true", help="use on demand paging")
+        parser.add_argument("-O", "--iodp", action="store_true",
+                            help="use implicit on demand paging")
+        parser.add_argument("-P", "--prefetch", action="store_true", help="prefetch an ODP MR")
+        parser.add_argument("-t", "--ts", action="store_true", help="get CQE with timestamp")
+        parser.add_argument("-j", "--dm", action="store_true", help="use device memory")
+        parser.add_argument("-N", "--new_send", action="store_true",
+                            help="use new post send WR API")
+
+
+def _usage_error(parser: argparse.ArgumentParser) -> Callable[[str], NoReturn]:
+    def error(message: str) -> NoReturn:
+        parser.print_usage(sys.stderr)
+        print(f"{parser.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(1)
+
+    return error
+
+
+def _check_options(args: argparse.Namespace) -> None:
+    """The C tools' own option checks (usage -> exit status 1)."""
+    if args.port > 65535:
+        raise PingPongError(f"port {args.port} is out of range (at most 65535)")
+    if args.ib_port < 1:
+        raise PingPongError(f"ib-port {args.ib_port} is out of range (at least 1)")
+    mtu = getattr(args, "mtu", None)
+    if mtu is not None and mtu not in (256, 512, 1024, 2048, 4096):
+        raise PingPongError(f"mtu {mtu} is not one of 256, 512, 1024, 2048, 4096")
+    if args.kind == "rc":
+        if args.iodp:
+            args.odp = True
+        if args.odp and args.dm:
+            raise PingPongError("DM memory region can't be on demand")
+        if args.prefetch and not args.odp:
+            raise PingPongError("prefetch is valid only with on-demand memory region")
+
+
+# --------------------------------------------------------------------------
+# the rendezvous
+
+
+@dataclass
+class Dest:
+    """One side's address (the C tools' ``struct pingpong_dest``)."""
+
+    lid: int
+    qpn: int
+    psn: int
+    gid: bytes  #: 16 bytes
+
+    def to_wire(self) -> bytes:
+        """The 52-byte message: ``"%04x:%06x:%06x:%s"`` and NUL padding."""
+        text = f"{self.lid:04x}:{self.qpn:06x}:{self.psn:06x}:{self.gid.hex()}".encode()
+        return text[: MSG_SIZE - 1].ljust(MSG_SIZE, b"\0")
+
+    @classmethod
+    def from_wire(cls, msg: bytes) -> Dest:
+        """Parse a peer's message; ValueError if it is not one."""
+        text = msg.split(b"\0", 1)[0].decode("ascii")
+        lid, qpn, psn, gid = text.split(":", 3)
+        raw = bytes.fromhex(gid[:32])
+        if len(raw) != 16:
+            raise ValueError(f"GID {gid!r} is not 32 hex digits")
+        return cls(int(lid, 16), int(qpn, 16), int(psn, 16), raw)
+
+    def line(self, which: str, psn_sep: str = ",") -> str:
+        """``  local address:  LID 0x0000, QPN 0x000011, PSN 0x..., GID ::ffff:10.0.0.1``."""
+        label = f"{which} address:"
+        gid = socket.inet_ntop(socket.AF_INET6, self.gid)
+        return (f"  {label:<16}LID 0x{self.lid:04x}, QPN 0x{self.qpn:06x}, "
+                f"PSN 0x{self.psn:06x}{psn_sep} GID {gid}")  # fmt: skip
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    """Read exactly ``n`` bytes (fewer only if the peer closes)."""
+    chunks = bytearray()
+    while len(chunks) < n:
+        part = sock.recv(n - len(chunks))
+        if not part:
+            break
+        chunks += part
+    return bytes(chunks)
+
+
+def client_exchange(server: str, port: int, mine: Dest) -> Dest:
+    """Connect to the server, send our address, read its address, send "done"."""
+    try:
+        infos = socket.getaddrinfo(server, port, socket.AF_UNSPEC, socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise PingPongError(f"{exc.strerror} for {server}:{port}") from None
+    sock: socket.socket | None = None
+    for family, kind, proto, _, addr in infos:
+        try:
+            s = socket.socket(family, kind, proto)
+        except OSError:
+            continue
+        try:
+            s.connect(addr)
+        except OSError:
+            s.close()
+            continue
+        sock = s
+        break
+    if sock is None:
+        raise PingPongError(f"Couldn't connect to {server}:{port}")
+    with sock:
+        try:
+            sock.sendall(mine.to_wire())
+        except OSError:
+            raise PingPongError("Couldn't send local address") from None
+        try:
+            msg = _recv_exact(sock, MSG_SIZE)
+            if len(msg) != MSG_SIZE:
+                raise OSError(f"read {len(msg)} of {MSG_SIZE} bytes")
+            sock.sendall(DONE)
+        except OSError as exc:
+            raise PingPongError(
+                f"client read/write: {exc}\nCouldn't read/write remote address"
+            ) from None
+    try:
+        return Dest.from_wire(msg)
+    except ValueError as exc:
+        raise PingPongError(f"Couldn't read remote address: {exc}") from None
+
+
+def server_exchange(port: int, mine: Dest, connect: Callable[[Dest], None]) -> Dest:
+    """Wait for one client, read its address, connect to it, answer, await "done"."""
+    infos = socket.getaddrinfo(None, port, socket.AF_UNSPEC, socket.SOCK_STREAM, 0,
+                               socket.AI_PASSIVE)  # fmt: skip
+    listener: socket.socket | None = None
+    for family, kind, proto, _, addr in infos:
+        try:
+            s = socket.socket(family, kind, proto)
+        except OSError:
+            continue
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(addr)
+        except OSError:
+            s.close()
+            continue
+        listener = s
+        break
+    if listener is None:
+        raise PingPongError(f"Couldn't listen to port {port}")
+    with listener:
+        listener.listen(1)
+        try:
+            conn, _ = listener.accept()
+        except OSError:
+            raise PingPongError("accept() failed") from None
+    with conn:
+        msg = _recv_exact(conn, MSG_SIZE)
+        if len(msg) != MSG_SIZE:
+            raise PingPongError(f"{len(msg)}/{MSG_SIZE}: Couldn't read remote address")
+        try:
+            remote = Dest.from_wire(msg)
+        except ValueError as exc:
+            raise PingPongError(f"Couldn't read remote address: {exc}") from None
+        try:
+            connect(remote)
+        except PingPongError as exc:
+            raise PingPongError(f"{exc}\nCouldn't connect to remote QP") from None
+        try:
+            conn.sendall(mine.to_wire())
+            done = bytearray()
+            while len(done) < len(DONE):  # the C server reads once and wants 5 bytes
+                part = conn.recv(MSG_SIZE - len(done))
+                if not part:
+                    break
+                done += part
+        except OSError:
+            done = bytearray()
+        if len(done) != len(DONE):
+            raise PingPongError("Couldn't send/recv local address")
+    return remote
+
+
+# --------------------------------------------------------------------------
+# the verbs side
+
+
+class PingPong:
+    """One end of the ping-pong: the C tools' ``struct pingpong_context``."""
+
+    def __init__(self, args: argparse.Namespace, devname: str) -> None:
+        self.args = args
+        self.kind: str = args.kind
+        self.qp_type = KINDS[self.kind]
+        self.size: int = args.size
+        self.rx_depth: int = args.rx_depth
+        self.port: int = args.ib_port
+        self.ud = self.qp_type == IBV_QPT_UD
+        self.offset = GRH_SIZE if self.ud else 0  #: where the message starts in the buffer
+        self.send_flags = IBV_SEND_SIGNALED
+        self.ah: AH | None = None
+        self.channel: CompChannel | None = None
+        self.pending = 0
+        self.num_cq_events = 0
+        self.remote_qpn = 0
+        try:
+            self.ctx = Context(name=devname)
+        except PyverbsError as exc:
+            raise PingPongError(f"Couldn't get context for {devname}\n{exc}") from None
+        try:
+            self._init(args)
+        except BaseException:
+            self.ctx.close()
+            raise
+
+    def _init(self, args: argparse.Namespace) -> None:
+        ctx = self.ctx
+        if self.ud:
+            try:
+                port_attr: Any = ctx.query_port(self.port)
+            except PyverbsError:
+                raise PingPongError(f"Unable to query port info for port {self.port}") from None
+            mtu = mtu_to_bytes(port_attr.active_mtu)
+            if self.size > mtu:
+                raise PingPongError(f"Requested size larger than port MTU ({mtu})")
+        if args.events:
+            self.channel = _make(CompChannel, "Couldn't create completion channel", ctx)
+        self.pd = _make(PD, "Couldn't allocate PD", ctx)
+        if self.kind == "rc":
+            self._unsupported_features(args)
+        length = self.size + self.offset
+        self.mr = _make(MR, "Couldn't register MR", self.pd, length, IBV_ACCESS_LOCAL_WRITE)
+        self.buf = self.mr.view
+        self.buf[:] = bytes([FILL]) * length
+        self.cq = _make(CQ, "Couldn't create CQ", ctx, self.rx_depth + 1, None, self.channel, 0)
+        cap = QPCap(max_send_wr=1, max_recv_wr=self.rx_depth, max_send_sge=1, max_recv_sge=1)
+        self.qp: QP
+        if getattr(args, "new_send", False):
+            attr_ex = QPInitAttrEx(qp_type=self.qp_type, scq=self.cq, rcq=self.cq, cap=cap,
+                                   comp_mask=IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+                                   pd=self.pd, send_ops_flags=IBV_QP_EX_WITH_SEND)  # fmt: skip
+            self.qp = _make(QPEx, "Couldn't create QP", ctx, attr_ex)
+        else:
+            init = QPInitAttr(qp_type=self.qp_type, scq=self.cq, rcq=self.cq, cap=cap,
+                              sq_sig_all=0)  # fmt: skip
+            self.qp = _make(QP, "Couldn't create QP", self.pd, init)
+        _, init_attr = self.qp.query(0)
+        if init_attr.cap.max_inline_data >= self.size:
+            self.send_flags |= IBV_SEND_INLINE
+        attr = QPAttr(qp_state=IBV_QPS_INIT, port_num=self.port)
+        attr.pkey_index = 0
+        mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT
+        if self.ud:
+            attr.qkey = UD_QKEY
+            mask |= IBV_QP_QKEY
+        else:
+            attr.qp_access_flags = 0
+            mask |= IBV_QP_ACCESS_FLAGS
+        self._modify(attr, mask, "Failed to modify QP to INIT")
+
+    @staticmethod
+    def _unsupported_features(args: argparse.Namespace) -> None:
+        """What ibv_rc_pingpong checks in ibv_query_device_ex: softverbs has none of it."""
+        if args.odp:
+            raise PingPongError("The device isn't ODP capable or does not support RC send "
+                                "and receive with ODP")  # fmt: skip
+        if args.ts:
+            raise PingPongError("The device isn't completion timestamp capable")
+        if args.dm:
+            raise PingPongError("Device doesn't support dm allocation")
+
+    def _modify(self, attr: QPAttr, mask: int, failed: str) -> None:
+        try:
+            self.qp.modify(attr, mask)
+        except PyverbsError as exc:
+            raise PingPongError(f"{failed}\n{exc}") from None
+
+    # --- addresses ---------------------------------------------------------------
+    def local_dest(self, gidx: int) -> Dest:
+        try:
+            port_attr: Any = self.ctx.query_port(self.port)
+        except PyverbsError:
+            raise PingPongError("Couldn't get port info") from None
+        lid = port_attr.lid
+        if port_attr.link_layer != IBV_LINK_LAYER_ETHERNET and not lid:
+            raise PingPongError("Couldn't get local LID")
+        gid = bytes(16)
+        if gidx >= 0:
+            try:
+                gid = _gid_raw(self.ctx.query_gid(self.port, gidx))
+            except PyverbsError:
+                what = "Could not get local gid for gid index" if self.ud else (
+                    "can't read sgid of index")
+                raise PingPongError(f"{what} {gidx}") from None
+        return Dest(lid, self.qp.qp_num, random.getrandbits(24), gid)
+
+    def _ah_attr(self, dest: Dest, sgid_idx: int) -> AHAttr:
+        """``ah_attr`` as the C tools fill it: global only if the peer sent a GID."""
+        if any(dest.gid[8:]):  # dest->gid.global.interface_id
+            gr = GlobalRoute(dgid=GID.from_raw(dest.gid), sgid_index=sgid_idx, hop_limit=1)
+            return AHAttr(dlid=dest.lid, sl=self.args.sl, src_path_bits=0, is_global=1,
+                          port_num=self.port, gr=gr)  # fmt: skip
+        return AHAttr(dlid=dest.lid, sl=self.args.sl, src_path_bits=0, is_global=0,
+                      port_num=self.port)  # fmt: skip
+
+    def connect(self, my_psn: int, dest: Dest) -> None:
+        """``pp_connect_ctx``: INIT -> RTR -> RTS (and the AH for UD)."""
+        sgid_idx: int = self.args.gid_idx
+        self.remote_qpn = dest.qpn
+        attr = QPAttr(qp_state=IBV_QPS_RTR)
+        if self.ud:
+            self._modify(attr, IBV_QP_STATE, "Failed to modify QP to RTR")
+            attr.qp_state = IBV_QPS_RTS
+            attr.sq_psn = my_psn
+            self._modify(attr, IBV_QP_STATE | IBV_QP_SQ_PSN, "Failed to modify QP to RTS")
+            try:
+                self.ah = AH(self.pd, attr=self._ah_attr(dest, sgid_idx))
+            except PyverbsError as exc:
+                raise PingPongError(f"Failed to create AH\n{exc}") from None
+            return
+        attr.path_mtu = bytes_to_mtu(self.args.mtu)
+        attr.dest_qp_num = dest.qpn
+        attr.rq_psn = dest.psn
+        attr.ah_attr = self._ah_attr(dest, sgid_idx)
+        mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN
+        if self.kind == "rc":
+            attr.max_dest_rd_atomic = 1
+            attr.min_rnr_timer = 12
+            mask |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER
+        self._modify(attr, mask, "Failed to modify QP to RTR")
+        attr.qp_state = IBV_QPS_RTS
+        attr.sq_psn = my_psn
+        mask = IBV_QP_STATE | IBV_QP_SQ_PSN
+        if self.kind == "rc":
+            attr.timeout = 14
+            attr.retry_cnt = 7
+            attr.rnr_retry = 7
+            attr.max_rd_atomic = 1
+            mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC
+        self._modify(attr, mask, "Failed to modify QP to RTS")
+
+    # --- work requests ------------------------------------------------------------
+    def post_recv(self, n: int) -> int:
+        """Post up to ``n`` receives; how many were posted (pp_post_recv)."""
+        wr = RecvWR(RECV_WRID, 1, [SGE(self.mr.buf, self.size + self.offset, self.mr.lkey)])
+        for i in range(n):
+            try:
+                self.qp.post_recv(wr)
+            except PyverbsError:
+                return i
+        return n
+
+    def post_send(self) -> None:
+        sge = SGE(self.mr.buf + self.offset, self.size, self.mr.lkey)
+        try:
+            if isinstance(self.qp, QPEx):
+                qpx = self.qp
+                qpx.wr_start()
+                qpx.wr_id = SEND_WRID
+                qpx.wr_flags = self.send_flags
+                qpx.wr_send()
+                qpx.wr_set_sge(sge)
+                qpx.wr_complete()
+                return
+            wr = SendWR(SEND_WRID, num_sge=1, sg=[sge], send_flags=self.send_flags)
+            if self.ah is not None:
+                wr.set_wr_ud(self.ah, self.remote_qpn, UD_QKEY)
+            self.qp.post_send(wr)
+        except PyverbsError as exc:
+            raise PingPongError(f"Couldn't post send\n{exc}") from None
+
+    def mark_pages(self) -> None:
+        """``-c`` on the client: a known byte at the start of every page."""
+        for i in range(0, self.size, PAGE_SIZE):
+            self.buf[self.offset + i] = (i // PAGE_SIZE) % 1  # "% sizeof(char)", as in C
+
+    def bad_pages(self) -> list[int]:
+        return [i // PAGE_SIZE for i in range(0, self.size, PAGE_SIZE)
+                if self.buf[self.offset + i] != (i // PAGE_SIZE) % 1]  # fmt: skip
+
+    # --- the loop --------------------------------------------------------------------
+    def run_loop(self, iters: int, routs: int) -> None:
+        """Poll (or sleep on events) until ``iters`` sends and receives completed."""
+        rcnt = scnt = 0
+        cq, channel = self.cq, self.channel
+        while rcnt < iters or scnt < iters:
+            if channel is not None:
+                try:
+                    channel.get_cq_event(cq)
+                except PyverbsError:
+                    raise PingPongError("Failed to get cq_event") from None
+                self.num_cq_events += 1
+                try:
+                    cq.req_notify(False)
+                except PyverbsError:
+                    raise PingPongError("Couldn't request CQ notification") from None
+            while True:
+                try:
+                    ne, wcs = cq.poll(2)
+                except PyverbsError as exc:
+                    raise PingPongError(f"poll CQ failed {exc}") from None
+                if ne >= 1 or channel is not None:
+                    break
+            for wc in wcs:
+                if wc.status != IBV_WC_SUCCESS:
+                    extra = f"\nparse WC failed {ne}" if self.kind == "rc" else ""
+                    reason = f" [{wc.reason}]" if wc.reason else ""
+                    raise PingPongError(f"Failed status {wc_status_str(wc.status)} "
+                                        f"({wc.status}) for wr_id {wc.wr_id}{reason}{extra}")
+                if wc.wr_id == SEND_WRID:
+                    scnt += 1
+                elif wc.wr_id == RECV_WRID:
+                    routs -= 1
+                    if routs <= 1:
+                        routs += self.post_recv(self.rx_depth - routs)
+                        if routs < self.rx_depth:
+                            raise PingPongError(f"Couldn't post receive ({routs})")
+                    rcnt += 1
+                else:
+                    raise PingPongError(f"Completion for unknown wr_id {wc.wr_id}")
+                self.pending &= ~wc.wr_id
+                if scnt < iters and not self.pending:
+                    self.post_send()
+                    self.pending = RECV_WRID | SEND_WRID
+
+    def close(self) -> None:
+        """``pp_close_ctx``: QP, AH, CQ, MR, PD, channel, device."""
+        if self.num_cq_events:
+            self.cq.ack_events(self.num_cq_events)
+        for obj in (self.qp, self.ah, self.cq, self.mr, self.pd, self.channel, self.ctx):
+            if obj is not None:
+                obj.close()
+
+
+def _make(cls: Callable[..., Any], failed: str, *args: Any) -> Any:
+    try:
+        return cls(*args)
+    except PyverbsError as exc:
+        raise PingPongError(f"{failed}\n{exc}") from None
+
+
+def _gid_raw(gid: Any) -> bytes:
+    raw: bytes = gid.raw
+    return raw
+
+
+def _device_name(wanted: str | None) -> str:
+    try:
+        names = [d.name.decode() for d in get_device_list()]
+    except PyverbsError as exc:
+        raise PingPongError(f"Failed to get IB devices list: {exc}") from None
+    if wanted is None:
+        if not names:
+            raise PingPongError("No IB devices found")
+        return names[0]
+    if wanted not in names:
+        raise PingPongError(f"IB device {wanted} not found")
+    return wanted
+
+
+# --------------------------------------------------------------------------
+# main
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return _main(args)
+    except PingPongError as exc:
+        print(exc, file=sys.stderr, flush=True)
+        return 1
+
+
+def _main(args: argparse.Namespace) -> int:
+    _check_options(args)
+    pp = PingPong(args, _device_name(args.ib_dev))
+    try:
+        return _session(pp, args)
+    finally:
+        pp.close()
+
+
+def _session(pp: PingPong, args: argparse.Namespace) -> int:
+    routs = pp.post_recv(pp.rx_depth)
+    if routs < pp.rx_depth:
+        raise PingPongError(f"Couldn't post receive ({routs})")
+    if pp.channel is not None:
+        pp.cq.req_notify(False)
+    mine = pp.local_dest(args.gid_idx)
+    print(mine.line("local", ":" if pp.ud else ","), flush=True)
+    if args.server:
+        remote = client_exchange(args.server, args.port, mine)
+    else:
+        remote = server_exchange(args.port, mine, lambda d: pp.connect(mine.psn, d))
+    print(remote.line("remote"), flush=True)
+    if args.server:
+        pp.connect(mine.psn, remote)
+    pp.pending = RECV_WRID
+    if args.server:
+        if args.chk:
+            pp.mark_pages()
+        pp.post_send()
+        pp.pending |= SEND_WRID
+    start = time.perf_counter()
+    pp.run_loop(args.iters, routs)
+    usec = (time.perf_counter() - start) * 1e6
+    nbytes = args.size * args.iters * 2
+    secs = f"{usec / 1e6:.2f} seconds"
+    print(f"{nbytes} bytes in {secs} = {_div(nbytes * 8.0, usec):.2f} Mbit/sec")
+    print(f"{args.iters} iters in {secs} = {_div(usec, args.iters):.2f} usec/iter")
+    if not args.server and args.chk:
+        for page in pp.bad_pages():
+            print(f"invalid data in page {page}")
+    sys.stdout.flush()
+    return 0
+
+
+def _div(a: float, b: float) -> float:
+    """a / b as C computes it in floating point (inf or nan for b == 0)."""
+    if b:
+        return a / b
+    return float("nan") if a == 0 else float("inf")

@@ -1,0 +1,670 @@
+"""``softverbs xsrq-pingpong``: rdma-core's ``ibv_xsrq_pingpong`` on softverbs.
+
+Ping-pong over XRC: each side's messages land in one XRC SRQ, reached
+through XRC receive QPs of a shared XRC domain.  Options, rendezvous and
+output follow ``ibv_xsrq_pingpong`` (rdma-core ``libibverbs/examples``)::
+
+    softverbs xsrq-pingpong -g 1 -c 2                 # server, two clients
+    softverbs xsrq-pingpong -g 1 SERVER               # each client
+
+Where the processes meet:
+
+* **the device service** -- with ``SOFTVERBS_SERVICE`` set, the server and
+  its clients are separate processes on one host sharing the service's
+  ``sv0``; they share one XRC domain through its file, as on a real host;
+* **UDP devices** (``softverbs link add``) -- server and client on
+  different devices, hosts or network namespaces, speaking RoCEv2;
+* **one process** -- ``--loopback`` runs the server and its ``-c`` clients
+  as threads of this process, for the embedded ``sv0``.
+
+Theory of operation
+-------------------
+1. **Resources.**  A buffer of ``size`` bytes and an MR with local write
+   access; the XRC domain opened from ``/tmp/xrc_domain`` (``--xrcd-file``)
+   with ``O_CREAT``; a receive CQ of ``clients`` entries (on a completion
+   channel with ``-e``, armed at once) and a send CQ of as many; one XRC
+   SRQ of ``clients`` WRs on the receive CQ.  Then, per client, an XRC
+   receive QP (moved to INIT with remote read/write access) and an XRC send
+   QP with ``clients * num_tests`` send WRs (moved to INIT).  ``clients``
+   receives are posted to the SRQ.  A client has ``clients`` = 1.
+2. **Rendezvous** over TCP (port 18515 by default).  Each side describes
+   each pair as ``"%04x:%06x:%06x:%06x:%06x:%32s"`` -- LID, receive QPN,
+   send QPN, a random 24-bit PSN, SRQ number, and the GID of ``-g`` as 32
+   hex digits in byte order -- in a 66-byte NUL-terminated message, and
+   prints it (``local:``/``remote:`` lines).  A client connects and sends
+   first; the server accepts ``clients`` connections, reads, answers.
+   Both then connect the pair: the receive QP to the peer's send QP
+   (``min_rnr_timer`` 12, then RTS with ``timeout`` 14), the send QP to the
+   peer's receive QP (RTS with ``timeout`` 14, ``retry_cnt`` 7,
+   ``rnr_retry`` 7).  Without ``-g`` the GID is zeros and the address is a
+   LID, which RoCE cannot use: connecting fails, as on rxe.
+3. **Ping-pong.**  The server sends first, one message to each client.
+   Every message is the whole buffer to the peer's SRQ, on the send QPs in
+   turn (send QP ``(client + count) % clients``: with several clients on
+   one host, a message may reach a client's SRQ through another client's
+   receive QP -- that is XRC); only the last one to each peer is signaled.
+   Each side polls the receive CQ (or sleeps on the channel with ``-e``),
+   reposts a receive per completion, and answers the peer it came from
+   until it has sent ``num_tests``.  It ends after ``clients * num_tests``
+   receives, then polls the send CQ for its ``clients`` signaled sends.
+4. **Termination.**  A client sends ``"END\\0"`` and waits for the server's;
+   the server waits for every client's, then answers all -- so no one
+   destroys a receive QP that a last message to someone else's SRQ still
+   needs.  Then ``success``.
+
+Errors print the C tool's message on stderr and exit with status 1.  ODP
+(``-o``) fails as the C tool fails on a device without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import socket
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from softverbs import (
+    CQ,
+    MR,
+    PD,
+    QP,
+    SGE,
+    SRQ,
+    XRCD,
+    AHAttr,
+    CompChannel,
+    Context,
+    GlobalRoute,
+    PyverbsError,
+    QPAttr,
+    QPCap,
+    QPInitAttrEx,
+    RecvWR,
+    SendWR,
+    SrqInitAttrEx,
+    XRCDInitAttr,
+    get_device_list,
+)
+from softverbs.enums import (
+    IBV_ACCESS_LOCAL_WRITE,
+    IBV_ACCESS_REMOTE_READ,
+    IBV_ACCESS_REMOTE_WRITE,
+    IBV_LINK_LAYER_ETHERNET,
+    IBV_QP_ACCESS_FLAGS,
+    IBV_QP_AV,
+    IBV_QP_DEST_QPN,
+    IBV_QP_INIT_ATTR_PD,
+    IBV_QP_INIT_ATTR_XRCD,
+    IBV_QP_MAX_DEST_RD_ATOMIC,
+    IBV_QP_MAX_QP_RD_ATOMIC,
+    IBV_QP_MIN_RNR_TIMER,
+    IBV_QP_PATH_MTU,
+    IBV_QP_PKEY_INDEX,
+    IBV_QP_PORT,
+    IBV_QP_RETRY_CNT,
+    IBV_QP_RNR_RETRY,
+    IBV_QP_RQ_PSN,
+    IBV_QP_SQ_PSN,
+    IBV_QP_STATE,
+    IBV_QP_TIMEOUT,
+    IBV_QPS_INIT,
+    IBV_QPS_RTR,
+    IBV_QPS_RTS,
+    IBV_QPT_XRC_RECV,
+    IBV_QPT_XRC_SEND,
+    IBV_SEND_SIGNALED,
+    IBV_SRQ_INIT_ATTR_CQ,
+    IBV_SRQ_INIT_ATTR_PD,
+    IBV_SRQ_INIT_ATTR_TYPE,
+    IBV_SRQ_INIT_ATTR_XRCD,
+    IBV_SRQT_XRC,
+    IBV_WR_SEND,
+    IBV_XRCD_INIT_ATTR_FD,
+    IBV_XRCD_INIT_ATTR_OFLAGS,
+    bytes_to_mtu,
+)
+
+DEFAULT_PORT = 18515
+MSG_SIZE = 66  #: "%04x:%06x:%06x:%06x:%06x:%32s" and its NUL
+TERMINATION = b"END\0"  #: TERMINATION_MSG_SIZE = 4
+XRCD_FILE = "/tmp/xrc_domain"
+_OUTPUT = threading.Lock()
+
+
+_INIT_MASK = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS
+
+
+class XsrqError(Exception):
+    """A failure the C tool reports on stderr before exiting with status 1."""
+
+
+# --- command line -----------------------------------------------------------------------
+
+
+def _num(text: str) -> int:
+    """A number as strtol(optarg, NULL, 0) reads it."""
+    try:
+        return int(text, 0)
+    except ValueError:
+        if text.isdigit():
+            return int(text, 8)
+        raise argparse.ArgumentTypeError(f"invalid number {text!r}") from None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("server", nargs="?", metavar="SERVER",
+                        help="connect to the server on SERVER (else be the server)")  # fmt: skip
+    parser.add_argument("-p", "--port", type=_num, default=DEFAULT_PORT,
+                        help="listen on/connect to port PORT (default 18515)")  # fmt: skip
+    parser.add_argument("-d", "--ib-dev", metavar="DEV",
+                        help="use IB device DEV (default first device found)")  # fmt: skip
+    parser.add_argument("-i", "--ib-port", type=_num, default=1, metavar="PORT",
+                        help="use port PORT of IB device (default 1)")  # fmt: skip
+    parser.add_argument("-s", "--size", type=_num, default=4096,
+                        help="size of message to exchange (default 4096)")  # fmt: skip
+    parser.add_argument("-m", "--mtu", type=_num, default=1024,
+                        help="path MTU (default 1024, as the C tool's init())")  # fmt: skip
+    parser.add_argument("-c", "--clients", type=_num, default=1,
+                        help="number of clients (on server only, default 1)")  # fmt: skip
+    parser.add_argument("-n", "--num_tests", "--num-tests", dest="num_tests", type=_num,
+                        default=5, help="number of tests per client (default 5)")  # fmt: skip
+    parser.add_argument("-l", "--sl", type=_num, default=0, help="service level value")
+    parser.add_argument("-e", "--events", action="store_true",
+                        help="sleep on CQ events (default poll)")  # fmt: skip
+    parser.add_argument("-o", "--odp", action="store_true", help="use on demand paging")
+    parser.add_argument("-g", "--gid-idx", type=_num, default=-1, metavar="GIDIDX",
+                        help="local port gid index")  # fmt: skip
+    parser.add_argument("--xrcd-file", default=XRCD_FILE, metavar="PATH",
+                        help=f"the file that shares the XRC domain (default {XRCD_FILE}; "
+                             "softverbs addition)")  # fmt: skip
+    parser.add_argument("--loopback", action="store_true",
+                        help="run the server and its -c clients in this process "
+                             "(softverbs addition)")  # fmt: skip
+
+
+# --- the rendezvous message ------------------------------------------------------------------
+
+
+@dataclass
+class Dest:
+    """``struct pingpong_dest``: one side of a QP pair, as the wire carries it."""
+
+    lid: int
+    recv_qpn: int
+    send_qpn: int
+    psn: int
+    srqn: int
+    gid: bytes  #: 16 bytes
+    pp_cnt: int = 0
+    sock: socket.socket | None = None
+
+    def encode(self) -> bytes:
+        text = (f"{self.lid:04x}:{self.recv_qpn:06x}:{self.send_qpn:06x}:{self.psn:06x}:"
+                f"{self.srqn:06x}:{self.gid.hex()}")  # fmt: skip
+        return text.encode() + b"\0"
+
+    @classmethod
+    def decode(cls, raw: bytes) -> Dest:
+        text = raw.split(b"\0", 1)[0].decode("ascii", "replace")
+        parts = text.split(":", 5)
+        if len(parts) != 6:
+            raise ValueError(f"bad address message {text!r}")
+        lid, rqpn, sqpn, psn, srqn = (int(p, 16) for p in parts[:5])
+        gid = bytes.fromhex(parts[5][:32])
+        if len(gid) != 16:
+            raise ValueError(f"GID {parts[5]!r} is not 32 hex digits")
+        return cls(lid, rqpn, sqpn, psn, srqn, gid)
+
+    def line(self, who: str) -> str:
+        """ADDR_FORMAT: what the C tool prints for each side."""
+        gid = socket.inet_ntop(socket.AF_INET6, self.gid)
+        return (f"{who:>8}: LID {self.lid:04x}, QPN RECV {self.recv_qpn:06x} "
+                f"SEND {self.send_qpn:06x}, PSN {self.psn:06x}, SRQN {self.srqn:06x}, "
+                f"GID {gid}")  # fmt: skip
+
+
+def _read_exactly(sock: socket.socket, n: int, what: str) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        try:
+            chunk = sock.recv(n - len(buf))
+        except OSError as exc:
+            raise XsrqError(f"{len(buf)}/{n}: Couldn't read {what} ({exc})") from None
+        if not chunk:
+            raise XsrqError(f"{len(buf)}/{n}: Couldn't read {what}")
+        buf += chunk
+    return buf
+
+
+# --- one side -------------------------------------------------------------------------------
+
+
+class XsrqPingPong:
+    """``struct pingpong_context`` and the C tool's functions on it."""
+
+    def __init__(self, args: argparse.Namespace, num_clients: int,
+                 out: Any = None) -> None:  # fmt: skip
+        self.args = args
+        self.num_clients = num_clients
+        self.num_tests: int = args.num_tests
+        self.size: int = args.size
+        self.port: int = args.ib_port
+        self.gidx: int = args.gid_idx
+        self.out = out or sys.stdout
+        self.rem: list[Dest] = []
+        self.my_psn = [0] * num_clients  #: the PSN each pair announced
+        self.recv_qp: list[QP] = []
+        self.send_qp: list[QP] = []
+        self.channel: CompChannel | None = None
+        self._init_ctx()
+
+    def say(self, text: str) -> None:
+        with _OUTPUT:  # whole lines, even from --loopback's threads
+            self.out.write(text + "\n")
+            self.out.flush()
+
+    # pp_init_ctx
+    def _init_ctx(self) -> None:
+        args = self.args
+        names = [d.name.decode() for d in get_device_list()]
+        name = args.ib_dev if args.ib_dev else (names[0] if names else "")
+        if name not in names:
+            raise XsrqError(f"IB device {args.ib_dev or ''} not found\nFailed to open device")
+        try:
+            self.ctx = Context(name=name)
+        except PyverbsError:
+            raise XsrqError(f"Couldn't get context for {name}\nFailed to open device") from None
+        if args.odp:
+            raise XsrqError("The device isn't ODP capable or does not support XRC send, "
+                            "receive and srq with ODP")  # fmt: skip
+        try:
+            pattr = self.ctx.query_port(self.port)
+        except PyverbsError:
+            raise XsrqError("Failed to get port info") from None
+        self.lid = pattr.lid
+        if pattr.link_layer != IBV_LINK_LAYER_ETHERNET and not self.lid:
+            raise XsrqError("Couldn't get local LID")
+        if args.events:
+            self.channel = CompChannel(self.ctx)
+        self.pd = PD(self.ctx)
+        try:
+            self.mr = MR(self.pd, self.size, IBV_ACCESS_LOCAL_WRITE)
+        except PyverbsError:
+            raise XsrqError("Couldn't register MR") from None
+        self.xrcd = self._open_xrcd(args.xrcd_file)
+        self.recv_cq = CQ(self.ctx, self.num_clients, None, self.channel, 0)
+        if self.channel is not None:
+            self.recv_cq.req_notify()
+        self.send_cq = CQ(self.ctx, self.num_clients, None, None, 0)
+        attr = SrqInitAttrEx(max_wr=self.num_clients, max_sge=1)
+        attr.comp_mask = (IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ
+                          | IBV_SRQ_INIT_ATTR_PD)  # fmt: skip
+        attr.srq_type = IBV_SRQT_XRC
+        attr.xrcd, attr.cq, attr.pd = self.xrcd, self.recv_cq, self.pd
+        try:
+            self.srq = SRQ(self.ctx, attr)
+        except PyverbsError:
+            raise XsrqError("Couldn't create SRQ") from None
+        self._create_qps()
+
+    def _open_xrcd(self, path: str) -> XRCD:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o440)
+        except OSError as exc:
+            print("Couldn't create the file for the XRC Domain but not stopping "
+                  f"{exc.errno}", file=sys.stderr)  # fmt: skip
+            fd = -1
+        try:
+            return XRCD(self.ctx, XRCDInitAttr(IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS,
+                                               os.O_CREAT, fd))  # fmt: skip
+        except PyverbsError as exc:
+            raise XsrqError(f"Couldn't Open the XRC Domain {getattr(exc, 'error_code', 0)}"
+                            ) from None  # fmt: skip
+        finally:
+            self.xrcd_fd = fd
+
+    def _create_qps(self) -> None:
+        for i in range(self.num_clients):
+            init = QPInitAttrEx(qp_type=IBV_QPT_XRC_RECV, comp_mask=IBV_QP_INIT_ATTR_XRCD,
+                                xrcd=self.xrcd)  # fmt: skip
+            try:
+                rqp = QP(self.ctx, init)
+            except PyverbsError as exc:
+                raise XsrqError(f"Couldn't create recv QP[{i}] errno "
+                                f"{getattr(exc, 'error_code', 0)}") from None  # fmt: skip
+            mod = QPAttr(qp_state=IBV_QPS_INIT, port_num=self.port)
+            mod.pkey_index = 0
+            mod.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ
+            self._modify(rqp, mod, _INIT_MASK, f"Failed to modify recv QP[{i}] to INIT")
+            self.recv_qp.append(rqp)
+            cap = QPCap(max_send_wr=self.num_clients * self.num_tests, max_recv_wr=0,
+                        max_send_sge=1, max_recv_sge=0)  # fmt: skip
+            init = QPInitAttrEx(qp_type=IBV_QPT_XRC_SEND, scq=self.send_cq, cap=cap,
+                                comp_mask=IBV_QP_INIT_ATTR_PD, pd=self.pd)  # fmt: skip
+            try:
+                sqp = QP(self.ctx, init)
+            except PyverbsError as exc:
+                raise XsrqError(f"Couldn't create send QP[{i}] errno "
+                                f"{getattr(exc, 'error_code', 0)}") from None  # fmt: skip
+            mod = QPAttr(qp_state=IBV_QPS_INIT, port_num=self.port)
+            mod.pkey_index = 0
+            mod.qp_access_flags = 0
+            self._modify(sqp, mod, _INIT_MASK, f"Failed to modify send QP[{i}] to INIT")
+            self.send_qp.append(sqp)
+            self.rem.append(Dest(0, 0, 0, 0, 0, bytes(16)))
+
+    @staticmethod
+    def _modify(qp: QP, attr: QPAttr, mask: int, failure: str) -> None:
+        try:
+            qp.modify(attr, mask)
+        except PyverbsError as exc:
+            raise XsrqError(f"{failure}\n{exc}") from None
+
+    # rendezvous
+    def send_local_dest(self, sock: socket.socket, index: int) -> None:
+        gid = bytes(16)
+        if self.gidx >= 0:
+            try:
+                gid = bytes(self.ctx.query_gid(self.port, self.gidx).raw)
+            except PyverbsError:
+                raise XsrqError(f"can't read sgid of index {self.gidx}") from None
+        psn = random.getrandbits(24)
+        self.my_psn[index] = psn
+        mine = Dest(self.lid, self.recv_qp[index].qp_num, self.send_qp[index].qp_num, psn,
+                    self.srq.get_srq_num(), gid)  # fmt: skip
+        self.say(mine.line("local"))
+        try:
+            sock.sendall(mine.encode())
+        except OSError:
+            raise XsrqError("Couldn't send local address") from None
+
+    def recv_remote_dest(self, sock: socket.socket, index: int) -> None:
+        raw = _read_exactly(sock, MSG_SIZE, f"remote address [{index}]")
+        try:
+            dest = Dest.decode(raw)
+        except ValueError as exc:
+            raise XsrqError(f"Couldn't read remote address [{index}]: {exc}") from None
+        self.say(dest.line("remote"))
+        dest.sock = sock
+        self.rem[index] = dest
+
+    def _ah(self, index: int) -> AHAttr:
+        rem = self.rem[index]
+        if any(rem.gid[8:]):  # gid.global.interface_id
+            gr = GlobalRoute(dgid=_gid(rem.gid), sgid_index=self.gidx, hop_limit=5)
+            return AHAttr(dlid=rem.lid, sl=self.args.sl, is_global=1, port_num=self.port, gr=gr)
+        return AHAttr(dlid=rem.lid, sl=self.args.sl, is_global=0, port_num=self.port)
+
+    def connect_qps(self, index: int) -> None:
+        rem = self.rem[index]
+        my_psn = self.my_psn[index]
+        mtu = bytes_to_mtu(self.args.mtu)
+        a = QPAttr(qp_state=IBV_QPS_RTR)
+        a.dest_qp_num, a.path_mtu, a.rq_psn = rem.send_qpn, mtu, rem.psn
+        a.min_rnr_timer, a.max_dest_rd_atomic = 12, 0
+        a.ah_attr = self._ah(index)
+        self._modify(self.recv_qp[index], a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU
+                     | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC
+                     | IBV_QP_MIN_RNR_TIMER,
+                     f"Failed to modify recv QP[{index}] to RTR")  # fmt: skip
+        a = QPAttr(qp_state=IBV_QPS_RTS)
+        a.timeout, a.sq_psn = 14, my_psn
+        self._modify(self.recv_qp[index], a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_SQ_PSN,
+                     f"Failed to modify recv QP[{index}] to RTS")  # fmt: skip
+        a = QPAttr(qp_state=IBV_QPS_RTR)
+        a.dest_qp_num, a.path_mtu, a.rq_psn = rem.recv_qpn, mtu, rem.psn
+        a.ah_attr = self._ah(index)
+        self._modify(self.send_qp[index], a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU
+                     | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN,
+                     f"Failed to modify send QP[{index}] to RTR")  # fmt: skip
+        a = QPAttr(qp_state=IBV_QPS_RTS)
+        a.timeout, a.retry_cnt, a.rnr_retry, a.sq_psn, a.max_rd_atomic = 14, 7, 7, my_psn, 0
+        self._modify(self.send_qp[index], a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_SQ_PSN
+                     | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC,
+                     f"Failed to modify send QP[{index}] to RTS")  # fmt: skip
+
+    def client_connect(self, server: str, port: int) -> None:
+        try:
+            sock = socket.create_connection((server, port))
+        except OSError:
+            raise XsrqError(f"Couldn't connect to {server}:{port}") from None
+        self.send_local_dest(sock, 0)
+        self.recv_remote_dest(sock, 0)
+        self.connect_qps(0)
+
+    def server_connect(self, listener: socket.socket) -> None:
+        for i in range(self.num_clients):
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                raise XsrqError(f"accept() failed for client {i}") from None
+            self.recv_remote_dest(conn, i)
+            self.send_local_dest(conn, i)
+            self.connect_qps(i)
+        listener.close()
+
+    # work requests
+    def post_recv(self, cnt: int) -> None:
+        wr = RecvWR(0, 1, [SGE(self.mr.buf, self.size, self.mr.lkey)])
+        for _ in range(cnt):
+            try:
+                self.srq.post_recv(wr)
+            except PyverbsError:
+                raise XsrqError("Failed to post receive to SRQ") from None
+
+    def post_send(self, index: int) -> None:
+        """Round robin over the send QPs; only the last send to a peer is signaled."""
+        rem = self.rem[index]
+        qpi = (index + rem.pp_cnt) % self.num_clients
+        rem.pp_cnt += 1
+        flags = IBV_SEND_SIGNALED if rem.pp_cnt >= self.num_tests else 0
+        wr = SendWR(index, IBV_WR_SEND, 1, sg=[SGE(self.mr.buf, self.size, self.mr.lkey)],
+                    send_flags=flags)  # fmt: skip
+        wr.set_qp_type_xrc(rem.srqn)
+        try:
+            self.send_qp[qpi].post_send(wr)
+        except PyverbsError as exc:
+            raise XsrqError(f"Couldn't post send: {exc}") from None
+
+    def find_qp(self, qpn: int) -> int:
+        if self.num_clients == 1:
+            return 0
+        for i, qp in enumerate(self.recv_qp):
+            if qp.qp_num == qpn:
+                return i
+        print(f"Unable to find qp {qpn:x}", file=sys.stderr)
+        return 0
+
+    # the run
+    def run(self) -> None:
+        total = self.num_clients * self.num_tests
+        cnt = 0
+        events = 0
+        while cnt < total:
+            if self.channel is not None:
+                try:
+                    self.channel.get_cq_event(self.recv_cq)
+                except PyverbsError:
+                    raise XsrqError("Failed to get cq_event") from None
+                events += 1
+                self.recv_cq.req_notify()
+            while True:
+                ne, wcs = self.recv_cq.poll(1)
+                if ne == 0:
+                    break
+                wc = wcs[0]
+                if wc.status:
+                    raise XsrqError(f"Work completion error {wc.status}")
+                self.post_recv(ne)
+                qpi = self.find_qp(wc.qp_num)
+                if self.rem[qpi].pp_cnt < self.num_tests:
+                    self.post_send(qpi)
+                cnt += ne
+        done = 0
+        while done < self.num_clients:
+            ne, wcs = self.send_cq.poll(1)
+            if ne and wcs[0].status:
+                raise XsrqError(f"Work completion error {wcs[0].status}")
+            done += ne
+        if events:
+            self.recv_cq.ack_events(events)
+
+    def client_termination(self) -> None:
+        sock = self.rem[0].sock
+        assert sock is not None
+        try:
+            sock.sendall(TERMINATION)
+        except OSError:
+            raise XsrqError("Couldn't send termination ack") from None
+        self._recv_termination(0)
+
+    def server_termination(self) -> None:
+        for i in range(self.num_clients):
+            self._recv_termination(i)
+        for i in range(self.num_clients):
+            sock = self.rem[i].sock
+            assert sock is not None
+            try:
+                sock.sendall(TERMINATION)
+            except OSError:
+                raise XsrqError("Couldn't send termination ack") from None
+
+    def _recv_termination(self, index: int) -> None:
+        sock = self.rem[index].sock
+        assert sock is not None
+        msg = _read_exactly(sock, len(TERMINATION), "remote termination ack")
+        if msg != TERMINATION:
+            raise XsrqError("Invalid termination ack was accepted")
+
+    def close(self) -> None:
+        """pp_close_ctx: everything, in the C tool's order."""
+        for sqp, rqp, rem in zip(self.send_qp, self.recv_qp, self.rem, strict=True):
+            sqp.close()
+            rqp.close()
+            if rem.sock is not None:
+                rem.sock.close()
+        self.srq.close()
+        self.xrcd.close()
+        if self.xrcd_fd >= 0:
+            os.close(self.xrcd_fd)
+        self.send_cq.close()
+        self.recv_cq.close()
+        self.mr.close()
+        self.pd.close()
+        if self.channel is not None:
+            self.channel.close()
+        self.ctx.close()
+
+
+def _gid(raw: bytes) -> Any:
+    from softverbs import GID
+
+    return GID.from_raw(raw)
+
+
+# --- running ----------------------------------------------------------------------------------
+
+
+def _side(args: argparse.Namespace, server: str | None, listener: socket.socket | None,
+          out: Any = None) -> None:  # fmt: skip
+    """One ``main()`` of the C tool: a server (with ``listener``) or a client."""
+    num_clients = 1 if server is not None else args.clients
+    pp = XsrqPingPong(args, num_clients, out)
+    try:
+        pp.post_recv(num_clients)
+        if server is not None:
+            pp.client_connect(server, args.port)
+        else:
+            assert listener is not None
+            pp.server_connect(listener)
+            for i in range(num_clients):
+                pp.post_send(i)
+        pp.run()
+        if server is not None:
+            pp.client_termination()
+        else:
+            pp.server_termination()
+    finally:
+        pp.close()
+    pp.say("success")
+
+
+def _listen(port: int) -> socket.socket:
+    for family, kind, proto, _, addr in socket.getaddrinfo(None, port, socket.AF_UNSPEC,
+                                                           socket.SOCK_STREAM, 0,
+                                                           socket.AI_PASSIVE):  # fmt: skip
+        try:
+            sock = socket.socket(family, kind, proto)
+        except OSError:
+            continue
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(addr)
+        except OSError:
+            sock.close()
+            continue
+        return sock
+    raise XsrqError(f"Couldn't listen to port {port}")
+
+
+def _check(args: argparse.Namespace) -> str | None:
+    if not 0 <= args.port <= 65535:
+        return f"port {args.port} is out of range"
+    if args.ib_port < 0:
+        return f"ib-port {args.ib_port} is out of range"
+    if args.mtu not in (256, 512, 1024, 2048, 4096):
+        return f"mtu {args.mtu} is not 256, 512, 1024, 2048 or 4096"
+    if args.clients < 1 or args.num_tests < 1 or args.size < 1:
+        return "clients, num_tests and size must be positive"
+    if args.loopback and args.server:
+        return "--loopback runs the server and its clients: give no SERVER"
+    return None
+
+
+def run(args: argparse.Namespace) -> int:
+    bad = _check(args)
+    if bad is not None:
+        print(f"softverbs xsrq-pingpong: {bad}", file=sys.stderr)
+        return 1
+    try:
+        if args.loopback:
+            _loopback(args)
+        elif args.server is not None:
+            _side(args, args.server, None)
+        else:
+            listener = _listen(args.port)
+            listener.listen(args.clients)
+            _side(args, None, listener)
+    except XsrqError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    return 0
+
+
+def _loopback(args: argparse.Namespace) -> None:
+    """The server and ``-c`` clients as threads of this process."""
+    listener = _listen(args.port)
+    listener.listen(args.clients)
+    port = listener.getsockname()[1]
+    client_args = argparse.Namespace(**{**vars(args), "port": port})
+    errors: list[BaseException] = []
+
+    def client() -> None:
+        try:
+            _side(client_args, "localhost", None)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=client, name=f"xsrq-client-{i}", daemon=True)
+               for i in range(args.clients)]  # fmt: skip
+    for t in threads:
+        t.start()
+    _side(args, None, listener)
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]

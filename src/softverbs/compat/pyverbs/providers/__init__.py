@@ -1,0 +1,2 @@
+"""``pyverbs.providers``: vendor direct verbs, which softverbs devices do not have
+(see :mod:`softverbs.vendor`)."""

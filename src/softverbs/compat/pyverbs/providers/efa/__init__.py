@@ -1,0 +1,1 @@
+"""``pyverbs.providers.efa``: EFA direct verbs (softverbs is not an EFA device)."""

@@ -1,0 +1,9 @@
+"""``pyverbs.providers.efa.efadv``:
+EFA direct verbs on softverbs (see :mod:`softverbs.vendor.efa`).
+"""
+
+from softverbs.vendor import efa as _efa
+
+_names = _efa.module_names()
+globals().update(_names)
+__all__ = sorted(_names)

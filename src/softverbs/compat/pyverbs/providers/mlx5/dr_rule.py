@@ -1,0 +1,7 @@
+"""``pyverbs.providers.mlx5.dr_rule``: refuses softverbs devices (see :mod:`softverbs.vendor`)."""
+
+from softverbs.vendor import mlx5 as _mlx5
+
+_names = _mlx5.module_names("dr_rule")
+globals().update(_names)
+__all__ = sorted(_names)

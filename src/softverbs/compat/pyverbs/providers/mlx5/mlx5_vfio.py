@@ -1,0 +1,7 @@
+"""``pyverbs.providers.mlx5.mlx5_vfio``: refuses softverbs devices (see :mod:`softverbs.vendor`)."""
+
+from softverbs.vendor import mlx5 as _mlx5
+
+_names = _mlx5.module_names("mlx5_vfio")
+globals().update(_names)
+__all__ = sorted(_names)

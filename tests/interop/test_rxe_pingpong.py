@@ -1,0 +1,246 @@
+"""softverbs' ping-pongs against rdma-core's ``ibv_*_pingpong`` on Linux rxe (on demand).
+
+Setup (once per session, about 15-30 s under TCG): build the peer if its
+kernel and initramfs are missing (``../shared/peer/build.sh``), boot guest
+``g1`` (10.77.0.2, rxe0) with ``boot.sh``, and write a ``softverbs link``
+table with one UDP device, ``svpeer``, bound to ``br-peer`` (10.77.0.1)
+inside the ``rocepeer`` network namespace.  Its GID table is built like
+rxe's: index 0 the IPv6 link-local address, index 1 the IPv4-mapped one.
+softverbs runs as ``ip netns exec rocepeer python -m softverbs ...``.  At
+the end, ``boot.sh down`` stops the guest and deletes the namespace.
+
+Each transport runs in both directions: softverbs client -> ``ibv_*_pingpong``
+server in the guest, and the guest's client -> softverbs server.  RC also
+runs over the IPv6 link-local GIDs (``-g 0``) and with ``-e`` on both sides.
+One RC run is captured on ``br-peer`` (``boot.sh cap-start``): every RoCEv2
+frame must carry a valid ICRC, ours must use rxe's UDP source port and a zero
+UDP checksum, and the guest's ``hw_counters`` must show that rxe accepted
+every packet we sent (``rcvd_pkts`` counts packets that passed its header and
+ICRC checks) with no sequence errors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from pingpong_kit import ROOT, Run, check_pair, finish, wait_listening
+
+pytestmark = pytest.mark.interop
+
+PEER = (ROOT / ".." / "shared" / "peer").resolve()
+OUT = Path(os.environ.get("PEER_OUT", "/tmp/peer"))
+NS = "rocepeer"
+GUEST, GUEST_IP, HOST_IP = "g1", "10.77.0.2", "10.77.0.1"
+DEV = "svpeer"
+COUNTERS = "/sys/class/infiniband/rxe0/ports/1/hw_counters"
+TOOLS = "ibv_rc_pingpong ibv_uc_pingpong ibv_ud_pingpong"
+RUN_TIMEOUT = 180.0  #: one ping-pong under TCG (a few ms per iteration)
+SIZES = {"rc": 4096, "uc": 4096, "ud": 1024}  #: the C tools' defaults; 4096 > MTU 1024
+
+
+@dataclass
+class Peer:
+    """The booted guest, and how to run things on both ends."""
+
+    boot: Path
+    env: dict[str, str]
+
+    def sh(self, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["bash", str(self.boot), *args], capture_output=True, text=True,
+                              timeout=timeout, check=False)  # fmt: skip
+
+    def guest(self, command: str, timeout: float = 60.0) -> tuple[int, str]:
+        """Run a shell command on the guest's console: (exit status, output)."""
+        r = self.sh("exec", GUEST, command, str(int(timeout)), timeout=timeout + 30)
+        return r.returncode, r.stdout
+
+    def counters(self) -> dict[str, int]:
+        _, out = self.guest(f"cd {COUNTERS} && grep . *")
+        return {k: int(v) for k, v in (line.split(":", 1) for line in out.split() if ":" in line)}
+
+    def clean_guest(self) -> None:
+        """No ping-pong left over: a stale rxe QP would keep retrying into our QPN 0x11."""
+        self.guest(f"killall -q {TOOLS}; rm -f /tmp/pp.*; true")
+
+    # --- the guest side ---------------------------------------------------------------
+    def guest_server(self, kind: str, args: str) -> None:
+        self.guest(f"(ibv_{kind}_pingpong -d rxe0 {args} > /tmp/pp.out 2>&1; "
+                   "echo PP_EXIT $? >> /tmp/pp.out) &")  # fmt: skip
+        # (no "exit" here: this is the console's own shell)
+        listening = "netstat -ltn | grep -q ':18515 '"
+        rc, out = self.guest(f"for i in $(seq 200); do {listening} && break; sleep 0.1; done; "
+                             f"{listening}")  # fmt: skip
+        assert rc == 0, f"ibv_{kind}_pingpong did not start listening in the guest: {out}"
+
+    def guest_server_result(self, timeout: float = RUN_TIMEOUT) -> Run:
+        deadline = time.monotonic() + timeout
+        while True:
+            _, out = self.guest("cat /tmp/pp.out")
+            m = re.search(r"^PP_EXIT (\d+)$", out, re.M)
+            if m:
+                return Run(int(m.group(1)), out[: m.start()], "")
+            if time.monotonic() > deadline:
+                return Run(124, out, "[test: the guest server did not finish]")
+            time.sleep(1)
+
+    def guest_client(self, kind: str, args: str) -> Run:
+        rc, out = self.guest(f"ibv_{kind}_pingpong -d rxe0 {args} {HOST_IP}",
+                             timeout=RUN_TIMEOUT)  # fmt: skip
+        return Run(rc, out, "")
+
+    # --- our side (in the namespace) ------------------------------------------------------
+    def ours(self, kind: str, *args: str, env: dict[str, str] | None = None
+             ) -> subprocess.Popen[str]:  # fmt: skip
+        cmd = ["ip", "netns", "exec", NS, sys.executable, "-m", "softverbs",
+               f"{kind}-pingpong", "-d", DEV, *args]  # fmt: skip
+        return subprocess.Popen(cmd, cwd=ROOT, env=env or self.env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+
+    def ns_read(self, path: str) -> str:
+        return subprocess.run(["ip", "netns", "exec", NS, "cat", path], capture_output=True,
+                              text=True, check=True, timeout=10).stdout  # fmt: skip
+
+
+def _skip_unless_possible() -> None:
+    if not (PEER / "boot.sh").exists():
+        pytest.skip(f"the rxe peer scripts are not at {PEER} (../shared/peer from the repo)")
+    if shutil.which("qemu-system-x86_64") is None:
+        pytest.skip("qemu-system-x86_64 is missing (apt-get install qemu-system-x86, or run "
+                    "../shared/peer/build.sh, which installs it)")  # fmt: skip
+    if os.geteuid() != 0:
+        pytest.skip("the rxe peer needs root (network namespace, bridge, taps)")
+
+
+@pytest.fixture(scope="session")
+def peer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Peer]:
+    _skip_unless_possible()
+    if not (OUT / "vmlinuz").exists() or not (OUT / "initramfs.cpio.gz").exists():
+        r = subprocess.run(["bash", str(PEER / "build.sh")], capture_output=True, text=True,
+                           timeout=1200, check=False)  # fmt: skip
+        assert r.returncode == 0, f"build.sh failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    cfg = tmp_path_factory.mktemp("peer") / "links.json"
+    cfg.write_text(json.dumps({"links": [{"name": DEV, "netdev": "br-peer"}]}))
+    env = {**os.environ, "SOFTVERBS_CONFIG": str(cfg), "PYTHONUNBUFFERED": "1"}
+    for var in ("SOFTVERBS_FAULTS", "SOFTVERBS_PCAP"):
+        env.pop(var, None)
+    p = Peer(PEER / "boot.sh", env)
+    p.sh("stop", GUEST)
+    try:
+        r = p.sh("start", GUEST, GUEST_IP)
+        assert r.returncode == 0, f"boot.sh start failed:\n{r.stdout}\n{r.stderr}"
+        r = p.sh("wait", GUEST, "PEER: READY", "300", timeout=330)
+        assert r.returncode == 0, f"the guest did not become ready:\n{r.stdout}\n{r.stderr}"
+        yield p
+    finally:
+        p.sh("down")
+
+
+@pytest.fixture
+def clean(peer: Peer) -> Peer:
+    peer.clean_guest()
+    return peer
+
+
+def softverbs_client(peer: Peer, kind: str, args: list[str]) -> tuple[Run, Run]:
+    """Guest server, softverbs client: (guest's run, ours)."""
+    peer.guest_server(kind, " ".join(args))
+    ours = finish(peer.ours(kind, *args, GUEST_IP), RUN_TIMEOUT)
+    return peer.guest_server_result(), ours
+
+
+def softverbs_server(peer: Peer, kind: str, args: list[str]) -> tuple[Run, Run]:
+    """softverbs server, guest client: (ours, guest's run)."""
+    server = peer.ours(kind, *args)
+    try:
+        wait_listening(18515, server, read=peer.ns_read)
+        guest = peer.guest_client(kind, " ".join(args))
+    finally:
+        ours = finish(server, 30 if server.poll() is None else 5)
+    return ours, guest
+
+
+def _args(kind: str, gid: int = 1, iters: int = 100, *extra: str) -> list[str]:
+    return ["-g", str(gid), "-n", str(iters), "-s", str(SIZES[kind]), *extra]
+
+
+@pytest.mark.parametrize("kind", ["rc", "uc", "ud"])
+def test_softverbs_client_rxe_server(clean: Peer, kind: str) -> None:
+    guest, ours = softverbs_client(clean, kind, _args(kind))
+    check_pair(guest, ours, SIZES[kind], 100)
+    assert ours.address("local")[3] == f"::ffff:{HOST_IP}"
+    assert ours.address("remote")[3] == f"::ffff:{GUEST_IP}"
+
+
+@pytest.mark.parametrize("kind", ["rc", "uc", "ud"])
+def test_rxe_client_softverbs_server(clean: Peer, kind: str) -> None:
+    ours, guest = softverbs_server(clean, kind, _args(kind))
+    check_pair(ours, guest, SIZES[kind], 100)
+
+
+@pytest.mark.parametrize("direction", ["softverbs-client", "rxe-client"])
+def test_rc_ipv6_link_local(clean: Peer, direction: str) -> None:
+    """-g 0: RoCEv2 over IPv6 between the link-local GIDs (zero UDP checksums both ways)."""
+    args = _args("rc", gid=0, iters=50)
+    if direction == "softverbs-client":
+        guest, ours = softverbs_client(clean, "rc", args)
+    else:
+        ours, guest = softverbs_server(clean, "rc", args)
+    check_pair(ours, guest, SIZES["rc"], 50)
+    assert ours.address("local")[3].startswith("fe80::")
+    assert ours.address("remote")[3] == "fe80::5054:ff:fe4d:2"
+
+
+@pytest.mark.parametrize("kind", ["rc", "ud"])
+def test_events_both_sides(clean: Peer, kind: str) -> None:
+    guest, ours = softverbs_client(clean, kind, _args(kind, 1, 50, "-e"))
+    check_pair(guest, ours, SIZES[kind], 50)
+
+
+def test_rc_capture_icrc_ports_and_rxe_counters(clean: Peer) -> None:
+    """One captured RC run: every frame valid, ours shaped like rxe's, rxe took them all."""
+    from scapy.all import IP, UDP, rdpcap  # type: ignore[import-untyped]
+
+    from softverbs.wire.codec import decode_frame
+    from softverbs.wire.opcodes import ROCEV2_PORT
+    from softverbs.wire.packet import udp_sport
+
+    pcap = OUT / "softverbs_rc_interop.pcap"
+    before = clean.counters()
+    r = clean.sh("cap-start", "svrc", str(pcap), "udp", "port", "4791", "or", "tcp", "port",
+                 "18515")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    try:
+        guest, ours = softverbs_client(clean, "rc", _args("rc", 1, 50))
+    finally:
+        clean.sh("cap-stop", "svrc")
+    after = clean.counters()
+    check_pair(guest, ours, SIZES["rc"], 50)
+
+    our_qpn = int(ours.address("local")[1], 16)
+    rxe_qpn = int(ours.address("remote")[1], 16)
+    frames = [p for p in rdpcap(str(pcap)) if UDP in p and p[UDP].dport == ROCEV2_PORT]
+    mine = [p for p in frames if p[IP].src == HOST_IP]
+    theirs = [p for p in frames if p[IP].src == GUEST_IP]
+    assert mine and theirs, f"nothing captured in {pcap}"
+    for p in frames:
+        decode_frame(bytes(p))  # raises WireError on a bad ICRC
+    for p in mine:
+        assert p[UDP].sport == udp_sport(our_qpn, rxe_qpn), p.summary()
+        assert p[UDP].chksum == 0 and p[IP].flags.DF, p.summary()
+    # rxe counts a packet in rcvd_pkts only after its header and ICRC checks
+    delta = {k: after[k] - before.get(k, 0) for k in after}
+    assert delta["rcvd_pkts"] == len(mine), (delta, len(mine))
+    assert delta["rcvd_seq_err"] == 0, delta
+    assert delta["rdma_recvs"] == 50 and delta["rdma_sends"] == 50, delta
+    print(f"\n{pcap}: {len(mine)} RoCEv2 frames from softverbs, {len(theirs)} from rxe; "
+          f"rxe counter deltas: { {k: v for k, v in delta.items() if v} }")

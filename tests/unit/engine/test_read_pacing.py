@@ -1,0 +1,123 @@
+"""A long RDMA READ is asked for in window-sized pieces.
+
+Found by the multi-host tests (tests/netns): a 64 MiB READ between two
+namespaces was one request, so the responder sent 16384 packets at once;
+the requester's socket buffer overflowed, every implied-NAK retry asked for
+the whole rest again, the stale copies kept the buffer full, and the READ
+often failed with IBV_WC_RETRY_EXC_ERR.  Now at most ``window`` responses
+are asked for at a time, like the requests of a long SEND or WRITE.
+"""
+
+from __future__ import annotations
+
+from engine_kit import BASE_B, DELIVER, DROP, Bench, Policy, is_request, kind_of
+
+from softverbs.enums import IBV_WC_SUCCESS, IBV_WR_RDMA_READ, IBV_WR_SEND
+from softverbs.wire.opcodes import Kind, Op
+from softverbs.wire.packet import Packet
+
+PMTU = 256
+
+
+def pattern(n: int, seed: int = 0) -> bytes:
+    return bytes((i * 7 + seed) & 0xFF for i in range(n))
+
+
+def is_read_request(pkt: Packet) -> bool:
+    return kind_of(pkt) is Kind.READ_REQ
+
+
+class BoundedReceiveQueue:
+    """Drop what a receiver with room for ``room`` datagrams between two of its own
+    sends could not hold: the b->a packets of one burst beyond the first ``room``."""
+
+    def __init__(self, room: int) -> None:
+        self.room = room
+        self.burst = 0
+        self.dropped = 0
+
+    def __call__(self, seq: int, src: str, pkt: Packet) -> str:
+        if src == "a":
+            self.burst = 0
+            return DELIVER
+        self.burst += 1
+        if self.burst > self.room:
+            self.dropped += 1
+            return DROP
+        return DELIVER
+
+
+def read_bench(n: int, policy: Policy | None = None) -> Bench:
+    b = Bench(pmtu=PMTU, mem_size=2 * n * PMTU + 4096)
+    if policy is not None:
+        b.policy = policy
+    b.b.mem[: n * PMTU] = pattern(n * PMTU)
+    return b
+
+
+def test_long_read_is_asked_for_in_window_pieces() -> None:
+    n = 1300  # packets: two full pieces of 512 and one of 276
+    b = read_bench(n)
+    window = b.a.qp.window
+    b.a.post_send(IBV_WR_RDMA_READ, n * PMTU, n * PMTU, remote=BASE_B, rkey=b.b.mr.key)
+    b.b.post_recv(0, 64)
+    b.a.post_send(IBV_WR_SEND, 0, 10)  # its PSN follows the READ's: it waits for it
+    b.run()
+    cqes = b.a.poll_send()
+    assert [c.status for c in cqes] == [IBV_WC_SUCCESS] * 2
+    assert b.a.mem[n * PMTU : 2 * n * PMTU] == pattern(n * PMTU)
+    reqs = [s.pkt for s in b.sent("a", is_read_request)]
+    assert [r.psn for r in reqs] == [0, window, 2 * window]
+    assert [r.dma_len for r in reqs] == [window * PMTU, window * PMTU, (n - 2 * window) * PMTU]
+    assert [r.va for r in reqs] == [BASE_B, BASE_B + window * PMTU, BASE_B + 2 * window * PMTU]
+    responses = b.sent("b", lambda p: kind_of(p) is Kind.READ_RESP)
+    assert b.psns(responses) == list(range(n)), "every response once, in order"
+    # each piece ends with LAST; a piece is asked for when the previous one has arrived
+    ends = [s.pkt.psn for s in responses if s.pkt.opcode & 0x1F == Op.RDMA_READ_RESPONSE_LAST]
+    assert ends == [window - 1, 2 * window - 1, n - 1]
+    order = [("req", s.pkt.psn) if s.src == "a" else ("resp", s.pkt.psn) for s in b.log
+             if is_read_request(s.pkt) or kind_of(s.pkt) is Kind.READ_RESP]  # fmt: skip
+    assert order.index(("req", window)) > order.index(("resp", window - 1))
+    (send,) = b.sent("a", lambda p: is_request(p) and not is_read_request(p))
+    assert send.pkt.psn == n, "the SEND goes after the READ's last piece is asked for"
+    assert b.a.counters.get("completer_retry_err", 0) == 0
+    assert b.b.counters.get("out_of_seq_request", 0) == 0
+
+
+def test_long_read_fits_a_bounded_receive_queue() -> None:
+    n = 2000
+    q = BoundedReceiveQueue(room=600)
+    b = read_bench(n, q)
+    b.a.post_send(IBV_WR_RDMA_READ, n * PMTU, n * PMTU, remote=BASE_B, rkey=b.b.mr.key)
+    b.run()
+    (cqe,) = b.a.poll_send()
+    assert cqe.status == IBV_WC_SUCCESS
+    assert b.a.mem[n * PMTU : 2 * n * PMTU] == pattern(n * PMTU)
+    assert q.dropped == 0, "no burst of responses is longer than the window"
+    assert len(b.sent("b")) == n
+
+
+def test_lost_response_asks_again_to_the_end_of_its_piece_only() -> None:
+    n = 1100
+    lost = 700  # in the second piece
+    seen = {"dropped": False}
+
+    def lose_once(seq: int, src: str, pkt: Packet) -> str:
+        is_lost = kind_of(pkt) is Kind.READ_RESP and pkt.psn == lost
+        if src == "b" and is_lost and not seen["dropped"]:
+            seen["dropped"] = True
+            return DROP
+        return DELIVER
+
+    b = read_bench(n, lose_once)
+    window = b.a.qp.window
+    b.a.post_send(IBV_WR_RDMA_READ, n * PMTU, n * PMTU, remote=BASE_B, rkey=b.b.mr.key)
+    b.run()
+    (cqe,) = b.a.poll_send()
+    assert cqe.status == IBV_WC_SUCCESS
+    assert b.a.mem[n * PMTU : 2 * n * PMTU] == pattern(n * PMTU)
+    reqs = [(s.pkt.psn, s.pkt.dma_len // PMTU) for s in b.sent("a", is_read_request)]
+    # the piece [512, 1024) is asked again from 700 to its end, then [1024, 1100)
+    assert reqs == [(0, window), (window, window), (lost, 2 * window - lost),
+                    (2 * window, n - 2 * window)]  # fmt: skip
+    assert b.b.counters.get("duplicate_request", 0) == 1  # answered from the replay cache

@@ -1,0 +1,160 @@
+"""A short pyverbs session that puts most opcodes on the wire (for the pcap tap tests).
+
+Run as a program (``python tests/unit/pcap_session.py DEV_A DEV_B``) it uses
+the process's devices, so ``SOFTVERBS_PCAP`` and ``SOFTVERBS_FAULTS`` apply;
+imported, :func:`session` runs inside whatever :class:`Simulation` is active.
+It exercises, between two devices:
+
+* RC over the IPv4-mapped GID (index 1) and over the IPv6 link-local GID
+  (index 0): a 3-packet SEND (the first one while no receive WQE is posted,
+  which costs an RNR NAK), an RDMA WRITE with immediate, a 5-packet RDMA
+  READ, fetch-and-add and compare-and-swap;
+* UC: a SEND and an RDMA WRITE;
+* UD: a SEND with immediate, through an address handle.
+
+Every completion must succeed; the function raises otherwise.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from softverbs import (
+    AH,
+    CQ,
+    MR,
+    PD,
+    QP,
+    SGE,
+    AHAttr,
+    Context,
+    GlobalRoute,
+    QPAttr,
+    QPCap,
+    QPInitAttr,
+    RecvWR,
+    SendWR,
+)
+from softverbs.enums import (
+    IBV_ACCESS_LOCAL_WRITE,
+    IBV_ACCESS_REMOTE_ATOMIC,
+    IBV_ACCESS_REMOTE_READ,
+    IBV_ACCESS_REMOTE_WRITE,
+    IBV_MTU_1024,
+    IBV_QPT_RC,
+    IBV_QPT_UC,
+    IBV_QPT_UD,
+    IBV_WC_SUCCESS,
+    IBV_WR_ATOMIC_CMP_AND_SWP,
+    IBV_WR_ATOMIC_FETCH_AND_ADD,
+    IBV_WR_RDMA_READ,
+    IBV_WR_RDMA_WRITE,
+    IBV_WR_RDMA_WRITE_WITH_IMM,
+    IBV_WR_SEND,
+    IBV_WR_SEND_WITH_IMM,
+)
+
+ACCESS = (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ
+          | IBV_ACCESS_REMOTE_ATOMIC)  # fmt: skip
+QKEY = 0x11111111
+
+
+class End:
+    """One QP with its PD, CQ and a 64 KiB MR."""
+
+    def __init__(self, ctx: Context, qp_type: int) -> None:
+        self.ctx = ctx
+        self.pd = PD(ctx)
+        self.cq = CQ(ctx, 64)
+        init = QPInitAttr(qp_type=qp_type, scq=self.cq, rcq=self.cq, cap=QPCap(16, 16, 1, 1),
+                          sq_sig_all=1)  # fmt: skip
+        attr = QPAttr()
+        attr.qp_access_flags = ACCESS
+        attr.qkey = QKEY
+        self.qp = QP(self.pd, init, attr)
+        self.mr = MR(self.pd, 1 << 16, ACCESS)
+
+    def sge(self, off: int, n: int) -> SGE:
+        return SGE(self.mr.buf + off, n, self.mr.lkey)
+
+    def wait(self, n: int = 1) -> None:
+        got = 0
+        deadline = time.monotonic() + 10
+        while got < n:
+            for wc in self.cq.poll(n - got)[1]:
+                if wc.status != IBV_WC_SUCCESS:
+                    raise RuntimeError(f"completion failed: {wc}")
+                got += 1
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{got} of {n} completions after 10 s")
+
+
+def route(ctx: Context, gid_index: int) -> AHAttr:
+    gr = GlobalRoute(dgid=ctx.query_gid(1, gid_index), sgid_index=gid_index)
+    return AHAttr(is_global=1, port_num=1, gr=gr)
+
+
+def connect(me: End, peer: End, gid_index: int) -> None:
+    attr = QPAttr()
+    attr.qp_access_flags = ACCESS
+    attr.dest_qp_num = peer.qp.qp_num
+    attr.path_mtu = IBV_MTU_1024
+    attr.max_rd_atomic = attr.max_dest_rd_atomic = 4
+    attr.timeout, attr.retry_cnt, attr.rnr_retry, attr.min_rnr_timer = 10, 7, 7, 1
+    attr.ah_attr = route(peer.ctx, gid_index)
+    me.qp.to_rts(attr)
+
+
+def pair(ca: Context, cb: Context, qp_type: int, gid_index: int) -> tuple[End, End]:
+    a, b = End(ca, qp_type), End(cb, qp_type)
+    connect(a, b, gid_index)
+    connect(b, a, gid_index)
+    return a, b
+
+
+def rdma(a: End, b: End, wr_id: int, opcode: int, off: int, n: int, **extra: int) -> SendWR:
+    wr = SendWR(wr_id, opcode, 1, sg=[a.sge(off, n)])
+    wr.remote_addr = b.mr.buf + off
+    wr.rkey_remote = b.mr.rkey
+    for name, value in extra.items():
+        setattr(wr, name, value)
+    return wr
+
+
+def session(name_a: str, name_b: str) -> None:
+    ca, cb = Context(name=name_a), Context(name=name_b)
+    for gid_index in (1, 0):
+        a, b = pair(ca, cb, IBV_QPT_RC, gid_index)
+        a.qp.post_send(SendWR(1, IBV_WR_SEND, 1, sg=[a.sge(0, 3000)]))
+        b.cq.poll(1)  # no receive WQE yet: the SEND is RNR-NAKed
+        b.qp.post_recv(RecvWR(1, 1, [b.sge(0, 4096)]))
+        b.qp.post_recv(RecvWR(2, 1, [b.sge(4096, 64)]))
+        a.wait()
+        b.wait()
+        a.qp.post_send(rdma(a, b, 2, IBV_WR_RDMA_WRITE_WITH_IMM, 8192, 1500, imm_data=0x1234))
+        a.wait()
+        b.wait()
+        a.qp.post_send(rdma(a, b, 3, IBV_WR_RDMA_READ, 16384, 5000))
+        a.qp.post_send(rdma(a, b, 4, IBV_WR_ATOMIC_FETCH_AND_ADD, 32768, 8, compare_add=5))
+        a.qp.post_send(rdma(a, b, 5, IBV_WR_ATOMIC_CMP_AND_SWP, 32768, 8, compare_add=5,
+                            swap=9))  # fmt: skip
+        a.wait(3)
+    a, b = pair(ca, cb, IBV_QPT_UC, 1)
+    b.qp.post_recv(RecvWR(1, 1, [b.sge(0, 4096)]))
+    a.qp.post_send(SendWR(1, IBV_WR_SEND, 1, sg=[a.sge(0, 2000)]))
+    a.qp.post_send(rdma(a, b, 2, IBV_WR_RDMA_WRITE, 8192, 700))
+    a.wait(2)
+    b.wait()
+    a, b = End(ca, IBV_QPT_UD), End(cb, IBV_QPT_UD)
+    b.qp.post_recv(RecvWR(1, 1, [b.sge(0, 1024)]))
+    ah = AH(a.pd, attr=route(cb, 1))
+    wr = SendWR(1, IBV_WR_SEND_WITH_IMM, 1, sg=[a.sge(0, 500)], imm_data=0xBEEF)
+    wr.set_wr_ud(ah, b.qp.qp_num, QKEY)
+    a.qp.post_send(wr)
+    a.wait()
+    b.wait()
+
+
+if __name__ == "__main__":
+    session(sys.argv[1], sys.argv[2])

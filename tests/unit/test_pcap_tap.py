@@ -1,0 +1,214 @@
+"""Traces of real sessions: SOFTVERBS_PCAP, Runtime.add_tap and softverbs.capture().
+
+Each test records the session of :mod:`pcap_session` (RC over IPv4 and IPv6,
+UC, UD; SEND, WRITE, READ, atomics, an RNR NAK) and checks the file three
+ways: it parses with ``read_pcap``; every frame decodes with ``decode_frame``
+and its ICRC verifies against the frame's own IP and UDP headers; and tshark
+dissects every frame as eth/ip(v6)/udp/infiniband with nothing malformed.
+The tshark part skips when the binary is missing (Debian package
+``tshark``, listed in ``scripts/apt-packages.txt`` so CI installs it).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from pcap_session import session
+
+from softverbs import Context, PyverbsRDMAError, capture
+from softverbs.errors import WireError
+from softverbs.fabric.pcap import PcapWriter, read_pcap
+from softverbs.sim import Simulation
+from softverbs.wire.codec import decode_frame
+from softverbs.wire.opcodes import AETH_RNR_NAK, OPINFO, Op, Transport, aeth_kind
+from softverbs.wire.packet import IPV4_MAPPED_PREFIX, Packet
+
+TSHARK = shutil.which("tshark")
+#: Expert notes that are not errors: the zero UDP checksum of IPv6 frames (rxe sends
+#: it too; RoCEv2 relies on the ICRC) and TTL 1, which is pyverbs' default hop_limit
+#: in a GlobalRoute (and ibv_rc_pingpong's): the IP TTL is the route's hop limit.
+ALLOWED_EXPERT = {"Illegal checksum value (0)", '"Time To Live" only 1'}
+HERE = Path(__file__).resolve().parent
+
+#: Opcodes the session must put on the wire.
+EXPECTED = {
+    Transport.RC | Op.SEND_FIRST, Transport.RC | Op.SEND_MIDDLE, Transport.RC | Op.SEND_LAST,
+    Transport.RC | Op.RDMA_WRITE_FIRST, Transport.RC | Op.RDMA_WRITE_LAST_WITH_IMMEDIATE,
+    Transport.RC | Op.RDMA_READ_REQUEST, Transport.RC | Op.RDMA_READ_RESPONSE_FIRST,
+    Transport.RC | Op.RDMA_READ_RESPONSE_MIDDLE, Transport.RC | Op.RDMA_READ_RESPONSE_LAST,
+    Transport.RC | Op.FETCH_ADD, Transport.RC | Op.COMPARE_SWAP,
+    Transport.RC | Op.ATOMIC_ACKNOWLEDGE, Transport.RC | Op.ACKNOWLEDGE,
+    Transport.UC | Op.SEND_FIRST, Transport.UC | Op.SEND_LAST, Transport.UC | Op.RDMA_WRITE_ONLY,
+    Transport.UD | Op.SEND_ONLY_WITH_IMMEDIATE,
+}  # fmt: skip
+
+
+def decoded(path: Path) -> list[Packet]:
+    """Every frame of the file, decoded with its ICRC checked."""
+    frames = list(read_pcap(path))
+    assert frames, f"{path} holds no frames"
+    out = []
+    for i, (_, frame) in enumerate(frames):
+        try:
+            out.append(decode_frame(frame))
+        except WireError as exc:
+            raise AssertionError(f"frame {i + 1} of {path}: {exc}") from None
+    return out
+
+
+def check_session(pkts: list[Packet]) -> None:
+    seen = {p.opcode for p in pkts}
+    assert seen >= EXPECTED, [OPINFO[o].name for o in EXPECTED - seen]  # type: ignore[union-attr]
+    assert any(p.sgid[:12] == IPV4_MAPPED_PREFIX for p in pkts)
+    assert any(p.sgid[:2] == b"\xfe\x80" for p in pkts)  # the RC pair on the IPv6 GID
+    assert any(OPINFO[p.opcode].kind.name == "ACK" and aeth_kind(p.syndrome) == AETH_RNR_NAK
+               for p in pkts)  # type: ignore[union-attr]  # fmt: skip
+
+
+def heuristic_args() -> list[str]:
+    """Disable the protocols of the heuristics on InfiniBand payloads (see test_tshark.py)."""
+    assert TSHARK is not None
+    out = subprocess.run([TSHARK, "-G", "heuristic-decodes"], capture_output=True, text=True,
+                         check=True).stdout  # fmt: skip
+    args: list[str] = []
+    for line in out.splitlines():
+        cols = line.split("\t")
+        if len(cols) >= 2 and cols[0] == "infiniband.payload" and cols[1] != "ethertype":
+            args += ["--disable-protocol", cols[1]]
+    return args
+
+
+def tshark_check(path: Path, count: int) -> None:
+    """tshark reads every frame as InfiniBand over UDP, with nothing malformed."""
+    if TSHARK is None:
+        pytest.skip("tshark is not installed (Debian: apt install tshark; "
+                    "CI installs it from scripts/apt-packages.txt)")  # fmt: skip
+    fields = ["frame.number", "frame.protocols", "infiniband.bth.opcode", "_ws.malformed",
+              "_ws.expert.message"]  # fmt: skip
+    cmd = [TSHARK, "-n", "-r", str(path), *heuristic_args(), "-T", "fields",
+           "-E", "separator=\t", "-E", "occurrence=a", "-E", "aggregator=|"]  # fmt: skip
+    for name in fields:
+        cmd += ["-e", name]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    rows = [dict(zip(fields, line.split("\t"), strict=True)) for line in proc.stdout.splitlines()]
+    assert len(rows) == count
+    for row in rows:
+        where = f"frame {row['frame.number']}"
+        assert ":udp:infiniband" in row["frame.protocols"], (where, row["frame.protocols"])
+        assert row["infiniband.bth.opcode"], where
+        assert not row["_ws.malformed"], where
+        experts = {m for m in row["_ws.expert.message"].split("|") if m}
+        assert experts <= ALLOWED_EXPERT, (where, experts)
+
+
+def _env(tmp: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SOFTVERBS_")}
+    env["SOFTVERBS_CONFIG"] = str(tmp / "no-links.json")
+    env["SOFTVERBS_INPROC_DEVICES"] = "sv0,sv1"
+    env.update(extra)
+    return env
+
+
+def test_softverbs_pcap_captures_a_session(tmp_path: Path) -> None:
+    spec = str(tmp_path / "session-{pid}.pcap")
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "pcap_session.py"), "sv0", "sv1"],
+        env=_env(tmp_path, SOFTVERBS_PCAP=spec, SOFTVERBS_FAULTS="seed=3;drop=0.03"),
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    (path,) = tmp_path.glob("session-*.pcap")  # {pid} became the child's pid
+    assert path.name != "session-{pid}.pcap"
+    pkts = decoded(path)
+    check_session(pkts)
+    tshark_check(path, len(pkts))
+
+
+_TWO_RUNTIMES = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from pcap_session import session
+from softverbs.sim import Simulation
+session("sv0", "sv1")              # the process's in-process runtime
+with Simulation(devices=("a", "b")):
+    session("a", "b")              # a second runtime, same SOFTVERBS_PCAP
+session("sv0", "sv1")
+"""
+
+
+def test_softverbs_pcap_is_shared_by_the_runtimes_of_a_process(tmp_path: Path) -> None:
+    """Each runtime used to open SOFTVERBS_PCAP afresh, truncating the file under the
+    runtimes that had opened it before: the capture came out garbled."""
+    path = tmp_path / "two.pcap"
+    proc = subprocess.run([sys.executable, "-c", _TWO_RUNTIMES, str(HERE)],
+                          env=_env(tmp_path, SOFTVERBS_PCAP=str(path)),
+                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    pkts = decoded(path)
+    sim_gid = IPV4_MAPPED_PREFIX + bytes([10, 0, 0, 1])
+    assert any(p.sgid == sim_gid for p in pkts)  # the simulation's traffic
+    assert sum(p.sgid[:13] == IPV4_MAPPED_PREFIX + b"\x7f" for p in pkts) > 2 * len(EXPECTED)
+    with open(path, "rb") as f:
+        assert f.read().count(bytes.fromhex("d4c3b2a1")) == 1  # one pcap header
+
+
+def test_runtime_add_tap_captures_a_session(tmp_path: Path) -> None:
+    path = tmp_path / "tap.pcap"
+    with Simulation(devices=("a", "b"), faults="seed=5;drop=0.03") as sim:
+        writer = PcapWriter(path)
+        sim.runtime.add_tap(writer)
+        session("a", "b")
+        sim.runtime.remove_tap(writer)
+        writer.close()
+    pkts = decoded(path)
+    check_session(pkts)
+    stamps = [ts for ts, _ in read_pcap(path)]
+    assert stamps == sorted(stamps) and stamps[-1] < 60  # virtual seconds
+    tshark_check(path, len(pkts))
+
+
+def test_capture_takes_one_devices_traffic(tmp_path: Path) -> None:
+    path = tmp_path / "b.pcap"
+    with Simulation(devices=("a", "b", "c")):
+        ctx_b = Context(name="b")
+        gids_b = {bytes(g) for g in ctx_b.hca.gids}
+        with capture(ctx_b, path) as cap:
+            session("a", "b")
+            session("a", "c")  # not b's: not in the file
+        assert cap.closed
+        size = path.stat().st_size
+        session("a", "b")  # after close: not in the file either
+        assert path.stat().st_size == size
+    pkts = decoded(path)
+    assert all(p.sgid in gids_b or p.dgid in gids_b for p in pkts)
+    assert len({p.sgid for p in pkts} | {p.dgid for p in pkts}) == 4  # a and b, v4 and v6
+    check_session(pkts)
+    tshark_check(path, len(pkts))
+
+
+def test_capture_close_is_idempotent_and_removes_the_tap(tmp_path: Path) -> None:
+    with Simulation(devices=("a", "b")) as sim:
+        ctx = Context(name="a")
+        cap = capture(ctx, tmp_path / "a.pcap")
+        assert len(sim.runtime.taps) == 1
+        cap.close()
+        cap.close()
+        assert sim.runtime.taps == []
+    assert list(read_pcap(tmp_path / "a.pcap")) == []  # a valid file with no frames
+
+
+def test_capture_needs_a_device_in_this_process(tmp_path: Path) -> None:
+    """A device served by softverbsd has no engine here to tap: EOPNOTSUPP, and no file."""
+    served = SimpleNamespace(name="srv0", hca=None, runtime=object())
+    with pytest.raises(PyverbsRDMAError, match="served by softverbsd") as info:
+        capture(served, tmp_path / "x.pcap")  # type: ignore[arg-type]
+    assert info.value.error_code == errno.EOPNOTSUPP
+    assert not (tmp_path / "x.pcap").exists()

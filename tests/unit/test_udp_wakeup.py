@@ -1,0 +1,116 @@
+"""The UDP fabric's wakeups: waiters are woken, and waking never blocks.
+
+A UD or UC receive (or an RC ACK) produces a CQE and no packet.  The progress
+thread delivers it; it must then wake an application thread sleeping in
+``get_cq_event``, or that thread sleeps until its timeout -- forever without
+one, which hung ``softverbs ud-pingpong -e`` and ``uc-pingpong -e``.
+
+Two UDP devices on private loopback addresses, in this process.  The send is
+posted from another thread after the receiver is already asleep, so the
+datagram is certainly delivered by the progress thread, not by the waiter.
+
+``UdpRuntime.wake`` is called under the runtime lock (every verb's progress
+call does it when a timer is due sooner than the thread sleeps).  It writes
+to a socket pair the progress thread drains -- after taking that same lock.
+A blocking write into a full pair therefore deadlocked a busy-polling RC
+program against rxe; the write must not block.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from softverbs import (
+    AH,
+    CQ,
+    MR,
+    PD,
+    QP,
+    SGE,
+    AHAttr,
+    CompChannel,
+    Context,
+    GlobalRoute,
+    QPAttr,
+    QPCap,
+    QPInitAttr,
+    RecvWR,
+    SendWR,
+)
+from softverbs.enums import IBV_ACCESS_LOCAL_WRITE, IBV_QPT_UD, IBV_WC_SUCCESS
+from softverbs.fabric.udp import UdpRuntime, explicit_addresses
+
+QKEY = 0x11111111
+
+
+@pytest.fixture
+def two_udp_devices(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, str]:
+    # 127.x.y.z all route through lo; an uncommon pair avoids other users of 4791
+    x = 100 + os.getpid() % 100
+    links = [{"name": "wake1", "addrs": [f"127.{x}.7.1"]},
+             {"name": "wake2", "addrs": [f"127.{x}.7.2"]}]  # fmt: skip
+    cfg = tmp_path / "links.json"
+    cfg.write_text(json.dumps({"links": links}))
+    monkeypatch.setenv("SOFTVERBS_CONFIG", str(cfg))
+    return "wake1", "wake2"
+
+
+def _ud_qp(pd: PD, cq: CQ) -> QP:
+    attr = QPAttr()
+    attr.qkey = QKEY
+    init = QPInitAttr(qp_type=IBV_QPT_UD, scq=cq, rcq=cq, cap=QPCap(4, 4, 1, 1))
+    return QP(pd, init, attr)  # pyverbs moves a UD QP to RTS when given a QPAttr
+
+
+def test_ud_receive_wakes_get_cq_event(two_udp_devices: tuple[str, str]) -> None:
+    name_tx, name_rx = two_udp_devices
+    with Context(name=name_tx) as tx, Context(name=name_rx) as rx:
+        pd_tx, pd_rx = PD(tx), PD(rx)
+        cq_tx = CQ(tx, 8)
+        channel = CompChannel(rx)
+        cq_rx = CQ(rx, 8, None, channel, 0)
+        qp_tx, qp_rx = _ud_qp(pd_tx, cq_tx), _ud_qp(pd_rx, cq_rx)
+        mr_tx = MR(pd_tx, 64, IBV_ACCESS_LOCAL_WRITE)
+        mr_rx = MR(pd_rx, 64 + 40, IBV_ACCESS_LOCAL_WRITE)
+        mr_tx.write(b"x" * 64, 64)
+        qp_rx.post_recv(RecvWR(1, 1, [SGE(mr_rx.buf, 104, mr_rx.lkey)]))
+        route = GlobalRoute(dgid=rx.query_gid(1, 0), sgid_index=0)
+        ah = AH(pd_tx, attr=AHAttr(is_global=1, port_num=1, gr=route))
+        wr = SendWR(2, num_sge=1, sg=[SGE(mr_tx.buf, 64, mr_tx.lkey)])
+        wr.set_wr_ud(ah, qp_rx.qp_num, QKEY)
+        cq_rx.req_notify()
+
+        sender = threading.Timer(0.3, qp_tx.post_send, args=(wr,))
+        sender.start()
+        t0 = time.monotonic()
+        channel.get_cq_event(cq_rx, timeout=5.0)
+        waited = time.monotonic() - t0
+        sender.join()
+        # Woken by the delivery (about 0.3 s), not by the 5 s timeout.
+        assert waited < 2.5, f"get_cq_event returned after {waited:.2f} s: not woken"
+        n, wcs = cq_rx.poll(1)
+        assert n == 1 and wcs[0].status == IBV_WC_SUCCESS and wcs[0].byte_len == 104
+        cq_rx.ack_events(1)
+
+
+def test_wake_never_blocks() -> None:
+    """Far more wakeups than the socket pair holds, with no thread draining it."""
+    x = 100 + os.getpid() % 100
+    runtime = UdpRuntime(explicit_addresses([f"127.{x}.8.1"]))  # not started: no drainer
+    try:
+        waker = threading.Thread(target=lambda: [runtime.wake() for _ in range(200_000)],
+                                 daemon=True)  # fmt: skip
+        waker.start()
+        waker.join(timeout=20)
+        assert not waker.is_alive(), "wake() blocked on a full socket pair"
+    finally:
+        # stop() wakes the thread too: if wake() blocks, do not hang the test run
+        stopper = threading.Thread(target=runtime.stop, daemon=True)
+        stopper.start()
+        stopper.join(timeout=10)
