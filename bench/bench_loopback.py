@@ -11,14 +11,18 @@ and connect one RC QP each.  In the same run, three stacks are measured:
     last one signaled, ``sq_sig_all=0``) and polls.  The server only keeps
     its QP alive: it sleeps in a socket read while its device's progress
     thread receives the packets and ACKs them.  After each size the server's
-    buffer is hashed and must equal the client's.
+    buffer is hashed and must equal the client's.  Each process's CPU time
+    per packet is reported too: on a shared machine it moves much less than
+    MB/s does.
 (2) softverbs 8-byte RC SEND ping-pong: the client times each round trip and
     reports half of it (one-way, as perftest and ucx_perftest report
-    latency): median and p99.  Both sides busy-poll their CQs.
+    latency): median and p99.  Both sides busy-poll their CQs, dropping the
+    GIL with ``sleep(0)`` after an empty poll unless ``--spin`` (see idle()).
 (3) ``ucx_perftest`` (Debian ``ucx-utils``) over TCP on loopback
     (``UCX_TLS=tcp UCX_NET_DEVICES=lo``), server and client processes:
-    ``ucp_put_bw`` at the same sizes (at most ``WINDOW`` puts outstanding)
-    and ``tag_lat`` at 8 bytes (median and p99 through ``-R``).  Without
+    ``ucp_put_bw`` at the same sizes (at most ``WINDOW`` puts and 4 MiB
+    outstanding, see ucx_outstanding()) and ``tag_lat`` at 8 bytes (median
+    and p99 through ``-R``).  Without
     ucx_perftest, or with ``--no-ucx``, that column says n/a.
 (4) A plain Python UDP loop, the ceiling for any stack written in Python on
     this machine: one process blasts datagrams of the size softverbs sends
@@ -34,7 +38,7 @@ Every subprocess has a timeout and is killed with its process group if it
 overstays.  Not a test: nothing asserts a speed.
 
     python bench/bench_loopback.py [--quick] [--runs N] [--no-ucx] [--sizes 4K,1M]
-                                   [--plot FILE.png] [--json]
+                                   [--spin] [--plot FILE.png] [--json]
                                    [--profile DIR [--profiler cprofile|py-spy]]
 
 ``--profile DIR`` runs only the softverbs WRITE bandwidth (1 MiB unless
@@ -74,13 +78,15 @@ WINDOW = 16  #: WRITEs (and UCX puts) outstanding at most
 SIGNAL_EVERY = 4  #: WRITEs per post_send chain; the last of each is signaled
 LAT_SIZE = 8  #: ping-pong message size
 QUEUE = 64  #: send/receive queue depth of each softverbs QP
+#: Local ACK timeout exponent: 4.096 us * 2**16 = 268 ms.  With perftest's 14 (67 ms) we saw
+#: spurious go-back-N retransmissions on a loaded VM that deschedules a process for long.
+ACK_TIMEOUT = 16
 BTH, ICRC = 12, 4
 MTU = 4096
 UDP_PAYLOAD = BTH + MTU + ICRC  #: a full-MTU middle WRITE packet as softverbs sends it
 LAT_DATAGRAM = BTH + LAT_SIZE + ICRC  #: the datagram of an 8-byte SEND
 MAX_DATAGRAM = 65536  #: recvfrom size, as in softverbs.fabric.udp
 STALL_TIMEOUT = 20.0  #: seconds without an expected completion or reply
-POLITE = os.environ.get("SVBENCH_SPIN") != "1"  #: sleep(0) after an empty poll (see idle())
 UCX_MAX_OUTSTANDING = 4 << 20  #: bytes of puts ucx_perftest may have outstanding
 UCX_ENV = {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo", "UCX_WARN_UNUSED_ENV_VARS": "n"}
 SCRIPT = Path(__file__).resolve()
@@ -103,6 +109,7 @@ class Settings:
     ucx_lat_iters: int
     timeout: float  #: wall-clock limit of one group of subprocesses, seconds
     sizes: tuple[int, ...] = SIZES
+    spin: bool = False  #: poll without pausing (see idle())
 
 
 FULL = Settings(runs=5, warmup=1, write_bytes=32 << 20, lat_iters=5000, lat_warmup=200,
@@ -227,7 +234,7 @@ class SvEnd:
         attr.dest_qp_num = int(peer["qpn"])
         attr.max_dest_rd_atomic = attr.max_rd_atomic = 1
         attr.min_rnr_timer = 12
-        attr.timeout, attr.retry_cnt, attr.rnr_retry = 14, 7, 7
+        attr.timeout, attr.retry_cnt, attr.rnr_retry = ACK_TIMEOUT, 7, 7
         attr.ah_attr = AHAttr(is_global=1, port_num=1,
                               gr=GlobalRoute(dgid=GID(peer["gid"]), sgid_index=0))  # fmt: skip
         self.qp.to_rts(attr)
@@ -254,16 +261,19 @@ def _check(wc: Any, what: str) -> None:
                          f"({wc.status}) {getattr(wc, 'reason', '')}")  # fmt: skip
 
 
-def idle() -> None:
-    """After an empty poll: let the device's progress thread have the lock.
+def idle(spin: bool) -> None:
+    """After an empty poll: drop the GIL for a moment (unless ``--spin``).
 
-    A poll loop that never pauses can starve the progress thread of the
-    runtime lock; each poll then writes another wake-up byte to it, and once
-    that socket is full the poller blocks in send() while holding the lock:
-    a deadlock (softverbs 0.1.0, fabric/udp.py ``wake``).  ``sleep(0)`` drops
-    the GIL for a moment, which is enough for the thread to get in.
+    A poller that never pauses keeps the GIL, so the device's progress thread,
+    woken by a datagram or a timer, waits up to the interpreter's switch
+    interval (5 ms) for it -- visible as a p99 latency of milliseconds -- and
+    then contends for the runtime lock.  Up to commit 1888029 such a poller
+    could also deadlock: it wrote a wake-up byte per poll into a blocking
+    socketpair the starved thread never drained, and blocked in send() with
+    the lock held (fixed in da22929: the pair is non-blocking).
+    ``sleep(0)`` lets the thread in; ``--spin`` measures without it.
     """
-    if POLITE:
+    if not spin:
         time.sleep(0)
 
 
@@ -271,7 +281,7 @@ def _deadline() -> float:
     return time.monotonic() + STALL_TIMEOUT
 
 
-def write_run(end: SvEnd, peer: dict[str, Any], size: int, count: int) -> float:
+def write_run(end: SvEnd, peer: dict[str, Any], size: int, count: int, spin: bool) -> float:
     """Seconds for ``count`` WRITEs of ``size`` bytes, at most WINDOW outstanding."""
     from softverbs import SGE, SendWR
     from softverbs.enums import IBV_SEND_SIGNALED, IBV_WR_RDMA_WRITE
@@ -300,7 +310,7 @@ def write_run(end: SvEnd, peer: dict[str, Any], size: int, count: int) -> float:
             done += n
             deadline = _deadline()
         else:
-            idle()
+            idle(spin)
             if time.monotonic() > deadline:
                 raise BenchError(f"RDMA WRITE {size} B: {done} of {chains} chains after "
                                  f"{STALL_TIMEOUT} s")  # fmt: skip
@@ -310,11 +320,12 @@ def write_run(end: SvEnd, peer: dict[str, Any], size: int, count: int) -> float:
 class PingPong:
     """8-byte SEND ping-pong on a connected SvEnd (receives are kept posted)."""
 
-    def __init__(self, end: SvEnd) -> None:
+    def __init__(self, end: SvEnd, spin: bool) -> None:
         from softverbs import SGE, SendWR
         from softverbs.enums import IBV_SEND_SIGNALED, IBV_WC_RECV, IBV_WR_SEND
 
         self.end = end
+        self.spin = spin
         self.recv_op = IBV_WC_RECV
         self.send_off = QUEUE * LAT_SIZE
         sge = SGE(end.msg.buf + self.send_off, LAT_SIZE, end.msg.lkey)
@@ -348,7 +359,7 @@ class PingPong:
                     if block_on_send:
                         return out
             if not wcs:
-                idle()
+                idle(self.spin)
                 if time.monotonic() > deadline:
                     raise BenchError(f"ping-pong: no completion for {STALL_TIMEOUT} s")
 
@@ -392,7 +403,7 @@ def role_sv_server(args: argparse.Namespace, s: Settings) -> None:
     try:
         ctl.send(**end.info())
         end.connect(ctl.recv())
-        pp = PingPong(end)
+        pp = PingPong(end, s.spin)
         while True:
             msg = ctl.recv()
             cmd = msg["cmd"]
@@ -442,10 +453,12 @@ def role_sv_client(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
             end.mr.view[:size] = os.urandom(size)
             count = messages_for(size, s.write_bytes)
             for _ in range(s.warmup):
-                write_run(end, peer, size, count)
+                write_run(end, peer, size, count, s.spin)
             ctl.send(cmd="cpu")
             server_cpu, client_cpu = ctl.recv()["seconds"], time.process_time()
-            rates = [count * size / write_run(end, peer, size, count) for _ in range(s.runs)]
+            rates = [
+                count * size / write_run(end, peer, size, count, s.spin) for _ in range(s.runs)
+            ]
             ctl.send(cmd="cpu")
             server_cpu = ctl.recv()["seconds"] - server_cpu
             client_cpu = time.process_time() - client_cpu
@@ -460,7 +473,7 @@ def role_sv_client(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
                 "server_cpu_us_per_packet": server_cpu / packets * 1e6,
             }  # fmt: skip
         if s.lat_iters:
-            pp = PingPong(end)
+            pp = PingPong(end, s.spin)
             total = s.lat_warmup + s.lat_iters
             ctl.send(cmd="pingpong", iters=total)
             ctl.recv()
@@ -518,9 +531,12 @@ def role_udp_server(args: argparse.Namespace, s: Settings) -> None:
                     count += 1
                 ctl.send(count=count, seconds=last - first)
             elif msg["cmd"] == "pingpong":
-                for _ in range(msg["iters"]):
+                done = 0
+                while done < msg["iters"]:
                     data, peer = sock.recvfrom(MAX_DATAGRAM)
-                    sock.sendto(data, peer)
+                    if len(data) == LAT_DATAGRAM:  # not a late end marker of the blast
+                        sock.sendto(data, peer)
+                        done += 1
                 ctl.send(ok=True)
             elif msg["cmd"] == "quit":
                 break
@@ -980,6 +996,11 @@ def main() -> int:
     ap.add_argument("--runs", type=int, help="timed runs per figure (median reported)")
     ap.add_argument("--sizes", help="comma-separated WRITE sizes (default 4K,64K,1M,4M)")
     ap.add_argument("--no-ucx", action="store_true", help="skip ucx_perftest")
+    ap.add_argument(
+        "--spin",
+        action="store_true",
+        help="softverbs pollers never pause (default: sleep(0) after an empty poll)",
+    )
     ap.add_argument("--plot", metavar="FILE", help="also write a PNG plot (needs matplotlib)")
     ap.add_argument("--json", action="store_true", help="print one JSON object, not tables")
     ap.add_argument(
@@ -1002,6 +1023,8 @@ def main() -> int:
         s = replace(s, runs=args.runs)
     if args.sizes:
         s = replace(s, sizes=tuple(parse_size(x) for x in args.sizes.split(",")))
+    if args.spin:
+        s = replace(s, spin=True)
     try:
         if args.profile:
             os.makedirs(args.profile, exist_ok=True)

@@ -163,9 +163,11 @@ def writebe64(addr: int, val: int, offset: int = 0) -> None:
 
 def write(addr: int, data: str | bytes, length: int, offset: int = 0) -> None:
     """Copy ``length`` bytes of ``data`` to ``addr`` + ``offset``."""
+    if not isinstance(data, (str, bytes, bytearray, memoryview)):
+        raise PyverbsUserError(f"data must be str or bytes, got {type(data).__name__}")
     raw = data.encode() if isinstance(data, str) else bytes(data)
     length = _int(length, "length")
-    if length > len(raw):
+    if not 0 <= length <= len(raw):
         raise PyverbsUserError(f"length {length} is longer than the data ({len(raw)} bytes)")
     _store(_int(addr, "addr"), _int(offset, "offset"), raw[:length], "write")
 

@@ -71,8 +71,11 @@ def check_success(run: Run, size: int, iters: int) -> None:
 
 def check_pair(server: Run, client: Run, size: int, iters: int) -> None:
     """Both succeeded, and each side's remote address is the other's local one."""
-    check_success(server, size, iters)
-    check_success(client, size, iters)
+    try:
+        check_success(server, size, iters)
+        check_success(client, size, iters)
+    except AssertionError:
+        raise AssertionError(f"server: {server}\nclient: {client}") from None
     assert server.address("remote") == client.address("local"), f"{server}\n{client}"
     assert client.address("remote") == server.address("local"), f"{server}\n{client}"
 

@@ -102,16 +102,16 @@ def lo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Loopback]:
 # loaded CI machine, where each round trip waits for both to be scheduled.
 CASES = [
     # kind, size, iters, extra options (both sides), devices swapped
-    ("rc", 4096, 30, (), False),  # polling
-    ("rc", 1, 50, ("-e",), True),
-    ("rc", 10000, 30, ("-m", "1024", "-e"), False),  # 10 packets per message
-    ("rc", 9000, 30, ("-m", "4096", "-e"), True),  # 3 packets
-    ("rc", 5000, 20, ("-N", "-r", "4"), False),  # ibv_wr_* send API, few receives, polling
-    ("uc", 4096, 50, ("-e",), True),
-    ("uc", 10000, 20, ("-m", "2048"), False),  # polling
+    ("rc", 4096, 20, (), False),  # polling
+    ("rc", 1, 20, ("-e",), True),
+    ("rc", 10000, 10, ("-m", "1024", "-e"), False),  # 10 packets per message
+    ("rc", 9000, 10, ("-m", "4096", "-e"), True),  # 3 packets
+    ("rc", 5000, 10, ("-N", "-r", "4"), False),  # ibv_wr_* send API, few receives, polling
+    ("uc", 4096, 20, ("-e",), True),
+    ("uc", 10000, 10, ("-m", "2048"), False),  # polling
     ("ud", 1024, 20, (), False),  # polling
-    ("ud", 4096, 30, ("-e",), True),  # the largest UD message: the active MTU
-    ("ud", 8, 50, ("-r", "2", "-e"), False),
+    ("ud", 4096, 10, ("-e",), True),  # the largest UD message: the active MTU
+    ("ud", 8, 20, ("-r", "2", "-e"), False),
 ]
 
 

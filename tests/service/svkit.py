@@ -113,14 +113,15 @@ class ServiceProc:
         self.path = path
         self.proc = CTX.Process(target=_serve, args=(path,), name="softverbsd")
         self.proc.start()
-        deadline = time.monotonic() + WAIT
+        deadline = time.monotonic() + 3 * WAIT  # a loaded machine starts processes slowly
         while True:
             try:
                 self.stats()
                 return
             except (PyverbsRDMAError, OSError):
                 if not self.proc.is_alive() or time.monotonic() > deadline:
-                    raise AssertionError(f"softverbsd did not come up on {path}") from None
+                    raise AssertionError(f"softverbsd did not come up on {path} (exit code "
+                                         f"{self.proc.exitcode})") from None  # fmt: skip
                 time.sleep(0.02)
 
     @property

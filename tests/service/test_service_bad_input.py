@@ -311,3 +311,25 @@ def test_scribbled_ring_hurts_only_its_owner(service: ServiceProc, spawn: Callab
     w.kill()
     bystander.finish()
     _serving(service)
+
+
+def test_served_modify_accepts_every_attribute_the_verbs_layer_sends() -> None:
+    """modify_qp takes only attribute names it knows (a request must not set
+    arbitrary attributes of an engine object): they must cover everything
+    ``engine_values`` can produce."""
+    from softverbs import AHAttr, Context, GlobalRoute, QPAttr
+    from softverbs.service.server import _QP_ATTRS
+    from softverbs.verbs.qp import engine_values
+
+    env = os.environ.pop("SOFTVERBS_SERVICE", None)
+    try:
+        ctx = Context(name="sv0")
+        a = QPAttr()
+        a.ah_attr = AHAttr(is_global=1, gr=GlobalRoute(dgid=ctx.query_gid(1, 1), sgid_index=1))
+        a.alt_ah_attr = a.ah_attr
+        values = engine_values(ctx, a, (1 << 21) - 1)
+        ctx.close()
+    finally:
+        if env is not None:
+            os.environ["SOFTVERBS_SERVICE"] = env
+    assert set(values) <= _QP_ATTRS, set(values) - _QP_ATTRS

@@ -40,6 +40,7 @@ import contextlib
 import errno
 import ipaddress
 import json
+import logging
 import random
 import socket
 import subprocess
@@ -95,6 +96,8 @@ from softverbs.enums import (
 )
 from softverbs.errors import PyverbsRDMAError
 from softverbs.wire.packet import IPV4_MAPPED_PREFIX
+
+log = logging.getLogger(__name__)
 
 #: librdmacm's Q_Key for RDMA_PS_UDP QPs (``RDMA_UDP_QKEY``).
 RDMA_UDP_QKEY = 0x01234567
@@ -278,10 +281,6 @@ class DeviceCtx:
     @property
     def guid(self) -> int:
         return int(self.device.guid)
-
-    @property
-    def inproc(self) -> bool:
-        return getattr(self.device.spec, "kind", "") != "udp"
 
 
 class CmId:
@@ -1151,9 +1150,7 @@ class CmAgent:
         try:
             (target or cid).sink(ev)
         except Exception:  # a sink that fails (a dead client) must not stop the agent
-            import logging
-
-            logging.getLogger(__name__).debug("CM event sink failed", exc_info=True)
+            log.debug("CM event sink failed", exc_info=True)
 
     # --- receiving ---------------------------------------------------------------------------
     def on_mad(self, gsi: GsiQP, data: bytes, sgid: bytes, dgid: bytes, now: float) -> None:

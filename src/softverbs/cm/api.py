@@ -99,6 +99,14 @@ def _fail(msg: str, exc: PyverbsRDMAError) -> PyverbsRDMAError:
     return PyverbsRDMAError(f"{msg}: {reason}", exc.error_code)
 
 
+def _uint(name: str, value: Any, bits: int) -> int:
+    """``value`` as the C unsigned field it fills, or PyverbsUserError."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < (1 << bits):
+        raise PyverbsUserError(f"{name} must be an integer in 0..{(1 << bits) - 1}, "
+                               f"got {value!r}")  # fmt: skip
+    return value
+
+
 def _qp_type_of(ps: int) -> int:
     """``ucma_get_qp_type``: the QP type a port space implies."""
     return IBV_QPT_RC if ps == RDMA_PS_TCP else IBV_QPT_UD if ps in (RDMA_PS_UDP, RDMA_PS_IPOIB) \
@@ -152,14 +160,14 @@ class ConnParam(PyverbsObject):
                  retry: int = 5, rnr_retry: int = 5, srq: int = 0, qp_num: int = 0,
                  data_len: int = 0) -> None:  # fmt: skip
         super().__init__()
-        self.responder_resources = resources
-        self.initiator_depth = depth
-        self.flow_control = flow_control
-        self.retry_count = retry
-        self.rnr_retry_count = rnr_retry
-        self.srq = srq
-        self.qp_num = qp_num
-        self.data = bytearray(data_len)
+        self.responder_resources = _uint("resources", resources, 8)
+        self.initiator_depth = _uint("depth", depth, 8)
+        self.flow_control = _uint("flow_control", flow_control, 8)
+        self.retry_count = _uint("retry", retry, 8)
+        self.rnr_retry_count = _uint("rnr_retry", rnr_retry, 8)
+        self.srq = _uint("srq", srq, 8)
+        self.qp_num = _uint("qp_num", qp_num, 32)
+        self.data = bytearray(_uint("data_len", data_len, 8))
         self._private = b""
 
     @property
@@ -178,6 +186,8 @@ class ConnParam(PyverbsObject):
         """Copy up to ``data_len`` bytes of ``data`` (pyverbs' rule)."""
         if isinstance(data, str):
             data = data.encode()
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise PyverbsUserError(f"private data must be bytes, got {type(data).__name__}")
         n = min(len(self.data), len(data))
         if n == 0:
             return
@@ -249,12 +259,15 @@ class AddrInfo(PyverbsObject):
                  dst_service: str | bytes | int | None = None, port_space: int = 0,
                  flags: int = 0) -> None:  # fmt: skip
         super().__init__()
-        self.port_space = port_space or RDMA_PS_TCP
+        self.port_space = _uint("port_space", port_space, 32) or RDMA_PS_TCP
         if self.port_space not in (RDMA_PS_TCP, RDMA_PS_UDP, RDMA_PS_IPOIB, 0x013F):
             raise PyverbsRDMAError("Failed to get Address Info: unknown port space "
                                    f"{port_space:#x}", errno.EINVAL)  # fmt: skip
         self.qp_type = _qp_type_of(self.port_space)
-        self.flags = flags
+        self.flags = _uint("flags", flags, 32)
+        for name, value in (("src", src), ("dst", dst)):
+            if value is not None and not isinstance(value, (str, bytes)):
+                raise PyverbsUserError(f"{name} must be a str, got {type(value).__name__}")
         self.src_addr: tuple[str, int] | None = None
         self.dst_addr: tuple[str, int] | None = None
         self._closed = False
@@ -306,8 +319,8 @@ class JoinMCAttrEx(PyverbsObject):
         if not isinstance(addr, AddrInfo):
             raise PyverbsUserError(f"addr must be an AddrInfo, got {type(addr).__name__}")
         self.addr = addr
-        self.comp_mask = comp_mask
-        self.join_flags = join_flags
+        self.comp_mask = _uint("comp_mask", comp_mask, 32)
+        self.join_flags = _uint("join_flags", join_flags, 32)
 
 
 # --------------------------------------------------------------------------
@@ -669,6 +682,9 @@ class CMEvent(PyverbsObject):
     def __init__(self, channel: CMEventChannel, timeout: float | None = None) -> None:
         if not isinstance(channel, CMEventChannel):
             raise PyverbsUserError(f"CMEvent needs a CMEventChannel, got {type(channel).__name__}")
+        if timeout is not None and (isinstance(timeout, bool)
+                                    or not isinstance(timeout, (int, float))):  # fmt: skip
+            raise PyverbsUserError(f"timeout must be a number of seconds, got {timeout!r}")
         ev = channel._next(timeout)
         self.__dict__.update(ev.__dict__)
 
@@ -776,6 +792,7 @@ class CMID(PyverbsCM):
 
     @staticmethod
     def _create_id(channel: CMEventChannel, ps: int, sync: bool) -> _Id:
+        ps = _uint("port_space", ps, 32)
         qp_type = _qp_type_of(ps)
         try:
             handle = int(channel.kernel.call("create_id", ps=int(ps), qp_type=qp_type))
@@ -921,23 +938,28 @@ class CMID(PyverbsCM):
                                    errno.EINVAL)  # fmt: skip
         idr.call("resolve_addr", "Failed to Resolve Address",
                  src=list(rai.src_addr) if rai.src_addr else None, dst=list(rai.dst_addr),
-                 timeout_ms=int(timeout_ms))  # fmt: skip
+                 timeout_ms=_uint("timeout_ms", timeout_ms, 32))  # fmt: skip
         idr.complete()
 
     def resolve_route(self, timeout_ms: int = 2000) -> None:
         """``rdma_resolve_route``: ROUTE_RESOLVED (or ROUTE_ERROR) follows."""
         idr = self._idr()
-        idr.call("resolve_route", "Failed to Resolve Route", timeout_ms=int(timeout_ms))
+        idr.call("resolve_route", "Failed to Resolve Route",
+                 timeout_ms=_uint("timeout_ms", timeout_ms, 32))  # fmt: skip
         idr.complete()
 
     def listen(self, backlog: int = 0) -> None:
         idr = self._idr()
-        idr.attach_device(idr.call("listen", "Listen Failed", backlog=int(backlog)))
+        if isinstance(backlog, bool) or not isinstance(backlog, int):
+            raise PyverbsUserError(f"backlog must be an int, got {backlog!r}")
+        idr.attach_device(idr.call("listen", "Listen Failed", backlog=backlog))
 
     def connect(self, param: ConnParam | None = None) -> None:
         """``rdma_connect``: REQ (RC) or SIDR_REQ (UD)."""
         idr = self._idr()
         what = "Failed to Connect"
+        if param is not None and not isinstance(param, ConnParam):
+            raise PyverbsUserError(f"param must be a ConnParam, got {type(param).__name__}")
         idr.valid_param(param, what)
         dev_mr, dev_mi = idr.max_responder, idr.max_initiator
         idr.initiator_depth = (param.initiator_depth if param is not None
@@ -953,6 +975,8 @@ class CMID(PyverbsCM):
         """``rdma_accept``: moves the QP to RTS, then REP (RC) or SIDR_REP (UD)."""
         idr = self._idr()
         what = "Failed to Accept Connection"
+        if param is not None and not isinstance(param, ConnParam):
+            raise PyverbsUserError(f"param must be a ConnParam, got {type(param).__name__}")
         if idr.qp_type != IBV_QPT_UD:
             idr.valid_param(param, what)
             if param is not None and param.initiator_depth != RDMA_MAX_INIT_DEPTH:
@@ -993,6 +1017,8 @@ class CMID(PyverbsCM):
         idr = self._idr()
         if isinstance(private_data, str):
             private_data = private_data.encode()
+        if private_data is not None and not isinstance(private_data, (bytes, bytearray)):
+            raise PyverbsUserError(f"private data must be bytes, got {type(private_data).__name__}")
         idr.call("reject", "Failed to Reject Connection",
                  private_data=(private_data or b"").hex())  # fmt: skip
 
@@ -1022,8 +1048,8 @@ class CMID(PyverbsCM):
             raise PyverbsUserError(
                 "Currently only RDMA_OPTION_ID_ACK_TIMEOUT is supported in Pyverbs."
             )
-        self._idr().call("set_option", "Failed to set option", level=int(level),
-                         name=int(optname), value=int(optval) & 0xFF)  # fmt: skip
+        self._idr().call("set_option", "Failed to set option", level=_uint("level", level, 32),
+                         name=optname, value=_uint("optval", optval, 8))  # fmt: skip
 
     def join_multicast(self, addr: AddrInfo | None = None, mc_attr: JoinMCAttrEx | None = None,
                        context: int = 0) -> None:  # fmt: skip

@@ -27,9 +27,9 @@ The agent's timers (retransmissions, timewait) ride on this QP's timer:
 
 from __future__ import annotations
 
-import ipaddress
+import logging
 import struct
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from softverbs.cm.mad import GSI_QKEY, GSI_QPN, MAD_SIZE
 from softverbs.engine.memory import MemKind
@@ -50,6 +50,8 @@ from softverbs.wire.packet import IPV4_MAPPED_PREFIX, Packet
 
 if TYPE_CHECKING:
     from softverbs.engine.hca import HCA
+
+log = logging.getLogger(__name__)
 
 GRH_SIZE = 40
 RECV_SLOTS = 64
@@ -88,13 +90,6 @@ def _ipv4_checksum_ok(hdr: bytes) -> bool:
     while total >> 16:
         total = (total & 0xFFFF) + (total >> 16)
     return total == 0xFFFF
-
-
-def gid_text(gid: bytes) -> str:
-    """A GID as an IP address (IPv4 for IPv4-mapped GIDs)."""
-    if gid[:12] == IPV4_MAPPED_PREFIX:
-        return str(ipaddress.IPv4Address(gid[12:]))
-    return str(ipaddress.IPv6Address(gid))
 
 
 class GsiQP(QPEngine):
@@ -173,9 +168,7 @@ class GsiQP(QPEngine):
                     self.sink.on_mad(self, data, sgid, dgid, now)
                 except Exception:  # never let a MAD kill the device
                     self.hca.counters["cm_drop_internal_error"] += 1
-                    import logging
-
-                    logging.getLogger(__name__).exception("CM agent failed on a MAD")
+                    log.exception("CM agent failed on a MAD")
             else:
                 self.hca.counters["cm_drop_recv_error"] += 1
                 self._post_recv(slot)
@@ -236,6 +229,3 @@ class GsiQP(QPEngine):
         deadline = self.next_deadline()
         if deadline is not None:
             self.device_hca.schedule(self, deadline)
-
-    def describe(self) -> dict[str, Any]:
-        return {"device": self.device, "qpn": self.qpn, "state": self.state}

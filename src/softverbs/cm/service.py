@@ -58,7 +58,11 @@ def handle(service: Any, client: Any, msg: dict[str, Any]) -> dict[str, Any]:
     kw: dict[str, Any] = {str(k): v for k, v in args.items() if k not in ("owner", "sink")}
     if cmd == "create_id":
         kw["sink"] = lambda event: client.send({"cm_event": event})
-    result = getattr(agent_of(service), str(cmd))(owner=client, **kw)
+    try:
+        result = getattr(agent_of(service), str(cmd))(owner=client, **kw)
+    except (AttributeError, TypeError, ValueError, KeyError, OverflowError) as exc:
+        # what a client sent is not what the command takes: its error, not ours
+        raise einval(f"bad CM {cmd} request: {exc!r}") from None
     return {"result": result}
 
 

@@ -6,11 +6,17 @@ memory regions, and XRC domain files.  JSON, not pickle: the service must
 never execute what a peer sends, and a peer that is not a softverbs client
 gets a clear error and is disconnected.
 
-Requests carry ``op`` and ``id``; the reply carries the same ``id`` and
-either the results or ``errno`` and ``error``.  Doorbells (``db_sq``,
-``db_rq``) have no reply: they are one-way, like a doorbell write.  The
-service also sends unsolicited messages: ``event`` (an async event) and
-``cq_event`` (a completion event for a CQ with a channel).
+The first request must be ``hello`` with the protocol version.  Requests
+carry ``op`` and ``id``; the reply carries the same ``id`` and either the
+results or ``errno`` and ``error``.  Doorbells (``db_sq``, ``db_rq``) have no
+reply: they are one-way, like a doorbell write.  The service also sends
+unsolicited messages: ``event`` (an async event of an object the process
+made, or -- ``kind: "xrc_qp"`` -- of an XRC receive QP it is registered
+with) and ``cq_event`` (a completion event for a CQ with a channel).
+
+A message is at most :data:`MAX_MESSAGE` bytes with at most :data:`MAX_FDS`
+descriptors; anything else -- not JSON, not an object, truncated -- is a
+:class:`ProtocolError`, and the service answers it with EPROTO and hangs up.
 """
 
 from __future__ import annotations

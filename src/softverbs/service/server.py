@@ -55,7 +55,7 @@ from typing import Any
 from softverbs.engine.memory import MemKey, MemKind
 from softverbs.engine.qp import QPEngine
 from softverbs.engine.queues import Route
-from softverbs.enums import IBV_QPT_XRC_RECV
+from softverbs.enums import IBV_QPS_ERR, IBV_QPT_XRC_RECV, IBV_WC_SUCCESS, IBV_WC_WR_FLUSH_ERR
 from softverbs.errors import PyverbsError, PyverbsRDMAError, einval
 from softverbs.service import protocol
 from softverbs.service.shm import (
@@ -240,6 +240,16 @@ class ServedQPEngine(QPEngine):
         sq = self.__dict__.get("sq")
         if isinstance(sq, ShmWorkQueue):
             sq.publish_state(value)
+
+    def push_cqe(self, cq: Any, cqe: Any) -> None:
+        # An error completion of a reliable QP is followed by its move to ERR
+        # (SEMANTICS 4); publish ERR first, so that an application that polls
+        # the error CQE -- concurrently, in its own process -- then reads ERR.
+        if self.reliable and cqe.status not in (IBV_WC_SUCCESS, IBV_WC_WR_FLUSH_ERR):
+            sq = self.__dict__.get("sq")
+            if isinstance(sq, ShmWorkQueue):
+                sq.publish_state(IBV_QPS_ERR)
+        super().push_cqe(cq, cqe)
 
 
 def _route(d: Any) -> Route:

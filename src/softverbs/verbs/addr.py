@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from softverbs.engine.queues import Route
 from softverbs.errors import PyverbsUserError, einval
-from softverbs.verbs.base import PyverbsCM, PyverbsObject, require
+from softverbs.verbs.base import CStruct, PyverbsCM, PyverbsObject, require
 
 if TYPE_CHECKING:
     from softverbs.verbs.pd import PD
@@ -29,6 +29,8 @@ def gid_str(raw: bytes) -> str:
 
 def parse_gid(val: str) -> bytes:
     """Accept pyverbs' 8-word form or any IPv6/IPv4 address text."""
+    if not isinstance(val, str):
+        raise PyverbsUserError(f"Invalid GID value ({val!r}): expected a string")
     words = val.split(":")
     if len(words) == 8 and all(len(w) == 4 for w in words):
         try:
@@ -78,8 +80,10 @@ class GID(PyverbsObject):
         return hash(self.raw)
 
 
-class GlobalRoute(PyverbsObject):
+class GlobalRoute(CStruct, PyverbsObject):
     """``ibv_global_route``."""
+
+    _c_fields = {"flow_label": 32, "sgid_index": 8, "hop_limit": 8, "traffic_class": 8}
 
     def __init__(
         self,
@@ -106,8 +110,10 @@ class GlobalRoute(PyverbsObject):
         )
 
 
-class GRH(PyverbsObject):
+class GRH(CStruct, PyverbsObject):
     """``ibv_grh``: the 40 bytes a UD receive gets before its payload."""
+
+    _c_fields = {"version_tclass_flow": 32, "paylen": 16, "next_hdr": 8, "hop_limit": 8}
 
     def __init__(
         self,
@@ -119,6 +125,9 @@ class GRH(PyverbsObject):
         hop_limit: int = 1,
     ) -> None:
         super().__init__()
+        for gid, what in ((sgid, "sgid"), (dgid, "dgid")):
+            if gid is not None:
+                require(gid, GID, what)
         self.sgid = sgid or GID()
         self.dgid = dgid or GID()
         self.version_tclass_flow = version_tclass_flow
@@ -127,8 +136,11 @@ class GRH(PyverbsObject):
         self.hop_limit = hop_limit
 
 
-class AHAttr(PyverbsObject):
+class AHAttr(CStruct, PyverbsObject):
     """``ibv_ah_attr``."""
+
+    _c_fields = {"dlid": 16, "sl": 8, "src_path_bits": 8, "static_rate": 8, "is_global": 8,
+                 "port_num": 8}  # fmt: skip
 
     def __init__(
         self,

@@ -90,3 +90,45 @@ def require(obj: object, cls: type | tuple[type, ...], what: str) -> None:
     if not isinstance(obj, cls):
         names = cls.__name__ if isinstance(cls, type) else "/".join(c.__name__ for c in cls)
         raise PyverbsUserError(f"{what} must be a {names}, got {type(obj).__name__}")
+
+
+def as_uint(value: object, bits: int, what: str) -> int:
+    """``value`` as a C ``uint<bits>_t`` takes it, or PyverbsUserError.
+
+    pyverbs stores attribute fields in C structs and passes verb arguments as
+    C integers, so a non-integer or a value that does not fit is refused
+    when it is given, not later deep inside a verb.  (``bool`` is an ``int``,
+    as in C.)
+    """
+    if not isinstance(value, int):
+        raise PyverbsUserError(f"{what} must be an int, got {type(value).__name__}")
+    if not 0 <= value < 1 << bits:
+        raise PyverbsUserError(f"{what}={value} does not fit in {bits} unsigned bits")
+    return int(value)
+
+
+def as_int(value: object, what: str, bits: int = 32) -> int:
+    """``value`` as a C signed ``int`` takes it, or PyverbsUserError."""
+    if not isinstance(value, int):
+        raise PyverbsUserError(f"{what} must be an int, got {type(value).__name__}")
+    if not -(1 << (bits - 1)) <= value < 1 << (bits - 1):
+        raise PyverbsUserError(f"{what}={value} does not fit in a {bits}-bit int")
+    return int(value)
+
+
+class CStruct:
+    """Mixin for attribute objects whose fields are members of a C struct.
+
+    ``_c_fields`` maps a field name to its width in bits (negative: signed).
+    Setting such a field checks the value as the C member would take it
+    (:func:`as_uint` / :func:`as_int`); other attributes are free.
+    """
+
+    _c_fields: ClassVar[dict[str, int]] = {}
+
+    def __setattr__(self, name: str, value: object) -> None:
+        bits = self._c_fields.get(name)
+        if bits is not None:
+            what = f"{type(self).__name__}.{name}"
+            value = as_uint(value, bits, what) if bits > 0 else as_int(value, what, -bits)
+        object.__setattr__(self, name, value)

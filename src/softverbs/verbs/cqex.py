@@ -81,6 +81,10 @@ class CqInitAttrEx(PyverbsObject):
         super().__init__()
         if channel is not None:
             require(channel, CompChannel, "channel")
+        if parent_domain is not None:
+            from softverbs.verbs.pd import PD
+
+            require(parent_domain, PD, "parent_domain")
         for name, value in (("wc_flags", wc_flags), ("comp_mask", comp_mask), ("flags", flags)):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise PyverbsUserError(f"{name} must be an int, got {type(value).__name__}")

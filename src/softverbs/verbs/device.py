@@ -51,8 +51,8 @@ from softverbs.enums import (
 )
 from softverbs.errors import PyverbsRDMAError, PyverbsUserError, einval
 from softverbs.verbs import registry
-from softverbs.verbs.base import PyverbsCM, PyverbsObject, require
-from softverbs.verbs.device_ex import DeviceAttrEx, GIDEntry, soft_odp_caps
+from softverbs.verbs.base import PyverbsCM, PyverbsObject, as_int, as_uint, require
+from softverbs.verbs.device_ex import DeviceAttrEx, GIDEntry, ODPCaps, soft_odp_caps
 from softverbs.verbs.registry import SoftDevice
 
 GID_TABLE_LEN = 16
@@ -412,8 +412,7 @@ class Context(PyverbsCM):
         self.provider.set_event_sink(_dispatch_event(self.device))
 
     def _import(self, cmd_fd: Any) -> None:
-        if isinstance(cmd_fd, bool) or not isinstance(cmd_fd, int):
-            raise PyverbsUserError(f"cmd_fd must be an int, got {type(cmd_fd).__name__}")
+        cmd_fd = as_int(cmd_fd, "cmd_fd")
         try:
             found = _CMD_FDS.get(_fd_key(cmd_fd))
         except OSError as exc:
@@ -467,8 +466,9 @@ class Context(PyverbsCM):
                 raise PyverbsRDMAError(f"Failed to query EX device {self.name}",
                                        errno.EINVAL)  # fmt: skip
         attr = self.query_device()
+        odp = soft_odp_caps() if getattr(self.provider, "on_demand_paging", False) else ODPCaps()
         return DeviceAttrEx(
-            orig_attr=attr, odp_caps=soft_odp_caps(), xrc_odp_caps=soft_odp_caps().xrc_odp_caps,
+            orig_attr=attr, odp_caps=odp, xrc_odp_caps=odp.xrc_odp_caps,
             device_cap_flags_ex=attr.device_cap_flags, max_dm_size=self._max_dm_size(),
             phys_port_cnt_ex=attr.phys_port_cnt,
         )  # fmt: skip
@@ -476,7 +476,7 @@ class Context(PyverbsCM):
     def _max_dm_size(self) -> int:
         from softverbs.verbs.dm import MAX_DM_SIZE
 
-        return MAX_DM_SIZE if hasattr(self.provider, "dm_pool") else 0
+        return MAX_DM_SIZE if getattr(self.provider, "device_memory", False) else 0
 
     def _gid_entries(self) -> list[GIDEntry]:
         ifindex = _ifindex(self.device.spec.netdev)
@@ -523,6 +523,7 @@ class Context(PyverbsCM):
 
     def _port(self, port_num: int, failed: str) -> None:
         # ``failed`` is pyverbs' message for the verb: programs match on it
+        as_uint(port_num, 32, "port_num")
         if port_num != 1:
             raise einval(
                 f"{failed}: port {port_num} does not exist; softverbs devices have one port, 1"
@@ -549,7 +550,7 @@ class Context(PyverbsCM):
 
         self._check_open()
         self._port(port_num, f"Failed to query gid {index} of port {port_num}")
-        if not 0 <= index < GID_TABLE_LEN:
+        if not 0 <= as_int(index, "index") < GID_TABLE_LEN:
             raise PyverbsRDMAError(f"Failed to query gid {index} of port {port_num}", 22)
         gids = self.provider.gids
         raw = gids[index] if index < len(gids) else bytes(16)
@@ -558,7 +559,7 @@ class Context(PyverbsCM):
     def query_gid_type(self, port_num: int, index: int) -> int:
         self._check_open()
         self._port(port_num, f"Failed to query gid type of port {port_num} and gid index {index}")
-        if not 0 <= index < len(self.provider.gids):
+        if not 0 <= as_uint(index, 32, "index") < len(self.provider.gids):
             raise PyverbsRDMAError(
                 f"Failed to query gid type of port {port_num} and gid index {index}", 61
             )
@@ -566,13 +567,13 @@ class Context(PyverbsCM):
 
     def query_pkey(self, port_num: int, index: int) -> int:
         self._port(port_num, f"Failed to query pkey {index} of port {port_num}")
-        if not 0 <= index < len(PKEY_TABLE):
+        if not 0 <= as_int(index, "index") < len(PKEY_TABLE):
             raise PyverbsRDMAError(f"Failed to query pkey {index} of port {port_num}", 22)
         return PKEY_TABLE[index]
 
     def get_pkey_index(self, port_num: int, pkey: int) -> int:
         self._port(port_num, f"Failed to get pkey index of pkey = {pkey} of port {port_num}")
-        if pkey not in PKEY_TABLE:
+        if as_int(pkey, "pkey") not in PKEY_TABLE:
             raise PyverbsRDMAError(f"Failed to get pkey index of pkey = {pkey} of port {port_num}")
         return PKEY_TABLE.index(pkey)
 

@@ -223,11 +223,14 @@ class FdArr(PyverbsObject):
     """``ibv_fd_arr``: a list of file descriptors (for vendor context attributes)."""
 
     def __init__(self, arr: list[int] | None = None, count: int = 0) -> None:
-        super().__init__()
-        fds = list(arr or [])
-        if count < 0 or count > len(fds):
-            from softverbs.errors import PyverbsUserError
+        from softverbs.errors import PyverbsUserError
+        from softverbs.verbs.base import as_int
 
+        super().__init__()
+        if arr is not None and not isinstance(arr, (list, tuple)):
+            raise PyverbsUserError(f"arr must be a list of fds, got {type(arr).__name__}")
+        fds = [as_int(fd, "fd") for fd in arr or []]
+        if not 0 <= as_int(count, "count") <= len(fds):
             raise PyverbsUserError(f"count {count} does not fit the {len(fds)} descriptors given")
         self._fds = fds[:count]
 

@@ -159,6 +159,8 @@ class DM(PyverbsCM):
         """``ibv_memcpy_to_dm``."""
         fail = "Failed to copy to dm"
         self._check_open()
+        if not isinstance(data, (str, bytes, bytearray, memoryview)):
+            raise PyverbsUserError(f"{fail}: data must be str or bytes, got {type(data).__name__}")
         raw = data.encode() if isinstance(data, str) else bytes(data)
         dm_offset, length = self._check_range(dm_offset, length, fail)
         if length > len(raw):

@@ -16,6 +16,7 @@ from typing import Any
 
 from softverbs.errors import PyverbsRDMAError
 from softverbs.verbs.base import PyverbsCM, require
+from softverbs.verbs.cq import as_count
 from softverbs.verbs.mr import MR
 
 
@@ -42,7 +43,7 @@ class DmaBufMR(MR):
         PyverbsCM.__init__(self)
         require(pd, PD, "pd")
         if dmabuf is None:
-            dmabuf = DmaBuf(length + offset, gpu, gtt)
+            dmabuf = DmaBuf(as_count(length, "length") + as_count(offset, "offset"), gpu, gtt)
         raise PyverbsRDMAError(
             f"Failed to register a dma-buf MR. length: {length}, access flags: {access}: "
             "softverbs devices have no DMA engine to reach a dma-buf with",

@@ -72,9 +72,12 @@ def inc_rkey(rkey: int) -> int:
 
 
 def _length(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise PyverbsUserError(f"length must be an int, got {type(value).__name__}")
-    return int(value)
+    from softverbs.verbs.cq import as_count
+
+    length = as_count(value, "length")
+    if length >= 1 << 64:
+        raise PyverbsUserError(f"length {length} does not fit in a size_t")
+    return length
 
 
 class MR(PyverbsCM):
@@ -146,6 +149,11 @@ class MR(PyverbsCM):
         self._imported = False
         self._implicit = implicit
         provider = pd.ctx.provider
+        if access & IBV_ACCESS_ON_DEMAND and not getattr(provider, "on_demand_paging", False):
+            if not user_addr:
+                mem.release()
+            raise eopnotsupp("Failed to register a MR: this device has no on-demand paging "
+                             "(ODP caps are 0)")  # fmt: skip
         try:
             if implicit:
                 reg = getattr(provider, "reg_mr_implicit", None)
@@ -357,7 +365,7 @@ class MW(PyverbsCM):
         require(pd, PD, "pd")
         pd._check_open()
         kinds: dict[int, MemKind] = {IBV_MW_TYPE_1: MemKind.MW1, IBV_MW_TYPE_2: MemKind.MW2}
-        if isinstance(mw_type, bool) or mw_type not in kinds:
+        if not isinstance(mw_type, int) or isinstance(mw_type, bool) or mw_type not in kinds:
             raise einval(f"Failed to allocate MW: unknown memory window type {mw_type!r}; use "
                          "IBV_MW_TYPE_1 or IBV_MW_TYPE_2")  # fmt: skip
         self.pd = pd

@@ -37,7 +37,7 @@ from softverbs.enums import (
     IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT,
 )
 from softverbs.errors import PyverbsRDMAError, PyverbsUserError
-from softverbs.verbs.base import PyverbsCM, PyverbsObject, require
+from softverbs.verbs.base import PyverbsCM, PyverbsObject, as_uint, require
 
 if TYPE_CHECKING:
     from softverbs.verbs.device import Context
@@ -105,8 +105,10 @@ class PD(PyverbsCM):
         from softverbs.verbs.wr import SGE
 
         self._check_open()
-        if sg_list is None:
-            raise PyverbsUserError("sg_list must not be None")
+        if not isinstance(sg_list, (list, tuple)):
+            raise PyverbsUserError(f"sg_list must be a list of SGEs, got {type(sg_list).__name__}")
+        advise = as_uint(advise, 32, "advise")
+        flags = as_uint(flags, 32, "flags")
         sges = list(sg_list)
         for s in sges:
             require(s, SGE, "sg_list entry")

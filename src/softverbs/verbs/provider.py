@@ -38,6 +38,14 @@ if TYPE_CHECKING:
 class EmbeddedProvider:
     """The device's engine lives in this process."""
 
+    #: What the device can do beyond the basics (``ibv_query_device_ex``); a
+    #: provider without these attributes (the device service's) has neither.
+    #: On-demand paging: the engine reaches every mapped address of this
+    #: process, at the moment of each access (see softverbs.verbs.device_ex).
+    on_demand_paging = True
+    #: Device memory (``ibv_alloc_dm``): the device's own bytes, in this process.
+    device_memory = True
+
     def __init__(self, hca: HCA, runtime: Runtime) -> None:
         self.hca = hca
         self.runtime = runtime

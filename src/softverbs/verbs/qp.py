@@ -83,7 +83,7 @@ from softverbs.enums import (
 from softverbs.errors import PyverbsRDMAError, PyverbsUserError, einval, enomem, eopnotsupp
 from softverbs.verbs import qpstate
 from softverbs.verbs.addr import AH, AHAttr, GlobalRoute, resolve_route
-from softverbs.verbs.base import PyverbsCM, PyverbsObject, require
+from softverbs.verbs.base import CStruct, PyverbsCM, PyverbsObject, as_uint, require
 from softverbs.verbs.cq import CQBase
 from softverbs.verbs.mr import MW, MWBind, MWBindInfo, inc_rkey
 from softverbs.verbs.pd import PD
@@ -116,8 +116,11 @@ def _name(enum: Any, value: int) -> str:
         return str(value)
 
 
-class QPCap(PyverbsObject):
+class QPCap(CStruct, PyverbsObject):
     """``ibv_qp_cap``."""
+
+    _c_fields = dict.fromkeys(("max_send_wr", "max_recv_wr", "max_send_sge", "max_recv_sge",
+                               "max_inline_data"), 32)  # fmt: skip
 
     def __init__(
         self,
@@ -152,8 +155,10 @@ class QPCap(PyverbsObject):
         )
 
 
-class _InitAttrBase(PyverbsObject):
+class _InitAttrBase(CStruct, PyverbsObject):
     """Fields common to QPInitAttr and QPInitAttrEx."""
+
+    _c_fields = {"qp_type": 32, "sq_sig_all": -32}
 
     def __init__(
         self, qp_type: int, qp_context: Any, scq: Any, rcq: Any, srq: SRQ | None,
@@ -165,6 +170,8 @@ class _InitAttrBase(PyverbsObject):
                 raise PyverbsUserError(f"Expected CQ/CQEX, got {type(cq)} for {what}")
         if srq is not None:
             require(srq, SRQ, "srq")
+        if cap is not None:
+            require(cap, QPCap, "cap")
         self.qp_type = qp_type
         self.qp_context = qp_context
         self.send_cq = scq
@@ -235,6 +242,9 @@ class QPInitAttr(_InitAttrBase):
 class QPInitAttrEx(_InitAttrBase):
     """``ibv_qp_init_attr_ex``, for ``QP(ctx, QPInitAttrEx(...))``."""
 
+    _c_fields = {**_InitAttrBase._c_fields, "comp_mask": 32, "create_flags": 32,
+                 "max_tso_header": 16, "source_qpn": 32, "send_ops_flags": 64}  # fmt: skip
+
     def __init__(
         self,
         qp_type: int = IBV_QPT_UD,
@@ -268,8 +278,18 @@ class QPInitAttrEx(_InitAttrBase):
         self.send_ops_flags = send_ops_flags
 
 
-class QPAttr(PyverbsObject):
+class QPAttr(CStruct, PyverbsObject):
     """``ibv_qp_attr``: the attributes of ``modify`` and ``query``."""
+
+    _c_fields = {
+        **dict.fromkeys(("qp_state", "cur_qp_state", "path_mtu", "path_mig_state", "qkey",
+                         "rq_psn", "sq_psn", "dest_qp_num", "rate_limit"), 32),
+        "qp_access_flags": 32,
+        **dict.fromkeys(("pkey_index", "alt_pkey_index"), 16),
+        **dict.fromkeys(("en_sqd_async_notify", "sq_draining", "max_rd_atomic",
+                         "max_dest_rd_atomic", "min_rnr_timer", "port_num", "timeout",
+                         "retry_cnt", "rnr_retry", "alt_port_num", "alt_timeout"), 8),
+    }  # fmt: skip
 
     def __init__(
         self,
@@ -378,8 +398,10 @@ def engine_values(ctx: Context, a: QPAttr, mask: int) -> dict[str, Any]:
     return v
 
 
-class ECE(PyverbsCM):
+class ECE(CStruct, PyverbsCM):
     """``ibv_ece``: Enhanced Connection Establishment options (a vendor's own)."""
+
+    _c_fields = {"vendor_id": 32, "options": 32, "comp_mask": 32}
 
     def __init__(self, vendor_id: int = 0, options: int = 0, comp_mask: int = 0) -> None:
         super().__init__()
@@ -407,6 +429,8 @@ class QP(PyverbsCM):
         from softverbs.verbs.device import LIMITS, Context
 
         super().__init__()
+        if qp_attr is not None:
+            require(qp_attr, QPAttr, "qp_attr")
         if isinstance(creator, PD):
             require(init_attr, (QPInitAttr, QPInitAttrEx), "init_attr")
             pd: PD | None = creator
@@ -493,6 +517,14 @@ class QP(PyverbsCM):
     def _validate_create(init_attr: Any, pd: PD | None, qp_type: int, cap: QPCap,
                          limits: dict[str, int]) -> None:  # fmt: skip
         tname = _name(ibv_qp_type, qp_type)
+        if getattr(init_attr, "comp_mask", 0) & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS:
+            unsupported = init_attr.send_ops_flags & ~_SUPPORTED_SEND_OPS
+            if unsupported:
+                raise eopnotsupp(
+                    f"Failed to create QP: send_ops_flags {unsupported:#x} are not supported; "
+                    "softverbs has no TSO and none of IBTA 1.5's memory placement operations "
+                    "(FLUSH, ATOMIC WRITE)"
+                )
         if qp_type == IBV_QPT_XRC_RECV:
             if getattr(init_attr, "xrcd", None) is None:
                 raise einval("an XRC receive QP needs an XRC domain (QPInitAttrEx(xrcd=...))")
@@ -561,6 +593,7 @@ class QP(PyverbsCM):
         """``ibv_modify_qp``: judged by the state table (:mod:`.qpstate`)."""
         self._check_open()
         require(qp_attr, QPAttr, "qp_attr")
+        comp_mask = as_uint(comp_mask, 32, "comp_mask")
         eng = self.engine
         rt = self._ctx.runtime
         with rt.lock:
@@ -614,6 +647,7 @@ class QP(PyverbsCM):
     def query(self, attr_mask: int = 0) -> tuple[QPAttr, QPInitAttr]:
         """``ibv_query_qp``: (QPAttr, QPInitAttr) with every attribute filled in."""
         self._check_open()
+        as_uint(attr_mask, 32, "attr_mask")
         with self._ctx.lock:
             mine = self._attrs
             out = QPAttr()
@@ -645,6 +679,8 @@ class QP(PyverbsCM):
         """Post a list of send WRs (``wr`` and its ``next_wr`` chain)."""
         self._check_open()
         require(wr, SendWR, "wr")
+        if bad_wr is not None:
+            require(bad_wr, SendWR, "bad_wr")
         eng = self.engine
         rt = self._ctx.runtime
         with rt.lock:
@@ -801,7 +837,8 @@ class QP(PyverbsCM):
         )
 
         self._check_open()
-        if flags & IBV_QUERY_QP_DATA_IN_ORDER_RETURN_CAPS:
+        as_uint(op, 32, "op")
+        if as_uint(flags, 32, "flags") & IBV_QUERY_QP_DATA_IN_ORDER_RETURN_CAPS:
             return int(IBV_QUERY_QP_DATA_IN_ORDER_WHOLE_MSG
                        | IBV_QUERY_QP_DATA_IN_ORDER_ALIGNED_128_BYTES)  # fmt: skip
         return 1
@@ -835,6 +872,8 @@ class QP(PyverbsCM):
         """Post a list of receive WRs."""
         self._check_open()
         require(wr, RecvWR, "wr")
+        if bad_wr is not None:
+            require(bad_wr, RecvWR, "bad_wr")
         eng = self.engine
         rt = self._ctx.runtime
         with rt.lock:
@@ -992,6 +1031,16 @@ class QPEx(QP):
     def wr_local_inv(self, invalidate_rkey: int) -> None:
         self._begin(IBV_WR_LOCAL_INV).imm_data = invalidate_rkey
 
+    def wr_atomic_write(self, rkey: int, remote_addr: int, atomic_wr: bytes) -> None:
+        """``ibv_wr_atomic_write``: an IBTA 1.5 operation softverbs does not execute
+        (a QPEx cannot be created with IBV_QP_EX_WITH_ATOMIC_WRITE)."""
+        raise eopnotsupp("wr_atomic_write: softverbs does not execute ATOMIC WRITE")
+
+    def wr_flush(self, rkey: int, remote_addr: int, length: int, ptype: int, level: int) -> None:
+        """``ibv_wr_flush``: an IBTA 1.5 operation softverbs does not execute
+        (a QPEx cannot be created with IBV_QP_EX_WITH_FLUSH)."""
+        raise eopnotsupp("wr_flush: softverbs does not execute FLUSH")
+
     def wr_bind_mw(self, mw: MW, rkey: int, bind_info: MWBindInfo) -> None:
         wr = self._begin(IBV_WR_BIND_MW)
         wr.mw = mw
@@ -1045,6 +1094,8 @@ def _send_ops_table() -> dict[int, int]:
 
 
 _SEND_OPS_FLAG = _send_ops_table()
+#: The ``send_ops_flags`` a QPEx may be created with: every opcode softverbs executes.
+_SUPPORTED_SEND_OPS = sum(int(f) for f in _SEND_OPS_FLAG.values())
 
 
 def _copy_send_wr(src: SendWR, dst: SendWR) -> None:

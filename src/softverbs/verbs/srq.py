@@ -22,7 +22,7 @@ from softverbs.enums import (
     IBV_WR_TAG_ADD,
 )
 from softverbs.errors import PyverbsRDMAError, PyverbsUserError, einval, enomem, eopnotsupp
-from softverbs.verbs.base import PyverbsCM, PyverbsObject, require
+from softverbs.verbs.base import CStruct, PyverbsCM, PyverbsObject, as_uint, require
 from softverbs.verbs.wr import RecvWR
 
 if TYPE_CHECKING:
@@ -38,8 +38,10 @@ def recv_wqe(w: RecvWR, max_sge: int, where: str) -> RecvWQE:
     return RecvWQE(w.wr_id, sges, sum(s[1] for s in sges))
 
 
-class SrqAttr(PyverbsObject):
+class SrqAttr(CStruct, PyverbsObject):
     """``ibv_srq_attr``."""
+
+    _c_fields = {"max_wr": 32, "max_sge": 32, "srq_limit": 32}
 
     def __init__(self, max_wr: int = 100, max_sge: int = 1, srq_limit: int = 0) -> None:
         super().__init__()
@@ -53,6 +55,8 @@ class SrqInitAttr(PyverbsObject):
 
     def __init__(self, attr: SrqAttr | None = None) -> None:
         super().__init__()
+        if attr is not None:
+            require(attr, SrqAttr, "attr")
         self.attr = attr if attr is not None else SrqAttr()
 
     @property
@@ -68,8 +72,11 @@ class SrqInitAttr(PyverbsObject):
         return self.attr.srq_limit
 
 
-class SrqInitAttrEx(PyverbsObject):
+class SrqInitAttrEx(CStruct, PyverbsObject):
     """``ibv_srq_init_attr_ex``: basic or XRC SRQs created from a Context."""
+
+    _c_fields = {"max_wr": 32, "max_sge": 32, "srq_limit": 32, "comp_mask": 32,
+                 "srq_type": 32, "max_num_tags": 32, "max_ops": 32}  # fmt: skip
 
     def __init__(self, max_wr: int = 100, max_sge: int = 1, srq_limit: int = 0) -> None:
         super().__init__()
@@ -85,8 +92,11 @@ class SrqInitAttrEx(PyverbsObject):
         self.max_ops = 0
 
 
-class OpsWr(PyverbsCM):
+class OpsWr(CStruct, PyverbsCM):
     """``ibv_ops_wr``: a tag-matching list operation for ``SRQ.post_srq_ops``."""
+
+    _c_fields = {"wr_id": 64, "opcode": 32, "flags": 32, "unexpected_cnt": 32,
+                 "recv_wr_id": 64, "num_sge": 32, "tag": 64, "mask": 64}  # fmt: skip
 
     def __init__(self, wr_id: int = 0, opcode: int = IBV_WR_TAG_ADD, flags: int = IBV_OPS_SIGNALED,
                  next_wr: OpsWr | None = None, unexpected_cnt: int = 0, recv_wr_id: int = 0,
@@ -95,6 +105,8 @@ class OpsWr(PyverbsCM):
         super().__init__()
         if next_wr is not None:
             require(next_wr, OpsWr, "next_wr")
+        if sg_list is not None and not isinstance(sg_list, (list, tuple)):
+            raise PyverbsUserError(f"sg_list must be a list of SGEs, got {type(sg_list).__name__}")
         self.wr_id = wr_id
         self.opcode = opcode
         self.flags = flags
@@ -121,6 +133,9 @@ class SRQ(PyverbsCM):
         super().__init__()
         if isinstance(creator, PD):
             require(attr, SrqInitAttr, "attr")
+            if not isinstance(attr.attr, SrqAttr):
+                raise PyverbsUserError(f"SrqInitAttr.attr must be a SrqAttr, got "
+                                       f"{type(attr.attr).__name__}")  # fmt: skip
             pd: PD | None = creator
             ctx: Context = creator.ctx
             srq_type = IBV_SRQT_BASIC
@@ -137,6 +152,11 @@ class SRQ(PyverbsCM):
                 raise eopnotsupp(f"SRQ type {srq_type} is not supported")
             if pd is None:
                 raise einval("an SRQ needs a PD (SrqInitAttrEx.pd)")
+            require(pd, PD, "SrqInitAttrEx.pd")
+            if xrcd is not None:
+                from softverbs.verbs.xrcd import XRCD
+
+                require(xrcd, XRCD, "SrqInitAttrEx.xrcd")
             if srq_type == IBV_SRQT_XRC and (xrcd is None or cq is None):
                 raise einval("an XRC SRQ needs an XRC domain and a CQ (SrqInitAttrEx.xrcd, .cq)")
             if cq is not None:
@@ -178,6 +198,8 @@ class SRQ(PyverbsCM):
     def post_recv(self, wr: RecvWR, bad_wr: RecvWR | None = None) -> None:
         self._check_open()
         require(wr, RecvWR, "wr")
+        if bad_wr is not None:
+            require(bad_wr, RecvWR, "bad_wr")
         ring = self.ring
         with self._ctx.lock:
             w: RecvWR | None = wr
@@ -210,6 +232,8 @@ class SRQ(PyverbsCM):
     def modify(self, attr: SrqAttr, comp_mask: int) -> None:
         """``ibv_modify_srq``: arm the limit event and/or resize."""
         self._check_open()
+        require(attr, SrqAttr, "attr")
+        comp_mask = as_uint(comp_mask, 32, "comp_mask")
         ring = self.ring
         with self._ctx.lock:
             if comp_mask & ~(IBV_SRQ_LIMIT | IBV_SRQ_MAX_WR):

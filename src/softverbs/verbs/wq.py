@@ -16,7 +16,7 @@ from typing import Any
 
 from softverbs.enums import IBV_WQT_RQ
 from softverbs.errors import PyverbsUserError, eopnotsupp
-from softverbs.verbs.base import PyverbsCM, PyverbsObject, require
+from softverbs.verbs.base import PyverbsCM, PyverbsObject, as_uint, require
 
 
 class WQInitAttr(PyverbsObject):
@@ -75,8 +75,10 @@ class RwqIndTableInitAttr(PyverbsObject):
     def __init__(self, log_ind_tbl_size: int = 5, wqs_list: list[Any] | None = None,
                  comp_mask: int = 0) -> None:  # fmt: skip
         super().__init__()
+        if wqs_list is not None and not isinstance(wqs_list, (list, tuple)):
+            raise PyverbsUserError(f"wqs_list must be a list of WQs, got {type(wqs_list).__name__}")
         wqs = list(wqs_list or [])
-        if log_ind_tbl_size <= 0:
+        if as_uint(log_ind_tbl_size, 32, "log_ind_tbl_size") <= 0:
             raise PyverbsUserError("Invalid indirection table size. Log size must be > 0")
         if (1 << log_ind_tbl_size) < len(wqs):
             raise PyverbsUserError(f"Requested table size ({1 << log_ind_tbl_size}) is smaller "
@@ -112,6 +114,9 @@ class RxHashConf(PyverbsObject):
                  rx_hash_key: list[int] | None = None,
                  rx_hash_fields_mask: int = 0) -> None:  # fmt: skip
         super().__init__()
+        if rx_hash_key is not None and not isinstance(rx_hash_key, (list, tuple, bytes)):
+            raise PyverbsUserError(f"rx_hash_key must be a list of bytes, got "
+                                   f"{type(rx_hash_key).__name__}")  # fmt: skip
         if rx_hash_key and rx_hash_key_len != len(rx_hash_key):
             raise PyverbsUserError("Length of rx_hash_key not equal to rx_hash_key_len")
         self.rx_hash_function = rx_hash_function

@@ -7,7 +7,6 @@ reused as soon as ``post_send``/``post_recv`` returns, as with C verbs.
 
 from __future__ import annotations
 
-import ctypes
 from typing import TYPE_CHECKING, Any
 
 from softverbs.enums import (
@@ -22,15 +21,17 @@ from softverbs.enums import (
     IBV_WR_SEND_WITH_INV,
 )
 from softverbs.errors import PyverbsUserError
-from softverbs.verbs.base import PyverbsCM
+from softverbs.verbs.base import CStruct, PyverbsCM, as_uint
 
 if TYPE_CHECKING:
     from softverbs.verbs.addr import AH
     from softverbs.verbs.mr import MW, MWBindInfo
 
 
-class SGE(PyverbsCM):
+class SGE(CStruct, PyverbsCM):
     """A scatter/gather element: ``SGE(addr, length, lkey)``."""
+
+    _c_fields = {"addr": 64, "length": 32, "lkey": 32}
 
     def __init__(self, addr: int, length: int, lkey: int) -> None:
         self.addr = addr
@@ -38,8 +39,10 @@ class SGE(PyverbsCM):
         self.lkey = lkey
 
     def read(self, length: int, offset: int) -> bytes:
-        """Read memory at the SGE's address (like pyverbs, unchecked: use MR.read)."""
-        return ctypes.string_at(self.addr + offset, length)
+        """Read memory at the SGE's address (EFAULT if it is not mapped)."""
+        from softverbs import hostmem
+
+        return hostmem.read(self.addr, length, offset)
 
     def close(self) -> None:
         pass
@@ -57,12 +60,15 @@ class SGE(PyverbsCM):
 
 
 def _sg_list(sg: Any, num_sge: int) -> list[SGE]:
+    num_sge = as_uint(num_sge, 32, "num_sge")
     if num_sge == 0:
         return []
     if sg is None:
         raise PyverbsUserError(f"num_sge is {num_sge} but no SGE list was given")
     if isinstance(sg, SGE):
         sg = [sg]
+    if not isinstance(sg, (list, tuple)):
+        raise PyverbsUserError(f"sg must be a list of SGE objects, got {type(sg).__name__}")
     sges = list(sg)
     if len(sges) < num_sge:
         raise PyverbsUserError(f"num_sge is {num_sge} but the SGE list has {len(sges)}")
@@ -72,8 +78,10 @@ def _sg_list(sg: Any, num_sge: int) -> list[SGE]:
     return sges[:num_sge]
 
 
-class RecvWR(PyverbsCM):
+class RecvWR(CStruct, PyverbsCM):
     """A receive work request: ``RecvWR(wr_id, num_sge, sg, next_wr)``."""
+
+    _c_fields = {"wr_id": 64}
 
     def __init__(
         self, wr_id: int = 0, num_sge: int = 0, sg: Any = None, next_wr: RecvWR | None = None
@@ -100,11 +108,15 @@ class RecvWR(PyverbsCM):
 _NO_SGE_OPCODES = (IBV_WR_LOCAL_INV, IBV_WR_BIND_MW, IBV_WR_SEND_WITH_INV)
 
 
-class SendWR(PyverbsCM):
+class SendWR(CStruct, PyverbsCM):
     """A send work request, shaped like pyverbs' ``SendWR``.
 
     ``send_flags`` defaults to ``IBV_SEND_SIGNALED``, as in pyverbs.
     """
+
+    _c_fields = {"wr_id": 64, "opcode": 32, "imm_data": 32, "send_flags": 32,
+                 "remote_addr": 64, "rkey_remote": 32, "compare_add": 64, "swap": 64,
+                 "remote_qpn": 32, "remote_qkey": 32, "remote_srqn": 32}  # fmt: skip
 
     def __init__(
         self,
@@ -116,6 +128,7 @@ class SendWR(PyverbsCM):
         send_flags: int = IBV_SEND_SIGNALED,
         next_wr: SendWR | None = None,
     ) -> None:
+        num_sge = as_uint(num_sge, 32, "num_sge")
         if opcode not in _NO_SGE_OPCODES and (num_sge < 1 or sg is None):
             raise PyverbsUserError("A WR needs at least one SGE")
         self.wr_id = wr_id

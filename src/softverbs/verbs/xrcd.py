@@ -28,14 +28,16 @@ from softverbs.enums import (
     IBV_XRCD_INIT_ATTR_OFLAGS,
 )
 from softverbs.errors import einval
-from softverbs.verbs.base import PyverbsCM, PyverbsObject, require
+from softverbs.verbs.base import CStruct, PyverbsCM, PyverbsObject, require
 
 if TYPE_CHECKING:
     from softverbs.verbs.device import Context
 
 
-class XRCDInitAttr(PyverbsObject):
+class XRCDInitAttr(CStruct, PyverbsObject):
     """``ibv_xrcd_init_attr``."""
+
+    _c_fields = {"comp_mask": 32, "oflags": -32, "fd": -32}
 
     def __init__(self, comp_mask: int, oflags: int, fd: int) -> None:
         super().__init__()

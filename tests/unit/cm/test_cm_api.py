@@ -164,3 +164,52 @@ def test_events_are_acknowledged_once_and_typed() -> None:
     cm.close()
     with pytest.raises(PyverbsUserError):
         cm.resolve_route()
+
+
+class _FakeService:
+    """Just enough of softverbsd for the CM request handler."""
+
+    def __init__(self) -> None:
+        from softverbs.verbs.registry import Registry
+
+        self.registry = Registry()
+        self.sent: list[dict[str, Any]] = []
+
+    def device(self, name: str) -> Any:
+        return self.registry.open(name)
+
+    def send(self, msg: dict[str, Any]) -> None:
+        self.sent.append(msg)
+
+
+@pytest.mark.parametrize(
+    "msg",
+    [
+        {"cmd": "connect", "args": {"handle": 1, "param": 5}},
+        {"cmd": "connect", "args": {"handle": "x", "param": {}}},
+        {"cmd": "bind_addr", "args": {"handle": 1, "addr": "nonsense"}},
+        {"cmd": "bind_addr", "args": {"handle": 1, "addr": ["127.0.0.1", 1 << 40]}},
+        {"cmd": "resolve_addr", "args": {"handle": 1, "src": None, "dst": [1, 2, 3]}},
+        {"cmd": "create_id", "args": {"ps": "tcp", "qp_type": 2}},
+        {"cmd": "create_id", "args": {"ps": 0x106, "qp_type": 2, "bogus": 1}},
+        {"cmd": "_destroy", "args": {}},
+        {"cmd": "accept", "args": {"handle": 1, "param": {"private_data": "zz"}}},
+        {"cmd": "reject", "args": {"handle": 1, "private_data": 7}},
+        {"cmd": "nope"},
+        {"cmd": "query", "args": []},
+    ],
+)
+def test_the_service_handler_refuses_bad_requests_with_einval(msg: dict[str, Any]) -> None:
+    from softverbs.cm import service as cm_service
+
+    svc, client = _FakeService(), _FakeService()
+    # a real ID of this client, for the requests that name handle 1
+    cm_service.handle(svc, client, {"cmd": "create_id", "args": {"ps": 0x106, "qp_type": 2}})
+    with pytest.raises(PyverbsRDMAError) as info:
+        cm_service.handle(svc, client, msg)
+    assert info.value.error_code in (errno.EINVAL, errno.ENOENT, errno.EPROTONOSUPPORT)
+    other = _FakeService()
+    with pytest.raises(PyverbsRDMAError) as info:  # another client cannot name our ID
+        cm_service.handle(svc, other, {"cmd": "query", "args": {"handle": 1}})
+    assert info.value.error_code == errno.ENOENT
+    cm_service.drop(svc, client)
