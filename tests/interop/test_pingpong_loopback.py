@@ -73,12 +73,14 @@ class Loopback:
         srv_dev, cli_dev = self.devs[::-1] if swap else self.devs
         srv_addr = self.addrs[1] if swap else self.addrs[0]
         server = self.popen(kind, "-d", srv_dev, "-g", "0", "-p", port, *args, *server_extra)
+        client = Run(-1, "", "[test: the client did not run]")
         try:
             wait_listening(int(port), server)
             client = self.run(kind, "-d", cli_dev, "-g", "0", "-p", port, *args,
                               *client_extra, srv_addr)  # fmt: skip
         finally:
-            srv = finish(server, TIMEOUT)
+            # a failed client leaves the server waiting for it: do not wait long
+            srv = finish(server, TIMEOUT if client.returncode == 0 else 5)
         return srv, client
 
 

@@ -12,11 +12,11 @@ the end, ``boot.sh down`` stops the guest and deletes the namespace.
 Each transport runs in both directions: softverbs client -> ``ibv_*_pingpong``
 server in the guest, and the guest's client -> softverbs server.  RC also
 runs over the IPv6 link-local GIDs (``-g 0``) and with ``-e`` on both sides.
-One RC run is captured on ``br-peer`` (``boot.sh cap-start``): every RoCEv2
-frame must carry a valid ICRC, ours must use rxe's UDP source port and a zero
-UDP checksum, and the guest's ``hw_counters`` must show that rxe accepted
-every packet we sent (``rcvd_pkts`` counts packets that passed its header and
-ICRC checks) with no sequence errors.
+One run of each transport is captured on ``br-peer`` (``boot.sh cap-start``):
+every RoCEv2 frame must carry a valid ICRC, both ends must use rxe's UDP
+source ports and zero UDP checksums, and the guest's ``hw_counters`` must show
+that rxe accepted every packet we sent (``rcvd_pkts`` counts packets that
+passed its header and ICRC checks) with no sequence errors.
 """
 
 from __future__ import annotations
@@ -206,25 +206,27 @@ def test_events_both_sides(clean: Peer, kind: str) -> None:
     check_pair(guest, ours, SIZES[kind], 50)
 
 
-def test_rc_capture_icrc_ports_and_rxe_counters(clean: Peer) -> None:
-    """One captured RC run: every frame valid, ours shaped like rxe's, rxe took them all."""
+@pytest.mark.parametrize("kind", ["rc", "uc", "ud"])
+def test_capture_icrc_ports_and_rxe_counters(clean: Peer, kind: str) -> None:
+    """One captured run: every frame valid, ours shaped like rxe's, rxe took them all."""
     from scapy.all import IP, UDP, rdpcap  # type: ignore[import-untyped]
 
     from softverbs.wire.codec import decode_frame
     from softverbs.wire.opcodes import ROCEV2_PORT
-    from softverbs.wire.packet import udp_sport
+    from softverbs.wire.packet import qp_sport, udp_sport
 
-    pcap = OUT / "softverbs_rc_interop.pcap"
+    iters = 50
+    pcap = OUT / f"softverbs_{kind}_interop.pcap"
     before = clean.counters()
-    r = clean.sh("cap-start", "svrc", str(pcap), "udp", "port", "4791", "or", "tcp", "port",
-                 "18515")  # fmt: skip
+    r = clean.sh("cap-start", f"sv{kind}", str(pcap), "udp", "port", "4791", "or", "tcp",
+                 "port", "18515")  # fmt: skip
     assert r.returncode == 0, r.stderr
     try:
-        guest, ours = softverbs_client(clean, "rc", _args("rc", 1, 50))
+        guest, ours = softverbs_client(clean, kind, _args(kind, 1, iters))
     finally:
-        clean.sh("cap-stop", "svrc")
+        clean.sh("cap-stop", f"sv{kind}")
     after = clean.counters()
-    check_pair(guest, ours, SIZES["rc"], 50)
+    check_pair(guest, ours, SIZES[kind], iters)
 
     our_qpn = int(ours.address("local")[1], 16)
     rxe_qpn = int(ours.address("remote")[1], 16)
@@ -234,13 +236,18 @@ def test_rc_capture_icrc_ports_and_rxe_counters(clean: Peer) -> None:
     assert mine and theirs, f"nothing captured in {pcap}"
     for p in frames:
         decode_frame(bytes(p))  # raises WireError on a bad ICRC
-    for p in mine:
-        assert p[UDP].sport == udp_sport(our_qpn, rxe_qpn), p.summary()
+    # rxe: a UD QP keeps its creation port; RC and UC take the port of the QP pair
+    if kind == "ud":
+        ports = {HOST_IP: qp_sport(our_qpn), GUEST_IP: qp_sport(rxe_qpn)}
+    else:
+        ports = {HOST_IP: udp_sport(our_qpn, rxe_qpn), GUEST_IP: udp_sport(rxe_qpn, our_qpn)}
+    for p in frames:
+        assert p[UDP].sport == ports[p[IP].src], p.summary()
         assert p[UDP].chksum == 0 and p[IP].flags.DF, p.summary()
     # rxe counts a packet in rcvd_pkts only after its header and ICRC checks
     delta = {k: after[k] - before.get(k, 0) for k in after}
     assert delta["rcvd_pkts"] == len(mine), (delta, len(mine))
     assert delta["rcvd_seq_err"] == 0, delta
-    assert delta["rdma_recvs"] == 50 and delta["rdma_sends"] == 50, delta
+    assert delta["rdma_recvs"] == iters and delta["rdma_sends"] == iters, delta
     print(f"\n{pcap}: {len(mine)} RoCEv2 frames from softverbs, {len(theirs)} from rxe; "
           f"rxe counter deltas: { {k: v for k, v in delta.items() if v} }")

@@ -41,7 +41,7 @@ def test_netdev_addresses_marks_tentative_ones(monkeypatch: pytest.MonkeyPatch) 
         assert cmd[:5] == ["ip", "-j", "addr", "show", "dev"]
         return subprocess.CompletedProcess(cmd, 0, json.dumps(IP_JSON), "")
 
-    monkeypatch.setattr(udp.subprocess, "run", fake_run)
+    monkeypatch.setattr(subprocess, "run", fake_run)
     mtu, addrs = udp.netdev_addresses("sv0")
     assert mtu == 1500
     # rxe's GID order: link-local first, then IPv4, then other IPv6

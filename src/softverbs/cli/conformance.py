@@ -17,9 +17,14 @@ PyPI, which also holds pyverbs' sources.  This command:
    * ``udp``: a RoCEv2 UDP device bound to the loopback interface (``softverbs
      link add --netdev lo``).  Packets really are encoded, sent and decoded,
      and the device has a netdev, so tests that need an IP address run too.
-   * ``service``: the in-process device served by ``softverbsd`` (started for
-     the run on a private socket, stopped afterwards), so the processes a test
-     forks share one device, as with kernel rxe.
+   * ``service``: the same UDP device on ``lo``, served by ``softverbsd``
+     (started for the run on a private socket, stopped afterwards), so the
+     processes a test forks share one device, as they share kernel rxe.  This
+     is the configuration closest to ``rdma link add rxe0 type rxe netdev lo``,
+     and the one where rdma-core's two-process RDMA CM tests can run.
+
+   ``udp`` and ``service`` need UDP port 4791 on the loopback addresses; the
+   run stops at once, saying so, when another device holds it.
 
 4. parses unittest's verbose output and prints, per test file and in total,
    the tests that passed, failed, errored and were skipped.  A skipped test
@@ -258,6 +263,20 @@ def format_table(s: Summary, include_vendor: bool = True) -> str:
 # --- device configurations ------------------------------------------------------------------------
 
 
+def check_port_free(addr: str = "127.0.0.1") -> None:
+    """RuntimeError unless UDP port 4791 on ``addr`` can be bound (the UDP configurations
+    bind it; a second device on the same address would fail every test)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.bind((addr, 4791))
+        except OSError as exc:
+            raise RuntimeError(f"UDP port 4791 on {addr} is in use ({exc.strerror}): another "
+                               "softverbs UDP device or kernel rxe holds the loopback; "
+                               "use --config embedded, or stop it") from None  # fmt: skip
+
+
 @contextlib.contextmanager
 def configured(config: str, work: Path) -> Iterator[tuple[dict[str, str], str]]:
     """(environment, device name) for one configuration; cleans up afterwards."""
@@ -270,20 +289,20 @@ def configured(config: str, work: Path) -> Iterator[tuple[dict[str, str], str]]:
         env["SOFTVERBS_INPROC_DEVICES"] = "sv0"
         yield env, "sv0"
         return
+    if config not in CONFIGS:
+        raise ValueError(f"unknown configuration {config!r}; choose from {', '.join(CONFIGS)}")
+    check_port_free()
+    links.write_text(json.dumps({"links": [{"name": "svlo", "netdev": "lo"}]}))
+    env["SOFTVERBS_INPROC_DEVICES"] = ""
     if config == "udp":
-        links.write_text(json.dumps({"links": [{"name": "svlo", "netdev": "lo"}]}))
-        env["SOFTVERBS_INPROC_DEVICES"] = ""
         yield env, "svlo"
         return
-    if config != "service":
-        raise ValueError(f"unknown configuration {config!r}; choose from {', '.join(CONFIGS)}")
     sock = work / "softverbsd.sock"
-    env["SOFTVERBS_INPROC_DEVICES"] = "sv0"
     env["SOFTVERBS_SERVICE"] = str(sock)
     start = [sys.executable, "-m", "softverbs", "service", "start", "--socket", str(sock)]
     subprocess.run(start, env=env, check=True, capture_output=True, timeout=60)
     try:
-        yield env, "sv0"
+        yield env, "svlo"
     finally:
         stop = [sys.executable, "-m", "softverbs", "service", "stop", "--socket", str(sock)]
         subprocess.run(stop, env=env, check=False, capture_output=True, timeout=60)
@@ -347,8 +366,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     print(f"rdma-core {args.suite_version} tests ({root / 'tests'}) on the {args.config} "
           "configuration ...", flush=True)  # fmt: skip
-    s = run_suite(root, args.config, args.suite_version, args.timeout, args.tests,
-                  Path(args.log) if args.log else None)  # fmt: skip
+    try:
+        s = run_suite(root, args.config, args.suite_version, args.timeout, args.tests,
+                      Path(args.log) if args.log else None)  # fmt: skip
+    except RuntimeError as exc:
+        print(f"softverbs conformance: {exc}", file=sys.stderr)
+        return 2
     print(format_table(s, include_vendor=not args.generic_only))
     ran = "did not finish" if s.ran < 0 else f"unittest ran {s.ran}"
     print(f"\n{s.total['passed']} passed, {s.total['failed']} failed, {s.total['errors']} "

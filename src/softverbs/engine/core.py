@@ -41,7 +41,7 @@ from softverbs.enums import (
     IBV_WC_SUCCESS,
 )
 from softverbs.wire.opcodes import Transport
-from softverbs.wire.packet import Packet
+from softverbs.wire.packet import Packet, qp_sport
 
 if TYPE_CHECKING:
     from collections import Counter
@@ -125,7 +125,7 @@ class QPCore:
         self.max_rd_atomic = 1
         self.max_dest_rd_atomic = 1
         self.en_sqd_async_notify = False
-        self.sport = 0
+        self.sport = qp_sport(qpn)  #: rxe's; RC/UC get udp_sport() with their peer
         self.window = DEFAULT_WINDOW
         self.comm_established = False
         #: stop the SQ in SQD after a transfer fails its signature check (mlx5dv

@@ -35,7 +35,15 @@ KEY_INDEX_SHIFT = 8
 KEY_BYTE_MASK = 0xFF
 MAX_KEYS = 1 << 24
 
-REMOTE_ACCESS = IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC
+# Plain ints for the checks made on every access (IntFlag arithmetic builds an
+# enum member per operation).
+LOCAL_WRITE = int(IBV_ACCESS_LOCAL_WRITE)
+MW_BIND = int(IBV_ACCESS_MW_BIND)
+REMOTE_READ = int(IBV_ACCESS_REMOTE_READ)
+REMOTE_WRITE = int(IBV_ACCESS_REMOTE_WRITE)
+REMOTE_ATOMIC = int(IBV_ACCESS_REMOTE_ATOMIC)
+ZERO_BASED = int(IBV_ACCESS_ZERO_BASED)
+REMOTE_ACCESS = REMOTE_READ | REMOTE_WRITE | REMOTE_ATOMIC
 
 
 class MemKind(IntEnum):
@@ -149,8 +157,8 @@ class KeyTable:
         if view is not None:
             mk.view = view
             mk.length = len(view)
-            mk.iova = 0 if access & IBV_ACCESS_ZERO_BASED else addr
-        mk.access = access
+            mk.iova = 0 if access & ZERO_BASED else addr
+        mk.access = int(access)
         self._keys[index] = mk
         return mk
 
@@ -186,7 +194,7 @@ class KeyTable:
             return f"lkey {lkey:#x} was invalidated"
         if mk.pd is not pd:
             return f"lkey {lkey:#x} belongs to another protection domain"
-        if write and not mk.access & IBV_ACCESS_LOCAL_WRITE:
+        if write and not mk.access & LOCAL_WRITE:
             return f"lkey {lkey:#x} lacks IBV_ACCESS_LOCAL_WRITE"
         if mk.xform is not None:
             return mk.xform.view(addr, length, write, False)
@@ -209,7 +217,7 @@ class KeyTable:
             return f"rkey {rkey:#x} does not grant {_right_name(right)}"
         if mk.xform is not None:
             return mk.xform.view(
-                va, length, right != IBV_ACCESS_REMOTE_READ, right == IBV_ACCESS_REMOTE_ATOMIC
+                va, length, right != REMOTE_READ, right == REMOTE_ATOMIC
             )
         return mk.slice(va, length)
 
@@ -230,10 +238,10 @@ class KeyTable:
             return "the region to bind is not a valid memory region"
         if mr.pd is not pd or mw.pd is not pd:
             return "window, region and QP must share one protection domain"
-        if not mr.access & IBV_ACCESS_MW_BIND:
+        if not mr.access & MW_BIND:
             return "the region was not registered with IBV_ACCESS_MW_BIND"
-        if access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC) and not (
-            mr.access & IBV_ACCESS_LOCAL_WRITE
+        if access & (REMOTE_WRITE | REMOTE_ATOMIC) and not (
+            mr.access & LOCAL_WRITE
         ):
             return "remote write/atomic rights need a region with IBV_ACCESS_LOCAL_WRITE"
         if mw.kind is MemKind.MW2:
@@ -248,7 +256,7 @@ class KeyTable:
             mw.mr.binds -= 1
         mw.key = new_key
         mw.view = view
-        mw.iova = 0 if access & IBV_ACCESS_ZERO_BASED else addr
+        mw.iova = 0 if access & ZERO_BASED else addr
         mw.length = length
         mw.access = access & REMOTE_ACCESS
         mw.mr = mr

@@ -78,10 +78,11 @@ _R_PSN, _R_NPKTS, _R_KIND, _R_VA, _R_RKEY, _R_LEN, _R_ORIG = range(7)
 #: Marker returned by _take_rqe when an XRC SRQ number is not acceptable.
 _XRC_BAD_SRQ = RecvWQE(0, [], 0)
 
-_REMOTE_RIGHT = {
-    Kind.WRITE: IBV_ACCESS_REMOTE_WRITE,
-    Kind.READ_REQ: IBV_ACCESS_REMOTE_READ,
-    Kind.ATOMIC: IBV_ACCESS_REMOTE_ATOMIC,
+# Plain ints: the checks run for every request (IntFlag arithmetic is slow).
+_REMOTE_RIGHT: dict[Kind, int] = {
+    Kind.WRITE: int(IBV_ACCESS_REMOTE_WRITE),
+    Kind.READ_REQ: int(IBV_ACCESS_REMOTE_READ),
+    Kind.ATOMIC: int(IBV_ACCESS_REMOTE_ATOMIC),
 }
 
 

@@ -35,6 +35,7 @@ Path MTU
 from __future__ import annotations
 
 import contextlib
+import functools
 import ipaddress
 import json
 import logging
@@ -153,6 +154,18 @@ def explicit_addresses(addrs: list[str]) -> list[LocalAddr]:
     return out
 
 
+# Address conversions cost microseconds through ipaddress; a peer's address is
+# converted once, not once per packet.
+@functools.lru_cache(maxsize=4096)
+def _ip_text(packed: bytes) -> str:
+    return str(ipaddress.ip_address(packed))
+
+
+@functools.lru_cache(maxsize=4096)
+def _ip_packed(text: str) -> bytes:
+    return ipaddress.ip_address(text.split("%")[0]).packed
+
+
 def _ip_of_gid(gid: bytes) -> bytes:
     return gid[12:] if gid[:12] == IPV4_MAPPED_PREFIX else gid
 
@@ -245,7 +258,7 @@ class UdpRuntime(Runtime):
         data = encode_udp_payload(pkt, src_ip, dst_ip, sport)
         if pkt.corrupt_bit >= 0:
             flip_bit(data, pkt.corrupt_bit)
-        dst_text = str(ipaddress.ip_address(dst_ip))
+        dst_text = _ip_text(dst_ip)
         dest: tuple[str, int] | tuple[str, int, int, int]
         if len(dst_ip) == 4:
             dest = (dst_text, ROCEV2_PORT)
@@ -289,7 +302,7 @@ class UdpRuntime(Runtime):
     def _deliver(self, hca: HCA, data: bytes, peer: tuple[str, int] | tuple[str, int, int, int],
                  local: LocalAddr, now: float) -> None:  # fmt: skip
         try:
-            src_ip = ipaddress.ip_address(peer[0].split("%")[0]).packed
+            src_ip = _ip_packed(peer[0])
             pkt = decode_udp_payload(data, src_ip, local.packed, peer[1])
         except WireError as exc:
             hca.counters["rcvd_pkts"] += 1

@@ -448,12 +448,19 @@ class Context(PyverbsCM):
             fw_version="0.0.0", node_guid=guid, sys_image_guid=guid,
             max_mr_size=0xFFFFFFFFFFFFFFFF, page_size_cap=0xFFFFF000,
             vendor_id=0xFFFFFF, vendor_part_id=0, hw_ver=0,
-            device_cap_flags=DEVICE_CAP_FLAGS, max_ee_rd_atom=0, max_ee_init_rd_atom=0,
+            device_cap_flags=self._cap_flags(), max_ee_rd_atom=0, max_ee_init_rd_atom=0,
             atomic_caps=IBV_ATOMIC_HCA, max_ee=0, max_rdd=0, max_raw_ipv6_qps=0,
             max_raw_ethy_qp=0, max_total_mcast_qp_attach=0, max_fmr=0, max_map_per_fmr=0,
             local_ca_ack_delay=15, phys_port_cnt=1,
             **{k: v for k, v in LIMITS.items() if k in _DEVICE_ATTR_LIMITS},
         )  # fmt: skip
+
+    def _cap_flags(self) -> int:
+        """DEVICE_CAP_FLAGS, less what this device's provider cannot do."""
+        flags = DEVICE_CAP_FLAGS
+        if not getattr(self.provider, "srq_resize", False):
+            flags &= ~IBV_DEVICE_SRQ_RESIZE
+        return int(flags)
 
     def query_device_ex(self, ex_input: Any = None) -> DeviceAttrEx:
         """``ibv_query_device_ex``: the device attributes and extended caps."""

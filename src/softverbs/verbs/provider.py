@@ -45,6 +45,8 @@ class EmbeddedProvider:
     on_demand_paging = True
     #: Device memory (``ibv_alloc_dm``): the device's own bytes, in this process.
     device_memory = True
+    #: ``ibv_modify_srq`` with IBV_SRQ_MAX_WR (``IBV_DEVICE_SRQ_RESIZE``).
+    srq_resize = True
 
     def __init__(self, hca: HCA, runtime: Runtime) -> None:
         self.hca = hca

@@ -104,7 +104,15 @@ ALLOWED_OPCODES: dict[int, frozenset[int]] = {
     IBV_QPT_XRC_RECV: frozenset(),
 }  # fmt: skip
 
-SEND_FLAGS = IBV_SEND_FENCE | IBV_SEND_SIGNALED | IBV_SEND_SOLICITED | IBV_SEND_INLINE
+SEND_FLAGS = int(IBV_SEND_FENCE | IBV_SEND_SIGNALED | IBV_SEND_SOLICITED | IBV_SEND_INLINE)
+# Plain ints for the checks post_send makes on every WR (IntFlag arithmetic
+# builds an enum member per operation).
+_DEFER = int(IBV_SEND_DEFER)
+_SIGNALED = int(IBV_SEND_SIGNALED)
+_INLINE = int(IBV_SEND_INLINE)
+_FENCE = int(IBV_SEND_FENCE)
+_SOLICITED = int(IBV_SEND_SOLICITED)
+_ALLOWED_SEND_FLAGS = SEND_FLAGS | _DEFER
 _INLINE_OK = (WrClass.SEND, WrClass.WRITE)
 _POST_SEND_STATES = (IBV_QPS_RTS, IBV_QPS_SQD, IBV_QPS_SQE, IBV_QPS_ERR)
 
@@ -114,6 +122,23 @@ def _name(enum: Any, value: int) -> str:
         return str(enum(value).name)
     except ValueError:
         return str(value)
+
+
+class _Where:
+    """The 'post_send: WR #n (wr_id=...)' prefix of an error, built only when used."""
+
+    __slots__ = ("n", "verb", "wr")
+
+    def __init__(self, n: int, wr: Any, verb: str = "post_send") -> None:
+        self.n = n
+        self.wr = wr
+        self.verb = verb
+
+    def __format__(self, spec: str) -> str:
+        return f"{self.verb}: WR #{self.n} (wr_id={self.wr.wr_id})"
+
+    def __str__(self) -> str:
+        return format(self, "")
 
 
 class QPCap(CStruct, PyverbsObject):
@@ -361,7 +386,7 @@ def engine_values(ctx: Context, a: QPAttr, mask: int) -> dict[str, Any]:
     if mask & IBV_QP_QKEY:
         v["qkey"] = _check_range("qkey", a.qkey, 0, 0xFFFFFFFF)
     if mask & IBV_QP_ACCESS_FLAGS:
-        v["access"] = _check_range("qp_access_flags", a.qp_access_flags, 0, 0xFFFFFFFF)
+        v["access"] = int(_check_range("qp_access_flags", a.qp_access_flags, 0, 0xFFFFFFFF))
     if mask & IBV_QP_AV:
         v["route"] = resolve_route(ctx.provider.gids, a.ah_attr, "QP ah_attr")
     if mask & IBV_QP_PATH_MTU:
@@ -694,7 +719,7 @@ class QP(PyverbsCM):
                     assert sq is not None
                     sq.push(wqe)
                     self._unsignaled_run = 0 if wqe.signaled else self._unsignaled_run + 1
-                    if not w.send_flags & IBV_SEND_DEFER:
+                    if not w.send_flags & _DEFER:
                         ring_to = sq.pi
                     w = w.next_wr
                     n += 1
@@ -712,10 +737,9 @@ class QP(PyverbsCM):
         eng = self.engine
         qp_type = eng.qp_type
         state = eng.state
-        tname = _name(ibv_qp_type, qp_type)
-        where = f"post_send: WR #{n} (wr_id={w.wr_id})"
+        where = _Where(n, w)  # formatted only if an error is raised
         if eng.sq is None:
-            raise einval(f"{where}: an {tname} QP has no send queue")
+            raise einval(f"{where}: an {_name(ibv_qp_type, qp_type)} QP has no send queue")
         if state not in _POST_SEND_STATES:
             raise einval(
                 f"{where}: the QP is in {_name(ibv_qp_state, state)}; send WRs may be "
@@ -724,11 +748,11 @@ class QP(PyverbsCM):
         opcode = w.opcode
         if opcode not in ALLOWED_OPCODES[qp_type]:
             raise einval(f"{where}: opcode {_name(ibv_wr_opcode, opcode)} is not "
-                         f"supported on {tname} QPs")  # fmt: skip
+                         f"supported on {_name(ibv_qp_type, qp_type)} QPs")  # fmt: skip
         flags = w.send_flags
-        if flags & ~(SEND_FLAGS | IBV_SEND_DEFER):
+        if flags & ~_ALLOWED_SEND_FLAGS:
             raise einval(f"{where}: unsupported send_flags bits "
-                         f"{flags & ~(SEND_FLAGS | IBV_SEND_DEFER):#x}")  # fmt: skip
+                         f"{flags & ~_ALLOWED_SEND_FLAGS:#x}")  # fmt: skip
         sq = eng.sq
         if sq.used >= sq.size:
             raise enomem(self._sq_full_message(where))
@@ -738,17 +762,17 @@ class QP(PyverbsCM):
         info = WR_INFO[opcode]
         sges: list[Sge] = [(s.addr, s.length, s.lkey) for s in w.sg]
         length = sum(s[1] for s in sges)
-        signaled = bool(flags & IBV_SEND_SIGNALED) or self.sq_sig_all
+        signaled = bool(flags & _SIGNALED) or self.sq_sig_all
         wqe = SendWQE(w.wr_id, opcode, signaled, sges, length)
-        if flags & IBV_SEND_INLINE:
+        if flags & _INLINE:
             if info.klass not in _INLINE_OK:
                 raise einval(f"{where}: IBV_SEND_INLINE applies only to SEND and RDMA WRITE")
             if length > cap.max_inline_data:
                 raise einval(f"{where}: {length} bytes of inline data exceed "
                              f"max_inline_data={cap.max_inline_data}")  # fmt: skip
             wqe.inline = self._inline_bytes(sges, where)
-        wqe.fence = bool(flags & IBV_SEND_FENCE)
-        wqe.se = bool(flags & IBV_SEND_SOLICITED)
+        wqe.fence = bool(flags & _FENCE)
+        wqe.se = bool(flags & _SOLICITED)
         if info.imm:
             wqe.imm = w.imm_data & 0xFFFFFFFF
         if opcode in (IBV_WR_SEND_WITH_INV, IBV_WR_LOCAL_INV):
@@ -772,7 +796,7 @@ class QP(PyverbsCM):
                                        type2=not type1_bind)  # fmt: skip
         return wqe
 
-    def _sq_full_message(self, where: str) -> str:
+    def _sq_full_message(self, where: object) -> str:
         sq = self.engine.sq
         assert sq is not None
         size = sq.size
@@ -787,7 +811,7 @@ class QP(PyverbsCM):
         )
 
     @staticmethod
-    def _inline_bytes(sges: list[Sge], where: str) -> bytes:
+    def _inline_bytes(sges: list[Sge], where: object) -> bytes:
         from softverbs.verbs.memory import _mapped
 
         parts = []
@@ -797,7 +821,7 @@ class QP(PyverbsCM):
             parts.append(ctypes.string_at(addr, length) if length else b"")
         return b"".join(parts)
 
-    def _bind_args(self, mw: MW | None, info: MWBindInfo | None, new_key: int, where: str,
+    def _bind_args(self, mw: MW | None, info: MWBindInfo | None, new_key: int, where: object,
                    type2: bool) -> Any:  # fmt: skip
         from softverbs.enums import IBV_MW_TYPE_1, IBV_MW_TYPE_2
 
@@ -882,7 +906,7 @@ class QP(PyverbsCM):
             posted = 0
             try:
                 while w is not None:
-                    where = f"post_recv: WR #{n} (wr_id={w.wr_id})"
+                    where = _Where(n, w, "post_recv")
                     if self.srq is not None:
                         raise einval(f"{where}: this QP takes its receives from an SRQ; "
                                      "post them to the SRQ")  # fmt: skip

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from softverbs.verbs.pd import PD
 
 
-def recv_wqe(w: RecvWR, max_sge: int, where: str) -> RecvWQE:
+def recv_wqe(w: RecvWR, max_sge: int, where: object) -> RecvWQE:
     """Check a receive WR and turn it into a ring entry."""
     if len(w.sg) > max_sge:
         raise einval(f"{where}: {len(w.sg)} SGEs exceed max_recv_sge={max_sge}")

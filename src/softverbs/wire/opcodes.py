@@ -99,22 +99,12 @@ class OpInfo(NamedTuple):
     hdrs: Hdr
     payload: bool  #: may carry payload bytes
     request: bool  #: sent by a requester (False: a response from a responder)
-
-    @property
-    def first(self) -> bool:
-        return bool(self.position & FIRST)
-
-    @property
-    def last(self) -> bool:
-        return bool(self.position & LAST)
-
-    @property
-    def imm(self) -> bool:
-        return bool(self.hdrs & Hdr.IMMDT)
-
-    @property
-    def inv(self) -> bool:
-        return bool(self.hdrs & Hdr.IETH)
+    # Derived facts, stored rather than computed: the engine reads them for
+    # every packet, and IntFlag arithmetic is slow.
+    first: bool  #: FIRST or ONLY
+    last: bool  #: LAST or ONLY
+    imm: bool  #: carries ImmDt
+    inv: bool  #: carries IETH
 
 
 # (op, kind, position, headers before the transport-specific ones, payload)
@@ -169,7 +159,11 @@ def _build() -> tuple[OpInfo | None, ...]:
                 hdrs |= Hdr.XRCETH
             code = transport | op
             name = f"{transport.name}_{op.name}"
-            table[code] = OpInfo(code, name, transport, op, kind, position, hdrs, payload, request)
+            table[code] = OpInfo(
+                code, name, transport, op, kind, position, hdrs, payload, request,
+                bool(position & FIRST), bool(position & LAST),
+                bool(hdrs & Hdr.IMMDT), bool(hdrs & Hdr.IETH),
+            )  # fmt: skip
     return tuple(table)
 
 

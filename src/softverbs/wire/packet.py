@@ -165,6 +165,17 @@ def is_ipv4_gid(gid: bytes) -> bool:
     return gid[:12] == IPV4_MAPPED_PREFIX
 
 
+def qp_sport(qpn: int) -> int:
+    """The UDP source port rxe gives a QP when it creates it: 0xC000 + hash_32(qpn, 14).
+
+    A QP keeps it until an address vector names a peer QP (RC, UC: then
+    :func:`udp_sport`), so a UD QP sends from it for good.  The golden
+    ``ud_pingpong`` capture has QPN 0x13 sending from 53368, and every CM MAD
+    (QP1) leaves from 55410.
+    """
+    return 0xC000 + ((((qpn & 0xFFFFFF) * 0x61C88647) & 0xFFFFFFFF) >> 18)
+
+
 def udp_sport(lqpn: int, rqpn: int, flow_label: int = 0) -> int:
     """The UDP source port rxe (rdma_get_udp_sport) uses for a QP pair.
 

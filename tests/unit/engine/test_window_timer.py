@@ -10,14 +10,15 @@ silent (it NAKs a gap once), no timer was left, and nothing ever moved.
 
 from __future__ import annotations
 
-from engine_kit import DELIVER, DROP, Bench, Packet, is_request, is_seq_nak
+from engine_kit import DELIVER, DROP, Bench, Policy, is_request, is_seq_nak
 
 from softverbs.enums import IBV_WC_SUCCESS, IBV_WR_RDMA_WRITE, IBV_WR_SEND
+from softverbs.wire.packet import Packet
 
 PMTU = 256
 
 
-def lose_psn(psn: int, times: int) -> tuple[dict[str, int], object]:
+def lose_psn(psn: int, times: int) -> tuple[dict[str, int], Policy]:
     lost = {"n": 0}
 
     def policy(seq: int, src: str, pkt: Packet) -> str:
@@ -33,7 +34,7 @@ def test_lost_retransmission_that_filled_the_window_times_out_and_recovers() -> 
     n = 1000  # packets: the retransmission from PSN 100 fills the 512-packet window
     lost, policy = lose_psn(100, times=2)
     b = Bench(pmtu=PMTU, mem_size=2 * n * PMTU, timeout=10)
-    b.policy = policy  # type: ignore[assignment]
+    b.policy = policy
     b.a.mem[: n * PMTU] = bytes(i & 0xFF for i in range(n * PMTU))
     b.b.post_recv(n * PMTU, n * PMTU)
     b.a.post_send(IBV_WR_SEND, 0, n * PMTU)
