@@ -64,6 +64,18 @@ PYVERBS_NAMES: dict[str, set[str]] = {
     "utils": {"be64toh", "gid_str", "gid_str_to_array", "qp_type_to_str", "qp_state_to_str",
               "mtu_to_str", "access_flags_to_str", "mig_state_to_str", "rereg_error_to_str"},
     "pyverbs_error": {"PyverbsError", "PyverbsRDMAError", "PyverbsUserError"},
+    "wq": {"WQInitAttr", "WQAttr", "WQ", "RwqIndTableInitAttr", "RwqIndTable", "RxHashConf"},
+    "flow": {"FlowAttr", "Flow", "FlowAction"},
+    "spec": {"Spec", "EthSpec", "Ipv4ExtSpec", "TcpUdpSpec", "Ipv6Spec"},
+    "fork": {"fork_init", "is_fork_initialized"},
+    "dmabuf": {"DmaBuf"},
+    "dma_util": {"udma_to_dev_barrier", "udma_from_dev_barrier", "mmio_write64_as_be",
+                 "mmio_write32_as_be"},
+    "mem_alloc": {"mmap", "madvise", "munmap", "malloc", "posix_memalign", "free", "writebe32",
+                  "writebe64", "write", "read32", "read64", "read", "PROT_EXEC_", "PROT_READ_",
+                  "PROT_WRITE_", "PROT_NONE_", "MAP_PRIVATE_", "MAP_SHARED_", "MAP_FIXED_",
+                  "MAP_ANONYMOUS_", "MAP_STACK_", "MAP_LOCKED_", "MAP_HUGETLB_", "MAP_POPULATE_",
+                  "MAP_NORESERVE_", "MAP_GROWSDOWN_"},
 }  # fmt: skip
 ENUM_MODULES = ("libibverbs_enums", "librdmacm_enums")
 MODULES = (*PYVERBS_NAMES, *ENUM_MODULES)
@@ -313,6 +325,9 @@ def test_compat_module_reexports_softverbs_objects(name: str) -> None:
         obj = getattr(mod, attr)
         if name in ENUM_MODULES:
             assert obj is getattr(enums, attr), attr
+            continue
+        if isinstance(obj, int):  # mem_alloc's PROT_*_/MAP_*_: softverbs.hostmem's constants
+            assert obj == getattr(importlib.import_module("softverbs.hostmem"), attr), attr
             continue
         home = obj.__module__
         assert home.startswith("softverbs.") and not home.startswith("softverbs.compat"), attr

@@ -677,6 +677,8 @@ def run(args: argparse.Namespace) -> int:
     except PingPongError as exc:
         print(exc, file=sys.stderr, flush=True)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C: end quietly, as the C tools die of SIGINT
+        return 130
 
 
 def _main(args: argparse.Namespace) -> int:
@@ -693,7 +695,10 @@ def _session(pp: PingPong, args: argparse.Namespace) -> int:
     if routs < pp.rx_depth:
         raise PingPongError(f"Couldn't post receive ({routs})")
     if pp.channel is not None:
-        pp.cq.req_notify(False)
+        try:
+            pp.cq.req_notify(False)
+        except PyverbsError:
+            raise PingPongError("Couldn't request CQ notification") from None
     mine = pp.local_dest(args.gid_idx)
     print(mine.line("local", ":" if pp.ud else ","), flush=True)
     if args.server:

@@ -52,9 +52,12 @@ class HCAPort(Protocol):
 
     keys: KeyTable
     counters: Counter[str]
-    outbox: deque[Packet]
+
+    @property
+    def outbox(self) -> deque[Packet]: ...
 
     def schedule(self, qp: QPCore, deadline: float) -> None: ...
+    def defer_ack(self, qp: QPCore) -> None: ...
     def post_event(self, event_type: int, element: Any) -> None: ...
     def cq_overrun(self, cq: CompletionQueue) -> None: ...
     def find_srq(self, srqn: int) -> SharedRQ | None: ...
@@ -165,6 +168,7 @@ class QPCore:
         self.resp_wview: memoryview | None = None
         self.resp_drop = False  #: UC: discard until the next FIRST/ONLY
         self.nak_sent = False
+        self.ack_req: Packet | None = None  #: the request whose coalesced ACK is due
         self.replay: deque[tuple[int, int, int, int, int, int, int]] = deque()
 
     # --- device links -------------------------------------------------------
@@ -191,6 +195,9 @@ class QPCore:
 
     # --- implemented by the halves and the state machine ---------------------
     def handle_timer(self, now: float) -> None:
+        raise NotImplementedError
+
+    def emit_ack(self) -> None:
         raise NotImplementedError
 
     def to_error(self, now: float) -> None:

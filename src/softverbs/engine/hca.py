@@ -56,7 +56,9 @@ class HCA:
         self.gids = gids
         self.keys = KeyTable()
         self.counters: Counter[str] = Counter()
-        self.outbox: deque[Packet] = deque()
+        self._outbox: deque[Packet] = deque()
+        #: responders with a coalesced ACK to send (see :attr:`outbox`)
+        self._acks: list[QPCore] = []
         self.qps: dict[int, QPCore] = {}
         self.srqs: dict[int, SharedRQ] = {}
         self.cqs: dict[int, CompletionQueue] = {}
@@ -122,6 +124,25 @@ class HCA:
             del self.xrcds[domain.key]
 
     # --- packets -----------------------------------------------------------------
+    @property
+    def outbox(self) -> deque[Packet]:
+        """Packets waiting for the fabric.
+
+        A responder does not ACK each request at once: it records the ACK and
+        sends one cumulative ACK when the device sends its next packet or its
+        outbox is drained (IBA 9.7.5.1.1 lets a responder coalesce ACKs).  A
+        burst of requests taken from the network in one go is answered by one
+        ACK, and any other packet still leaves after the ACKs before it.
+        """
+        if self._acks:
+            acks, self._acks = self._acks, []
+            for qp in acks:
+                qp.emit_ack()
+        return self._outbox
+
+    def defer_ack(self, qp: QPCore) -> None:
+        self._acks.append(qp)
+
     def receive(self, pkt: Packet, now: float) -> None:
         """Deliver one decoded packet addressed to this device."""
         counters = self.counters

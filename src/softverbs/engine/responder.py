@@ -128,9 +128,20 @@ class Responder(QPCore):
         self.nak_sent = False
         if self.reliable:
             if pkt.ackreq:
-                self._send_ack(pkt, pkt.psn)
+                if self.ack_req is None:
+                    self.hca.defer_ack(self)
+                else:
+                    self.hca.counters["ack_deferred"] += 1  # one ACK will cover both
+                self.ack_req = pkt
             else:
                 self.hca.counters["ack_deferred"] += 1  # coalesced into a later ACK
+
+    def emit_ack(self) -> None:
+        """Send the coalesced ACK (see HCA.outbox)."""
+        req = self.ack_req
+        if req is not None:
+            self.ack_req = None
+            self._send_ack(req, req.psn)
 
     def _send_ack(self, req: Packet, psn: int) -> None:
         ack = self.reply(req, self.transport | Op.ACKNOWLEDGE, psn)

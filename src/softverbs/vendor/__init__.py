@@ -49,7 +49,7 @@ def object_class(name: str, module: str, vendor: str, base: type = PyverbsCM) ->
     """A vendor object: creating it fails with EOPNOTSUPP."""
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        PyverbsCM.__init__(self)
+        (PyverbsCM if isinstance(self, PyverbsCM) else PyverbsObject).__init__(self)
         raise eopnotsupp(f"{name}: softverbs is not an {vendor} device; {vendor} direct verbs "
                          "are not available")  # fmt: skip
 

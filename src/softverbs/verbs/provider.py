@@ -53,6 +53,7 @@ class EmbeddedProvider:
         self.runtime = runtime
         #: who "this process" is when it registers with an XRC receive QP
         self.process: object = object()
+        self._dm_pool: DmPool | None = None
 
     # --- protection domains and memory ----------------------------------------------
     def alloc_pd(self, pd: object) -> None:
@@ -65,10 +66,9 @@ class EmbeddedProvider:
         """The device's on-device memory (``ibv_alloc_dm``), made on first use."""
         from softverbs.verbs.dm import DmPool
 
-        pool: DmPool | None = getattr(self, "_dm_pool", None)
-        if pool is None:
-            pool = self._dm_pool = DmPool()
-        return pool
+        if self._dm_pool is None:
+            self._dm_pool = DmPool()
+        return self._dm_pool
 
     def alloc_memory(self, length: int) -> Memory:
         """Fresh, zeroed, page-aligned memory for ``MR(pd, length, access)``."""
