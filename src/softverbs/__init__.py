@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from softverbs import enums
     from softverbs.enums import IBV_SEND_DEFER
     from softverbs.errors import PyverbsError, PyverbsRDMAError, PyverbsUserError, VerbsError
+    from softverbs.sim import Simulation
     from softverbs.verbs.addr import AH, GID, GRH, AHAttr, GlobalRoute
     from softverbs.verbs.capture import Capture, capture
     from softverbs.verbs.cq import CQ, WC, CompChannel, wc_status_str
@@ -48,6 +49,7 @@ _HOMES: dict[str, str] = {
                     "softverbs.verbs.device"),
     **dict.fromkeys(("MR", "MW", "MWBind", "MWBindInfo", "inc_rkey"), "softverbs.verbs.mr"),
     "PD": "softverbs.verbs.pd",
+    "Simulation": "softverbs.sim",
     **dict.fromkeys(("QP", "QPAttr", "QPCap", "QPEx", "QPInitAttr", "QPInitAttrEx"),
                     "softverbs.verbs.qp"),
     **dict.fromkeys(("SRQ", "SrqAttr", "SrqInitAttr", "SrqInitAttrEx"), "softverbs.verbs.srq"),
@@ -111,6 +113,7 @@ __all__ = [
     "QPInitAttrEx",
     "RecvWR",
     "SendWR",
+    "Simulation",
     "SrqAttr",
     "SrqInitAttr",
     "SrqInitAttrEx",

@@ -337,11 +337,11 @@ def client_exchange(server: str, port: int, mine: Dest) -> Dest:
         raise PingPongError(f"Couldn't read remote address: {exc}") from None
 
 
-def server_exchange(port: int, mine: Dest, connect: Callable[[Dest], None]) -> Dest:
-    """Wait for one client, read its address, connect to it, answer, await "done"."""
+def tcp_listener(port: int) -> socket.socket | None:
+    """A bound (not yet listening) TCP socket on ``port``, as the rdma-core
+    examples make one: the first address getaddrinfo offers that binds."""
     infos = socket.getaddrinfo(None, port, socket.AF_UNSPEC, socket.SOCK_STREAM, 0,
                                socket.AI_PASSIVE)  # fmt: skip
-    listener: socket.socket | None = None
     for family, kind, proto, _, addr in infos:
         try:
             s = socket.socket(family, kind, proto)
@@ -353,8 +353,13 @@ def server_exchange(port: int, mine: Dest, connect: Callable[[Dest], None]) -> D
         except OSError:
             s.close()
             continue
-        listener = s
-        break
+        return s
+    return None
+
+
+def server_exchange(port: int, mine: Dest, connect: Callable[[Dest], None]) -> Dest:
+    """Wait for one client, read its address, connect to it, answer, await "done"."""
+    listener = tcp_listener(port)
     if listener is None:
         raise PingPongError(f"Couldn't listen to port {port}")
     with listener:

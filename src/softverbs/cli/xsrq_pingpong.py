@@ -594,21 +594,12 @@ def _side(args: argparse.Namespace, server: str | None, listener: socket.socket 
 
 
 def _listen(port: int) -> socket.socket:
-    for family, kind, proto, _, addr in socket.getaddrinfo(None, port, socket.AF_UNSPEC,
-                                                           socket.SOCK_STREAM, 0,
-                                                           socket.AI_PASSIVE):  # fmt: skip
-        try:
-            sock = socket.socket(family, kind, proto)
-        except OSError:
-            continue
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(addr)
-        except OSError:
-            sock.close()
-            continue
-        return sock
-    raise XsrqError(f"Couldn't listen to port {port}")
+    from softverbs.cli.pingpong import tcp_listener
+
+    sock = tcp_listener(port)
+    if sock is None:
+        raise XsrqError(f"Couldn't listen to port {port}")
+    return sock
 
 
 def _check(args: argparse.Namespace) -> str | None:

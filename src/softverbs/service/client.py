@@ -53,7 +53,7 @@ from softverbs.service.shm import (
     recv_slot_size,
     send_slot_size,
 )
-from softverbs.verbs.memory import Memory
+from softverbs.verbs.memory import Memory, address_of
 from softverbs.verbs.registry import DeviceSpec, SoftDevice
 
 START_TIMEOUT = 10.0
@@ -387,12 +387,10 @@ class ServiceProvider:
 
     # --- memory ---------------------------------------------------------------------
     def alloc_memory(self, length: int) -> Memory:
+        """Zeroed memory in a memfd the service maps too."""
         region = SharedRegion(length, name="softverbs-mr")
-        import ctypes
-
-        addr = ctypes.addressof(ctypes.c_char.from_buffer(region.mm)) if length else 0
-        mem = Memory(region.view[:length], addr, region)
-        return mem
+        view = region.view[:length]
+        return Memory(view, address_of(view), region)
 
     def reg_mr(self, pd: Any, mem: Memory, access: int, owner: Any) -> RemoteKey:
         region = mem.keepalive
