@@ -1,35 +1,69 @@
-"""The wire between applications and the device service.
+"""The wire between applications and the device service: a fixed binary layout.
 
-A ``SOCK_SEQPACKET`` Unix socket: each message is one JSON object, and may
-carry file descriptors (``SCM_RIGHTS``) -- the memfds of shared rings and
-memory regions, and XRC domain files.  JSON, not pickle: the service must
-never execute what a peer sends, and a peer that is not a softverbs client
-gets a clear error and is disconnected.
+A ``SOCK_SEQPACKET`` Unix socket carries one message per packet.  Every
+message is a 16-byte :class:`Header` followed by a body whose layout is
+fixed by its operation: a :class:`Record` declared below, field by field,
+little-endian and naturally aligned, exactly as a C struct without
+padding.  A few operations end with a variable *tail* (a list of fixed
+records, a name, or -- for the administrative operations that only tools
+read -- a JSON document).  File descriptors (shared-memory rings, the
+process's memory, event sockets, XRC domain files) travel as
+``SCM_RIGHTS`` with the request that names them.
 
-The first request must be ``hello`` with the protocol version.  Requests
-carry ``op`` and ``id``; the reply carries the same ``id`` and either the
-results or ``errno`` and ``error``.  Doorbells (``db_sq``, ``db_rq``) have no
-reply: they are one-way, like a doorbell write.  The service also sends
-unsolicited messages: ``event`` (an async event of an object the process
-made, or -- ``kind: "xrc_qp"`` -- of an XRC receive QP it is registered
-with) and ``cq_event`` (a completion event for a CQ with a channel).
+Why binary and not JSON: the application's side of this protocol is also
+written in C (softverbs' ``libibverbs``), which must build requests and read
+replies with no parser; a fixed layout is also what a doorbell, sent for
+every post, can afford.  JSON stays only in the tails of ``STATUS`` and
+``COUNTERS``, whose contents are variable, nested, read by tools and never
+on a data path.
 
-A message is at most :data:`MAX_MESSAGE` bytes with at most :data:`MAX_FDS`
-descriptors; anything else -- not JSON, not an object, truncated -- is a
-:class:`ProtocolError`, and the service answers it with EPROTO and hangs up.
+The records here are the one definition of the protocol: the service's
+decoder, the Python client's encoder, ``native/include/softverbs/protocol.h``
+(:func:`c_header`) and the tables of ``docs/service-protocol.md``
+(:func:`markdown`) all come from them.
+
+Requests carry ``seq``; the reply carries the same ``seq`` and ``status``
+0 with the reply body, or ``status`` = an errno and a UTF-8 message as its
+body.  ``DOORBELL`` has no reply.  A message that is not a softverbs message
+(too short, wrong length, unknown operation, before ``HELLO``) is answered
+with ``EPROTO`` and the connection is closed.
 """
 
 from __future__ import annotations
 
 import array
 import contextlib
-import json
+import dataclasses
 import os
 import socket
 from typing import Any
 
-PROTOCOL_VERSION = 1
-MAX_MESSAGE = 1 << 20
+from softverbs.device.api import (
+    BY_CODE,
+    DB_RQ,
+    DB_SQ,
+    KIND_NAMES,
+    OPEN_XRCD_HAS_FD,
+    OPS,
+    REG_MR_HAS_FD,
+    AsyncEventRecord,
+    CompEventRecord,
+    DeviceEntry,
+    Op,
+)
+from softverbs.layout import (
+    I32,
+    U16,
+    U32,
+    LayoutError,
+    Record,
+    c_struct,
+    markdown_table,
+    with_embedded,
+)
+
+PROTOCOL_VERSION = 2
+MAX_MESSAGE = 1 << 16
 MAX_FDS = 4
 _FD_SPACE = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
 
@@ -38,45 +72,98 @@ class ProtocolError(Exception):
     """The peer sent something that is not a softverbs message."""
 
 
-def default_socket_path() -> str:
-    """``$SOFTVERBS_SERVICE`` if it is a path, else one per user in the runtime dir."""
-    env = os.environ.get("SOFTVERBS_SERVICE", "")
-    if env and env not in ("1", "yes", "on"):
-        return env
-    base = os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/softverbs-{os.getuid()}"
-    return os.path.join(base, "softverbsd.sock")
+# --- the header -----------------------------------------------------------------------------
 
 
-def service_requested() -> bool:
-    """Did the user opt into the device service (``SOFTVERBS_SERVICE``)?"""
-    return bool(os.environ.get("SOFTVERBS_SERVICE"))
+class Header(Record):
+    """Every message begins with it."""
+
+    DOCS = {
+        "length": "bytes of the whole message, header included",
+        "op": "the operation (table below)",
+        "flags": "bit 0: a reply",
+        "seq": "chosen by the requester; the reply repeats it",
+        "status": "replies: 0, or an errno (the body is then a UTF-8 message)",
+    }
+    length: U32
+    op: U16
+    flags: U16
+    seq: U32
+    status: I32
 
 
-def encode(msg: dict[str, Any]) -> bytes:
-    """One message as it goes on the wire."""
-    data = json.dumps(msg, separators=(",", ":")).encode()
-    if len(data) > MAX_MESSAGE:
-        raise ProtocolError(f"message of {len(data)} bytes is too long")
-    return data
+FLAG_REPLY = 1
 
 
-def send(sock: socket.socket, msg: dict[str, Any], fds: list[int] | None = None) -> None:
-    data = encode(msg)
+# --- messages ----------------------------------------------------------------------------------
+
+
+def encode(op: Op, seq: int, body: Record, tail: bytes = b"", status: int = 0,
+           reply: bool = False) -> bytes:  # fmt: skip
+    """One message: the header, the body, the tail."""
+    data = body.pack()
+    length = Header.size() + len(data) + len(tail)
+    if length > MAX_MESSAGE:
+        raise ProtocolError(f"a {op.name} message of {length} bytes is too long")
+    hdr = Header(length, op.code, FLAG_REPLY if reply else 0, seq & 0xFFFFFFFF, status)
+    return hdr.pack() + data + tail
+
+
+def encode_error(op_code: int, seq: int, errno_: int, message: str) -> bytes:
+    text = message.encode("utf-8", "replace")[: MAX_MESSAGE - Header.size()]
+    hdr = Header(Header.size() + len(text), op_code & 0xFFFF, FLAG_REPLY, seq & 0xFFFFFFFF, errno_)
+    return hdr.pack() + text
+
+
+@dataclasses.dataclass
+class Message:
+    """A decoded message: its header, operation, body record and tail bytes."""
+
+    header: Header
+    op: Op
+    body: Any
+    tail: bytes
+
+    @property
+    def error(self) -> str:
+        return self.tail.decode("utf-8", "replace")
+
+
+def decode(data: bytes) -> Message:
+    """Parse one message; ProtocolError if it is not a softverbs message."""
+    hdr: Header = Header.unpack(data)
+    if hdr.length != len(data):
+        raise ProtocolError(f"the header says {hdr.length} bytes, the message has {len(data)}")
+    op = BY_CODE.get(hdr.op)
+    if op is None:
+        raise ProtocolError(f"unknown operation {hdr.op}")
+    is_reply = bool(hdr.flags & FLAG_REPLY)
+    rest = memoryview(data)[Header.size() :]
+    if is_reply and hdr.status:
+        return Message(hdr, op, None, bytes(rest))
+    kind = op.reply if is_reply else op.request
+    if kind is None:
+        raise ProtocolError(f"{op.name} has no reply")
+    try:
+        body = kind.unpack(rest)
+    except LayoutError as exc:
+        raise ProtocolError(f"{op.name}: {exc}") from None
+    return Message(hdr, op, body, bytes(rest[kind.size() :]))
+
+
+def send(sock: socket.socket, data: bytes, fds: list[int] | None = None) -> None:
     if fds:
         socket.send_fds(sock, [data], fds)
     else:
         sock.send(data)
 
 
-def recv_nowait(sock: socket.socket) -> tuple[dict[str, Any], list[int]]:
-    """Like :func:`recv`, but BlockingIOError if nothing is waiting."""
-    return recv(sock, socket.MSG_DONTWAIT)
+def recv(sock: socket.socket, flags: int = 0) -> tuple[bytes, list[int]]:
+    """One packet and its descriptors; EOFError when the peer closed.
 
-
-def recv(sock: socket.socket, flags: int = 0) -> tuple[dict[str, Any], list[int]]:
-    """One message and its fds; EOFError when the peer closed."""
+    Descriptors are closed again if the packet is malformed (ProtocolError)."""
     # Not socket.recv_fds: in Python 3.11 it ignores its flags argument.
-    data, ancdata, mflags, _addr = sock.recvmsg(MAX_MESSAGE + 1, _FD_SPACE, flags)
+    data, ancdata, mflags, _addr = sock.recvmsg(MAX_MESSAGE, _FD_SPACE, flags)
     fds: list[int] = []
     for level, kind, payload in ancdata:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
@@ -86,19 +173,100 @@ def recv(sock: socket.socket, flags: int = 0) -> tuple[dict[str, Any], list[int]
     try:
         if not data:
             raise EOFError("peer closed the connection")
-        if len(data) > MAX_MESSAGE or mflags & socket.MSG_TRUNC:
+        if mflags & socket.MSG_TRUNC:
             raise ProtocolError(f"a message is at most {MAX_MESSAGE} bytes")
         if mflags & socket.MSG_CTRUNC:
             raise ProtocolError(f"a message carries at most {MAX_FDS} file descriptors")
-        try:
-            msg = json.loads(data)
-        except (ValueError, RecursionError):
-            raise ProtocolError("not a JSON message") from None
-        if not isinstance(msg, dict):
-            raise ProtocolError("a message must be a JSON object")
     except BaseException:
         for fd in fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
         raise
-    return msg, fds
+    return data, fds
+
+
+# --- where the service listens ------------------------------------------------------------
+
+
+def default_socket_path() -> str:
+    """``$SOFTVERBS_SERVICE`` if it is a path, else one per user in the runtime dir."""
+    env = os.environ.get("SOFTVERBS_SERVICE", "")
+    if env and env not in ("1", "yes", "on") and not service_disabled():
+        return env
+    base = os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/softverbs-{os.getuid()}"
+    return os.path.join(base, "softverbsd.sock")
+
+
+def service_disabled() -> bool:
+    """``SOFTVERBS_SERVICE=0`` (or off/no/false): in-process devices only."""
+    return os.environ.get("SOFTVERBS_SERVICE", "").strip().lower() in ("0", "off", "no", "false")
+
+
+# --- generated artefacts -------------------------------------------------------------------------
+
+_RECORDS: tuple[type[Record], ...] = (Header, DeviceEntry, AsyncEventRecord, CompEventRecord)
+
+
+def records() -> list[type[Record]]:
+    """Every record of the protocol, each once, embedded ones first."""
+    listed: list[type[Record]] = list(_RECORDS)
+    for op in OPS:
+        listed.append(op.request)
+        if op.reply is not None:
+            listed.append(op.reply)
+    return [r for r in with_embedded(listed) if r.size()]
+
+
+def c_header() -> str:
+    """``native/include/softverbs/protocol.h``, generated from this module."""
+    from softverbs.engine import rings
+
+    out = [
+        "/* softverbs device service protocol and ring layouts: GENERATED by",
+        " * `python -m softverbs.service.protocol --c-header`; do not edit. */",
+        "#ifndef SOFTVERBS_PROTOCOL_H", "#define SOFTVERBS_PROTOCOL_H", "",
+        "#include <stdint.h>", "",
+        f"#define SV_PROTOCOL_VERSION {PROTOCOL_VERSION}",
+        f"#define SV_MAX_MESSAGE {MAX_MESSAGE}",
+        f"#define SV_MAX_FDS {MAX_FDS}",
+        f"#define SV_FLAG_REPLY {FLAG_REPLY}",
+        f"#define SV_REG_MR_HAS_FD {REG_MR_HAS_FD}",
+        f"#define SV_OPEN_XRCD_HAS_FD {OPEN_XRCD_HAS_FD}",
+        f"#define SV_DB_SQ {DB_SQ}", f"#define SV_DB_RQ {DB_RQ}", "",
+    ]  # fmt: skip
+    out += [f"#define SV_KIND_{name.upper()} {code}" for code, name in KIND_NAMES.items()]
+    out.append("")
+    out += [f"#define SV_OP_{op.name} {op.code}" for op in OPS]
+    out += ["", "/* rings (docs/rings.md) */"]
+    out += [f"#define SV_RING_{name} {value}" for name, value in rings.C_CONSTANTS.items()]
+    out.append("")
+    for cls in with_embedded(list(rings.RECORDS)) + records():
+        out += [c_struct(cls), ""]
+    out.append("#endif")
+    return "\n".join(out) + "\n"
+
+
+def markdown() -> str:
+    """The operation and record tables of docs/service-protocol.md."""
+    lines = ["| code | operation | request | reply | descriptors | what |",
+             "|---:|---|---|---|---|---|"]
+    for op in OPS:
+        reply = op.reply.__name__ if op.reply is not None else "(none)"
+        if op.tail:
+            reply += f" + {op.tail}"
+        lines.append(f"| {op.code} | `{op.name}` | {op.request.__name__} | {reply} | "
+                     f"{op.fds or '—'} | {op.doc} |")  # fmt: skip
+    for cls in records():
+        lines += ["", *markdown_table(cls)]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] == ["--c-header"]:
+        sys.stdout.write(c_header())
+    elif sys.argv[1:] == ["--markdown"]:
+        sys.stdout.write(markdown() + "\n")
+    else:
+        sys.exit("usage: python -m softverbs.service.protocol --c-header | --markdown")

@@ -1,0 +1,1 @@
+"""The device: the authority over one HCA's objects, and its operations."""

@@ -1,0 +1,541 @@
+"""The device's operations: every request a driver can make, as fixed records.
+
+A softverbs device is driven the way a NIC is driven by its provider
+library: through rings (:mod:`softverbs.engine.rings`) for the data path,
+and through *operations* for everything else -- open a context, allocate a
+PD, register memory, create, modify and destroy queues.  This module
+declares each operation once: its number, its request and reply records
+(:mod:`softverbs.layout`), and the file descriptors it passes.
+
+:class:`softverbs.device.core.Device` executes them; the in-process
+provider calls it directly with these records, and the device service
+receives the same records as bytes (:mod:`softverbs.service.protocol`) from
+Python and C clients alike.  So every kind of device checks a request in
+one place, and the service's wire format, the C header and the protocol
+document are generated from these declarations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from softverbs.layout import U32, U64, Gid, Name, Record
+
+#: Object kinds, as ``DESTROY`` and async events name them.
+KIND_CTX, KIND_PD, KIND_MR, KIND_MW, KIND_AH, KIND_CHANNEL, KIND_CQ, KIND_SRQ, KIND_QP, \
+    KIND_XRCD = range(1, 11)  # fmt: skip
+KIND_NAMES = {KIND_CTX: "ctx", KIND_PD: "pd", KIND_MR: "mr", KIND_MW: "mw", KIND_AH: "ah",
+              KIND_CHANNEL: "channel", KIND_CQ: "cq", KIND_SRQ: "srq", KIND_QP: "qp",
+              KIND_XRCD: "xrcd"}  # fmt: skip
+
+# --- embedded records ---------------------------------------------------------------------------
+
+
+class AddressVector(Record):
+    """``ibv_ah_attr``, flattened (its ``grh`` fields inline)."""
+
+    dgid: Gid
+    dlid: U32
+    sl: U32
+    src_path_bits: U32
+    static_rate: U32
+    is_global: U32
+    port_num: U32
+    flow_label: U32
+    sgid_index: U32
+    hop_limit: U32
+    traffic_class: U32
+
+
+class QPAttrs(Record):
+    """``ibv_qp_attr``, flattened; which fields count is the modify's mask."""
+
+    ah: AddressVector
+    alt_ah: AddressVector
+    qp_state: U32
+    cur_qp_state: U32
+    path_mtu: U32
+    path_mig_state: U32
+    qkey: U32
+    rq_psn: U32
+    sq_psn: U32
+    dest_qp_num: U32
+    qp_access_flags: U32
+    pkey_index: U32
+    alt_pkey_index: U32
+    en_sqd_async_notify: U32
+    sq_draining: U32
+    max_rd_atomic: U32
+    max_dest_rd_atomic: U32
+    min_rnr_timer: U32
+    port_num: U32
+    timeout: U32
+    retry_cnt: U32
+    rnr_retry: U32
+    alt_port_num: U32
+    alt_timeout: U32
+    rate_limit: U32
+    reserved: U32
+
+
+class QPCaps(Record):
+    """``ibv_qp_cap``."""
+
+    max_send_wr: U32
+    max_recv_wr: U32
+    max_send_sge: U32
+    max_recv_sge: U32
+    max_inline_data: U32
+    reserved: U32
+
+
+class DeviceEntry(Record):
+    """One device of ``LIST_DEVICES``."""
+
+    name: Name
+    node_guid: U64
+    index: U32
+    node_type: U32
+    transport: U32
+    kind: U32  #: 0 the host device, 1 a UDP link, 2 in-process
+
+
+class DeviceAttrs(Record):
+    """``ibv_device_attr`` plus what ``ibv_query_device_ex`` adds that softverbs fills."""
+
+    fw_ver: Name
+    node_guid: U64
+    sys_image_guid: U64
+    max_mr_size: U64
+    page_size_cap: U64
+    max_dm_size: U64
+    device_cap_flags_ex: U64
+    vendor_id: U32
+    vendor_part_id: U32
+    hw_ver: U32
+    max_qp: U32
+    max_qp_wr: U32
+    device_cap_flags: U32
+    max_sge: U32
+    max_sge_rd: U32
+    max_cq: U32
+    max_cqe: U32
+    max_mr: U32
+    max_pd: U32
+    max_qp_rd_atom: U32
+    max_ee_rd_atom: U32
+    max_res_rd_atom: U32
+    max_qp_init_rd_atom: U32
+    max_ee_init_rd_atom: U32
+    atomic_cap: U32
+    max_ee: U32
+    max_rdd: U32
+    max_mw: U32
+    max_raw_ipv6_qp: U32
+    max_raw_ethy_qp: U32
+    max_mcast_grp: U32
+    max_mcast_qp_attach: U32
+    max_total_mcast_qp_attach: U32
+    max_ah: U32
+    max_fmr: U32
+    max_map_per_fmr: U32
+    max_srq: U32
+    max_srq_wr: U32
+    max_srq_sge: U32
+    max_pkeys: U32
+    local_ca_ack_delay: U32
+    phys_port_cnt: U32
+    max_inline_data: U32
+    odp_general_caps: U32
+    odp_rc_caps: U32
+    odp_uc_caps: U32
+    odp_ud_caps: U32
+    odp_xrc_caps: U32
+    reserved: U32
+
+
+class PortAttrs(Record):
+    """``ibv_port_attr``."""
+
+    max_msg_sz: U64
+    state: U32
+    max_mtu: U32
+    active_mtu: U32
+    gid_tbl_len: U32
+    port_cap_flags: U32
+    bad_pkey_cntr: U32
+    qkey_viol_cntr: U32
+    pkey_tbl_len: U32
+    lid: U32
+    sm_lid: U32
+    lmc: U32
+    max_vl_num: U32
+    sm_sl: U32
+    subnet_timeout: U32
+    init_type_reply: U32
+    active_width: U32
+    active_speed: U32
+    phys_state: U32
+    link_layer: U32
+    flags: U32
+    port_cap_flags2: U32
+    active_speed_ex: U32
+
+
+class AsyncEventRecord(Record):
+    """One async event, written to a context's event socket (then the reason text)."""
+
+    event_type: U32
+    kind: U32  #: KIND_QP, KIND_CQ, KIND_SRQ, or 0 for the port
+    handle: U32  #: the object's handle (0: a device-owned XRC receive QP: see qpn)
+    qpn: U32
+
+
+class CompEventRecord(Record):
+    """One completion event, written to a completion channel's socket."""
+
+    cq: U32
+    reserved: U32
+
+
+# --- operations ---------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Op:
+    """One operation: its number, request and reply bodies, and what it passes."""
+
+    code: int
+    name: str
+    request: type[Record]
+    reply: type[Record] | None  #: None: no reply (a doorbell)
+    fds: str = ""  #: what descriptors the request passes, in words
+    tail: str = ""  #: what follows the reply body, if anything
+    doc: str = ""
+
+
+class Empty(Record):
+    pass
+
+
+class Hello(Record):
+    version: U32
+    flags: U32  #: bit 0: the request passes the process's memory (/proc/self/mem)
+    pid: U32
+    reserved: U32
+
+
+class HelloReply(Record):
+    version: U32
+    service_pid: U32
+    ndevices: U32
+    features: U32
+
+
+class ListDevicesReply(Record):
+    count: U32
+    reserved: U32
+
+
+class OpenDevice(Record):
+    name: Name
+
+
+class OpenDeviceReply(Record):
+    node_guid: U64
+    ctx: U32
+    index: U32
+    active_mtu: U32  #: bytes
+    gid_count: U32
+
+
+class Ctx(Record):
+    ctx: U32
+    reserved: U32
+
+
+class QueryPort(Record):
+    ctx: U32
+    port: U32
+
+
+class QueryGid(Record):
+    ctx: U32
+    port: U32
+    index: U32
+    reserved: U32
+
+
+class QueryGidReply(Record):
+    gid: Gid
+    gid_type: U32
+    ifindex: U32
+
+
+class QueryPkeyReply(Record):
+    pkey: U32
+    reserved: U32
+
+
+class Handle(Record):
+    handle: U32
+    reserved: U32
+
+
+class Destroy(Record):
+    kind: U32
+    handle: U32
+
+
+REG_MR_HAS_FD = 1  #: the request passes a memfd holding the region (at ``offset``)
+
+
+class RegMR(Record):
+    addr: U64
+    length: U64
+    iova: U64
+    offset: U64  #: offset of ``addr`` in the passed memfd
+    pd: U32
+    access: U32
+    flags: U32
+    reserved: U32
+
+
+class RegMRReply(Record):
+    mr: U32
+    lkey: U32
+    rkey: U32
+    reserved: U32
+
+
+class ReregMR(Record):
+    addr: U64
+    length: U64
+    offset: U64
+    mr: U32
+    change: U32  #: IBV_REREG_MR_CHANGE_* bits
+    pd: U32
+    access: U32
+    flags: U32
+    reserved: U32
+
+
+class Keys(Record):
+    lkey: U32
+    rkey: U32
+
+
+class AllocMW(Record):
+    pd: U32
+    type: U32
+
+
+class AllocMWReply(Record):
+    mw: U32
+    rkey: U32
+
+
+class CreateAH(Record):
+    av: AddressVector
+    pd: U32
+    reserved: U32
+
+
+class CreateCQ(Record):
+    ctx: U32
+    cqe: U32
+    channel: U32  #: 0: none
+    comp_vector: U32
+
+
+class CreateCQReply(Record):
+    cq: U32
+    cqe: U32
+
+
+class ResizeCQ(Record):
+    cq: U32
+    cqe: U32
+
+
+class CreateSRQ(Record):
+    ctx: U32
+    pd: U32
+    srq_type: U32
+    max_wr: U32
+    max_sge: U32
+    limit: U32
+    xrcd: U32
+    cq: U32
+    slot: U32  #: bytes per WQE slot (recv_slot_size(max_sge) or more)
+    reserved: U32
+
+
+class CreateSRQReply(Record):
+    srq: U32
+    srqn: U32
+    max_wr: U32
+    max_sge: U32
+
+
+class ModifySRQ(Record):
+    srq: U32
+    mask: U32  #: IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT
+    max_wr: U32
+    limit: U32
+
+
+class QuerySRQReply(Record):
+    max_wr: U32
+    max_sge: U32
+    limit: U32
+    reserved: U32
+
+
+OPEN_XRCD_HAS_FD = 1
+
+
+class OpenXRCD(Record):
+    ctx: U32
+    oflags: U32
+    flags: U32
+    reserved: U32
+
+
+class CreateQP(Record):
+    send_ops_flags: U64
+    caps: QPCaps
+    ctx: U32
+    pd: U32
+    qp_type: U32
+    send_cq: U32
+    recv_cq: U32
+    srq: U32
+    xrcd: U32
+    sq_sig_all: U32
+    create_flags: U32
+    sq_slot: U32  #: bytes per send WQE slot; 0: no send queue ring is passed
+    rq_slot: U32  #: bytes per receive WQE slot; 0: no receive queue ring is passed
+    reserved: U32
+
+
+class CreateQPReply(Record):
+    caps: QPCaps
+    qp: U32
+    qpn: U32
+
+
+class ModifyQP(Record):
+    attr: QPAttrs
+    qp: U32
+    mask: U32
+
+
+class ModifyQPReply(Record):
+    state: U32
+    reserved: U32
+
+
+class QueryQPReply(Record):
+    attr: QPAttrs
+    caps: QPCaps
+    state: U32
+    sq_sig_all: U32
+
+
+class OpenQP(Record):
+    ctx: U32
+    xrcd: U32
+    qpn: U32
+    qp_type: U32
+
+
+class OpenQPReply(Record):
+    qp: U32
+    qpn: U32
+    state: U32
+    reserved: U32
+
+
+DB_SQ, DB_RQ = 1, 2
+
+
+class Doorbell(Record):
+    qp: U32
+    queue: U32  #: DB_SQ or DB_RQ
+
+
+class XrcRcvAlloc(Record):
+    """The seed's ``xrc_rcv_qp_alloc``: create, RESET->INIT->RTR, register."""
+
+    init: QPAttrs
+    rtr: QPAttrs
+    xrcd: U32
+    init_mask: U32
+    rtr_mask: U32
+    reserved: U32
+
+
+class XrcQpn(Record):
+    xrcd: U32
+    qpn: U32
+
+
+class QpnReply(Record):
+    qpn: U32
+    reserved: U32
+
+
+OPS: tuple[Op, ...] = (
+    Op(1, "HELLO", Hello, HelloReply, "optional: the process's /proc/self/mem (flags bit 0)",
+       doc="the first message; the version must match"),
+    Op(2, "LIST_DEVICES", Empty, ListDevicesReply, tail="count DeviceEntry records",
+       doc="the devices of this host"),
+    Op(3, "OPEN_DEVICE", OpenDevice, OpenDeviceReply,
+       "the context's async event socket (a SOCK_SEQPACKET end)",
+       doc="ibv_open_device: a context; its objects' async events go to the socket"),
+    Op(4, "QUERY_DEVICE", Ctx, DeviceAttrs, doc="ibv_query_device(_ex)"),
+    Op(5, "QUERY_PORT", QueryPort, PortAttrs, doc="ibv_query_port"),
+    Op(6, "QUERY_GID", QueryGid, QueryGidReply, doc="ibv_query_gid(_ex); ENODATA if empty"),
+    Op(7, "QUERY_PKEY", QueryGid, QueryPkeyReply, doc="ibv_query_pkey"),
+    Op(10, "ALLOC_PD", Ctx, Handle, doc="ibv_alloc_pd"),
+    Op(11, "DESTROY", Destroy, Empty, doc="destroy any object by kind and handle (EBUSY if used)"),
+    Op(12, "REG_MR", RegMR, RegMRReply, "optional: a memfd holding the region",
+       doc="ibv_reg_mr: from the memfd if passed, else the process's memory"),
+    Op(13, "REREG_MR", ReregMR, Keys, "optional: a memfd holding the region",
+       doc="ibv_rereg_mr"),
+    Op(14, "ALLOC_MW", AllocMW, AllocMWReply, doc="ibv_alloc_mw"),
+    Op(15, "CREATE_AH", CreateAH, Handle, doc="ibv_create_ah"),
+    Op(16, "CREATE_COMP_CHANNEL", Ctx, Handle,
+       "the channel's event socket (a SOCK_SEQPACKET end)",
+       doc="ibv_create_comp_channel: completion events go to the socket"),
+    Op(17, "CREATE_CQ", CreateCQ, CreateCQReply, "the CQ ring (a memfd)", doc="ibv_create_cq"),
+    Op(18, "RESIZE_CQ", ResizeCQ, CreateCQReply, "the new CQ ring (a memfd)",
+       doc="ibv_resize_cq: unpolled CQEs move to the new ring"),
+    Op(19, "CREATE_SRQ", CreateSRQ, CreateSRQReply, "the SRQ ring (a memfd)",
+       doc="ibv_create_srq(_ex)"),
+    Op(20, "MODIFY_SRQ", ModifySRQ, Empty, "with IBV_SRQ_MAX_WR: the new SRQ ring",
+       doc="ibv_modify_srq"),
+    Op(21, "QUERY_SRQ", Handle, QuerySRQReply, doc="ibv_query_srq"),
+    Op(22, "OPEN_XRCD", OpenXRCD, Handle, "optional: the file that names the domain",
+       doc="ibv_open_xrcd"),
+    Op(23, "CREATE_QP", CreateQP, CreateQPReply,
+       "the send queue ring if sq_slot, then the receive queue ring if rq_slot",
+       doc="ibv_create_qp(_ex)"),
+    Op(24, "MODIFY_QP", ModifyQP, ModifyQPReply,
+       doc="ibv_modify_qp: judged by the device's state table, against its own state"),
+    Op(25, "QUERY_QP", Handle, QueryQPReply, doc="ibv_query_qp"),
+    Op(26, "OPEN_QP", OpenQP, OpenQPReply, doc="ibv_open_qp: an XRC receive QP by number"),
+    Op(27, "DOORBELL", Doorbell, None, doc="one-way: the application moved a queue's db"),
+    Op(28, "XRC_RCV_QP_ALLOC", XrcRcvAlloc, QpnReply, doc="seed 002's xrc_rcv_qp_alloc"),
+    Op(29, "XRC_RCV_QP_REGISTER", XrcQpn, Empty, doc="seed 002's xrc_rcv_qp_register"),
+    Op(30, "XRC_RCV_QP_UNREGISTER", XrcQpn, Empty, doc="seed 002's xrc_rcv_qp_unregister"),
+    Op(40, "COUNTERS", Ctx, Empty, tail="JSON: {counter: value}",
+       doc="the device's counters (rxe's names)"),
+    Op(41, "STATUS", Empty, Empty, tail="JSON: the service, its devices, clients and objects",
+       doc="for `softverbs service status` and `softverbs res`"),
+)
+BY_CODE: dict[int, Op] = {op.code: op for op in OPS}
+BY_NAME: dict[str, Op] = {op.name: op for op in OPS}
+
+

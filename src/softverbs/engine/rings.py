@@ -1,0 +1,1011 @@
+"""Rings: send, receive and shared receive queues, and completion queues.
+
+Every queue of every kind of device is one of the three ring classes here:
+:class:`WorkRing` (a send or a receive queue), :class:`SharedRecvRing` (an
+SRQ) and :class:`CompletionRing` (a CQ).  Each has two faces, as a NIC's
+queues do: the *application's* (the driver: ``verbs/`` in Python, or the C
+``libibverbs``), which produces WQEs and consumes CQEs, and the *device's*
+(the engine), which consumes WQEs and produces CQEs.  The two faces meet in
+a 64-byte header of eight 64-bit words and an array of slots.
+
+Indices only grow (they are never reset; a slot is ``index % size``), and
+each header word has exactly one writer:
+
+=========  ======================  =========================================
+ring       application writes      device writes
+=========  ======================  =========================================
+SQ, RQ     0 ``pi``, 1 ``db``       2 QP state + 1 (0: not yet published)
+SRQ        0 ``pi``                 1 ``taken``, 2 armed ``srq_limit``,
+                                    3 WQEs discarded without a CQE (RESET)
+CQ         1 ``ci``, 2 arm request  0 ``pi``, 3 last arm fired, 4 error
+           (``seq << 1 | solicited_only``)
+=========  ======================  =========================================
+
+* **Send/receive queue.**  ``post`` writes a WQE at ``pi`` and moves
+  ``pi``; the doorbell moves ``db``.  The device *fetches* the WQEs below
+  ``db`` when it is told of a doorbell (:meth:`WorkRing.latch`): it copies
+  them into its own memory, checking each, exactly as a NIC fetches WQEs by
+  DMA.  A WQE changed after its doorbell is therefore never seen, and one
+  the application scribbled on becomes a WQE that fails (``IBV_WC_LOC_QP_OP_ERR``)
+  instead of reaching the engine.  The consumer index ``ci`` is the
+  application's own: it moves only when the application *polls* a CQE of
+  the WQE at ``ci`` or a later one, so a queue full of unsignaled WQEs never
+  drains -- seed 000's trap follows from the ring, with no special case.
+* **Shared receive queue.**  The device takes WQEs at ``taken`` (read when
+  it needs one; an SRQ has no doorbell here).  When fewer than the armed
+  limit remain it posts ``IBV_EVENT_SRQ_LIMIT_REACHED`` once and disarms.
+* **Completion queue.**  The device writes CQEs at ``pi``; a CQE that would
+  make ``pi - ci`` exceed the capacity is an *overrun*: the device sets
+  ``error`` and the CQ takes no more.  Arming writes a new sequence number;
+  the device fires when it pushes a matching CQE (any, or a solicited or
+  failed one) while that sequence differs from the last fired.  RESET and
+  destroy mark a QP's unpolled CQEs *dead*; polling skips them.
+
+The device keeps a private copy of every index it relies on and never
+trusts the application's words beyond what they can honestly mean: a
+doorbell is clamped to ``[db seen, min(pi, db seen + size)]``, a ``ci`` to
+``[ci seen, pi]``.  A lying application can only hurt its own queues.
+
+**Slots** hold either Python objects (:class:`ObjectSlots`: the device and
+the application in one process, nothing to encode) or the fixed byte
+layouts below (:class:`SendSlots`, :class:`RecvSlots`, :class:`CQESlots`:
+shared memory with another process, which may be written in C).  Which
+store a ring uses changes nothing else: the index logic above is this one
+implementation, and the same tests check both stores.
+
+Memory ordering (shared rings): a writer stores a slot before it stores
+the index that publishes it; a reader loads the index before the slot.
+Index words are aligned 8-byte words stored and loaded whole
+(:meth:`SharedRegion.words`; in C, ``__atomic_store_n(..., __ATOMIC_RELEASE)``
+and ``__atomic_load_n(..., __ATOMIC_ACQUIRE)``).  All fields are
+little-endian.  ``docs/rings.md`` gives every layout byte by byte.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import struct
+from collections.abc import Callable
+from typing import Annotated, Any, Generic, Protocol, TypeVar
+
+from softverbs.enums import IBV_WC_SUCCESS
+from softverbs.layout import U8, U16, U32, U64, Record
+
+if __debug__:
+    import sys
+
+    assert sys.byteorder == "little", "softverbs' shared rings are little-endian"
+
+#: One scatter/gather entry: (address, length, lkey).
+Sge = tuple[int, int, int]
+
+HEADER_SIZE = 64  #: bytes of a ring header: eight 64-bit words
+
+#: Which ring a CQE gives a slot back to when it is polled (CQE field ``wq_kind``).
+WQ_NONE, WQ_SQ, WQ_RQ, WQ_SRQ = 0, 1, 2, 3
+
+#: Send WQE flags (send slot byte 9).
+F_SIGNALED, F_FENCE, F_SOLICITED, F_INLINE = 1, 2, 4, 8
+_SEND_FLAGS = F_SIGNALED | F_FENCE | F_SOLICITED | F_INLINE
+
+#: CQE flags (CQE byte 47).
+CQE_DEAD, CQE_SOLICITED = 1, 2
+
+
+# --- records ---------------------------------------------------------------------------------
+
+
+class Route:
+    """Where a QP's or an AH's packets go: the GRH fields of RoCEv2.
+
+    ``loopback`` marks an address vector without a GRH (``is_global=0``):
+    on a softverbs device it names a QP of the same device (the port's own
+    LID), so it never leaves the device (see :mod:`softverbs.engine.device`).
+    """
+
+    __slots__ = ("dgid", "flow_label", "hop_limit", "loopback", "port", "sgid", "sgid_index",
+                 "tclass")  # fmt: skip
+
+    def __init__(
+        self,
+        dgid: bytes,
+        sgid: bytes,
+        sgid_index: int = 0,
+        hop_limit: int = 64,
+        tclass: int = 0,
+        flow_label: int = 0,
+        port: int = 1,
+        loopback: bool = False,
+    ) -> None:
+        self.dgid = dgid
+        self.sgid = sgid
+        self.sgid_index = sgid_index
+        self.hop_limit = hop_limit
+        self.tclass = tclass
+        self.flow_label = flow_label
+        self.port = port
+        self.loopback = loopback
+
+
+class SendWQE:
+    """A send-queue entry: the WR as posted, plus the requester's progress.
+
+    The application fills the first group of fields; objects are named by
+    the handles the device gave them (``ah``, ``bind_mw``, ``bind_mr``,
+    ``driver_op``).  When the device fetches the WQE it resolves those into
+    ``route``, ``bind`` and ``local_op``, and the requester keeps its
+    progress in the last group.
+    """
+
+    __slots__ = (
+        "ackd", "ah", "bind", "bind_access", "bind_addr", "bind_length", "bind_mr",
+        "bind_mw", "bind_rkey", "caller", "compare_add", "data", "driver_op", "fence",
+        "imm", "index", "inline", "inv_rkey", "length", "local_op", "nop", "npkts", "opcode",
+        "psn", "reason", "remote_addr", "remote_qkey", "remote_qpn", "rkey", "route", "rxd",
+        "se", "sges", "signaled", "started", "status", "swap", "tx", "wr_id", "xrc_srqn",
+    )  # fmt: skip
+
+    def __init__(self, wr_id: int, opcode: int, signaled: bool, sges: list[Sge], length: int):
+        self.wr_id = wr_id
+        self.opcode = opcode
+        self.signaled = signaled
+        self.sges = sges
+        self.length = length
+        self.index = 0
+        self.inline: bytes | None = None
+        self.fence = False
+        self.se = False
+        self.imm = 0
+        self.inv_rkey = 0
+        self.rkey = 0
+        self.remote_addr = 0
+        self.compare_add = 0
+        self.swap = 0
+        self.ah = 0  #: UD: the address handle
+        self.remote_qpn = 0
+        self.remote_qkey = 0
+        self.xrc_srqn = 0
+        self.bind_mw = 0  #: BIND_MW: the window, the region, the window's new rkey ...
+        self.bind_mr = 0
+        self.bind_rkey = 0
+        self.bind_addr = 0
+        self.bind_length = 0
+        self.bind_access = 0
+        self.driver_op = 0  #: IBV_WR_DRIVER1: the provider operation's handle
+        self.caller = 0  #: where the program posted it (sanitizer reports)
+        # resolved by the device when it fetches the WQE
+        self.route: Route | None = None
+        #: BIND_MW: (mw key, mr key, new rkey, addr, length, access)
+        self.bind: tuple[Any, Any, int, int, int, int] | None = None
+        #: a provider's local WQE (IBV_WR_DRIVER1): run in send-queue order,
+        #: returns None or why it failed
+        self.local_op: Callable[[], str | None] | None = None
+        self.nop = False  #: cancelled: completes as a NOP (cancel_posted_send_wrs)
+        # requester progress
+        self.started = False
+        self.psn = 0
+        self.npkts = 0
+        self.tx = 0  #: packets of this WQE handed to the fabric in this pass
+        self.rxd = 0  #: READ: response packets received in order
+        self.ackd = False  #: every packet acknowledged (RC) or sent (UC/UD)
+        self.data: Any = None  #: gathered payload, or READ/atomic target views
+        self.status: int = IBV_WC_SUCCESS
+        self.reason = ""  #: why it failed, in words
+
+    @property
+    def flags(self) -> int:
+        return ((F_SIGNALED if self.signaled else 0) | (F_FENCE if self.fence else 0)
+                | (F_SOLICITED if self.se else 0)
+                | (F_INLINE if self.inline is not None else 0))  # fmt: skip
+
+
+class RecvWQE:
+    """A receive-queue or SRQ entry."""
+
+    __slots__ = ("index", "length", "sges", "srq", "wr_id")
+
+    def __init__(self, wr_id: int, sges: list[Sge], length: int) -> None:
+        self.wr_id = wr_id
+        self.sges = sges
+        self.length = length
+        self.index = 0
+        self.srq: SharedRecvRing | None = None
+
+
+class CQE:
+    """A completion record.  ``wq_kind``/``wq_handle``/``index`` let the
+    application's poll give the WQE's slot back."""
+
+    __slots__ = ("byte_len", "dead", "imm", "index", "opcode", "pkey_index", "qp_num", "reason",
+                 "sl", "slid", "solicited", "src_qp", "status", "vendor_err", "wc_flags",
+                 "wq_handle", "wq_kind", "wr_id")  # fmt: skip
+
+    def __init__(
+        self,
+        wr_id: int,
+        status: int,
+        opcode: int,
+        qp_num: int,
+        byte_len: int = 0,
+        wc_flags: int = 0,
+        imm: int = 0,
+    ) -> None:
+        self.wr_id = wr_id
+        self.status = status
+        self.opcode = opcode
+        self.qp_num = qp_num
+        self.byte_len = byte_len
+        self.wc_flags = wc_flags
+        self.imm = imm
+        self.vendor_err = 0
+        self.src_qp = 0
+        self.pkey_index = 0
+        self.sl = 0
+        self.slid = 0
+        self.solicited = False
+        self.reason = ""
+        self.wq_kind = WQ_NONE
+        self.wq_handle = 0
+        self.index = 0
+        self.dead = False
+
+
+# --- slot stores -----------------------------------------------------------------------------
+
+T = TypeVar("T")
+
+
+class CorruptSlot(ValueError):
+    """A slot holds something the application's driver never writes."""
+
+
+class SlotStore(Protocol[T]):
+    """Where a ring's entries live."""
+
+    def write(self, index: int, item: T) -> None: ...
+    def read(self, index: int) -> T: ...
+
+
+class ObjectSlots(Generic[T]):
+    """Slots holding Python objects: the application and the device in one process."""
+
+    __slots__ = ("items", "size")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.items: list[Any] = [None] * size
+
+    def write(self, index: int, item: T) -> None:
+        self.items[index % self.size] = item
+
+    def read(self, index: int) -> T:
+        item: T = self.items[index % self.size]
+        if item is None:
+            raise CorruptSlot("an empty slot")
+        return item
+
+    def resized(self, size: int, first: int, end: int) -> ObjectSlots[T]:
+        new: ObjectSlots[T] = ObjectSlots(size)
+        for i in range(first, end):
+            new.items[i % size] = self.items[i % self.size]
+        return new
+
+
+class SharedRegion:
+    """An anonymous shared file (a memfd), mapped here.
+
+    The application creates it and passes ``fd`` to the device service,
+    which maps the same pages (``SharedRegion(size, fd=...)``).
+    """
+
+    def __init__(self, size: int, fd: int | None = None, name: str = "softverbs") -> None:
+        self.size = max(size, 1)
+        if fd is None:
+            fd = os.memfd_create(name, os.MFD_CLOEXEC)
+            os.ftruncate(fd, self.size)
+        else:
+            st = os.fstat(fd)
+            if st.st_size < self.size:
+                raise ValueError(f"the shared file has {st.st_size} bytes, "
+                                 f"{self.size} are required")  # fmt: skip
+        self.fd = fd
+        self.mm = mmap.mmap(fd, self.size)
+        self.view = memoryview(self.mm)
+        self.closed = False
+        self._words: list[memoryview] = []
+
+    def words(self, nbytes: int = HEADER_SIZE) -> memoryview:
+        """The first ``nbytes`` as 64-bit words (a ring header).
+
+        Indices shared between processes must be stored and loaded whole:
+        ``struct.pack_into`` clears a field before it writes it, so the other
+        process could read 0 in the middle of an update.  A ``'Q'``
+        memoryview item is one aligned 8-byte access.
+        """
+        words = self.view[:nbytes].cast("Q")
+        self._words.append(words)
+        return words
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for words in self._words:
+            words.release()
+        self.view.release()
+        with contextlib.suppress(BufferError):  # a slice may still be alive: it goes with it
+            self.mm.close()
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+
+
+def local_header() -> memoryview:
+    """A header for a ring whose two faces live in this process."""
+    return memoryview(bytearray(HEADER_SIZE)).cast("Q")
+
+
+class PackedSlots:
+    """Fixed-size slots in a :class:`SharedRegion`, after its header."""
+
+    __slots__ = ("buf", "size", "slot")
+
+    def __init__(self, region: SharedRegion, size: int, slot: int) -> None:
+        if HEADER_SIZE + size * slot > region.size:
+            raise ValueError(f"{size} slots of {slot} bytes do not fit in {region.size} bytes")
+        self.buf = region.view
+        self.size = size
+        self.slot = slot
+
+    def offset(self, index: int) -> int:
+        return HEADER_SIZE + (index % self.size) * self.slot
+
+    @staticmethod
+    def region_size(size: int, slot: int) -> int:
+        return HEADER_SIZE + size * slot
+
+
+class RingHeader(Record):
+    """The first 64 bytes of every ring: eight index words (see the table above)."""
+
+    word0: U64
+    word1: U64
+    word2: U64
+    word3: U64
+    word4: U64
+    word5: U64
+    word6: U64
+    word7: U64
+
+
+class SendWQEHeader(Record):
+    """A send WQE slot: this header, ``num_sge`` :class:`SGEntry`, then inline data."""
+
+    DOCS = {
+        "opcode": "ibv_wr_opcode",
+        "flags": "F_SIGNALED, F_FENCE, F_SOLICITED, F_INLINE",
+        "inline_len": "bytes of inline data after the SGEs (with F_INLINE)",
+        "imm_data": "IBV_WR_*_WITH_IMM: ibv_send_wr.imm_data as given (network order)",
+        "invalidate_rkey": "SEND_WITH_INV, LOCAL_INV",
+        "rkey": "RDMA and atomic operations",
+        "remote_srqn": "XRC send QPs: the remote XRC SRQ",
+        "ah": "UD: the address handle's handle",
+        "bind_mw": "BIND_MW: the window's handle",
+        "bind_mr": "BIND_MW: the region's handle",
+        "bind_rkey": "BIND_MW: the window's new rkey",
+        "driver_op": "IBV_WR_DRIVER1: the provider operation's handle",
+        "caller": "where the program posted it, for sanitizer reports (0: unknown)",
+    }
+    wr_id: U64
+    opcode: U8
+    flags: U8
+    num_sge: U16
+    inline_len: U32
+    imm_data: U32
+    invalidate_rkey: U32
+    rkey: U32
+    remote_srqn: U32
+    remote_addr: U64
+    compare_add: U64
+    swap: U64
+    ah: U32
+    remote_qpn: U32
+    remote_qkey: U32
+    bind_mw: U32
+    bind_mr: U32
+    bind_rkey: U32
+    bind_addr: U64
+    bind_length: U64
+    bind_access: U32
+    driver_op: U32
+    caller: U64
+    reserved0: U64
+    reserved1: U64
+
+
+class SGEntry(Record):
+    """``ibv_sge``."""
+
+    addr: U64
+    length: U32
+    lkey: U32
+
+
+class RecvWQEHeader(Record):
+    """A receive WQE slot: this header, then ``num_sge`` :class:`SGEntry`."""
+
+    wr_id: U64
+    num_sge: U32
+    reserved: U32
+
+
+class CQEntry(Record):
+    """A CQE slot: 128 bytes, the last 72 the failure's reason (UTF-8, NUL-padded)."""
+
+    DOCS = {
+        "imm_data": "or the invalidated rkey (IBV_WC_WITH_INV)",
+        "wq_kind": "which ring the CQE frees a slot of: WQ_NONE, WQ_SQ, WQ_RQ, WQ_SRQ",
+        "flags": "CQE_DEAD (skip it: its QP was reset), CQE_SOLICITED",
+        "wq_handle": "the QP's handle (WQ_SQ, WQ_RQ) or the SRQ's (WQ_SRQ)",
+        "wqe_index": "the low 32 bits of the WQE's ring index",
+        "reason": "why it failed, in words (softverbs' WC.reason)",
+    }
+    wr_id: U64
+    status: U32
+    opcode: U32
+    vendor_err: U32
+    byte_len: U32
+    imm_data: U32
+    qp_num: U32
+    src_qp: U32
+    wc_flags: U32
+    pkey_index: U16
+    slid: U16
+    sl: U8
+    dlid_path_bits: U8
+    wq_kind: U8
+    flags: U8
+    wq_handle: U32
+    wqe_index: U32
+    reason: Annotated[bytes, "72s"]
+
+
+RECORDS: tuple[type[Record], ...] = (RingHeader, SendWQEHeader, SGEntry, RecvWQEHeader, CQEntry)
+
+SEND_HEADER = SendWQEHeader._struct
+SGE = SGEntry._struct
+RECV_HEADER = RecvWQEHeader._struct
+CQE_FIELDS = struct.Struct("<" + "".join(f.code for f in CQEntry._fields[:-1]))
+CQE_SIZE = CQEntry.size()
+REASON_BYTES = CQE_SIZE - CQE_FIELDS.size
+_CQE_FLAGS_OFFSET = next(f.offset for f in CQEntry._fields if f.name == "flags")
+_CQE_QPN_OFFSET = next(f.offset for f in CQEntry._fields if f.name == "qp_num")
+assert SEND_HEADER.size == 128 and CQE_SIZE == 128 and RingHeader.size() == HEADER_SIZE
+
+
+def send_slot_size(max_sge: int, max_inline: int) -> int:
+    """Bytes of one send WQE slot: a multiple of 64."""
+    raw = SEND_HEADER.size + max(max_sge, 1) * SGE.size + max_inline
+    return (raw + 63) & ~63
+
+
+def recv_slot_size(max_sge: int) -> int:
+    """Bytes of one receive WQE slot: a multiple of 16."""
+    return (RECV_HEADER.size + max(max_sge, 1) * SGE.size + 15) & ~15
+
+
+class SendSlots(PackedSlots):
+    """Send WQEs in their byte layout."""
+
+    __slots__ = ("opcodes",)
+
+    def __init__(self, region: SharedRegion, size: int, slot: int,
+                 opcodes: frozenset[int]) -> None:  # fmt: skip
+        super().__init__(region, size, slot)
+        self.opcodes = opcodes  #: what the device accepts
+
+    def write(self, index: int, w: SendWQE) -> None:
+        off = self.offset(index)
+        inline = w.inline or b""
+        SEND_HEADER.pack_into(
+            self.buf, off, w.wr_id, w.opcode, w.flags, len(w.sges), len(inline), w.imm,
+            w.inv_rkey, w.rkey, w.xrc_srqn, w.remote_addr, w.compare_add, w.swap, w.ah,
+            w.remote_qpn, w.remote_qkey, w.bind_mw, w.bind_mr, w.bind_rkey, w.bind_addr,
+            w.bind_length, w.bind_access, w.driver_op, w.caller,
+        )  # fmt: skip
+        pos = off + SEND_HEADER.size
+        for sge in w.sges:
+            SGE.pack_into(self.buf, pos, *sge)
+            pos += SGE.size
+        self.buf[pos : pos + len(inline)] = inline
+
+    def read(self, index: int) -> SendWQE:
+        off = self.offset(index)
+        (wr_id, opcode, flags, nsge, inline_len, imm, inv_rkey, rkey, srqn, remote_addr,
+         compare, swap, ah, rqpn, rqkey, mw, mr, bind_rkey, bind_addr, bind_len, bind_access,
+         driver_op, caller) = SEND_HEADER.unpack_from(self.buf, off)  # fmt: skip
+        if opcode not in self.opcodes:
+            raise CorruptSlot(f"opcode {opcode} is not a send opcode this device executes")
+        if flags & ~_SEND_FLAGS:
+            raise CorruptSlot(f"unknown send flags {flags & ~_SEND_FLAGS:#x}")
+        if not flags & F_INLINE:
+            inline_len = 0
+        if SEND_HEADER.size + nsge * SGE.size + inline_len > self.slot:
+            raise CorruptSlot(f"{nsge} SGEs and {inline_len} inline bytes overflow the "
+                              f"{self.slot}-byte slot")  # fmt: skip
+        pos = off + SEND_HEADER.size
+        sges = [SGE.unpack_from(self.buf, pos + i * SGE.size) for i in range(nsge)]
+        length = sum(s[1] for s in sges)
+        w = SendWQE(wr_id, opcode, bool(flags & F_SIGNALED), sges, length)
+        w.fence = bool(flags & F_FENCE)
+        w.se = bool(flags & F_SOLICITED)
+        if flags & F_INLINE:
+            pos += nsge * SGE.size
+            w.inline = bytes(self.buf[pos : pos + inline_len])
+            w.length = inline_len
+        w.imm, w.inv_rkey, w.rkey, w.xrc_srqn = imm, inv_rkey, rkey, srqn
+        w.remote_addr, w.compare_add, w.swap = remote_addr, compare, swap
+        w.ah, w.remote_qpn, w.remote_qkey = ah, rqpn, rqkey
+        w.bind_mw, w.bind_mr, w.bind_rkey = mw, mr, bind_rkey
+        w.bind_addr, w.bind_length, w.bind_access = bind_addr, bind_len, bind_access
+        w.driver_op, w.caller = driver_op, caller
+        return w
+
+
+class RecvSlots(PackedSlots):
+    """Receive WQEs in their byte layout."""
+
+    __slots__ = ()
+
+    def write(self, index: int, w: RecvWQE) -> None:
+        off = self.offset(index)
+        RECV_HEADER.pack_into(self.buf, off, w.wr_id, len(w.sges), 0)
+        pos = off + RECV_HEADER.size
+        for sge in w.sges:
+            SGE.pack_into(self.buf, pos, *sge)
+            pos += SGE.size
+
+    def read(self, index: int) -> RecvWQE:
+        off = self.offset(index)
+        wr_id, nsge, _ = RECV_HEADER.unpack_from(self.buf, off)
+        if RECV_HEADER.size + nsge * SGE.size > self.slot:
+            raise CorruptSlot(f"{nsge} SGEs overflow the {self.slot}-byte slot")
+        pos = off + RECV_HEADER.size
+        sges = [SGE.unpack_from(self.buf, pos + i * SGE.size) for i in range(nsge)]
+        return RecvWQE(wr_id, sges, sum(s[1] for s in sges))
+
+
+class CQESlots(PackedSlots):
+    """CQEs in their byte layout."""
+
+    __slots__ = ()
+
+    def __init__(self, region: SharedRegion, size: int) -> None:
+        super().__init__(region, size, CQE_SIZE)
+
+    def write(self, index: int, c: CQE) -> None:
+        off = self.offset(index)
+        reason = c.reason.encode("utf-8", "replace")[:REASON_BYTES]
+        flags = (CQE_DEAD if c.dead else 0) | (CQE_SOLICITED if c.solicited else 0)
+        CQE_FIELDS.pack_into(
+            self.buf, off, c.wr_id, c.status, c.opcode, c.vendor_err, c.byte_len,
+            c.imm & 0xFFFFFFFF, c.qp_num, c.src_qp, c.wc_flags, c.pkey_index, c.slid, c.sl, 0,
+            c.wq_kind, flags, c.wq_handle, c.index & 0xFFFFFFFF,
+        )  # fmt: skip
+        start = off + CQE_FIELDS.size
+        self.buf[start : start + REASON_BYTES] = reason.ljust(REASON_BYTES, b"\0")
+
+    def read(self, index: int) -> CQE:
+        off = self.offset(index)
+        (wr_id, status, opcode, vendor_err, byte_len, imm, qp_num, src_qp, wc_flags, pkey_index,
+         slid, sl, _dlid_bits, wq_kind, flags, wq_handle, wqe_index) = CQE_FIELDS.unpack_from(
+            self.buf, off)  # fmt: skip
+        c = CQE(wr_id, status, opcode, qp_num, byte_len, wc_flags, imm)
+        c.vendor_err, c.src_qp, c.pkey_index = vendor_err, src_qp, pkey_index
+        c.slid, c.sl = slid, sl
+        c.wq_kind, c.wq_handle, c.index = wq_kind, wq_handle, wqe_index
+        c.solicited = bool(flags & CQE_SOLICITED)
+        c.dead = bool(flags & CQE_DEAD)
+        start = off + CQE_FIELDS.size
+        c.reason = bytes(self.buf[start : start + REASON_BYTES]).rstrip(b"\0").decode(
+            "utf-8", "replace")  # fmt: skip
+        return c
+
+    def qp_num(self, index: int) -> int:
+        value: int = struct.unpack_from("<I", self.buf, self.offset(index) + _CQE_QPN_OFFSET)[0]
+        return value
+
+    def kill(self, index: int) -> None:
+        self.buf[self.offset(index) + _CQE_FLAGS_OFFSET] |= CQE_DEAD
+
+
+# --- the rings -----------------------------------------------------------------------------------
+
+
+class WorkRing:
+    """A send or receive queue (see the module docstring).
+
+    ``tag`` is (``WQ_SQ`` or ``WQ_RQ``, the QP's handle): what the CQEs of
+    this ring carry so the application's poll can give slots back.
+    ``fetch`` is the device's hook for each fetched WQE (resolving handles);
+    it returns None, or why the WQE cannot run.
+    """
+
+    PI, DB, STATE = 0, 1, 2
+
+    __slots__ = ("ci", "fetch", "fetched", "hdr", "seen_db", "size", "slots", "tag")
+
+    def __init__(self, size: int, slots: SlotStore[Any], hdr: memoryview,
+                 tag: tuple[int, int] = (WQ_NONE, 0)) -> None:  # fmt: skip
+        self.size = size
+        self.slots = slots
+        self.hdr = hdr
+        self.tag = tag
+        self.ci = 0  #: application: slots below this were released by a poll
+        self.seen_db = hdr[self.DB]  #: device: the doorbell as last fetched
+        self.fetched: list[Any] = [None] * size  #: device: its copies of fetched WQEs
+        self.fetch: Callable[[Any], str | None] | None = None
+
+    # --- the application's face -----------------------------------------------------------
+    @property
+    def pi(self) -> int:
+        return int(self.hdr[self.PI])
+
+    @property
+    def used(self) -> int:
+        return self.pi - self.ci
+
+    def push(self, wqe: Any) -> None:
+        """Write ``wqe`` at ``pi`` and publish it (the caller checked ``used``)."""
+        pi = int(self.hdr[self.PI])
+        wqe.index = pi
+        self.slots.write(pi, wqe)
+        self.hdr[self.PI] = pi + 1
+
+    def ring(self, upto: int) -> bool:
+        """Move the doorbell index to ``upto``; False if it is already there."""
+        if upto <= self.hdr[self.DB]:
+            return False
+        self.hdr[self.DB] = upto
+        return True
+
+    def release(self, index: int) -> None:
+        """The application polled a CQE for the WQE at ``index``.
+
+        A packed CQE carries the low 32 bits of the index; the WQE was
+        posted below ``pi`` and less than 2**32 WQEs ago, which fixes the rest."""
+        pi = int(self.hdr[self.PI])
+        index = pi - ((pi - index) & 0xFFFFFFFF)
+        if index >= self.ci:
+            self.ci = index + 1
+
+    def forget(self) -> None:
+        """RESET, application side: every slot is free again."""
+        self.ci = self.pi
+
+    def published_state(self) -> int | None:
+        value = int(self.hdr[self.STATE])
+        return value - 1 if value else None
+
+    # --- the device's face ------------------------------------------------------------------
+    @property
+    def db(self) -> int:
+        """The doorbell index the device has fetched up to."""
+        return self.seen_db
+
+    def _bound(self, value: int) -> int:
+        """``value`` clamped to what the application can honestly have posted."""
+        seen = self.seen_db
+        return max(seen, min(value, int(self.hdr[self.PI]), seen + self.size))
+
+    def latch(self, everything: bool = False) -> int:
+        """Fetch the WQEs below the doorbell (or below ``pi``); how many."""
+        seen = self.seen_db
+        new = self._bound(int(self.hdr[self.PI] if everything else self.hdr[self.DB]))
+        for i in range(seen, new):
+            self.fetched[i % self.size] = self._fetch_one(i)
+        self.seen_db = new
+        return new - seen
+
+    def _fetch_one(self, index: int) -> Any:
+        try:
+            wqe = self.slots.read(index)
+            why = self.fetch(wqe) if self.fetch is not None else None
+        except CorruptSlot as exc:
+            wqe, why = None, str(exc)
+        if why is not None:
+            wqe = poisoned(wqe, why)
+        wqe.index = index
+        return wqe
+
+    def get(self, index: int) -> Any:
+        """The fetched WQE at ``index`` (below :attr:`db`)."""
+        return self.fetched[index % self.size]
+
+    def discard(self) -> None:
+        """RESET, device side: drop every posted WQE unseen."""
+        self.seen_db = self._bound(int(self.hdr[self.PI]))
+        self.fetched = [None] * self.size
+
+    def publish_state(self, state: int) -> None:
+        self.hdr[self.STATE] = state + 1
+
+
+class SharedRecvRing:
+    """A shared receive queue (see the module docstring)."""
+
+    PI, TAKEN, LIMIT, DISCARDED = 0, 1, 2, 3
+
+    __slots__ = ("cq", "hdr", "max_sge", "on_limit", "owner", "pd", "posted", "released",
+                 "seen_taken", "size", "slots", "srqn", "tag", "xrcd")  # fmt: skip
+
+    def __init__(self, size: int, max_sge: int, slots: SlotStore[Any], hdr: memoryview,
+                 srqn: int = 0) -> None:  # fmt: skip
+        self.size = size
+        self.max_sge = max_sge
+        self.slots = slots
+        self.hdr = hdr
+        self.srqn = srqn
+        self.tag = (WQ_SRQ, 0)
+        self.posted = 0  #: application: WQEs posted
+        self.released = 0  #: application: WQEs whose CQE it polled
+        self.seen_taken = int(hdr[self.TAKEN])  #: device
+        self.on_limit: Callable[[SharedRecvRing], None] | None = None
+        # set by the device: who may use it and where it completes
+        self.pd: object = None
+        self.xrcd: object = None
+        self.cq: CompletionRing | None = None  #: XRC SRQs complete into their own CQ
+        self.owner: Any = None
+
+    # --- the application's face -----------------------------------------------------------
+    @property
+    def max_wr(self) -> int:
+        return self.size
+
+    @property
+    def outstanding(self) -> int:
+        """WQEs posted and not yet given back by a poll (or a RESET)."""
+        return self.posted - self.released - int(self.hdr[self.DISCARDED])
+
+    def post(self, wqe: RecvWQE) -> None:
+        pi = int(self.hdr[self.PI])
+        wqe.index = pi
+        self.slots.write(pi, wqe)
+        self.hdr[self.PI] = pi + 1
+        self.posted += 1
+
+    def release(self, index: int) -> None:
+        self.released += 1
+
+    @property
+    def armed_limit(self) -> int:
+        return int(self.hdr[self.LIMIT])
+
+    # --- the device's face ------------------------------------------------------------------
+    def take(self) -> RecvWQE | None:
+        """The next posted WQE, or None; fires the limit event when it is crossed."""
+        taken = self.seen_taken
+        pi = max(taken, min(int(self.hdr[self.PI]), taken + self.size))
+        if taken >= pi:
+            return None
+        try:
+            wqe = self.slots.read(taken)
+        except CorruptSlot:
+            wqe = RecvWQE(0, [(0, 1, 0)], 1)  # lkey 0 never exists: completes in error
+        wqe.index = taken
+        wqe.srq = self
+        self.seen_taken = taken + 1
+        self.hdr[self.TAKEN] = taken + 1
+        limit = int(self.hdr[self.LIMIT])
+        if limit and pi - taken - 1 < limit:
+            self.hdr[self.LIMIT] = 0
+            if self.on_limit is not None:
+                self.on_limit(self)
+        return wqe
+
+    def set_limit(self, limit: int) -> None:
+        self.hdr[self.LIMIT] = limit
+
+    def discarded(self, count: int = 1) -> None:
+        """WQEs taken and dropped without a CQE (their QP was reset)."""
+        self.hdr[self.DISCARDED] = int(self.hdr[self.DISCARDED]) + count
+
+    def available(self) -> int:
+        taken = self.seen_taken
+        return max(0, min(int(self.hdr[self.PI]), taken + self.size) - taken)
+
+
+class CompletionRing:
+    """A completion queue (see the module docstring)."""
+
+    PI, CI, ARM, FIRED, ERROR = range(5)
+
+    __slots__ = ("capacity", "error", "fired", "hdr", "notify", "owner", "seen_ci", "slots",
+                 "tail")  # fmt: skip
+
+    def __init__(self, capacity: int, slots: SlotStore[CQE], hdr: memoryview) -> None:
+        self.capacity = capacity
+        self.slots = slots
+        self.hdr = hdr
+        # device-private copies of the words it writes or trusts
+        self.tail = int(hdr[self.PI])  #: next CQE index
+        self.seen_ci = int(hdr[self.CI])
+        self.fired = int(hdr[self.FIRED])
+        self.error = bool(hdr[self.ERROR])
+        #: called when an armed CQ fires (a completion event)
+        self.notify: Callable[[], None] | None = None
+        self.owner: Any = None
+
+    # --- the device's face ------------------------------------------------------------------
+    def _ci(self) -> int:
+        ci = max(self.seen_ci, min(int(self.hdr[self.CI]), self.tail))
+        self.seen_ci = ci
+        return ci
+
+    def push(self, cqe: CQE) -> bool:
+        """Write ``cqe``; False on overrun (the CQ is now in error) or if in error."""
+        if self.error:
+            return False
+        tail = self.tail
+        if tail - self._ci() >= self.capacity:
+            self.error = True
+            self.hdr[self.ERROR] = 1
+            return False
+        self.slots.write(tail, cqe)
+        self.tail = tail + 1
+        self.hdr[self.PI] = tail + 1
+        # The arm request is read after the CQE is published: an application
+        # that arms and then finds the CQ empty is sure to get its event.
+        arm = int(self.hdr[self.ARM])
+        if arm >> 1 != self.fired and (
+            not arm & 1 or cqe.solicited or cqe.status != IBV_WC_SUCCESS
+        ):
+            self.fired = arm >> 1
+            self.hdr[self.FIRED] = self.fired
+            if self.notify is not None:
+                self.notify()
+        return True
+
+    def purge(self, qpn: int, dead: Callable[[CQE], None] | None = None) -> None:
+        """Mark the unpolled CQEs of QP ``qpn`` dead (RESET, destroy).
+
+        ``dead`` sees each one (to give an SRQ slot back)."""
+        slots = self.slots
+        for i in range(max(self._ci(), self.tail - self.capacity), self.tail):
+            if isinstance(slots, CQESlots):
+                if slots.qp_num(i) == qpn:
+                    if dead is not None:
+                        dead(slots.read(i))
+                    slots.kill(i)
+            else:
+                cqe = slots.read(i)
+                if cqe.qp_num == qpn and not cqe.dead:
+                    cqe.dead = True
+                    if dead is not None:
+                        dead(cqe)
+
+    def set_error(self) -> None:
+        """Destroyed: take nothing more."""
+        self.error = True
+        self.hdr[self.ERROR] = 1
+
+    def waiting(self) -> int:
+        """CQEs written and not yet polled, as the device sees it."""
+        return self.tail - self._ci()
+
+    # --- the application's face -----------------------------------------------------------
+    def take(self, n: int) -> list[CQE]:
+        """Consume up to ``n`` live CQEs (dead ones are skipped)."""
+        hdr = self.hdr
+        ci, pi = int(hdr[self.CI]), int(hdr[self.PI])
+        out: list[CQE] = []
+        read = self.slots.read
+        while ci < pi and len(out) < n:
+            cqe = read(ci)
+            ci += 1
+            if not cqe.dead:
+                out.append(cqe)
+        hdr[self.CI] = ci
+        return out
+
+    def pending(self) -> int:
+        return int(self.hdr[self.PI]) - int(self.hdr[self.CI])
+
+    def arm(self, solicited_only: bool) -> None:
+        seq = (int(self.hdr[self.ARM]) >> 1) + 1
+        self.hdr[self.ARM] = seq << 1 | int(solicited_only)
+
+    @property
+    def in_error(self) -> bool:
+        """The application's view of ``error``."""
+        return bool(self.hdr[self.ERROR])
+
+
+#: Constants a C implementation of the application's side needs (protocol.h).
+C_CONSTANTS: dict[str, int] = {}
+
+#: verbs.h ``IBV_WR_DRIVER1``: a provider's own local WQE (an mlx5 UMR, say),
+#: run through ``SendWQE.local_op``; pyverbs exposes no such opcode.
+WR_DRIVER1 = 11
+C_CONSTANTS.update(
+    HEADER_SIZE=HEADER_SIZE, WQ_NONE=WQ_NONE, WQ_SQ=WQ_SQ, WQ_RQ=WQ_RQ, WQ_SRQ=WQ_SRQ,
+    F_SIGNALED=F_SIGNALED, F_FENCE=F_FENCE, F_SOLICITED=F_SOLICITED, F_INLINE=F_INLINE,
+    CQE_DEAD=CQE_DEAD, CQE_SOLICITED=CQE_SOLICITED, CQE_SIZE=CQE_SIZE,
+    REASON_BYTES=REASON_BYTES, WR_DRIVER1=WR_DRIVER1,
+    SQ_PI=0, SQ_DB=1, SQ_STATE=2, SRQ_PI=0, SRQ_TAKEN=1, SRQ_LIMIT=2, SRQ_DISCARDED=3,
+    CQ_PI=0, CQ_CI=1, CQ_ARM=2, CQ_FIRED=3, CQ_ERROR=4,
+)
+
+
+def poisoned(wqe: Any, why: str) -> Any:
+    """What the device runs instead of a WQE it cannot run: for a send WQE, a
+    driver WQE with no operation, which completes with ``IBV_WC_LOC_QP_OP_ERR``
+    and ``why`` as its reason, in order, and moves the QP to error; for a
+    receive WQE, one that fails its memory check.  The application's ring is
+    its own business; the device goes on."""
+    wr_id = getattr(wqe, "wr_id", 0)
+    if wqe is None or isinstance(wqe, SendWQE):
+        bad = SendWQE(wr_id, WR_DRIVER1, True, [], 0)
+        bad.reason = why
+        return bad
+    return RecvWQE(wr_id, [(0, 1, 0)], 1)
+
+
+# --- construction ------------------------------------------------------------------------------
+
+
+def local_work_ring(size: int) -> WorkRing:
+    return WorkRing(size, ObjectSlots(size), local_header())
+
+
+def local_srq(size: int, max_sge: int) -> SharedRecvRing:
+    return SharedRecvRing(size, max_sge, ObjectSlots(size), local_header())
+
+
+def local_cq(capacity: int) -> CompletionRing:
+    return CompletionRing(capacity, ObjectSlots(capacity), local_header())
+
+
+def shared_work_ring(region: SharedRegion, size: int, slot: int, send: bool,
+                     opcodes: frozenset[int] = frozenset()) -> WorkRing:  # fmt: skip
+    slots: SlotStore[Any] = (SendSlots(region, size, slot, opcodes) if send
+                             else RecvSlots(region, size, slot))  # fmt: skip
+    return WorkRing(size, slots, region.words())
+
+
+def shared_srq(region: SharedRegion, size: int, slot: int, max_sge: int) -> SharedRecvRing:
+    return SharedRecvRing(size, max_sge, RecvSlots(region, size, slot), region.words())
+
+
+def shared_cq(region: SharedRegion, capacity: int) -> CompletionRing:
+    return CompletionRing(capacity, CQESlots(region, capacity), region.words())
+
+
+def scatter(views: list[memoryview], offset: int, data: bytes | bytearray | memoryview) -> bool:
+    """Store ``data`` at byte ``offset`` of the concatenation of ``views``.
+
+    Returns False, storing nothing, when the data does not fit.
+    """
+    n = len(data)
+    if len(views) == 1:
+        view = views[0]
+        if offset + n > len(view):
+            return False
+        view[offset : offset + n] = data
+        return True
+    if offset + n > sum(len(v) for v in views):
+        return False
+    pos = 0
+    for view in views:
+        size = len(view)
+        if offset >= size:
+            offset -= size
+            continue
+        take = min(size - offset, n - pos)
+        view[offset : offset + take] = data[pos : pos + take]
+        pos += take
+        offset = 0
+        if pos == n:
+            break
+    return True
