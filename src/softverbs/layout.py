@@ -68,7 +68,7 @@ class Record:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        dataclasses.dataclass(cls)  # type: ignore[call-overload]
+        dataclasses.dataclass(cls)
         hints = get_type_hints(cls, include_extras=True)
         fields: list[_Field] = []
         offset = 0

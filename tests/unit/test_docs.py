@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from softverbs.verbs.qpstate import transition_table_markdown
+from softverbs.engine.qpstate import transition_table_markdown
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -20,7 +20,7 @@ def test_semantics_state_table_is_generated_from_the_code() -> None:
     assert m, "docs/semantics.md lost its generated state table block"
     assert m.group(1) == transition_table_markdown(), (
         "docs/semantics.md is stale: regenerate the block with "
-        "softverbs.verbs.qpstate.transition_table_markdown()"
+        "softverbs.engine.qpstate.transition_table_markdown()"
     )
 
 

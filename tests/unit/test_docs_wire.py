@@ -77,7 +77,7 @@ def _counter_names() -> set[str]:
                 names.update(re.findall(r'"([a-z0-9_]+)"', expr))
     code = (SRC / "engine" / "responder.py").read_text()
     names.update(re.findall(r'"(resp_[a-z_]+)"', code))
-    code = (SRC / "verbs" / "device.py").read_text()
+    code = (SRC / "device" / "core.py").read_text()
     block_ = code.split("STANDARD_COUNTERS = (", 1)[1].split(")", 1)[0]
     names.update(re.findall(r'"([a-z0-9_]+)"', block_))
     return names

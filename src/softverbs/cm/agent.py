@@ -52,7 +52,7 @@ from typing import Any, Protocol
 
 from softverbs.cm import mad
 from softverbs.cm.gsi import GsiQP
-from softverbs.engine.queues import Route
+from softverbs.engine.rings import Route
 from softverbs.enums import (
     IBV_ACCESS_REMOTE_ATOMIC,
     IBV_ACCESS_REMOTE_READ,

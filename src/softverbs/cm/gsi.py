@@ -34,7 +34,14 @@ from typing import TYPE_CHECKING, Protocol
 from softverbs.cm.mad import GSI_QKEY, GSI_QPN, MAD_SIZE
 from softverbs.engine.memory import MemKind
 from softverbs.engine.qp import QPEngine
-from softverbs.engine.queues import CompletionQueue, RecvWQE, Route, SendWQE, WorkQueue
+from softverbs.engine.rings import (
+    CompletionRing,
+    RecvWQE,
+    Route,
+    SendWQE,
+    local_cq,
+    local_work_ring,
+)
 from softverbs.enums import (
     IBV_ACCESS_LOCAL_WRITE,
     IBV_ACCESS_ZERO_BASED,
@@ -100,13 +107,13 @@ class GsiQP(QPEngine):
         self.device = device
         self.device_hca = hca
         self.pd_token = object()
-        send_cq = CompletionQueue(SEND_SLOTS + 1)
-        recv_cq = CompletionQueue(RECV_SLOTS + 1)
+        send_cq = local_cq(SEND_SLOTS + 1)
+        recv_cq = local_cq(RECV_SLOTS + 1)
         super().__init__(hca, GSI_QPN, IBV_QPT_UD, self.pd_token, send_cq, recv_cq,
-                         WorkQueue(SEND_SLOTS), WorkQueue(RECV_SLOTS), None, True,
+                         local_work_ring(SEND_SLOTS), local_work_ring(RECV_SLOTS), None, True,
                          owner=None)  # fmt: skip
-        self.send_ring: CompletionQueue = send_cq
-        self.recv_ring: CompletionQueue = recv_cq
+        self.send_ring: CompletionRing = send_cq
+        self.recv_ring: CompletionRing = recv_cq
         self.pmtu = pmtu
         self.buffer = bytearray(RECV_SLOTS * _RECV_SLOT + SEND_SLOTS * MAD_SIZE)
         self.key = hca.keys.register(MemKind.MR, self.pd_token, memoryview(self.buffer), 0,
@@ -139,7 +146,8 @@ class GsiQP(QPEngine):
         rq = self.rq
         assert rq is not None
         rq.push(RecvWQE(slot, [(slot * _RECV_SLOT, _RECV_SLOT, self.key.key)], _RECV_SLOT))
-        rq.db = rq.pi
+        rq.ring(rq.pi)
+        rq.latch()
 
     def receive(self, pkt: Packet, info: OpInfo, now: float) -> None:
         counters = self.hca.counters
@@ -191,7 +199,7 @@ class GsiQP(QPEngine):
         wqe.remote_qpn = dqpn
         wqe.remote_qkey = GSI_QKEY
         sq.push(wqe)
-        sq.db = sq.pi
+        sq.ring(sq.pi)
         self.doorbell(now)
         self._reap_send()
         return True

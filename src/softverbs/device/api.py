@@ -18,6 +18,7 @@ document are generated from these declarations.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, Generic, TypeVar
 
 from softverbs.layout import U32, U64, Gid, Name, Record
 
@@ -201,14 +202,18 @@ class CompEventRecord(Record):
 # --- operations ---------------------------------------------------------------------------------
 
 
+Req = TypeVar("Req", bound=Record)
+Rep = TypeVar("Rep", bound=Record)
+
+
 @dataclasses.dataclass(frozen=True)
-class Op:
+class Op(Generic[Req, Rep]):
     """One operation: its number, request and reply bodies, and what it passes."""
 
     code: int
     name: str
-    request: type[Record]
-    reply: type[Record] | None  #: None: no reply (a doorbell)
+    request: type[Req]
+    reply: type[Rep] | None  #: None: no reply (a doorbell)
     fds: str = ""  #: what descriptors the request passes, in words
     tail: str = ""  #: what follows the reply body, if anything
     doc: str = ""
@@ -282,12 +287,18 @@ class Handle(Record):
     reserved: U32
 
 
+DESTROY_CASCADE = 1  #: destroy what still uses the object first (pyverbs' close())
+
+
 class Destroy(Record):
     kind: U32
     handle: U32
+    flags: U32  #: DESTROY_CASCADE, or 0 (ibv_destroy_*: EBUSY while anything uses it)
+    reserved: U32
 
 
 REG_MR_HAS_FD = 1  #: the request passes a memfd holding the region (at ``offset``)
+REG_MR_IMPLICIT = 2  #: an implicit on-demand paging MR: the whole address space
 
 
 class RegMR(Record):
@@ -486,56 +497,201 @@ class QpnReply(Record):
     reserved: U32
 
 
-OPS: tuple[Op, ...] = (
-    Op(1, "HELLO", Hello, HelloReply, "optional: the process's /proc/self/mem (flags bit 0)",
-       doc="the first message; the version must match"),
-    Op(2, "LIST_DEVICES", Empty, ListDevicesReply, tail="count DeviceEntry records",
-       doc="the devices of this host"),
-    Op(3, "OPEN_DEVICE", OpenDevice, OpenDeviceReply,
-       "the context's async event socket (a SOCK_SEQPACKET end)",
-       doc="ibv_open_device: a context; its objects' async events go to the socket"),
-    Op(4, "QUERY_DEVICE", Ctx, DeviceAttrs, doc="ibv_query_device(_ex)"),
-    Op(5, "QUERY_PORT", QueryPort, PortAttrs, doc="ibv_query_port"),
-    Op(6, "QUERY_GID", QueryGid, QueryGidReply, doc="ibv_query_gid(_ex); ENODATA if empty"),
-    Op(7, "QUERY_PKEY", QueryGid, QueryPkeyReply, doc="ibv_query_pkey"),
-    Op(10, "ALLOC_PD", Ctx, Handle, doc="ibv_alloc_pd"),
-    Op(11, "DESTROY", Destroy, Empty, doc="destroy any object by kind and handle (EBUSY if used)"),
-    Op(12, "REG_MR", RegMR, RegMRReply, "optional: a memfd holding the region",
-       doc="ibv_reg_mr: from the memfd if passed, else the process's memory"),
-    Op(13, "REREG_MR", ReregMR, Keys, "optional: a memfd holding the region",
-       doc="ibv_rereg_mr"),
-    Op(14, "ALLOC_MW", AllocMW, AllocMWReply, doc="ibv_alloc_mw"),
-    Op(15, "CREATE_AH", CreateAH, Handle, doc="ibv_create_ah"),
-    Op(16, "CREATE_COMP_CHANNEL", Ctx, Handle,
-       "the channel's event socket (a SOCK_SEQPACKET end)",
-       doc="ibv_create_comp_channel: completion events go to the socket"),
-    Op(17, "CREATE_CQ", CreateCQ, CreateCQReply, "the CQ ring (a memfd)", doc="ibv_create_cq"),
-    Op(18, "RESIZE_CQ", ResizeCQ, CreateCQReply, "the new CQ ring (a memfd)",
-       doc="ibv_resize_cq: unpolled CQEs move to the new ring"),
-    Op(19, "CREATE_SRQ", CreateSRQ, CreateSRQReply, "the SRQ ring (a memfd)",
-       doc="ibv_create_srq(_ex)"),
-    Op(20, "MODIFY_SRQ", ModifySRQ, Empty, "with IBV_SRQ_MAX_WR: the new SRQ ring",
-       doc="ibv_modify_srq"),
-    Op(21, "QUERY_SRQ", Handle, QuerySRQReply, doc="ibv_query_srq"),
-    Op(22, "OPEN_XRCD", OpenXRCD, Handle, "optional: the file that names the domain",
-       doc="ibv_open_xrcd"),
-    Op(23, "CREATE_QP", CreateQP, CreateQPReply,
-       "the send queue ring if sq_slot, then the receive queue ring if rq_slot",
-       doc="ibv_create_qp(_ex)"),
-    Op(24, "MODIFY_QP", ModifyQP, ModifyQPReply,
-       doc="ibv_modify_qp: judged by the device's state table, against its own state"),
-    Op(25, "QUERY_QP", Handle, QueryQPReply, doc="ibv_query_qp"),
-    Op(26, "OPEN_QP", OpenQP, OpenQPReply, doc="ibv_open_qp: an XRC receive QP by number"),
-    Op(27, "DOORBELL", Doorbell, None, doc="one-way: the application moved a queue's db"),
-    Op(28, "XRC_RCV_QP_ALLOC", XrcRcvAlloc, QpnReply, doc="seed 002's xrc_rcv_qp_alloc"),
-    Op(29, "XRC_RCV_QP_REGISTER", XrcQpn, Empty, doc="seed 002's xrc_rcv_qp_register"),
-    Op(30, "XRC_RCV_QP_UNREGISTER", XrcQpn, Empty, doc="seed 002's xrc_rcv_qp_unregister"),
-    Op(40, "COUNTERS", Ctx, Empty, tail="JSON: {counter: value}",
-       doc="the device's counters (rxe's names)"),
-    Op(41, "STATUS", Empty, Empty, tail="JSON: the service, its devices, clients and objects",
-       doc="for `softverbs service status` and `softverbs res`"),
+HELLO = Op(
+    1,
+    "HELLO",
+    Hello,
+    HelloReply,
+    "optional: the process's /proc/self/mem (flags bit 0)",
+    doc="the first message; the version must match",
 )
-BY_CODE: dict[int, Op] = {op.code: op for op in OPS}
-BY_NAME: dict[str, Op] = {op.name: op for op in OPS}
+LIST_DEVICES = Op(
+    2,
+    "LIST_DEVICES",
+    Empty,
+    ListDevicesReply,
+    tail="count DeviceEntry records",
+    doc="the devices of this host",
+)
+OPEN_DEVICE = Op(
+    3,
+    "OPEN_DEVICE",
+    OpenDevice,
+    OpenDeviceReply,
+    "the context's async event socket (a SOCK_SEQPACKET end)",
+    doc="ibv_open_device: a context; its objects' async events go to the socket",
+)
+QUERY_DEVICE = Op(4, "QUERY_DEVICE", Ctx, DeviceAttrs, doc="ibv_query_device(_ex)")
+QUERY_PORT = Op(5, "QUERY_PORT", QueryPort, PortAttrs, doc="ibv_query_port")
+QUERY_GID = Op(6, "QUERY_GID", QueryGid, QueryGidReply, doc="ibv_query_gid(_ex); ENODATA if empty")
+QUERY_PKEY = Op(7, "QUERY_PKEY", QueryGid, QueryPkeyReply, doc="ibv_query_pkey")
+ALLOC_PD = Op(10, "ALLOC_PD", Ctx, Handle, doc="ibv_alloc_pd")
+DESTROY = Op(
+    11,
+    "DESTROY",
+    Destroy,
+    Empty,
+    doc="destroy any object by kind and handle (EBUSY if used)",
+)
+REG_MR = Op(
+    12,
+    "REG_MR",
+    RegMR,
+    RegMRReply,
+    "optional: a memfd holding the region",
+    doc="ibv_reg_mr: from the memfd if passed, else the process's memory",
+)
+REREG_MR = Op(
+    13,
+    "REREG_MR",
+    ReregMR,
+    Keys,
+    "optional: a memfd holding the region",
+    doc="ibv_rereg_mr",
+)
+ALLOC_MW = Op(14, "ALLOC_MW", AllocMW, AllocMWReply, doc="ibv_alloc_mw")
+CREATE_AH = Op(15, "CREATE_AH", CreateAH, Handle, doc="ibv_create_ah")
+CREATE_COMP_CHANNEL = Op(
+    16,
+    "CREATE_COMP_CHANNEL",
+    Ctx,
+    Handle,
+    "the channel's event socket (a SOCK_SEQPACKET end)",
+    doc="ibv_create_comp_channel: completion events go to the socket",
+)
+CREATE_CQ = Op(
+    17,
+    "CREATE_CQ",
+    CreateCQ,
+    CreateCQReply,
+    "the CQ ring (a memfd)",
+    doc="ibv_create_cq",
+)
+RESIZE_CQ = Op(
+    18,
+    "RESIZE_CQ",
+    ResizeCQ,
+    CreateCQReply,
+    "the new CQ ring (a memfd)",
+    doc="ibv_resize_cq: unpolled CQEs move to the new ring",
+)
+CREATE_SRQ = Op(
+    19,
+    "CREATE_SRQ",
+    CreateSRQ,
+    CreateSRQReply,
+    "the SRQ ring (a memfd)",
+    doc="ibv_create_srq(_ex)",
+)
+MODIFY_SRQ = Op(
+    20,
+    "MODIFY_SRQ",
+    ModifySRQ,
+    Empty,
+    "with IBV_SRQ_MAX_WR: the new SRQ ring",
+    doc="ibv_modify_srq",
+)
+QUERY_SRQ = Op(21, "QUERY_SRQ", Handle, QuerySRQReply, doc="ibv_query_srq")
+OPEN_XRCD = Op(
+    22,
+    "OPEN_XRCD",
+    OpenXRCD,
+    Handle,
+    "optional: the file that names the domain",
+    doc="ibv_open_xrcd",
+)
+CREATE_QP = Op(
+    23,
+    "CREATE_QP",
+    CreateQP,
+    CreateQPReply,
+    "the send queue ring if sq_slot, then the receive queue ring if rq_slot",
+    doc="ibv_create_qp(_ex)",
+)
+MODIFY_QP = Op(
+    24,
+    "MODIFY_QP",
+    ModifyQP,
+    ModifyQPReply,
+    doc="ibv_modify_qp: judged by the device's state table, against its own state",
+)
+QUERY_QP = Op(25, "QUERY_QP", Handle, QueryQPReply, doc="ibv_query_qp")
+OPEN_QP = Op(26, "OPEN_QP", OpenQP, OpenQPReply, doc="ibv_open_qp: an XRC receive QP by number")
+DOORBELL: Op[Doorbell, Empty] = Op(
+    27, "DOORBELL", Doorbell, None, doc="one-way: the application moved a queue's db"
+)
+XRC_RCV_QP_ALLOC = Op(
+    28,
+    "XRC_RCV_QP_ALLOC",
+    XrcRcvAlloc,
+    QpnReply,
+    doc="seed 002's xrc_rcv_qp_alloc",
+)
+XRC_RCV_QP_REGISTER = Op(
+    29,
+    "XRC_RCV_QP_REGISTER",
+    XrcQpn,
+    Empty,
+    doc="seed 002's xrc_rcv_qp_register",
+)
+XRC_RCV_QP_UNREGISTER = Op(
+    30,
+    "XRC_RCV_QP_UNREGISTER",
+    XrcQpn,
+    Empty,
+    doc="seed 002's xrc_rcv_qp_unregister",
+)
+COUNTERS = Op(
+    40,
+    "COUNTERS",
+    Ctx,
+    Empty,
+    tail="JSON: {counter: value}",
+    doc="the device's counters (rxe's names)",
+)
+STATUS = Op(
+    41,
+    "STATUS",
+    Empty,
+    Empty,
+    tail="JSON: the service, its devices, clients and objects",
+    doc="for `softverbs service status` and `softverbs res`",
+)
+
+#: Every operation, by number.
+OPS: tuple[Op[Any, Any], ...] = (
+    HELLO,
+    LIST_DEVICES,
+    OPEN_DEVICE,
+    QUERY_DEVICE,
+    QUERY_PORT,
+    QUERY_GID,
+    QUERY_PKEY,
+    ALLOC_PD,
+    DESTROY,
+    REG_MR,
+    REREG_MR,
+    ALLOC_MW,
+    CREATE_AH,
+    CREATE_COMP_CHANNEL,
+    CREATE_CQ,
+    RESIZE_CQ,
+    CREATE_SRQ,
+    MODIFY_SRQ,
+    QUERY_SRQ,
+    OPEN_XRCD,
+    CREATE_QP,
+    MODIFY_QP,
+    QUERY_QP,
+    OPEN_QP,
+    DOORBELL,
+    XRC_RCV_QP_ALLOC,
+    XRC_RCV_QP_REGISTER,
+    XRC_RCV_QP_UNREGISTER,
+    COUNTERS,
+    STATUS,
+)
+BY_CODE: dict[int, Op[Any, Any]] = {op.code: op for op in OPS}
+BY_NAME: dict[str, Op[Any, Any]] = {op.name: op for op in OPS}
 
 

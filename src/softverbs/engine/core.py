@@ -22,16 +22,17 @@ from collections import deque
 from typing import TYPE_CHECKING, Any, Protocol
 
 from softverbs.engine.memory import KeyTable
-from softverbs.engine.queues import (
+from softverbs.engine.rings import (
     CQE,
-    CompletionQueue,
+    CompletionRing,
     RecvWQE,
     Route,
     SendWQE,
-    SharedRQ,
-    WorkQueue,
+    SharedRecvRing,
+    WorkRing,
 )
 from softverbs.enums import (
+    IBV_QPS_ERR,
     IBV_QPS_RESET,
     IBV_QPT_RC,
     IBV_QPT_UC,
@@ -39,6 +40,7 @@ from softverbs.enums import (
     IBV_QPT_XRC_RECV,
     IBV_QPT_XRC_SEND,
     IBV_WC_SUCCESS,
+    IBV_WC_WR_FLUSH_ERR,
 )
 from softverbs.wire.opcodes import Transport
 from softverbs.wire.packet import Packet, qp_sport
@@ -59,8 +61,8 @@ class HCAPort(Protocol):
     def schedule(self, qp: QPCore, deadline: float) -> None: ...
     def defer_ack(self, qp: QPCore) -> None: ...
     def post_event(self, event_type: int, element: Any) -> None: ...
-    def cq_overrun(self, cq: CompletionQueue) -> None: ...
-    def find_srq(self, srqn: int) -> SharedRQ | None: ...
+    def cq_overrun(self, cq: CompletionRing) -> None: ...
+    def find_srq(self, srqn: int) -> SharedRecvRing | None: ...
 
 
 #: QP type -> BTH transport prefix.
@@ -87,11 +89,11 @@ class QPCore:
         qpn: int,
         qp_type: int,
         pd: object,
-        send_cq: CompletionQueue | None,
-        recv_cq: CompletionQueue | None,
-        sq: WorkQueue | None,
-        rq: WorkQueue | None,
-        srq: SharedRQ | None,
+        send_cq: CompletionRing | None,
+        recv_cq: CompletionRing | None,
+        sq: WorkRing | None,
+        rq: WorkRing | None,
+        srq: SharedRecvRing | None,
         sq_sig_all: bool,
         owner: Any = None,
     ) -> None:
@@ -107,9 +109,11 @@ class QPCore:
         self.rq = rq
         self.srq = srq
         self.sq_sig_all = sq_sig_all
-        self.owner = owner  #: the verbs QP, for async events
+        self.owner = owner  #: who holds it (the device's record), for async events
         self.xrcd: object = None
-        self.state: int = IBV_QPS_RESET
+        self._state: int = IBV_QPS_RESET
+        if sq is not None:
+            sq.publish_state(IBV_QPS_RESET)
         # --- attributes set by modify ------------------------------------
         self.port = 1
         self.pkey_index = 0
@@ -139,10 +143,22 @@ class QPCore:
         self.timer_token = 0
         self.reset_transport()
 
+    @property
+    def state(self) -> int:
+        return self._state
+
+    @state.setter
+    def state(self, value: int) -> None:
+        """Every state change is published in the send ring's header, where the
+        application's driver reads it (the device moves QPs to ERR by itself)."""
+        self._state = value
+        if self.sq is not None:
+            self.sq.publish_state(value)
+
     def reset_transport(self) -> None:
         """Forget all transport progress (RESET)."""
         # requester / completer
-        self.sq_next = 0  #: ring index of the next WQE to start
+        self.sq_next = self.sq.db if self.sq is not None else 0  #: next WQE to start
         self.inflight: deque[SendWQE] = deque()
         self.npsn = self.sq_psn  #: PSN of the next new request packet
         self.una = self.sq_psn  #: oldest unacknowledged PSN
@@ -160,7 +176,8 @@ class QPCore:
         # responder
         self.epsn = self.rq_psn
         self.msn = 0
-        self.rq_next = 0
+        self.rq_next = self.rq.db if self.rq is not None else 0
+        self.cancelled: list[tuple[int, int]] = []  #: (posted below, wr_id) turned into NOPs
         self.resp_op = -1  #: Kind of the multi-packet message in progress, or -1
         self.resp_rqe: RecvWQE | None = None
         self.resp_views: list[memoryview] = []
@@ -178,10 +195,16 @@ class QPCore:
     def arm(self, deadline: float) -> None:
         self.hca.schedule(self, deadline)
 
-    def push_cqe(self, cq: CompletionQueue | None, cqe: CQE) -> None:
+    def push_cqe(self, cq: CompletionRing | None, cqe: CQE) -> None:
         if cq is None:
             return
-        cqe.qp = self
+        if self.reliable and self.sq is not None and cqe.status not in (
+            IBV_WC_SUCCESS, IBV_WC_WR_FLUSH_ERR,
+        ):  # fmt: skip
+            # An error completion of a reliable QP is followed by its move to ERR
+            # (SEMANTICS 4): publish ERR first, so that an application that polls
+            # the error CQE -- concurrently, in its own process -- then reads ERR.
+            self.sq.publish_state(IBV_QPS_ERR)
         if cq.error:
             self.hca.counters["cqe_dropped_cq_error"] += 1
             return

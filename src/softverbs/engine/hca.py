@@ -22,7 +22,7 @@ from typing import Any
 
 from softverbs.engine.core import QPCore
 from softverbs.engine.memory import KeyTable
-from softverbs.engine.queues import CompletionQueue, SharedRQ
+from softverbs.engine.rings import CompletionRing, SharedRecvRing
 from softverbs.enums import IBV_EVENT_CQ_ERR, IBV_EVENT_QP_FATAL
 from softverbs.wire.opcodes import OPINFO
 from softverbs.wire.packet import Packet
@@ -60,8 +60,8 @@ class HCA:
         #: responders with a coalesced ACK to send (see :attr:`outbox`)
         self._acks: list[QPCore] = []
         self.qps: dict[int, QPCore] = {}
-        self.srqs: dict[int, SharedRQ] = {}
-        self.cqs: dict[int, CompletionQueue] = {}
+        self.srqs: dict[int, SharedRecvRing] = {}
+        self.cqs: dict[int, CompletionRing] = {}
         self._timers: list[tuple[float, int, QPCore]] = []
         self._timer_seq = 0
         self._next_qpn = FIRST_QPN
@@ -107,7 +107,7 @@ class HCA:
                 return srqn
         raise MemoryError("no free SRQ number")
 
-    def find_srq(self, srqn: int) -> SharedRQ | None:
+    def find_srq(self, srqn: int) -> SharedRecvRing | None:
         return self.srqs.get(srqn)
 
     def open_xrcd(self, key: object) -> XrcDomain:
@@ -205,7 +205,7 @@ class HCA:
         self.counters["async_events"] += 1
         self.on_event(event_type, element)
 
-    def cq_overrun(self, cq: CompletionQueue) -> None:
+    def cq_overrun(self, cq: CompletionRing) -> None:
         """A CQE did not fit: the CQ is in error, and so is every QP using it."""
         self.counters["cq_overrun"] += 1
         self.post_event(IBV_EVENT_CQ_ERR, cq)

@@ -53,6 +53,41 @@ class MemKind(IntEnum):
     MKEY = 3  #: indirect key: a layout over regions, maybe transforming (engine/signature.py)
 
 
+class Span(Protocol):
+    """Registered bytes that are not this process's memoryview (the device
+    service's view of a client's memory): the engine slices them and stores
+    into them as into a memoryview, and reads them with :meth:`read`."""
+
+    def __len__(self) -> int: ...
+    def __getitem__(self, index: slice) -> Span: ...
+    def __setitem__(self, index: slice, data: bytes | bytearray | memoryview) -> None: ...
+    def read(self) -> memoryview: ...
+
+
+#: What a memory key covers: this process's bytes, or another process's.
+Bytes = memoryview | Span
+
+
+class WriteBack(bytearray):
+    """A snapshot of a :class:`Span` that stores back what is assigned into it:
+    what an atomic reads (``int.from_bytes``) and then writes (``cell[:] = v``)."""
+
+    def __init__(self, span: Span) -> None:
+        super().__init__(span.read())
+        self.span = span
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        super().__setitem__(index, value)
+        if isinstance(index, slice):
+            start, stop, _ = index.indices(len(self))
+            self.span[start:stop] = bytes(self[start:stop])
+
+
+def readable(view: Bytes) -> memoryview:
+    """Bytes the device reads (to send): a slice, or a span's current contents."""
+    return view if isinstance(view, memoryview) else view.read()
+
+
 class KeyTransform(Protocol):
     """What an indirect key resolves through instead of one buffer.
 
@@ -91,17 +126,17 @@ class MemKey:
         self.iova = 0  #: address the region is addressed by on the wire
         self.length = 0
         self.access = 0
-        self.view: memoryview | None = None
+        self.view: Bytes | None = None
         self.valid = kind is MemKind.MR
         self.qpn = -1  #: type 2 windows: the QP they are bound to
         self.mr: MemKey | None = None  #: windows: the region they are bound to
         self.binds = 0  #: regions: number of windows bound to them
         #: implicit (whole address space) regions: addr, length -> view or why not
-        self.resolver: Callable[[int, int], memoryview | str] | None = None
+        self.resolver: Callable[[int, int], Bytes | str] | None = None
         #: indirect keys: the transform every access goes through
         self.xform: KeyTransform | None = None
 
-    def slice(self, addr: int, length: int) -> memoryview | str:
+    def slice(self, addr: int, length: int) -> Bytes | str:
         """The bytes ``[addr, addr+length)`` or why they are out of bounds."""
         if self.resolver is not None:
             if addr < 0 or length < 0:
@@ -143,7 +178,7 @@ class KeyTable:
         self,
         kind: MemKind,
         pd: object,
-        view: memoryview | None,
+        view: Bytes | None,
         addr: int,
         access: int,
         owner: Any = None,
@@ -165,7 +200,7 @@ class KeyTable:
     def register_implicit(
         self,
         pd: object,
-        resolver: Callable[[int, int], memoryview | str],
+        resolver: Callable[[int, int], Bytes | str],
         access: int,
         owner: Any = None,
     ) -> MemKey:
@@ -185,8 +220,9 @@ class KeyTable:
             return None
         return mk
 
-    def local(self, lkey: int, pd: object, addr: int, length: int, write: bool) -> memoryview | str:
-        """Resolve a local SGE.  ``write``: the device will store into it."""
+    def local(self, lkey: int, pd: object, addr: int, length: int, write: bool) -> Any:
+        """Resolve a local SGE: the bytes to read (a memoryview), or -- with
+        ``write`` -- what the device stores into; or a sentence saying why not."""
         mk = self._keys.get(lkey >> KEY_INDEX_SHIFT)
         if mk is None or mk.key != lkey or mk.kind not in (MemKind.MR, MemKind.MKEY):
             return f"lkey {lkey:#x} is not a registered memory region"
@@ -198,12 +234,15 @@ class KeyTable:
             return f"lkey {lkey:#x} lacks IBV_ACCESS_LOCAL_WRITE"
         if mk.xform is not None:
             return mk.xform.view(addr, length, write, False)
-        return mk.slice(addr, length)
+        view = mk.slice(addr, length)
+        if write or isinstance(view, (str, memoryview)):
+            return view
+        return view.read()
 
-    def remote(
-        self, rkey: int, pd: object, qpn: int, va: int, length: int, right: int
-    ) -> memoryview | str:
-        """Resolve a remote access with ``right`` (one IBV_ACCESS_REMOTE_* bit)."""
+    def remote(self, rkey: int, pd: object, qpn: int, va: int, length: int, right: int) -> Any:
+        """Resolve a remote access with ``right`` (one IBV_ACCESS_REMOTE_* bit):
+        bytes to read for a READ, a target to store into for a WRITE, an
+        8-byte cell for an atomic; or a sentence saying why not."""
         mk = self._keys.get(rkey >> KEY_INDEX_SHIFT)
         if mk is None or mk.key != rkey:
             return f"rkey {rkey:#x} is not valid on this device"
@@ -219,7 +258,12 @@ class KeyTable:
             return mk.xform.view(
                 va, length, right != REMOTE_READ, right == REMOTE_ATOMIC
             )
-        return mk.slice(va, length)
+        view = mk.slice(va, length)
+        if isinstance(view, (str, memoryview)):
+            return view
+        if right == REMOTE_READ:
+            return view.read()
+        return WriteBack(view) if right == REMOTE_ATOMIC else view
 
     # --- windows -----------------------------------------------------------
     def bind(

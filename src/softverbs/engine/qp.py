@@ -1,8 +1,9 @@
 """The QP engine: requester + responder + the effects of state changes.
 
 Which transitions are legal, and which attributes each needs, is decided
-above, by the state table in :mod:`softverbs.verbs.qpstate`.  This module
-only carries a transition out:
+by the state table in :mod:`.qpstate`, which :meth:`QPEngine.modify`
+consults against the QP's own current state -- the device's, never what a
+driver believes.  The rest of this module carries a transition out:
 
 * **RESET** discards every WQE without a CQE and removes the QP's un-polled
   CQEs from its CQs (as mlx5 does); the rings start again at zero.
@@ -17,12 +18,14 @@ only carries a transition out:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from softverbs.engine import psn as P
-from softverbs.engine.queues import CQE
+from softverbs.engine import qpstate
 from softverbs.engine.requester import Requester
 from softverbs.engine.responder import Responder
+from softverbs.engine.rings import CQE, WQ_SRQ
 from softverbs.enums import (
     IBV_EVENT_COMM_EST,
     IBV_EVENT_QP_LAST_WQE_REACHED,
@@ -76,7 +79,9 @@ class QPEngine(Requester, Responder):
             self.on_response(pkt, info, now)
 
     def rq_doorbell(self, now: float) -> None:
-        """Receive WQEs were posted."""
+        """Receive WQEs were posted: fetch them."""
+        if self.rq is not None:
+            self.rq.latch()
         if self.state == IBV_QPS_ERR:
             self.flush_rq()
 
@@ -97,6 +102,17 @@ class QPEngine(Requester, Responder):
             self.sport = udp_sport(self.qpn, self.dest_qpn)
 
     # --- transitions --------------------------------------------------------------------
+    def modify(self, mask: int, new: int | None, cur: int | None,
+               values: Callable[[], dict[str, Any]], now: float) -> int:  # fmt: skip
+        """``ibv_modify_qp``, judged here: the state table (:mod:`.qpstate`)
+        against this QP's own current state; then ``values()`` checks and
+        converts the attributes the mask names; then the transition.  Returns
+        the new state; EINVAL names what is wrong, and nothing has changed."""
+        new = qpstate.check(self.qp_type, self.state, mask, new, cur)
+        self.set_attrs(values())
+        self.set_state(new, now)
+        return new
+
     def set_state(self, new: int, now: float) -> None:
         old = self.state
         if new == IBV_QPS_RESET:
@@ -124,16 +140,21 @@ class QPEngine(Requester, Responder):
 
     def reset(self) -> None:
         """RESET: drop all work without completions and clean the CQs."""
+        srq = self.srq
+
+        def purged(cqe: CQE) -> None:
+            if cqe.wq_kind == WQ_SRQ and srq is not None:
+                srq.discarded()  # the application's slot comes back without a CQE
+
         for cq in {id(c): c for c in (self.send_cq, self.recv_cq) if c is not None}.values():
-            for cqe in cq.purge(self):
-                if cqe.wq is not None and cqe.wq is self.srq:
-                    self.srq.release(cqe.index)
+            cq.purge(self.qpn, purged)
         if self.resp_rqe is not None and self.resp_rqe.srq is not None:
-            self.resp_rqe.srq.release(self.resp_rqe.index)
+            self.resp_rqe.srq.discarded()
+            self.resp_rqe = None
         if self.sq is not None:
-            self.sq.reset()
+            self.sq.discard()
         if self.rq is not None:
-            self.rq.reset()
+            self.rq.discard()
         self.state = IBV_QPS_RESET
         self.comm_established = False
         self.last_error = ""
@@ -158,9 +179,7 @@ class QPEngine(Requester, Responder):
         """Flush every posted send WQE, deferred ones too: each was posted
         successfully, so each must complete (seed 003), and entering ERR or SQE
         completes every WR that has not completed (seed 001)."""
-        sq = self.sq
-        if sq is not None:
-            sq.db = sq.pi
+        self.fetch_sq(everything=True)
         self.flush_sq()
 
     def flush_rq(self) -> None:
@@ -181,7 +200,9 @@ class QPEngine(Requester, Responder):
         cqe = CQE(rqe.wr_id, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV, self.qpn)
         cqe.reason = "flushed: the QP is in the error state"
         srq = rqe.srq
-        cqe.wq = srq if srq is not None else self.rq
+        ring = srq if srq is not None else self.rq
+        if ring is not None:
+            cqe.wq_kind, cqe.wq_handle = ring.tag
         cqe.index = rqe.index
         cq = srq.cq if srq is not None and srq.cq is not None else self.recv_cq
         self.push_cqe(cq, cqe)

@@ -38,7 +38,7 @@ from enum import IntEnum
 
 from softverbs.engine import psn as P
 from softverbs.engine.core import ACKREQ_EVERY, QPCore
-from softverbs.engine.queues import CQE, SendWQE, scatter
+from softverbs.engine.rings import CQE, WR_DRIVER1, SendWQE, scatter
 from softverbs.enums import (
     IBV_QPS_ERR,
     IBV_QPS_RTS,
@@ -119,9 +119,8 @@ class WrInfo:
         self.inv = inv
 
 
-#: verbs.h IBV_WR_DRIVER1 / IBV_WC_DRIVER1: a provider's own local WQE (an mlx5
-#: UMR, say), executed through ``SendWQE.local_op``.  pyverbs exposes neither.
-WR_DRIVER1 = 11
+#: verbs.h IBV_WC_DRIVER1: the completion of a provider's own local WQE
+#: (IBV_WR_DRIVER1, executed through ``SendWQE.local_op``).  pyverbs exposes neither.
 WC_DRIVER1 = 135
 
 #: ibv_wr_opcode -> how to execute it and which WC opcode reports it.
@@ -183,8 +182,9 @@ class Requester(QPCore):
 
     # --- entry points -------------------------------------------------------
     def doorbell(self, now: float) -> None:
-        """The driver advanced ``sq.db``."""
+        """The driver advanced ``sq.db``: fetch the new WQEs, then run."""
         self.hca.counters["doorbells"] += 1
+        self.fetch_sq()
         if self.state in (IBV_QPS_ERR, IBV_QPS_SQE):
             self.flush_sq()
             return
@@ -299,8 +299,9 @@ class Requester(QPCore):
             err = wqe.local_op()
             if err is not None:
                 self._fail_local(wqe, IBV_WC_LOC_PROT_ERR, err)
-        elif wqe.opcode == WR_DRIVER1:
-            self._fail_local(wqe, IBV_WC_LOC_QP_OP_ERR, "a driver WQE without an operation")
+        elif wqe.opcode == WR_DRIVER1:  # also what a WQE the device could not fetch becomes
+            self._fail_local(wqe, IBV_WC_LOC_QP_OP_ERR,
+                             wqe.reason or "a driver WQE without an operation")  # fmt: skip
         elif wqe.opcode == IBV_WR_LOCAL_INV:
             err = keys.invalidate(wqe.inv_rkey, self.pd)
             if err is not None:
@@ -703,7 +704,7 @@ class Requester(QPCore):
                 cqe.byte_len = 8 if info.klass is WrClass.ATOMIC else wqe.length
             else:
                 cqe.reason = wqe.reason
-            cqe.wq = self.sq
+            cqe.wq_kind, cqe.wq_handle = self.sq.tag  # type: ignore[union-attr]
             cqe.index = wqe.index
             self.push_cqe(self.send_cq, cqe)
             if not ok:
@@ -753,13 +754,35 @@ class Requester(QPCore):
         if sq is None:
             return 0
         n = 0
-        for index in range(self.sq_next, sq.pi):
+        for index in range(self.sq_next, sq.db):
             wqe: SendWQE = sq.get(index)
             if wqe.wr_id == wr_id:
                 wqe.nop = True
                 wqe.length = 0
                 n += 1
+        # WQEs posted but not yet rung are still the application's: count them,
+        # and turn them when the device fetches them.
+        end = sq.posted()
+        n += sum(1 for index in range(sq.db, end) if sq.peek_wr_id(index) == wr_id)
+        if end > sq.db:
+            self.cancelled.append((end, wr_id))
         return n
+
+    def fetch_sq(self, everything: bool = False) -> None:
+        """Fetch what the doorbell (or, with ``everything``, the posting) covers,
+        and turn the WQEs that a cancel named before they were fetched."""
+        sq = self.sq
+        if sq is None:
+            return
+        first = sq.db
+        sq.latch(everything)
+        if self.cancelled:
+            for index in range(first, sq.db):
+                wqe: SendWQE = sq.get(index)
+                if any(index < below and wqe.wr_id == wr_id for below, wr_id in self.cancelled):
+                    wqe.nop = True
+                    wqe.length = 0
+            self.cancelled = [c for c in self.cancelled if c[0] > sq.db]
 
     # --- flushing ------------------------------------------------------------------
     def flush_sq(self) -> None:
@@ -778,7 +801,7 @@ class Requester(QPCore):
             info = WR_INFO[wqe.opcode]
             cqe = CQE(wqe.wr_id, IBV_WC_WR_FLUSH_ERR, info.wc_opcode, self.qpn)
             cqe.reason = "flushed: the QP is in the error state"
-            cqe.wq = sq
+            cqe.wq_kind, cqe.wq_handle = sq.tag
             cqe.index = wqe.index
             self.push_cqe(self.send_cq, cqe)
         self.rd_out = 0

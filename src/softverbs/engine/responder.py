@@ -30,10 +30,12 @@ raised.
 
 from __future__ import annotations
 
+from typing import Any
+
 from softverbs.engine import psn as P
 from softverbs.engine.core import QPCore
-from softverbs.engine.queues import CQE, RecvWQE, scatter
 from softverbs.engine.requester import NATIVE
+from softverbs.engine.rings import CQE, RecvWQE, scatter
 from softverbs.enums import (
     IBV_ACCESS_REMOTE_ATOMIC,
     IBV_ACCESS_REMOTE_READ,
@@ -240,7 +242,9 @@ class Responder(QPCore):
         cqe.solicited = solicited
         cqe.reason = reason
         srq = rqe.srq
-        cqe.wq = srq if srq is not None else self.rq
+        ring = srq if srq is not None else self.rq
+        if ring is not None:
+            cqe.wq_kind, cqe.wq_handle = ring.tag
         cqe.index = rqe.index
         if status == IBV_WC_SUCCESS:
             self.hca.counters["rdma_recvs"] += 1  # rxe: every completed receive WQE
@@ -357,9 +361,7 @@ class Responder(QPCore):
                                IBV_WC_WITH_IMM, pkt.imm, solicited=pkt.se)  # fmt: skip
         self._accept(pkt)
 
-    def _remote(
-        self, pkt: Packet, kind: Kind, va: int, length: int, now: float
-    ) -> memoryview | None:
+    def _remote(self, pkt: Packet, kind: Kind, va: int, length: int, now: float) -> Any:
         """Check the QP's remote rights and the key; NAK and return None if denied."""
         right = _REMOTE_RIGHT[kind]
         if not self.access & right:

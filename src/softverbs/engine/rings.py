@@ -723,6 +723,17 @@ class WorkRing:
         """The fetched WQE at ``index`` (below :attr:`db`)."""
         return self.fetched[index % self.size]
 
+    def posted(self) -> int:
+        """How far the application has posted (``pi``, bounded)."""
+        return self._bound(int(self.hdr[self.PI]))
+
+    def peek_wr_id(self, index: int) -> int | None:
+        """The wr_id of a posted WQE the device has not fetched (None: unreadable)."""
+        try:
+            return int(self.slots.read(index).wr_id)
+        except CorruptSlot:
+            return None
+
     def discard(self) -> None:
         """RESET, device side: drop every posted WQE unseen."""
         self.seen_db = self._bound(int(self.hdr[self.PI]))
@@ -790,7 +801,7 @@ class SharedRecvRing:
         if taken >= pi:
             return None
         try:
-            wqe = self.slots.read(taken)
+            wqe: RecvWQE = self.slots.read(taken)
         except CorruptSlot:
             wqe = RecvWQE(0, [(0, 1, 0)], 1)  # lkey 0 never exists: completes in error
         wqe.index = taken
@@ -806,6 +817,21 @@ class SharedRecvRing:
 
     def set_limit(self, limit: int) -> None:
         self.hdr[self.LIMIT] = limit
+
+    def move_to(self, slots: SlotStore[Any], hdr: memoryview, size: int) -> None:
+        """Resize, device side: copy the WQEs not yet taken (at the same
+        indices) and the header into new memory, then use it."""
+        taken = self.seen_taken
+        end = max(taken, min(int(self.hdr[self.PI]), taken + self.size))
+        for i in range(taken, end):
+            slots.write(i, self.slots.read(i))
+        for word in range(len(hdr)):
+            hdr[word] = self.hdr[word]
+        self.adopt(slots, hdr, size)
+
+    def adopt(self, slots: SlotStore[Any], hdr: memoryview, size: int) -> None:
+        """Resize, application side: the device moved the ring here."""
+        self.slots, self.hdr, self.size = slots, hdr, size
 
     def discarded(self, count: int = 1) -> None:
         """WQEs taken and dropped without a CQE (their QP was reset)."""
@@ -884,6 +910,19 @@ class CompletionRing:
                     cqe.dead = True
                     if dead is not None:
                         dead(cqe)
+
+    def move_to(self, slots: SlotStore[CQE], hdr: memoryview, capacity: int) -> None:
+        """Resize, device side: copy the unpolled CQEs (at the same indices) and
+        the header into new memory, then use it (the caller checked they fit)."""
+        for i in range(self._ci(), self.tail):
+            slots.write(i, self.slots.read(i))
+        for word in range(len(hdr)):
+            hdr[word] = self.hdr[word]
+        self.adopt(slots, hdr, capacity)
+
+    def adopt(self, slots: SlotStore[CQE], hdr: memoryview, capacity: int) -> None:
+        """Resize, application side: the device moved the ring here."""
+        self.slots, self.hdr, self.capacity = slots, hdr, capacity
 
     def set_error(self) -> None:
         """Destroyed: take nothing more."""

@@ -71,6 +71,8 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any, cast
 
+from softverbs.engine.memory import Bytes, readable
+
 if TYPE_CHECKING:
     from softverbs.engine.memory import KeyTable, MemKey
 
@@ -340,7 +342,7 @@ class Layout:
         self.period = total
         self.length = total * repeat
 
-    def runs(self, m0: int, m1: int) -> Iterator[memoryview]:
+    def runs(self, m0: int, m1: int) -> Iterator[Bytes]:
         """The region slices holding memory-stream bytes ``[m0, m1)``, in order."""
         period = self.period
         pos = m0
@@ -360,7 +362,7 @@ class Layout:
             pos += take
 
     def read(self, m0: int, m1: int) -> bytes:
-        return b"".join(self.runs(m0, m1))
+        return b"".join(readable(run) for run in self.runs(m0, m1))
 
     def write(self, m0: int, data: bytes | bytearray | memoryview) -> None:
         pos = 0
@@ -375,7 +377,7 @@ class Layout:
             return memoryview(bytearray())
         runs = self.runs(m0, m0 + n)
         first = next(runs)
-        return first if len(first) == n else None
+        return first if len(first) == n and isinstance(first, memoryview) else None
 
 
 # --- the key ---------------------------------------------------------------------------------

@@ -56,9 +56,9 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
+from softverbs.device import api
 from softverbs.engine.memory import MemKey, MemKind
-from softverbs.engine.queues import SendWQE
-from softverbs.engine.requester import WR_DRIVER1
+from softverbs.engine.rings import WR_DRIVER1, SendWQE
 from softverbs.engine.signature import (
     Escape,
     IndirectKey,
@@ -417,7 +417,7 @@ class Mlx5Mkey(PyverbsCM):
         self.posted_valid = False
         hca = ctx.hca
         assert hca is not None
-        engine_pd = getattr(pd, "engine_pd", pd)
+        engine_pd = ctx.provider.engine_of(api.KIND_PD, pd.device_pd)  # type: ignore[attr-defined]
         with ctx.lock:
             self._key: MemKey = hca.keys.register(MemKind.MKEY, engine_pd, None, 0, 0, self)
             self._key.valid = False
@@ -688,7 +688,7 @@ class Mlx5QP(QPEx):
         elif mkey.closed or mkey._ctx is not self._ctx:
             conf.fail(einval("wr_mkey_configure: the mkey is closed or belongs to another "
                              "context"))  # fmt: skip
-        elif getattr(mkey.pd, "engine_pd", mkey.pd) is not self.engine.pd:
+        elif mkey.pd.device_pd != (self.pd.device_pd if self.pd is not None else -1):
             conf.fail(einval("wr_mkey_configure: the mkey and the QP are in different PDs"))
         elif not isinstance(num_setters, int) or not 0 <= num_setters <= 0xFF:
             conf.fail(einval(f"wr_mkey_configure: num_setters={num_setters!r} is not 0..255"))

@@ -197,6 +197,11 @@ def default_socket_path() -> str:
     return os.path.join(base, "softverbsd.sock")
 
 
+def service_requested() -> bool:
+    """Is the device service the world's devices (``SOFTVERBS_SERVICE``)?"""
+    return bool(os.environ.get("SOFTVERBS_SERVICE")) and not service_disabled()
+
+
 def service_disabled() -> bool:
     """``SOFTVERBS_SERVICE=0`` (or off/no/false): in-process devices only."""
     return os.environ.get("SOFTVERBS_SERVICE", "").strip().lower() in ("0", "off", "no", "false")

@@ -2,10 +2,11 @@
 
 On RoCE every path is global: the GRH (in RoCEv2, the IP header) carries
 the source and destination GIDs, and a GID is an IP address.  An AH or a
-connected QP's ``ah_attr`` therefore needs ``is_global=1`` and a
-``GlobalRoute`` naming the destination GID and the local GID index; both
-are resolved into an engine :class:`~softverbs.engine.queues.Route` when the
-AH is created or the QP is modified.
+connected QP's ``ah_attr`` names the destination GID and the local GID index
+in a ``GlobalRoute`` (``is_global=1``); the device resolves it when the AH is
+created or the QP is modified (:func:`softverbs.device.core.resolve_route`).
+Without a GRH (``is_global=0``) an address names a QP of the same device, as
+an InfiniBand port addressing its own LID does.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ from __future__ import annotations
 import ipaddress
 from typing import TYPE_CHECKING, Any
 
-from softverbs.engine.queues import Route
+from softverbs.device import api
 from softverbs.errors import PyverbsUserError, einval
 from softverbs.verbs.base import CStruct, PyverbsCM, PyverbsObject, require
+from softverbs.verbs.provider import destroy
 
 if TYPE_CHECKING:
     from softverbs.verbs.pd import PD
@@ -213,34 +215,22 @@ class AHAttr(CStruct, PyverbsObject):
         return s + (str(self.gr) if self.is_global else "")
 
 
-def resolve_route(gids: list[bytes], attr: AHAttr, what: str = "AH") -> Route:
-    """Turn an AHAttr into an engine Route, or EINVAL saying what is wrong."""
-    if attr.port_num != 1:
-        raise einval(f"{what}: port {attr.port_num} does not exist; use port_num=1")
-    if not attr.is_global:
-        raise einval(
-            f"{what}: RoCE needs a global route: set is_global=1 and a GlobalRoute "
-            "with the destination GID (LID-only addressing is InfiniBand-only)"
-        )
+def av_of(attr: AHAttr) -> api.AddressVector:
+    """``attr`` as the device's address vector record."""
     gr = attr.gr
-    index = gr.sgid_index
-    if not 0 <= index < len(gids):
-        raise einval(
-            f"{what}: sgid_index {index} is not a valid GID index; this device has "
-            f"GIDs 0..{len(gids) - 1}"
-        )
-    dgid = gr.dgid.raw
-    if dgid == bytes(16):
-        raise einval(f"{what}: the destination GID is all zeros")
-    return Route(
-        dgid=dgid,
-        sgid=gids[index],
-        sgid_index=index,
-        hop_limit=gr.hop_limit,
-        tclass=gr.traffic_class,
-        flow_label=gr.flow_label,
-        port=attr.port_num,
-    )
+    return api.AddressVector(gr.dgid.raw, attr.dlid, attr.sl, attr.src_path_bits,
+                             attr.static_rate, attr.is_global, attr.port_num, gr.flow_label,
+                             gr.sgid_index, gr.hop_limit, gr.traffic_class)  # fmt: skip
+
+
+def ah_attr_of(av: api.AddressVector) -> AHAttr:
+    """The inverse of :func:`av_of`."""
+    gr = GlobalRoute(dgid=GID.from_raw(av.dgid), flow_label=av.flow_label,
+                     sgid_index=av.sgid_index, hop_limit=av.hop_limit,
+                     traffic_class=av.traffic_class)  # fmt: skip
+    return AHAttr(dlid=av.dlid, sl=av.sl, src_path_bits=av.src_path_bits,
+                  static_rate=av.static_rate, is_global=av.is_global, port_num=av.port_num,
+                  gr=gr)  # fmt: skip
 
 
 class AH(PyverbsCM):
@@ -264,8 +254,12 @@ class AH(PyverbsCM):
         self.pd = pd
         self._ctx = pd.ctx
         self.attr = attr
-        self.route = resolve_route(pd.ctx.provider.gids, attr, "Failed to create AH")
+        body = api.CreateAH(av_of(attr), pd.device_pd, 0)
+        self.dev_handle: int = pd.ctx.provider.call(api.CREATE_AH, body).handle
         pd.add_ref(self)
+
+    def _release(self) -> None:
+        destroy(self._ctx.provider, api.KIND_AH, self.dev_handle)
 
 
 def _attr_from_wc(wc: Any, grh: Any, port_num: int, gids: list[bytes] | None = None) -> AHAttr:

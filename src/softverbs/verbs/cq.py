@@ -13,7 +13,8 @@ import math
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from softverbs.engine.queues import CQE, CompletionQueue
+from softverbs.device import api
+from softverbs.engine.rings import CQE, CompletionRing
 from softverbs.enums import (
     IBV_WC_BAD_RESP_ERR,
     IBV_WC_FATAL_ERR,
@@ -42,6 +43,7 @@ from softverbs.enums import (
 )
 from softverbs.errors import PyverbsRDMAError, PyverbsUserError, einval
 from softverbs.verbs.base import PyverbsCM, PyverbsObject, require
+from softverbs.verbs.provider import Attach, destroy
 
 if TYPE_CHECKING:
     from softverbs.verbs.device import Context
@@ -190,11 +192,17 @@ class CompChannel(PyverbsCM):
         self.context = context
         self._ctx = context
         self.pending: deque[CQBase] = deque()
+        attach = Attach(sink=self._fire_handle)
+        self.dev_handle: int = context.provider.call(
+            api.CREATE_COMP_CHANNEL, api.Ctx(context.handle, 0), attach).handle
+        self._fd = attach.fd_out
         context.add_ref(self)
 
     @property
     def fd(self) -> int:
-        return -1
+        """The channel's file descriptor: readable when an event waits (a served
+        device's event socket); -1 on an in-process device, which has none."""
+        return self._fd
 
     def get_cq_event(self, expected_cq: CQBase, timeout: float | None = None) -> None:
         """Wait for the next completion event (``ibv_get_cq_event``).
@@ -211,8 +219,14 @@ class CompChannel(PyverbsCM):
             raise PyverbsRDMAError("Received event on an unexpected CQ")
         cq.num_events += 1
 
-    def _fire(self, cq: CQBase) -> None:
-        self.pending.append(cq)
+    def _fire_handle(self, cq_handle: int) -> None:
+        """The device's completion event for CQ ``cq_handle``."""
+        cq = self.context.objects.get(cq_handle)
+        if isinstance(cq, CQBase):
+            self.pending.append(cq)
+
+    def _release(self) -> None:
+        destroy(self.context.provider, api.KIND_CHANNEL, self.dev_handle)
 
 
 def as_count(value: Any, what: str) -> int:
@@ -266,15 +280,22 @@ class CQBase(PyverbsCM):
         self.cq_context = cq_context
         self.comp_vector = comp_vector
         self.num_events = 0
-        self.ring: CompletionQueue = context.provider.create_cq(cqe, self)
+        provider = context.provider
+        self.ring: CompletionRing = provider.cq_ring(cqe)
+        body = api.CreateCQ(context.handle, cqe, channel.dev_handle if channel else 0, comp_vector)
+        try:
+            self.dev_handle: int = provider.call(api.CREATE_CQ, body, Attach(cq=self.ring)).cq
+        except BaseException:
+            provider.free_ring(self.ring)
+            raise
+        context.register(self, self.dev_handle)
         if channel is not None:
-            self.ring.notify = lambda: channel._fire(self)
             channel.add_ref(self)
         context.add_ref(self)
 
     @property
     def cqe(self) -> int:
-        return int(self.ring.capacity)
+        return self.ring.capacity
 
     @property
     def comp_channel(self) -> CompChannel | None:
@@ -288,6 +309,7 @@ class CQBase(PyverbsCM):
         """Consume up to ``num_entries`` CQEs and give their WQ slots back."""
         ring = self.ring
         rt = self.context.runtime
+        rings = self.context.device.rings
         with rt.lock:
             rt.progress()
             cqes = ring.take(num_entries)
@@ -295,9 +317,10 @@ class CQBase(PyverbsCM):
                 rt.idle_step()  # a virtual clock moves on when the poller finds nothing
                 cqes = ring.take(num_entries)
             for cqe in cqes:
-                wq = cqe.wq
-                if wq is not None:
-                    wq.release(cqe.index)
+                if cqe.wq_kind:
+                    wq = rings.get((cqe.wq_kind, cqe.wq_handle))
+                    if wq is not None:
+                        wq.release(cqe.index)
         return cqes
 
     def req_notify(self, solicited_only: bool = False) -> None:
@@ -312,12 +335,14 @@ class CQBase(PyverbsCM):
         self.num_events = max(0, self.num_events - num_events)
 
     def _release(self) -> None:
-        self.context.provider.destroy_cq(self.ring)
+        provider = self.context.provider
+        destroy(provider, api.KIND_CQ, self.dev_handle)
+        provider.free_ring(self.ring)
 
     @property
     def error(self) -> bool:
         """True after an overrun (a softverbs addition)."""
-        return bool(self.ring.error)
+        return self.ring.in_error
 
     def __str__(self) -> str:
         f = "{:22}: {:<20}\n"
@@ -349,4 +374,11 @@ class CQ(CQBase):
                     f"at least the {waiting} waiting to be polled; {cqe} was asked",
                     errno.EINVAL,
                 )
-            self.ring.capacity = cqe
+            provider = self.context.provider
+            new = provider.cq_ring(cqe)
+            try:
+                provider.call(api.RESIZE_CQ, api.ResizeCQ(self.dev_handle, cqe), Attach(cq=new))
+            except BaseException:
+                provider.free_ring(new)
+                raise
+            provider.adopt_cq(self.ring, new)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import errno
 from typing import TYPE_CHECKING, Any
 
-from softverbs.engine.queues import CQE
+from softverbs.engine.rings import CQE
 from softverbs.enums import (
     IBV_CQ_INIT_ATTR_MASK_FLAGS,
     IBV_CQ_INIT_ATTR_MASK_PD,

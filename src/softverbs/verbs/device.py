@@ -17,121 +17,31 @@ from __future__ import annotations
 import contextlib
 import errno
 import ipaddress
+import json
 import os
-import socket
 import weakref
 from collections import deque
 from dataclasses import dataclass, fields
 from typing import Any
 
+from softverbs.device import api
+from softverbs.device.core import DEVICE_CAP_FLAGS as DEVICE_CAP_FLAGS
+from softverbs.device.core import GID_TABLE_LEN, PKEY_TABLE, STANDARD_COUNTERS
+from softverbs.device.core import LIMITS as LIMITS
+from softverbs.device.core import MAX_MSG_SZ as MAX_MSG_SZ
 from softverbs.enums import (
-    IBV_ATOMIC_HCA,
-    IBV_DEVICE_BAD_PKEY_CNTR,
-    IBV_DEVICE_BAD_QKEY_CNTR,
-    IBV_DEVICE_CHANGE_PHY_PORT,
-    IBV_DEVICE_MEM_MGT_EXTENSIONS,
-    IBV_DEVICE_MEM_WINDOW,
-    IBV_DEVICE_MEM_WINDOW_TYPE_2B,
-    IBV_DEVICE_PORT_ACTIVE_EVENT,
-    IBV_DEVICE_RC_RNR_NAK_GEN,
-    IBV_DEVICE_SRQ_RESIZE,
-    IBV_DEVICE_SYS_IMAGE_GUID,
-    IBV_DEVICE_UD_AV_PORT_ENFORCE,
-    IBV_DEVICE_XRC,
     IBV_GID_TYPE_ROCE_V2,
     IBV_GID_TYPE_SYSFS_ROCE_V2,
-    IBV_LINK_LAYER_ETHERNET,
-    IBV_MTU_4096,
     IBV_NODE_CA,
-    IBV_PORT_ACTIVE,
-    IBV_PORT_CM_SUP,
     IBV_TRANSPORT_IB,
-    bytes_to_mtu,
     ibv_event_type,
 )
 from softverbs.errors import PyverbsRDMAError, PyverbsUserError, einval
 from softverbs.verbs import registry
 from softverbs.verbs.base import PyverbsCM, PyverbsObject, as_int, as_uint, require
-from softverbs.verbs.device_ex import DeviceAttrEx, GIDEntry, ODPCaps, soft_odp_caps
+from softverbs.verbs.device_ex import DeviceAttrEx, GIDEntry, ODPCaps
+from softverbs.verbs.provider import Attach, Provider, destroy
 from softverbs.verbs.registry import SoftDevice
-
-GID_TABLE_LEN = 16
-PKEY_TABLE = (0xFFFF,)
-MAX_MSG_SZ = 1 << 31
-
-#: Device limits, reported by query_device and enforced by the verbs.
-LIMITS: dict[str, int] = {
-    "max_qp": 0x10000,
-    "max_qp_wr": 0x4000,
-    "max_sge": 32,
-    "max_sge_rd": 32,
-    "max_cq": 0x4000,
-    "max_cqe": 0x8000 - 1,
-    "max_mr": 0x40000,
-    "max_pd": 0x10000,
-    "max_qp_rd_atom": 128,
-    "max_qp_init_rd_atom": 128,
-    "max_res_rd_atom": 0x10000,
-    "max_mw": 0x10000,
-    "max_ah": 0x8000,
-    "max_srq": 0x10000,
-    "max_srq_wr": 0x4000,
-    "max_srq_sge": 27,
-    "max_pkeys": len(PKEY_TABLE),
-    "max_inline_data": 0x400,
-    "max_mcast_grp": 0,
-    "max_mcast_qp_attach": 0,
-}
-
-DEVICE_CAP_FLAGS = (
-    IBV_DEVICE_BAD_PKEY_CNTR
-    | IBV_DEVICE_BAD_QKEY_CNTR
-    | IBV_DEVICE_CHANGE_PHY_PORT
-    | IBV_DEVICE_UD_AV_PORT_ENFORCE
-    | IBV_DEVICE_PORT_ACTIVE_EVENT
-    | IBV_DEVICE_SYS_IMAGE_GUID
-    | IBV_DEVICE_RC_RNR_NAK_GEN
-    | IBV_DEVICE_SRQ_RESIZE
-    | IBV_DEVICE_MEM_MGT_EXTENSIONS
-    | IBV_DEVICE_MEM_WINDOW
-    | IBV_DEVICE_MEM_WINDOW_TYPE_2B
-    | IBV_DEVICE_XRC
-)
-
-#: Counters every device reports, even at zero (rxe's hw_counters names
-#: where one exists).
-STANDARD_COUNTERS = (
-    "sent_pkts",
-    "rcvd_pkts",
-    "duplicate_request",
-    "out_of_seq_request",
-    "rcvd_rnr_err",
-    "send_rnr_err",
-    "rcvd_seq_err",
-    "retry_exceeded_err",
-    "retry_rnr_exceeded_err",
-    "completer_retry_err",
-    "send_err",
-    "rdma_sends",
-    "rdma_recvs",
-    "ack_deferred",
-    "link_downed",
-    "doorbells",
-)
-
-
-#: LIMITS entries that are DeviceAttr fields.
-_DEVICE_ATTR_LIMITS = frozenset(LIMITS) - {"max_inline_data"}
-
-
-def _ifindex(netdev: str) -> int:
-    """The kernel's index of ``netdev`` (0 for none, as for in-process devices)."""
-    if not netdev:
-        return 0
-    try:
-        return socket.if_nametoindex(netdev)
-    except OSError:
-        return 0
 
 
 def ip_to_gid(addr: str) -> bytes:
@@ -397,19 +307,36 @@ class Context(PyverbsCM):
             self.name: str = name
             self.device: SoftDevice = self._registry.open(name)
             self.ucontext = UContext()
+            self._imported_fd = False
             self._cmd_fd = _new_cmd_fd(name)
             _CMD_FDS[_fd_key(self._cmd_fd)] = (self.device, self.ucontext)
         # as ibv_close_device: the descriptor goes with the context, closed or collected
         self.ucontext.fds += 1
         self._fd_closer = weakref.finalize(self, _close_cmd_fd, self._cmd_fd, self.ucontext)
-        self.provider = self.device.provider
+        self.provider: Provider = self.device.provider
         #: the device's engine when it runs in this process (for tools and tests)
         self.hca = self.device.hca
         self.runtime = self.device.runtime
         self.lock = self.runtime.lock
         self.events: deque[AsyncEvent] = deque()
+        #: this context's objects by device handle, for the events that name them
+        self.objects: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+        reply = self.provider.call(api.OPEN_DEVICE, api.OpenDevice(self.name),
+                                   Attach(sink=self._on_event))  # fmt: skip
+        self.handle: int = reply.ctx
         self.device.contexts.add(self)
-        self.provider.set_event_sink(_dispatch_event(self.device))
+
+    def register(self, obj: Any, handle: int) -> int:
+        """Remember ``obj`` by its device handle (events name it so); returns the handle."""
+        self.objects[handle] = obj
+        return handle
+
+    def _on_event(self, rec: api.AsyncEventRecord, reason: str) -> None:
+        """The device's async event for an object of this context."""
+        element = self.objects.get(rec.handle) if rec.handle else None
+        if element is None and rec.kind == api.KIND_QP:
+            element = _ForeignQP(rec.qpn, reason)  # a device-owned XRC QP, by number
+        self.events.append(AsyncEvent(rec.event_type, element, reason))
 
     def _import(self, cmd_fd: Any) -> None:
         cmd_fd = as_int(cmd_fd, "cmd_fd")
@@ -425,6 +352,7 @@ class Context(PyverbsCM):
         self.device, self.ucontext = found
         self.name = self.device.name
         self._cmd_fd = cmd_fd  # ibv_import_device takes the descriptor over
+        self._imported_fd = True
 
     @property
     def cmd_fd(self) -> int:
@@ -441,26 +369,16 @@ class Context(PyverbsCM):
     def num_comp_vectors(self) -> int:
         return 1
 
+    def _attrs(self) -> api.DeviceAttrs:
+        return self.provider.call(api.QUERY_DEVICE, api.Ctx(self.handle, 0))
+
     def query_device(self) -> DeviceAttr:
         self._check_open()
-        guid = self.device.guid
-        return DeviceAttr(
-            fw_version="0.0.0", node_guid=guid, sys_image_guid=guid,
-            max_mr_size=0xFFFFFFFFFFFFFFFF, page_size_cap=0xFFFFF000,
-            vendor_id=0xFFFFFF, vendor_part_id=0, hw_ver=0,
-            device_cap_flags=self._cap_flags(), max_ee_rd_atom=0, max_ee_init_rd_atom=0,
-            atomic_caps=IBV_ATOMIC_HCA, max_ee=0, max_rdd=0, max_raw_ipv6_qps=0,
-            max_raw_ethy_qp=0, max_total_mcast_qp_attach=0, max_fmr=0, max_map_per_fmr=0,
-            local_ca_ack_delay=15, phys_port_cnt=1,
-            **{k: v for k, v in LIMITS.items() if k in _DEVICE_ATTR_LIMITS},
-        )  # fmt: skip
-
-    def _cap_flags(self) -> int:
-        """DEVICE_CAP_FLAGS, less what this device's provider cannot do."""
-        flags = DEVICE_CAP_FLAGS
-        if not getattr(self.provider, "srq_resize", False):
-            flags &= ~IBV_DEVICE_SRQ_RESIZE
-        return int(flags)
+        a = self._attrs()
+        names = {f.name for f in fields(DeviceAttr)}
+        values = {k: v for k, v in vars(a).items() if k in names}
+        return DeviceAttr(fw_version=a.fw_ver, atomic_caps=a.atomic_cap,
+                          max_raw_ipv6_qps=a.max_raw_ipv6_qp, **values)  # fmt: skip
 
     def query_device_ex(self, ex_input: Any = None) -> DeviceAttrEx:
         """``ibv_query_device_ex``: the device attributes and extended caps."""
@@ -473,20 +391,17 @@ class Context(PyverbsCM):
                 raise PyverbsRDMAError(f"Failed to query EX device {self.name}",
                                        errno.EINVAL)  # fmt: skip
         attr = self.query_device()
-        odp = soft_odp_caps() if getattr(self.provider, "on_demand_paging", False) else ODPCaps()
+        a = self._attrs()
+        odp = ODPCaps(a.odp_general_caps, a.odp_rc_caps, a.odp_uc_caps, a.odp_ud_caps,
+                      a.odp_xrc_caps)  # fmt: skip
         return DeviceAttrEx(
             orig_attr=attr, odp_caps=odp, xrc_odp_caps=odp.xrc_odp_caps,
-            device_cap_flags_ex=attr.device_cap_flags, max_dm_size=self._max_dm_size(),
+            device_cap_flags_ex=a.device_cap_flags_ex, max_dm_size=a.max_dm_size,
             phys_port_cnt_ex=attr.phys_port_cnt,
         )  # fmt: skip
 
-    def _max_dm_size(self) -> int:
-        from softverbs.verbs.dm import MAX_DM_SIZE
-
-        return MAX_DM_SIZE if getattr(self.provider, "device_memory", False) else 0
-
     def _gid_entries(self) -> list[GIDEntry]:
-        ifindex = _ifindex(self.device.spec.netdev)
+        ifindex = self._ifindex()
         return [
             GIDEntry.from_raw(raw, index, 1, IBV_GID_TYPE_ROCE_V2, ifindex)
             for index, raw in enumerate(self.provider.gids)
@@ -536,21 +451,16 @@ class Context(PyverbsCM):
                 f"{failed}: port {port_num} does not exist; softverbs devices have one port, 1"
             )
 
+    def _ifindex(self) -> int:
+        gids = self.provider.gids
+        index = 1 if len(gids) > 1 and any(gids[1]) else 0
+        return self.provider.call(api.QUERY_GID, api.QueryGid(self.handle, 1, index, 0)).ifindex
+
     def query_port(self, port_num: int) -> PortAttr:
         self._check_open()
         self._port(port_num, f"Failed to query port {port_num}")
-        counters = self.provider.counters()
-        return PortAttr(
-            state=IBV_PORT_ACTIVE, max_mtu=IBV_MTU_4096,
-            active_mtu=bytes_to_mtu(self.device.mtu), gid_tbl_len=GID_TABLE_LEN,
-            port_cap_flags=IBV_PORT_CM_SUP, max_msg_sz=MAX_MSG_SZ,
-            bad_pkey_cntr=counters.get("drop_bad_pkey", 0),
-            qkey_viol_cntr=counters.get("qkey_violation", 0),
-            pkey_tbl_len=len(PKEY_TABLE), lid=0, sm_lid=0, lmc=0, max_vl_num=1, sm_sl=0,
-            subnet_timeout=0, init_type_reply=0, active_width=1, active_speed=0x80,
-            phys_state=5, link_layer=IBV_LINK_LAYER_ETHERNET, flags=0, port_cap_flags2=0,
-            active_speed_ex=0,
-        )  # fmt: skip
+        a = self.provider.call(api.QUERY_PORT, api.QueryPort(self.handle, port_num))
+        return PortAttr(**{f.name: getattr(a, f.name) for f in fields(PortAttr)})
 
     def query_gid(self, port_num: int, index: int) -> Any:
         from softverbs.verbs.addr import GID
@@ -600,31 +510,25 @@ class Context(PyverbsCM):
     def _release(self) -> None:
         self.device.contexts.discard(self)
         self._fd_closer()
+        if not self._imported_fd:
+            with contextlib.suppress(PyverbsRDMAError):  # the service may be gone
+                destroy(self.provider, api.KIND_CTX, self.handle)
         self._registry.release(self.device)
 
 
-def _dispatch_event(device: SoftDevice) -> Any:
-    """Route engine events to the context that owns the object."""
+class _ForeignQP:
+    """The element of an event of a device-owned XRC receive QP this process
+    holds by registration, not through a QP object: its number."""
 
-    def sink(event_type: int, element: Any) -> None:
-        owner = getattr(element, "owner", None)
-        target = getattr(owner, "_ctx", None)
-        reason = getattr(element, "last_error", "")
-        ev = AsyncEvent(event_type, owner if owner is not None else element, reason)
-        if isinstance(target, Context) and not target.closed:
-            target.events.append(ev)
-            return
-        for ctx in list(device.contexts):
-            if not ctx.closed:
-                ctx.events.append(ev)
-                return
-
-    return sink
+    def __init__(self, qpn: int, reason: str) -> None:
+        self.qpn = self.qp_num = qpn
+        self.last_error = reason
 
 
 def counters(ctx: Context) -> dict[str, int]:
     """The device's counters (rxe ``hw_counters`` names where one exists)."""
-    with ctx.lock:
-        out = dict.fromkeys(STANDARD_COUNTERS, 0)
-        out.update(ctx.provider.counters())
-        return out
+    ctx._check_open()
+    _, tail = ctx.provider.call_tail(api.COUNTERS, api.Ctx(ctx.handle, 0))
+    out = dict.fromkeys(STANDARD_COUNTERS, 0)
+    out.update({str(k): int(v) for k, v in json.loads(tail).items()})
+    return out

@@ -45,9 +45,12 @@ DM_WORD = 4
 class DmPool:
     """The device memory of one device: a byte array and its allocations."""
 
-    def __init__(self, size: int = MAX_DM_SIZE) -> None:
+    def __init__(self, size: int = MAX_DM_SIZE, region: Any = None) -> None:
         self.size = size
-        self.memory = bytearray(size)
+        #: the bytes: this process's, or a shared file the device service maps (``region``)
+        self.region = region
+        self.memory: bytearray | memoryview = region.view[:size] if region is not None \
+            else bytearray(size)  # fmt: skip
         self._used: dict[int, int] = {}  #: start -> length
 
     def alloc(self, length: int, log_align: int) -> int | None:
@@ -206,7 +209,8 @@ class DMMR(MR):
         if offset < 0 or length < 0 or offset + length > dm.length:
             raise PyverbsRDMAError(f"{fail}: [{offset}, +{length}) does not fit in the "
                                    f"{dm.length} bytes of the DM", errno.EINVAL)  # fmt: skip
-        mem = memory.Memory(dm.view(offset, length), 0, dm)
+        pool = dm._pool
+        mem = memory.Memory(dm.view(offset, length), 0, dm, pool.region, dm._start + offset)
         self._setup(pd, mem, access, user_addr=True)
         self.dm = dm
         dm.add_ref(self)

@@ -20,19 +20,26 @@ import contextlib
 import ctypes
 import errno
 import mmap
+from typing import Any
 
 from softverbs.errors import PyverbsRDMAError, einval
 
 
 class Memory:
-    """A registered range: its address, a byte view, and what keeps it alive."""
+    """A registered range: its address, a byte view, and what keeps it alive.
 
-    __slots__ = ("addr", "keepalive", "view")
+    ``region``/``offset``: where the bytes lie in a shared file (a memfd the
+    device service can map), when they do."""
 
-    def __init__(self, view: memoryview, addr: int, keepalive: object) -> None:
+    __slots__ = ("addr", "keepalive", "offset", "region", "view")
+
+    def __init__(self, view: memoryview, addr: int, keepalive: object, region: Any = None,
+                 offset: int = 0) -> None:  # fmt: skip
         self.view = view
         self.addr = addr
         self.keepalive = keepalive
+        self.region = region
+        self.offset = offset
 
     def release(self) -> None:
         """Drop the view; close the mapping if we allocated it."""
@@ -105,6 +112,17 @@ def from_address(addr: int, length: int) -> Memory:
         )
     arr = (ctypes.c_char * length).from_address(addr)
     return Memory(memoryview(arr).cast("B"), addr, arr)
+
+
+class SelfMemory:
+    """This process's address space, as the device reaches it in-process: for
+    implicit ODP keys, and registrations by address."""
+
+    def span(self, addr: int, length: int) -> memoryview | str:
+        return implicit_resolver(addr, length)
+
+    def close(self) -> None:
+        """Nothing to release."""
 
 
 def implicit_resolver(addr: int, length: int) -> memoryview | str:

@@ -5,18 +5,10 @@ from __future__ import annotations
 import errno
 from typing import Any
 
-from softverbs.engine.memory import MemKey, MemKind
+from softverbs.device import api
+from softverbs.device import core as rules
 from softverbs.enums import (
-    IBV_ACCESS_FLUSH_GLOBAL,
-    IBV_ACCESS_FLUSH_PERSISTENT,
-    IBV_ACCESS_HUGETLB,
-    IBV_ACCESS_LOCAL_WRITE,
-    IBV_ACCESS_MW_BIND,
     IBV_ACCESS_ON_DEMAND,
-    IBV_ACCESS_RELAXED_ORDERING,
-    IBV_ACCESS_REMOTE_ATOMIC,
-    IBV_ACCESS_REMOTE_READ,
-    IBV_ACCESS_REMOTE_WRITE,
     IBV_ACCESS_ZERO_BASED,
     IBV_MW_TYPE_1,
     IBV_MW_TYPE_2,
@@ -28,42 +20,21 @@ from softverbs.errors import PyverbsRDMAError, PyverbsUserError, einval, eopnots
 from softverbs.verbs import memory
 from softverbs.verbs.base import PyverbsCM, require
 from softverbs.verbs.pd import PD
+from softverbs.verbs.provider import Attach, destroy
 
-SUPPORTED_ACCESS = (
-    IBV_ACCESS_LOCAL_WRITE
-    | IBV_ACCESS_REMOTE_WRITE
-    | IBV_ACCESS_REMOTE_READ
-    | IBV_ACCESS_REMOTE_ATOMIC
-    | IBV_ACCESS_MW_BIND
-    | IBV_ACCESS_ZERO_BASED
-    | IBV_ACCESS_ON_DEMAND
-    | IBV_ACCESS_HUGETLB
-    | IBV_ACCESS_RELAXED_ORDERING
-)
-#: Rights softverbs knows but has no device support for (no FLUSH operation).
-UNSUPPORTED_ACCESS = IBV_ACCESS_FLUSH_GLOBAL | IBV_ACCESS_FLUSH_PERSISTENT
+SUPPORTED_ACCESS = rules.SUPPORTED_ACCESS
+UNSUPPORTED_ACCESS = rules.UNSUPPORTED_ACCESS
 
 #: ``MR.length`` of an implicit (whole address space) ODP MR: SIZE_MAX.
 IMPLICIT_LENGTH = (1 << 64) - 1
 
 
 def check_access(access: Any, what: str = "MR") -> None:
-    """The verbs rules for access flags (IBA 10.6.3.1); ``what`` prefixes the error."""
+    """The verbs rules for access flags (IBA 10.6.3.1), checked early here for
+    pyverbs' messages; the device checks them again (:func:`device.core.check_access`)."""
     if isinstance(access, bool) or not isinstance(access, int):
         raise PyverbsUserError(f"{what}: access must be an int, got {type(access).__name__}")
-    unknown = access & ~(SUPPORTED_ACCESS | UNSUPPORTED_ACCESS)
-    if access < 0 or unknown:
-        raise einval(f"{what}: unknown access flag bits {unknown:#x}")
-    if access & UNSUPPORTED_ACCESS:
-        raise eopnotsupp(f"{what}: softverbs devices do not support the FLUSH operation "
-                         "(IBV_ACCESS_FLUSH_GLOBAL / IBV_ACCESS_FLUSH_PERSISTENT)")  # fmt: skip
-    if access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC) and not (
-        access & IBV_ACCESS_LOCAL_WRITE
-    ):
-        raise einval(
-            f"{what}: IBV_ACCESS_REMOTE_WRITE and IBV_ACCESS_REMOTE_ATOMIC require "
-            "IBV_ACCESS_LOCAL_WRITE (the device writes into the region)"
-        )
+    rules.check_access(access, what)
 
 
 def inc_rkey(rkey: int) -> int:
@@ -149,26 +120,26 @@ class MR(PyverbsCM):
         self._imported = False
         self._implicit = implicit
         provider = pd.ctx.provider
-        if access & IBV_ACCESS_ON_DEMAND and not getattr(provider, "on_demand_paging", False):
+        if access & IBV_ACCESS_ON_DEMAND and not provider.features.on_demand_paging:
             if not user_addr:
                 mem.release()
             raise eopnotsupp("Failed to register a MR: this device has no on-demand paging "
                              "(ODP caps are 0)")  # fmt: skip
+        length = len(mem.view)
+        body = api.RegMR(mem.addr, length, mem.addr, 0, pd.device_pd, access,
+                         api.REG_MR_IMPLICIT if implicit else 0, 0)  # fmt: skip
         try:
-            if implicit:
-                reg = getattr(provider, "reg_mr_implicit", None)
-                if reg is None:
-                    raise eopnotsupp("Failed to register a MR: this device (served by the "
-                                     "device service) has no implicit ODP MRs")  # fmt: skip
-                self._key: MemKey = reg(pd.engine_pd, memory.implicit_resolver, access, self)
-            else:
-                self._key = provider.reg_mr(pd.engine_pd, mem, access, self)
+            reply = provider.call(api.REG_MR, body, Attach(memory=None if implicit else mem))
         except BaseException:
             if not user_addr:
                 mem.release()
             raise
+        self.dev_handle: int = reply.mr
+        self._lkey, self._rkey = reply.lkey, reply.rkey
+        self._iova = 0 if access & IBV_ACCESS_ZERO_BASED else mem.addr
         self.access = access
         self._handle = pd.ctx.ucontext.add(self)
+        pd.ctx.register(self, self.dev_handle)
         pd.add_ref(self)
 
     def _import(self, pd: PD, handle: Any, address: int | None) -> None:
@@ -176,7 +147,8 @@ class MR(PyverbsCM):
         original = pd.ctx.ucontext.lookup(MR, handle, "Failed to import MR")
         self.pd = pd
         self._ctx = pd.ctx
-        self._key = original._key
+        self.dev_handle = original.dev_handle
+        self._lkey, self._rkey, self._iova = original._lkey, original._rkey, original._iova
         self._implicit = original._implicit
         self.access = original.access
         self._handle = original.handle
@@ -200,11 +172,11 @@ class MR(PyverbsCM):
 
     @property
     def lkey(self) -> int:
-        return int(self._key.key)
+        return self._lkey
 
     @property
     def rkey(self) -> int:
-        return int(self._key.key)
+        return self._rkey
 
     @property
     def length(self) -> int:
@@ -263,8 +235,8 @@ class MR(PyverbsCM):
 
         self._check_open()
         if not self._implicit:
-            base = self._key.iova
-            if addr < base or addr + length > base + self._key.length:
+            base = self._iova
+            if addr < base or addr + length > base + len(self._mem.view):
                 raise PyverbsRDMAError(f"Failed to advise MR: [{addr:#x}, +{length}) is "
                                        "outside the MR", errno.EINVAL)  # fmt: skip
         if fault:
@@ -279,7 +251,6 @@ class MR(PyverbsCM):
     ) -> None:
         """``ibv_rereg_mr``: change the PD, the translation or the access."""
         self._check_open()
-        key = self._key
         fail = "Failed to rereg MR"
         if isinstance(flags, bool) or not isinstance(flags, int):
             raise PyverbsUserError(f"flags must be an int, got {type(flags).__name__}")
@@ -295,12 +266,15 @@ class MR(PyverbsCM):
         mem = None
         if flags & IBV_REREG_MR_CHANGE_TRANSLATION:
             mem = memory.from_address(addr, _length(length))
-        self._ctx.provider.update_mr(
-            key,
-            mem,
-            access if flags & IBV_REREG_MR_CHANGE_ACCESS else None,
-            pd.engine_pd if pd is not None and flags & IBV_REREG_MR_CHANGE_PD else None,
-        )
+        new_pd = pd.device_pd if pd is not None and flags & IBV_REREG_MR_CHANGE_PD else 0
+        body = api.ReregMR(mem.addr if mem else 0, len(mem.view) if mem else 0, 0,
+                           self.dev_handle, flags, new_pd, access, 0, 0)  # fmt: skip
+        keys = self._ctx.provider.call(api.REREG_MR, body, Attach(memory=mem))
+        self._lkey, self._rkey = keys.lkey, keys.rkey
+        if flags & (IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_ACCESS):
+            final = access if flags & IBV_REREG_MR_CHANGE_ACCESS else self.access
+            base = mem.addr if mem is not None else self._iova
+            self._iova = 0 if final & IBV_ACCESS_ZERO_BASED else base
         if mem is not None:
             if not self._user_addr:
                 self._mem.release()
@@ -317,7 +291,7 @@ class MR(PyverbsCM):
         if self._imported:
             return
         try:
-            self._ctx.provider.dereg_mr(self._key)
+            destroy(self._ctx.provider, api.KIND_MR, self.dev_handle)
         except PyverbsRDMAError:
             self._closed = False
             raise
@@ -364,19 +338,23 @@ class MW(PyverbsCM):
         super().__init__()
         require(pd, PD, "pd")
         pd._check_open()
-        kinds: dict[int, MemKind] = {IBV_MW_TYPE_1: MemKind.MW1, IBV_MW_TYPE_2: MemKind.MW2}
+        kinds = (IBV_MW_TYPE_1, IBV_MW_TYPE_2)
         if not isinstance(mw_type, int) or isinstance(mw_type, bool) or mw_type not in kinds:
             raise einval(f"Failed to allocate MW: unknown memory window type {mw_type!r}; use "
                          "IBV_MW_TYPE_1 or IBV_MW_TYPE_2")  # fmt: skip
         self.pd = pd
         self._ctx = pd.ctx
         self._type = mw_type
-        self._key: MemKey = pd.ctx.provider.alloc_mw(pd.engine_pd, kinds[mw_type], self)
+        reply = pd.ctx.provider.call(api.ALLOC_MW, api.AllocMW(pd.device_pd, int(mw_type)))
+        self.dev_handle: int = reply.mw
+        self._rkey: int = reply.rkey
         pd.add_ref(self)
 
     @property
     def rkey(self) -> int:
-        return self._key.key
+        """The window's rkey; a bind posted with a new key changes it, as the
+        C library changes ``ibv_mw.rkey``."""
+        return self._rkey
 
     @property
     def type(self) -> int:
@@ -384,10 +362,10 @@ class MW(PyverbsCM):
 
     @property
     def handle(self) -> int:
-        return self._key.key >> 8
+        return self._rkey >> 8
 
     def _release(self) -> None:
-        self._ctx.provider.dealloc_mw(self._key)
+        destroy(self._ctx.provider, api.KIND_MW, self.dev_handle)
 
     def __str__(self) -> str:
         return f"MW:\n{'Rkey':22}: {self.rkey:<20}\n{'MW Type':22}: {self._type:<20}\n"

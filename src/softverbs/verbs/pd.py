@@ -27,6 +27,7 @@ from __future__ import annotations
 import errno
 from typing import TYPE_CHECKING, Any
 
+from softverbs.device import api
 from softverbs.enums import (
     IBV_ACCESS_ON_DEMAND,
     IBV_ADVISE_MR_ADVICE_PREFETCH,
@@ -38,6 +39,7 @@ from softverbs.enums import (
 )
 from softverbs.errors import PyverbsRDMAError, PyverbsUserError
 from softverbs.verbs.base import PyverbsCM, PyverbsObject, as_uint, require
+from softverbs.verbs.provider import destroy
 
 if TYPE_CHECKING:
     from softverbs.verbs.device import Context
@@ -69,7 +71,8 @@ class PD(PyverbsCM):
             self._imported = True
         else:
             self._engine_pd = self
-            creator.provider.alloc_pd(self)
+            reply = creator.provider.call(api.ALLOC_PD, api.Ctx(creator.handle, 0))
+            self.dev_handle: int = reply.handle  #: the device's name for this PD
             self._handle = creator.ucontext.add(self)
         creator.add_ref(self)
 
@@ -78,10 +81,15 @@ class PD(PyverbsCM):
         """The PD the device checks keys and QPs against."""
         return self._engine_pd
 
+    @property
+    def device_pd(self) -> int:
+        """The device's handle of :attr:`engine_pd`."""
+        return self._engine_pd.dev_handle
+
     def _release(self) -> None:
         if not self._imported:
             self.ctx.ucontext.remove(self)
-            self.ctx.provider.dealloc_pd(self)
+            destroy(self.ctx.provider, api.KIND_PD, self.dev_handle)
 
     def unimport(self) -> None:
         """``ibv_unimport_pd``: forget an imported PD without freeing it."""

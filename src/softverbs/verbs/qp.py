@@ -21,32 +21,15 @@ import errno
 import sys
 from typing import TYPE_CHECKING, Any
 
-from softverbs.engine.queues import SendWQE, Sge
-from softverbs.engine.requester import WR_DRIVER1, WR_INFO, WrClass
+from softverbs.device import api
+from softverbs.device.core import ALLOWED_OPCODES
+from softverbs.engine import qpstate
+from softverbs.engine.requester import WR_INFO, WrClass
+from softverbs.engine.rings import WQ_RQ, WQ_SQ, SendWQE, Sge, WorkRing
 from softverbs.enums import (
-    IBV_MTU_256,
     IBV_MTU_1024,
-    IBV_MTU_4096,
-    IBV_QP_ACCESS_FLAGS,
-    IBV_QP_ALT_PATH,
-    IBV_QP_AV,
-    IBV_QP_DEST_QPN,
-    IBV_QP_EN_SQD_ASYNC_NOTIFY,
     IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
-    IBV_QP_MAX_DEST_RD_ATOMIC,
-    IBV_QP_MAX_QP_RD_ATOMIC,
-    IBV_QP_MIN_RNR_TIMER,
-    IBV_QP_PATH_MIG_STATE,
-    IBV_QP_PATH_MTU,
-    IBV_QP_PKEY_INDEX,
-    IBV_QP_PORT,
-    IBV_QP_QKEY,
-    IBV_QP_RETRY_CNT,
-    IBV_QP_RNR_RETRY,
-    IBV_QP_RQ_PSN,
-    IBV_QP_SQ_PSN,
     IBV_QP_STATE,
-    IBV_QP_TIMEOUT,
     IBV_QPS_ERR,
     IBV_QPS_INIT,
     IBV_QPS_RESET,
@@ -55,8 +38,6 @@ from softverbs.enums import (
     IBV_QPS_SQD,
     IBV_QPS_SQE,
     IBV_QPT_RAW_PACKET,
-    IBV_QPT_RC,
-    IBV_QPT_UC,
     IBV_QPT_UD,
     IBV_QPT_XRC_RECV,
     IBV_QPT_XRC_SEND,
@@ -78,31 +59,19 @@ from softverbs.enums import (
     ibv_qp_state,
     ibv_qp_type,
     ibv_wr_opcode,
-    mtu_to_bytes,
 )
 from softverbs.errors import PyverbsRDMAError, PyverbsUserError, einval, enomem, eopnotsupp
-from softverbs.verbs import qpstate
-from softverbs.verbs.addr import AH, AHAttr, GlobalRoute, resolve_route
+from softverbs.verbs.addr import AH, AHAttr, ah_attr_of, av_of
 from softverbs.verbs.base import CStruct, PyverbsCM, PyverbsObject, as_uint, require
 from softverbs.verbs.cq import CQBase
 from softverbs.verbs.mr import MW, MWBind, MWBindInfo, inc_rkey
 from softverbs.verbs.pd import PD
+from softverbs.verbs.provider import Attach, destroy
 from softverbs.verbs.srq import SRQ, recv_wqe
 from softverbs.verbs.wr import SGE, RecvWR, SendWR
 
 if TYPE_CHECKING:
     from softverbs.verbs.device import Context
-
-#: WR opcodes each QP type accepts.
-#: (A provider's driver WQE, WR_DRIVER1, is built by the provider, never posted.)
-ALLOWED_OPCODES: dict[int, frozenset[int]] = {
-    IBV_QPT_RC: frozenset(WR_INFO) - {WR_DRIVER1},
-    IBV_QPT_XRC_SEND: frozenset(WR_INFO) - {WR_DRIVER1},
-    IBV_QPT_UC: frozenset({IBV_WR_SEND, IBV_WR_SEND_WITH_IMM, IBV_WR_RDMA_WRITE,
-                           IBV_WR_RDMA_WRITE_WITH_IMM, IBV_WR_LOCAL_INV, IBV_WR_BIND_MW}),
-    IBV_QPT_UD: frozenset({IBV_WR_SEND, IBV_WR_SEND_WITH_IMM}),
-    IBV_QPT_XRC_RECV: frozenset(),
-}  # fmt: skip
 
 SEND_FLAGS = int(IBV_SEND_FENCE | IBV_SEND_SIGNALED | IBV_SEND_SOLICITED | IBV_SEND_INLINE)
 # Plain ints for the checks post_send makes on every WR (IntFlag arithmetic
@@ -356,71 +325,29 @@ class QPAttr(CStruct, PyverbsObject):
         return "".join(f"{k:<22}: {v}\n" for k, v in vars(self).items() if k not in skip)
 
 
-def _copy_ah(attr: AHAttr) -> AHAttr:
-    gr = GlobalRoute(
-        dgid=attr.gr.dgid, flow_label=attr.gr.flow_label, sgid_index=attr.gr.sgid_index,
-        hop_limit=attr.gr.hop_limit, traffic_class=attr.gr.traffic_class,
+def _attrs_of(a: QPAttr) -> api.QPAttrs:
+    """A pyverbs QPAttr as the device's record (which fields count is the mask's)."""
+    return api.QPAttrs(
+        av_of(a.ah_attr), av_of(a.alt_ah_attr), a.qp_state, a.cur_qp_state, a.path_mtu,
+        a.path_mig_state, a.qkey, a.rq_psn, a.sq_psn, a.dest_qp_num, a.qp_access_flags,
+        a.pkey_index, a.alt_pkey_index, a.en_sqd_async_notify, a.sq_draining, a.max_rd_atomic,
+        a.max_dest_rd_atomic, a.min_rnr_timer, a.port_num, a.timeout, a.retry_cnt, a.rnr_retry,
+        a.alt_port_num, a.alt_timeout, a.rate_limit, 0,
     )  # fmt: skip
-    return AHAttr(dlid=attr.dlid, sl=attr.sl, src_path_bits=attr.src_path_bits,
-                  static_rate=attr.static_rate, is_global=attr.is_global,
-                  port_num=attr.port_num, gr=gr)  # fmt: skip
 
 
-def _check_range(name: str, value: int, lo: int, hi: int) -> int:
-    if not isinstance(value, int) or not lo <= value <= hi:
-        raise einval(f"{name}={value!r} is out of range {lo}..{hi}")
-    return value
-
-
-def engine_values(ctx: Context, a: QPAttr, mask: int) -> dict[str, Any]:
-    """Check ``a``'s attributes named by ``mask`` and turn them into engine values."""
-    from softverbs.verbs.device import LIMITS, PKEY_TABLE
-
-    v: dict[str, Any] = {}
-    if mask & IBV_QP_PKEY_INDEX:
-        idx = _check_range("pkey_index", a.pkey_index, 0, len(PKEY_TABLE) - 1)
-        v["pkey_index"] = idx
-        v["pkey"] = PKEY_TABLE[idx]
-    if mask & IBV_QP_PORT:
-        _check_range("port_num", a.port_num, 1, 1)
-    if mask & IBV_QP_QKEY:
-        v["qkey"] = _check_range("qkey", a.qkey, 0, 0xFFFFFFFF)
-    if mask & IBV_QP_ACCESS_FLAGS:
-        v["access"] = int(_check_range("qp_access_flags", a.qp_access_flags, 0, 0xFFFFFFFF))
-    if mask & IBV_QP_AV:
-        v["route"] = resolve_route(ctx.provider.gids, a.ah_attr, "QP ah_attr")
-    if mask & IBV_QP_PATH_MTU:
-        mtu = _check_range("path_mtu", a.path_mtu, IBV_MTU_256, IBV_MTU_4096)
-        v["pmtu"] = min(mtu_to_bytes(mtu), ctx.device.mtu)
-    if mask & IBV_QP_DEST_QPN:
-        v["dest_qpn"] = _check_range("dest_qp_num", a.dest_qp_num, 0, 0xFFFFFF)
-    if mask & IBV_QP_RQ_PSN:
-        v["rq_psn"] = _check_range("rq_psn", a.rq_psn, 0, 0xFFFFFFFF) & 0xFFFFFF
-    if mask & IBV_QP_SQ_PSN:
-        v["sq_psn"] = _check_range("sq_psn", a.sq_psn, 0, 0xFFFFFFFF) & 0xFFFFFF
-    if mask & IBV_QP_TIMEOUT:
-        v["timeout"] = _check_range("timeout", a.timeout, 0, 31)
-    if mask & IBV_QP_RETRY_CNT:
-        v["retry_cnt"] = _check_range("retry_cnt", a.retry_cnt, 0, 7)
-    if mask & IBV_QP_RNR_RETRY:
-        v["rnr_retry"] = _check_range("rnr_retry", a.rnr_retry, 0, 7)
-    if mask & IBV_QP_MIN_RNR_TIMER:
-        v["min_rnr_timer"] = _check_range("min_rnr_timer", a.min_rnr_timer, 0, 31)
-    if mask & IBV_QP_MAX_QP_RD_ATOMIC:
-        v["max_rd_atomic"] = _check_range(
-            "max_rd_atomic", a.max_rd_atomic, 0, LIMITS["max_qp_rd_atom"]
-        )
-    if mask & IBV_QP_MAX_DEST_RD_ATOMIC:
-        v["max_dest_rd_atomic"] = _check_range(
-            "max_dest_rd_atomic", a.max_dest_rd_atomic, 0, LIMITS["max_qp_rd_atom"]
-        )
-    if mask & IBV_QP_EN_SQD_ASYNC_NOTIFY:
-        v["en_sqd_async_notify"] = bool(a.en_sqd_async_notify)
-    if mask & IBV_QP_ALT_PATH:
-        resolve_route(ctx.provider.gids, a.alt_ah_attr, "QP alt_ah_attr")
-    if mask & IBV_QP_PATH_MIG_STATE:
-        _check_range("path_mig_state", a.path_mig_state, 0, 2)
-    return v
+def _qp_attr_of(r: api.QPAttrs) -> QPAttr:
+    """The inverse of :func:`_attrs_of`."""
+    out = QPAttr(qp_state=r.qp_state, cur_qp_state=r.cur_qp_state, port_num=r.port_num,
+                 path_mtu=r.path_mtu)  # fmt: skip
+    for name in ("path_mig_state", "qkey", "rq_psn", "sq_psn", "dest_qp_num", "qp_access_flags",
+                 "pkey_index", "alt_pkey_index", "en_sqd_async_notify", "sq_draining",
+                 "max_rd_atomic", "max_dest_rd_atomic", "min_rnr_timer", "timeout",
+                 "retry_cnt", "rnr_retry", "alt_port_num", "alt_timeout", "rate_limit"):
+        setattr(out, name, getattr(r, name))
+    out.ah_attr = ah_attr_of(r.ah)
+    out.alt_ah_attr = ah_attr_of(r.alt_ah)
+    return out
 
 
 class ECE(CStruct, PyverbsCM):
@@ -446,12 +373,15 @@ class QP(PyverbsCM):
 
     Given a ``QPAttr``, the constructor moves RC, UC and XRC QPs to INIT and
     UD QPs to RTS, as pyverbs does.
+
+    The QP's rings are this object's (``sq``, ``rq``): posting writes WQEs
+    into them and rings the doorbell; the device judges everything else.
     """
 
     close_rank = 10
 
     def __init__(self, creator: Any, init_attr: Any, qp_attr: QPAttr | None = None) -> None:
-        from softverbs.verbs.device import LIMITS, Context
+        from softverbs.verbs.device import Context
 
         super().__init__()
         if qp_attr is not None:
@@ -473,7 +403,6 @@ class QP(PyverbsCM):
         if qp_type not in ALLOWED_OPCODES:
             raise einval(f"unknown QP type {qp_type}")
         cap: QPCap = init_attr.cap
-        self._validate_create(init_attr, pd, qp_type, cap, LIMITS)
         self._ctx = ctx
         self.context = ctx
         self.pd = pd
@@ -486,29 +415,43 @@ class QP(PyverbsCM):
         self.sq_sig_all = bool(init_attr.sq_sig_all)
         self.send_ops_flags = getattr(init_attr, "send_ops_flags", 0)
         self.create_flags = getattr(init_attr, "create_flags", 0)
-        self._attrs = QPAttr(qp_state=IBV_QPS_RESET)
         self._unsignaled_run = 0  #: unsignaled WRs posted since the last signaled one
+        self._qp_type: int = qp_type
+        provider = ctx.provider
+        xrc = qp_type in (IBV_QPT_XRC_RECV, IBV_QPT_XRC_SEND)
         has_sq = qp_type != IBV_QPT_XRC_RECV
-        has_rq = qp_type not in (IBV_QPT_XRC_RECV, IBV_QPT_XRC_SEND) and self.srq is None
-        mtu = ctx.device.mtu
-        self.engine = ctx.provider.create_qp(
-            qp_type,
-            pd.engine_pd if pd is not None else None,
-            self.scq.ring if self.scq is not None else None,
-            self.rcq.ring if self.rcq is not None else None,
-            self.srq.ring if self.srq is not None else None,
-            self.xrcd.domain if self.xrcd is not None else None,
-            cap.max_send_wr if has_sq else None,
-            cap.max_recv_wr if has_rq else None,
-            self.sq_sig_all,
-            # A UD message may be as long as the port's active MTU (rxe: the
-            # port's mtu_cap); connected QPs get their path_mtu at INIT->RTR.
-            mtu if qp_type == IBV_QPT_UD else min(1024, mtu),
-            self,
-            caps=(cap.max_send_sge, cap.max_inline_data, cap.max_recv_sge),
-        )
-        if qp_type == IBV_QPT_XRC_RECV:
-            ctx.provider.xrc_hold(self.engine, self)  # the device owns it; we hold it
+        has_rq = not xrc and self.srq is None
+        for name, value in (("max_send_wr", cap.max_send_wr), ("max_recv_wr", cap.max_recv_wr),
+                            ("max_send_sge", cap.max_send_sge),
+                            ("max_recv_sge", cap.max_recv_sge),
+                            ("max_inline_data", cap.max_inline_data)):  # fmt: skip
+            if not isinstance(value, int) or value < 0:
+                raise einval(f"cap.{name}={value!r} is not a count")
+        self.sq: WorkRing | None = provider.work_ring(
+            cap.max_send_wr, True, cap.max_send_sge, cap.max_inline_data, qp_type
+        ) if has_sq else None  # fmt: skip
+        self.rq: WorkRing | None = provider.work_ring(
+            cap.max_recv_wr, False, cap.max_recv_sge, 0, qp_type
+        ) if has_rq else None  # fmt: skip
+        ops = getattr(init_attr, "send_ops_flags", 0) if getattr(
+            init_attr, "comp_mask", 0) & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS else 0  # fmt: skip
+        body = api.CreateQP(
+            ops,
+            api.QPCaps(cap.max_send_wr, cap.max_recv_wr, cap.max_send_sge, cap.max_recv_sge,
+                       cap.max_inline_data, 0),
+            ctx.handle, pd.device_pd if pd is not None else 0, qp_type,
+            _handle(self.scq), _handle(self.rcq), _handle(self.srq), _handle(self.xrcd),
+            int(self.sq_sig_all), self.create_flags & 0xFFFFFFFF, _slot(self.sq), _slot(self.rq),
+            0,
+        )  # fmt: skip
+        try:
+            reply = provider.call(api.CREATE_QP, body, Attach(sq=self.sq, rq=self.rq))
+        except BaseException:
+            self._free_rings()
+            raise
+        self.dev_handle: int = reply.qp
+        self._qpn: int = reply.qpn
+        self._adopt(ctx)
         for parent in (pd, self.scq, self.rcq, self.srq, self.xrcd, ctx if pd is None else None):
             if parent is not None:
                 parent.add_ref(self)
@@ -518,8 +461,22 @@ class QP(PyverbsCM):
             else:
                 self.to_init(qp_attr)
 
+    def _adopt(self, ctx: Context) -> None:
+        """Make the device's handle and our rings known where events and polls look."""
+        ctx.register(self, self.dev_handle)
+        rings = ctx.device.rings
+        if self.sq is not None:
+            rings[(WQ_SQ, self.dev_handle)] = self.sq
+        if self.rq is not None:
+            rings[(WQ_RQ, self.dev_handle)] = self.rq
+
+    def _free_rings(self) -> None:
+        for ring in (self.sq, self.rq):
+            if ring is not None:
+                self._ctx.provider.free_ring(ring)
+
     @classmethod
-    def opened(cls, ctx: Context, xrcd: Any, engine: Any) -> QP:
+    def opened(cls, ctx: Context, xrcd: Any, handle: int, qpn: int) -> QP:
         """A QP object for an XRC receive QP that another process created
         (``ibv_open_qp``): it can be modified, queried and closed; closing
         drops this handle's reference."""
@@ -532,58 +489,40 @@ class QP(PyverbsCM):
         qp.qp_context = None
         qp.sq_sig_all = False
         qp.send_ops_flags = qp.create_flags = 0
-        qp._attrs = QPAttr(qp_state=IBV_QPS_RESET)
         qp._unsignaled_run = 0
-        qp.engine = engine
+        qp._qp_type = IBV_QPT_XRC_RECV
+        qp.sq = qp.rq = None
+        qp.dev_handle = handle
+        qp._qpn = qpn
+        qp._adopt(ctx)
         xrcd.add_ref(qp)
         return qp
-
-    @staticmethod
-    def _validate_create(init_attr: Any, pd: PD | None, qp_type: int, cap: QPCap,
-                         limits: dict[str, int]) -> None:  # fmt: skip
-        tname = _name(ibv_qp_type, qp_type)
-        if getattr(init_attr, "comp_mask", 0) & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS:
-            unsupported = init_attr.send_ops_flags & ~_SUPPORTED_SEND_OPS
-            if unsupported:
-                raise eopnotsupp(
-                    f"Failed to create QP: send_ops_flags {unsupported:#x} are not supported; "
-                    "softverbs has no TSO and none of IBTA 1.5's memory placement operations "
-                    "(FLUSH, ATOMIC WRITE)"
-                )
-        if qp_type == IBV_QPT_XRC_RECV:
-            if getattr(init_attr, "xrcd", None) is None:
-                raise einval("an XRC receive QP needs an XRC domain (QPInitAttrEx(xrcd=...))")
-        elif pd is None:
-            raise einval(f"a {tname} QP needs a PD (QPInitAttrEx(pd=...))")
-        if qp_type != IBV_QPT_XRC_RECV and init_attr.send_cq is None:
-            raise einval(f"a {tname} QP needs a send CQ")
-        if qp_type not in (IBV_QPT_XRC_RECV, IBV_QPT_XRC_SEND) and init_attr.recv_cq is None:
-            raise einval(f"a {tname} QP needs a receive CQ")
-        if init_attr.srq is not None and qp_type in (IBV_QPT_XRC_SEND, IBV_QPT_XRC_RECV):
-            raise einval(f"a {tname} QP cannot use an SRQ")
-        checks = (
-            ("max_send_wr", cap.max_send_wr, limits["max_qp_wr"]),
-            ("max_recv_wr", cap.max_recv_wr, limits["max_qp_wr"]),
-            ("max_send_sge", cap.max_send_sge, limits["max_sge"]),
-            ("max_recv_sge", cap.max_recv_sge, limits["max_sge"]),
-            ("max_inline_data", cap.max_inline_data, limits["max_inline_data"]),
-        )
-        for name, value, hi in checks:
-            if not isinstance(value, int) or not 0 <= value <= hi:
-                raise einval(f"cap.{name}={value!r} exceeds the device limit {hi}")
 
     # --- properties ------------------------------------------------------------
     @property
     def qp_num(self) -> int:
-        return int(self.engine.qpn)
+        return self._qpn
 
     @property
     def qp_state(self) -> int:
-        return int(self.engine.state)
+        """The QP's state as the device last published it (it moves QPs to ERR by
+        itself); a QP without a send queue asks the device."""
+        if self.sq is not None:
+            published = self.sq.published_state()
+            if published is not None:
+                return published
+        return int(self._query().state)
 
     @property
     def qp_type(self) -> int:
-        return int(self.engine.qp_type)
+        return self._qp_type
+
+    @property
+    def engine(self) -> Any:
+        """The QP's engine when the device runs in this process, else None (for
+        tools and tests; programs never need it)."""
+        engine_of = getattr(self._ctx.provider, "engine_of", None)
+        return engine_of(api.KIND_QP, self.dev_handle) if engine_of is not None else None
 
     def __str__(self) -> str:
         return (f"QP\n{'QP type':22}: {_name(ibv_qp_type, self.qp_type):<20}\n"
@@ -615,90 +554,46 @@ class QP(PyverbsCM):
         self.modify(qp_attr, self._get_comp_mask("RTS"))
 
     def modify(self, qp_attr: QPAttr, comp_mask: int) -> None:
-        """``ibv_modify_qp``: judged by the state table (:mod:`.qpstate`)."""
+        """``ibv_modify_qp``: the device judges it by its state table, against the
+        QP's own state (:mod:`softverbs.engine.qpstate`)."""
         self._check_open()
         require(qp_attr, QPAttr, "qp_attr")
         comp_mask = as_uint(comp_mask, 32, "comp_mask")
-        eng = self.engine
-        rt = self._ctx.runtime
-        with rt.lock:
-            cur = eng.state
-            new = qp_attr.qp_state if comp_mask & IBV_QP_STATE else None
-            if new is not None and new not in ibv_qp_state._value2member_map_:
-                raise einval(f"qp_state {new} is not a QP state")
-            new = qpstate.check(eng.qp_type, cur, comp_mask, new, qp_attr.cur_qp_state)
-            values = self._engine_values(qp_attr, comp_mask)
-            eng.set_attrs(values)
-            self._remember(qp_attr, comp_mask)
-            eng.set_state(new, rt.clock.now())
-            if new == IBV_QPS_RESET:
-                self._unsignaled_run = 0
-            rt.progress()
+        body = api.ModifyQP(_attrs_of(qp_attr), self.dev_handle, comp_mask)
+        state = self._ctx.provider.call(api.MODIFY_QP, body).state
+        if state == IBV_QPS_RESET:
+            self._unsignaled_run = 0
+            for ring in (self.sq, self.rq):
+                if ring is not None:
+                    ring.forget()
 
-    def _engine_values(self, a: QPAttr, mask: int) -> dict[str, Any]:
-        return engine_values(self._ctx, a, mask)
-
-    _REMEMBERED: tuple[tuple[int, tuple[str, ...]], ...] = (
-        (IBV_QP_PKEY_INDEX, ("pkey_index",)),
-        (IBV_QP_PORT, ("port_num",)),
-        (IBV_QP_QKEY, ("qkey",)),
-        (IBV_QP_ACCESS_FLAGS, ("qp_access_flags",)),
-        (IBV_QP_PATH_MTU, ("path_mtu",)),
-        (IBV_QP_DEST_QPN, ("dest_qp_num",)),
-        (IBV_QP_RQ_PSN, ("rq_psn",)),
-        (IBV_QP_SQ_PSN, ("sq_psn",)),
-        (IBV_QP_TIMEOUT, ("timeout",)),
-        (IBV_QP_RETRY_CNT, ("retry_cnt",)),
-        (IBV_QP_RNR_RETRY, ("rnr_retry",)),
-        (IBV_QP_MIN_RNR_TIMER, ("min_rnr_timer",)),
-        (IBV_QP_MAX_QP_RD_ATOMIC, ("max_rd_atomic",)),
-        (IBV_QP_MAX_DEST_RD_ATOMIC, ("max_dest_rd_atomic",)),
-        (IBV_QP_EN_SQD_ASYNC_NOTIFY, ("en_sqd_async_notify",)),
-        (IBV_QP_PATH_MIG_STATE, ("path_mig_state",)),
-        (IBV_QP_ALT_PATH, ("alt_pkey_index", "alt_port_num", "alt_timeout")),
-    )
-
-    def _remember(self, a: QPAttr, mask: int) -> None:
-        mine = self._attrs
-        for bit, names in self._REMEMBERED:
-            if mask & bit:
-                for n in names:
-                    setattr(mine, n, getattr(a, n))
-        if mask & IBV_QP_AV:
-            mine.ah_attr = _copy_ah(a.ah_attr)
-        if mask & IBV_QP_ALT_PATH:
-            mine.alt_ah_attr = _copy_ah(a.alt_ah_attr)
+    def _query(self) -> api.QueryQPReply:
+        return self._ctx.provider.call(api.QUERY_QP, api.Handle(self.dev_handle, 0))
 
     def query(self, attr_mask: int = 0) -> tuple[QPAttr, QPInitAttr]:
         """``ibv_query_qp``: (QPAttr, QPInitAttr) with every attribute filled in."""
         self._check_open()
         as_uint(attr_mask, 32, "attr_mask")
-        with self._ctx.lock:
-            mine = self._attrs
-            out = QPAttr()
-            for k, val in vars(mine).items():
-                if k != "logger":
-                    setattr(out, k, val)
-            out.ah_attr = _copy_ah(mine.ah_attr)
-            out.alt_ah_attr = _copy_ah(mine.alt_ah_attr)
-            out.qp_state = self.qp_state
-            out.cur_qp_state = self.qp_state
-            out.sq_draining = int(self.engine.sq_draining())
-            out.cap = self.cap.copy()
-            init = QPInitAttr(qp_type=self.qp_type, qp_context=self.qp_context, scq=self.scq,
-                              rcq=self.rcq, srq=self.srq, cap=self.cap,
-                              sq_sig_all=int(self.sq_sig_all))  # fmt: skip
+        reply = self._query()
+        out = _qp_attr_of(reply.attr)
+        out.cap = self.cap.copy()
+        init = QPInitAttr(qp_type=self.qp_type, qp_context=self.qp_context, scq=self.scq,
+                          rcq=self.rcq, srq=self.srq, cap=self.cap,
+                          sq_sig_all=int(self.sq_sig_all))  # fmt: skip
         return out, init
 
     # --- posting -------------------------------------------------------------------------
     def _ring(self, upto: int) -> None:
-        eng = self.engine
-        sq = eng.sq
+        """Move the send queue's doorbell to ``upto`` and tell the device."""
+        sq = self.sq
         assert sq is not None
-        if upto <= sq.db:
-            return
-        sq.db = upto
-        eng.doorbell(self._ctx.runtime.clock.now())
+        if sq.ring(upto):
+            self._ctx.provider.doorbell(self.dev_handle, api.DB_SQ)
+
+    def _state(self) -> int:
+        sq = self.sq
+        published = sq.published_state() if sq is not None else None
+        return published if published is not None else IBV_QPS_RESET
 
     def post_send(self, wr: SendWR, bad_wr: SendWR | None = None) -> None:
         """Post a list of send WRs (``wr`` and its ``next_wr`` chain)."""
@@ -706,11 +601,10 @@ class QP(PyverbsCM):
         require(wr, SendWR, "wr")
         if bad_wr is not None:
             require(bad_wr, SendWR, "bad_wr")
-        eng = self.engine
         rt = self._ctx.runtime
         with rt.lock:
-            sq = eng.sq
-            ring_to = sq.db if sq is not None else 0
+            sq = self.sq
+            ring_to = int(sq.hdr[sq.DB]) if sq is not None else 0
             w: SendWR | None = wr
             n = 0
             try:
@@ -734,12 +628,12 @@ class QP(PyverbsCM):
             rt.progress()
 
     def _build_send(self, w: SendWR, n: int, type1_bind: bool = False) -> SendWQE:
-        eng = self.engine
-        qp_type = eng.qp_type
-        state = eng.state
+        qp_type = self.qp_type
         where = _Where(n, w)  # formatted only if an error is raised
-        if eng.sq is None:
+        sq = self.sq
+        if sq is None:
             raise einval(f"{where}: an {_name(ibv_qp_type, qp_type)} QP has no send queue")
+        state = self._state()
         if state not in _POST_SEND_STATES:
             raise einval(
                 f"{where}: the QP is in {_name(ibv_qp_state, state)}; send WRs may be "
@@ -753,7 +647,6 @@ class QP(PyverbsCM):
         if flags & ~_ALLOWED_SEND_FLAGS:
             raise einval(f"{where}: unsupported send_flags bits "
                          f"{flags & ~_ALLOWED_SEND_FLAGS:#x}")  # fmt: skip
-        sq = eng.sq
         if sq.used >= sq.size:
             raise enomem(self._sq_full_message(where))
         cap = self.cap
@@ -771,6 +664,7 @@ class QP(PyverbsCM):
                 raise einval(f"{where}: {length} bytes of inline data exceed "
                              f"max_inline_data={cap.max_inline_data}")  # fmt: skip
             wqe.inline = self._inline_bytes(sges, where)
+            wqe.sges = []
         wqe.fence = bool(flags & _FENCE)
         wqe.se = bool(flags & _SOLICITED)
         if info.imm:
@@ -786,18 +680,18 @@ class QP(PyverbsCM):
         if qp_type == IBV_QPT_UD:
             if w.ah is None:
                 raise einval(f"{where}: a UD send needs an address handle (set_wr_ud)")
-            wqe.route = w.ah.route
+            w.ah._check_open()
+            wqe.ah = w.ah.dev_handle
             wqe.remote_qpn = w.remote_qpn & 0xFFFFFF
             wqe.remote_qkey = w.remote_qkey & 0xFFFFFFFF
         elif qp_type == IBV_QPT_XRC_SEND:
             wqe.xrc_srqn = w.remote_srqn & 0xFFFFFF
         if opcode == IBV_WR_BIND_MW:
-            wqe.bind = self._bind_args(w.mw, w.bind_info, w.bind_rkey, where,
-                                       type2=not type1_bind)  # fmt: skip
+            self._bind_args(wqe, w.mw, w.bind_info, w.bind_rkey, where, type2=not type1_bind)
         return wqe
 
     def _sq_full_message(self, where: object) -> str:
-        sq = self.engine.sq
+        sq = self.sq
         assert sq is not None
         size = sq.size
         return (
@@ -821,8 +715,9 @@ class QP(PyverbsCM):
             parts.append(ctypes.string_at(addr, length) if length else b"")
         return b"".join(parts)
 
-    def _bind_args(self, mw: MW | None, info: MWBindInfo | None, new_key: int, where: object,
-                   type2: bool) -> Any:  # fmt: skip
+    @staticmethod
+    def _bind_args(wqe: SendWQE, mw: MW | None, info: MWBindInfo | None, new_key: int,
+                   where: object, type2: bool) -> None:  # fmt: skip
         from softverbs.enums import IBV_MW_TYPE_1, IBV_MW_TYPE_2
 
         if mw is None or info is None:
@@ -833,7 +728,10 @@ class QP(PyverbsCM):
                 f"{where}: type {mw.type} windows are bound with "
                 + ("QP.bind_mw()" if mw.type == IBV_MW_TYPE_1 else "an IBV_WR_BIND_MW WR")
             )
-        return (mw._key, info.mr._key, new_key, info.addr, info.length, info.mw_access_flags)
+        wqe.bind_mw, wqe.bind_mr, wqe.bind_rkey = mw.dev_handle, info.mr.dev_handle, new_key
+        wqe.bind_addr, wqe.bind_length = info.addr, info.length
+        wqe.bind_access = info.mw_access_flags
+        mw._rkey = new_key
 
     def set_ece(self, ece: ECE) -> None:
         """``ibv_set_ece``: ECE options are a vendor's; softverbs has none."""
@@ -876,11 +774,11 @@ class QP(PyverbsCM):
         wr.mw = mw
         wr.bind_info = mw_bind.info
         wr.bind_rkey = inc_rkey(mw.rkey)
-        eng = self.engine
         rt = self._ctx.runtime
         with rt.lock:
-            sq = eng.sq
-            assert sq is not None
+            sq = self.sq
+            if sq is None:
+                raise einval("bind_mw: this QP has no send queue")
             try:
                 wqe = self._build_send(wr, 0, type1_bind=True)
             except PyverbsRDMAError:
@@ -898,7 +796,6 @@ class QP(PyverbsCM):
         require(wr, RecvWR, "wr")
         if bad_wr is not None:
             require(bad_wr, RecvWR, "bad_wr")
-        eng = self.engine
         rt = self._ctx.runtime
         with rt.lock:
             w: RecvWR | None = wr
@@ -910,11 +807,11 @@ class QP(PyverbsCM):
                     if self.srq is not None:
                         raise einval(f"{where}: this QP takes its receives from an SRQ; "
                                      "post them to the SRQ")  # fmt: skip
-                    rq = eng.rq
+                    rq = self.rq
                     if rq is None:
-                        raise einval(f"{where}: an {_name(ibv_qp_type, eng.qp_type)} QP "
+                        raise einval(f"{where}: an {_name(ibv_qp_type, self.qp_type)} QP "
                                      "has no receive queue")  # fmt: skip
-                    if eng.state == IBV_QPS_RESET:
+                    if self._state() == IBV_QPS_RESET:
                         raise einval(f"{where}: the QP is in RESET; move it to INIT first")
                     if rq.used >= rq.size:
                         raise enomem(
@@ -930,18 +827,28 @@ class QP(PyverbsCM):
                     _copy_wr(w, bad_wr)
                 raise
             finally:
-                if posted:
-                    assert eng.rq is not None
-                    eng.rq.db = eng.rq.pi
-                    eng.rq_doorbell(rt.clock.now())
+                if posted and self.rq is not None and self.rq.ring(self.rq.pi):
+                    self._ctx.provider.doorbell(self.dev_handle, api.DB_RQ)
                     rt.progress()
-            del posted
 
     def _release(self) -> None:
-        if self.engine.qp_type == IBV_QPT_XRC_RECV:
-            self._ctx.provider.xrc_release(self.engine, self)
-        else:
-            self._ctx.provider.destroy_qp(self.engine)
+        ctx = self._ctx
+        try:
+            destroy(ctx.provider, api.KIND_QP, self.dev_handle)
+        finally:
+            for kind in (WQ_SQ, WQ_RQ):
+                ctx.device.rings.pop((kind, self.dev_handle), None)
+            self._free_rings()
+
+
+def _handle(obj: Any) -> int:
+    """The device handle of a parent object (0: none)."""
+    return int(obj.dev_handle) if obj is not None else 0
+
+
+def _slot(ring: WorkRing | None) -> int:
+    """Bytes per slot of a ring in shared memory (0: a ring of this process)."""
+    return int(getattr(ring.slots, "slot", 0)) if ring is not None else 0
 
 
 class DataBuffer(PyverbsCM):
@@ -1005,10 +912,9 @@ class QPEx(QP):
             raise einval("wr_complete without wr_start")
         if not batch:
             return
-        eng = self.engine
         rt = self._ctx.runtime
         with rt.lock:
-            sq = eng.sq
+            sq = self.sq
             assert sq is not None
             try:
                 if sq.size - sq.used < len(batch):
@@ -1118,8 +1024,6 @@ def _send_ops_table() -> dict[int, int]:
 
 
 _SEND_OPS_FLAG = _send_ops_table()
-#: The ``send_ops_flags`` a QPEx may be created with: every opcode softverbs executes.
-_SUPPORTED_SEND_OPS = sum(int(f) for f in _SEND_OPS_FLAG.values())
 
 
 def _copy_send_wr(src: SendWR, dst: SendWR) -> None:

@@ -35,10 +35,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from softverbs import config
+from softverbs.device import api
+from softverbs.device.core import Device, DeviceInfo, Features, Host, Owner
 from softverbs.engine.hca import HCA
 from softverbs.errors import PyverbsRDMAError
 from softverbs.fabric.runtime import Clock, DeviceRuntime, InprocRuntime, Runtime
-from softverbs.verbs.provider import EmbeddedProvider
+from softverbs.verbs.memory import SelfMemory
+from softverbs.verbs.provider import EmbeddedProvider, Provider
 
 if TYPE_CHECKING:
     from softverbs.fabric.pcap import PcapWriter
@@ -76,8 +79,11 @@ class SoftDevice:
     runtime: DeviceRuntime
     index: int
     mtu: int
-    provider: Any  #: an EmbeddedProvider, or the device service's ServiceProvider
+    provider: Provider  #: an EmbeddedProvider, or the device service's ServiceProvider
     contexts: weakref.WeakSet[Context] = field(default_factory=weakref.WeakSet)
+    core: Device | None = None  #: the device's authority, when it runs in this process
+    #: the application's rings by (WQ kind, handle): where a polled CQE gives a slot back
+    rings: dict[tuple[int, int], Any] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -86,6 +92,18 @@ class SoftDevice:
     @property
     def guid(self) -> int:
         return self.spec.guid
+
+
+def _ifindex(netdev: str) -> int:
+    """The kernel's index of ``netdev`` (0 for none, as for in-process devices)."""
+    if not netdev:
+        return 0
+    import socket
+
+    try:
+        return socket.if_nametoindex(netdev)
+    except OSError:
+        return 0
 
 
 def _netdev_mac(netdev: str) -> bytes | None:
@@ -109,9 +127,19 @@ class Registry:
     def __init__(self, specs: list[DeviceSpec] | None = None, clock: Clock | None = None):
         self._fixed_specs = specs
         self._clock = clock
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self.devices: dict[str, SoftDevice] = {}
         self._inproc: InprocRuntime | None = None
+        #: the authority over this world's devices, and this process as their owner
+        self.host = Host(self._open_core, self.entries)
+        self.owner = self.host.add_owner(Owner(f"pid {os.getpid()}", os.getpid(), os.getuid(),
+                                               SelfMemory()))  # fmt: skip
+
+    def entries(self) -> list[api.DeviceEntry]:
+        """The devices of this world, as LIST_DEVICES describes them."""
+        kinds = {"inproc": 2, "sim": 2, "udp": 1, "host": 0}
+        return [api.DeviceEntry(s.name, s.guid, i, 1, 0, kinds.get(s.kind, 2))
+                for i, s in enumerate(self.specs())]  # fmt: skip
 
     # --- specs ---------------------------------------------------------------
     def specs(self) -> list[DeviceSpec]:
@@ -146,8 +174,16 @@ class Registry:
         hca = HCA(spec.name, gids)
         runtime = self.inproc_runtime()
         runtime.attach(hca)
-        provider = EmbeddedProvider(hca, runtime)
-        return SoftDevice(spec, hca, runtime, index, spec.mtu or 4096, provider)
+        return self._device(spec, index, hca, runtime, spec.mtu or 4096)
+
+    def _device(self, spec: DeviceSpec, index: int, hca: HCA, runtime: Runtime,
+                mtu: int) -> SoftDevice:  # fmt: skip
+        """The device's authority over ``hca``, and this process's provider for it."""
+        info = DeviceInfo(spec.name, spec.guid, mtu, spec.netdev, _ifindex(spec.netdev),
+                          {"udp": 1, "host": 0}.get(spec.kind, 2), Features())  # fmt: skip
+        core = Device(info, hca, runtime)
+        provider = EmbeddedProvider(self.host, self.owner, core, runtime)
+        return SoftDevice(spec, hca, runtime, index, mtu, provider, core=core)
 
     def _build_udp(self, spec: DeviceSpec, index: int) -> SoftDevice:
         from softverbs.fabric.udp import (
@@ -176,8 +212,7 @@ class Registry:
         hca = HCA(spec.name, runtime.gids)
         runtime.attach(hca)
         runtime.start()
-        mtu = spec.mtu or ib_mtu_for(netdev_mtu)
-        return SoftDevice(spec, hca, runtime, index, mtu, EmbeddedProvider(hca, runtime))
+        return self._device(spec, index, hca, runtime, spec.mtu or ib_mtu_for(netdev_mtu))
 
     def open(self, name: str) -> SoftDevice:
         with self._lock:
@@ -195,6 +230,13 @@ class Registry:
             + (", ".join(s.name for s in specs) or "none")
         )
 
+    def _open_core(self, name: str) -> Device:
+        """The host's way to a device: built on first use, as :meth:`open`."""
+        core = self.open(name).core
+        if core is None:
+            raise PyverbsRDMAError(f"device {name} does not run in this process")
+        return core
+
     def release(self, dev: SoftDevice) -> None:
         """The last context of ``dev`` closed: stop a UDP device's runtime."""
         if dev.spec.kind != "udp" or any(not c.closed for c in dev.contexts):
@@ -202,6 +244,7 @@ class Registry:
         with self._lock:
             if self.devices.get(dev.name) is dev:
                 del self.devices[dev.name]
+                self.host.devices.pop(dev.name, None)
         if isinstance(dev.runtime, Runtime) and dev.hca is not None:
             dev.runtime.detach(dev.hca)
         stop = getattr(dev.runtime, "stop", None)

@@ -12,7 +12,8 @@ from __future__ import annotations
 import errno
 from typing import TYPE_CHECKING, Any
 
-from softverbs.engine.queues import RecvWQE, SharedRQ
+from softverbs.device import api
+from softverbs.engine.rings import WQ_SRQ, RecvWQE, SharedRecvRing
 from softverbs.enums import (
     IBV_OPS_SIGNALED,
     IBV_SRQ_LIMIT,
@@ -23,6 +24,7 @@ from softverbs.enums import (
 )
 from softverbs.errors import PyverbsRDMAError, PyverbsUserError, einval, enomem, eopnotsupp
 from softverbs.verbs.base import CStruct, PyverbsCM, PyverbsObject, as_uint, require
+from softverbs.verbs.provider import Attach, destroy
 from softverbs.verbs.wr import RecvWR
 
 if TYPE_CHECKING:
@@ -177,15 +179,22 @@ class SRQ(PyverbsCM):
         self.cq = cq
         self.xrcd = xrcd
         self.srq_type = srq_type
-        self.ring: SharedRQ = ctx.provider.create_srq(
-            max_wr,
-            max_sge,
-            limit,
-            pd.engine_pd if pd is not None else None,
-            xrcd.domain if srq_type == IBV_SRQT_XRC and xrcd is not None else None,
-            cq.ring if cq is not None else None,
-            self,
-        )
+        provider = ctx.provider
+        self.ring: SharedRecvRing = provider.srq_ring(max_wr, max_sge)
+        body = api.CreateSRQ(
+            ctx.handle, pd.device_pd if pd is not None else 0, srq_type, max_wr, max_sge, limit,
+            xrcd.dev_handle if srq_type == IBV_SRQT_XRC and xrcd is not None else 0,
+            cq.dev_handle if cq is not None else 0, 0, 0,
+        )  # fmt: skip
+        try:
+            reply = provider.call(api.CREATE_SRQ, body, Attach(srq=self.ring))
+        except BaseException:
+            provider.free_ring(self.ring)
+            raise
+        self.dev_handle: int = reply.srq
+        self.ring.srqn = reply.srqn
+        ctx.register(self, self.dev_handle)
+        ctx.device.rings[(WQ_SRQ, self.dev_handle)] = self.ring
         for parent in (pd, cq, xrcd):
             if parent is not None:
                 parent.add_ref(self)
@@ -249,11 +258,26 @@ class SRQ(PyverbsCM):
                 if attr.srq_limit > max_wr:
                     raise einval(f"srq_limit {attr.srq_limit} exceeds max_wr {max_wr}")
                 limit = attr.srq_limit
-            ring.modify(attr.max_wr if comp_mask & IBV_SRQ_MAX_WR else None, limit)
+            provider = self._ctx.provider
+            new = provider.srq_ring(attr.max_wr, ring.max_sge) if comp_mask & IBV_SRQ_MAX_WR \
+                else None  # fmt: skip
+            body = api.ModifySRQ(self.dev_handle, comp_mask, attr.max_wr if new else 0,
+                                 limit if limit is not None else 0)  # fmt: skip
+            try:
+                provider.call(api.MODIFY_SRQ, body, Attach(srq=new))
+            except BaseException:
+                if new is not None:
+                    provider.free_ring(new)
+                raise
+            if new is not None:
+                provider.adopt_srq(ring, new)
 
     def query(self) -> SrqAttr:
         self._check_open()
         return SrqAttr(self.ring.max_wr, self.ring.max_sge, self.ring.armed_limit)
 
     def _release(self) -> None:
-        self._ctx.provider.destroy_srq(self.ring)
+        provider = self._ctx.provider
+        destroy(provider, api.KIND_SRQ, self.dev_handle)
+        self._ctx.device.rings.pop((WQ_SRQ, self.dev_handle), None)
+        provider.free_ring(self.ring)

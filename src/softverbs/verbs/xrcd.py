@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from softverbs.engine.hca import XrcDomain
+from softverbs.device import api
 from softverbs.enums import (
     IBV_QP_STATE,
     IBV_QPS_INIT,
@@ -29,6 +29,7 @@ from softverbs.enums import (
 )
 from softverbs.errors import einval
 from softverbs.verbs.base import CStruct, PyverbsCM, PyverbsObject, require
+from softverbs.verbs.provider import Attach, destroy
 
 if TYPE_CHECKING:
     from softverbs.verbs.device import Context
@@ -62,24 +63,27 @@ class XRCD(PyverbsCM):
         if init_attr.comp_mask & need != need:
             raise einval("Failed to allocate XRCD: comp_mask needs IBV_XRCD_INIT_ATTR_FD "
                          "and IBV_XRCD_INIT_ATTR_OFLAGS")  # fmt: skip
-        self.domain: XrcDomain = context.provider.open_xrcd(init_attr.fd, init_attr.oflags)
+        body = api.OpenXRCD(context.handle, init_attr.oflags & 0xFFFFFFFF,
+                            api.OPEN_XRCD_HAS_FD if init_attr.fd != -1 else 0, 0)  # fmt: skip
+        self.dev_handle: int = context.provider.call(api.OPEN_XRCD, body,
+                                                     Attach(file_fd=init_attr.fd)).handle
         self.ctx = context
         self._ctx = context
         context.add_ref(self)
 
     def _release(self) -> None:
-        self._ctx.provider.close_xrcd(self.domain)
+        destroy(self._ctx.provider, api.KIND_XRCD, self.dev_handle)
 
 
 # --- XRC receive QPs owned by the device (seed 002) ----------------------------------
 
 
-def _alloc_steps(xrcd: XRCD, attr: Any, attr_mask: int) -> list[tuple[int, dict[str, Any]]]:
+def _alloc_steps(attr: Any, attr_mask: int) -> list[tuple[api.QPAttrs, int]]:
     """Split one attribute mask into the RESET->INIT and INIT->RTR modifies."""
-    from softverbs.verbs import qpstate
-    from softverbs.verbs.qp import engine_values
+    from softverbs.engine import qpstate
+    from softverbs.verbs.qp import _attrs_of
 
-    steps: list[tuple[int, dict[str, Any]]] = []
+    steps: list[tuple[api.QPAttrs, int]] = []
     left = attr_mask & ~IBV_QP_STATE
     cur = IBV_QPS_RESET
     for new in (IBV_QPS_INIT, IBV_QPS_RTR):
@@ -87,7 +91,9 @@ def _alloc_steps(xrcd: XRCD, attr: Any, attr_mask: int) -> list[tuple[int, dict[
         assert rule is not None
         mask = (attr_mask & (rule[0] | rule[1])) | IBV_QP_STATE
         qpstate.check(IBV_QPT_XRC_RECV, cur, mask, new, None)
-        steps.append((new, engine_values(xrcd.ctx, attr, mask)))
+        record = _attrs_of(attr)
+        record.qp_state = new
+        steps.append((record, mask))
         left &= ~mask
         cur = new
     if left:
@@ -107,9 +113,9 @@ def xrc_rcv_qp_alloc(xrcd: XRCD, attr: Any, attr_mask: int) -> int:
     """
     require(xrcd, XRCD, "xrcd")
     xrcd._check_open()
-    provider = xrcd.ctx.provider
-    return int(provider.xrc_rcv_qp_alloc(xrcd.domain, _alloc_steps(xrcd, attr, attr_mask),
-                                         provider.process))  # fmt: skip
+    (init, init_mask), (rtr, rtr_mask) = _alloc_steps(attr, attr_mask)
+    body = api.XrcRcvAlloc(init, rtr, xrcd.dev_handle, init_mask, rtr_mask, 0)
+    return xrcd.ctx.provider.call(api.XRC_RCV_QP_ALLOC, body).qpn
 
 
 def xrc_rcv_qp_register(xrcd: XRCD, qp_num: int) -> None:
@@ -120,14 +126,14 @@ def xrc_rcv_qp_register(xrcd: XRCD, qp_num: int) -> None:
     """
     require(xrcd, XRCD, "xrcd")
     xrcd._check_open()
-    xrcd.ctx.provider.xrc_register(xrcd.domain, qp_num)
+    xrcd.ctx.provider.call(api.XRC_RCV_QP_REGISTER, api.XrcQpn(xrcd.dev_handle, qp_num))
 
 
 def xrc_rcv_qp_unregister(xrcd: XRCD, qp_num: int) -> None:
     """Drop this process's registration; the last one destroys the QP."""
     require(xrcd, XRCD, "xrcd")
     xrcd._check_open()
-    xrcd.ctx.provider.xrc_unregister(xrcd.domain, qp_num)
+    xrcd.ctx.provider.call(api.XRC_RCV_QP_UNREGISTER, api.XrcQpn(xrcd.dev_handle, qp_num))
 
 
 def open_qp(ctx: Context, xrcd: XRCD, qp_num: int) -> Any:
@@ -136,7 +142,6 @@ def open_qp(ctx: Context, xrcd: XRCD, qp_num: int) -> Any:
 
     require(xrcd, XRCD, "xrcd")
     xrcd._check_open()
-    qp = QP.opened(ctx, xrcd, None)
-    qp.engine = ctx.provider.open_xrc_qp(xrcd.domain, qp_num, qp)  # the QP object holds it
-    qp._attrs.qp_state = qp.engine.state
-    return qp
+    reply = ctx.provider.call(api.OPEN_QP, api.OpenQP(ctx.handle, xrcd.dev_handle, qp_num,
+                                                      IBV_QPT_XRC_RECV))  # fmt: skip
+    return QP.opened(ctx, xrcd, reply.qp, reply.qpn)

@@ -27,7 +27,18 @@ from dataclasses import dataclass, field
 from softverbs.engine.hca import HCA
 from softverbs.engine.memory import MemKey, MemKind
 from softverbs.engine.qp import QPEngine
-from softverbs.engine.queues import CQE, CompletionQueue, RecvWQE, Route, SendWQE, WorkQueue
+from softverbs.engine.rings import (
+    CQE,
+    WQ_RQ,
+    WQ_SQ,
+    CompletionRing,
+    RecvWQE,
+    Route,
+    SendWQE,
+    WorkRing,
+    local_cq,
+    local_work_ring,
+)
 from softverbs.enums import (
     IBV_ACCESS_LOCAL_WRITE,
     IBV_ACCESS_REMOTE_ATOMIC,
@@ -216,10 +227,12 @@ class Node:
         self.gid = gid
         self.hca = HCA(name, [gid])
         self.pd = object()
-        self.scq = CompletionQueue(cq_size)
-        self.rcq = CompletionQueue(cq_size)
-        self.sq = WorkQueue(sq_size)
-        self.rq = WorkQueue(rq_size)
+        self.scq = local_cq(cq_size)
+        self.rcq = local_cq(cq_size)
+        self.sq: WorkRing = local_work_ring(sq_size)
+        self.rq: WorkRing = local_work_ring(rq_size)
+        self.sq.tag = (WQ_SQ, 1)
+        self.rq.tag = (WQ_RQ, 1)
         qpn = self.hca.alloc_qpn()
         self.qp = QPEngine(self.hca, qpn, qp_type, self.pd, self.scq, self.rcq, self.sq,
                            self.rq, None, sq_sig_all)  # fmt: skip
@@ -272,7 +285,7 @@ class Node:
         return wqe
 
     def ring(self, now: float = 0.0) -> None:
-        self.sq.db = self.sq.pi
+        self.sq.ring(self.sq.pi)
         self.qp.doorbell(now)
 
     def post_recv(self, offset: int, length: int, wr_id: int | None = None,
@@ -282,19 +295,17 @@ class Node:
             self.next_wr_id += 1
         rqe = RecvWQE(wr_id, [(self.addr(offset), length, self.mr.key)], length)
         self.rq.push(rqe)
-        self.rq.db = self.rq.pi
+        self.rq.ring(self.rq.pi)
         self.qp.rq_doorbell(now)
         return rqe
 
     # --- completions ----------------------------------------------------------------------
-    @staticmethod
-    def _poll(cq: CompletionQueue) -> list[CQE]:
-        out = []
-        while cq.entries:
-            cqe = cq.entries.popleft()
-            if cqe.wq is not None:
-                cqe.wq.release(cqe.index)
-            out.append(cqe)
+    def _poll(self, cq: CompletionRing) -> list[CQE]:
+        out = cq.take(cq.capacity)
+        for cqe in out:
+            ring = {WQ_SQ: self.sq, WQ_RQ: self.rq}.get(cqe.wq_kind)
+            if ring is not None:
+                ring.release(cqe.index)
         return out
 
     def poll_send(self) -> list[CQE]:

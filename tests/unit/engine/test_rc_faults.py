@@ -16,7 +16,7 @@ from engine_kit import BASE_B, Bench, SeededFaults
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
-from softverbs.engine.queues import SendWQE
+from softverbs.engine.rings import SendWQE
 from softverbs.enums import (
     IBV_QPS_RTS,
     IBV_WC_SUCCESS,

@@ -89,7 +89,7 @@ def closure() -> dict[str, set[str]]:
 
 def test_engine_has_modules() -> None:
     names = engine_modules()
-    for expected in ("core", "hca", "qp", "requester", "responder", "queues", "memory", "psn"):
+    for expected in ("core", "hca", "qp", "requester", "responder", "rings", "memory", "psn", "qpstate"):
         assert f"softverbs.engine.{expected}" in names
 
 

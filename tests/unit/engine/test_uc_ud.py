@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from engine_kit import BASE_B, GID_A, GID_B, Bench, drop_if, is_request
 
-from softverbs.engine.queues import Route
+from softverbs.engine.rings import Route
 from softverbs.enums import (
     IBV_QPS_RTS,
     IBV_QPT_UC,

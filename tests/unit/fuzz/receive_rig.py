@@ -86,7 +86,7 @@ from softverbs import (
     SrqInitAttr,
 )
 from softverbs.engine.qp import QPEngine
-from softverbs.engine.queues import CQE, CompletionQueue
+from softverbs.engine.rings import CQE, CompletionRing
 from softverbs.engine.requester import WR_INFO, WrClass
 from softverbs.enums import (
     IBV_ACCESS_LOCAL_WRITE,
@@ -449,7 +449,7 @@ class ReceiveRig:
     def _post_recvs(self, t: Target) -> None:
         """Top the receive queue (or the SRQ) up, with one chained post."""
         if t.srq is not None:
-            n = 4 * RQ_DEPTH - len(t.srq.ring.posted)
+            n = 4 * RQ_DEPTH - t.srq.ring.available()
         else:
             rq = t.eng.rq
             assert rq is not None
@@ -492,14 +492,14 @@ class ReceiveRig:
     # --- completions -------------------------------------------------------------------
     def _take_cqes(self, cq: CQ) -> list[CQE]:
         """Poll the ring directly: CQ.poll would move the virtual clock when it is empty."""
-        ring: CompletionQueue = cq.ring
-        out = []
+        ring: CompletionRing = cq.ring
+        rings = self.ctx.device.rings
         with self.ctx.lock:
-            while ring.entries:
-                cqe = ring.entries.popleft()
-                if cqe.wq is not None:
-                    cqe.wq.release(cqe.index)
-                out.append(cqe)
+            out = ring.take(ring.capacity)
+            for cqe in out:
+                wq = rings.get((cqe.wq_kind, cqe.wq_handle))
+                if wq is not None:
+                    wq.release(cqe.index)
         return out
 
     def collect(self) -> list[CQE]:
@@ -578,8 +578,8 @@ class ReceiveRig:
             eng.rd_out, eng.rnr_until, eng.deadline, eng.retry_left, eng.rnr_left,
             eng.retry_episode, eng.blocked, eng.comm_established, len(eng.replay),
             len(inflight), sum(w.rxd + 100 * w.ackd + 10000 * w.tx for w in inflight),
-            len(self.scq.ring.entries), len(self.rcq.ring.entries),
-            len(self.srq.ring.posted), len(self.ctx.events),
+            self.scq.ring.waiting(), self.rcq.ring.waiting(),
+            self.srq.ring.available(), len(self.ctx.events),
         )  # fmt: skip
 
     def receive(self, pkt: Packet) -> None:

@@ -8,8 +8,8 @@ Three layers:
    rows; XRC receive: RC's INIT->RTR row, SQ_PSN and TIMEOUT required at
    RTR->RTS); the rows SEMANTICS does not spell out for XRC follow Linux
    ``ib_modify_qp_is_ok`` (XRC_INI / XRC_TGT).  It is deliberately not derived
-   from :data:`softverbs.verbs.qpstate.TRANSITIONS`, so a typo there fails here.
-2. :func:`softverbs.verbs.qpstate.check` is driven over every QP type x
+   from :data:`softverbs.engine.qpstate.TRANSITIONS`, so a typo there fails here.
+2. :func:`softverbs.engine.qpstate.check` is driven over every QP type x
    current state x next state with the exact required mask, with each required
    bit removed and with each foreign bit added, and with random masks.
 3. ``QP.modify`` on real QPs: every (current, next) pair, CUR_STATE, modify
@@ -42,7 +42,7 @@ from softverbs import (
     QPInitAttrEx,
 )
 from softverbs import enums as e
-from softverbs.verbs import qpstate
+from softverbs.engine import qpstate
 
 # --- the expected table, by hand -----------------------------------------------------------------
 
@@ -537,7 +537,6 @@ BAD_VALUES = [
     (INIT, "pkey_index", 1, ("pkey_index", "1")),
     (RTR, "sgid_index", 16, ("sgid_index", "16")),
     (RTR, "sgid_index", 2, ("sgid_index", "2")),
-    (RTR, "is_global", 0, ("global",)),
     (RTR, "dest_qp_num", 1 << 24, ("dest_qp_num",)),
 ]
 
