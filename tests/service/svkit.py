@@ -14,6 +14,7 @@ objects and whose ``op_*`` methods are the commands the test sends.
 from __future__ import annotations
 
 import contextlib
+import json
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -78,6 +79,7 @@ from softverbs.enums import (
     IBV_XRCD_INIT_ATTR_FD,
     IBV_XRCD_INIT_ATTR_OFLAGS,
 )
+from softverbs.device import api
 from softverbs.service import protocol
 from softverbs.service.client import Connection
 
@@ -136,16 +138,22 @@ class ServiceProc:
         """The service's live-object counters (this connection left out)."""
         conn = self.connection()
         try:
-            return conn.call("stats")
+            _, tail = conn.call(api.STATUS, api.Empty())
+            stats: dict[str, Any] = json.loads(tail)
+            stats["xrc_holders"] = {f"{x['qpn']:#x}": x["holders"] for x in stats["xrc_rcv_qps"]}
+            return stats
         finally:
             conn.close()
 
     def counters(self, dev: str = "sv0") -> dict[str, int]:
-        conn = self.connection()
+        raw = Raw(self.path)
         try:
-            return dict(conn.call("counters", dev=dev)["counters"])
+            ctx = raw.open_device(dev)
+            reply = raw.call(api.COUNTERS, api.Ctx(ctx, 0))
+            assert not reply.header.status, reply.error
+            return {str(k): int(v) for k, v in json.loads(reply.tail).items()}
         finally:
-            conn.close()
+            raw.close()
 
     def alive(self) -> bool:
         """Running and serving: it answers a new client."""
@@ -184,28 +192,58 @@ class ServiceProc:
         return self.proc.exitcode
 
 
-def raw_client(path: str, hello: bool = True) -> socket.socket:
-    """A bare protocol connection (for requests the verbs API never makes)."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    sock.settimeout(WAIT)
-    sock.connect(path)
-    if hello:
-        protocol.send(sock, {"op": "hello", "id": 1, "version": protocol.PROTOCOL_VERSION})
-        msg, _ = protocol.recv(sock)
-        assert "devices" in msg, msg
-    return sock
+class Raw:
+    """A bare protocol connection: requests the verbs layer never makes, as a
+    client that is not ours would send them."""
 
+    def __init__(self, path: str, hello: bool = True, memory: bool = False) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.sock.settimeout(WAIT)
+        self.sock.connect(path)
+        self.seq = 100
+        self.keep: list[socket.socket] = []
+        if hello:
+            fds = [os.open("/proc/self/mem", os.O_RDWR)] if memory else []
+            reply = self.call(api.HELLO, api.Hello(protocol.PROTOCOL_VERSION, int(memory),
+                                                   os.getpid(), 0), fds)  # fmt: skip
+            for fd in fds:
+                os.close(fd)
+            assert not reply.header.status, reply.error
 
-def raw_call(sock: socket.socket, op: str, fds: list[int] | None = None,
-             **kw: Any) -> dict[str, Any]:  # fmt: skip
-    kw.update(op=op, id=77)
-    protocol.send(sock, kw, fds)
-    while True:
-        msg, got = protocol.recv(sock)
+    def send(self, data: bytes, fds: list[int] | None = None) -> None:
+        protocol.send(self.sock, data, fds)
+
+    def recv(self) -> protocol.Message:
+        data, got = protocol.recv(self.sock)
         for fd in got:
             os.close(fd)
-        if msg.get("id") == 77:
-            return msg
+        return protocol.decode(data)
+
+    def call(self, op: Any, body: Any, fds: list[int] | None = None,
+             tail: bytes = b"") -> protocol.Message:  # fmt: skip
+        """One request; the reply (an error reply has ``header.status``)."""
+        self.seq += 1
+        self.send(protocol.encode(op, self.seq, body, tail), fds)
+        while True:
+            msg = self.recv()
+            if msg.header.seq == self.seq:
+                return msg
+
+    def open_device(self, name: str = "sv0") -> int:
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.keep.append(mine)
+        fd = theirs.detach()
+        try:
+            reply = self.call(api.OPEN_DEVICE, api.OpenDevice(name), [fd])
+        finally:
+            os.close(fd)
+        assert not reply.header.status, reply.error
+        return int(reply.body.ctx)
+
+    def close(self) -> None:
+        for s in self.keep:
+            s.close()
+        self.sock.close()
 
 
 # --- workers -------------------------------------------------------------------------
@@ -560,9 +598,10 @@ class RcPeer:
             self.qp2 = rc_qp(self.pd, self.cq)
             connect(self.qp, self.ctx, self.qp2.qp_num)
             connect(self.qp2, self.ctx, self.qp.qp_num)
-        self.info = {"qpn": self.qp.qp_num, "addr": self.mr.buf, "rkey": self.mr.rkey,
+        self.info = {"qpn": self.qp.qp_num, "qp_handle": self.qp.dev_handle,
+                     "addr": self.mr.buf, "rkey": self.mr.rkey,
                      "lkey": self.mr.lkey, "pid": os.getpid(),
-                     "mr_numbers": [m._key.number for m in [self.mr, *self.extra]]}  # type: ignore[attr-defined]
+                     "mr_numbers": [m.dev_handle for m in [self.mr, *self.extra]]}
 
     def op_connect(self, qpn: int) -> None:
         connect(self.qp, self.ctx, qpn)
@@ -653,9 +692,10 @@ class RcPeer:
 
     def op_raw(self, request: str, **kw: Any) -> tuple[int, str]:
         """A request by hand, on this process's own connection: (errno, error)."""
-        conn = self.ctx.provider.conn
+        conn = self.ctx.provider.conn  # type: ignore[attr-defined]
+        op = api.BY_NAME[request.upper()]
         try:
-            conn.call(request, **kw)
+            conn.call(op, op.request(**kw))
         except PyverbsRDMAError as exc:
             return exc.error_code, str(exc)
         return 0, ""
@@ -682,20 +722,22 @@ class Scribbler(RcPeer):
         """Corrupt the SQ one way; (status of the WR, QP state after)."""
         from softverbs.enums import IBV_SEND_DEFER, IBV_SEND_SIGNALED
 
-        sq = self.qp.engine.sq
+        sq = self.qp.sq
+        assert sq is not None
         wr = SendWR(7, IBV_WR_SEND, 1, sg=[SGE(self.mr.buf, 8, self.mr.lkey)],
                     send_flags=IBV_SEND_SIGNALED | IBV_SEND_DEFER)  # deferred: no doorbell yet
         self.qp.post_send(wr)
-        off = sq.offset(sq.pi - 1)
+        slots = sq.slots
+        off = slots.offset(sq.pi - 1)  # type: ignore[attr-defined]
         if how == "opcode":
-            sq.buf[off + 8] = 200
+            slots.buf[off + 8] = 200  # type: ignore[attr-defined]
         elif how == "sges":
-            sq.buf[off + 10 : off + 12] = (0xFFFF).to_bytes(2, "little")
+            slots.buf[off + 10 : off + 12] = (0xFFFF).to_bytes(2, "little")  # type: ignore[attr-defined]
         if how == "doorbell":
-            sq._set(1, 1 << 60)  # a doorbell far beyond anything posted
+            sq.hdr[sq.DB] = 1 << 60  # a doorbell far beyond anything posted
         else:
-            sq.db = sq.pi
-        self.qp.engine.doorbell(0.0)
+            sq.ring(sq.pi)
+        self.ctx.provider.doorbell(self.qp.dev_handle, api.DB_SQ)
         wcs = poll_cq(self.cq, 1)
         return wcs[0].status, int(self.qp.qp_state)
 

@@ -78,9 +78,9 @@ def test_start_status_stop(sock: str) -> None:
         assert st.returncode == 0, st.stderr
         assert f"running on {sock} (pid {pid})" in st.stdout
         assert "clients: 1" in st.stdout
-        assert f"pid {app.pid}: 3 (cq 1, mr 1, pd 1)" in st.stdout
+        assert f"pid {app.pid}: 5 (cq 1, ctx 2, mr 1, pd 1)" in st.stdout
         js = json.loads(sv("status", "--socket", sock, "--json").stdout)
-        assert js["clients"] == 1 and js["objects"] == {"cq": 1, "mr": 1, "pd": 1}
+        assert js["clients"] == 1 and js["objects"] == {"ctx": 2, "cq": 1, "mr": 1, "pd": 1}
         assert js["keys"] == 1
     finally:
         app.kill()

@@ -110,7 +110,10 @@ def _hello(path: str) -> dict[str, Any] | None:
     except PyverbsRDMAError:
         return None
     try:
-        stats = conn.call("stats")
+        from softverbs.device import api
+
+        _, tail = conn.call(api.STATUS, api.Empty())
+        stats: dict[str, Any] = json.loads(tail)
         stats.setdefault("pid", conn.service_pid)
         return stats
     except PyverbsRDMAError:

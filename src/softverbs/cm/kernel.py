@@ -200,22 +200,14 @@ class LocalKernel(Kernel):
 class ServiceKernel(Kernel):
     """The agent inside ``softverbsd``, reached over the service connection."""
 
-    def __init__(self, conn: Any) -> None:
+    def __init__(self, registry: Any) -> None:
         super().__init__()
-        from softverbs.service.client import ClientRuntime
-
-        self.conn = conn
-        self.runtime = ClientRuntime(conn)
-        conn.handlers["cm_event"] = self._on_message
-
-    def _on_message(self, msg: dict[str, Any]) -> None:
-        event = msg.get("cm_event")
-        if isinstance(event, dict):
-            self.deliver(event)
+        self.registry = registry
+        self.runtime = registry.runtime
+        registry.cm_events(self.deliver)
 
     def call(self, cmd: str, **kw: Any) -> Any:
-        reply = self.conn.call("cm", cmd=cmd, args=kw)
-        return reply.get("result")
+        return self.registry.cm_call(cmd, kw)
 
     def wait(self, ready: Callable[[], bool], timeout: float | None, cond: threading.Condition,
              devices: list[str]) -> bool:  # fmt: skip
@@ -235,7 +227,7 @@ def kernel_for(registry: Any) -> Kernel:
             conn = registry.connection()
             kernel = _kernels.get(conn)
             if kernel is None:
-                kernel = _kernels[conn] = ServiceKernel(conn)
+                kernel = _kernels[conn] = ServiceKernel(registry)
             return kernel
         kernel = _kernels.get(registry)
         if kernel is None:

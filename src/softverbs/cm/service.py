@@ -1,8 +1,9 @@
 """The RDMA CM inside ``softverbsd``: one agent for the service's devices.
 
-The service's ``cm`` request carries a command of :class:`~softverbs.cm.agent.CmAgent`
-(``create_id``, ``bind_addr``, ``connect`` ...) and its arguments; events
-go back to the process that owns the CM ID as ``cm_event`` messages.  A
+The service's ``CM`` request carries a command of :class:`~softverbs.cm.agent.CmAgent`
+(``create_id``, ``bind_addr``, ``connect`` ...) and its arguments, as JSON;
+events go back to the process that owns the CM ID on the socket it passed
+with ``CM_EVENTS``.  A
 process can name only its own IDs, and when it disconnects (exit, crash)
 its IDs are destroyed -- with a DREQ or REJ to their peers, as the kernel
 does when a process holding ``/dev/infiniband/rdma_cm`` dies.
@@ -39,7 +40,7 @@ class _ServiceWorld:
         service = self._service()
         if service is None:
             raise einval("the service is shutting down")
-        return service.device(name)
+        return service.registry.open(name)
 
 
 def agent_of(service: Any) -> CmAgent:
@@ -57,7 +58,7 @@ def handle(service: Any, client: Any, msg: dict[str, Any]) -> dict[str, Any]:
         raise einval(f"unknown CM command {cmd!r}")
     kw: dict[str, Any] = {str(k): v for k, v in args.items() if k not in ("owner", "sink")}
     if cmd == "create_id":
-        kw["sink"] = lambda event: client.send({"cm_event": event})
+        kw["sink"] = lambda event: service.cm_event(client, event)
     try:
         result = getattr(agent_of(service), str(cmd))(owner=client, **kw)
     except (AttributeError, TypeError, ValueError, KeyError, OverflowError) as exc:

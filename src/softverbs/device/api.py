@@ -658,6 +658,15 @@ STATUS = Op(
     doc="for `softverbs service status` and `softverbs res`",
 )
 
+CM = Op(
+    50, "CM", Empty, Empty, tail="JSON: {cmd, args} -> {result}",
+    doc="an RDMA CM command for the service's CM agent (JSON until librdmacm's records)",
+)
+CM_EVENTS = Op(
+    51, "CM_EVENTS", Empty, Empty, "the process's CM event socket (SOCK_SEQPACKET)",
+    doc="where this process's RDMA CM events go (one JSON object per packet)",
+)
+
 #: Every operation, by number.
 OPS: tuple[Op[Any, Any], ...] = (
     HELLO,
@@ -690,6 +699,8 @@ OPS: tuple[Op[Any, Any], ...] = (
     XRC_RCV_QP_UNREGISTER,
     COUNTERS,
     STATUS,
+    CM,
+    CM_EVENTS,
 )
 BY_CODE: dict[int, Op[Any, Any]] = {op.code: op for op in OPS}
 BY_NAME: dict[str, Op[Any, Any]] = {op.name: op for op in OPS}

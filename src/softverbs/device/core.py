@@ -739,10 +739,11 @@ class Host:
     def status(self, owner: Owner, req: api.Empty, res: Resources) -> Any:
         return api.Empty(), json.dumps(self.describe()).encode()
 
-    def describe(self) -> dict[str, Any]:
-        """Every owner and object, for `softverbs service status` and `softverbs res`."""
+    def describe(self, skip: set[Owner] | None = None) -> dict[str, Any]:
+        """Every owner (but ``skip``) and object, for `softverbs service status`
+        and `softverbs res`."""
         owners = []
-        for o in sorted(self.owners, key=lambda o: o.pid):
+        for o in sorted(self.owners - (skip or set()), key=lambda o: o.pid):
             objs = []
             for rec in sorted(o.objects.values(), key=lambda r: r.handle):
                 entry: dict[str, Any] = {"kind": rec.kind_name, "handle": rec.handle,
@@ -1322,6 +1323,7 @@ class Host:
         rec.owner.objects.pop(rec.handle, None)
         self._handles.pop(rec.handle, None)
         rec.info = None
+        rec.engine = None
         for close in rec.release:
             close()
         rec.release = []
@@ -1343,6 +1345,8 @@ class Host:
                 raise ebusy(f"Failed to dereg MR: {eng.binds} memory window(s) are still bound "
                             "to it; invalidate or deallocate them first")  # fmt: skip
             hca.keys.unregister(eng)
+            eng.view = None  # the mapping it sliced can close now
+            eng.owner = None
         elif kind == KIND_MW:
             if eng.mr is not None:
                 eng.mr.binds -= 1

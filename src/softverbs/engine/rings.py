@@ -512,7 +512,7 @@ class SendSlots(PackedSlots):
             self.buf, off, w.wr_id, w.opcode, w.flags, len(w.sges), len(inline), w.imm,
             w.inv_rkey, w.rkey, w.xrc_srqn, w.remote_addr, w.compare_add, w.swap, w.ah,
             w.remote_qpn, w.remote_qkey, w.bind_mw, w.bind_mr, w.bind_rkey, w.bind_addr,
-            w.bind_length, w.bind_access, w.driver_op, w.caller,
+            w.bind_length, w.bind_access, w.driver_op, w.caller, 0, 0,
         )  # fmt: skip
         pos = off + SEND_HEADER.size
         for sge in w.sges:
@@ -524,7 +524,7 @@ class SendSlots(PackedSlots):
         off = self.offset(index)
         (wr_id, opcode, flags, nsge, inline_len, imm, inv_rkey, rkey, srqn, remote_addr,
          compare, swap, ah, rqpn, rqkey, mw, mr, bind_rkey, bind_addr, bind_len, bind_access,
-         driver_op, caller) = SEND_HEADER.unpack_from(self.buf, off)  # fmt: skip
+         driver_op, caller, _, _) = SEND_HEADER.unpack_from(self.buf, off)  # fmt: skip
         if opcode not in self.opcodes:
             raise CorruptSlot(f"opcode {opcode} is not a send opcode this device executes")
         if flags & ~_SEND_FLAGS:

@@ -1,29 +1,34 @@
-"""The application side of the device service.
+"""The application side of the device service: softverbs' own driver for it.
 
-With ``SOFTVERBS_SERVICE`` set, device names resolve to devices served by
-``softverbsd`` (started on demand).  A :class:`ServiceProvider` plays the
-provider role of :mod:`softverbs.verbs.provider`: the verbs objects are the
-same as in embedded mode, but what they are handed back is
+Device names resolve to devices served by ``softverbsd`` (started on
+demand) unless ``SOFTVERBS_SERVICE=0``.  A :class:`ServiceProvider` is the
+:class:`~softverbs.verbs.provider.Provider` of such a device: the verbs
+objects are the same as for an in-process device, and what a verb becomes
+is the same operation of :mod:`softverbs.device.api`; here it travels as
+bytes (:mod:`softverbs.service.protocol`):
 
-* shared-memory rings (:mod:`softverbs.service.shm`) for send, receive and
-  shared receive queues and CQs -- posting writes WQEs into them and polling
-  reads CQEs from them without a system call;
-* :class:`RemoteQP`, :class:`RemoteKey`, :class:`RemoteDomain` proxies whose
-  operations are requests to the service;
-* memory regions allocated in memfds the service maps
-  (:meth:`ServiceProvider.alloc_memory`).  Memory the service cannot map --
-  an arbitrary buffer or address of this process -- cannot be registered
-  with a served device: EOPNOTSUPP says so.
+* **Rings** live in memfds this process creates and passes with the request
+  that creates the queue; posting writes WQEs into them and rings a one-way
+  ``DOORBELL``; polling reads CQEs from shared memory without a system call.
+* **Memory** is reached by the service directly: regions softverbs allocates
+  (``MR(pd, length, access)``) are memfds it maps; any other region --
+  a bytearray, an mmap, an ``address=`` -- through the descriptor of this
+  process's ``/proc/self/mem`` passed with ``HELLO``
+  (:mod:`softverbs.device.memory`).
+* **Events** arrive on sockets of their own -- one per context (async
+  events), one per completion channel, one for the RDMA CM -- drained
+  whenever the application calls into softverbs and waited on by the
+  blocking calls; a channel's socket is its ``fd``, so ``poll()`` works.
 
-A doorbell is a one-way message.  Async and completion events arrive as
-messages, drained whenever the application calls into softverbs and waited
-for by the blocking calls.
+The connection is shared by every served device of this process.  A forked
+child never uses its parent's: it gets a connection of its own on first use.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import selectors
 import socket
@@ -33,30 +38,40 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
-from softverbs.engine.memory import MemKind
-from softverbs.engine.queues import Route
-from softverbs.enums import IBV_QPS_RESET
-from softverbs.errors import PyverbsRDMAError, eopnotsupp
-from softverbs.fabric.runtime import Clock, MonotonicClock
-from softverbs.service import protocol
-from softverbs.service.shm import (
-    WQ_RQ,
-    WQ_SQ,
-    WQ_SRQ,
+from softverbs.device import api
+from softverbs.device.core import Features
+from softverbs.engine.rings import (
+    CQE_SIZE,
+    HEADER_SIZE,
+    CompletionRing,
+    SharedRecvRing,
     SharedRegion,
-    ShmCompletionQueue,
-    ShmSharedRQ,
-    ShmWorkQueue,
-    _Ring,
+    WorkRing,
     recv_slot_size,
     send_slot_size,
+    shared_cq,
+    shared_srq,
+    shared_work_ring,
 )
+from softverbs.errors import PyverbsRDMAError
+from softverbs.fabric.runtime import Clock, MonotonicClock
+from softverbs.layout import Record
+from softverbs.service import protocol
 from softverbs.verbs.memory import Memory, address_of
+from softverbs.verbs.provider import Attach
 from softverbs.verbs.registry import DeviceSpec, SoftDevice
 
-START_TIMEOUT = 10.0
+Rep = TypeVar("Rep", bound=Record)
+
+START_TIMEOUT = 15.0
+#: An on-demand service exits after this long without a client.
+IDLE_EXIT = 60.0
+
+
+def _lost(exc: BaseException) -> PyverbsRDMAError:
+    return PyverbsRDMAError(f"lost the softverbs device service: {exc}", errno.ECONNRESET)
 
 
 class Connection:
@@ -66,11 +81,15 @@ class Connection:
         self.path = path
         self.sock = self._connect(path, spawn)
         self.lock = threading.RLock()
-        self._next_id = 1
-        self.handlers: dict[str, Callable[[dict[str, Any]], None]] = {}
-        hello = self.call("hello", version=protocol.PROTOCOL_VERSION)
-        self.devices: list[dict[str, Any]] = hello["devices"]
-        self.service_pid: int = hello["pid"]
+        self._seq = 1
+        self.pid = os.getpid()
+        mem = os.open("/proc/self/mem", os.O_RDWR | os.O_CLOEXEC)
+        try:
+            reply, _ = self.call(api.HELLO, api.Hello(protocol.PROTOCOL_VERSION, 1,
+                                                       os.getpid(), 0), [mem])  # fmt: skip
+        finally:
+            os.close(mem)
+        self.service_pid: int = reply.service_pid
 
     @staticmethod
     def _connect(path: str, spawn: bool = True) -> socket.socket:
@@ -82,7 +101,7 @@ class Connection:
             try:
                 sock.connect(path)
                 return sock
-            except (FileNotFoundError, ConnectionRefusedError):
+            except (FileNotFoundError, ConnectionRefusedError) as exc:
                 sock.close()
                 if not spawn:
                     raise PyverbsRDMAError(f"no softverbs device service is listening on {path}",
@@ -92,109 +111,128 @@ class Connection:
                     started = True
                 if time.monotonic() > deadline:
                     raise PyverbsRDMAError(
-                        f"cannot reach the softverbs device service at {path}; start it "
-                        "with 'softverbs service start'",
-                        errno.ECONNREFUSED,
-                    ) from None
+                        f"cannot reach the softverbs device service at {path} ({exc.strerror}); "
+                        "start it with 'softverbs service start', or set SOFTVERBS_SERVICE=0 "
+                        "for in-process devices", errno.ECONNREFUSED,
+                    ) from None  # fmt: skip
                 time.sleep(0.05)
 
-    def call(self, op: str, fds: list[int] | None = None, **kw: Any) -> dict[str, Any]:
+    def call(self, op: api.Op[Any, Rep], body: Record,
+             fds: list[int] | None = None, tail: bytes = b"") -> tuple[Rep, bytes]:  # fmt: skip
         """A request and its reply; errors become PyverbsRDMAError with the errno."""
+        self._check_pid()
         with self.lock:
-            rid = self._next_id
-            self._next_id += 1
-            kw.update(op=op, id=rid)
+            seq = self._seq
+            self._seq = (seq + 1) & 0xFFFFFFFF or 1
             try:
-                protocol.send(self.sock, kw, fds)
+                protocol.send(self.sock, protocol.encode(op, seq, body, tail), fds)
                 while True:
-                    msg, got = protocol.recv(self.sock)
+                    data, got = protocol.recv(self.sock)
                     for fd in got:
                         os.close(fd)
-                    if msg.get("id") == rid:
+                    msg = protocol.decode(data)
+                    if msg.header.seq == seq:
                         break
-                    self.dispatch(msg)
-            except (OSError, EOFError) as exc:
-                raise PyverbsRDMAError(f"lost the softverbs device service: {exc}",
-                                       errno.ECONNRESET) from None  # fmt: skip
-        if "errno" in msg:
-            raise PyverbsRDMAError(str(msg.get("error", op)), int(msg["errno"]))
-        return msg
+            except (OSError, EOFError, protocol.ProtocolError) as exc:
+                raise _lost(exc) from None
+        if msg.header.status:
+            raise PyverbsRDMAError(msg.error, msg.header.status)
+        return msg.body, msg.tail
 
-    def post(self, op: str, **kw: Any) -> None:
+    def post(self, op: api.Op[Any, Any], body: Record) -> None:
         """A one-way message (a doorbell)."""
-        kw.update(op=op)
+        self._check_pid()
+        data = protocol.encode(op, 0, body)
         with self.lock:
             try:
-                protocol.send(self.sock, kw)
+                self.sock.send(data)
             except OSError as exc:
-                raise PyverbsRDMAError(f"lost the softverbs device service: {exc}",
-                                       errno.ECONNRESET) from None  # fmt: skip
+                raise _lost(exc) from None
 
-    def dispatch(self, msg: dict[str, Any]) -> None:
-        for key, handler in self.handlers.items():
-            if key in msg:
-                handler(msg)
-                return
-
-    def drain(self) -> bool:
-        """Handle every message already waiting; True if there was one."""
-        got = False
-        with self.lock:
-            while True:
-                try:
-                    msg, fds = protocol.recv_nowait(self.sock)
-                except BlockingIOError:
-                    return got
-                except (OSError, EOFError):
-                    return got
-                for fd in fds:
-                    os.close(fd)
-                got = True
-                self.dispatch(msg)
+    def _check_pid(self) -> None:
+        if os.getpid() != self.pid:  # a forked child: never the parent's socket
+            raise PyverbsRDMAError("this connection to the device service belongs to the "
+                                   "parent process (after fork, open the device again)",
+                                   errno.EIO)  # fmt: skip
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self.sock.close()
 
     def abandon(self) -> None:
-        """In a forked child: let go of the parent's socket without a word.
-
-        The child closes only its copy of the descriptor (the parent's stays
-        connected); any later use of this connection fails as a lost service.
-        """
+        """In a forked child: let go of the parent's socket without a word."""
         self.lock = threading.RLock()
         with contextlib.suppress(OSError):
             os.close(self.sock.detach())
 
 
 def _spawn_service(path: str) -> None:
-    """Start ``softverbsd`` in the background (on-demand start)."""
+    """Start ``softverbsd`` in the background, to exit once idle (on-demand start)."""
+    from softverbs.service.server import ensure_dir
+
+    try:
+        ensure_dir(path)
+    except OSError as exc:
+        raise PyverbsRDMAError(
+            f"cannot start the softverbs device service on {path}: {exc.strerror}: "
+            f"{exc.filename} (SOFTVERBS_SERVICE names a socket whose directory must exist)",
+            exc.errno or errno.ENOENT,
+        ) from None
     subprocess.Popen(
-        [sys.executable, "-m", "softverbs.service.server", "--socket", path],
+        [sys.executable, "-m", "softverbs.service.server", "--socket", path,
+         "--idle-exit", str(IDLE_EXIT)],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True, close_fds=True,
     )  # fmt: skip
 
 
 class ClientRuntime:
-    """The runtime of served devices: a lock, and waiting for service messages."""
+    """What drives served devices from here: a lock, and the event sockets.
+
+    The device runs in the service, so nothing here ever needs progress but
+    the draining of the sockets events arrive on."""
 
     virtual = False
 
-    def __init__(self, conn: Connection) -> None:
-        self.conn = conn
+    def __init__(self) -> None:
         self.lock = threading.RLock()
         self.cond = threading.Condition(self.lock)
         self.clock: Clock = MonotonicClock()
         self.faults = None
         self.generation = 0
+        self._readers: dict[int, tuple[socket.socket, Callable[[bytes], None]]] = {}
+
+    def watch(self, sock: socket.socket, on_packet: Callable[[bytes], None]) -> None:
+        sock.setblocking(False)
+        with self.lock:
+            self._readers[sock.fileno()] = (sock, on_packet)
+
+    def unwatch(self, sock: socket.socket) -> None:
+        with self.lock:
+            self._readers.pop(sock.fileno(), None)
+        with contextlib.suppress(OSError):
+            sock.close()
 
     def progress(self) -> bool:
+        """Handle every event already waiting; True if there was one."""
+        got = False
         with self.lock:
-            got = self.conn.drain()
+            for sock, on_packet in list(self._readers.values()):
+                while True:
+                    try:
+                        data = sock.recv(protocol.MAX_MESSAGE)
+                    except (BlockingIOError, InterruptedError):
+                        break
+                    except OSError:
+                        break
+                    if not data:
+                        break
+                    got = True
+                    on_packet(data)
             if got:
+                self.generation += 1
                 self.cond.notify_all()
-            return got
+        return got
 
     def idle_step(self) -> bool:
         return False
@@ -203,10 +241,14 @@ class ClientRuntime:
         return None
 
     def wait_for(self, ready: Callable[[], bool], timeout: float | None = None) -> bool:
+        """Block until ``ready()``; False on timeout.  Waits on the event sockets,
+        and looks again every millisecond for what shared memory may bring."""
         end = None if timeout is None else time.monotonic() + timeout
         sel = selectors.DefaultSelector()
-        sel.register(self.conn.sock, selectors.EVENT_READ)
         try:
+            with self.lock:
+                for sock, _ in self._readers.values():
+                    sel.register(sock, selectors.EVENT_READ)
             while True:
                 with self.lock:
                     self.progress()
@@ -215,345 +257,191 @@ class ClientRuntime:
                 left = None if end is None else end - time.monotonic()
                 if left is not None and left <= 0:
                     return False
-                sel.select(left if left is None else min(left, 1.0))
+                sel.select(0.001 if left is None else min(left, 0.001))
         finally:
             sel.close()
 
     def add_tap(self, *args: Any) -> None:
-        raise eopnotsupp("packet capture of a served device is done by the service")
-
-
-class RemoteKey:
-    """An MR or MW held by the service; ``key`` is its current lkey/rkey."""
-
-    def __init__(self, conn: Connection, number: int, key: int, kind: str) -> None:
-        self.conn = conn
-        self.number = number
-        self.kind = kind
-        self._key = key
-
-    @property
-    def key(self) -> int:
-        if self.kind == "mw":  # a bind in the service changes a window's key
-            self._key = int(self.conn.call("query_key", obj=self.number, kind="mw")["key"])
-        return self._key
-
-
-class RemoteDomain:
-    """An XRC domain held by the service."""
-
-    def __init__(self, number: int) -> None:
-        self.number = number
-
-
-class RemoteQP:
-    """A QP whose engine runs in the service (the engine interface verbs uses)."""
-
-    def __init__(self, conn: Connection, number: int, qpn: int, qp_type: int,
-                 sq: ShmWorkQueue | None, rq: ShmWorkQueue | None, state: int) -> None:  # fmt: skip
-        self.conn = conn
-        self.number = number
-        self.qpn = qpn
-        self.qp_type = qp_type
-        self.sq = sq
-        self.rq = rq
-        self._state = state
-        self.last_error = ""
-        self._pending: dict[str, Any] = {}
-
-    @property
-    def state(self) -> int:
-        """The QP's state as the device last published it in the send ring
-        (it moves QPs to ERR by itself); a QP without one asks."""
-        if self.sq is not None:
-            published = self.sq.published_state()
-            if published is not None:
-                return published
-            return self._state
-        reply = self.conn.call("query_qp", qp=self.number)
-        self._state = int(reply["state"])
-        return self._state
-
-    @state.setter
-    def state(self, value: int) -> None:
-        self._state = value
-
-    def set_attrs(self, values: dict[str, Any]) -> None:
-        self._pending.update(values)
-
-    def set_state(self, new: int, now: float) -> None:
-        attrs = {k: _encode(v) for k, v in self._pending.items()}
-        self._pending.clear()
-        reply = self.conn.call("modify_qp", qp=self.number, attrs=attrs, state=new)
-        self.state = int(reply["state"])
-        if new == IBV_QPS_RESET:
-            for ring in (self.sq, self.rq):
-                if ring is not None:
-                    ring.ci = 0
-
-    def doorbell(self, now: float) -> None:
-        self.conn.post("db_sq", qp=self.number)
-
-    def rq_doorbell(self, now: float) -> None:
-        self.conn.post("db_rq", qp=self.number)
-
-    def sq_draining(self) -> bool:
-        reply = self.conn.call("query_qp", qp=self.number)
-        self._state = int(reply["state"])
-        self.last_error = str(reply["last_error"])
-        return bool(reply["draining"])
-
-
-def _encode(value: Any) -> Any:
-    if isinstance(value, Route):
-        return {"dgid": value.dgid.hex(), "sgid": value.sgid.hex(),
-                "sgid_index": value.sgid_index, "hop_limit": value.hop_limit,
-                "tclass": value.tclass, "flow_label": value.flow_label,
-                "port": value.port}  # fmt: skip
-    return value
-
-
-class _Event:
-    """What the verbs event sink expects: the object and why.
-
-    An event of a device-owned XRC receive QP that this process holds by
-    registration (not through a QP object) has no owner here; it carries the
-    QP number instead (``qpn``, ``qp_num``).
-    """
-
-    def __init__(self, owner: Any, reason: str, qpn: int = 0) -> None:
-        self.owner = owner
-        self.last_error = reason
-        self.qpn = self.qp_num = qpn
+        raise PyverbsRDMAError("to capture a served device's packets, use "
+                               "'softverbs capture' (the service writes the file)",
+                               errno.EOPNOTSUPP)  # fmt: skip
 
 
 class ServiceProvider:
-    """A provider whose device runs in ``softverbsd``."""
+    """A provider whose device runs in ``softverbsd`` (see the module docstring)."""
 
-    def __init__(self, conn: Connection, runtime: ClientRuntime, dev: str,
-                 gids: list[bytes]) -> None:  # fmt: skip
+    def __init__(self, conn: Connection, runtime: ClientRuntime, name: str) -> None:
         self.conn = conn
         self.runtime = runtime
-        self.dev = dev
-        self.gids = gids
-        self.process = object()
-        self._pds: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
-        self._owners: dict[tuple[str, int], Any] = {}
-        self._cqs: dict[int, ShmCompletionQueue] = {}
-        self._rings: dict[tuple[int, int], Any] = {}
-        self._sink: Callable[[int, Any], None] | None = None
-        conn.handlers.setdefault("event", self._on_event)
-        conn.handlers.setdefault("cq_event", self._on_cq_event)
+        self.name = name
+        self.features = Features()
+        self._regions: dict[int, SharedRegion] = {}  #: id(ring) -> its shared memory
+        self._sockets: dict[tuple[int, int], socket.socket] = {}  #: (kind, handle) -> events
+        # a context of the registry's own, for the device's GIDs and MTU
+        self._ctx = self.call(api.OPEN_DEVICE, api.OpenDevice(name), Attach(sink=_ignore)).ctx
+        self.gids = [self._gid(i) for i in range(16)]
+        while self.gids and not any(self.gids[-1]):
+            self.gids.pop()
+        from softverbs.enums import mtu_to_bytes
+
+        self.mtu = mtu_to_bytes(self.call(api.QUERY_PORT, api.QueryPort(self._ctx, 1)).active_mtu)
         _PROVIDERS.add(self)
 
-    # --- events ------------------------------------------------------------------
-    def set_event_sink(self, sink: Callable[[int, Any], None]) -> None:
-        self._sink = sink
+    def _gid(self, index: int) -> bytes:
+        try:
+            return bytes(self.call(api.QUERY_GID, api.QueryGid(self._ctx, 1, index, 0)).gid)
+        except PyverbsRDMAError as exc:
+            if exc.error_code == errno.ENODATA:
+                return bytes(16)
+            raise
 
-    @staticmethod
-    def _on_event(msg: dict[str, Any]) -> None:
-        if msg.get("kind") == "xrc_qp":
-            for prov in list(_PROVIDERS):
-                if prov.dev == msg.get("dev") and prov._sink is not None:
-                    event = _Event(None, str(msg.get("reason", "")), int(msg.get("qpn", 0)))
-                    prov._sink(int(msg["event"]), event)
-                    return
+    # --- operations ---------------------------------------------------------------------
+    def call(self, op: api.Op[Any, Rep], body: Record, attach: Attach | None = None) -> Rep:
+        fds, passed_only, local = self._descriptors(body, attach)
+        try:
+            reply, _ = self.conn.call(op, body, fds)
+        except BaseException:
+            for sock in local:
+                sock.close()
+            raise
+        finally:
+            for fd in passed_only:  # the service has its own copy now
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._adopt_sockets(op, reply, attach, local)
+        if op is api.DESTROY and isinstance(body, api.Destroy):
+            self.destroyed(body.kind, body.handle)
+        return reply
+
+    def call_tail(self, op: api.Op[Any, Rep], body: Record) -> tuple[Rep, bytes]:
+        return self.conn.call(op, body)
+
+    def _descriptors(self, body: Any, attach: Attach | None,
+                     ) -> tuple[list[int], list[int], list[socket.socket]]:  # fmt: skip
+        """The descriptors ``attach`` becomes (rings, memory, event sockets, a
+        file), those of them to close once sent, and the sockets kept here."""
+        fds: list[int] = []
+        passed_only: list[int] = []
+        local: list[socket.socket] = []
+        if attach is None:
+            return fds, passed_only, local
+        if attach.sink is not None:
+            mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            local.append(mine)
+            fds.append(theirs.detach())
+            passed_only.append(fds[-1])
+        if attach.memory is not None and attach.memory.region is not None:
+            body.flags |= api.REG_MR_HAS_FD
+            body.offset = attach.memory.offset
+            fds.append(attach.memory.region.fd)
+        for ring in (attach.cq, attach.srq, attach.sq, attach.rq):
+            if ring is not None:
+                fds.append(self._regions[id(ring)].fd)
+        if attach.srq is not None and isinstance(body, api.CreateSRQ):
+            body.slot = int(getattr(attach.srq.slots, "slot", 0))
+        if attach.file_fd != -1:
+            fds.append(attach.file_fd)
+        return fds, passed_only, local
+
+    def _adopt_sockets(self, op: api.Op[Any, Any], reply: Any, attach: Attach | None,
+                       local: list[socket.socket]) -> None:  # fmt: skip
+        if attach is None or attach.sink is None or not local:
             return
-        for prov in list(_PROVIDERS):
-            owner = prov._owners.get((msg.get("kind", ""), msg.get("obj", -1)))
-            if owner is not None and prov._sink is not None:
-                prov._sink(int(msg["event"]), _Event(owner, str(msg.get("reason", ""))))
-                return
+        sock = local[0]
+        sink = attach.sink
+        if op is api.OPEN_DEVICE:
+            key = (api.KIND_CTX, int(reply.ctx))
 
-    @staticmethod
-    def _on_cq_event(msg: dict[str, Any]) -> None:
-        for prov in list(_PROVIDERS):
-            ring = prov._cqs.get(msg["cq_event"])
-            if ring is not None and ring.notify is not None:
-                ring.notify()
-                return
+            def on_packet(data: bytes) -> None:
+                rec = api.AsyncEventRecord.unpack(data)
+                sink(rec, data[api.AsyncEventRecord.size() :].decode("utf-8", "replace"))
+        else:
+            key = (api.KIND_CHANNEL, int(reply.handle))
 
-    # --- protection domains --------------------------------------------------------
-    def alloc_pd(self, pd: Any) -> None:
-        self._pds[pd] = int(self.conn.call("alloc_pd", dev=self.dev)["obj"])
+            def on_packet(data: bytes) -> None:
+                sink(api.CompEventRecord.unpack(data).cq)
 
-    def dealloc_pd(self, pd: Any) -> None:
-        number = self._pds.pop(pd, None)
-        if number is not None:
-            self.conn.call("destroy", obj=number, kind="pd")
+        self._sockets[key] = sock
+        attach.fd_out = sock.fileno()
+        self.runtime.watch(sock, on_packet)
 
-    def _pd(self, pd: Any) -> int | None:
-        return None if pd is None else self._pds[pd]
+    def destroyed(self, kind: int, handle: int) -> None:
+        """A context or channel went: stop listening on its socket."""
+        sock = self._sockets.pop((kind, handle), None)
+        if sock is not None:
+            self.runtime.unwatch(sock)
 
-    # --- memory ---------------------------------------------------------------------
+    def doorbell(self, qp: int, queue: int) -> None:
+        self.conn.post(api.DOORBELL, api.Doorbell(qp, queue))
+
+    # --- rings and memory ------------------------------------------------------------------
+    def _region(self, size: int, name: str) -> SharedRegion:
+        return SharedRegion(size, name=f"softverbs-{name}")
+
+    def work_ring(self, size: int, send: bool, max_sge: int, max_inline: int,
+                  qp_type: int) -> WorkRing:  # fmt: skip
+        slot = send_slot_size(max_sge, max_inline) if send else recv_slot_size(max_sge)
+        region = self._region(HEADER_SIZE + size * slot, "sq" if send else "rq")
+        ring = shared_work_ring(region, size, slot, send)
+        self._regions[id(ring)] = region
+        return ring
+
+    def cq_ring(self, capacity: int) -> CompletionRing:
+        region = self._region(HEADER_SIZE + capacity * CQE_SIZE, "cq")
+        ring = shared_cq(region, capacity)
+        self._regions[id(ring)] = region
+        return ring
+
+    def srq_ring(self, size: int, max_sge: int) -> SharedRecvRing:
+        slot = recv_slot_size(max_sge)
+        region = self._region(HEADER_SIZE + size * slot, "srq")
+        ring = shared_srq(region, size, slot, max_sge)
+        self._regions[id(ring)] = region
+        return ring
+
+    def _swap(self, ring: Any, new: Any) -> None:
+        old = self._regions.pop(id(ring), None)
+        self._regions[id(ring)] = self._regions.pop(id(new))
+        if old is not None:
+            old.close()
+
+    def adopt_cq(self, ring: CompletionRing, new: CompletionRing) -> None:
+        """The service moved the CQ into ``new``'s memory: use it."""
+        ring.adopt(new.slots, new.hdr, new.capacity)
+        self._swap(ring, new)
+
+    def adopt_srq(self, ring: SharedRecvRing, new: SharedRecvRing) -> None:
+        ring.adopt(new.slots, new.hdr, new.size)
+        self._swap(ring, new)
+
+    def free_ring(self, ring: Any) -> None:
+        region = self._regions.pop(id(ring), None)
+        if region is not None:
+            region.close()
+
     def alloc_memory(self, length: int) -> Memory:
         """Zeroed memory in a memfd the service maps too."""
-        region = SharedRegion(length, name="softverbs-mr")
+        region = self._region(length, "mr")
         view = region.view[:length]
-        return Memory(view, address_of(view), region)
-
-    def reg_mr(self, pd: Any, mem: Memory, access: int, owner: Any) -> RemoteKey:
-        region = mem.keepalive
-        if not isinstance(region, SharedRegion):
-            raise eopnotsupp(
-                "a device served by softverbsd can register only memory it can map: use "
-                "MR(pd, length, access), not a buffer or an address of this process"
-            )
-        reply = self.conn.call("reg_mr", fds=[region.fd], pd=self._pd(pd), length=len(mem.view),
-                               addr=mem.addr, access=access)  # fmt: skip
-        return RemoteKey(self.conn, int(reply["obj"]), int(reply["key"]), "mr")
-
-    def update_mr(self, key: Any, mem: Memory | None, access: int | None, pd: Any) -> None:
-        if mem is not None:
-            raise eopnotsupp("rereg with a new translation is not supported on a served device")
-        self.conn.call("update_mr", mr=key.number, access=access, pd=self._pd(pd))
-
-    def dereg_mr(self, key: Any) -> None:
-        self.conn.call("destroy", obj=key.number, kind="mr")
-
-    def alloc_mw(self, pd: Any, kind: MemKind, owner: Any) -> RemoteKey:
-        reply = self.conn.call("alloc_mw", pd=self._pd(pd), kind=int(kind))
-        return RemoteKey(self.conn, int(reply["obj"]), int(reply["key"]), "mw")
-
-    def dealloc_mw(self, key: Any) -> None:
-        self.conn.call("destroy", obj=key.number, kind="mw")
-
-    def reg_mr_implicit(self, *args: Any) -> Any:
-        raise eopnotsupp("implicit (on-demand paging) MRs are not supported on a device "
-                         "served by softverbsd")  # fmt: skip
+        return Memory(view, address_of(view) if length else 0, region, region, 0)
 
     def dm_pool(self) -> Any:
-        raise eopnotsupp("device memory (ibv_alloc_dm) is not supported on a device served "
-                         "by softverbsd")  # fmt: skip
+        """The device memory of this process's contexts: a memfd the service maps."""
+        from softverbs.verbs.dm import MAX_DM_SIZE, DmPool
 
-    # --- CQs and SRQs ------------------------------------------------------------------
-    def _wq_of(self, kind: int, number: int) -> Any:
-        return self._rings.get((kind, number))
+        pool = getattr(self, "_dm", None)
+        if pool is None:
+            pool = self._dm = DmPool(MAX_DM_SIZE, self._region(MAX_DM_SIZE, "dm"))
+        return pool
 
-    def create_cq(self, capacity: int, owner: Any) -> ShmCompletionQueue:
-        region = SharedRegion(_Ring.region_size(capacity, 128), name="softverbs-cq")
-        ring = ShmCompletionQueue(region, capacity, self._wq_of)
-        reply = self.conn.call("create_cq", fds=[region.fd], dev=self.dev, capacity=capacity)
-        ring.number = int(reply["obj"])  # type: ignore[attr-defined]
-        ring.owner = owner
-        self._cqs[ring.number] = ring  # type: ignore[attr-defined]
-        self._owners[("cq", ring.number)] = owner  # type: ignore[attr-defined]
-        return ring
-
-    def destroy_cq(self, ring: Any) -> None:
-        self._cqs.pop(ring.number, None)
-        self.conn.call("destroy", obj=ring.number, kind="cq")
-        ring.region.close()
-
-    def create_srq(self, max_wr: int, max_sge: int, limit: int, pd: Any, xrcd: Any,
-                   cq: Any, owner: Any) -> ShmSharedRQ:  # fmt: skip
-        slot = recv_slot_size(max_sge)
-        region = SharedRegion(_Ring.region_size(max_wr, slot), name="softverbs-srq")
-        ring = ShmSharedRQ(region, max_wr, slot, max_sge)
-        reply = self.conn.call(
-            "create_srq", fds=[region.fd], pd=self._pd(pd), max_wr=max_wr, max_sge=max_sge,
-            limit=limit, xrcd=xrcd.number if xrcd is not None else None,
-            cq=cq.number if cq is not None else None,
-        )  # fmt: skip
-        ring.number = int(reply["obj"])  # type: ignore[attr-defined]
-        ring.srqn = int(reply["srqn"])
-        ring.owner = owner
-        number = ring.number  # type: ignore[attr-defined]
-        ring.on_modify = lambda limit: self._modify_srq(number, limit)
-        self._rings[(WQ_SRQ, ring.number)] = ring  # type: ignore[attr-defined]
-        self._owners[("srq", ring.number)] = owner  # type: ignore[attr-defined]
-        return ring
-
-    def _modify_srq(self, number: int, limit: int) -> None:
-        self.conn.call("modify_srq", srq=number, limit=limit)
-
-    def destroy_srq(self, ring: Any) -> None:
-        self.conn.call("destroy", obj=ring.number, kind="srq")
-        ring.region.close()
-
-    # --- QPs ------------------------------------------------------------------------------
-    def create_qp(self, qp_type: int, pd: Any, send_cq: Any, recv_cq: Any, srq: Any, xrcd: Any,
-                  sq_size: int | None, rq_size: int | None, sq_sig_all: bool, pmtu: int,
-                  owner: Any, rings: Any = None,
-                  caps: tuple[int, int, int] = (1, 0, 1)) -> RemoteQP:  # fmt: skip
-        max_send_sge, max_inline, max_recv_sge = caps
-        fds: list[int] = []
-        specs: dict[str, Any] = {}
-        sq = rq = None
-        if sq_size is not None:
-            slot = send_slot_size(max_send_sge, max_inline)
-            region = SharedRegion(_Ring.region_size(sq_size, slot), name="softverbs-sq")
-            sq = ShmWorkQueue(region, sq_size, slot, True, handles=_number_of)
-            fds.append(region.fd)
-            specs["sq"] = {"size": sq_size, "slot": slot}
-        if rq_size is not None:
-            slot = recv_slot_size(max_recv_sge)
-            region = SharedRegion(_Ring.region_size(rq_size, slot), name="softverbs-rq")
-            rq = ShmWorkQueue(region, rq_size, slot, False)
-            fds.append(region.fd)
-            specs["rq"] = {"size": rq_size, "slot": slot}
-        reply = self.conn.call(
-            "create_qp", fds=fds, dev=self.dev, qp_type=qp_type, pd=self._pd(pd),
-            scq=getattr(send_cq, "number", None), rcq=getattr(recv_cq, "number", None),
-            srq=getattr(srq, "number", None), xrcd=getattr(xrcd, "number", None),
-            sq_sig_all=sq_sig_all, pmtu=pmtu, **specs,
-        )  # fmt: skip
-        number = int(reply["obj"])
-        qp = RemoteQP(self.conn, number, int(reply["qpn"]), qp_type, sq, rq, IBV_QPS_RESET)
-        if sq is not None:
-            self._rings[(WQ_SQ, number)] = sq
-        if rq is not None:
-            self._rings[(WQ_RQ, number)] = rq
-        self._owners[("qp", number)] = owner
-        return qp
-
-    def destroy_qp(self, eng: Any) -> None:
-        self.conn.call("destroy", obj=eng.number, kind="qp")
-        for ring in (eng.sq, eng.rq):
-            if ring is not None:
-                ring.region.close()
-
-    # --- XRC ---------------------------------------------------------------------------------
-    def open_xrcd(self, fd: int, oflags: int) -> RemoteDomain:
-        reply = self.conn.call("open_xrcd", fds=[fd] if fd != -1 else None, dev=self.dev,
-                               oflags=oflags)  # fmt: skip
-        return RemoteDomain(int(reply["obj"]))
-
-    def close_xrcd(self, domain: Any) -> None:
-        self.conn.call("destroy", obj=domain.number, kind="xrcd")
-
-    def xrc_hold(self, eng: Any, holder: object) -> None:
-        """The service already holds the QP for the handle that created or opened it."""
-
-    def xrc_release(self, eng: Any, holder: object) -> bool:
-        self.destroy_qp(eng)
-        return False
-
-    def xrc_rcv_qp_alloc(self, domain: Any, steps: list[tuple[int, dict[str, Any]]],
-                         holder: object) -> int:  # fmt: skip
-        encoded = [(s, {k: _encode(v) for k, v in a.items()}) for s, a in steps]
-        return int(self.conn.call("xrc_alloc", xrcd=domain.number, steps=encoded)["qpn"])
-
-    def xrc_register(self, domain: Any, qpn: int) -> None:
-        self.conn.call("xrc_register", xrcd=domain.number, qpn=qpn)
-
-    def xrc_unregister(self, domain: Any, qpn: int) -> None:
-        self.conn.call("xrc_unregister", xrcd=domain.number, qpn=qpn)
-
-    def open_xrc_qp(self, domain: Any, qpn: int, holder: object) -> RemoteQP:
-        reply = self.conn.call("open_qp", xrcd=domain.number, qpn=qpn)
-        from softverbs.enums import IBV_QPT_XRC_RECV
-
-        return RemoteQP(self.conn, int(reply["obj"]), int(reply["qpn"]), IBV_QPT_XRC_RECV,
-                        None, None, int(reply["state"]))  # fmt: skip
-
-    # --- device ------------------------------------------------------------------------------
-    def counters(self) -> dict[str, int]:
-        return dict(self.conn.call("counters", dev=self.dev)["counters"])
+    def close(self) -> None:
+        for region in self._regions.values():
+            region.close()
+        self._regions.clear()
 
 
-def _number_of(key: Any) -> int:
-    return int(getattr(key, "number", 0))
+def _ignore(*_: Any) -> None:
+    """The registry's own context hears no events."""
 
 
 _PROVIDERS: weakref.WeakSet[ServiceProvider] = weakref.WeakSet()
@@ -565,7 +453,7 @@ class ServiceRegistry:
     def __init__(self, path: str | None = None) -> None:
         self.path = path or protocol.default_socket_path()
         self._conn: Connection | None = None
-        self._runtime: ClientRuntime | None = None
+        self.runtime = ClientRuntime()
         self.devices: dict[str, SoftDevice] = {}
         self._lock = threading.Lock()
         _REGISTRIES.add(self)
@@ -573,25 +461,29 @@ class ServiceRegistry:
     def connection(self) -> Connection:
         if self._conn is None:
             self._conn = Connection(self.path)
-            self._runtime = ClientRuntime(self._conn)
         return self._conn
 
+    def entries(self) -> list[api.DeviceEntry]:
+        reply, tail = self.connection().call(api.LIST_DEVICES, api.Empty())
+        size = api.DeviceEntry.size()
+        return [api.DeviceEntry.unpack(tail, i * size) for i in range(reply.count)]
+
     def specs(self) -> list[DeviceSpec]:
-        return [DeviceSpec(d["name"], "service") for d in self.connection().devices]
+        return [DeviceSpec(e.name, "service") for e in self.entries()]
 
     def open(self, name: str) -> SoftDevice:
         with self._lock:
             dev = self.devices.get(name)
             if dev is not None:
                 return dev
-            conn = self.connection()
-            assert self._runtime is not None
-            info = conn.call("open_device", name=name)
-            gids = [bytes.fromhex(g) for g in info["gids"]]
-            provider = ServiceProvider(conn, self._runtime, name, gids)
-            spec = DeviceSpec(name, "service")
-            dev = SoftDevice(spec, None, self._runtime, int(info["index"]), int(info["mtu"]),
-                             provider)  # fmt: skip
+            entries = {e.name: e for e in self.entries()}
+            entry = entries.get(name)
+            if entry is None:
+                raise PyverbsRDMAError(f"Failed to find device {name}; softverbs devices are: "
+                                       f"{', '.join(entries) or 'none'}", errno.ENODEV)  # fmt: skip
+            provider = ServiceProvider(self.connection(), self.runtime, name)
+            spec = DeviceSpec(name, "service", mac=_guid_mac(entry.node_guid))
+            dev = SoftDevice(spec, None, self.runtime, entry.index, provider.mtu, provider)
             self.devices[name] = dev
             return dev
 
@@ -599,9 +491,39 @@ class ServiceRegistry:
         pass
 
     def shutdown(self) -> None:
+        for dev in self.devices.values():
+            dev.provider.close()
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+    # --- the RDMA CM in the service -----------------------------------------------------------
+    def cm_call(self, cmd: str, args: dict[str, Any]) -> Any:
+        _, tail = self.connection().call(api.CM, api.Empty(),
+                                         tail=json.dumps({"cmd": cmd, "args": args}).encode())
+        return json.loads(tail).get("result")
+
+    def cm_events(self, deliver: Callable[[dict[str, Any]], None]) -> None:
+        """Have this process's CM events delivered (once)."""
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        fd = theirs.detach()
+        try:
+            self.connection().call(api.CM_EVENTS, api.Empty(), [fd])
+        finally:
+            os.close(fd)
+
+        def on_packet(data: bytes) -> None:
+            event = json.loads(data)
+            if isinstance(event, dict):
+                deliver(event)
+
+        self.runtime.watch(mine, on_packet)
+
+
+def _guid_mac(guid: int) -> bytes:
+    """The MAC a modified EUI-64 node GUID was made from."""
+    raw = guid.to_bytes(8, "big")
+    return bytes([raw[0] ^ 0x02]) + raw[1:3] + raw[5:8]
 
 
 _REGISTRIES: weakref.WeakSet[ServiceRegistry] = weakref.WeakSet()
@@ -613,8 +535,9 @@ def _after_fork_in_child() -> None:
     reads first.  The child forgets the parent's connection, devices and
     providers; it connects on its own at first use."""
     for reg in list(_REGISTRIES):
-        conn, reg._conn, reg._runtime = reg._conn, None, None
+        conn, reg._conn = reg._conn, None
         reg.devices = {}
+        reg.runtime = ClientRuntime()
         reg._lock = threading.Lock()
         if conn is not None:
             conn.abandon()

@@ -49,6 +49,7 @@ from softverbs.device.api import (
     AsyncEventRecord,
     CompEventRecord,
     DeviceEntry,
+    Empty,
     Op,
 )
 from softverbs.layout import (
@@ -98,7 +99,7 @@ FLAG_REPLY = 1
 # --- messages ----------------------------------------------------------------------------------
 
 
-def encode(op: Op, seq: int, body: Record, tail: bytes = b"", status: int = 0,
+def encode(op: Op[Any, Any], seq: int, body: Record, tail: bytes = b"", status: int = 0,
            reply: bool = False) -> bytes:  # fmt: skip
     """One message: the header, the body, the tail."""
     data = body.pack()
@@ -120,7 +121,7 @@ class Message:
     """A decoded message: its header, operation, body record and tail bytes."""
 
     header: Header
-    op: Op
+    op: Op[Any, Any]
     body: Any
     tail: bytes
 
@@ -129,18 +130,25 @@ class Message:
         return self.tail.decode("utf-8", "replace")
 
 
+#: What an error reply to an unknown operation is decoded as.
+UNKNOWN: Op[Any, Any] = Op(0, "UNKNOWN", Empty, Empty)
+
+
 def decode(data: bytes) -> Message:
     """Parse one message; ProtocolError if it is not a softverbs message."""
-    hdr: Header = Header.unpack(data)
+    try:
+        hdr: Header = Header.unpack(data)
+    except LayoutError as exc:
+        raise ProtocolError(str(exc)) from None
     if hdr.length != len(data):
         raise ProtocolError(f"the header says {hdr.length} bytes, the message has {len(data)}")
-    op = BY_CODE.get(hdr.op)
-    if op is None:
-        raise ProtocolError(f"unknown operation {hdr.op}")
     is_reply = bool(hdr.flags & FLAG_REPLY)
     rest = memoryview(data)[Header.size() :]
     if is_reply and hdr.status:
-        return Message(hdr, op, None, bytes(rest))
+        return Message(hdr, BY_CODE.get(hdr.op, UNKNOWN), None, bytes(rest))
+    op = BY_CODE.get(hdr.op)
+    if op is None:
+        raise ProtocolError(f"unknown operation {hdr.op}")
     kind = op.reply if is_reply else op.request
     if kind is None:
         raise ProtocolError(f"{op.name} has no reply")
@@ -188,9 +196,9 @@ def recv(sock: socket.socket, flags: int = 0) -> tuple[bytes, list[int]]:
 # --- where the service listens ------------------------------------------------------------
 
 
-def default_socket_path() -> str:
+def default_socket_path(ignore_env: bool = False) -> str:
     """``$SOFTVERBS_SERVICE`` if it is a path, else one per user in the runtime dir."""
-    env = os.environ.get("SOFTVERBS_SERVICE", "")
+    env = "" if ignore_env else os.environ.get("SOFTVERBS_SERVICE", "")
     if env and env not in ("1", "yes", "on") and not service_disabled():
         return env
     base = os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/softverbs-{os.getuid()}"

@@ -1,37 +1,43 @@
-"""``softverbsd``: the device service, an owner that outlives processes.
+"""``softverbsd``: the host device service, an owner that outlives processes.
 
-The service holds the devices' engines -- the same
-:class:`~softverbs.verbs.provider.EmbeddedProvider` and
-:class:`~softverbs.engine.qp.QPEngine` an application uses when it embeds a
-device -- and applications attach to it over a Unix socket
-(:mod:`softverbs.service.protocol`).  Their queues are rings in shared
-memory (:mod:`softverbs.service.shm`), their memory regions are memfds the
-service maps too, and a doorbell is a socket message.
+The service holds the engines of the host's devices -- ``sv0``, the host
+device every process reaches with no setup, and the UDP links of the
+``softverbs link`` table -- and executes the operations of
+:mod:`softverbs.device.api` for every process that connects, Python or C,
+through the same :class:`~softverbs.device.core.Host` an in-process device
+uses.  The service adds only what crossing a process boundary needs:
 
-Each connected process is a :class:`Client` with a table of the objects it
-created, by number; it can name only its own objects.  When its socket
-closes -- exit, crash, SIGKILL -- the service destroys everything in its
-table in reverse order of creation and drops its registrations with XRC
-receive QPs: no heartbeat is needed (seed 002, note 2).  XRC receive QPs
-are the device's: they live until their last holder lets go.
+* **Who is asking.**  A connection's peer is identified by ``SO_PEERCRED``:
+  only the service's own user (or root) may connect, and each connection is
+  one :class:`~softverbs.device.core.Owner`.  Its objects are named by
+  handles no other connection can use.
+* **Bytes.**  Requests arrive as :mod:`~softverbs.service.protocol`
+  messages; descriptors passed with them become what the request needs
+  (:func:`Service.resources`): shared-memory rings the service maps, a memfd
+  holding a memory region, the process's ``/proc/self/mem`` (every other
+  region), event sockets, an XRC domain's file.  Each descriptor is checked
+  (right size, right kind) before anything uses it.
+* **Events.**  Async events go to the socket the context passed with
+  ``OPEN_DEVICE``; completion events to the channel's socket.  Both are
+  written without blocking; one that does not fit (the process does not
+  read them) is dropped and counted.
+* **Death.**  When a connection closes -- exit, crash, SIGKILL -- the owner's
+  objects are destroyed (users before what they use) and its XRC
+  registrations dropped: no heartbeat is needed (seed 002, note 2).
 
-Only processes of the service's own user may connect (``SO_PEERCRED``).
-The first message must be ``hello``; a peer that sends something that is
-not a softverbs message gets an error and is disconnected.  A request that
-fails gets an error reply and the client stays connected; the service
-itself never stops for a bad peer: an unexpected exception in a request or
-in the engine is logged, answered with EIO where there is someone to
-answer, and the loop goes on.
+A peer that sends something that is not a softverbs message gets ``EPROTO``
+and is disconnected; a request that fails gets its errno and a message, and
+the connection stays.  Nothing a peer sends is executed, and no bad peer
+stops the service: an unexpected exception in a request or in the engine is
+logged, counted, answered with ``EIO`` where someone waits, and the loop
+goes on.
 
-One service per socket path: the pidfile next to the socket
-(``<socket>.pid``) holds the service's pid and an exclusive ``flock``
-for as long as the service lives, so a second service -- started by hand
-or on demand by two clients at once -- refuses to start instead of
-stealing the socket.
-
-The loop is single-threaded.  Replies and events are sent without
-blocking; what a slow client has not read yet waits in a per-client queue
-(bounded: a client that never reads is disconnected).
+Lifetime: one service per socket path (a pidfile next to it holds an
+exclusive ``flock`` while the service lives).  A service started on demand
+(``--idle-exit``) stops after that many seconds without a client; one
+started with ``softverbs service start`` stays until stopped.  The loop is
+single-threaded; replies that cannot be sent at once wait in a bounded
+per-client queue.
 """
 
 from __future__ import annotations
@@ -40,52 +46,50 @@ import argparse
 import contextlib
 import errno
 import fcntl
+import json
 import logging
 import os
 import selectors
 import signal
 import socket
+import stat
 import struct
 import sys
 import threading
+import time
 from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any
 
-from softverbs.engine.memory import MemKey, MemKind
-from softverbs.engine.qp import QPEngine
-from softverbs.engine.queues import Route
-from softverbs.enums import IBV_QPS_ERR, IBV_QPT_XRC_RECV, IBV_WC_SUCCESS, IBV_WC_WR_FLUSH_ERR
-from softverbs.errors import PyverbsError, PyverbsRDMAError, einval
-from softverbs.service import protocol
-from softverbs.service.shm import (
-    WQ_NONE,
-    WQ_RQ,
-    WQ_SQ,
-    WQ_SRQ,
+from softverbs.device import api
+from softverbs.device.core import ALLOWED_OPCODES, Owner, Resources
+from softverbs.device.memory import ProcessMemory
+from softverbs.engine.rings import (
+    CQE_SIZE,
+    HEADER_SIZE,
+    WR_DRIVER1,
     SharedRegion,
-    ShmCompletionQueue,
-    ShmSharedRQ,
-    ShmWorkQueue,
-    _Ring,
     recv_slot_size,
     send_slot_size,
+    shared_cq,
+    shared_srq,
+    shared_work_ring,
 )
-from softverbs.verbs.memory import Memory
-from softverbs.verbs.registry import Registry, SoftDevice
+from softverbs.errors import PyverbsError, PyverbsRDMAError, einval
+from softverbs.service import protocol
+from softverbs.service.protocol import ProtocolError
+from softverbs.verbs.registry import Registry
 
 log = logging.getLogger("softverbsd")
 
-#: a protocol message (see :mod:`softverbs.service.protocol`)
-Msg = dict[str, Any]
-
-#: messages a client may leave unread before it is disconnected
+#: replies a client may leave unread before it is disconnected
 MAX_BACKLOG = 4096
 #: messages read from one client before the loop serves the others
 READ_BATCH = 64
-#: the largest ring slot a client may ask for (a send WQE with 32 SGEs and
-#: 1 KiB of inline data fits easily)
+#: the largest ring slot a client may ask for
 MAX_SLOT = 1 << 16
+#: the largest memory region a client may pass as a memfd
+MAX_MAPPED = 1 << 40
 
 
 class ServiceRunning(Exception):
@@ -134,58 +138,27 @@ def claim_pidfile(pidfile: str, socket_path: str) -> int:
         return fd
 
 
-class Obj:
-    """One object a client created, by the number the client knows it by."""
-
-    __slots__ = ("client", "dev", "kind", "number", "obj", "regions")
-
-    def __repr__(self) -> str:
-        return f"<{self.kind} {self.number} of pid {self.client.pid}>"
-
-    def __init__(self, client: Client, number: int, kind: str, dev: SoftDevice, obj: Any,
-                 regions: list[SharedRegion]) -> None:  # fmt: skip
-        self.client = client
-        self.number = number
-        self.kind = kind
-        self.dev = dev
-        self.obj = obj
-        self.regions = regions
-
-
 class Client:
-    """A connected process."""
+    """A connected process: its socket, its owner record, what waits to be sent."""
 
-    def __init__(self, sock: socket.socket, pid: int, uid: int,
-                 want_write: Callable[[Client], None] | None = None) -> None:  # fmt: skip
+    def __init__(self, sock: socket.socket, pid: int, uid: int, owner: Owner,
+                 want_write: Callable[[Client], None]) -> None:  # fmt: skip
         self.sock = sock
         self.pid = pid
         self.uid = uid
-        self.objects: dict[int, Obj] = {}
-        self.next = 1
+        self.owner = owner
         self.alive = True
         self.greeted = False
         self.kicked = False  #: disconnect once the error reply is out
         self.outq: deque[bytes] = deque()
+        self.events_dropped = 0
         self._want_write = want_write
         self._send_lock = threading.Lock()
 
-    def add(self, kind: str, dev: SoftDevice, obj: Any, regions: list[SharedRegion]) -> Obj:
-        rec = Obj(self, self.next, kind, dev, obj, regions)
-        self.objects[self.next] = rec
-        self.next += 1
-        return rec
-
-    def get(self, number: Any, kind: str) -> Obj:
-        rec = self.objects.get(number) if type(number) is int else None
-        if rec is None or rec.kind != kind:
-            raise einval(f"this process has no {kind} number {number!r}")
-        return rec
-
-    def send(self, msg: dict[str, Any]) -> None:
+    def send(self, data: bytes) -> None:
         """Send without blocking; what does not fit waits in :attr:`outq`."""
         if not self.alive:
             return
-        data = protocol.encode(msg)
         with self._send_lock:
             if not self.outq:
                 try:
@@ -197,13 +170,12 @@ class Client:
                     self.alive = False
                     return
             if len(self.outq) >= MAX_BACKLOG:
-                log.warning("pid %d left %d messages unread: disconnecting it", self.pid,
+                log.warning("pid %d left %d replies unread: disconnecting it", self.pid,
                             len(self.outq))  # fmt: skip
                 self.alive = False
                 return
             self.outq.append(data)
-        if self._want_write is not None:
-            self._want_write(self)
+        self._want_write(self)
 
     def flush(self) -> bool:
         """Send what waits; True when nothing is left."""
@@ -221,84 +193,65 @@ class Client:
             return True
 
     def __repr__(self) -> str:
-        return f"<Client pid={self.pid} objects={len(self.objects)}>"
+        return f"<Client pid={self.pid} objects={len(self.owner.objects)}>"
 
 
-class ServedQPEngine(QPEngine):
-    """The engine of a QP served to an application: the same engine, which
-    also publishes its state in the send ring's header, where the
-    application's ``qp_state`` reads it (the device moves QPs to ERR by
-    itself; the application must see that without a round trip)."""
+class EventSocket:
+    """One end of a socketpair a client passed: where its events go."""
 
-    @property
-    def state(self) -> int:
-        return self._state
+    def __init__(self, sock: socket.socket, client: Client) -> None:
+        self.sock = sock
+        self.client = client
 
-    @state.setter
-    def state(self, value: int) -> None:
-        self._state = value
-        sq = self.__dict__.get("sq")
-        if isinstance(sq, ShmWorkQueue):
-            sq.publish_state(value)
+    def write(self, data: bytes) -> None:
+        try:
+            self.sock.send(data, socket.MSG_DONTWAIT)
+        except OSError:  # full (the process does not read them) or gone
+            self.client.events_dropped += 1
 
-    def push_cqe(self, cq: Any, cqe: Any) -> None:
-        # An error completion of a reliable QP is followed by its move to ERR
-        # (SEMANTICS 4); publish ERR first, so that an application that polls
-        # the error CQE -- concurrently, in its own process -- then reads ERR.
-        if self.reliable and cqe.status not in (IBV_WC_SUCCESS, IBV_WC_WR_FLUSH_ERR):
-            sq = self.__dict__.get("sq")
-            if isinstance(sq, ShmWorkQueue):
-                sq.publish_state(IBV_QPS_ERR)
-        super().push_cqe(cq, cqe)
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.close()
 
 
-def _route(d: Any) -> Route:
-    if not isinstance(d, dict):
-        raise einval("a route must be a JSON object")
-    dgid, sgid = bytes.fromhex(d["dgid"]), bytes.fromhex(d["sgid"])
-    if len(dgid) != 16 or len(sgid) != 16:
-        raise einval("a route's GIDs must be 16 bytes")
-    sgid_index, hop, tclass = _int(d, "sgid_index", 0, 255), _int(d, "hop_limit", 0, 255), \
-        _int(d, "tclass", 0, 255)  # fmt: skip
-    return Route(dgid, sgid, sgid_index, hop, tclass, _int(d, "flow_label", 0, 0xFFFFF),
-                 _int(d, "port", 1, 1))  # fmt: skip
+def _event_socket(fd: int, client: Client) -> EventSocket:
+    """A client's event socket, checked to be a SOCK_SEQPACKET Unix socket."""
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError as exc:
+        os.close(fd)
+        raise einval(f"the file descriptor passed is not a socket: {exc}") from None
+    if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_SEQPACKET:
+        sock.close()
+        raise einval("an event socket must be an AF_UNIX SOCK_SEQPACKET socket (socketpair)")
+    return EventSocket(sock, client)
 
 
-def decode_attrs(attrs: Any) -> dict[str, Any]:
-    """Engine attribute values from their JSON form (routes are dicts).
-
-    Only the names the verbs layer sends are accepted: a request must not be
-    able to set arbitrary attributes of an engine object.
-    """
-    if not isinstance(attrs, dict):
-        raise einval("QP attributes must be a JSON object")
-    bad = set(attrs) - _QP_ATTRS
-    if bad:
-        raise einval(f"unknown QP attributes {sorted(bad)}")
-    out = dict(attrs)
-    for name, value in out.items():
-        if name == "route":
-            out[name] = _route(value)
-        elif name == "en_sqd_async_notify":
-            out[name] = bool(value)
-        elif type(value) is not int or not 0 <= value <= 0xFFFFFFFF:
-            raise einval(f"QP attribute {name}={value!r} is not a 32-bit unsigned integer")
-    return out
+def _map(fd: int, size: int) -> SharedRegion:
+    """A client's shared-memory fd, mapped (``size`` bytes); EINVAL if it is not one."""
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("not a memory file (memfd)")
+        return SharedRegion(size, fd=fd)
+    except (OSError, ValueError) as exc:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        raise einval(f"the file descriptor passed is not {size} bytes of shared memory "
+                     f"({exc})") from None  # fmt: skip
 
 
-#: the engine attributes modify_qp may set (see softverbs.verbs.qp.engine_values)
-_QP_ATTRS = frozenset({
-    "pkey_index", "pkey", "qkey", "access", "route", "pmtu", "dest_qpn", "rq_psn", "sq_psn",
-    "timeout", "retry_cnt", "rnr_retry", "min_rnr_timer", "max_rd_atomic",
-    "max_dest_rd_atomic", "en_sqd_async_notify",
-})  # fmt: skip
+def _fds(fds: list[int], want: int, what: str) -> list[int]:
+    if len(fds) != want:
+        raise einval(f"{what}: expected {want} file descriptor(s), got {len(fds)}")
+    taken = list(fds)
+    fds.clear()
+    return taken
 
 
-def _int(msg: Msg, key: str, lo: int, hi: int) -> int:
-    """``msg[key]``, an integer in [lo, hi], or EINVAL naming it."""
-    value = msg.get(key)
-    if type(value) is not int or not lo <= value <= hi:
-        raise einval(f"{key}={value!r} is out of range {lo}..{hi}")
+def _slot(value: int, least: int, what: str) -> int:
+    if not least <= value <= MAX_SLOT or value % 16:
+        raise einval(f"{what}: a slot of {value} bytes is not a multiple of 16 in "
+                     f"{least}..{MAX_SLOT}")  # fmt: skip
     return value
 
 
@@ -306,29 +259,34 @@ class Service:
     """The device service (see the module docstring)."""
 
     def __init__(self, path: str, registry: Registry | None = None,
-                 pidfile: str | None = None) -> None:  # fmt: skip
+                 pidfile: str | None = None, idle_exit: float = 0.0) -> None:  # fmt: skip
         self.path = path
         self.pidfile = pidfile if pidfile is not None else path + ".pid"
-        self.registry = registry or Registry()
+        self.registry = registry or Registry(host_device=True)
+        self.host = self.registry.host
+        self.idle_exit = idle_exit
         self.clients: dict[socket.socket, Client] = {}
-        self.devices: dict[str, SoftDevice] = {}
         self.sel = selectors.DefaultSelector()
         self.stats: Counter[str] = Counter()
+        self.started = time.monotonic()
+        self._idle_since: float | None = time.monotonic()
         self._stop = threading.Event()
         self._writers: set[Client] = set()
         self._writers_lock = threading.Lock()
-        os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
         self._pid_fd = claim_pidfile(self.pidfile, path)
         try:
             # We hold the lock: a socket file left here is a dead service's.
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
             self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-            self.listener.bind(path)
+            old = os.umask(0o177)  # owner-only from the start, not after a chmod
+            try:
+                self.listener.bind(path)
+            finally:
+                os.umask(old)
         except BaseException:
             self._release_pidfile()
             raise
-        os.chmod(path, 0o600)
         self.listener.listen(128)
         self.listener.setblocking(False)
         self._wake_r, self._wake_w = socket.socketpair()
@@ -342,41 +300,6 @@ class Service:
         with contextlib.suppress(OSError):
             os.close(self._pid_fd)
 
-    # --- devices ---------------------------------------------------------------
-    def device(self, name: Any) -> SoftDevice:
-        if not isinstance(name, str):
-            raise einval("a device name must be a string")
-        dev = self.devices.get(name)
-        if dev is None:
-            dev = self.registry.open(name)
-            dev.provider.set_event_sink(
-                lambda event_type, element: self._event_sink(name, event_type, element)
-            )
-            self.devices[name] = dev
-        return dev
-
-    def _event_sink(self, dev: str, event_type: int, element: Any) -> None:
-        owner = getattr(element, "owner", None)
-        reason = getattr(element, "last_error", "") or ""
-        if isinstance(owner, Obj):
-            owner.client.send({"event": event_type, "kind": owner.kind, "obj": owner.number,
-                               "reason": reason})  # fmt: skip
-            return
-        if isinstance(element, QPEngine):
-            # A device-owned XRC receive QP: tell every process holding it,
-            # once -- by its handle if it opened one, else by QP number.
-            refs = element.hca.xrc_refs.get(element.qpn, set())  # type: ignore[attr-defined]
-            told: set[Client] = set()
-            for holder in sorted(refs, key=lambda h: not isinstance(h, Obj)):
-                if isinstance(holder, Obj) and holder.client not in told:
-                    told.add(holder.client)
-                    holder.client.send({"event": event_type, "kind": "qp",
-                                        "obj": holder.number, "reason": reason})  # fmt: skip
-                elif isinstance(holder, Client) and holder not in told:
-                    told.add(holder)
-                    holder.send({"event": event_type, "kind": "xrc_qp", "dev": dev,
-                                 "qpn": element.qpn, "reason": reason})  # fmt: skip
-
     # --- the loop ------------------------------------------------------------------
     def serve_forever(self) -> None:
         try:
@@ -385,10 +308,13 @@ class Service:
         finally:
             self._shutdown()
 
+    def _devices(self) -> list[Any]:
+        return [d for d in list(self.registry.devices.values()) if d.core is not None]
+
     def _turn(self) -> None:
         """One pass of the loop: wait, serve what is ready, run the engines."""
         timeout = 1.0
-        for dev in list(self.devices.values()):
+        for dev in self._devices():
             with dev.runtime.lock:
                 nxt = dev.runtime.next_deadline()
                 if nxt is not None:
@@ -406,7 +332,7 @@ class Service:
                     self._write(sock)
                 if mask & selectors.EVENT_READ:
                     self._read(sock)
-        for dev in list(self.devices.values()):
+        for dev in self._devices():
             with dev.runtime.lock:
                 try:
                     dev.runtime.progress()
@@ -415,6 +341,18 @@ class Service:
                     log.exception("engine progress on %s", dev.name)
         for client in [c for c in self.clients.values() if not c.alive]:
             self.drop(client)
+        self._check_idle()
+
+    def _check_idle(self) -> None:
+        if not self.idle_exit:
+            return
+        if self.clients:
+            self._idle_since = None
+        elif self._idle_since is None:
+            self._idle_since = time.monotonic()
+        elif time.monotonic() - self._idle_since >= self.idle_exit:
+            log.info("no client for %.0f s: exiting", self.idle_exit)
+            self._stop.set()
 
     def stop(self) -> None:
         self._stop.set()
@@ -453,13 +391,15 @@ class Service:
         pid, uid, _gid = struct.unpack("3i", creds)
         if uid != os.getuid() and uid != 0:
             with contextlib.suppress(OSError):
-                protocol.send(sock, {"id": 0, "errno": errno.EPERM,
-                                     "error": "softverbsd serves only its own user"})  # fmt: skip
+                protocol.send(sock, protocol.encode_error(
+                    api.HELLO.code, 0, errno.EPERM,
+                    f"softverbsd of uid {os.getuid()} serves only its own user, not uid {uid}"))
             sock.close()
             self.stats["clients_refused"] += 1
             return
         sock.setblocking(False)
-        client = Client(sock, pid, uid, self._want_write)
+        owner = self.host.add_owner(Owner(f"pid {pid}", pid, uid))
+        client = Client(sock, pid, uid, owner, self._want_write)
         self.clients[sock] = client
         self.sel.register(sock, selectors.EVENT_READ, "client")
         self.stats["clients_connected"] += 1
@@ -470,409 +410,283 @@ class Service:
             return
         for _ in range(READ_BATCH):
             try:
-                msg, fds = protocol.recv(sock)
+                data, fds = protocol.recv(sock)
             except BlockingIOError:
                 return
             except (EOFError, OSError):
                 self.drop(client)
                 return
-            except protocol.ProtocolError as exc:
-                self.stats["protocol_errors"] += 1
-                client.send({"id": 0, "errno": errno.EPROTO,
-                             "error": f"not a softverbs client: {exc}"})  # fmt: skip
-                client.flush()
-                self.drop(client)
+            except ProtocolError as exc:
+                self._kick(client, 0, 0, str(exc))
                 return
-            self.handle(client, msg, fds)
+            self.handle(client, data, fds)
             if not client.alive:
                 client.flush()  # the error that explains the disconnect, if it fits
                 self.drop(client)
                 return
 
-    # --- requests ----------------------------------------------------------------
-    def handle(self, client: Client, msg: Msg, fds: list[int]) -> None:
-        """Serve one request; every failure becomes an error reply."""
-        op = msg.get("op")
-        rid = msg.get("id", 0)
-        reply = self._dispatch(client, op, msg, fds)
-        if reply is not None:
-            reply["id"] = rid
-            client.send(reply)
-        if client.kicked:
-            client.alive = False
+    def _kick(self, client: Client, op: int, seq: int, why: str) -> None:
+        self.stats["protocol_errors"] += 1
+        client.send(protocol.encode_error(op, seq, errno.EPROTO, f"not a softverbs client: {why}"))
+        client.flush()
+        self.drop(client)
 
-    def _dispatch(self, client: Client, op: Any, msg: Msg, fds: list[int]) -> Msg | None:
-        """The reply to one request (None for a doorbell).  File descriptors
-        the handler did not take are closed before the reply goes out."""
-        handler: Callable[[Client, dict[str, Any], list[int]], dict[str, Any] | None] | None
-        handler = getattr(self, f"op_{op}", None) if isinstance(op, str) else None
+    # --- requests ------------------------------------------------------------------------
+    def handle(self, client: Client, data: bytes, fds: list[int]) -> None:
+        """Serve one message; every failure becomes an error reply."""
         try:
-            if handler is None:
-                raise protocol.ProtocolError(f"unknown request {op!r}")
-            if not client.greeted and op != "hello":
-                raise protocol.ProtocolError(f"{op!r} before 'hello'")
-            result = handler(client, msg, fds)
-            fds = []  # the handler took ownership
-            return result  # type: ignore[no-any-return]
-        except PyverbsRDMAError as exc:
-            code = exc.error_code if exc.error_code > 0 else errno.EINVAL
-            return {"errno": code, "error": _bare(str(exc))}
-        except PyverbsError as exc:
-            return {"errno": errno.EINVAL, "error": _bare(str(exc))}
-        except protocol.ProtocolError as exc:
-            self.stats["protocol_errors"] += 1
-            client.kicked = True  # after this reply
-            return {"errno": errno.EPROTO, "error": f"not a softverbs client: {exc}"}
-        except (KeyError, TypeError, ValueError, OverflowError, IndexError) as exc:
-            return {"errno": errno.EINVAL, "error": f"bad {op} request: {exc!r}"}
-        except OSError as exc:
-            return {"errno": exc.errno or errno.EIO, "error": f"{op}: {exc}"}
-        except Exception as exc:  # a bug: log it, answer, keep serving
-            self.stats["internal_errors"] += 1
-            log.exception("request %r of pid %d", op, client.pid)
-            return {"errno": errno.EIO,
-                    "error": f"internal error in softverbsd serving {op}: {exc!r}"}  # fmt: skip
-        finally:
+            msg = protocol.decode(data)
+        except ProtocolError as exc:
             for fd in fds:
                 with contextlib.suppress(OSError):
                     os.close(fd)
+            op, seq = (struct.unpack_from("<4xH2xI", data) if len(data) >= 12 else (0, 0))
+            client.kicked = True
+            self.stats["protocol_errors"] += 1
+            client.send(protocol.encode_error(op, seq, errno.EPROTO,
+                                              f"not a softverbs client: {exc}"))  # fmt: skip
+            client.alive = False
+            return
+        op, seq = msg.op, msg.header.seq
+        if msg.header.flags & protocol.FLAG_REPLY:
+            self._close(fds)
+            self._kick(client, op.code, seq, "a client sends requests, not replies")
+            return
+        if not client.greeted and op is not api.HELLO:
+            self._close(fds)
+            self._kick(client, op.code, seq, f"{op.name} before HELLO")
+            return
+        if op is api.DOORBELL:  # the data path: no reply, no resources
+            self._close(fds)
+            try:
+                self.host.execute(client.owner, op, msg.body)
+            except PyverbsError as exc:
+                self.stats["doorbell_errors"] += 1
+                log.debug("doorbell of pid %d: %s", client.pid, exc)
+            return
+        reply = self._dispatch(client, op, msg, fds)
+        client.send(reply)
+        if client.kicked:
+            client.alive = False
 
-    def op_hello(self, client: Client, msg: Msg, fds: list[int]) -> Msg:
-        if msg.get("version") != protocol.PROTOCOL_VERSION:
-            raise protocol.ProtocolError(
-                f"protocol version {msg.get('version')!r}; this service speaks "
-                f"{protocol.PROTOCOL_VERSION}"
-            )
+    @staticmethod
+    def _close(fds: list[int]) -> None:
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        fds.clear()
+
+    def _dispatch(self, client: Client, op: api.Op[Any, Any], msg: protocol.Message,
+                  fds: list[int]) -> bytes:  # fmt: skip
+        """The reply to one request.  Descriptors nobody took are closed."""
+        seq = msg.header.seq
+        try:
+            local = _LOCAL.get(op.code)
+            if local is not None:
+                body, tail = local(self, client, msg.body, msg.tail, fds)
+            else:
+                res = self.resources(client, op, msg.body, fds)
+                try:
+                    body, tail = self.host.execute(client.owner, op, msg.body, res)
+                except BaseException:
+                    for close in res.release:
+                        close()
+                    raise
+            return protocol.encode(op, seq, body, tail, reply=True)
+        except PyverbsRDMAError as exc:
+            code = exc.error_code if exc.error_code > 0 else errno.EINVAL
+            return protocol.encode_error(op.code, seq, code, _bare(exc))
+        except PyverbsError as exc:
+            return protocol.encode_error(op.code, seq, errno.EINVAL, _bare(exc))
+        except ProtocolError as exc:
+            self.stats["protocol_errors"] += 1
+            client.kicked = True
+            return protocol.encode_error(op.code, seq, errno.EPROTO,
+                                         f"not a softverbs client: {exc}")  # fmt: skip
+        except (ValueError, OverflowError, struct.error) as exc:
+            return protocol.encode_error(op.code, seq, errno.EINVAL, f"bad {op.name}: {exc}")
+        except OSError as exc:
+            return protocol.encode_error(op.code, seq, exc.errno or errno.EIO, f"{op.name}: {exc}")
+        except Exception as exc:  # a bug: log it, answer, keep serving
+            self.stats["internal_errors"] += 1
+            log.exception("request %s of pid %d", op.name, client.pid)
+            return protocol.encode_error(op.code, seq, errno.EIO,
+                                         f"internal error in softverbsd serving {op.name}: "
+                                         f"{exc!r}")  # fmt: skip
+        finally:
+            self._close(fds)
+
+    # --- what descriptors become -------------------------------------------------------------
+    def resources(self, client: Client, op: api.Op[Any, Any], body: Any,
+                  fds: list[int]) -> Resources:  # fmt: skip
+        """Turn the descriptors a request passed into what it needs (checked)."""
+        res = Resources()
+        code = op.code
+        if code in (api.OPEN_DEVICE.code, api.CREATE_COMP_CHANNEL.code):
+            (fd,) = _fds(fds, 1, op.name)
+            ev = _event_socket(fd, client)
+            res.release.append(ev.close)
+            res.sink = _async_sink(ev) if code == api.OPEN_DEVICE.code else _comp_sink(ev)
+        elif code in (api.REG_MR.code, api.REREG_MR.code):
+            if body.flags & api.REG_MR_HAS_FD:
+                (fd,) = _fds(fds, 1, op.name)
+                if body.offset + body.length > MAX_MAPPED:
+                    os.close(fd)
+                    raise einval(f"{op.name}: a region of {body.length} bytes at offset "
+                                 f"{body.offset} is larger than the device maps")  # fmt: skip
+                region = _map(fd, body.offset + body.length)
+                res.span = region.view[body.offset : body.offset + body.length]
+                res.release.append(region.close)
+            else:
+                _fds(fds, 0, op.name)
+        elif code in (api.CREATE_CQ.code, api.RESIZE_CQ.code):
+            (fd,) = _fds(fds, 1, op.name)
+            cqe = int(body.cqe)
+            if not 1 <= cqe <= 1 << 20:
+                os.close(fd)
+                raise einval(f"{op.name}: cqe {cqe} is out of range")
+            region = _map(fd, HEADER_SIZE + cqe * CQE_SIZE)
+            res.cq = shared_cq(region, cqe)
+            res.release.append(region.close)
+        elif code in (api.CREATE_SRQ.code, api.MODIFY_SRQ.code):
+            if code == api.MODIFY_SRQ.code and not body.mask & 1:  # IBV_SRQ_MAX_WR
+                _fds(fds, 0, op.name)
+                return res
+            (fd,) = _fds(fds, 1, op.name)
+            size = int(body.max_wr)
+            max_sge = int(getattr(body, "max_sge", 0)) if code == api.CREATE_SRQ.code else \
+                self._srq_max_sge(client, body.srq)  # fmt: skip
+            slot = _slot(body.slot, recv_slot_size(max_sge), op.name) if \
+                code == api.CREATE_SRQ.code else recv_slot_size(max_sge)  # fmt: skip
+            if not 1 <= size <= 1 << 20:
+                os.close(fd)
+                raise einval(f"{op.name}: max_wr {size} is out of range")
+            region = _map(fd, HEADER_SIZE + size * slot)
+            res.srq = shared_srq(region, size, slot, max_sge)
+            res.release.append(region.close)
+        elif code == api.CREATE_QP.code:
+            want = (1 if body.sq_slot else 0) + (1 if body.rq_slot else 0)
+            taken = _fds(fds, want, op.name)
+            caps = body.caps
+            opcodes = ALLOWED_OPCODES.get(body.qp_type, frozenset()) | {WR_DRIVER1}
+            for is_send, slot, size, least in (
+                (True, body.sq_slot, caps.max_send_wr,
+                 send_slot_size(caps.max_send_sge, caps.max_inline_data)),
+                (False, body.rq_slot, caps.max_recv_wr, recv_slot_size(caps.max_recv_sge)),
+            ):  # fmt: skip
+                if not slot:
+                    continue
+                fd = taken.pop(0)
+                try:
+                    _slot(slot, least, op.name)
+                    if size > 1 << 20:
+                        raise einval(f"{op.name}: a queue of {size} WQEs is too large")
+                except PyverbsRDMAError:
+                    for other in [fd, *taken]:
+                        os.close(other)
+                    raise
+                region = _map(fd, HEADER_SIZE + size * slot)
+                ring = shared_work_ring(region, size, slot, is_send, frozenset(opcodes))
+                res.release.append(region.close)
+                if is_send:
+                    res.sq = ring
+                else:
+                    res.rq = ring
+        elif code == api.OPEN_XRCD.code:
+            if body.flags & api.OPEN_XRCD_HAS_FD:
+                (fd,) = _fds(fds, 1, op.name)
+                try:
+                    st = os.fstat(fd)
+                finally:
+                    os.close(fd)
+                res.file_key = (st.st_dev, st.st_ino)
+            else:
+                _fds(fds, 0, op.name)
+        else:
+            _fds(fds, 0, op.name)
+        return res
+
+    def _srq_max_sge(self, client: Client, handle: int) -> int:
+        from softverbs.device.api import KIND_SRQ
+
+        return int(self.host.obj(client.owner, handle, KIND_SRQ).engine.max_sge)
+
+    # --- the service's own operations ---------------------------------------------------------
+    def op_hello(self, client: Client, req: api.Hello, tail: bytes,
+                 fds: list[int]) -> tuple[Any, bytes]:  # fmt: skip
+        if req.version != protocol.PROTOCOL_VERSION:
+            raise ProtocolError(f"protocol version {req.version}; this service speaks "
+                                f"{protocol.PROTOCOL_VERSION}")  # fmt: skip
+        if client.greeted:
+            raise ProtocolError("HELLO twice")
+        if req.flags & 1:
+            (fd,) = _fds(fds, 1, "HELLO")
+            try:
+                st = os.fstat(fd)
+            except OSError:
+                os.close(fd)
+                raise
+            if stat.S_ISREG(st.st_mode) and st.st_size == 0 and st.st_uid == client.uid:
+                client.owner.memory = ProcessMemory(fd, client.pid)
+            else:
+                os.close(fd)
+                raise einval("HELLO: the descriptor passed is not the process's /proc/self/mem")
         client.greeted = True
-        specs = self.registry.specs()
-        return {"devices": [{"name": s.name, "guid": s.guid} for s in specs],
-                "pid": os.getpid()}  # fmt: skip
+        return api.HelloReply(protocol.PROTOCOL_VERSION, os.getpid(),
+                              len(self.registry.entries()), 0), b""  # fmt: skip
 
-    def op_open_device(self, client: Client, msg: Msg, fds: list[int]) -> Msg:
-        dev = self.device(msg["name"])
-        return {"gids": [g.hex() for g in dev.provider.gids], "mtu": dev.mtu,
-                "guid": dev.guid, "index": dev.index}  # fmt: skip
+    def op_status(self, client: Client, req: api.Empty, tail: bytes,
+                  fds: list[int]) -> tuple[Any, bytes]:  # fmt: skip
+        """The service, its clients and their objects (the asking one left out)."""
+        described = self.host.describe(skip={client.owner, self.registry.owner})
+        others = []
+        live: Counter[str] = Counter()
+        for o in described["owners"]:
+            mine = Counter(obj["kind"] for obj in o["objects"])
+            live.update(mine)
+            others.append({"pid": o["pid"], "uid": o["uid"], "objects": dict(mine),
+                           "handles": o["objects"]})  # fmt: skip
+        hcas = [d.hca for d in self._devices() if d.hca is not None]
+        out = {
+            "pid": os.getpid(), "socket": self.path, "uptime": time.monotonic() - self.started,
+            "idle_exit": self.idle_exit, "clients": len(others), "processes": others,
+            "objects": dict(live), "devices": sorted(d.name for d in self._devices()),
+            "engine_qps": sum(len(h.qps) for h in hcas), "keys": sum(len(h.keys) for h in hcas),
+            "xrc_qps": len(described["xrc_rcv_qps"]), "xrc_rcv_qps": described["xrc_rcv_qps"],
+            "xrc_srqs": sum(len(h.srqs) for h in hcas), "xrcds": sum(len(h.xrcds) for h in hcas),
+            "stats": {**dict(self.stats), **{k: v for k, v in self.host.stats.items()
+                                             if k == "cleanup_errors"}},
+        }  # fmt: skip
+        return api.Empty(), json.dumps(out).encode()
 
-    def op_cm(self, client: Client, msg: Msg, fds: list[int]) -> Msg:
-        """An RDMA CM command for the devices' CM agent (:mod:`softverbs.cm.service`)."""
+    def op_cm(self, client: Client, req: api.Empty, tail: bytes,
+              fds: list[int]) -> tuple[Any, bytes]:  # fmt: skip
+        """An RDMA CM command for the service's CM agent (JSON; see cm/service.py)."""
         from softverbs.cm import service as cm
 
-        return cm.handle(self, client, msg)
-
-    def op_counters(self, client: Client, msg: Msg, fds: list[int]) -> Msg:
-        return {"counters": self.device(msg["dev"]).provider.counters()}
-
-    def op_stats(self, client: Client, msg: Msg, fds: list[int]) -> Msg:
-        """Live objects, for tests and ``softverbs service status``.
-
-        The asking connection is left out: ``clients`` counts the others.
-        """
-        live: Counter[str] = Counter()
-        procs = []
-        for c in self.clients.values():
-            if c is client:
-                continue
-            mine = Counter(rec.kind for rec in c.objects.values())
-            live.update(mine)
-            procs.append({"pid": c.pid, "objects": dict(mine)})
-        hcas = [d.hca for d in self.devices.values() if d.hca is not None]
-        xrc = {f"{qpn:#x}": len(refs) for h in hcas for qpn, refs in h.xrc_refs.items()}
-        qps = sum(len(h.qps) for h in hcas)
-        keys = sum(len(h.keys) for h in hcas)
-        srqs = sum(len(h.srqs) for h in hcas)
-        xrcds = sum(len(h.xrcds) for h in hcas)
-        return {"clients": len(procs), "processes": procs, "objects": dict(live),
-                "xrc_qps": len(xrc), "xrc_holders": xrc, "engine_qps": qps, "keys": keys,
-                "xrc_srqs": srqs, "xrcds": xrcds, "devices": sorted(self.devices),
-                "pid": os.getpid(), "stats": dict(self.stats)}  # fmt: skip
-
-    # protection domains: a token the engine compares by identity
-    def op_alloc_pd(self, client: Client, msg: Msg, fds: list[int]) -> Msg:
-        dev = self.device(msg["dev"])
-        return {"obj": client.add("pd", dev, object(), []).number}
-
-    # memory
-    @staticmethod
-    def _region(fds: list[int], size: int) -> SharedRegion:
-        """The one shared-memory fd a request announced, mapped (``size`` bytes)."""
-        if len(fds) != 1:
-            raise einval(f"expected one shared-memory file descriptor, got {len(fds)}")
-        return _map(fds.pop(), size)
-
-    def op_reg_mr(self, client: Client, msg: Msg, fds: list[int]) -> Msg:
-        pd = client.get(msg["pd"], "pd")
-        length = _int(msg, "length", 0, 1 << 40)
-        addr = _int(msg, "addr", 0, (1 << 64) - 1)
-        access = _int(msg, "access", 0, 0xFFFFFFFF)
-        region = self._region(fds, length)
-        mem = Memory(region.view[:length], addr, region)
         try:
-            key = pd.dev.provider.reg_mr(pd.obj, mem, access, None)
-        except Exception:
-            region.close()
-            raise
-        rec = client.add("mr", pd.dev, key, [region])
-        key.owner = rec
-        return {"obj": rec.number, "key": key.key}
+            msg = json.loads(tail)
+        except ValueError:
+            raise einval("CM: the request is not JSON") from None
+        if not isinstance(msg, dict):
+            raise einval("CM: the request must be a JSON object")
+        return api.Empty(), json.dumps(cm.handle(self, client, msg)).encode()
 
-    def op_update_mr(self, client: Client, msg: Msg, fds: list[int]) -> Msg:
-        mr = client.get(msg["mr"], "mr")
-        pd = client.get(msg["pd"], "pd").obj if msg.get("pd") is not None else None
-        access = _int(msg, "access", 0, 0xFFFFFFFF) if msg.get("access") is not None else None
-        mr.dev.provider.update_mr(mr.obj, None, access, pd)
-        return {}
+    def op_cm_events(self, client: Client, req: api.Empty, tail: bytes,
+                     fds: list[int]) -> tuple[Any, bytes]:  # fmt: skip
+        """Where this process's RDMA CM events go (a socket it passed)."""
+        (fd,) = _fds(fds, 1, "CM_EVENTS")
+        client.cm_events = _event_socket(fd, client)  # type: ignore[attr-defined]
+        return api.Empty(), b""
 
-    def op_alloc_mw(self, client: Client, msg: Msg, fds: list[int]) -> Msg:
-        pd = client.get(msg["pd"], "pd")
-        kind = MemKind(msg["kind"])
-        if kind == MemKind.MR:
-            raise einval("alloc_mw: kind must be a memory window type")
-        key = pd.dev.provider.alloc_mw(pd.obj, kind, None)
-        rec = client.add("mw", pd.dev, key, [])
-        key.owner = rec
-        return {"obj": rec.number, "key": key.key}
+    def cm_event(self, client: Client, event: dict[str, Any]) -> None:
+        sock: EventSocket | None = getattr(client, "cm_events", None)
+        if sock is not None:
+            sock.write(json.dumps(event).encode())
+        else:
+            client.events_dropped += 1
 
-    def op_query_key(self, client: Client, msg: Msg, fds: list[int]) -> Msg:
-        kind = msg.get("kind", "mw")
-        if kind not in ("mr", "mw"):
-            raise einval(f"query_key: kind {kind!r} has no key")
-        rec = client.get(msg["obj"], kind)
-        return {"key": rec.obj.key}
-
-    # completion queues and SRQs
-    def op_create_cq(self, client: Client, msg: Msg, fds: list[int]) -> Msg:
-        from softverbs.verbs.device import LIMITS
-
-        dev = self.device(msg["dev"])
-        size = _int(msg, "capacity", 1, LIMITS["max_cqe"])
-        region = self._region(fds, _Ring.region_size(size, 128))
-        ring = ShmCompletionQueue(region, size, device=True)
-        rec = client.add("cq", dev, ring, [region])
-        ring.owner = rec
-        ring.wq_ids = self._wq_ids
-        ring.notify = lambda: client.send({"cq_event": rec.number})
-        return {"obj": rec.number}
-
-    def op_create_srq(self, client: Client, msg: Msg, fds: list[int]) -> Msg:
-        from softverbs.verbs.device import LIMITS
-
-        pd = client.get(msg["pd"], "pd")
-        max_wr = _int(msg, "max_wr", 1, LIMITS["max_srq_wr"])
-        max_sge = _int(msg, "max_sge", 0, LIMITS["max_srq_sge"])
-        limit = _int(msg, "limit", 0, max_wr)
-        xrcd = client.get(msg["xrcd"], "xrcd") if msg.get("xrcd") else None
-        cq = client.get(msg["cq"], "cq") if msg.get("cq") else None
-        for parent in (xrcd, cq):
-            if parent is not None and parent.dev is not pd.dev:
-                raise einval(f"the SRQ's {parent.kind} is on another device than its PD")
-        slot = recv_slot_size(max_sge)
-        region = self._region(fds, _Ring.region_size(max_wr, slot))
-        ring = ShmSharedRQ(region, max_wr, slot, max_sge, device=True)
-        rec = client.add("srq", pd.dev, ring, [region])
-        ring.tag = (WQ_SRQ, rec.number)
-        pd.dev.provider.create_srq(max_wr, max_sge, limit, pd.obj,
-                                   xrcd.obj if xrcd else None, cq.obj if cq else None,
-                                   rec, ring)  # fmt: skip
-        return {"obj": rec.number, "srqn": ring.srqn}
-
-    def op_modify_srq(self, client: Client, msg: Msg, fds: list[int]) -> Msg:
-        srq = client.get(msg["srq"], "srq")
-        limit = _int(msg, "limit", 0, srq.obj.max_wr)
-        with srq.dev.runtime.lock:
-            srq.obj.modify(None, limit)
-        return {}
-
-    # XRC domains
-    def op_open_xrcd(self, client: Client, msg: Msg, fds: list[int]) -> Msg:
-        dev = self.device(msg["dev"])
-        oflags = _int(msg, "oflags", 0, 0xFFFFFFFF)
-        if len(fds) > 1:
-            raise einval(f"open_xrcd takes at most one file descriptor, got {len(fds)}")
-        fd = fds.pop() if fds else -1
-        try:
-            domain = dev.provider.open_xrcd(fd, oflags)
-        finally:
-            if fd != -1:
-                os.close(fd)
-        return {"obj": client.add("xrcd", dev, domain, []).number}
-
-    # queue pairs
-    def op_create_qp(self, client: Client, msg: Msg, fds: list[int]) -> Msg:
-        from softverbs.verbs.device import LIMITS
-
-        dev = self.device(msg["dev"])
-        qp_type = _int(msg, "qp_type", 0, 0xFF)
-        pmtu = _int(msg, "pmtu", 256, 4096)
-        parents = {}
-        for name, kind in (("pd", "pd"), ("scq", "cq"), ("rcq", "cq"), ("srq", "srq"),
-                           ("xrcd", "xrcd")):  # fmt: skip
-            rec = client.get(msg[name], kind) if msg.get(name) else None
-            if rec is not None and rec.dev is not dev:
-                raise einval(f"the QP's {name} is on another device")
-            parents[name] = rec.obj if rec is not None else None
-        specs = [(name, send, msg.get(name)) for name, send in (("sq", True), ("rq", False))]
-        wanted = sum(1 for _, _, spec in specs if spec is not None)
-        if len(fds) != wanted:
-            raise einval(f"create_qp announced {wanted} rings but passed {len(fds)} "
-                         "file descriptors")  # fmt: skip
-        regions: list[SharedRegion] = []
-        rings: list[ShmWorkQueue | None] = []
-        try:
-            for name, send, spec in specs:
-                if spec is None:
-                    rings.append(None)
-                    continue
-                if not isinstance(spec, dict):
-                    raise einval(f"bad {name} description {spec!r}")
-                size = _int(spec, "size", 1, LIMITS["max_qp_wr"])
-                least = send_slot_size(1, 0) if send else recv_slot_size(1)
-                slot = _int(spec, "slot", least, MAX_SLOT)
-                region = _map(fds.pop(0), _Ring.region_size(size, slot))
-                regions.append(region)
-                rings.append(ShmWorkQueue(region, size, slot, send, device=True,
-                                          resolve=lambda n: self._key_of(client, n)))  # fmt: skip
-            rec = client.add("qp", dev, None, regions)
-            try:
-                eng = dev.provider.create_qp(qp_type, parents["pd"], parents["scq"],
-                                             parents["rcq"], parents["srq"], parents["xrcd"],
-                                             None, None, bool(msg["sq_sig_all"]), pmtu, rec,
-                                             (rings[0], rings[1]),
-                                             engine_cls=ServedQPEngine)  # fmt: skip
-            except Exception:
-                del client.objects[rec.number]
-                raise
-        except Exception:
-            for r in regions:
-                r.close()
-            raise
-        rec.obj = eng
-        if eng.qp_type == IBV_QPT_XRC_RECV:  # the device owns it; this handle holds it
-            dev.provider.xrc_hold(eng, rec)
-        for ring, wq_kind in ((rings[0], WQ_SQ), (rings[1], WQ_RQ)):
-            if ring is not None:
-                ring.tag = (wq_kind, rec.number)
-        return {"obj": rec.number, "qpn": eng.qpn}
-
-    def op_modify_qp(self, client: Client, msg: Msg, fds: list[int]) -> Msg:
-        from softverbs.enums import ibv_qp_state
-
-        rec = client.get(msg["qp"], "qp")
-        eng: QPEngine = rec.obj
-        attrs = decode_attrs(msg["attrs"])
-        state = msg.get("state")
-        if state is not None and (type(state) is not int
-                                  or state not in ibv_qp_state._value2member_map_):  # fmt: skip
-            raise einval(f"qp_state {state!r} is not a QP state")
-        rt = rec.dev.runtime
-        with rt.lock:
-            eng.set_attrs(attrs)
-            if state is not None:
-                eng.set_state(state, rt.clock.now())
-            rt.progress()
-            return {"state": eng.state}
-
-    def op_query_qp(self, client: Client, msg: Msg, fds: list[int]) -> Msg:
-        rec = client.get(msg["qp"], "qp")
-        with rec.dev.runtime.lock:
-            return {"state": rec.obj.state, "draining": rec.obj.sq_draining(),
-                    "last_error": rec.obj.last_error}  # fmt: skip
-
-    def op_db_sq(self, client: Client, msg: Msg, fds: list[int]) -> None:
-        self._doorbell(client.get(msg["qp"], "qp"), send=True)
-        return None
-
-    def op_db_rq(self, client: Client, msg: Msg, fds: list[int]) -> None:
-        self._doorbell(client.get(msg["qp"], "qp"), send=False)
-        return None
-
-    def _doorbell(self, rec: Obj, send: bool) -> None:
-        eng: QPEngine = rec.obj
-        ring = eng.sq if send else eng.rq
-        if not isinstance(ring, ShmWorkQueue):
-            return  # this QP has no such queue (an opened XRC receive QP)
-        rt = rec.dev.runtime
-        with rt.lock:
-            ring.latch()
-            if send:
-                eng.doorbell(rt.clock.now())
-            else:
-                eng.rq_doorbell(rt.clock.now())
-            rt.progress()
-
-    # XRC receive QPs owned by the device
-    def op_xrc_alloc(self, client: Client, msg: Msg, fds: list[int]) -> Msg:
-        from softverbs.enums import IBV_QPS_INIT, IBV_QPS_RTR
-
-        xrcd = client.get(msg["xrcd"], "xrcd")
-        steps = msg["steps"]
-        if not isinstance(steps, list) or [s[0] for s in steps] != [IBV_QPS_INIT, IBV_QPS_RTR]:
-            raise einval("xrc_rcv_qp_alloc: the steps must be RESET->INIT and INIT->RTR")
-        decoded = [(s, decode_attrs(a)) for s, a in steps]
-        return {"qpn": xrcd.dev.provider.xrc_rcv_qp_alloc(xrcd.obj, decoded, client)}
-
-    def op_xrc_register(self, client: Client, msg: Msg, fds: list[int]) -> Msg:
-        xrcd = client.get(msg["xrcd"], "xrcd")
-        qpn = _int(msg, "qpn", 0, 0xFFFFFF)
-        xrcd.dev.provider.xrc_hold(xrcd.dev.provider.xrc_lookup(xrcd.obj, qpn), client)
-        return {}
-
-    def op_xrc_unregister(self, client: Client, msg: Msg, fds: list[int]) -> Msg:
-        xrcd = client.get(msg["xrcd"], "xrcd")
-        qpn = _int(msg, "qpn", 0, 0xFFFFFF)
-        prov = xrcd.dev.provider
-        prov.xrc_release(prov.xrc_lookup(xrcd.obj, qpn), client)
-        return {}
-
-    def op_open_qp(self, client: Client, msg: Msg, fds: list[int]) -> Msg:
-        xrcd = client.get(msg["xrcd"], "xrcd")
-        qpn = _int(msg, "qpn", 0, 0xFFFFFF)
-        prov = xrcd.dev.provider
-        eng = prov.xrc_lookup(xrcd.obj, qpn)
-        rec = client.add("qp", xrcd.dev, eng, [])
-        prov.xrc_hold(eng, rec)
-        return {"obj": rec.number, "qpn": eng.qpn, "state": eng.state}
-
-    # destruction
-    def op_destroy(self, client: Client, msg: Msg, fds: list[int]) -> Msg:
-        kind = msg["kind"]
-        if kind not in _TEARDOWN:
-            raise einval(f"destroy: unknown kind {kind!r}")
-        rec = client.get(msg["obj"], kind)
-        self._destroy(rec)
-        return {}
-
-    def _destroy(self, rec: Obj) -> None:
-        prov = rec.dev.provider
-        obj = rec.obj
-        try:
-            if rec.kind == "qp" and obj is not None:
-                if obj.qp_type == IBV_QPT_XRC_RECV and obj.qpn in obj.hca.xrc_refs:
-                    prov.xrc_release(obj, rec)
-                else:
-                    prov.destroy_qp(obj)
-            elif rec.kind == "srq":
-                prov.destroy_srq(obj)
-            elif rec.kind == "cq":
-                prov.destroy_cq(obj)
-            elif rec.kind == "mr":
-                prov.dereg_mr(obj)
-            elif rec.kind == "mw":
-                prov.dealloc_mw(obj)
-            elif rec.kind == "xrcd":
-                prov.close_xrcd(obj)
-        finally:
-            rec.client.objects.pop(rec.number, None)
-        # Break the object <-> record cycle (owner, notify) now: until the
-        # garbage collector found it, a region's mapping -- and the fd mmap
-        # keeps -- would outlive the process that shared it.
-        if getattr(obj, "owner", None) is rec:
-            obj.owner = None
-        if isinstance(obj, ShmCompletionQueue):
-            obj.notify = None
-        rec.obj = None
-        for region in rec.regions:
-            region.close()
-
+    # --- lifetime ------------------------------------------------------------------------------
     def drop(self, client: Client) -> None:
         """The process is gone: release everything it held."""
         if self.clients.pop(client.sock, None) is None:
@@ -889,22 +703,17 @@ class Service:
             cm.drop(self, client)
         except Exception:
             log.exception("dropping the CM IDs of pid %d", client.pid)
-        order = sorted(client.objects.values(), key=lambda r: (_TEARDOWN[r.kind], -r.number))
-        for rec in order:
-            try:
-                with rec.dev.runtime.lock:
-                    self._destroy(rec)
-            except Exception:
-                log.exception("cleanup of %s %s of pid %d", rec.kind, rec.number, client.pid)
-                client.objects.pop(rec.number, None)
-                for region in rec.regions:
-                    region.close()
-        for dev in self.devices.values():
-            try:
-                dev.provider.xrc_release_all(client)
-            except Exception:
-                log.exception("releasing the XRC registrations of pid %d", client.pid)
+        sock = getattr(client, "cm_events", None)
+        if sock is not None:
+            sock.close()
+        try:
+            self.host.close_owner(client.owner)
+        except Exception:
+            self.stats["internal_errors"] += 1
+            log.exception("cleanup of pid %d", client.pid)
         self.stats["clients_dropped"] += 1
+        if client.events_dropped:
+            self.stats["events_dropped"] += client.events_dropped
 
     def _shutdown(self) -> None:
         for client in list(self.clients.values()):
@@ -916,57 +725,66 @@ class Service:
         self.registry.shutdown()
         self._release_pidfile()
 
-    # --- helpers ----------------------------------------------------------------
-    def _key_of(self, client: Client, number: int) -> MemKey | None:
-        rec = client.objects.get(number)
-        if rec is None or rec.kind not in ("mr", "mw"):
-            return None
-        key: MemKey = rec.obj
-        return key
 
-    @staticmethod
-    def _wq_ids(wq: Any) -> tuple[int, int]:
-        """Which of the client's rings a CQE frees a slot of (tagged at creation)."""
-        tag: tuple[int, int] = getattr(wq, "tag", (WQ_NONE, 0))
-        return tag
+def _async_sink(ev: EventSocket) -> Callable[[api.AsyncEventRecord, str], None]:
+    def sink(rec: api.AsyncEventRecord, reason: str) -> None:
+        ev.write(rec.pack() + reason.encode("utf-8", "replace")[:1024])
+
+    return sink
 
 
-def _map(fd: int, size: int) -> SharedRegion:
-    """Map a client's shared-memory fd; EINVAL if it is not one (a pipe, a
-    socket, a file too small)."""
-    try:
-        return SharedRegion(size, fd=fd)
-    except (OSError, ValueError) as exc:
-        with contextlib.suppress(OSError):
-            os.close(fd)
-        raise einval(f"the file descriptor passed is not {size} bytes of shared memory "
-                     f"({exc})") from None  # fmt: skip
+def _comp_sink(ev: EventSocket) -> Callable[[int], None]:
+    def sink(cq: int) -> None:
+        ev.write(api.CompEventRecord(cq, 0).pack())
+
+    return sink
 
 
-#: Teardown order when a process dies: users before what they use.
-_TEARDOWN = {"qp": 0, "mw": 1, "srq": 2, "mr": 3, "cq": 4, "xrcd": 5, "pd": 6}
+#: Operations the service serves itself (the rest go to the host).
+_LOCAL: dict[int, Callable[..., tuple[Any, bytes]]] = {
+    api.HELLO.code: Service.op_hello,
+    api.STATUS.code: Service.op_status,
+    api.CM.code: Service.op_cm,
+    api.CM_EVENTS.code: Service.op_cm_events,
+}
 
 
-def _bare(message: str) -> str:
+def _bare(exc: PyverbsError) -> str:
     """An error message without pyverbs' '. Errno: N, text' suffix."""
-    return message.split(". Errno:")[0]
+    return str(exc).split(". Errno:")[0]
+
+
+def ensure_dir(path: str) -> None:
+    """Create the per-user runtime directory the default socket lives in (0700),
+    and nothing else: a socket path the user chose must already have its directory."""
+    base = os.path.dirname(path) or "."
+    default_base = os.path.dirname(protocol.default_socket_path(ignore_env=True))
+    if os.path.isdir(base):
+        return
+    if os.path.abspath(base) != os.path.abspath(default_base):
+        raise FileNotFoundError(errno.ENOENT, "the socket's directory does not exist", base)
+    os.makedirs(base, mode=0o700, exist_ok=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="softverbsd", description="the softverbs device service")
     parser.add_argument("--socket", default=protocol.default_socket_path())
     parser.add_argument("--pidfile", help="default: the socket path + '.pid'")
+    parser.add_argument("--idle-exit", type=float, default=0.0, metavar="SECONDS",
+                        help="exit after this many seconds without a client (0: never)")
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(asctime)s softverbsd[%(process)d] %(levelname)s %(message)s")
     try:
-        service = Service(args.socket, pidfile=args.pidfile)
+        ensure_dir(args.socket)
+        service = Service(args.socket, pidfile=args.pidfile, idle_exit=args.idle_exit)
     except ServiceRunning as exc:
         print(f"softverbsd: {exc}", file=sys.stderr)
         return 3
     except OSError as exc:
-        print(f"softverbsd: cannot listen on {args.socket}: {exc}", file=sys.stderr)
+        print(f"softverbsd: cannot listen on {args.socket}: {exc.strerror or exc}",
+              file=sys.stderr)  # fmt: skip
         return 1
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: service.stop())
@@ -977,3 +795,4 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+

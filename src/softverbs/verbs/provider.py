@@ -68,7 +68,9 @@ class Provider(Protocol):
     name: str
     gids: list[bytes]
     features: Features
-    runtime: DeviceRuntime
+
+    @property
+    def runtime(self) -> DeviceRuntime: ...
 
     def call(self, op: api.Op[Any, Rep], body: Record, attach: Attach | None = None) -> Rep: ...
     def call_tail(self, op: api.Op[Any, Rep], body: Record) -> tuple[Rep, bytes]: ...

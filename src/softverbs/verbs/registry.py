@@ -59,7 +59,7 @@ class DeviceSpec:
     """How to build one device."""
 
     name: str
-    kind: str = "inproc"  #: "inproc", "udp" or "sim"
+    kind: str = "inproc"  #: "inproc", "host" (in the device service), "udp" or "sim"
     addrs: tuple[str, ...] = ()
     netdev: str = ""
     mtu: int = 0  #: active IB MTU in bytes; 0 = derived from the netdev
@@ -124,9 +124,12 @@ def _addr_mac(addr: str, index: int) -> bytes:
 class Registry:
     """The devices of one world: the process, or one simulation."""
 
-    def __init__(self, specs: list[DeviceSpec] | None = None, clock: Clock | None = None):
+    def __init__(self, specs: list[DeviceSpec] | None = None, clock: Clock | None = None,
+                 host_device: bool = False) -> None:  # fmt: skip
         self._fixed_specs = specs
         self._clock = clock
+        #: the device service's world: its in-process devices are the host's devices
+        self.host_device = host_device
         self._lock = threading.RLock()
         self.devices: dict[str, SoftDevice] = {}
         self._inproc: InprocRuntime | None = None
@@ -145,10 +148,12 @@ class Registry:
     def specs(self) -> list[DeviceSpec]:
         if self._fixed_specs is not None:
             return self._fixed_specs
+        kind = "host" if self.host_device else "inproc"
         specs = [
-            DeviceSpec(name=n, addrs=(f"127.0.0.{i + 1}",), mac=bytes([2, 0, 0, 0, 0, i + 1]))
+            DeviceSpec(name=n, kind=kind, addrs=(f"127.0.0.{i + 1}",),
+                       mac=bytes([2, 0, 0, 0, 0, i + 1]))
             for i, n in enumerate(config.inproc_names())
-        ]
+        ]  # fmt: skip
         for i, link in enumerate(config.load_links()):
             mac = (_netdev_mac(link.netdev) if link.netdev else None) or _addr_mac(
                 link.addrs[0] if link.addrs else "", 0x10 + i
