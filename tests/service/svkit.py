@@ -51,6 +51,7 @@ from softverbs import (
     xrc_rcv_qp_register,
     xrc_rcv_qp_unregister,
 )
+from softverbs.device import api
 from softverbs.enums import (
     IBV_ACCESS_LOCAL_WRITE,
     IBV_ACCESS_REMOTE_ATOMIC,
@@ -79,7 +80,6 @@ from softverbs.enums import (
     IBV_XRCD_INIT_ATTR_FD,
     IBV_XRCD_INIT_ATTR_OFLAGS,
 )
-from softverbs.device import api
 from softverbs.service import protocol
 from softverbs.service.client import Connection
 
@@ -204,7 +204,7 @@ class Raw:
         self.keep: list[socket.socket] = []
         if hello:
             fds = [os.open("/proc/self/mem", os.O_RDWR)] if memory else []
-            reply = self.call(api.HELLO, api.Hello(protocol.PROTOCOL_VERSION, int(memory),
+            reply = self.call(api.HELLO, api.Hello(0, protocol.PROTOCOL_VERSION, int(memory),
                                                    os.getpid(), 0), fds)  # fmt: skip
             for fd in fds:
                 os.close(fd)

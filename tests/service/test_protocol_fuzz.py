@@ -61,7 +61,7 @@ class Peer:
         owner = service.host.add_owner(Owner("fuzz", os.getpid(), os.getuid()))
         self.client = Client(a, os.getpid(), os.getuid(), owner, lambda c: None)
         service.clients[a] = self.client
-        self.feed(protocol.encode(api.HELLO, 1, api.Hello(protocol.PROTOCOL_VERSION, 0, 0, 0)))
+        self.feed(protocol.encode(api.HELLO, 1, api.Hello(0, protocol.PROTOCOL_VERSION, 0, 0, 0)))
         self.open()
         self.ctx = self._reply_body().ctx
 

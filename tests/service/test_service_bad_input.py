@@ -136,7 +136,7 @@ def _expect_kicked(raw: Raw) -> protocol.Message:
         b"\x00" * 3,  # shorter than a header
         protocol.Header(999, api.HELLO.code, 0, 1, 0).pack(),  # the length lies
         protocol.Header(16, 0xBEEF, 0, 1, 0).pack(),  # no such operation
-        protocol.encode(api.HELLO, 1, api.Hello(2, 0, 0, 0))[:-4],  # truncated body
+        protocol.encode(api.HELLO, 1, api.Hello(0, 2, 0, 0, 0))[:-4],  # truncated body
     ],
     ids=["http", "binary", "short", "length-lies", "unknown-op", "truncated"],
 )
@@ -152,14 +152,14 @@ def test_protocol_violations(service: ServiceProc, spawn: Callable[..., Worker])
     fds = service.fd_count()
     for data in (
         protocol.encode(api.ALLOC_PD, 1, api.Ctx(1, 0)),  # before HELLO
-        protocol.encode(api.HELLO, 1, api.Hello(999, 0, 0, 0)),  # a version it does not speak
-        protocol.encode(api.HELLO, 1, api.Hello(2, 0, 0, 0), reply=True),  # a reply
+        protocol.encode(api.HELLO, 1, api.Hello(0, 999, 0, 0, 0)),  # a version it does not speak
+        protocol.encode(api.HELLO, 1, api.Hello(0, 2, 0, 0, 0), reply=True),  # a reply
     ):
         raw = Raw(service.path, hello=False)
         raw.send(data)
         _expect_kicked(raw)
     raw = Raw(service.path)
-    raw.send(protocol.encode(api.HELLO, 2, api.Hello(2, 0, 0, 0)))  # HELLO twice
+    raw.send(protocol.encode(api.HELLO, 2, api.Hello(0, 2, 0, 0, 0)))  # HELLO twice
     _expect_kicked(raw)
     # Too many file descriptors for one message.
     raw = Raw(service.path)
@@ -391,7 +391,7 @@ def _fields(ctx: int) -> list[tuple[Any, Any]]:
         (api.QUERY_PORT, api.QueryPort(ctx, 2)),
         (api.QUERY_GID, api.QueryGid(ctx, 1, 99, 0)),
         (api.CREATE_QP, api.CreateQP(0, api.QPCaps(4, 4, 1, 1, 0, 0), ctx, 0, 77, 0, 0, 0, 0, 1,
-                                     0, 0, 0, 0)),  # fmt: skip
+                                     0, 0, 0, 0)),
         (api.MODIFY_QP, api.ModifyQP(qpattrs, 0xDEAD, IBV_QP_STATE)),
         (api.XRC_RCV_QP_REGISTER, api.XrcQpn(0xDEAD, 5)),
         (api.OPEN_XRCD, api.OpenXRCD(ctx, 0, 0, 0)),  # no file, no O_CREAT

@@ -154,8 +154,11 @@ def test_fails_like_the_c_tool(workdir: Path) -> None:
     r = subprocess.run([*CMD, "-o", *xrcd], env=env, capture_output=True, text=True,
                        timeout=WAIT)  # fmt: skip
     assert r.returncode == 1 and "isn't ODP capable" in r.stderr
-    # No -g: the GID is zeros and the address a LID, which on a softverbs
-    # device names a QP of the same device (its own port): it works there.
+    # -g -1 (what the C tool does without -g): the GID is zeros, the address a
+    # LID -- not on RoCE.  (Without -g softverbs' tool picks a RoCE GID itself.)
+    r = subprocess.run([*CMD, "--loopback", "-p", "0", "-g", "-1", *xrcd], env=env,
+                       capture_output=True, text=True, timeout=WAIT)  # fmt: skip
+    assert r.returncode == 1 and "Failed to modify recv QP[0] to RTR" in r.stderr
     r = subprocess.run([*CMD, "--loopback", "-p", "0", *xrcd], env=env, capture_output=True,
                        text=True, timeout=WAIT)  # fmt: skip
     assert r.returncode == 0 and r.stdout.count("success") == 2, r.stdout + r.stderr

@@ -208,8 +208,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-l", "--sl", type=_int, default=0, help="service level value")
     parser.add_argument("-e", "--events", action="count", default=0,
                         help="sleep on CQ events (default poll)")
-    parser.add_argument("-g", "--gid-idx", type=_int, default=-1, metavar="GIDIDX",
-                        help="local port gid index")
+    parser.add_argument("-g", "--gid-idx", type=_int, default=None, metavar="GIDIDX",
+                        help="local port gid index (default: the device's first IPv4 RoCEv2 "
+                             "GID; -1: none, as ibv_*_pingpong without -g)")  # fmt: skip
     parser.add_argument("-c", "--chk", action="store_true", help="validate received buffer")
     if kind == "rc":
         parser.add_argument("-o", "--odp", action="store_true", help="use on demand paging")
@@ -421,6 +422,8 @@ class PingPong:
             self.ctx = Context(name=devname)
         except PyverbsError as exc:
             raise PingPongError(f"Couldn't get context for {devname}\n{exc}") from None
+        if args.gid_idx is None:
+            args.gid_idx = default_gid_index(self.ctx)
         try:
             self._init(args)
         except BaseException:
@@ -674,6 +677,25 @@ def _device_name(wanted: str | None) -> str:
 
 # --------------------------------------------------------------------------
 # main
+
+
+def default_gid_index(ctx: Context, port: int = 1) -> int:
+    """The GID index to use when none was asked for: RoCE needs a GID, so the
+    first IPv4-mapped one (RoCEv2 over IPv4, what rxe's ``-g 1`` usually is),
+    else the first one at all, else -1 (none)."""
+    first = -1
+    for index in range(16):
+        try:
+            raw = _gid_raw(ctx.query_gid(port, index))
+        except PyverbsError:
+            continue
+        if not any(raw):
+            continue
+        if raw[:12] == b"\x00" * 10 + b"\xff\xff":
+            return index
+        if first < 0:
+            first = index
+    return first
 
 
 def run(args: argparse.Namespace) -> int:

@@ -176,8 +176,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-e", "--events", action="store_true",
                         help="sleep on CQ events (default poll)")  # fmt: skip
     parser.add_argument("-o", "--odp", action="store_true", help="use on demand paging")
-    parser.add_argument("-g", "--gid-idx", type=_num, default=-1, metavar="GIDIDX",
-                        help="local port gid index")  # fmt: skip
+    parser.add_argument("-g", "--gid-idx", type=_num, default=None, metavar="GIDIDX",
+                        help="local port gid index (default: the device's first IPv4 RoCEv2 "
+                             "GID; -1: none, as ibv_xsrq_pingpong without -g)")  # fmt: skip
     parser.add_argument("--xrcd-file", default=XRCD_FILE, metavar="PATH",
                         help=f"the file that shares the XRC domain (default {XRCD_FILE}; "
                              "softverbs addition)")  # fmt: skip
@@ -253,7 +254,8 @@ class XsrqPingPong:
         self.num_tests: int = args.num_tests
         self.size: int = args.size
         self.port: int = args.ib_port
-        self.gidx: int = args.gid_idx
+        #: -2 until the device is open: "choose one" (see default_gid_index)
+        self.gidx: int = args.gid_idx if args.gid_idx is not None else -2
         self.out = out or sys.stdout
         self.rem: list[Dest] = []
         self.my_psn = [0] * num_clients  #: the PSN each pair announced
@@ -278,6 +280,10 @@ class XsrqPingPong:
             self.ctx = Context(name=name)
         except PyverbsError:
             raise XsrqError(f"Couldn't get context for {name}\nFailed to open device") from None
+        if self.gidx == -2:
+            from softverbs.cli.pingpong import default_gid_index
+
+            self.gidx = default_gid_index(self.ctx, self.port)
         if args.odp:
             raise XsrqError("The device isn't ODP capable or does not support XRC send, "
                             "receive and srq with ODP")  # fmt: skip

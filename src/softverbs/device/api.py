@@ -223,14 +223,22 @@ class Empty(Record):
     pass
 
 
+HELLO_MEMORY = 1  #: the request passes the process's memory (/proc/self/mem)
+HELLO_JOIN = 2  #: a forked child joins the owner ``token`` names (its parent's objects)
+
+
 class Hello(Record):
+    DOCS = {"token": "HELLO_JOIN: the token the parent's HELLO reply gave"}
+    token: U64
     version: U32
-    flags: U32  #: bit 0: the request passes the process's memory (/proc/self/mem)
+    flags: U32  #: HELLO_MEMORY, HELLO_JOIN
     pid: U32
     reserved: U32
 
 
 class HelloReply(Record):
+    DOCS = {"token": "names this connection's owner; a forked child joins it with HELLO_JOIN"}
+    token: U64
     version: U32
     service_pid: U32
     ndevices: U32

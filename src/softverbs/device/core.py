@@ -289,17 +289,17 @@ def _range(name: str, value: int, lo: int, hi: int) -> int:
 def resolve_route(gids: list[bytes], av: api.AddressVector, what: str = "AH") -> Route:
     """An address vector as a route, or EINVAL saying what is wrong.
 
-    Without a GRH (``is_global=0``) an address vector names the port's own
-    LID: the destination is a QP of this same device, as on an InfiniBand
-    port addressing itself.  That is what lets ``ibv_rc_pingpong`` without
-    ``-g`` connect two processes of one host through the host device.
+    On RoCE every address is global: the GRH (the IP header) names the
+    destination GID, so an address vector without one is refused, as the
+    kernel refuses it for rxe (``rdma_check_ah_attr``).
     """
     if av.port_num != 1:
         raise einval(f"{what}: port {av.port_num} does not exist; use port_num=1")
     if not av.is_global:
-        own = gids[1] if len(gids) > 1 and any(gids[1]) else gids[0]
-        index = gids.index(own)
-        return Route(dgid=own, sgid=own, sgid_index=index, port=1, loopback=True)
+        raise einval(
+            f"{what}: RoCE needs a global route: set is_global=1 and a GlobalRoute "
+            "with the destination GID (LID-only addressing is InfiniBand-only)"
+        )
     index = av.sgid_index
     if not 0 <= index < len(gids) or not any(gids[index]):
         raise einval(f"{what}: sgid_index {index} is not a valid GID index; this device has "
@@ -450,6 +450,9 @@ class Owner:
         self.memory = memory  #: the process's memory (device.memory.ProcessMemory), or None
         self.objects: dict[int, Obj] = {}
         self.closed = False
+        #: names this owner to a forked child that joins it (HELLO_JOIN)
+        self.token = int.from_bytes(os.urandom(8), "little")
+        self.connections = 1  #: the service's connections that hold it
 
     def __repr__(self) -> str:
         return self.label
@@ -599,6 +602,10 @@ class Host:
         with self.lock:
             self.owners.add(owner)
         return owner
+
+    def owner_by_token(self, token: int) -> Owner | None:
+        with self.lock:
+            return next((o for o in self.owners if o.token == token and not o.closed), None)
 
     def device(self, name: str) -> Device:
         with self.lock:
@@ -1285,7 +1292,7 @@ class Host:
         if req.kind not in _TEARDOWN:
             raise einval(f"destroy: unknown kind {req.kind}")
         rec = self.obj(owner, req.handle, req.kind)
-        if rec.users and req.flags & api.DESTROY_CASCADE:
+        if req.flags & api.DESTROY_CASCADE:
             for user in sorted(self._users_of(rec), key=lambda r: (_TEARDOWN[r.kind], -r.handle)):
                 self._destroy(user)
         if rec.users:
@@ -1296,14 +1303,17 @@ class Host:
 
     @staticmethod
     def _users_of(rec: Obj) -> list[Obj]:
-        """Every object of ``rec``'s owner that uses it, directly or not."""
+        """Every object of ``rec``'s owner that uses it, directly or not (a
+        window bound to a region uses that region)."""
         found: list[Obj] = []
         frontier = [rec]
         objs = list(rec.owner.objects.values())
         while frontier:
             parent = frontier.pop()
             for o in objs:
-                if parent in o.parents and o not in found:
+                bound = o.kind == KIND_MW and o.engine is not None and parent.kind == KIND_MR \
+                    and o.engine.mr is parent.engine  # fmt: skip
+                if (parent in o.parents or bound) and o not in found:
                     found.append(o)
                     frontier.append(o)
         return found

@@ -98,15 +98,9 @@ CQE_DEAD, CQE_SOLICITED = 1, 2
 
 
 class Route:
-    """Where a QP's or an AH's packets go: the GRH fields of RoCEv2.
+    """Where a QP's or an AH's packets go: the GRH fields of RoCEv2."""
 
-    ``loopback`` marks an address vector without a GRH (``is_global=0``):
-    on a softverbs device it names a QP of the same device (the port's own
-    LID), so it never leaves the device (see :mod:`softverbs.engine.device`).
-    """
-
-    __slots__ = ("dgid", "flow_label", "hop_limit", "loopback", "port", "sgid", "sgid_index",
-                 "tclass")  # fmt: skip
+    __slots__ = ("dgid", "flow_label", "hop_limit", "port", "sgid", "sgid_index", "tclass")
 
     def __init__(
         self,
@@ -117,7 +111,6 @@ class Route:
         tclass: int = 0,
         flow_label: int = 0,
         port: int = 1,
-        loopback: bool = False,
     ) -> None:
         self.dgid = dgid
         self.sgid = sgid
@@ -126,7 +119,6 @@ class Route:
         self.tclass = tclass
         self.flow_label = flow_label
         self.port = port
-        self.loopback = loopback
 
 
 class SendWQE:

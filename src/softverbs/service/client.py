@@ -85,11 +85,12 @@ class Connection:
         self.pid = os.getpid()
         mem = os.open("/proc/self/mem", os.O_RDWR | os.O_CLOEXEC)
         try:
-            reply, _ = self.call(api.HELLO, api.Hello(protocol.PROTOCOL_VERSION, 1,
-                                                       os.getpid(), 0), [mem])  # fmt: skip
+            reply, _ = self.call(api.HELLO, api.Hello(0, protocol.PROTOCOL_VERSION,
+                                                       api.HELLO_MEMORY, os.getpid(), 0), [mem])
         finally:
             os.close(mem)
         self.service_pid: int = reply.service_pid
+        self.token: int = reply.token
 
     @staticmethod
     def _connect(path: str, spawn: bool = True) -> socket.socket:
@@ -150,20 +151,33 @@ class Connection:
                 raise _lost(exc) from None
 
     def _check_pid(self) -> None:
-        if os.getpid() != self.pid:  # a forked child: never the parent's socket
-            raise PyverbsRDMAError("this connection to the device service belongs to the "
-                                   "parent process (after fork, open the device again)",
-                                   errno.EIO)  # fmt: skip
+        if os.getpid() != self.pid:
+            self._rejoin()
+
+    def _rejoin(self) -> None:
+        """A forked child: never the parent's socket (the service would mix their
+        requests), but a socket of its own to the same owner -- as a forked child
+        shares its parent's uverbs file: it may use the parent's objects for
+        commands, never their rings (see ServiceProvider.forked)."""
+        with contextlib.suppress(OSError):
+            os.close(self.sock.detach())
+        self.lock = threading.RLock()
+        self.pid = os.getpid()
+        self.sock = self._connect(self.path, spawn=False)
+        self.call(api.HELLO, api.Hello(self.token, protocol.PROTOCOL_VERSION, api.HELLO_JOIN,
+                                       os.getpid(), 0))  # fmt: skip
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self.sock.close()
 
     def abandon(self) -> None:
-        """In a forked child: let go of the parent's socket without a word."""
+        """In a forked child: let go of the parent's socket without a word (a
+        later call joins the parent's owner on a socket of its own)."""
         self.lock = threading.RLock()
         with contextlib.suppress(OSError):
             os.close(self.sock.detach())
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
 
 
 def _spawn_service(path: str) -> None:
@@ -275,6 +289,8 @@ class ServiceProvider:
         self.runtime = runtime
         self.name = name
         self.features = Features()
+        #: in a forked child: the rings are the parent's; the verbs refuse to touch them
+        self.forked = False
         self._regions: dict[int, SharedRegion] = {}  #: id(ring) -> its shared memory
         self._sockets: dict[tuple[int, int], socket.socket] = {}  #: (kind, handle) -> events
         # a context of the registry's own, for the device's GIDs and MTU
@@ -541,6 +557,8 @@ def _after_fork_in_child() -> None:
         reg._lock = threading.Lock()
         if conn is not None:
             conn.abandon()
+    for prov in list(_PROVIDERS):
+        prov.forked = True
     _PROVIDERS.clear()
 
 

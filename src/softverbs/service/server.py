@@ -619,7 +619,15 @@ class Service:
                                 f"{protocol.PROTOCOL_VERSION}")  # fmt: skip
         if client.greeted:
             raise ProtocolError("HELLO twice")
-        if req.flags & 1:
+        if req.flags & api.HELLO_JOIN:
+            parent = self.host.owner_by_token(req.token)
+            if parent is None or parent.uid != client.uid:
+                raise PyverbsRDMAError("HELLO: no owner of this user has that token (join "
+                                       "what the parent process holds)", errno.EPERM)  # fmt: skip
+            self.host.owners.discard(client.owner)
+            client.owner = parent
+            parent.connections += 1
+        if req.flags & api.HELLO_MEMORY:
             (fd,) = _fds(fds, 1, "HELLO")
             try:
                 st = os.fstat(fd)
@@ -627,12 +635,15 @@ class Service:
                 os.close(fd)
                 raise
             if stat.S_ISREG(st.st_mode) and st.st_size == 0 and st.st_uid == client.uid:
-                client.owner.memory = ProcessMemory(fd, client.pid)
+                if client.owner.memory is not None:  # joined: the memory is the first process's
+                    os.close(fd)
+                else:
+                    client.owner.memory = ProcessMemory(fd, client.pid)
             else:
                 os.close(fd)
                 raise einval("HELLO: the descriptor passed is not the process's /proc/self/mem")
         client.greeted = True
-        return api.HelloReply(protocol.PROTOCOL_VERSION, os.getpid(),
+        return api.HelloReply(client.owner.token, protocol.PROTOCOL_VERSION, os.getpid(),
                               len(self.registry.entries()), 0), b""  # fmt: skip
 
     def op_status(self, client: Client, req: api.Empty, tail: bytes,
@@ -706,8 +717,11 @@ class Service:
         sock = getattr(client, "cm_events", None)
         if sock is not None:
             sock.close()
+        owner = client.owner
+        owner.connections -= 1
         try:
-            self.host.close_owner(client.owner)
+            if owner.connections <= 0:
+                self.host.close_owner(owner)
         except Exception:
             self.stats["internal_errors"] += 1
             log.exception("cleanup of pid %d", client.pid)

@@ -43,7 +43,7 @@ from softverbs.enums import (
 )
 from softverbs.errors import PyverbsRDMAError, PyverbsUserError, einval
 from softverbs.verbs.base import PyverbsCM, PyverbsObject, require
-from softverbs.verbs.provider import Attach, destroy
+from softverbs.verbs.provider import Attach, destroy, forked_error
 
 if TYPE_CHECKING:
     from softverbs.verbs.device import Context
@@ -307,6 +307,8 @@ class CQBase(PyverbsCM):
 
     def _take(self, num_entries: int) -> list[CQE]:
         """Consume up to ``num_entries`` CQEs and give their WQ slots back."""
+        if self.context.provider.forked:
+            raise forked_error("poll")
         ring = self.ring
         rt = self.context.runtime
         rings = self.context.device.rings

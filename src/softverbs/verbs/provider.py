@@ -68,6 +68,8 @@ class Provider(Protocol):
     name: str
     gids: list[bytes]
     features: Features
+    #: this process is a fork of the one that made the rings: they are not its to use
+    forked: bool
 
     @property
     def runtime(self) -> DeviceRuntime: ...
@@ -85,6 +87,16 @@ class Provider(Protocol):
     def alloc_memory(self, length: int) -> Memory: ...
     def dm_pool(self) -> DmPool: ...
     def close(self) -> None: ...
+
+
+def forked_error(what: str) -> PyverbsRDMAError:
+    """Why a forked child may not touch its parent's rings (ibv_fork_init: the
+    child gets an error, never the parent's queues)."""
+    import errno
+
+    return PyverbsRDMAError(f"{what}: this process is a fork of the one that made the queue; "
+                            "its rings belong to the parent (open the device again here)",
+                            errno.EIO)  # fmt: skip
 
 
 def destroy(provider: Provider, kind: int, handle: int) -> None:
@@ -105,6 +117,7 @@ class EmbeddedProvider:
         self.name = device.name
         self.gids = device.hca.gids
         self.features = device.info.features
+        self.forked = False  #: a forked child has its own copy of an in-process device
         self._dm_pool: DmPool | None = None
 
     # --- operations -------------------------------------------------------------------------

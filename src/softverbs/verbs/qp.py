@@ -66,7 +66,7 @@ from softverbs.verbs.base import CStruct, PyverbsCM, PyverbsObject, as_uint, req
 from softverbs.verbs.cq import CQBase
 from softverbs.verbs.mr import MW, MWBind, MWBindInfo, inc_rkey
 from softverbs.verbs.pd import PD
-from softverbs.verbs.provider import Attach, destroy
+from softverbs.verbs.provider import Attach, destroy, forked_error
 from softverbs.verbs.srq import SRQ, recv_wqe
 from softverbs.verbs.wr import SGE, RecvWR, SendWR
 
@@ -381,7 +381,7 @@ class QP(PyverbsCM):
     close_rank = 10
 
     def __init__(self, creator: Any, init_attr: Any, qp_attr: QPAttr | None = None) -> None:
-        from softverbs.verbs.device import Context
+        from softverbs.verbs.device import LIMITS, Context
 
         super().__init__()
         if qp_attr is not None:
@@ -421,12 +421,17 @@ class QP(PyverbsCM):
         xrc = qp_type in (IBV_QPT_XRC_RECV, IBV_QPT_XRC_SEND)
         has_sq = qp_type != IBV_QPT_XRC_RECV
         has_rq = not xrc and self.srq is None
-        for name, value in (("max_send_wr", cap.max_send_wr), ("max_recv_wr", cap.max_recv_wr),
-                            ("max_send_sge", cap.max_send_sge),
-                            ("max_recv_sge", cap.max_recv_sge),
-                            ("max_inline_data", cap.max_inline_data)):  # fmt: skip
-            if not isinstance(value, int) or value < 0:
-                raise einval(f"cap.{name}={value!r} is not a count")
+        # Early, for the message and before ring memory is allocated; the device
+        # checks again (device.core.Host.create_qp).
+        for name, value, hi in (
+            ("max_send_wr", cap.max_send_wr, LIMITS["max_qp_wr"]),
+            ("max_recv_wr", cap.max_recv_wr, LIMITS["max_qp_wr"]),
+            ("max_send_sge", cap.max_send_sge, LIMITS["max_sge"]),
+            ("max_recv_sge", cap.max_recv_sge, LIMITS["max_sge"]),
+            ("max_inline_data", cap.max_inline_data, LIMITS["max_inline_data"]),
+        ):
+            if not isinstance(value, int) or not 0 <= value <= hi:
+                raise einval(f"cap.{name}={value!r} exceeds the device limit {hi}")
         self.sq: WorkRing | None = provider.work_ring(
             cap.max_send_wr, True, cap.max_send_sge, cap.max_inline_data, qp_type
         ) if has_sq else None  # fmt: skip
@@ -601,6 +606,8 @@ class QP(PyverbsCM):
         require(wr, SendWR, "wr")
         if bad_wr is not None:
             require(bad_wr, SendWR, "bad_wr")
+        if self._ctx.provider.forked:
+            raise forked_error("post_send")
         rt = self._ctx.runtime
         with rt.lock:
             sq = self.sq
@@ -796,6 +803,8 @@ class QP(PyverbsCM):
         require(wr, RecvWR, "wr")
         if bad_wr is not None:
             require(bad_wr, RecvWR, "bad_wr")
+        if self._ctx.provider.forked:
+            raise forked_error("post_recv")
         rt = self._ctx.runtime
         with rt.lock:
             w: RecvWR | None = wr

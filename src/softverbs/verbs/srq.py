@@ -24,7 +24,7 @@ from softverbs.enums import (
 )
 from softverbs.errors import PyverbsRDMAError, PyverbsUserError, einval, enomem, eopnotsupp
 from softverbs.verbs.base import CStruct, PyverbsCM, PyverbsObject, as_uint, require
-from softverbs.verbs.provider import Attach, destroy
+from softverbs.verbs.provider import Attach, destroy, forked_error
 from softverbs.verbs.wr import RecvWR
 
 if TYPE_CHECKING:
@@ -209,6 +209,8 @@ class SRQ(PyverbsCM):
         require(wr, RecvWR, "wr")
         if bad_wr is not None:
             require(bad_wr, RecvWR, "bad_wr")
+        if self._ctx.provider.forked:
+            raise forked_error("post_srq_recv")
         ring = self.ring
         with self._ctx.lock:
             w: RecvWR | None = wr

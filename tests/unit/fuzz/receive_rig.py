@@ -86,8 +86,8 @@ from softverbs import (
     SrqInitAttr,
 )
 from softverbs.engine.qp import QPEngine
-from softverbs.engine.rings import CQE, CompletionRing
 from softverbs.engine.requester import WR_INFO, WrClass
+from softverbs.engine.rings import CQE, CompletionRing
 from softverbs.enums import (
     IBV_ACCESS_LOCAL_WRITE,
     IBV_ACCESS_MW_BIND,

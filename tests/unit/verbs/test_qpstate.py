@@ -537,6 +537,7 @@ BAD_VALUES = [
     (INIT, "pkey_index", 1, ("pkey_index", "1")),
     (RTR, "sgid_index", 16, ("sgid_index", "16")),
     (RTR, "sgid_index", 2, ("sgid_index", "2")),
+    (RTR, "is_global", 0, ("global",)),
     (RTR, "dest_qp_num", 1 << 24, ("dest_qp_num",)),
 ]
 
