@@ -177,12 +177,13 @@ def test_odp_is_refused_like_a_device_without_it(lo: Loopback) -> None:
 
 
 def test_without_gid_index_roce_cannot_connect(lo: Loopback) -> None:
-    """No -g: a zero GID, so the C tools address by LID, which RoCE refuses (as rxe)."""
+    """-g -1 (the C tools without -g): a zero GID, so they address by LID, which
+    RoCE refuses (as rxe).  softverbs' tools without -g pick a RoCE GID."""
     port = str(free_tcp_port())
-    server = lo.popen("rc", "-d", "pp1", "-p", port)
+    server = lo.popen("rc", "-d", "pp1", "-p", port, "-g", "-1")
     try:
         wait_listening(int(port), server)
-        client = lo.run("rc", "-d", "pp2", "-p", port, lo.addrs[0])
+        client = lo.run("rc", "-d", "pp2", "-p", port, "-g", "-1", lo.addrs[0])
     finally:
         srv = finish(server, TIMEOUT)
     assert srv.returncode == 1 and client.returncode == 1, f"{srv}\n{client}"
