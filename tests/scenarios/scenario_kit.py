@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import errno
 import itertools
+import json
+import os
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -74,12 +76,86 @@ MR_SIZE = 1 << 16
 RECV_OFF = MR_SIZE // 2
 
 
-@pytest.fixture
-def ctx() -> Iterator[Context]:
-    c = Context(name="sv0")
-    yield c
-    c.runtime.faults = None
-    c.close()
+#: The three kinds of device every scenario runs on.
+DEVICE_KINDS = ("inproc", "udp", "host")
+
+
+@pytest.fixture(scope="session")
+def host_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A private softverbsd for the session: the host device the 'host' runs use."""
+    import subprocess
+    import sys
+    import tempfile
+
+    d = tempfile.mkdtemp(prefix="svsc", dir="/tmp")  # a Unix socket path is short
+    path = os.path.join(d, "sv.sock")
+    env = {k: v for k, v in os.environ.items() if k != "SOFTVERBS_SERVICE"}
+    proc = subprocess.Popen([sys.executable, "-m", "softverbs.service.server", "--socket", path],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    end = time.monotonic() + 20
+    while not os.path.exists(path):
+        if proc.poll() is not None or time.monotonic() > end:
+            err = proc.stderr.read() if proc.stderr else b""
+            raise RuntimeError(f"softverbsd did not start: {err!r}")
+        time.sleep(0.02)
+    yield path
+    proc.terminate()
+    proc.wait(20)
+    import shutil
+
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _udp_world(tmp: str) -> Any:
+    """A world whose ``sv0`` is a UDP link on a loopback address of its own."""
+    import random
+
+    addr = f"127.{random.randint(1, 254)}.{random.randint(0, 255)}.{random.randint(1, 254)}"
+    table = os.path.join(tmp, "links.json")
+    with open(table, "w") as f:
+        json.dump({"links": [{"name": "sv0", "addrs": [addr], "mtu": 4096}]}, f)
+    return table
+
+
+@pytest.fixture(params=DEVICE_KINDS)
+def ctx(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Any) -> Iterator[Context]:  # fmt: skip
+    """``Context(name='sv0')`` on an in-process device, a UDP link on loopback,
+    or the host device served by softverbsd."""
+    from softverbs.verbs import registry
+
+    kind = request.param
+    world: Any
+    if kind == "host":
+        from softverbs.service.client import ServiceRegistry
+
+        path = request.getfixturevalue("host_service")
+        monkeypatch.setenv("SOFTVERBS_SERVICE", path)
+        world = ServiceRegistry(path)
+    else:
+        monkeypatch.setenv("SOFTVERBS_SERVICE", "0")
+        if kind == "udp":
+            monkeypatch.setenv("SOFTVERBS_CONFIG", _udp_world(str(tmp_path)))
+            monkeypatch.setenv("SOFTVERBS_INPROC_DEVICES", "")
+        world = registry.Registry()
+    registry.push(world)
+    try:
+        c = Context(name="sv0")
+        c.kind = kind  # type: ignore[attr-defined]
+        yield c
+        if kind != "host":
+            c.runtime.faults = None  # type: ignore[attr-defined]
+        c.close()
+    finally:
+        registry.pop(world)
+        world.shutdown()
+
+
+def inproc_only(ctx: Context,
+                why: str = "a Python packet filter runs where the device runs") -> None:
+    """Skip unless the device runs in this process (``why``: what needs it)."""
+    if getattr(ctx, "kind", "inproc") != "inproc":
+        pytest.skip(f"in-process device only: {why}")
 
 
 @pytest.fixture
@@ -88,10 +164,19 @@ def pd(ctx: Context) -> PD:
 
 
 # --- building blocks -------------------------------------------------------------------
+def gid_index(ctx: Context) -> int:
+    """The device's IPv4 RoCEv2 GID: index 1 on an in-process or host device (0
+    is the link-local one), 0 on a UDP link bound to one address."""
+    from softverbs.cli.pingpong import default_gid_index
+
+    return default_gid_index(ctx)
+
+
 def route(ctx: Context) -> AHAttr:
     """The AH attribute of a path to this device itself (RoCE: always global)."""
+    index = gid_index(ctx)
     return AHAttr(is_global=1, port_num=1,
-                  gr=GlobalRoute(dgid=ctx.query_gid(1, 1), sgid_index=1))  # fmt: skip
+                  gr=GlobalRoute(dgid=ctx.query_gid(1, index), sgid_index=index))  # fmt: skip
 
 
 def make_qp(

@@ -15,6 +15,7 @@ from scenario_kit import (
     check_wc,
     connect,
     expect_event,
+    inproc_only,
     make_pair,
     make_qp,
     modify_state,
@@ -293,6 +294,7 @@ def test_srq_qp_in_err_flushes_only_the_wqe_it_took(ctx):
     # r1 takes a WQE for a 3-packet SEND whose last packet is lost
     last_ops = {Op.SEND_LAST, Op.SEND_LAST_WITH_IMMEDIATE}
     drop = DropFilter(lambda pkt: pkt.dqpn == r1.qp_num and (pkt.opcode & 0x1F) in last_ops)
+    inproc_only(ctx)
     ctx.runtime.faults = drop
     _send(s1, mr, 1, 3000)
     assert drop.dropped == 1
@@ -408,6 +410,7 @@ def test_srq_qp_reset_returns_taken_wqe(ctx):
     r1, _r2, s1, _s2 = t.r1, t.r2, t.s1, t.s2
     _srq_recv(srq, mr, 100, 0)
     drop = DropFilter(lambda pkt: pkt.dqpn == r1.qp_num and (pkt.opcode & 0x1F) == Op.SEND_LAST)
+    inproc_only(ctx)
     ctx.runtime.faults = drop
     _send(s1, mr, 1, 3000)
     ctx.runtime.faults = None

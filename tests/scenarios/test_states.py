@@ -13,6 +13,7 @@ from scenario_kit import (
     check_wc,
     connect,
     expect_event,
+    gid_index,
     make_pair,
     make_qp,
     modify_state,
@@ -130,8 +131,8 @@ def test_query_returns_the_attributes_set(ctx):
     assert (attr.max_rd_atomic, attr.max_dest_rd_atomic) == (3, 3)
     assert attr.qp_access_flags == ALL_ACCESS
     assert attr.ah_attr.is_global == 1
-    assert attr.ah_attr.gr.dgid == ctx.query_gid(1, 1)
-    assert attr.ah_attr.gr.sgid_index == 1
+    assert attr.ah_attr.gr.dgid == ctx.query_gid(1, gid_index(ctx))
+    assert attr.ah_attr.gr.sgid_index == gid_index(ctx)
     assert attr.sq_draining == 0
     cap = attr.cap
     assert (cap.max_send_wr, cap.max_recv_wr, cap.max_send_sge, cap.max_recv_sge) == (9, 7, 3, 2)
