@@ -71,6 +71,34 @@ def save_links(links: list[LinkSpec]) -> None:
     tmp.replace(path)
 
 
+# --- which devices a process sees ---------------------------------------------------
+#
+# By default a process's devices are the host's: ``sv0`` and the links of the
+# table above, served by the device service softverbsd (started on demand), so
+# processes on one host reach each other as they do through rxe0.
+# ``SOFTVERBS_SERVICE=0`` gives a process devices of its own instead, in its
+# own address space (what single-process programs that want determinism --
+# Simulation, seeded faults -- and softverbs' own tests use);
+# ``SOFTVERBS_SERVICE=/path/to/sock`` names the service's socket.
+
+#: The host device's driver (imported on first use; the verbs layer names it only here).
+HOST_DEVICE_BACKEND = "softverbs.service.client:ServiceRegistry"
+
+
+def service_disabled() -> bool:
+    """``SOFTVERBS_SERVICE=0`` (or off/no/false): in-process devices only."""
+    return os.environ.get("SOFTVERBS_SERVICE", "").strip().lower() in ("0", "off", "no", "false")
+
+
+def default_socket_path(ignore_env: bool = False) -> str:
+    """``$SOFTVERBS_SERVICE`` if it is a path, else one per user in the runtime dir."""
+    env = "" if ignore_env else os.environ.get("SOFTVERBS_SERVICE", "")
+    if env and env.lower() not in ("1", "yes", "on") and not service_disabled():
+        return env
+    base = os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/softverbs-{os.getuid()}"
+    return os.path.join(base, "softverbsd.sock")
+
+
 def inproc_names() -> list[str]:
     names = os.environ.get("SOFTVERBS_INPROC_DEVICES", "sv0").split(",")
     return [n.strip() for n in names if n.strip()]

@@ -90,8 +90,9 @@ def guest(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     links = tmp_path_factory.mktemp("cmrxe") / "links.json"
     links.write_text(json.dumps({"links": [{"name": "svpeer", "netdev": "br-peer"}]}))
     env = {**os.environ, "SOFTVERBS_CONFIG": str(links), "SOFTVERBS_INPROC_DEVICES": ""}
-    for var in ("SOFTVERBS_SERVICE", "SOFTVERBS_FAULTS", "SOFTVERBS_PCAP"):
+    for var in ("SOFTVERBS_FAULTS", "SOFTVERBS_PCAP"):
         env.pop(var, None)
+    env["SOFTVERBS_SERVICE"] = "0"  # this process's own device, on the bridge
     g = Guest(env)
     g.sh("stop", GUEST)
     try:

@@ -219,6 +219,7 @@ class Topology:
                "--peer", server.ip, "--workdir", str(self.workdir), "--deadline", str(deadline),
                *extra]  # fmt: skip
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("SOFTVERBS_")}
+        full_env["SOFTVERBS_SERVICE"] = "0"  # each agent is its own host: its own device
         full_env.update(env or {})
         name = f"{role}@{host.ns}"
         stderr = self.workdir / f"{role}-{host.ns}-{len(self.agents)}.stderr"

@@ -110,7 +110,7 @@ def test_over_udp_devices(workdir: Path) -> None:
     """Two 'hosts': a device service each, on UDP devices on loopback."""
     base = f"127.{100 + os.getpid() % 100}.{(os.getpid() // 100) % 250 + 1}"
     env = {**os.environ, "SOFTVERBS_CONFIG": str(workdir / "links.json")}
-    env.pop("SOFTVERBS_SERVICE", None)
+    env["SOFTVERBS_SERVICE"] = "0"
     link = [sys.executable, "-m", "softverbs", "link", "add"]
     for name, addr in (("xa", f"{base}.1"), ("xb", f"{base}.2")):
         subprocess.run([*link, name, "--addr", addr], env=env, check=True, timeout=WAIT)
@@ -139,7 +139,7 @@ def test_over_udp_devices(workdir: Path) -> None:
 
 
 def test_loopback_in_one_process(workdir: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "SOFTVERBS_SERVICE"}
+    env = {**os.environ, "SOFTVERBS_SERVICE": "0"}
     r = subprocess.run([*CMD, "--loopback", "-c", "3", "-g", "1", "-p", "0", "-n", "8",
                         "--xrcd-file", str(workdir / "xrc_domain")],
                        env=env, capture_output=True, text=True, timeout=WAIT)  # fmt: skip
@@ -149,7 +149,7 @@ def test_loopback_in_one_process(workdir: Path) -> None:
 
 
 def test_fails_like_the_c_tool(workdir: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "SOFTVERBS_SERVICE"}
+    env = {**os.environ, "SOFTVERBS_SERVICE": "0"}
     xrcd = ["--xrcd-file", str(workdir / "xrc_domain")]
     r = subprocess.run([*CMD, "-o", *xrcd], env=env, capture_output=True, text=True,
                        timeout=WAIT)  # fmt: skip

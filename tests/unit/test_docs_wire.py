@@ -29,6 +29,7 @@ def block(marker: str) -> str:
 def example_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     cwd = tmp_path_factory.mktemp("wire_example")
     env = {k: v for k, v in os.environ.items() if not k.startswith("SOFTVERBS_")}
+    env["SOFTVERBS_SERVICE"] = "0"  # a device of its own, not the host's
     proc = subprocess.run([sys.executable, "-c", block("example: simulation")], cwd=cwd,
                           env=env, capture_output=True, text=True, timeout=120,
                           check=False)  # fmt: skip

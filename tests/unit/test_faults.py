@@ -320,6 +320,7 @@ print(json.dumps({"seed": f.seed, "rules": [[r.drop, r.duplicate, sorted(r.kinds
 
 def _child(code: str, faults: str, tmp: Path) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SOFTVERBS_")}
+    env["SOFTVERBS_SERVICE"] = "0"  # a device of its own, not the host's
     env["SOFTVERBS_FAULTS"] = faults
     env["SOFTVERBS_CONFIG"] = str(tmp / "no-links.json")  # no `softverbs link` devices
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,

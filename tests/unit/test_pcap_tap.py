@@ -111,6 +111,7 @@ def tshark_check(path: Path, count: int) -> None:
 
 def _env(tmp: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SOFTVERBS_")}
+    env["SOFTVERBS_SERVICE"] = "0"  # a device of its own, not the host's
     env["SOFTVERBS_CONFIG"] = str(tmp / "no-links.json")
     env["SOFTVERBS_INPROC_DEVICES"] = "sv0,sv1"
     env.update(extra)

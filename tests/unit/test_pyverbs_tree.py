@@ -45,6 +45,7 @@ def _env(tmp_path: Path, links: list[dict[str, object]] | None = None) -> dict[s
     for key in ("PYTHONPATH", exec_.EXEC_ENV, "SOFTVERBS_SERVICE", "SOFTVERBS_INPROC_DEVICES",
                 exec_.PYTHON_ENV):  # fmt: skip
         env.pop(key, None)
+    env["SOFTVERBS_SERVICE"] = "0"
     cfg = tmp_path / "links.json"
     if links is not None:
         cfg.write_text(json.dumps({"links": links}))

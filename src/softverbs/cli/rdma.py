@@ -69,9 +69,8 @@ def _link_specs() -> Sequence[Any]:
     """The devices, in ``get_device_list`` order, read from the link table itself:
     ``rdma link`` runs once per test setUp, so it must not load the whole device."""
     from softverbs import config
-    from softverbs.service.protocol import service_requested
 
-    if service_requested():
+    if not config.service_disabled():
         return _device_specs()
     specs = [_LinkSpec(name, "inproc") for name in config.inproc_names()]
     specs += [_LinkSpec(link.name, "udp", link.netdev, tuple(link.addrs))

@@ -38,6 +38,7 @@ import os
 import socket
 from typing import Any
 
+from softverbs import config
 from softverbs.device.api import (
     BY_CODE,
     DB_RQ,
@@ -193,26 +194,10 @@ def recv(sock: socket.socket, flags: int = 0) -> tuple[bytes, list[int]]:
     return data, fds
 
 
-# --- where the service listens ------------------------------------------------------------
+# --- where the service listens (the policy lives in softverbs.config) ---------------------
 
-
-def default_socket_path(ignore_env: bool = False) -> str:
-    """``$SOFTVERBS_SERVICE`` if it is a path, else one per user in the runtime dir."""
-    env = "" if ignore_env else os.environ.get("SOFTVERBS_SERVICE", "")
-    if env and env not in ("1", "yes", "on") and not service_disabled():
-        return env
-    base = os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/softverbs-{os.getuid()}"
-    return os.path.join(base, "softverbsd.sock")
-
-
-def service_requested() -> bool:
-    """Is the device service the world's devices (``SOFTVERBS_SERVICE``)?"""
-    return bool(os.environ.get("SOFTVERBS_SERVICE")) and not service_disabled()
-
-
-def service_disabled() -> bool:
-    """``SOFTVERBS_SERVICE=0`` (or off/no/false): in-process devices only."""
-    return os.environ.get("SOFTVERBS_SERVICE", "").strip().lower() in ("0", "off", "no", "false")
+default_socket_path = config.default_socket_path
+service_disabled = config.service_disabled
 
 
 # --- generated artefacts -------------------------------------------------------------------------

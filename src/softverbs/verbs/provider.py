@@ -66,13 +66,15 @@ class Provider(Protocol):
     """What verbs objects use to reach their device."""
 
     name: str
-    gids: list[bytes]
     features: Features
     #: this process is a fork of the one that made the rings: they are not its to use
     forked: bool
 
     @property
     def runtime(self) -> DeviceRuntime: ...
+
+    @property
+    def gids(self) -> list[bytes]: ...
 
     def call(self, op: api.Op[Any, Rep], body: Record, attach: Attach | None = None) -> Rep: ...
     def call_tail(self, op: api.Op[Any, Rep], body: Record) -> tuple[Rep, bytes]: ...
@@ -115,10 +117,15 @@ class EmbeddedProvider:
         self.device = device
         self.runtime = runtime
         self.name = device.name
-        self.gids = device.hca.gids
         self.features = device.info.features
         self.forked = False  #: a forked child has its own copy of an in-process device
         self._dm_pool: DmPool | None = None
+
+    @property
+    def gids(self) -> list[bytes]:
+        """The device's GID table as it is now (a UDP device's grows as its
+        interface's addresses become usable)."""
+        return self.device.hca.gids
 
     # --- operations -------------------------------------------------------------------------
     def call(self, op: api.Op[Any, Rep], body: Record, attach: Attach | None = None) -> Rep:

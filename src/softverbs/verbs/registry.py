@@ -307,21 +307,22 @@ _service: Any = None
 
 
 def active() -> Registry:
-    """The registry device names resolve in: the innermost simulation, the
-    device service's (``SOFTVERBS_SERVICE``), or the process's own."""
+    """The registry device names resolve in: the innermost simulation, else
+    the host's devices (the device service), else -- ``SOFTVERBS_SERVICE=0``
+    -- this process's own (:mod:`softverbs.config`)."""
     global _service
     if _stack:
         return _stack[-1]
-    from softverbs.service.protocol import service_requested
+    if config.service_disabled():
+        return _default
+    path = config.default_socket_path()
+    if _service is None or _service.path != path:
+        import importlib
 
-    if service_requested():
-        if _service is None:
-            from softverbs.service.client import ServiceRegistry
-
-            _service = ServiceRegistry()
-            atexit.register(_service.shutdown)
-        return _service  # type: ignore[no-any-return]
-    return _default
+        module, name = config.HOST_DEVICE_BACKEND.split(":")
+        _service = getattr(importlib.import_module(module), name)(path)
+        atexit.register(_service.shutdown)
+    return _service  # type: ignore[no-any-return]
 
 
 def push(registry: Registry) -> None:
