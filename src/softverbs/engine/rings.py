@@ -250,7 +250,12 @@ T = TypeVar("T")
 
 
 class CorruptSlot(ValueError):
-    """A slot holds something the application's driver never writes."""
+    """A slot holds something the application's driver never writes
+    (``wr_id``: the slot's wr_id, so the failure completes under it)."""
+
+    def __init__(self, message: str, wr_id: int = 0) -> None:
+        super().__init__(message)
+        self.wr_id = wr_id
 
 
 class SlotStore(Protocol[T]):
@@ -378,7 +383,7 @@ class SendWQEHeader(Record):
         "opcode": "ibv_wr_opcode",
         "flags": "F_SIGNALED, F_FENCE, F_SOLICITED, F_INLINE",
         "inline_len": "bytes of inline data after the SGEs (with F_INLINE)",
-        "imm_data": "IBV_WR_*_WITH_IMM: ibv_send_wr.imm_data as given (network order)",
+        "imm_data": "*_WITH_IMM: the ImmDt value as a host integer (C: be32toh(wr.imm_data))",
         "invalidate_rkey": "SEND_WITH_INV, LOCAL_INV",
         "rkey": "RDMA and atomic operations",
         "remote_srqn": "XRC send QPs: the remote XRC SRQ",
@@ -436,7 +441,7 @@ class CQEntry(Record):
     """A CQE slot: 128 bytes, the last 72 the failure's reason (UTF-8, NUL-padded)."""
 
     DOCS = {
-        "imm_data": "or the invalidated rkey (IBV_WC_WITH_INV)",
+        "imm_data": "the ImmDt value (C: htobe32 into wc.imm_data), or the invalidated rkey",
         "wq_kind": "which ring the CQE frees a slot of: WQ_NONE, WQ_SQ, WQ_RQ, WQ_SRQ",
         "flags": "CQE_DEAD (skip it: its QP was reset), CQE_SOLICITED",
         "wq_handle": "the QP's handle (WQ_SQ, WQ_RQ) or the SRQ's (WQ_SRQ)",
@@ -518,14 +523,14 @@ class SendSlots(PackedSlots):
          compare, swap, ah, rqpn, rqkey, mw, mr, bind_rkey, bind_addr, bind_len, bind_access,
          driver_op, caller, _, _) = SEND_HEADER.unpack_from(self.buf, off)  # fmt: skip
         if opcode not in self.opcodes:
-            raise CorruptSlot(f"opcode {opcode} is not a send opcode this device executes")
+            raise CorruptSlot(f"opcode {opcode} is not a send opcode this device executes", wr_id)
         if flags & ~_SEND_FLAGS:
-            raise CorruptSlot(f"unknown send flags {flags & ~_SEND_FLAGS:#x}")
+            raise CorruptSlot(f"unknown send flags {flags & ~_SEND_FLAGS:#x}", wr_id)
         if not flags & F_INLINE:
             inline_len = 0
         if SEND_HEADER.size + nsge * SGE.size + inline_len > self.slot:
             raise CorruptSlot(f"{nsge} SGEs and {inline_len} inline bytes overflow the "
-                              f"{self.slot}-byte slot")  # fmt: skip
+                              f"{self.slot}-byte slot", wr_id)  # fmt: skip
         pos = off + SEND_HEADER.size
         sges = [SGE.unpack_from(self.buf, pos + i * SGE.size) for i in range(nsge)]
         length = sum(s[1] for s in sges)
@@ -562,7 +567,9 @@ class RecvSlots(PackedSlots):
         off = self.offset(index)
         wr_id, nsge, _ = RECV_HEADER.unpack_from(self.buf, off)
         if RECV_HEADER.size + nsge * SGE.size > self.slot:
-            raise CorruptSlot(f"{nsge} SGEs overflow the {self.slot}-byte slot")
+            # more SGEs than the slot holds: a WQE whose memory check fails
+            # (lkey 0 never exists), completing in error under its wr_id
+            return RecvWQE(wr_id, [(0, 1, 0)], 1)
         pos = off + RECV_HEADER.size
         sges = [SGE.unpack_from(self.buf, pos + i * SGE.size) for i in range(nsge)]
         return RecvWQE(wr_id, sges, sum(s[1] for s in sges))
@@ -705,7 +712,7 @@ class WorkRing:
             wqe = self.slots.read(index)
             why = self.fetch(wqe) if self.fetch is not None else None
         except CorruptSlot as exc:
-            wqe, why = None, str(exc)
+            wqe, why = SendWQE(exc.wr_id, 0, True, [], 0), str(exc)
         if why is not None:
             wqe = poisoned(wqe, why)
         wqe.index = index
@@ -792,10 +799,7 @@ class SharedRecvRing:
         pi = max(taken, min(int(self.hdr[self.PI]), taken + self.size))
         if taken >= pi:
             return None
-        try:
-            wqe: RecvWQE = self.slots.read(taken)
-        except CorruptSlot:
-            wqe = RecvWQE(0, [(0, 1, 0)], 1)  # lkey 0 never exists: completes in error
+        wqe: RecvWQE = self.slots.read(taken)
         wqe.index = taken
         wqe.srq = self
         self.seen_taken = taken + 1

@@ -259,6 +259,56 @@ def markdown() -> str:
     return "\n".join(lines)
 
 
+def rings_markdown() -> str:
+    """The ring entry tables of docs/rings.md."""
+    from softverbs.engine import rings
+
+    out: list[str] = []
+    for cls in with_embedded(list(rings.RECORDS)):
+        out += [*markdown_table(cls), ""]
+    return "\n".join(out).rstrip()
+
+
+#: file (from the repository root) -> (block name, generator); a block lies
+#: between ``<!-- generated: NAME -->`` and ``<!-- end: NAME -->``
+GENERATED = {
+    "docs/service-protocol.md": ("protocol", markdown),
+    "docs/rings.md": ("rings", rings_markdown),
+}
+C_HEADER = "native/include/softverbs/protocol.h"
+
+
+def refreshed(text: str, name: str, body: str) -> str:
+    """``text`` with its generated block ``name`` replaced by ``body``."""
+    start, end = f"<!-- generated: {name} -->", f"<!-- end: {name} -->"
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{start}\n{body}\n{end}{tail}"
+
+
+def update(root: str) -> list[str]:
+    """Rewrite the generated docs blocks and the C header under ``root``; the
+    files that changed."""
+    changed = []
+    for rel, (name, make) in GENERATED.items():
+        path = os.path.join(root, rel)
+        with open(path) as f:
+            old = f.read()
+        new = refreshed(old, name, make())
+        if new != old:
+            with open(path, "w") as f:
+                f.write(new)
+            changed.append(rel)
+    path = os.path.join(root, C_HEADER)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    old = open(path).read() if os.path.exists(path) else ""
+    if old != c_header():
+        with open(path, "w") as f:
+            f.write(c_header())
+        changed.append(C_HEADER)
+    return changed
+
+
 if __name__ == "__main__":
     import sys
 
@@ -266,5 +316,9 @@ if __name__ == "__main__":
         sys.stdout.write(c_header())
     elif sys.argv[1:] == ["--markdown"]:
         sys.stdout.write(markdown() + "\n")
+    elif len(sys.argv) == 3 and sys.argv[1] == "--update":
+        for rel in update(sys.argv[2]):
+            print(f"updated {rel}")
     else:
-        sys.exit("usage: python -m softverbs.service.protocol --c-header | --markdown")
+        sys.exit("usage: python -m softverbs.service.protocol --c-header | --markdown | "
+                 "--update REPO_ROOT")

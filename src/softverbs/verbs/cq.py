@@ -77,6 +77,18 @@ WC_STATUS_STR: dict[int, str] = {
 }
 
 
+_WITH_IMM = 2  # IBV_WC_WITH_IMM
+
+
+def be32_field(value: int) -> int:
+    """A ``__be32`` field holding the 32-bit value ``value``, read as a host integer
+    (what pyverbs returns for ``imm_data``): the bytes swapped on this host."""
+    import sys
+
+    v = value & 0xFFFFFFFF
+    return int.from_bytes(v.to_bytes(4, "big"), sys.byteorder)
+
+
 def wc_status_str(status: int) -> str:
     """``ibv_wc_status_str``."""
     return WC_STATUS_STR.get(status, "unknown")
@@ -147,7 +159,9 @@ class WC(PyverbsObject):
         wc.byte_len = cqe.byte_len
         wc.qp_num = cqe.qp_num
         wc.src_qp = cqe.src_qp
-        wc.imm_data = cqe.imm
+        # ibv_wc.imm_data is a __be32 (the ImmDt bytes as they came); the
+        # invalidated rkey sharing its place is host order
+        wc.imm_data = be32_field(cqe.imm) if cqe.wc_flags & _WITH_IMM else cqe.imm
         wc.wc_flags = cqe.wc_flags
         wc.pkey_index = 0
         wc.slid = cqe.slid

@@ -227,7 +227,9 @@ class CQEX(CQBase):
         return int(self._current().byte_len)
 
     def read_imm_data(self) -> int:
-        return int(self._current().imm)
+        from softverbs.verbs.cq import be32_field
+
+        return be32_field(self._current().imm)
 
     def read_qp_num(self) -> int:
         return int(self._current().qp_num)

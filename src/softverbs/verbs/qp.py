@@ -675,7 +675,9 @@ class QP(PyverbsCM):
         wqe.fence = bool(flags & _FENCE)
         wqe.se = bool(flags & _SOLICITED)
         if info.imm:
-            wqe.imm = w.imm_data & 0xFFFFFFFF
+            # imm_data is ibv_send_wr's __be32: its bytes go on the wire as they
+            # lie in memory; the WQE carries the ImmDt value (docs/rings.md)
+            wqe.imm = _htobe32(w.imm_data)
         if opcode in (IBV_WR_SEND_WITH_INV, IBV_WR_LOCAL_INV):
             wqe.inv_rkey = w.imm_data & 0xFFFFFFFF
         if info.klass in (WrClass.WRITE, WrClass.READ, WrClass.ATOMIC):

@@ -1,0 +1,302 @@
+"""The rings (engine/rings.py): one implementation, checked on both slot stores.
+
+Every test runs twice: with slots of Python objects (the device and the
+application in one process) and with the byte layouts in a shared memfd
+(the device service, or a C driver).  The semantics must not differ.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from softverbs.engine.rings import (
+    CQE,
+    WQ_RQ,
+    WQ_SQ,
+    WQ_SRQ,
+    WR_DRIVER1,
+    CompletionRing,
+    RecvWQE,
+    SendWQE,
+    SharedRecvRing,
+    SharedRegion,
+    WorkRing,
+    local_cq,
+    local_srq,
+    local_work_ring,
+    recv_slot_size,
+    send_slot_size,
+    shared_cq,
+    shared_srq,
+    shared_work_ring,
+)
+from softverbs.enums import IBV_WC_SUCCESS, IBV_WC_WR_FLUSH_ERR, IBV_WR_SEND
+
+OPCODES = frozenset({IBV_WR_SEND, WR_DRIVER1})
+
+
+def _shared_sq(size: int) -> WorkRing:
+    slot = send_slot_size(2, 16)
+    return shared_work_ring(SharedRegion(64 + size * slot), size, slot, True, OPCODES)
+
+
+def _shared_rq(size: int) -> WorkRing:
+    slot = recv_slot_size(2)
+    return shared_work_ring(SharedRegion(64 + size * slot), size, slot, False)
+
+
+def _shared_srq(size: int, max_sge: int = 2) -> SharedRecvRing:
+    slot = recv_slot_size(2)
+    return shared_srq(SharedRegion(64 + size * slot), size, slot, max_sge)
+
+
+def _shared_cq(capacity: int) -> CompletionRing:
+    return shared_cq(SharedRegion(64 + capacity * 128), capacity)
+
+
+STORES = {
+    "objects": (local_work_ring, local_work_ring, local_srq, local_cq),
+    "shared": (_shared_sq, _shared_rq, _shared_srq, _shared_cq),
+}
+
+
+@pytest.fixture(params=sorted(STORES))
+def make(request: pytest.FixtureRequest) -> tuple[Callable[..., Any], ...]:
+    return STORES[request.param]
+
+
+def _send(wr_id: int, length: int = 8) -> SendWQE:
+    return SendWQE(wr_id, IBV_WR_SEND, True, [(0x1000 + wr_id, length, 7)], length)
+
+
+def _recv(wr_id: int) -> RecvWQE:
+    return RecvWQE(wr_id, [(0x2000, 64, 9)], 64)
+
+
+# --- send and receive queues ----------------------------------------------------------
+
+
+def test_post_ring_fetch(make: Any) -> None:
+    sq = make[0](4)
+    for i in range(3):
+        sq.push(_send(i))
+    assert sq.pi == 3 and sq.used == 3 and sq.db == 0
+    assert sq.ring(2) and not sq.ring(2)
+    assert sq.latch() == 2 and sq.db == 2
+    assert [sq.get(i).wr_id for i in range(2)] == [0, 1]
+    assert sq.get(1).sges == [(0x1001, 8, 7)]
+    assert sq.latch(everything=True) == 1 and sq.get(2).wr_id == 2
+
+
+def test_fetched_wqes_are_the_devices_copies(make: Any) -> None:
+    sq = make[0](4)
+    sq.push(_send(1))
+    sq.ring(1)
+    sq.latch()
+    fetched = sq.get(0)
+    sq.push(_send(99))  # the application goes on writing
+    assert sq.get(0) is fetched and fetched.wr_id == 1
+
+
+def test_slots_come_back_only_when_polled(make: Any) -> None:
+    sq = make[0](2)
+    sq.push(_send(1))
+    sq.push(_send(2))
+    assert sq.used == 2  # full: the device's progress does not free slots
+    sq.release(0)
+    assert sq.used == 1
+    sq.release(0)  # an earlier index again frees nothing more
+    assert sq.used == 1
+    sq.release(1)
+    assert sq.used == 0
+
+
+def test_release_rebuilds_the_index_from_32_bits(make: Any) -> None:
+    sq = make[0](4)
+    base = (1 << 32) + 5
+    sq.hdr[sq.PI] = base
+    sq.ci = base - 2
+    sq.release((base - 1) & 0xFFFFFFFF)
+    assert sq.ci == base
+
+
+def test_a_lying_doorbell_is_bounded(make: Any) -> None:
+    sq = make[0](4)
+    sq.push(_send(1))
+    sq.hdr[sq.DB] = 1 << 60  # far beyond anything posted
+    assert sq.latch() == 1 and sq.db == 1
+    sq.hdr[sq.PI] = 1 << 60  # pi lies too: at most one ring's worth per fetch
+    sq.latch()
+    assert sq.db == 1 + 4
+    sq.hdr[sq.DB] = 0  # and never backwards
+    assert sq.latch() == 0 and sq.db == 5
+
+
+def test_reset_discards_and_forgets(make: Any) -> None:
+    sq = make[0](4)
+    for i in range(3):
+        sq.push(_send(i))
+    sq.ring(1)
+    sq.latch()
+    sq.discard()  # the device drops what was posted, unseen
+    assert sq.db == 3
+    sq.forget()  # and the application's slots are all free
+    assert sq.used == 0
+    sq.push(_send(7))
+    sq.ring(sq.pi)
+    assert sq.latch() == 1 and sq.get(3).wr_id == 7
+
+
+def test_state_is_published_by_the_device(make: Any) -> None:
+    sq = make[0](2)
+    assert sq.published_state() is None
+    sq.publish_state(3)
+    assert sq.published_state() == 3
+
+
+def test_receive_queue(make: Any) -> None:
+    rq = make[1](2)
+    rq.push(_recv(5))
+    rq.ring(rq.pi)
+    rq.latch()
+    got = rq.get(0)
+    assert (got.wr_id, got.sges, got.length) == (5, [(0x2000, 64, 9)], 64)
+
+
+def test_a_fetch_hook_can_refuse_a_wqe(make: Any) -> None:
+    sq = make[0](2)
+    sq.fetch = lambda w: "no such address handle" if w.wr_id == 2 else None
+    sq.push(_send(1))
+    sq.push(_send(2))
+    sq.ring(2)
+    sq.latch()
+    bad = sq.get(1)
+    assert sq.get(0).opcode == IBV_WR_SEND
+    assert (bad.opcode, bad.wr_id, bad.reason) == (WR_DRIVER1, 2, "no such address handle")
+
+
+def test_a_scribbled_slot_becomes_a_failing_wqe() -> None:
+    sq = _shared_sq(2)
+    sq.push(_send(1))
+    off = sq.slots.offset(0)  # type: ignore[attr-defined]
+    sq.slots.buf[off + 8] = 200  # type: ignore[attr-defined]  # an opcode no QP executes
+    sq.ring(1)
+    sq.latch()
+    bad = sq.get(0)
+    assert bad.opcode == WR_DRIVER1 and bad.wr_id == 1 and "opcode 200" in bad.reason
+
+
+# --- shared receive queues -------------------------------------------------------------
+
+
+def test_srq_take_limit_and_counts(make: Any) -> None:
+    srq = make[2](4, 2)
+    fired: list[SharedRecvRing] = []
+    srq.on_limit = fired.append
+    for i in range(4):
+        srq.post(_recv(i))
+    assert srq.outstanding == 4 and srq.available() == 4
+    srq.set_limit(3)
+    assert srq.take().wr_id == 0 and not fired  # 3 left: not below the limit
+    assert srq.take().wr_id == 1 and fired == [srq]  # 2 left < 3: once
+    assert srq.armed_limit == 0
+    srq.take()
+    srq.take()
+    assert srq.take() is None
+    srq.release(0)
+    srq.discarded(2)  # two taken WQEs were dropped when their QP was reset
+    assert srq.outstanding == 1
+
+
+def test_srq_resize_keeps_what_was_not_taken(make: Any) -> None:
+    srq = make[2](2, 2)
+    srq.post(_recv(1))
+    srq.post(_recv(2))
+    srq.take()
+    bigger = make[2](8, 2)
+    srq.move_to(bigger.slots, bigger.hdr, 8)
+    assert srq.size == 8
+    srq.post(_recv(3))
+    assert [srq.take().wr_id, srq.take().wr_id] == [2, 3]
+
+
+# --- completion queues ---------------------------------------------------------------------
+
+
+def _cqe(wr_id: int, qpn: int = 0x11, status: int = IBV_WC_SUCCESS, kind: int = WQ_SQ) -> CQE:
+    c = CQE(wr_id, status, 0, qpn, 8)
+    c.wq_kind, c.wq_handle, c.index = kind, 3, wr_id
+    c.reason = "" if status == IBV_WC_SUCCESS else "flushed: the QP is in the error state"
+    return c
+
+
+def test_cq_push_take(make: Any) -> None:
+    cq = make[3](4)
+    for i in range(3):
+        assert cq.push(_cqe(i))
+    assert cq.waiting() == 3 and cq.pending() == 3
+    got = cq.take(2)
+    assert [(c.wr_id, c.wq_kind, c.wq_handle, c.index) for c in got] == [(0, WQ_SQ, 3, 0),
+                                                                          (1, WQ_SQ, 3, 1)]
+    assert cq.pending() == 1 and cq.waiting() == 1
+
+
+def test_cq_overrun(make: Any) -> None:
+    cq = make[3](2)
+    assert cq.push(_cqe(1)) and cq.push(_cqe(2))
+    assert not cq.push(_cqe(3))  # full, never polled: an overrun
+    assert cq.error and cq.in_error
+    cq.take(2)
+    assert not cq.push(_cqe(4)), "a CQ in error takes nothing more"
+
+
+def test_a_lying_ci_does_not_hide_an_overrun(make: Any) -> None:
+    cq = make[3](2)
+    cq.push(_cqe(1))
+    cq.push(_cqe(2))
+    cq.hdr[cq.CI] = 1 << 62  # claims to have polled far more than was written
+    assert not cq.push(_cqe(3)) or cq.waiting() <= cq.capacity
+
+
+def test_arming_fires_once(make: Any) -> None:
+    cq = make[3](8)
+    events: list[int] = []
+    cq.notify = lambda: events.append(1)
+    cq.push(_cqe(1))
+    assert events == []  # not armed
+    cq.arm(solicited_only=False)
+    cq.push(_cqe(2))
+    cq.push(_cqe(3))
+    assert events == [1]  # one event per arming
+    cq.arm(solicited_only=True)
+    cq.push(_cqe(4))  # neither solicited nor failed
+    assert events == [1]
+    cq.push(_cqe(5, status=IBV_WC_WR_FLUSH_ERR))
+    assert events == [1, 1]
+
+
+def test_purge_marks_a_qps_cqes_dead(make: Any) -> None:
+    cq = make[3](8)
+    cq.push(_cqe(1, qpn=0x11))
+    cq.push(_cqe(2, qpn=0x12, kind=WQ_SRQ))
+    cq.push(_cqe(3, qpn=0x12, kind=WQ_RQ))
+    cq.push(_cqe(4, qpn=0x11))
+    seen: list[int] = []
+    cq.purge(0x12, lambda c: seen.append(c.wr_id))
+    assert seen == [2, 3]
+    assert [c.wr_id for c in cq.take(8)] == [1, 4]
+
+
+def test_cq_resize_moves_what_was_not_polled(make: Any) -> None:
+    cq = make[3](2)
+    cq.push(_cqe(1))
+    cq.push(_cqe(2))
+    cq.take(1)
+    bigger = make[3](8)
+    cq.move_to(bigger.slots, bigger.hdr, 8)
+    for i in range(3, 8):
+        assert cq.push(_cqe(i))
+    assert [c.wr_id for c in cq.take(16)] == [2, 3, 4, 5, 6, 7]
