@@ -599,6 +599,7 @@ class RcPeer:
             connect(self.qp, self.ctx, self.qp2.qp_num)
             connect(self.qp2, self.ctx, self.qp.qp_num)
         self.info = {"qpn": self.qp.qp_num, "qp_handle": self.qp.dev_handle,
+                     "qp2n": self.qp2.qp_num if self.qp2 else None,
                      "addr": self.mr.buf, "rkey": self.mr.rkey,
                      "lkey": self.mr.lkey, "pid": os.getpid(),
                      "mr_numbers": [m.dev_handle for m in [self.mr, *self.extra]]}
@@ -689,6 +690,17 @@ class RcPeer:
 
     def op_state(self) -> int:
         return int(self.qp.qp_state)
+
+    def op_faults(self, rules: str) -> tuple[int, str]:
+        """Seeded faults on this process's packets (SOFTVERBS_FAULTS syntax):
+        (0, "") or the error's (errno, message)."""
+        from softverbs.verbs.provider import Attach
+
+        try:
+            self.ctx.provider.call(api.FAULTS, api.Ctx(self.ctx.handle, 0), Attach(text=rules))
+        except PyverbsRDMAError as exc:
+            return exc.error_code, str(exc)
+        return 0, ""
 
     def op_raw(self, request: str, **kw: Any) -> tuple[int, str]:
         """A request by hand, on this process's own connection: (errno, error)."""

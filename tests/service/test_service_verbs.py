@@ -27,6 +27,7 @@ from softverbs.enums import (
     IBV_WC_RDMA_WRITE,
     IBV_WC_RECV,
     IBV_WC_REM_ACCESS_ERR,
+    IBV_WC_RETRY_EXC_ERR,
     IBV_WC_SEND,
     IBV_WC_SUCCESS,
     IBV_WC_WR_FLUSH_ERR,
@@ -186,3 +187,24 @@ def test_srq_limit_event_and_resize(service: ServiceProc, spawn: Callable[..., W
         a.call("send", data=word)
     assert [w[0] for w in a.call("poll", n=3)] == [IBV_WC_SUCCESS] * 3
     assert [w[0] for w in b.call("poll", n=5)] == [IBV_WC_SUCCESS] * 5
+
+
+def test_faults_are_per_process(service: ServiceProc, spawn: Callable[..., Worker]) -> None:
+    """FAULTS (a client's SOFTVERBS_FAULTS) acts on that process's packets
+    only: A's loop loses every packet and its SEND exhausts its retries; B's
+    loop, on the same device at the same time, is untouched.  Bad rules are
+    EINVAL and change nothing."""
+    a = spawn(RcPeer, True)
+    b = spawn(RcPeer, True)
+    assert a.call("faults", rules="seed=1;drop=1.0") == (0, "")
+    for w in (a, b):
+        w.call("recv", n=1, qp2=True)
+        w.call("send", data=b"through the fault layer?")
+    assert a.call("poll", n=1)[0][0] == IBV_WC_RETRY_EXC_ERR
+    assert sorted(b.call("poll", n=2)) == [(IBV_WC_SUCCESS, IBV_WC_SEND, 24, b.info["qpn"]),
+                                           (IBV_WC_SUCCESS, IBV_WC_RECV, 24, b.info["qp2n"])]
+    code, msg = b.call("faults", rules="seed=1;drop=lots")
+    assert code == errno.EINVAL and "FAULTS" in msg and "drop" in msg, msg
+    b.call("recv", n=1, qp2=True)
+    b.call("send", data=b"still fine")
+    assert [w[0] for w in b.call("poll", n=2)] == [IBV_WC_SUCCESS] * 2

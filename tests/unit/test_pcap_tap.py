@@ -12,12 +12,14 @@ The tshark part skips when the binary is missing (Debian package
 from __future__ import annotations
 
 import errno
+import io
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 from pcap_session import session
@@ -206,10 +208,96 @@ def test_capture_close_is_idempotent_and_removes_the_tap(tmp_path: Path) -> None
     assert list(read_pcap(tmp_path / "a.pcap")) == []  # a valid file with no frames
 
 
-def test_capture_needs_a_device_in_this_process(tmp_path: Path) -> None:
-    """A device served by softverbsd has no engine here to tap: EOPNOTSUPP, and no file."""
-    served = SimpleNamespace(name="srv0", hca=None, runtime=object())
-    with pytest.raises(PyverbsRDMAError, match="served by softverbsd") as info:
-        capture(served, tmp_path / "x.pcap")  # type: ignore[arg-type]
-    assert info.value.error_code == errno.EOPNOTSUPP
-    assert not (tmp_path / "x.pcap").exists()
+# --- the served device: softverbsd writes the file ----------------------------------------
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[str]:
+    """A private softverbsd; its socket path."""
+    sys.path.insert(0, str(HERE.parent / "service"))
+    from svkit import ServiceProc
+
+    d = tempfile.mkdtemp(prefix="svp", dir="/tmp")  # a Unix socket path is short
+    svc = ServiceProc(os.path.join(d, "sv.sock"))
+    try:
+        yield svc.path
+    finally:
+        assert svc.stop() == 0
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_softverbs_pcap_on_the_served_device(tmp_path: Path, served: str) -> None:
+    """SOFTVERBS_PCAP and SOFTVERBS_FAULTS in a client of softverbsd: the
+    service appends the device's packets to the client's file (one header),
+    and the faults act on the client's packets; the session still completes."""
+    path = tmp_path / "served.pcap"
+    env = _env(tmp_path, SOFTVERBS_PCAP=str(path), SOFTVERBS_FAULTS="seed=3;drop=0.03")
+    env["SOFTVERBS_SERVICE"] = served
+    proc = subprocess.run([sys.executable, str(HERE / "pcap_session.py"), "sv0", "sv0"],
+                          env=env, capture_output=True, text=True, timeout=120,
+                          check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    pkts = decoded(path)
+    check_session(pkts)
+    with open(path, "rb") as f:
+        assert f.read().count(bytes.fromhex("d4c3b2a1")) == 1  # one pcap header
+    tshark_check(path, len(pkts))
+
+
+def test_capture_on_the_served_device_sees_every_process(
+    tmp_path: Path, served: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """softverbs.capture() on a served device: the service taps the device,
+    so another process's session on it is in the file; after close, nothing."""
+    from softverbs.service.client import ServiceRegistry
+    from softverbs.verbs import registry
+
+    monkeypatch.setenv("SOFTVERBS_SERVICE", served)
+    env = _env(tmp_path)
+    env["SOFTVERBS_SERVICE"] = served
+    other = [sys.executable, str(HERE / "pcap_session.py"), "sv0", "sv0"]
+    path = tmp_path / "tap.pcap"
+    world = ServiceRegistry(served)
+    registry.push(world)
+    try:
+        ctx = Context(name="sv0")
+        with capture(ctx, path) as cap:
+            proc = subprocess.run(other, env=env, capture_output=True, text=True, timeout=120,
+                                  check=False)  # fmt: skip
+            assert proc.returncode == 0, proc.stderr
+        assert cap.closed
+        size = path.stat().st_size
+        proc = subprocess.run(other, env=env, capture_output=True, text=True, timeout=120,
+                              check=False)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        assert path.stat().st_size == size  # the tap went with close()
+        cap2 = capture(ctx, tmp_path / "gone.pcap")
+        ctx.close()  # the context's capture goes with it...
+        cap2.close()  # ...and closing it afterwards is no error
+    finally:
+        registry.pop(world)
+        world.shutdown()
+    pkts = decoded(path)
+    check_session(pkts)
+    tshark_check(path, len(pkts))
+
+
+def test_capture_on_the_served_device_needs_a_real_file(
+    tmp_path: Path, served: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A served device writes the file itself: a BytesIO cannot be handed over."""
+    from softverbs.service.client import ServiceRegistry
+    from softverbs.verbs import registry
+
+    monkeypatch.setenv("SOFTVERBS_SERVICE", served)
+    world = ServiceRegistry(served)
+    registry.push(world)
+    try:
+        ctx = Context(name="sv0")
+        with pytest.raises(PyverbsRDMAError, match="file that has a descriptor") as info:
+            capture(ctx, io.BytesIO())
+        assert info.value.error_code == errno.EOPNOTSUPP
+        ctx.close()
+    finally:
+        registry.pop(world)
+        world.shutdown()

@@ -24,6 +24,7 @@
 #define SV_KIND_SRQ 8
 #define SV_KIND_QP 9
 #define SV_KIND_XRCD 10
+#define SV_KIND_CAPTURE 11
 
 #define SV_OP_HELLO 1
 #define SV_OP_LIST_DEVICES 2
@@ -55,6 +56,8 @@
 #define SV_OP_XRC_RCV_QP_UNREGISTER 30
 #define SV_OP_COUNTERS 40
 #define SV_OP_STATUS 41
+#define SV_OP_CAPTURE 42
+#define SV_OP_FAULTS 43
 #define SV_OP_CM 50
 #define SV_OP_CM_EVENTS 51
 
@@ -629,5 +632,11 @@ struct sv_xrc_qpn {
 	uint32_t qpn;                           /* @4 */
 };
 _Static_assert(sizeof(struct sv_xrc_qpn) == 8, "sv_xrc_qpn");
+
+struct sv_capture_req {
+	uint32_t ctx;                           /* @0 */
+	uint32_t flags;                         /* @4 */
+};
+_Static_assert(sizeof(struct sv_capture_req) == 8, "sv_capture_req");
 
 #endif

@@ -24,10 +24,10 @@ from softverbs.layout import U32, U64, Gid, Name, Record
 
 #: Object kinds, as ``DESTROY`` and async events name them.
 KIND_CTX, KIND_PD, KIND_MR, KIND_MW, KIND_AH, KIND_CHANNEL, KIND_CQ, KIND_SRQ, KIND_QP, \
-    KIND_XRCD = range(1, 11)  # fmt: skip
+    KIND_XRCD, KIND_CAPTURE = range(1, 12)  # fmt: skip
 KIND_NAMES = {KIND_CTX: "ctx", KIND_PD: "pd", KIND_MR: "mr", KIND_MW: "mw", KIND_AH: "ah",
               KIND_CHANNEL: "channel", KIND_CQ: "cq", KIND_SRQ: "srq", KIND_QP: "qp",
-              KIND_XRCD: "xrcd"}  # fmt: skip
+              KIND_XRCD: "xrcd", KIND_CAPTURE: "capture"}  # fmt: skip
 
 # --- embedded records ---------------------------------------------------------------------------
 
@@ -414,6 +414,15 @@ class QuerySRQReply(Record):
 OPEN_XRCD_HAS_FD = 1
 
 
+class CaptureReq(Record):
+    ctx: U32
+    flags: U32
+
+
+#: CAPTURE: the file already holds a pcap header (several taps share one file)
+CAPTURE_APPEND = 1
+
+
 class OpenXRCD(Record):
     ctx: U32
     oflags: U32
@@ -666,6 +675,14 @@ STATUS = Op(
     doc="for `softverbs service status` and `softverbs res`",
 )
 
+CAPTURE = Op(
+    42, "CAPTURE", CaptureReq, Handle, "the pcap file, open for writing",
+    doc="write the device's packets to a pcap file until the capture is destroyed",
+)
+FAULTS = Op(
+    43, "FAULTS", Ctx, Empty, tail="request: the rules, as SOFTVERBS_FAULTS (empty: none)",
+    doc="seeded faults on the packets this process's QPs send on the context's device",
+)
 CM = Op(
     50, "CM", Empty, Empty, tail="JSON: {cmd, args} -> {result}",
     doc="an RDMA CM command for the service's CM agent (JSON until librdmacm's records)",
@@ -707,6 +724,8 @@ OPS: tuple[Op[Any, Any], ...] = (
     XRC_RCV_QP_UNREGISTER,
     COUNTERS,
     STATUS,
+    CAPTURE,
+    FAULTS,
     CM,
     CM_EVENTS,
 )

@@ -46,6 +46,7 @@ from typing import Any, Protocol
 from softverbs.device import api
 from softverbs.device.api import (
     KIND_AH,
+    KIND_CAPTURE,
     KIND_CHANNEL,
     KIND_CQ,
     KIND_CTX,
@@ -410,6 +411,8 @@ class Resources:
     sq: WorkRing | None = None  #: CREATE_QP
     rq: WorkRing | None = None  #: CREATE_QP
     file_key: tuple[int, int] | None = None  #: OPEN_XRCD: the file's (st_dev, st_ino)
+    file: Any = None  #: CAPTURE: a binary file open for writing
+    text: str = ""  #: FAULTS: the rules
     release: list[Callable[[], None]] = field(default_factory=list)  #: run at destroy
 
 
@@ -572,8 +575,8 @@ def _emit(rec: Obj, event_type: int, qpn: int, reason: str) -> None:
 
 
 #: Teardown order when an owner goes: users before what they use.
-_TEARDOWN = {KIND_QP: 0, KIND_MW: 1, KIND_AH: 2, KIND_SRQ: 3, KIND_MR: 4, KIND_CQ: 5,
-             KIND_CHANNEL: 6, KIND_XRCD: 7, KIND_PD: 8, KIND_CTX: 9}  # fmt: skip
+_TEARDOWN = {KIND_CAPTURE: 0, KIND_QP: 1, KIND_MW: 2, KIND_AH: 3, KIND_SRQ: 4, KIND_MR: 5,
+             KIND_CQ: 6, KIND_CHANNEL: 7, KIND_XRCD: 8, KIND_PD: 9, KIND_CTX: 10}  # fmt: skip
 
 
 class Host:
@@ -774,6 +777,58 @@ class Host:
                 xrc.append({"device": dev.name, "qpn": qpn, "holders": len(refs)})
         return {"devices": sorted(self.devices), "owners": owners, "xrc_rcv_qps": xrc,
                 "stats": dict(self.stats)}  # fmt: skip
+
+    # --- observing: packet capture and faults ---------------------------------------------------
+    def capture(self, owner: Owner, req: api.CaptureReq, res: Resources) -> api.Handle:
+        """Every packet to or from the device, written to ``res.file`` (pcap)."""
+        from softverbs.fabric.pcap import PcapWriter
+
+        ctx = self._ctx(owner, req.ctx)
+        dev = ctx.device
+        assert dev is not None
+        if res.file is None:
+            raise einval("CAPTURE: no file was passed")
+        runtime: Any = dev.runtime
+        if not hasattr(runtime, "add_tap"):
+            raise eopnotsupp(f"CAPTURE: device {dev.name} cannot be tapped here")
+        writer = PcapWriter(res.file, header=not req.flags & api.CAPTURE_APPEND)
+        with runtime.lock:
+            runtime.add_tap(writer, frozenset(bytes(g) for g in dev.hca.gids))
+        rec = self._new(owner, KIND_CAPTURE, dev, writer, ctx, (ctx,))
+
+        def stop() -> None:
+            with runtime.lock:
+                runtime.remove_tap(writer)
+            writer.close()
+
+        rec.release = [stop, *res.release]
+        return api.Handle(rec.handle, 0)
+
+    def faults(self, owner: Owner, req: api.Ctx, res: Resources) -> api.Empty:
+        """Seeded faults on the packets ``owner``'s QPs send on the device
+        (``SOFTVERBS_FAULTS`` rules; empty: none).  On a device several
+        processes share, each one's rules act on its own packets only."""
+        from softverbs.fabric.faults import parse_faults
+
+        ctx = self._ctx(owner, req.ctx)
+        dev = ctx.device
+        assert dev is not None
+        runtime: Any = dev.runtime
+        if not hasattr(runtime, "faults"):
+            raise eopnotsupp(f"FAULTS: device {dev.name} has no fault layer here")
+        try:
+            rules = parse_faults(res.text) if res.text.strip() else None
+        except ValueError as exc:
+            raise einval(f"FAULTS: {exc}") from None
+        with runtime.lock:
+            layer = runtime.faults
+            if not isinstance(layer, OwnerFaults):
+                layer = runtime.faults = OwnerFaults(self, layer)
+            if rules is None:
+                layer.rules.pop(owner, None)
+            else:
+                layer.rules[owner] = rules
+        return api.Empty()
 
     # --- protection domains, memory ------------------------------------------------------------
     def alloc_pd(self, owner: Owner, req: api.Ctx, res: Resources) -> api.Handle:
@@ -1398,9 +1453,39 @@ class Host:
                             if isinstance(eng, QPEngine):
                                 self._xrc_release(dev, eng, owner)
                     dev.runtime.progress()
+            for dev in self.devices.values():
+                layer = getattr(dev.runtime, "faults", None)
+                if isinstance(layer, OwnerFaults):
+                    layer.rules.pop(owner, None)
             if owner.memory is not None:
                 owner.memory.close()
             self.owners.discard(owner)
+
+
+class OwnerFaults:
+    """A fabric's fault layer when owners set faults of their own: each
+    owner's rules act on the packets its QPs send; other packets meet the
+    layer that was there before (the service's ``SOFTVERBS_FAULTS``)."""
+
+    def __init__(self, host: Host, base: Any) -> None:
+        self.host = host
+        self.base = base
+        self.rules: dict[Owner, Any] = {}
+
+    def process(self, pkt: Any, now: float) -> list[tuple[float, Any]]:
+        for dev in self.host.devices.values():
+            if pkt.sgid in dev.hca.gids:
+                eng = dev.hca.qps.get(pkt.sqpn)
+                rec = getattr(eng, "owner", None)
+                rules = self.rules.get(rec.owner) if isinstance(rec, Obj) else None
+                if rules is not None:
+                    result: list[tuple[float, Any]] = rules.process(pkt, now)
+                    return result
+                break
+        if self.base is not None:
+            out: list[tuple[float, Any]] = self.base.process(pkt, now)
+            return out
+        return [(now, pkt)]
 
 
 def ring_doorbell(eng: QPEngine, queue: int, now: float) -> None:
@@ -1430,5 +1515,5 @@ _HANDLED = (
     "ALLOC_PD", "DESTROY", "REG_MR", "REREG_MR", "ALLOC_MW", "CREATE_AH", "CREATE_COMP_CHANNEL",
     "CREATE_CQ", "RESIZE_CQ", "CREATE_SRQ", "MODIFY_SRQ", "QUERY_SRQ", "OPEN_XRCD",
     "CREATE_QP", "MODIFY_QP", "QUERY_QP", "OPEN_QP", "DOORBELL", "XRC_RCV_QP_ALLOC",
-    "XRC_RCV_QP_REGISTER", "XRC_RCV_QP_UNREGISTER", "COUNTERS", "STATUS",
+    "XRC_RCV_QP_REGISTER", "XRC_RCV_QP_UNREGISTER", "COUNTERS", "STATUS", "CAPTURE", "FAULTS",
 )  # fmt: skip

@@ -37,9 +37,13 @@ _RECORD = struct.Struct("<IIII")
 
 
 class PcapWriter:
-    """Append frames to a pcap file (a path, or a binary file object we do not own)."""
+    """Append frames to a pcap file (a path, or a binary file object we do not own).
 
-    def __init__(self, path_or_file: str | os.PathLike[str] | BinaryIO) -> None:
+    ``header=False`` continues a file another writer began: each record is
+    one ``write`` so writers sharing a file description do not interleave."""
+
+    def __init__(self, path_or_file: str | os.PathLike[str] | BinaryIO,
+                 header: bool = True) -> None:  # fmt: skip
         if isinstance(path_or_file, (str, os.PathLike)):
             self._file: BinaryIO = open(path_or_file, "wb")  # noqa: SIM115 - closed in close()
             self._owned = True
@@ -48,7 +52,8 @@ class PcapWriter:
             self._owned = False
         self._lock = threading.Lock()
         self._closed = False
-        self._file.write(_GLOBAL.pack(_MAGIC_US, 2, 4, 0, 0, _SNAPLEN, LINKTYPE_ETHERNET))
+        if header:
+            self._file.write(_GLOBAL.pack(_MAGIC_US, 2, 4, 0, 0, _SNAPLEN, LINKTYPE_ETHERNET))
 
     def write(self, frame: bytes | bytearray | memoryview, ts: float | None = None) -> None:
         """Record one Ethernet frame, stamped ``ts`` (seconds since the epoch) or now."""
@@ -62,12 +67,15 @@ class PcapWriter:
         with self._lock:
             if self._closed:
                 raise ValueError("write to a closed PcapWriter")
-            self._file.write(_RECORD.pack(sec, usec, n, n))
-            self._file.write(frame)
+            self._file.write(_RECORD.pack(sec, usec, n, n) + frame)
 
     def write_packet(self, pkt: Packet, ts: float | None = None) -> None:
         """Record ``pkt`` as a full Ethernet/IP/UDP/RoCEv2 frame."""
         self.write(encode_frame(pkt), ts)
+
+    def fileno(self) -> int:
+        """The file's descriptor (a served device appends to the same file)."""
+        return self._file.fileno()
 
     def flush(self) -> None:
         with self._lock:

@@ -55,7 +55,7 @@ from softverbs.engine.rings import (
     shared_srq,
     shared_work_ring,
 )
-from softverbs.errors import PyverbsRDMAError
+from softverbs.errors import PyverbsRDMAError, eopnotsupp
 from softverbs.fabric.runtime import Clock, MonotonicClock
 from softverbs.layout import Record
 from softverbs.service import protocol
@@ -192,12 +192,19 @@ def _spawn_service(path: str) -> None:
             f"{exc.filename} (SOFTVERBS_SERVICE names a socket whose directory must exist)",
             exc.errno or errno.ENOENT,
         ) from None
+    # the observing settings are this process's: it applies them to its own
+    # packets through the FAULTS and CAPTURE operations, not the service to all
+    env = {k: v for k, v in os.environ.items() if k not in _PER_PROCESS}
     subprocess.Popen(
         [sys.executable, "-m", "softverbs.service.server", "--socket", path,
          "--idle-exit", str(IDLE_EXIT)],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True, close_fds=True,
+        start_new_session=True, close_fds=True, env=env,
     )  # fmt: skip
+
+
+#: settings a client applies to its own packets (see ServiceProvider)
+_PER_PROCESS = ("SOFTVERBS_FAULTS", "SOFTVERBS_PCAP")
 
 
 class ClientRuntime:
@@ -301,7 +308,23 @@ class ServiceProvider:
         from softverbs.enums import mtu_to_bytes
 
         self.mtu = mtu_to_bytes(self.call(api.QUERY_PORT, api.QueryPort(self._ctx, 1)).active_mtu)
+        self._apply_environment()
         _PROVIDERS.add(self)
+
+    def _apply_environment(self) -> None:
+        """``SOFTVERBS_FAULTS`` and ``SOFTVERBS_PCAP`` of this process, on the
+        packets of its QPs (faults) and of the device (capture): the service
+        holds them for as long as this process is connected."""
+        from softverbs.verbs.registry import environment_faults, environment_pcap
+
+        text = environment_faults()
+        if text is not None:
+            self.call(api.FAULTS, api.Ctx(self._ctx, 0), Attach(text=text))
+        writer = environment_pcap()
+        if writer is not None:
+            writer.flush()  # the header, before the service appends to the file
+            self.call(api.CAPTURE, api.CaptureReq(self._ctx, api.CAPTURE_APPEND),
+                      Attach(file=writer))  # fmt: skip
 
     def _gid(self, index: int) -> bytes:
         try:
@@ -314,8 +337,9 @@ class ServiceProvider:
     # --- operations ---------------------------------------------------------------------
     def call(self, op: api.Op[Any, Rep], body: Record, attach: Attach | None = None) -> Rep:
         fds, passed_only, local = self._descriptors(body, attach)
+        tail = attach.text.encode() if attach is not None else b""
         try:
-            reply, _ = self.conn.call(op, body, fds)
+            reply, _ = self.conn.call(op, body, fds, tail)
         except BaseException:
             for sock in local:
                 sock.close()
@@ -357,6 +381,12 @@ class ServiceProvider:
             body.slot = int(getattr(attach.srq.slots, "slot", 0))
         if attach.file_fd != -1:
             fds.append(attach.file_fd)
+        if attach.file is not None:
+            try:
+                fds.append(attach.file.fileno())
+            except (AttributeError, OSError, ValueError):
+                raise eopnotsupp("a served device writes to a file of its own: pass a path "
+                                 "or a file that has a descriptor") from None  # fmt: skip
         return fds, passed_only, local
 
     def _adopt_sockets(self, op: api.Op[Any, Any], reply: Any, attach: Attach | None,

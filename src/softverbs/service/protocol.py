@@ -301,7 +301,10 @@ def update(root: str) -> list[str]:
             changed.append(rel)
     path = os.path.join(root, C_HEADER)
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    old = open(path).read() if os.path.exists(path) else ""
+    old = ""
+    if os.path.exists(path):
+        with open(path) as f:
+            old = f.read()
     if old != c_header():
         with open(path, "w") as f:
             f.write(c_header())

@@ -485,7 +485,7 @@ class Service:
             if local is not None:
                 body, tail = local(self, client, msg.body, msg.tail, fds)
             else:
-                res = self.resources(client, op, msg.body, fds)
+                res = self.resources(client, op, msg.body, fds, msg.tail)
                 try:
                     body, tail = self.host.execute(client.owner, op, msg.body, res)
                 except BaseException:
@@ -517,8 +517,8 @@ class Service:
             self._close(fds)
 
     # --- what descriptors become -------------------------------------------------------------
-    def resources(self, client: Client, op: api.Op[Any, Any], body: Any,
-                  fds: list[int]) -> Resources:  # fmt: skip
+    def resources(self, client: Client, op: api.Op[Any, Any], body: Any, fds: list[int],
+                  tail: bytes = b"") -> Resources:  # fmt: skip
         """Turn the descriptors a request passed into what it needs (checked)."""
         res = Resources()
         code = op.code
@@ -592,6 +592,21 @@ class Service:
                     res.sq = ring
                 else:
                     res.rq = ring
+        elif code == api.CAPTURE.code:
+            (fd,) = _fds(fds, 1, op.name)
+            try:
+                mode = os.fstat(fd).st_mode
+                if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):
+                    raise einval("CAPTURE: the descriptor is not a file or a pipe")
+                res.file = os.fdopen(fd, "wb", buffering=0)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+                raise
+            res.release.append(res.file.close)
+        elif code == api.FAULTS.code:
+            _fds(fds, 0, op.name)
+            res.text = tail.decode("utf-8", "replace")
         elif code == api.OPEN_XRCD.code:
             if body.flags & api.OPEN_XRCD_HAS_FD:
                 (fd,) = _fds(fds, 1, op.name)

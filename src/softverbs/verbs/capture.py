@@ -17,6 +17,10 @@ device's GIDs, as full Ethernet/IP/UDP/RoCEv2 frames with a valid ICRC (see
 device -- before the fault layer, so a packet the fault layer drops is still
 in the file -- and, on the UDP fabric, also when it arrives.  In a
 :class:`~softverbs.sim.Simulation` the timestamps are virtual seconds.
+
+On a served device (the host device ``softverbsd`` runs) the service writes
+the file, handed to it open, so the capture holds the packets of every
+process on that device; a file object must then have a descriptor.
 """
 
 from __future__ import annotations
@@ -25,9 +29,8 @@ import os
 from types import TracebackType
 from typing import TYPE_CHECKING, BinaryIO
 
-from softverbs.errors import eopnotsupp
-from softverbs.fabric.pcap import PcapWriter
-from softverbs.fabric.runtime import Runtime
+from softverbs.device import api
+from softverbs.verbs.provider import Attach, destroy
 
 if TYPE_CHECKING:
     from softverbs.verbs.device import Context
@@ -36,20 +39,30 @@ __all__ = ["Capture", "capture"]
 
 
 class Capture:
-    """A running tap on one device (see the module docstring)."""
+    """A running tap on one device (see the module docstring).
+
+    The device writes the file -- in this process, or in ``softverbsd`` for
+    a served device, which is handed the open file -- so the same call
+    works on both, and a served device's capture sees the packets of every
+    process on it."""
 
     def __init__(self, ctx: Context, path: str | os.PathLike[str] | BinaryIO) -> None:
-        runtime = ctx.runtime
-        if ctx.hca is None or not isinstance(runtime, Runtime):
-            raise eopnotsupp(
-                f"capture: device {ctx.name} is served by softverbsd, not run in this "
-                "process; set SOFTVERBS_PCAP for the service instead"
-            )
         self.path = path if isinstance(path, (str, os.PathLike)) else None
-        self.gids = frozenset(bytes(g) for g in ctx.hca.gids)
-        self._runtime = runtime
-        self._writer = PcapWriter(path)
-        runtime.add_tap(self._writer, self.gids)
+        self._owned = self.path is not None
+        self._file: BinaryIO
+        if isinstance(path, (str, os.PathLike)):
+            self._file = open(path, "wb")  # noqa: SIM115 - closed in close()
+        else:
+            self._file = path
+        self._ctx = ctx
+        self._provider = ctx.provider
+        try:
+            req = api.CaptureReq(ctx.handle, 0)
+            self.handle = self._provider.call(api.CAPTURE, req, Attach(file=self._file)).handle
+        except BaseException:
+            if self._owned:
+                self._file.close()
+            raise
         self.closed = False
 
     def close(self) -> None:
@@ -57,8 +70,14 @@ class Capture:
         if self.closed:
             return
         self.closed = True
-        self._runtime.remove_tap(self._writer)
-        self._writer.close()
+        try:
+            if not self._ctx.closed:  # closing the context ended the capture already
+                destroy(self._provider, api.KIND_CAPTURE, self.handle)
+        finally:
+            if self._owned:
+                self._file.close()
+            else:
+                self._file.flush()
 
     def __enter__(self) -> Capture:
         return self

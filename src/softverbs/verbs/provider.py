@@ -59,6 +59,8 @@ class Attach:
     sq: WorkRing | None = None
     rq: WorkRing | None = None
     file_fd: int = -1  #: OPEN_XRCD
+    file: Any = None  #: CAPTURE: a binary file open for writing
+    text: str = ""  #: FAULTS: the rules
     fd_out: int = -1  #: set by the provider: the local end of an event socket it made
 
 
@@ -141,7 +143,7 @@ class EmbeddedProvider:
         if attach is None:
             return Resources()
         res = Resources(sink=attach.sink, cq=attach.cq, srq=attach.srq, sq=attach.sq,
-                        rq=attach.rq)  # fmt: skip
+                        rq=attach.rq, file=attach.file, text=attach.text)  # fmt: skip
         if attach.memory is not None:
             res.span = attach.memory.view
         if attach.file_fd != -1:

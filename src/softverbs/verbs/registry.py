@@ -266,20 +266,37 @@ class Registry:
 
 
 def _apply_environment(runtime: Runtime) -> None:
-    """SOFTVERBS_FAULTS and SOFTVERBS_PCAP, for every runtime."""
-    faults = os.environ.get("SOFTVERBS_FAULTS")
-    if faults:
+    """SOFTVERBS_FAULTS and SOFTVERBS_PCAP, for every runtime in this process."""
+    text = environment_faults()
+    if text is not None:
         from softverbs.fabric.faults import parse_faults
 
-        try:
-            runtime.faults = parse_faults(faults)
-        except ValueError as exc:
-            raise ValueError(f"SOFTVERBS_FAULTS: {exc}") from None
+        runtime.faults = parse_faults(text)
+    writer = environment_pcap()
+    if writer is not None:
+        runtime.add_tap(writer)
+
+
+def environment_faults() -> str | None:
+    """``SOFTVERBS_FAULTS``, checked (None: not set)."""
+    text = os.environ.get("SOFTVERBS_FAULTS")
+    if not text:
+        return None
+    from softverbs.fabric.faults import parse_faults
+
+    try:
+        parse_faults(text)
+    except ValueError as exc:
+        raise ValueError(f"SOFTVERBS_FAULTS: {exc}") from None
+    return text
+
+
+def environment_pcap() -> PcapWriter | None:
+    """The process's writer for ``SOFTVERBS_PCAP`` (None: not set)."""
     path = os.environ.get("SOFTVERBS_PCAP")
-    if path:
-        if "{pid}" in path:
-            path = path.replace("{pid}", str(os.getpid()))
-        runtime.add_tap(_pcap_writer(path))
+    if not path:
+        return None
+    return _pcap_writer(path.replace("{pid}", str(os.getpid())))
 
 
 _pcap_writers: dict[str, PcapWriter] = {}
