@@ -18,7 +18,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from softverbs.errors import einval
+from softverbs.errors import ConfigError
 
 
 @dataclass
@@ -47,10 +47,9 @@ def load_links() -> list[LinkSpec]:
     except FileNotFoundError:
         return []
     except (OSError, ValueError) as exc:
-        raise einval(f"cannot read the softverbs link table {path}: {exc}") from None
-    links = []
-    for entry in raw.get("links", []):
-        links.append(
+        raise ConfigError(f"cannot read the softverbs link table {path}: {exc}") from None
+    try:
+        return [
             LinkSpec(
                 name=str(entry["name"]),
                 kind="udp",
@@ -58,17 +57,25 @@ def load_links() -> list[LinkSpec]:
                 addrs=[str(a) for a in entry.get("addrs", [])],
                 mtu=int(entry.get("mtu", 0)),
             )
-        )
-    return links
+            for entry in raw.get("links", [])
+        ]
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(
+            f"the softverbs link table {path} is malformed ({type(exc).__name__}: {exc}); "
+            "fix or remove it (it is written by 'softverbs link add')"
+        ) from None
 
 
 def save_links(links: list[LinkSpec]) -> None:
     path = config_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
     data = {"links": [{k: v for k, v in asdict(s).items() if k != "kind"} for s in links]}
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    tmp.replace(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(data, indent=2) + "\n")
+        tmp.replace(path)
+    except OSError as exc:
+        raise ConfigError(f"cannot write the softverbs link table {path}: {exc.strerror}") from None
 
 
 def inproc_names() -> list[str]:

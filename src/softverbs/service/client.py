@@ -169,6 +169,7 @@ class Connection:
 
 def _spawn_service(path: str) -> None:
     """Start ``softverbsd`` in the background (on-demand start)."""
+    protocol.ensure_socket_dir(path)
     subprocess.Popen(
         [sys.executable, "-m", "softverbs.service.server", "--socket", path],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

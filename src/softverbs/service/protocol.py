@@ -43,8 +43,33 @@ def default_socket_path() -> str:
     env = os.environ.get("SOFTVERBS_SERVICE", "")
     if env and env not in ("1", "yes", "on"):
         return env
+    return os.path.join(default_socket_dir(), "softverbsd.sock")
+
+
+def default_socket_dir() -> str:
+    """The per-user directory of the default socket: the one directory the service
+    creates by itself (mode 0700)."""
     base = os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/softverbs-{os.getuid()}"
-    return os.path.join(base, "softverbsd.sock")
+    return os.path.abspath(base)
+
+
+def ensure_socket_dir(path: str, named_by: str = "SOFTVERBS_SERVICE") -> None:
+    """Make sure the directory of socket ``path`` exists before a service is started.
+
+    Only the default directory is created; a directory the user named must exist
+    already (a typo must not create ``/nonexistent`` or start a service there).
+    ConfigError names ``named_by`` (the variable or option the path came from)."""
+    from softverbs.errors import ConfigError
+
+    directory = os.path.dirname(os.path.abspath(path))
+    if directory == default_socket_dir():
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        if os.stat(directory).st_uid != os.getuid():
+            raise ConfigError(f"the service directory {directory} belongs to another user; "
+                              "set XDG_RUNTIME_DIR or SOFTVERBS_SERVICE")  # fmt: skip
+    elif not os.path.isdir(directory):
+        raise ConfigError(f"{named_by}={path}: the directory {directory} does not exist; "
+                          "create it, or use the default socket")  # fmt: skip
 
 
 def service_requested() -> bool:

@@ -317,7 +317,7 @@ class Service:
         self._stop = threading.Event()
         self._writers: set[Client] = set()
         self._writers_lock = threading.Lock()
-        os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
+        protocol.ensure_socket_dir(path, "--socket")
         self._pid_fd = claim_pidfile(self.pidfile, path)
         try:
             # We hold the lock: a socket file left here is a dead service's.

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from softverbs import config
 from softverbs.engine.hca import HCA
-from softverbs.errors import PyverbsRDMAError
+from softverbs.errors import ConfigError, PyverbsRDMAError
 from softverbs.fabric.runtime import Clock, DeviceRuntime, InprocRuntime, Runtime
 from softverbs.verbs.provider import EmbeddedProvider
 
@@ -152,6 +152,7 @@ class Registry:
     def _build_udp(self, spec: DeviceSpec, index: int) -> SoftDevice:
         from softverbs.fabric.udp import (
             UdpRuntime,
+            bind_error_hint,
             explicit_addresses,
             ib_mtu_for,
             netdev_addresses,
@@ -168,8 +169,8 @@ class Registry:
         except OSError as exc:
             raise PyverbsRDMAError(
                 f"cannot open device {spec.name}: binding UDP port 4791 on "
-                f"{', '.join(a.text for a in addrs)} failed ({exc}); is another process "
-                "(or kernel rxe) using that address?",
+                f"{', '.join(a.text for a in addrs)} failed ({exc.strerror}): "
+                f"{bind_error_hint(exc)}",
                 exc.errno or 0,
             ) from None
         _apply_environment(runtime)
@@ -226,12 +227,16 @@ def _apply_environment(runtime: Runtime) -> None:
         try:
             runtime.faults = parse_faults(faults)
         except ValueError as exc:
-            raise ValueError(f"SOFTVERBS_FAULTS: {exc}") from None
+            raise ConfigError(f"SOFTVERBS_FAULTS: {exc}") from None
     path = os.environ.get("SOFTVERBS_PCAP")
     if path:
         if "{pid}" in path:
             path = path.replace("{pid}", str(os.getpid()))
-        runtime.add_tap(_pcap_writer(path))
+        try:
+            writer = _pcap_writer(path)
+        except OSError as exc:
+            raise ConfigError(f"SOFTVERBS_PCAP: cannot write {path}: {exc.strerror}") from None
+        runtime.add_tap(writer)
 
 
 _pcap_writers: dict[str, PcapWriter] = {}
