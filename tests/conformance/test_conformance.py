@@ -77,8 +77,11 @@ def test_rdma_core_suite_stays_above_the_floor(config: str, tmp_path: Path) -> N
     log = tmp_path / "suite.log"
     summary = conformance.run_suite(root, config, version, timeout=1800, log=log)
     table = conformance.format_table(summary, include_vendor=False)
-    failing = [f"  {r.status}: {r.id}: {r.reason}" for r in summary.results
-               if r.status in ("failed", "errors") and not conformance.is_vendor(r.file)]  # fmt: skip
+    failing = [
+        f"  {r.status}: {r.id}: {r.reason}"
+        for r in summary.results
+        if r.status in ("failed", "errors") and not conformance.is_vendor(r.file)
+    ]
     assert summary.ran > 0, f"the suite did not run:\n{log.read_text()[-3000:]}"
     passed = summary.generic["passed"]
     assert passed >= floor, (
@@ -101,14 +104,20 @@ def test_floors_only_rise() -> None:
     if git is None or not (ROOT / ".git").exists():
         pytest.skip("no git history to compare the floors with")
     rel = str(FLOOR.relative_to(ROOT))
-    log = subprocess.run([git, "log", "--format=%H", "--", rel], cwd=ROOT, capture_output=True,
-                         text=True, check=False)  # fmt: skip
+    log = subprocess.run(
+        [git, "log", "--format=%H", "--", rel],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if log.returncode != 0:
         pytest.skip(f"git log failed: {log.stderr.strip()}")
     now = floors(json.loads(FLOOR.read_text()))
     for commit in log.stdout.split():
-        old = subprocess.run([git, "show", f"{commit}:{rel}"], cwd=ROOT, capture_output=True,
-                             text=True, check=False)  # fmt: skip
+        old = subprocess.run(
+            [git, "show", f"{commit}:{rel}"], cwd=ROOT, capture_output=True, text=True, check=False
+        )
         if old.returncode != 0:
             continue
         for config, value in floors(json.loads(old.stdout)).items():
@@ -119,7 +128,11 @@ def test_floors_only_rise() -> None:
 
 
 def test_conformance_command_is_registered() -> None:
-    r = subprocess.run([sys.executable, "-m", "softverbs", "conformance", "--help"],
-                       capture_output=True, text=True, check=False)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-m", "softverbs", "conformance", "--help"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert r.returncode == 0, r.stderr
     assert "--config" in r.stdout and "embedded" in r.stdout and "--quiet" in r.stdout

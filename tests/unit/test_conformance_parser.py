@@ -163,6 +163,8 @@ def test_vendor_opt_ins_are_cleared(monkeypatch: pytest.MonkeyPatch, tmp_path: P
     with conformance.configured("embedded", tmp_path) as (env, dev):
         assert "SOFTVERBS_MLX5" not in env and "SOFTVERBS_FAULTS" not in env
         assert dev == "sv0"
+    with conformance.configured("embedded", tmp_path, vendor_opt_ins=True) as (env, dev):
+        assert env["SOFTVERBS_MLX5"] == "sig" and "SOFTVERBS_FAULTS" not in env
 
 
 def test_progress_reports_each_file_and_the_running_counts(

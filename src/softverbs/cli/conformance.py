@@ -62,7 +62,7 @@ VENDOR_PREFIXES = ("test_mlx5", "test_efa", "test_cuda")
 STATUSES = ("passed", "failed", "errors", "skipped", "xfailed")
 #: environment variables that opt softverbs into vendor features (mlx5dv signature
 #: offload ...): cleared, so the generic count is the generic device's
-VENDOR_OPT_INS = ("SOFTVERBS_MLX5", "SOFTVERBS_EFA")
+VENDOR_OPT_INS = ("SOFTVERBS_MLX5",)  #: prefixes; a new vendor opt-in variable goes here too
 DEFAULT_TIMEOUT = 3600.0
 
 
@@ -350,9 +350,12 @@ def check_port_free(addr: str = "127.0.0.1") -> None:
 
 
 @contextlib.contextmanager
-def configured(config: str, work: Path) -> Iterator[tuple[dict[str, str], str]]:
-    """(environment, device name) for one configuration; cleans up afterwards."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(VENDOR_OPT_INS)}
+def configured(config: str, work: Path,
+               vendor_opt_ins: bool = False) -> Iterator[tuple[dict[str, str], str]]:  # fmt: skip
+    """(environment, device name) for one configuration; cleans up afterwards.
+    Vendor opt-ins are cleared unless ``vendor_opt_ins``."""
+    env = {k: v for k, v in os.environ.items()
+           if vendor_opt_ins or not k.startswith(VENDOR_OPT_INS)}  # fmt: skip
     for key in ("SOFTVERBS_SERVICE", "SOFTVERBS_FAULTS", "SOFTVERBS_PCAP"):
         env.pop(key, None)
     links = work / "links.json"
@@ -415,14 +418,14 @@ class Progress:
 
 def run_suite(root: Path, config: str, version: str, timeout: float,
               tests: Sequence[str] = (), log: Path | None = None,
-              quiet: bool = True) -> Summary:  # fmt: skip
+              quiet: bool = True, vendor_opt_ins: bool = False) -> Summary:  # fmt: skip
     """Run the unpacked suite under ``root`` on ``config``; parse and summarize.
     Unless ``quiet``, report each test file's counts on stderr as it finishes."""
     parser = OutputParser()
     progress = Progress(len(list((root / "tests").glob("test_*.py"))), quiet)
     with (
         tempfile.TemporaryDirectory(prefix="softverbs-conformance-") as tmp,
-        configured(config, Path(tmp)) as (env, dev),
+        configured(config, Path(tmp), vendor_opt_ins) as (env, dev),
     ):
         cmd = [sys.executable, "-m", "softverbs", "exec", "--", sys.executable,
                str(root / "tests" / "run_tests.py"), "-v", "--dev", dev, *tests]  # fmt: skip
@@ -473,6 +476,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="exit 1 when fewer generic tests than this passed")  # fmt: skip
     parser.add_argument("--generic-only", action="store_true",
                         help="leave vendor (mlx5, EFA) and GPU test files out of the table")
+    parser.add_argument("--vendor-opt-ins", action="store_true",
+                        help="keep SOFTVERBS_MLX5 and other vendor opt-ins from the environment "
+                             "(they are cleared by default, for the generic count)")  # fmt: skip
     parser.add_argument("-q", "--quiet", action="store_true",
                         help="no per-file progress on stderr while the suite runs")  # fmt: skip
     parser.add_argument("tests", nargs="*",
@@ -490,9 +496,14 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(str(exc)) from None
     print(f"rdma-core {args.suite_version} tests ({root / 'tests'}) on the {args.config} "
           "configuration ...", flush=True)  # fmt: skip
+    cleared = sorted(k for k in os.environ if k.startswith(VENDOR_OPT_INS))
+    if cleared and not args.vendor_opt_ins:
+        print(f"softverbs conformance: {', '.join(cleared)} cleared for the generic count "
+              "(--vendor-opt-ins keeps them)", file=sys.stderr)  # fmt: skip
     try:
         s = run_suite(root, args.config, args.suite_version, args.timeout, args.tests,
-                      Path(args.log) if args.log else None, quiet=args.quiet)  # fmt: skip
+                      Path(args.log) if args.log else None, quiet=args.quiet,
+                      vendor_opt_ins=args.vendor_opt_ins)  # fmt: skip
     except RuntimeError as exc:
         raise UserError(str(exc)) from None
     print(format_table(s, include_vendor=not args.generic_only))

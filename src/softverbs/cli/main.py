@@ -72,7 +72,7 @@ def version() -> str:
 
 
 def _top_parser() -> Parser:
-    epilog = "commands:\n" + "\n".join(f"  {n:<14}{h}" for n, (_, h) in COMMANDS.items())
+    epilog = "commands:\n" + "\n".join(f"  {n:<15}{h}" for n, (_, h) in COMMANDS.items())
     parser = Parser(
         prog="softverbs",
         description="A software RDMA verbs device (pyverbs API, RoCEv2 wire).",
@@ -160,6 +160,46 @@ def _quiet_broken_pipe() -> int:
     os.dup2(devnull, sys.stdout.fileno())
     os.close(devnull)
     return EXIT_BROKEN_PIPE
+
+
+#: the width --help is wrapped at in the generated reference (docs/cli.md)
+REFERENCE_WIDTH = 100
+
+
+def reference_markdown() -> str:
+    """docs/cli.md: every command's --help, and its actions', from the parsers
+    themselves, so the reference cannot drift from the code (tests compare)."""
+    saved = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = str(REFERENCE_WIDTH + 2)  # argparse wraps at COLUMNS - 2
+    try:
+        parts = [
+            "# Command-line reference\n",
+            "<!-- Generated from the argparse parsers by softverbs.cli.main.reference_markdown();",
+            "     regenerate with: python3 -c 'from softverbs.cli.main import reference_markdown;",
+            "     print(reference_markdown(), end=\"\")' > docs/cli.md -->\n",
+            "Every `softverbs` command, as `--help` prints it.  See",
+            "[quickstart.md](quickstart.md) for a tour and",
+            "[environment.md](environment.md) for the environment variables.\n",
+            "## softverbs\n",
+            _help_block(_top_parser()),
+        ]
+        for name in COMMANDS:
+            parser = command_parser(name)
+            parts += [f"## softverbs {name}\n", _help_block(parser)]
+            for action in parser._actions:
+                if isinstance(action, argparse._SubParsersAction):
+                    for sub_name, sub in action.choices.items():
+                        parts += [f"### softverbs {name} {sub_name}\n", _help_block(sub)]
+    finally:
+        if saved is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = saved
+    return "\n".join(parts)
+
+
+def _help_block(parser: argparse.ArgumentParser) -> str:
+    return "```text\n" + parser.format_help().rstrip() + "\n```\n"
 
 
 if __name__ == "__main__":
