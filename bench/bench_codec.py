@@ -18,6 +18,8 @@ import timeit
 import zlib
 from collections.abc import Callable
 
+from progress import Progress, add_quiet
+
 from softverbs.wire.codec import (
     decode_frame,
     decode_transport,
@@ -57,7 +59,9 @@ def make(op: Op, size: int, v6: bool = False) -> Packet:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=0.3, help="time per measurement")
-    s = ap.parse_args().seconds
+    add_quiet(ap)
+    args = ap.parse_args()
+    s = args.seconds
 
     print(f"{'operation':44} {'64 B':>12} {'4096 B':>12}   (packets/s)")
     rows: list[tuple[str, Callable[[int], Callable[[], object]]]] = []
@@ -107,12 +111,15 @@ def main() -> None:
     row("decode_udp_payload  IPv6", lambda n: dec_u(n, v6=True))
     row("decode_frame  IPv4 (ICRC from real headers)", dec_f)
 
+    progress = Progress(len(rows) + 1, args.quiet)
     for name, build in rows:
+        progress.step(name.split()[0])
         r64, r4k = rate(build(64), s), rate(build(4096), s)
         print(f"{name:44} {r64:12,.0f} {r4k:12,.0f}")
 
     print()
     print(f"{'ICRC over one packet':44} {'64 B':>12} {'4096 B':>12}   (MB/s of packet)")
+    progress.step("ICRC")
     mbps: dict[str, list[float]] = {"icrc": [], "zlib": []}
     for size in (64, 4096):
         frame = encode_frame(make(Op.SEND_ONLY, size))

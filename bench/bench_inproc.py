@@ -32,6 +32,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from progress import Progress, add_quiet
+
 import softverbs
 from softverbs import (
     CQ,
@@ -276,7 +278,9 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="a fast smoke run (fewer, shorter runs)")
     ap.add_argument("--runs", type=int, help="timed runs per figure (median reported)")
     ap.add_argument("--plot", metavar="FILE", help="also write a PNG plot (needs matplotlib)")
+    add_quiet(ap)
     args = ap.parse_args()
+    progress = Progress(len(BATCHES) + len(WRITE_SIZES), args.quiet)
     s = QUICK if args.quick else FULL
     if args.runs:
         s = replace(s, runs=args.runs)
@@ -291,6 +295,7 @@ def main() -> int:
             print(f"(a) RC SEND, {MSG_SIZE}-byte messages, {s.messages} per run")
             print(f" {'batch':>5}  {'messages/s':>12}  {'usec/message':>12}")
             for batch in BATCHES:
+                progress.step(f"RC SEND, batches of {batch}")
                 rates[batch] = r = message_rate(ctx, batch, s)
                 print(f" {batch:>5}  {r:>12,.0f}  {1e6 / r:>12.2f}")
             print()
@@ -298,6 +303,7 @@ def main() -> int:
             sizes, ratio = "softverbs MB/s", "softverbs/memcpy"
             print(f" {'size':>7}  {sizes:>14}  {'memcpy MB/s':>12}  {ratio:>16}")
             for size in WRITE_SIZES:
+                progress.step(f"RDMA WRITE {human(size)}")
                 bw[size] = sv, mc = write_bandwidth(ctx, size, s)
                 print(
                     f" {human(size):>7}  {sv / 1e6:>14,.1f}  {mc / 1e6:>12,.1f}  {sv / mc:>16.4f}"

@@ -1003,6 +1003,8 @@ def main() -> int:
     )
     ap.add_argument("--plot", metavar="FILE", help="also write a PNG plot (needs matplotlib)")
     ap.add_argument("--json", action="store_true", help="print one JSON object, not tables")
+    ap.add_argument("-q", "--quiet", action="store_true",
+                    help="no progress lines on stderr (also with --json)")  # fmt: skip
     ap.add_argument(
         "--profile", metavar="DIR", help="profile the softverbs WRITE case in both processes"
     )
@@ -1015,6 +1017,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.role:
         return run_role(args)
+    quiet = args.json or args.quiet
 
     # SIGTERM (e.g. from timeout(1)) unwinds like Ctrl-C, so the children are killed too.
     signal.signal(signal.SIGTERM, _terminate)
@@ -1043,9 +1046,9 @@ def main() -> int:
             if args.profiler == "cprofile":
                 print_profiles(args.profile)
             return 0
-        with step("softverbs", args.json):
+        with step("softverbs", quiet):
             sv = run_softverbs(s, None)
-        with step("Python UDP", args.json):
+        with step("Python UDP", quiet):
             udp = run_python_udp(s)
         ucx: dict[str, Any] | None = None
         note = ""
@@ -1054,7 +1057,7 @@ def main() -> int:
         elif shutil.which("ucx_perftest") is None:
             note = ": skipped, ucx_perftest not found (apt-get install ucx-utils)"
         else:
-            with step("ucx_perftest", args.json):
+            with step("ucx_perftest", quiet):
                 ucx = run_ucx(s)
     except BenchError as e:
         print(f"bench_loopback: FAILED: {e}", file=sys.stderr)

@@ -43,6 +43,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from progress import Progress, add_quiet
+
 import softverbs
 from softverbs import (
     CQ,
@@ -381,6 +383,7 @@ def main() -> int:
         help="one-way delay of the simulated link, seconds (default 50e-6)",
     )
     ap.add_argument("--json", action="store_true", help="print the rows as JSON instead")
+    add_quiet(ap)
     args = ap.parse_args()
     iters = args.iters or (15 if args.quick else 200)
     warmup = 2 if args.quick else 20
@@ -391,6 +394,7 @@ def main() -> int:
         ("UDP loopback", "udp", 0.0),
     ]
     rows: list[Row] = []
+    progress = Progress(len(links) * len(cases), args.quiet)
     if not args.json:
         print(machine())
         print(
@@ -406,6 +410,7 @@ def main() -> int:
         for label, kind, delay in links:
             with link(kind, delay) as (tctx, ictx, gid):
                 for sig_name, size, sig in cases:
+                    progress.step(f"{label}, {sig_name}, {human(size)}")
                     rig = Rig(tctx, ictx, gid, size, sig)
                     pipe = measure(rig, rig.pipelined, warmup, iters)
                     wcs = measure(rig, rig.wait_check_send, warmup, iters)

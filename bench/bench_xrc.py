@@ -38,6 +38,8 @@ import tempfile
 import time
 from typing import Any
 
+from progress import Progress, add_quiet
+
 BATCH = 16  #: WRs per post_send chain (one doorbell)
 DEPTH = 256  #: the sender's send queue
 SRQ_DEPTH = 512  #: receives each receiver keeps posted
@@ -321,6 +323,7 @@ def main() -> int:
     ap.add_argument("--receivers", default="1,8,32", help="receiving process counts")
     ap.add_argument("--size", type=int, default=64, help="message size in bytes (>= 16)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
+    add_quiet(ap)
     args = ap.parse_args()
     runs = args.runs or (1 if args.quick else 3)
     messages = args.messages or (960 if args.quick else 9600)
@@ -333,7 +336,11 @@ def main() -> int:
         mp = multiprocessing.get_context("forkserver")
         mp.set_forkserver_preload(["softverbs", "softverbs.service.client"])
         try:
-            results = [measure(n, messages, runs, size, workdir, mp) for n in counts]
+            progress = Progress(len(counts), args.quiet)
+            results = []
+            for n in counts:
+                progress.step(f"{n} receiving process{'es' if n != 1 else ''}")
+                results.append(measure(n, messages, runs, size, workdir, mp))
         finally:
             service.terminate()
             service.wait(30)

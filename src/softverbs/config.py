@@ -18,7 +18,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from softverbs.errors import einval
+from softverbs.errors import ConfigError
 
 
 @dataclass
@@ -47,10 +47,9 @@ def load_links() -> list[LinkSpec]:
     except FileNotFoundError:
         return []
     except (OSError, ValueError) as exc:
-        raise einval(f"cannot read the softverbs link table {path}: {exc}") from None
-    links = []
-    for entry in raw.get("links", []):
-        links.append(
+        raise ConfigError(f"cannot read the softverbs link table {path}: {exc}") from None
+    try:
+        return [
             LinkSpec(
                 name=str(entry["name"]),
                 kind="udp",
@@ -58,17 +57,25 @@ def load_links() -> list[LinkSpec]:
                 addrs=[str(a) for a in entry.get("addrs", [])],
                 mtu=int(entry.get("mtu", 0)),
             )
-        )
-    return links
+            for entry in raw.get("links", [])
+        ]
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(
+            f"the softverbs link table {path} is malformed ({type(exc).__name__}: {exc}); "
+            "fix or remove it (it is written by 'softverbs link add')"
+        ) from None
 
 
 def save_links(links: list[LinkSpec]) -> None:
     path = config_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
     data = {"links": [{k: v for k, v in asdict(s).items() if k != "kind"} for s in links]}
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    tmp.replace(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(data, indent=2) + "\n")
+        tmp.replace(path)
+    except OSError as exc:
+        raise ConfigError(f"cannot write the softverbs link table {path}: {exc.strerror}") from None
 
 
 # --- which devices a process sees ---------------------------------------------------
@@ -95,8 +102,31 @@ def default_socket_path(ignore_env: bool = False) -> str:
     env = "" if ignore_env else os.environ.get("SOFTVERBS_SERVICE", "")
     if env and env.lower() not in ("1", "yes", "on") and not service_disabled():
         return env
+    return os.path.join(default_socket_dir(), "softverbsd.sock")
+
+
+def default_socket_dir() -> str:
+    """The per-user directory of the default socket: the one directory the service
+    creates by itself (mode 0700)."""
     base = os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/softverbs-{os.getuid()}"
-    return os.path.join(base, "softverbsd.sock")
+    return os.path.abspath(base)
+
+
+def ensure_socket_dir(path: str, named_by: str = "SOFTVERBS_SERVICE") -> None:
+    """Make sure the directory of socket ``path`` exists before a service starts.
+
+    Only the default directory is created; a directory the user named must exist
+    already (a typo must not create ``/nonexistent`` or start a service there).
+    The ConfigError names ``named_by`` (the variable or option the path came from)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if directory == default_socket_dir():
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        if os.stat(directory).st_uid != os.getuid():
+            raise ConfigError(f"the service directory {directory} belongs to another user; "
+                              "set XDG_RUNTIME_DIR or SOFTVERBS_SERVICE")  # fmt: skip
+    elif not os.path.isdir(directory):
+        raise ConfigError(f"{named_by}={path}: the directory {directory} does not exist; "
+                          "create it, or use the default socket")  # fmt: skip
 
 
 def inproc_names() -> list[str]:

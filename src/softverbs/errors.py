@@ -5,6 +5,9 @@
   EPERM, EBUSY, EOPNOTSUPP.  The message says what was wrong and what to do.
 * :class:`PyverbsUserError` -- the Python-level arguments are wrong before any
   verb runs (a wrong type, a missing SGE), exactly where pyverbs raises it.
+* :class:`ConfigError` -- a setting (an environment variable, the link table)
+  is wrong; the message names it.  An EINVAL ``PyverbsRDMAError`` and also a
+  ``ValueError``, so code that caught either before still catches it.
 * :class:`WireError` -- internal: a received packet is malformed.  It never
   leaves the receive path; the fabric counts it under ``reason`` and drops
   the packet.
@@ -99,6 +102,20 @@ def ebusy(msg: str) -> PyverbsRDMAError:
 
 def eperm(msg: str) -> PyverbsRDMAError:
     return PyverbsRDMAError(msg, errno.EPERM)
+
+
+class ConfigError(PyverbsRDMAError, ValueError):
+    """A setting the user made is wrong: an environment variable (``SOFTVERBS_FAULTS``,
+    ``SOFTVERBS_PCAP`` ...), the link table, a command-line option.  The message names
+    the setting and says what is wrong with it, on one line; the command-line tool
+    prints it without a traceback.
+
+    It is the EINVAL a verb (opening the device) fails with, and also a ValueError,
+    which is what a bad setting raised before this class existed."""
+
+    def __init__(self, msg: str) -> None:
+        super().__init__(msg)  # no "Errno:" suffix: the message is read by people
+        self._error_code = errno.EINVAL
 
 
 class WireError(Exception):

@@ -352,6 +352,9 @@ def test_ud_no_receive_is_dropped_and_counted(ctx):
     wr.set_wr_ud(p.ah(), b.qp.qp_num, QKEY)
     a.qp.post_send(wr)
     check_wc(poll_exact(a.scq, 1)[0], 1, IBV_WC_SUCCESS, IBV_WC_SEND)  # UD: sent is done
+    # the sender completes when its packet leaves; the receiver counts it when it
+    # arrives, which on a served device may be a moment later
+    wait_until(lambda: stats(ctx)["drop_no_rqe"] > s0["drop_no_rqe"], ctx, what="drop_no_rqe")
     assert stats(ctx)["drop_no_rqe"] - s0["drop_no_rqe"] == 1
     b.qp.post_recv(recv_wr(2, b, 128))
     assert_cq_empty(b.rcq, "a dropped datagram is not delivered later")
@@ -369,6 +372,9 @@ def test_ud_wrong_qkey_is_dropped_and_counted(ctx):
     a.qp.post_send(wr)
     check_wc(poll_exact(a.scq, 1)[0], 1, IBV_WC_SUCCESS, IBV_WC_SEND)
     assert_cq_empty(b.rcq)
+    # the sender completes when its packet leaves; the receiver counts it when it
+    # arrives, which on a served device may be a moment later
+    wait_until(lambda: stats(ctx)["qkey_violation"] > s0["qkey_violation"], ctx, what="qkey_violation")
     assert stats(ctx)["qkey_violation"] - s0["qkey_violation"] == 1
     assert ctx.query_port(1).qkey_viol_cntr == port0 + 1
     # the receive is still there for a datagram with the right QKEY
@@ -796,6 +802,9 @@ def test_uc_write_with_bad_rkey_is_silently_dropped(ctx):
     a.qp.post_send(w)
     check_wc(poll_exact(a.scq, 1)[0], 1, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE)
     assert (a.qp.qp_state, b.qp.qp_state) == (IBV_QPS_RTS, IBV_QPS_RTS)
+    # the sender completes when its packet leaves; the receiver counts it when it
+    # arrives, which on a served device may be a moment later
+    wait_until(lambda: stats(ctx)["drop_uc_access"] > s0["drop_uc_access"], ctx, what="drop_uc_access")
     assert stats(ctx)["drop_uc_access"] - s0["drop_uc_access"] == 1
     assert_no_event(ctx)
     a.write(b"fine now")

@@ -35,3 +35,21 @@ def test_quick_run_prints_tables(tmp_path: Path) -> None:
 
     # the plot is written when matplotlib is importable, skipped (and said so) if not
     assert (tmp_path / "p.png").exists() or "skipping the plot" in out
+
+    # progress on stderr: one line per figure, before it is measured
+    steps = re.findall(r"^\[(\d)/6\] (.*) \(\d+ s\)$", r.stderr, re.M)
+    assert [n for n, _ in steps] == ["1", "2", "3", "4", "5", "6"], r.stderr
+    assert steps[-1][1] == "RDMA WRITE 1 MiB"
+
+
+def test_quiet_run_prints_no_progress() -> None:
+    r = subprocess.run(
+        [sys.executable, "bench/bench_inproc.py", "--quick", "--quiet"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == "" and "RDMA WRITE" in r.stdout

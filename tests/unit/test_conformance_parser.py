@@ -62,7 +62,7 @@ def test_statuses_and_reasons() -> None:
     assert "Errno: 95" in r["tests.test_y.YTest.test_d"].reason
     assert r["tests.test_mlx5_z.ZTest.test_e"].reason == "Can't run: not mlx5"
     assert r["tests.test_y.YTest.test_f"].status == "passed"  # status after printed output
-    assert r["tests.test_y.YTest.test_g"].status == "passed"
+    assert r["tests.test_y.YTest.test_g"].status == "xfailed"  # an expected failure is no pass
 
 
 def test_a_test_without_a_status_is_an_error_never_a_pass() -> None:
@@ -73,9 +73,10 @@ def test_a_test_without_a_status_is_an_error_never_a_pass() -> None:
 
 def test_summary_separates_vendor_files_and_never_counts_skips_as_passes() -> None:
     s = conformance.summarize(conformance.parse_output(SAMPLE), "embedded", "59.0", 1.0, 8)
-    assert s.total == {"passed": 3, "failed": 1, "errors": 2, "skipped": 2}
-    assert s.generic == {"passed": 3, "failed": 1, "errors": 2, "skipped": 1}
-    assert s.files["test_y"] == {"passed": 2, "failed": 0, "errors": 2, "skipped": 0}
+    assert s.total == {"passed": 2, "failed": 1, "errors": 2, "skipped": 2, "xfailed": 1}
+    assert s.generic == {"passed": 2, "failed": 1, "errors": 2, "skipped": 1, "xfailed": 1}
+    assert s.files["test_y"] == {"passed": 1, "failed": 0, "errors": 2, "skipped": 0, "xfailed": 1}
+    assert s.problems == []
     table = conformance.format_table(s, include_vendor=False)
     assert "test_mlx5_z" not in table and "test_x" in table
 
@@ -103,3 +104,85 @@ def test_cache_dir_follows_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_
     assert conformance.cache_dir(str(tmp_path / "x")) == tmp_path / "x"
     monkeypatch.delenv("SOFTVERBS_CACHE")
     assert conformance.cache_dir().parts[-3:] == (".cache", "softverbs", "conformance")
+
+
+def test_unexpected_success_is_a_failure() -> None:
+    out = "test_u (tests.test_x.XTest.test_u) ... unexpected success\n\nRan 1 test in 0.1s\n"
+    (r,) = conformance.parse_output(out)
+    assert r.status == "failed"
+
+
+def test_a_module_that_fails_to_import_is_an_error() -> None:
+    """unittest reports a module it cannot load as a _FailedTest."""
+    out = """\
+test_a (tests.test_x.XTest.test_a) ... ok
+test_broken (unittest.loader._FailedTest.test_broken) ... ERROR
+
+======================================================================
+ERROR: test_broken (unittest.loader._FailedTest.test_broken)
+----------------------------------------------------------------------
+ImportError: Failed to import test module: test_broken
+ModuleNotFoundError: No module named 'pyverbs.nosuch'
+
+----------------------------------------------------------------------
+Ran 2 tests in 0.1s
+"""
+    s = conformance.summarize(conformance.parse_output(out), "embedded", "59.0", 1.0, 2)
+    assert s.files["test_broken"]["errors"] == 1 and s.total["passed"] == 1
+    broken = next(r for r in s.results if r.file == "test_broken")
+    assert "No module named" in broken.reason
+    assert s.problems == []
+
+
+def test_a_crash_while_loading_is_an_error_not_zero_tests() -> None:
+    """rdma-core's tests/__init__.py imports every module first: one ImportError
+    stops the whole suite before any test runs."""
+    out = """\
+Traceback (most recent call last):
+  File "tests/run_tests.py", line 12, in <module>
+ModuleNotFoundError: No module named 'pyverbs.nosuch'
+"""
+    s = conformance.summarize(conformance.parse_output(out), "embedded", "59.0", 1.0, -1)
+    assert s.total["passed"] == 0 and s.total["errors"] == 2  # the crash, and no "Ran" line
+    assert any("No module named 'pyverbs.nosuch'" in r.reason for r in s.results)
+    assert s.problems and "did not finish" in s.problems[0]
+
+
+def test_the_runner_checks_its_own_count() -> None:
+    """unittest's "Ran N" must equal the results read; the difference is errors."""
+    results = conformance.parse_output(SAMPLE)
+    s = conformance.summarize(results, "embedded", "59.0", 1.0, 11)
+    assert s.total["errors"] == 2 + 3
+    assert "unittest ran 11 tests but the output shows 8 results" in s.problems[0]
+    assert "runner: unittest ran 11" in conformance.format_table(s)
+
+
+def test_vendor_opt_ins_are_cleared(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("SOFTVERBS_MLX5", "sig")
+    monkeypatch.setenv("SOFTVERBS_FAULTS", "drop=0.5")
+    with conformance.configured("embedded", tmp_path) as (env, dev):
+        assert "SOFTVERBS_MLX5" not in env and "SOFTVERBS_FAULTS" not in env
+        assert dev == "sv0"
+    with conformance.configured("embedded", tmp_path, vendor_opt_ins=True) as (env, dev):
+        assert env["SOFTVERBS_MLX5"] == "sig" and "SOFTVERBS_FAULTS" not in env
+
+
+def test_progress_reports_each_file_and_the_running_counts(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    parser = conformance.OutputParser()
+    progress = conformance.Progress(files=3)
+    for line in SAMPLE.splitlines():
+        for r in parser.feed(line):
+            progress.add(r)
+    parser.finish()
+    progress.flush()
+    lines = capsys.readouterr().err.splitlines()
+    files = [line.split("] ")[1].split()[0] for line in lines]
+    assert files == ["test_x", "test_y", "test_mlx5_z", "test_y"]
+    assert lines[0].startswith("[ 1/3] test_x") and "1P 1F 0E 1S 0X" in lines[0]
+    assert "total: 1 passed, 1 failed, 0 errors, 1 skipped, 0 xfailed" in lines[0]
+    quiet = conformance.Progress(files=3, quiet=True)
+    quiet.add(conformance.TestResult("t", "test_x", "passed"))
+    quiet.flush()
+    assert capsys.readouterr().err == ""

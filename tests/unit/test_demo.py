@@ -7,16 +7,37 @@ asserted; the numbers in the summary are only checked to be numbers.
 from __future__ import annotations
 
 import json
+import os
 import re
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from softverbs.cli.demo import LAT_MEASURE_TAIL, latency_stats
+
 ROOT = Path(__file__).resolve().parents[2]
 NUM = r"\d+\.\d\d"
 ADDRESS = r"LID 0x[0-9a-f]{4}, QPN 0x[0-9a-f]{6}, PSN 0x[0-9a-f]{6}, GID \S+"
+
+
+SRC = str(ROOT / "src")
+#: perftest's test names in the header, and whether the op is a ping-pong
+TITLES = {
+    "send": ("Send", True),
+    "write": ("RDMA_Write", True),
+    "read": ("RDMA_Read", False),
+    "fetch_add": ("Atomic FETCH_AND_ADD", False),
+    "cmp_swap": ("Atomic CMP_AND_SWAP", False),
+}
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SOFTVERBS_")}
+    return {**env, "PYTHONPATH": SRC, "SOFTVERBS_CONFIG": str(ROOT / "no-such-links.json"), **extra}
 
 
 def demo(*args: str) -> subprocess.CompletedProcess[str]:
@@ -27,22 +48,25 @@ def demo(*args: str) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=120,
         check=False,
+        env=_env(),
     )
 
 
-@pytest.mark.parametrize(("op", "title"), [("send", "Send"), ("write", "RDMA_Write")])
-def test_text_summary(op: str, title: str) -> None:
+@pytest.mark.parametrize("op", list(TITLES))
+def test_text_summary(op: str) -> None:
+    title, pingpong = TITLES[op]
+    size = 1000 if op in ("send", "write", "read") else 8
     r = demo("-n", "50", "-s", "1000", "--op", op)
     assert r.returncode == 0, r.stdout + r.stderr
     out = r.stdout
     lines = out.splitlines()
 
     # perftest-style header
-    assert f"{title} Ping-Pong Test" in out
+    assert f"{title} {'Ping-Pong' if pingpong else 'Latency'} Test" in out
     assert re.search(r"^ Device\s+: sv0\b", out, re.M)
     assert re.search(r"^ Connection type : RC\b", out, re.M)
     assert re.search(r"^ Mtu\s+: 1024\[B\]$", out, re.M)
-    assert re.search(r"^ Message size\s+: 1000\[B\]$", out, re.M)
+    assert re.search(rf"^ Message size\s+: {size}\[B\]$", out, re.M)
     assert re.search(r"^ Iterations\s+: 50$", out, re.M)
 
     # ibv_rc_pingpong's address lines; two different QPs
@@ -54,33 +78,64 @@ def test_text_summary(op: str, title: str) -> None:
 
     # perftest's result table: a header and one row of numbers under it
     header = next(i for i, line in enumerate(lines) if line.lstrip().startswith("#bytes"))
-    for column in ("#iterations", "BW average[MiB/sec]", "MsgRate[Mpps]", "t_avg[usec]"):
+    for column in (
+        "#iterations",
+        "BW average[MiB/sec]",
+        "MsgRate[Mpps]",
+        "t_avg[usec]",
+        "t_stdev[usec]",
+        "99% percentile[usec]",
+        "99.9% percentile[usec]",
+    ):
         assert column in lines[header]
     row = lines[header + 1].split()
-    assert row[:2] == ["1000", "50"]
+    assert row[:2] == [str(size), "50"]
     assert all(re.fullmatch(r"\d+\.\d+", cell) for cell in row[2:]), row
     assert len(row) == len(re.findall(r"#\w+|\S+\[[^\]]+\]", lines[header]))
 
-    # ibv_rc_pingpong's closing lines: 1000 bytes x 50 iterations x 2 directions
-    assert re.search(rf"^100000 bytes in {NUM} seconds = {NUM} Mbit/sec$", out, re.M), out
+    # ibv_rc_pingpong's closing lines: size x 50 iterations x 2 directions (ping-pong)
+    nbytes = size * 50 * (2 if pingpong else 1)
+    assert re.search(rf"^{nbytes} bytes in {NUM} seconds = {NUM} Mbit/sec$", out, re.M), out
     assert re.search(rf"^50 iters in {NUM} seconds = {NUM} usec/iter$", out, re.M), out
 
 
-@pytest.mark.parametrize("op", ["send", "write"])
+@pytest.mark.parametrize("op", list(TITLES))
 def test_json(op: str) -> None:
     r = demo("-n", "50", "-s", "1000", "--op", op, "--json")
     assert r.returncode == 0, r.stdout + r.stderr
     result = json.loads(r.stdout)  # nothing but the JSON object on stdout
     expected_keys = {
-        "device", "qp_type", "op", "mtu", "link_type", "gid_index", "size", "iterations",
-        "local", "remote", "bytes", "seconds", "mbit_per_sec", "usec_per_iter",
-        "bw_average_mib_per_sec", "msg_rate_mpps", "t_min_usec", "t_typical_usec",
-        "t_avg_usec", "t_max_usec", "verified",
-    }  # fmt: skip
+        "device",
+        "qp_type",
+        "op",
+        "role",
+        "mtu",
+        "link_type",
+        "gid_index",
+        "size",
+        "iterations",
+        "local",
+        "remote",
+        "bytes",
+        "seconds",
+        "mbit_per_sec",
+        "usec_per_iter",
+        "bw_average_mib_per_sec",
+        "msg_rate_mpps",
+        "t_min_usec",
+        "t_typical_usec",
+        "t_avg_usec",
+        "t_max_usec",
+        "t_stdev_usec",
+        "percentile_99_usec",
+        "percentile_99_9_usec",
+        "verified",
+    }
     assert set(result) == expected_keys
     assert result["iterations"] == 50
-    assert result["size"] == 1000
-    assert result["bytes"] == 100000
+    size = 1000 if op in ("send", "write", "read") else 8
+    assert result["size"] == size
+    assert result["bytes"] == size * 50 * (2 if TITLES[op][1] else 1)
     assert (result["device"], result["qp_type"], result["op"]) == ("sv0", "RC", op)
     assert result["verified"] is True
     for side in ("local", "remote"):
@@ -88,6 +143,8 @@ def test_json(op: str) -> None:
         assert 0 <= result[side]["psn"] < 1 << 24
     assert result["local"]["qpn"] != result["remote"]["qpn"]
     assert result["t_min_usec"] <= result["t_typical_usec"] <= result["t_max_usec"]
+    assert result["t_typical_usec"] <= result["percentile_99_usec"]
+    assert result["percentile_99_usec"] <= result["percentile_99_9_usec"]
 
 
 def test_options_reach_the_summary() -> None:
@@ -109,3 +166,90 @@ def test_bad_mtu_is_refused() -> None:
     r = demo("-m", "1000")
     assert r.returncode == 2
     assert "--mtu" in r.stderr
+
+
+def test_latency_statistics_follow_perftest() -> None:
+    """perftest drops the slowest LAT_MEASURE_TAIL samples, then indexes ceil(n * p)."""
+    rtts = [i * 1e-6 for i in range(1, 1001)]  # 1..1000 us round trips
+    st = latency_stats(rtts, one_way=False)
+    n = 1000 - LAT_MEASURE_TAIL
+    assert st["t_min_usec"] == pytest.approx(1) and st["t_max_usec"] == pytest.approx(n)
+    assert st["percentile_99_usec"] == pytest.approx(989 + 1)  # sample index ceil(998*0.99)
+    assert st["percentile_99_9_usec"] == pytest.approx(998 + 1)  # index ceil(998*0.999)
+    assert latency_stats(rtts, one_way=True)["t_min_usec"] == pytest.approx(0.5)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize("op", ["send", "read", "fetch_add"])
+def test_two_processes_over_tcp(op: str, tmp_path: Path) -> None:
+    """``demo --listen`` and ``demo HOST`` in two processes, on one served device.
+
+    The device service stands in for a device every process shares (a private
+    socket, stopped at the end)."""
+    env = _env(SOFTVERBS_SERVICE=str(tmp_path / "sv.sock"))
+    port = str(_free_port())
+    base = [sys.executable, "-m", "softverbs", "demo", "-p", port, "-n", "20", "--op", op, "--json"]
+    server = subprocess.Popen(
+        [*base, "--listen"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        time.sleep(0.2)  # the client waits for the server anyway; this only saves retries
+        client = subprocess.run(
+            [*base, "127.0.0.1"], env=env, capture_output=True, text=True, timeout=120, check=False
+        )
+        out, err = server.communicate(timeout=120)
+    finally:
+        server.kill()
+        subprocess.run(
+            [sys.executable, "-m", "softverbs", "service", "stop"],
+            env=env,
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+    assert client.returncode == 0, client.stderr
+    assert server.returncode == 0, err
+    c, s = json.loads(client.stdout), json.loads(out)
+    assert (c["role"], s["role"]) == ("client", "server")
+    assert c["local"] == s["remote"] and c["remote"] == s["local"]
+    assert c["verified"] and s["verified"] and "t_avg_usec" in c
+
+
+def test_two_processes_must_agree_on_the_settings(tmp_path: Path) -> None:
+    env = _env(SOFTVERBS_SERVICE=str(tmp_path / "sv.sock"))
+    port = str(_free_port())
+    base = [sys.executable, "-m", "softverbs", "demo", "-p", port, "-n", "5"]
+    server = subprocess.Popen(
+        [*base, "--listen", "--op", "read"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        client = subprocess.run(
+            [*base, "--op", "send", "127.0.0.1"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        server.communicate(timeout=120)
+    finally:
+        server.kill()
+        subprocess.run(
+            [sys.executable, "-m", "softverbs", "service", "stop"],
+            env=env,
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+    assert client.returncode == 1 and server.returncode == 1
+    assert "op read here send" in client.stderr or "op send here read" in client.stderr
+    assert "Traceback" not in client.stderr

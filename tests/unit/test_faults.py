@@ -340,4 +340,4 @@ def test_softverbs_faults_is_applied_to_a_new_runtime(tmp_path: Path) -> None:
 def test_bad_softverbs_faults_names_the_variable(tmp_path: Path) -> None:
     r = _child(_PROBE, "drop=lots", tmp_path)
     assert r.returncode != 0
-    assert "ValueError: SOFTVERBS_FAULTS: fault setting 'drop=lots'" in r.stderr, r.stderr
+    assert "ConfigError: SOFTVERBS_FAULTS: fault setting 'drop=lots'" in r.stderr, r.stderr

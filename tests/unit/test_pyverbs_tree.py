@@ -70,6 +70,27 @@ def test_every_module_the_suite_imports_resolves_under_exec(tmp_path: Path) -> N
     assert r.stdout.strip() == "ok"
 
 
+#: Module names older pyverbs releases had (until rdma-core v58), which public examples use.
+LEGACY_MODULES = {"enums": "libibverbs_enums", "cm_enums": "librdmacm_enums"}
+
+
+def test_legacy_module_names_resolve_under_exec(tmp_path: Path) -> None:
+    code = (
+        "import importlib\n"
+        "import pyverbs.enums as e\n"
+        "from pyverbs.enums import IBV_QPT_RC, ibv_qp_type\n"
+        f"for old, new in {LEGACY_MODULES!r}.items():\n"
+        "    a = importlib.import_module('pyverbs.' + old)\n"
+        "    b = importlib.import_module('pyverbs.' + new)\n"
+        "    assert a.__all__ == b.__all__ and a.__all__, old\n"
+        "    assert all(getattr(a, n) is getattr(b, n) for n in b.__all__), old\n"
+        "print(e.IBV_QPT_RC == IBV_QPT_RC == ibv_qp_type.IBV_QPT_RC == 2)"
+    )
+    r = _exec(tmp_path, sys.executable, "-c", code)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "True"
+
+
 def test_vendor_contexts_refuse_softverbs_devices() -> None:
     from softverbs.compat.pyverbs.providers.efa import efadv
     from softverbs.compat.pyverbs.providers.mlx5 import mlx5dv

@@ -49,6 +49,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -58,7 +59,10 @@ DEFAULT_VERSION = "59.0"
 CONFIGS = ("embedded", "udp", "service")
 #: Test files that only run on one vendor's hardware (mlx5, EFA, irdma) or a GPU.
 VENDOR_PREFIXES = ("test_mlx5", "test_efa", "test_cuda")
-STATUSES = ("passed", "failed", "errors", "skipped")
+STATUSES = ("passed", "failed", "errors", "skipped", "xfailed")
+#: environment variables that opt softverbs into vendor features (mlx5dv signature
+#: offload ...): cleared, so the generic count is the generic device's
+VENDOR_OPT_INS = ("SOFTVERBS_MLX5",)  #: prefixes; a new vendor opt-in variable goes here too
 DEFAULT_TIMEOUT = 3600.0
 
 
@@ -124,25 +128,29 @@ def unpack_suite(sdist: Path, cache: Path, version: str) -> Path:
 _HEADER = re.compile(
     r"^(?P<meth>\w+) \((?P<id>tests\.(?P<file>\w+)\.\w+\.(?P=meth))\)(?P<rest>.*)$"
 )
-_STATUS = re.compile(
-    r" \.\.\. (?P<status>ok|FAIL|ERROR|expected failure|unexpected success|"
-    r"skipped (?P<reason>'.*'|\".*\"))\s*$"
+#: a module unittest could not import or load: it reports a _FailedTest named after it
+_FAILED_LOAD = re.compile(
+    r"^(?P<meth>[\w.]+) \((?P<id>unittest\.loader\._FailedTest(?:\.[\w.]+)?)\)(?P<rest>.*)$"
 )
+_STATUS_WORDS = r"ok|FAIL|ERROR|expected failure|unexpected success|skipped (?P<reason>'.*'|\".*\")"
+_STATUS = re.compile(rf" \.\.\. (?P<status>{_STATUS_WORDS})\s*$")
 #: a status on a line of its own: the test printed something after unittest's " ... "
-_BARE_STATUS = re.compile(
-    r"^(?P<status>ok|FAIL|ERROR|expected failure|unexpected success|"
-    r"skipped (?P<reason>'.*'|\".*\"))\s*$"
-)
-_SECTION = re.compile(r"^(?P<kind>ERROR|FAIL): (?P<meth>\w+) \((?P<id>tests\.[\w.]+)\)$")
-_STATUS_MAP = {"ok": "passed", "FAIL": "failed", "ERROR": "errors", "expected failure": "passed",
-               "unexpected success": "failed"}  # fmt: skip
+_BARE_STATUS = re.compile(rf"^(?P<status>{_STATUS_WORDS})\s*$")
+_SECTION = re.compile(r"^(?P<kind>ERROR|FAIL): (?P<meth>[\w.]+) \((?P<id>[\w.]+)\)$")
+#: unittest's word -> our status.  An expected failure is not a pass (it is its own
+#: column), and an unexpected success is a failure, as unittest itself counts it.
+_STATUS_MAP = {"ok": "passed", "FAIL": "failed", "ERROR": "errors",
+               "expected failure": "xfailed", "unexpected success": "failed"}  # fmt: skip
+#: the pseudo-file of results that belong to no test file (a crash while loading,
+#: tests unittest ran that the output does not show)
+RUNNER = "(runner)"
 
 
 @dataclass
 class TestResult:
     id: str
     file: str
-    status: str  #: passed, failed, errors or skipped
+    status: str  #: passed, failed, errors, skipped or xfailed
     reason: str = ""  #: skip reason, or the last line of the traceback
 
 
@@ -154,6 +162,69 @@ def _reason(raw: str | None) -> str:
 
         return str(ast.literal_eval(raw))
     return raw.strip("'\"")
+
+
+class OutputParser:
+    """Reads ``unittest -v`` output line by line (as it is printed, for progress).
+
+    :meth:`feed` returns the results a line completes; :meth:`finish` returns
+    the rest and fills in each failure's reason from the FAIL:/ERROR: sections.
+    A test whose status line never came (a crash, a timeout) is an error.
+    """
+
+    def __init__(self) -> None:
+        self.results: dict[str, TestResult] = {}
+        self.lines: list[str] = []
+        self._current: TestResult | None = None
+        self._dots = False  #: unittest wrote " ... " for the current test; its status may follow
+
+    def feed(self, line: str) -> list[TestResult]:
+        self.lines.append(line)
+        done: list[TestResult] = []
+        head = _HEADER.match(line) or _FAILED_LOAD.match(line)
+        current = self._current
+        if head:
+            if current is not None and current.id not in self.results:
+                self.results[current.id] = current  # the previous one never got a status
+                done.append(current)
+            file = head.groupdict().get("file") or head.group("meth").rsplit(".", 1)[-1]
+            current = self._current = TestResult(head.group("id"), file, "")
+            if not head.groupdict().get("file"):  # a _FailedTest: one per module
+                current.id = f"{head.group('id')}:{head.group('meth')}"
+            tail = head.group("rest")
+            self._dots = False
+        elif current is not None and not current.status:
+            tail = line
+        else:
+            return done
+        st = _STATUS.search(tail) or (_BARE_STATUS.match(tail) if self._dots else None)
+        self._dots = self._dots or " ... " in tail
+        if st:
+            word = st.group("status")
+            if word.startswith("skipped"):
+                current.status, current.reason = "skipped", _reason(st.group("reason"))
+            else:
+                current.status = _STATUS_MAP[word]
+            self.results[current.id] = current
+            done.append(current)
+            self._current = None
+        return done
+
+    def finish(self) -> list[TestResult]:
+        """Every result, in order, each with its final status and reason."""
+        current = self._current
+        if current is not None and current.id not in self.results:
+            self.results[current.id] = current
+        tracebacks = _sections(self.lines)
+        for r in self.results.values():
+            if not r.status:
+                r.status, r.reason = "errors", "no result in the output (crash or timeout)"
+            elif r.status in ("failed", "errors"):
+                r.reason = tracebacks.get(r.id.split(":")[0], r.reason)
+        crash = _load_crash(self.lines) if not self.results else None
+        if crash:
+            self.results["(load)"] = TestResult("(load)", RUNNER, "errors", crash)
+        return list(self.results.values())
 
 
 def _sections(lines: list[str]) -> dict[str, str]:
@@ -176,44 +247,22 @@ def _sections(lines: list[str]) -> dict[str, str]:
     return out
 
 
+def _load_crash(lines: list[str]) -> str | None:
+    """The error that stopped the suite before any test ran (a test module that
+    fails to import crashes rdma-core's loader), or None."""
+    if not any(line.startswith("Traceback") for line in lines):
+        return None
+    last = next((line.strip() for line in reversed(lines) if line.strip()), "")
+    return f"the suite crashed before running any test: {last}"
+
+
 def parse_output(text: str) -> list[TestResult]:
     """The results in ``unittest -v`` output, in order.  A test whose status
     line is missing (a crash, a timeout) is reported as an error."""
-    lines = text.splitlines()
-    results: dict[str, TestResult] = {}
-    current: TestResult | None = None
-    dots = False  #: unittest wrote " ... " for the current test; its status may follow alone
-    for line in lines:
-        head = _HEADER.match(line)
-        if head:
-            if current is not None and current.id not in results:
-                results[current.id] = current  # the previous one never got a status
-            current = TestResult(head.group("id"), head.group("file"), "")
-            tail = head.group("rest")
-            dots = False
-        elif current is not None and not current.status:
-            tail = line
-        else:
-            continue
-        st = _STATUS.search(tail) or (_BARE_STATUS.match(tail) if dots else None)
-        dots = dots or " ... " in tail
-        if st and current is not None:
-            word = st.group("status")
-            if word.startswith("skipped"):
-                current.status, current.reason = "skipped", _reason(st.group("reason"))
-            else:
-                current.status = _STATUS_MAP[word]
-            results[current.id] = current
-            current = None
-    if current is not None and current.id not in results:
-        results[current.id] = current
-    tracebacks = _sections(lines)
-    for r in results.values():
-        if not r.status:
-            r.status, r.reason = "errors", "no result in the output (crash or timeout)"
-        elif r.status in ("failed", "errors"):
-            r.reason = tracebacks.get(r.id, r.reason)
-    return list(results.values())
+    parser = OutputParser()
+    for line in text.splitlines():
+        parser.feed(line)
+    return parser.finish()
 
 
 @dataclass
@@ -226,15 +275,34 @@ class Summary:
     total: dict[str, int] = field(default_factory=dict)
     generic: dict[str, int] = field(default_factory=dict)  #: without vendor/GPU files
     results: list[TestResult] = field(default_factory=list)
+    #: why the count cannot be taken at face value; each problem is also an error
+    problems: list[str] = field(default_factory=list)
 
 
 def is_vendor(file: str) -> bool:
     return file.startswith(VENDOR_PREFIXES)
 
 
+def _accounting(results: list[TestResult], ran: int) -> tuple[list[str], list[TestResult]]:
+    """The runner's check of its own count: unittest's "Ran N" must equal the
+    results read.  Each test not accounted for is an error of the runner."""
+    tests = [r for r in results if r.file != RUNNER]
+    if ran < 0:
+        why = "the suite did not finish: no 'Ran N tests' line in its output"
+        return [why], [TestResult("(unfinished)", RUNNER, "errors", why)]
+    if ran == len(tests):
+        return [], []
+    why = (f"unittest ran {ran} tests but the output shows {len(tests)} results: "
+           f"{abs(ran - len(tests))} unaccounted for, counted as errors")  # fmt: skip
+    return [why], [TestResult(f"(unaccounted {i + 1})", RUNNER, "errors", why)
+                   for i in range(abs(ran - len(tests)))]  # fmt: skip
+
+
 def summarize(results: list[TestResult], config: str, version: str, seconds: float,
               ran: int) -> Summary:  # fmt: skip
-    s = Summary(config, version, seconds, ran, results=results)
+    problems, extra = _accounting(results, ran)
+    results = results + extra
+    s = Summary(config, version, seconds, ran, results=results, problems=problems)
     s.total = dict.fromkeys(STATUSES, 0)
     s.generic = dict.fromkeys(STATUSES, 0)
     for r in results:
@@ -246,18 +314,22 @@ def summarize(results: list[TestResult], config: str, version: str, seconds: flo
     return s
 
 
+def _row(label: str, c: dict[str, int]) -> str:
+    return f"{label:<26}" + "".join(f"{c[k]:>{max(len(k), 6) + 2}}" for k in STATUSES)
+
+
 def format_table(s: Summary, include_vendor: bool = True) -> str:
-    head = f"{'file':<26}{'passed':>8}{'failed':>8}{'errors':>8}{'skipped':>9}"
+    head = f"{'file':<26}" + "".join(f"{k:>{max(len(k), 6) + 2}}" for k in STATUSES)
     rows = [head, "-" * len(head)]
-    for file, c in s.files.items():
-        if include_vendor or not is_vendor(file):
-            rows.append(f"{file:<26}{c['passed']:>8}{c['failed']:>8}{c['errors']:>8}"
-                        f"{c['skipped']:>9}")  # fmt: skip
+    rows += [_row(file, c) for file, c in s.files.items() if include_vendor or not is_vendor(file)]
     rows.append("-" * len(head))
-    for label, c in (("generic (no vendor/GPU)", s.generic), ("total", s.total)):
-        rows.append(f"{label:<26}{c['passed']:>8}{c['failed']:>8}{c['errors']:>8}"
-                    f"{c['skipped']:>9}")  # fmt: skip
+    rows += [_row("generic (no vendor/GPU)", s.generic), _row("total", s.total)]
+    rows += [f"runner: {p}" for p in s.problems]
     return "\n".join(rows)
+
+
+def counts_line(c: dict[str, int]) -> str:
+    return ", ".join(f"{c[k]} {k}" for k in STATUSES)
 
 
 # --- device configurations ------------------------------------------------------------------------
@@ -278,9 +350,12 @@ def check_port_free(addr: str = "127.0.0.1") -> None:
 
 
 @contextlib.contextmanager
-def configured(config: str, work: Path) -> Iterator[tuple[dict[str, str], str]]:
-    """(environment, device name) for one configuration; cleans up afterwards."""
-    env = dict(os.environ)
+def configured(config: str, work: Path,
+               vendor_opt_ins: bool = False) -> Iterator[tuple[dict[str, str], str]]:  # fmt: skip
+    """(environment, device name) for one configuration; cleans up afterwards.
+    Vendor opt-ins are cleared unless ``vendor_opt_ins``."""
+    env = {k: v for k, v in os.environ.items()
+           if vendor_opt_ins or not k.startswith(VENDOR_OPT_INS)}  # fmt: skip
     for key in ("SOFTVERBS_SERVICE", "SOFTVERBS_FAULTS", "SOFTVERBS_PCAP"):
         env.pop(key, None)
     links = work / "links.json"
@@ -308,29 +383,78 @@ def configured(config: str, work: Path) -> Iterator[tuple[dict[str, str], str]]:
         subprocess.run(stop, env=env, check=False, capture_output=True, timeout=60)
 
 
+class Progress:
+    """Per-file progress and running counts, on stderr, as the suite runs."""
+
+    def __init__(self, files: int, quiet: bool = False) -> None:
+        self.files = files
+        self.quiet = quiet
+        self.done_files = 0
+        self.file = ""
+        self.file_counts: dict[str, int] = dict.fromkeys(STATUSES, 0)
+        self.total: dict[str, int] = dict.fromkeys(STATUSES, 0)
+        self.start = time.monotonic()
+
+    def add(self, r: TestResult) -> None:
+        if r.file != self.file:
+            self.flush()
+            self.file = r.file
+        self.file_counts[r.status] += 1
+        self.total[r.status] += 1
+
+    def flush(self) -> None:
+        """Report the file just finished."""
+        if not self.file:
+            return
+        self.done_files += 1
+        if not self.quiet:
+            counts = " ".join(f"{self.file_counts[k]}{k[0].upper()}" for k in STATUSES)
+            print(f"[{self.done_files:>2}/{self.files}] {self.file:<26}{counts:<22} "
+                  f"total: {counts_line(self.total)} ({time.monotonic() - self.start:.0f} s)",
+                  file=sys.stderr, flush=True)  # fmt: skip
+        self.file = ""
+        self.file_counts = dict.fromkeys(STATUSES, 0)
+
+
 def run_suite(root: Path, config: str, version: str, timeout: float,
-              tests: Sequence[str] = (), log: Path | None = None) -> Summary:  # fmt: skip
-    """Run the unpacked suite under ``root`` on ``config``; parse and summarize."""
+              tests: Sequence[str] = (), log: Path | None = None,
+              quiet: bool = True, vendor_opt_ins: bool = False) -> Summary:  # fmt: skip
+    """Run the unpacked suite under ``root`` on ``config``; parse and summarize.
+    Unless ``quiet``, report each test file's counts on stderr as it finishes."""
+    parser = OutputParser()
+    progress = Progress(len(list((root / "tests").glob("test_*.py"))), quiet)
     with (
         tempfile.TemporaryDirectory(prefix="softverbs-conformance-") as tmp,
-        configured(config, Path(tmp)) as (env, dev),
+        configured(config, Path(tmp), vendor_opt_ins) as (env, dev),
     ):
         cmd = [sys.executable, "-m", "softverbs", "exec", "--", sys.executable,
                str(root / "tests" / "run_tests.py"), "-v", "--dev", dev, *tests]  # fmt: skip
         start = time.monotonic()
+        proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                text=True, errors="replace")  # fmt: skip
+        # the watchdog ends a run that outlives its timeout; what it printed still counts
+        watchdog = threading.Timer(timeout, proc.kill)
+        watchdog.start()
         try:
-            proc = subprocess.run(cmd, cwd=root, env=env, stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                  timeout=timeout, check=False)  # fmt: skip
-            out = proc.stdout
-        except subprocess.TimeoutExpired as exc:
-            out = exc.stdout or b""
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                for r in parser.feed(line.rstrip("\n")):
+                    progress.add(r)
+            proc.wait()
+        finally:
+            watchdog.cancel()
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
         seconds = time.monotonic() - start
-    text = out.decode(errors="replace") if isinstance(out, bytes) else str(out)
+    results = parser.finish()
+    progress.flush()
+    text = "\n".join(parser.lines) + "\n"
     if log is not None:
         log.write_text(text)
     ran = re.search(r"^Ran (\d+) tests? in", text, re.M)
-    return summarize(parse_output(text), config, version, seconds, int(ran.group(1)) if ran else -1)
+    return summarize(results, config, version, seconds, int(ran.group(1)) if ran else -1)
 
 
 # --- the command ----------------------------------------------------------------------------------
@@ -349,37 +473,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="FILE", help="write the results as JSON to FILE")
     parser.add_argument("--log", metavar="FILE", help="write the suite's raw output to FILE")
     parser.add_argument("--floor", type=int,
-                        help="exit 1 when fewer tests than this passed")  # fmt: skip
+                        help="exit 1 when fewer generic tests than this passed")  # fmt: skip
     parser.add_argument("--generic-only", action="store_true",
                         help="leave vendor (mlx5, EFA) and GPU test files out of the table")
+    parser.add_argument("--vendor-opt-ins", action="store_true",
+                        help="keep SOFTVERBS_MLX5 and other vendor opt-ins from the environment "
+                             "(they are cleared by default, for the generic count)")  # fmt: skip
+    parser.add_argument("-q", "--quiet", action="store_true",
+                        help="no per-file progress on stderr while the suite runs")  # fmt: skip
     parser.add_argument("tests", nargs="*",
                         help="run only these tests (unittest names, e.g. tests.test_cq)")
 
 
 def run(args: argparse.Namespace) -> int:
+    from softverbs.cli.main import UserError
+
     cache = cache_dir(args.cache)
     try:
         sdist = fetch_sdist(cache, args.suite_version)
         root = unpack_suite(sdist, cache, args.suite_version)
     except (RuntimeError, OSError, tarfile.TarError) as exc:
-        print(f"softverbs conformance: {exc}", file=sys.stderr)
-        return 2
+        raise UserError(str(exc)) from None
     print(f"rdma-core {args.suite_version} tests ({root / 'tests'}) on the {args.config} "
           "configuration ...", flush=True)  # fmt: skip
+    cleared = sorted(k for k in os.environ if k.startswith(VENDOR_OPT_INS))
+    if cleared and not args.vendor_opt_ins:
+        print(f"softverbs conformance: {', '.join(cleared)} cleared for the generic count "
+              "(--vendor-opt-ins keeps them)", file=sys.stderr)  # fmt: skip
     try:
         s = run_suite(root, args.config, args.suite_version, args.timeout, args.tests,
-                      Path(args.log) if args.log else None)  # fmt: skip
+                      Path(args.log) if args.log else None, quiet=args.quiet,
+                      vendor_opt_ins=args.vendor_opt_ins)  # fmt: skip
     except RuntimeError as exc:
-        print(f"softverbs conformance: {exc}", file=sys.stderr)
-        return 2
+        raise UserError(str(exc)) from None
     print(format_table(s, include_vendor=not args.generic_only))
     ran = "did not finish" if s.ran < 0 else f"unittest ran {s.ran}"
-    print(f"\n{s.total['passed']} passed, {s.total['failed']} failed, {s.total['errors']} "
-          f"errors, {s.total['skipped']} skipped ({ran}) in {s.seconds:.0f} s")  # fmt: skip
+    print(f"\ngeneric: {counts_line(s.generic)}; total: {counts_line(s.total)} "
+          f"({ran}) in {s.seconds:.0f} s")  # fmt: skip
     if args.json:
         Path(args.json).write_text(json.dumps(asdict(s), indent=1) + "\n")
-    if args.floor is not None and s.total["passed"] < args.floor:
-        print(f"softverbs conformance: {s.total['passed']} passed, below the floor of "
-              f"{args.floor}", file=sys.stderr)  # fmt: skip
-        return 1
+    if args.floor is not None and s.generic["passed"] < args.floor:
+        raise UserError(f"{s.generic['passed']} generic tests passed, below the floor of "
+                        f"{args.floor}")  # fmt: skip
     return 0

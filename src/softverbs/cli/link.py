@@ -4,32 +4,50 @@
 
     softverbs link add sv1 --netdev eth0          # bind to an interface
     softverbs link add lo2 --addr 127.0.0.2       # or to explicit addresses
-    softverbs link show [-j]
+    softverbs link show [-j] [NAME]
     softverbs link del sv1
 
 The table is a JSON file (see :mod:`softverbs.config`); devices in it are
-opened on demand by any process that uses them.  ``show`` prints lines in
-the style of ``rdma link show``.
+opened on demand by any process that uses them.
+
+``add`` checks what it is given before it writes the table, so that a typo
+fails here and not later in some program's ``Context()``: the name must be
+one an RDMA device can have (at most 63 bytes, no ``/``, no white space, not
+taken), the netdev must exist, and each address must be one the kernel lets
+this host bind (a test bind on an ephemeral port).
+
+``show`` prints the rows ``rdma link show`` prints under ``softverbs exec``
+(:func:`softverbs.cli.rdma.link_rows`), in the same text and JSON shapes,
+with each UDP device's configured addresses added (``addrs``).  A UDP device
+bound by address shows the netdev that carries it; an in-process device has
+no netdev, as an InfiniBand port has none.
 """
 
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import json
-import sys
 from pathlib import Path
+from typing import Any
 
+from softverbs.cli.main import UserError
+from softverbs.cli.rdma import configured_specs, link_rows, link_text
 from softverbs.config import LinkSpec, config_path, inproc_names, load_links, save_links
+from softverbs.fabric.udp import address_error
+
+#: the longest RDMA device name (IB_DEVICE_NAME_MAX is 64 with the NUL)
+MAX_NAME = 63
+MTUS = (256, 512, 1024, 2048, 4096)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     add = sub.add_parser("add", help="add a UDP device bound to a netdev or addresses")
-    add.add_argument("name")
+    add.add_argument("name", help=f"the device name (at most {MAX_NAME} bytes, no '/')")
     where = add.add_mutually_exclusive_group(required=True)
     where.add_argument("--netdev", help="network interface to bind to (like rxe's netdev)")
-    where.add_argument("--addr", action="append", help="address to bind to (repeatable)")
+    where.add_argument("--addr", action="append",
+                       help="an address of this host to bind to (repeatable)")  # fmt: skip
     add.add_argument(
         "--mtu", type=int, default=0, help="active IB MTU in bytes (default: from the netdev MTU)"
     )
@@ -40,57 +58,60 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     delete.add_argument("name")
 
 
-def _error(msg: str) -> int:
-    print(f"softverbs link: {msg}", file=sys.stderr)
-    return 1
+def name_error(name: str, taken: list[str]) -> str | None:
+    """Why ``name`` cannot name a new device, or None."""
+    if not name or name in (".", ".."):
+        return f"{name!r} is not a device name"
+    if "/" in name or any(c.isspace() for c in name) or not name.isprintable():
+        return f"device name {name!r} may not contain '/', white space or control characters"
+    if len(name.encode()) > MAX_NAME:
+        return f"device name {name!r} is longer than {MAX_NAME} bytes"
+    if name in taken:
+        return f"device {name!r} already exists (see 'softverbs link show')"
+    return None
 
 
 def _add(args: argparse.Namespace) -> int:
     links = load_links()
-    if args.name in inproc_names() or any(link.name == args.name for link in links):
-        return _error(f"device {args.name!r} already exists")
+    problem = name_error(args.name, inproc_names() + [link.name for link in links])
+    if problem:
+        raise UserError(problem)
     if args.netdev and not Path(f"/sys/class/net/{args.netdev}").exists():
-        return _error(f"netdev {args.netdev!r} does not exist")
+        raise UserError(f"--netdev {args.netdev}: no such network interface (see 'ip link')")
+    used = {a: link.name for link in links for a in link.addrs}
     for addr in args.addr or []:
-        try:
-            ipaddress.ip_address(addr.split("%")[0])
-        except ValueError:
-            return _error(f"{addr!r} is not an IP address")
-    if args.mtu and args.mtu not in (256, 512, 1024, 2048, 4096):
-        return _error(f"--mtu must be 256, 512, 1024, 2048 or 4096, not {args.mtu}")
+        problem = address_error(addr)
+        if problem:
+            raise UserError(f"--addr {problem}")
+        if addr in used:
+            raise UserError(f"--addr {addr}: device {used[addr]!r} is already bound to it")
+    if args.mtu and args.mtu not in MTUS:
+        raise UserError(f"--mtu must be one of {', '.join(map(str, MTUS))}, not {args.mtu}")
     links.append(LinkSpec(args.name, "udp", args.netdev or "", list(args.addr or []), args.mtu))
     save_links(links)
     return 0
 
 
-def _rows(name: str | None) -> list[dict[str, object]]:
-    rows: list[dict[str, object]] = []
-    for n in inproc_names():
-        rows.append({"ifname": n, "port": 1, "state": "ACTIVE", "physical_state": "LINK_UP",
-                     "netdev": "", "type": "inproc"})  # fmt: skip
-    for link in load_links():
-        rows.append({"ifname": link.name, "port": 1, "state": "ACTIVE",
-                     "physical_state": "LINK_UP", "netdev": link.netdev,
-                     "addrs": link.addrs, "type": "udp"})  # fmt: skip
-    return [r for r in rows if name is None or r["ifname"] == name]
+def rows(name: str | None = None) -> list[dict[str, Any]]:
+    """``rdma link show -j`` rows, and each UDP device's configured ``addrs``."""
+    specs = configured_specs()
+    out = link_rows(specs)
+    for row, spec in zip(out, specs, strict=True):
+        if spec.addrs:
+            row["addrs"] = list(spec.addrs)
+    return [r for r in out if name is None or r["ifname"] == name]
 
 
 def _show(args: argparse.Namespace) -> int:
-    rows = _rows(args.name)
-    if args.name and not rows:
-        return _error(f"no device {args.name!r}")
+    selected = rows(args.name)
+    if args.name and not selected:
+        raise UserError(f"no device {args.name!r} (see 'softverbs link show')")
     if args.json:
-        print(json.dumps([{k: v for k, v in r.items() if k != "type"} for r in rows]))
+        print(json.dumps(selected))
         return 0
-    for r in rows:
-        where = (
-            f"netdev {r['netdev']}"
-            if r["netdev"]
-            else (
-                "addrs " + ",".join(r.get("addrs", [])) if r.get("addrs") else "in-process"  # type: ignore[arg-type]
-            )
-        )
-        print(f"link {r['ifname']}/1 state ACTIVE physical_state LINK_UP {where}")
+    for r in selected:
+        addrs = f" addrs {','.join(r['addrs'])}" if "addrs" in r else ""
+        print(link_text(r) + addrs)
     return 0
 
 
@@ -99,8 +120,8 @@ def _delete(args: argparse.Namespace) -> int:
     kept = [link for link in links if link.name != args.name]
     if len(kept) == len(links):
         if args.name in inproc_names():
-            return _error(f"{args.name!r} is an in-process device (SOFTVERBS_INPROC_DEVICES)")
-        return _error(f"no device {args.name!r} in {config_path()}")
+            raise UserError(f"{args.name!r} is an in-process device (SOFTVERBS_INPROC_DEVICES)")
+        raise UserError(f"no device {args.name!r} in {config_path()}")
     save_links(kept)
     return 0
 

@@ -65,6 +65,17 @@ def _device_specs() -> Sequence[Any]:
     return specs
 
 
+def configured_specs() -> list[Any]:
+    """The devices this process would open, in ``get_device_list`` order, read from
+    the configuration alone (``softverbs link show`` uses the same rows)."""
+    from softverbs import config
+
+    specs: list[Any] = [_LinkSpec(name, "inproc") for name in config.inproc_names()]
+    specs += [_LinkSpec(link.name, "udp", link.netdev, tuple(link.addrs))
+              for link in config.load_links()]  # fmt: skip
+    return specs
+
+
 def _link_specs() -> Sequence[Any]:
     """The devices, in ``get_device_list`` order, read from the link table itself:
     ``rdma link`` runs once per test setUp, so it must not load the whole device."""
@@ -72,10 +83,7 @@ def _link_specs() -> Sequence[Any]:
 
     if not config.service_disabled():
         return _device_specs()
-    specs = [_LinkSpec(name, "inproc") for name in config.inproc_names()]
-    specs += [_LinkSpec(link.name, "udp", link.netdev, tuple(link.addrs))
-              for link in config.load_links()]  # fmt: skip
-    return specs
+    return configured_specs()
 
 
 def link_rows(specs: Sequence[Any]) -> list[dict[str, Any]]:
@@ -107,7 +115,7 @@ def dev_rows(specs: Sequence[Any]) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
-def _link_text(row: dict[str, Any]) -> str:
+def link_text(row: dict[str, Any]) -> str:
     text = (f"link {row['ifname']}/{row['port']} state {row['state']} "
             f"physical_state {row['physical_state']}")  # fmt: skip
     if "netdev" in row:
@@ -157,7 +165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               "'softverbs link')", file=sys.stderr)  # fmt: skip
         return 1
     if "link".startswith(obj) and obj:
-        rows, fmt = link_rows(_link_specs()), _link_text
+        rows, fmt = link_rows(_link_specs()), link_text
     elif "dev".startswith(obj) and obj:
         rows, fmt = dev_rows(_device_specs()), _dev_text
     else:

@@ -41,6 +41,7 @@ import sys
 import time
 from typing import Any
 
+from softverbs import config
 from softverbs.service import protocol
 
 START_TIMEOUT = 15.0
@@ -66,6 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     path = os.path.abspath(args.socket or protocol.default_socket_path())
     if args.action == "start":
+        config.ensure_socket_dir(path, "--socket" if args.socket else "SOFTVERBS_SERVICE")
         return _start(path, args.foreground, args.verbose)
     if args.action == "stop":
         return _stop(path, args.timeout)
@@ -172,7 +174,6 @@ def _start(path: str, foreground: bool, verbose: bool) -> int:
 
         return main(argv)
     log_path = path + ".log"
-    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
     with open(log_path, "ab") as log:
         child = subprocess.Popen(
             [sys.executable, "-m", "softverbs.service.server", *argv],

@@ -35,6 +35,7 @@ Path MTU
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import ipaddress
 import json
@@ -152,6 +153,46 @@ def explicit_addresses(addrs: list[str]) -> list[LocalAddr]:
             scope = socket.if_nametoindex(text.split("%", 1)[1])
         out.append(LocalAddr(str(ip), ip.packed, scope))
     return out
+
+
+#: errno of a failed bind -> what it means for a softverbs device, and what to do.
+BIND_HINTS: dict[int, str] = {
+    errno.EADDRINUSE: "another process holds UDP port 4791 there (another softverbs UDP "
+    "device, softverbsd, or kernel rxe on that netdev); stop it, or use another address",
+    errno.EADDRNOTAVAIL: "this host has no such address (see 'ip addr')",
+    errno.EACCES: "binding that address is not permitted for this user",
+    errno.EPERM: "binding that address is not permitted for this user",
+    errno.EAFNOSUPPORT: "this host has that address family (IPv4/IPv6) disabled",
+    errno.EINVAL: "the address cannot be bound (a link-local IPv6 address needs its "
+    "interface: ADDR%IFNAME)",
+    errno.ENODEV: "no such network interface (see 'ip link')",
+}
+
+
+def bind_error_hint(exc: OSError) -> str:
+    """What a failed bind of a device address means (:data:`BIND_HINTS`)."""
+    return BIND_HINTS.get(exc.errno or 0, "see the errno")
+
+
+def address_error(text: str) -> str | None:
+    """None if ``text`` is an address of this host (the kernel lets us bind it),
+    else why not.  Binds an ephemeral UDP port, so a device holding 4791 does
+    not make its own address look foreign."""
+    try:
+        ip = ipaddress.ip_address(text.split("%")[0])
+    except ValueError:
+        return f"{text!r} is not an IPv4 or IPv6 address"
+    try:
+        scope = socket.if_nametoindex(text.split("%", 1)[1]) if "%" in text else 0
+        family = socket.AF_INET if ip.version == 4 else socket.AF_INET6
+        where: tuple[str, int] | tuple[str, int, int, int] = (
+            (str(ip), 0) if ip.version == 4 else (str(ip), 0, 0, scope)
+        )
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.bind(where)
+    except OSError as exc:
+        return f"{text} cannot be used: {exc.strerror}: {bind_error_hint(exc)}"
+    return None
 
 
 # Address conversions cost microseconds through ipaddress; a peer's address is

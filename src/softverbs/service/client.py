@@ -40,6 +40,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from softverbs import config
 from softverbs.device import api
 from softverbs.device.core import Features
 from softverbs.engine.rings import (
@@ -182,16 +183,7 @@ class Connection:
 
 def _spawn_service(path: str) -> None:
     """Start ``softverbsd`` in the background, to exit once idle (on-demand start)."""
-    from softverbs.service.server import ensure_dir
-
-    try:
-        ensure_dir(path)
-    except OSError as exc:
-        raise PyverbsRDMAError(
-            f"cannot start the softverbs device service on {path}: {exc.strerror}: "
-            f"{exc.filename} (SOFTVERBS_SERVICE names a socket whose directory must exist)",
-            exc.errno or errno.ENOENT,
-        ) from None
+    config.ensure_socket_dir(path)
     # the observing settings are this process's: it applies them to its own
     # packets through the FAULTS and CAPTURE operations, not the service to all
     env = {k: v for k, v in os.environ.items() if k not in _PER_PROCESS}

@@ -61,6 +61,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any
 
+from softverbs import config
 from softverbs.device import api
 from softverbs.device.core import ALLOWED_OPCODES, Owner, Resources
 from softverbs.device.memory import ProcessMemory
@@ -75,7 +76,7 @@ from softverbs.engine.rings import (
     shared_srq,
     shared_work_ring,
 )
-from softverbs.errors import PyverbsError, PyverbsRDMAError, einval
+from softverbs.errors import ConfigError, PyverbsError, PyverbsRDMAError, einval
 from softverbs.service import protocol
 from softverbs.service.protocol import ProtocolError
 from softverbs.verbs.registry import Registry
@@ -783,18 +784,6 @@ def _bare(exc: PyverbsError) -> str:
     return str(exc).split(". Errno:")[0]
 
 
-def ensure_dir(path: str) -> None:
-    """Create the per-user runtime directory the default socket lives in (0700),
-    and nothing else: a socket path the user chose must already have its directory."""
-    base = os.path.dirname(path) or "."
-    default_base = os.path.dirname(protocol.default_socket_path(ignore_env=True))
-    if os.path.isdir(base):
-        return
-    if os.path.abspath(base) != os.path.abspath(default_base):
-        raise FileNotFoundError(errno.ENOENT, "the socket's directory does not exist", base)
-    os.makedirs(base, mode=0o700, exist_ok=True)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="softverbsd", description="the softverbs device service")
     parser.add_argument("--socket", default=protocol.default_socket_path())
@@ -806,11 +795,14 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(asctime)s softverbsd[%(process)d] %(levelname)s %(message)s")
     try:
-        ensure_dir(args.socket)
+        config.ensure_socket_dir(args.socket, "--socket")
         service = Service(args.socket, pidfile=args.pidfile, idle_exit=args.idle_exit)
     except ServiceRunning as exc:
         print(f"softverbsd: {exc}", file=sys.stderr)
         return 3
+    except ConfigError as exc:
+        print(f"softverbsd: {exc}", file=sys.stderr)
+        return 1
     except OSError as exc:
         print(f"softverbsd: cannot listen on {args.socket}: {exc.strerror or exc}",
               file=sys.stderr)  # fmt: skip

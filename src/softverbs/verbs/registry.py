@@ -38,7 +38,7 @@ from softverbs import config
 from softverbs.device import api
 from softverbs.device.core import Device, DeviceInfo, Features, Host, Owner
 from softverbs.engine.hca import HCA
-from softverbs.errors import PyverbsRDMAError
+from softverbs.errors import ConfigError, PyverbsRDMAError
 from softverbs.fabric.runtime import Clock, DeviceRuntime, InprocRuntime, Runtime
 from softverbs.verbs.memory import SelfMemory
 from softverbs.verbs.provider import EmbeddedProvider, Provider
@@ -193,6 +193,7 @@ class Registry:
     def _build_udp(self, spec: DeviceSpec, index: int) -> SoftDevice:
         from softverbs.fabric.udp import (
             UdpRuntime,
+            bind_error_hint,
             explicit_addresses,
             ib_mtu_for,
             netdev_addresses,
@@ -209,8 +210,8 @@ class Registry:
         except OSError as exc:
             raise PyverbsRDMAError(
                 f"cannot open device {spec.name}: binding UDP port 4791 on "
-                f"{', '.join(a.text for a in addrs)} failed ({exc}); is another process "
-                "(or kernel rxe) using that address?",
+                f"{', '.join(a.text for a in addrs)} failed ({exc.strerror}): "
+                f"{bind_error_hint(exc)}",
                 exc.errno or 0,
             ) from None
         _apply_environment(runtime)
@@ -287,7 +288,7 @@ def environment_faults() -> str | None:
     try:
         parse_faults(text)
     except ValueError as exc:
-        raise ValueError(f"SOFTVERBS_FAULTS: {exc}") from None
+        raise ConfigError(f"SOFTVERBS_FAULTS: {exc}") from None
     return text
 
 
@@ -296,7 +297,11 @@ def environment_pcap() -> PcapWriter | None:
     path = os.environ.get("SOFTVERBS_PCAP")
     if not path:
         return None
-    return _pcap_writer(path.replace("{pid}", str(os.getpid())))
+    path = path.replace("{pid}", str(os.getpid()))
+    try:
+        return _pcap_writer(path)
+    except OSError as exc:
+        raise ConfigError(f"SOFTVERBS_PCAP: cannot write {path}: {exc.strerror}") from None
 
 
 _pcap_writers: dict[str, PcapWriter] = {}
