@@ -374,7 +374,8 @@ def test_ud_wrong_qkey_is_dropped_and_counted(ctx):
     assert_cq_empty(b.rcq)
     # the sender completes when its packet leaves; the receiver counts it when it
     # arrives, which on a served device may be a moment later
-    wait_until(lambda: stats(ctx)["qkey_violation"] > s0["qkey_violation"], ctx, what="qkey_violation")
+    wait_until(lambda: stats(ctx)["qkey_violation"] > s0["qkey_violation"], ctx,
+               what="qkey_violation")
     assert stats(ctx)["qkey_violation"] - s0["qkey_violation"] == 1
     assert ctx.query_port(1).qkey_viol_cntr == port0 + 1
     # the receive is still there for a datagram with the right QKEY
@@ -804,7 +805,8 @@ def test_uc_write_with_bad_rkey_is_silently_dropped(ctx):
     assert (a.qp.qp_state, b.qp.qp_state) == (IBV_QPS_RTS, IBV_QPS_RTS)
     # the sender completes when its packet leaves; the receiver counts it when it
     # arrives, which on a served device may be a moment later
-    wait_until(lambda: stats(ctx)["drop_uc_access"] > s0["drop_uc_access"], ctx, what="drop_uc_access")
+    wait_until(lambda: stats(ctx)["drop_uc_access"] > s0["drop_uc_access"], ctx,
+               what="drop_uc_access")
     assert stats(ctx)["drop_uc_access"] - s0["drop_uc_access"] == 1
     assert_no_event(ctx)
     a.write(b"fine now")
