@@ -34,6 +34,9 @@ from dataclasses import dataclass, replace
 
 from progress import Progress, add_quiet
 
+# the in-process device (the served one is the default; bench_served.py compares the two)
+os.environ.setdefault("SOFTVERBS_SERVICE", "0")
+
 import softverbs
 from softverbs import (
     CQ,

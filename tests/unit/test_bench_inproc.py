@@ -53,3 +53,23 @@ def test_quiet_run_prints_no_progress() -> None:
     )
     assert r.returncode == 0, r.stderr
     assert r.stderr == "" and "RDMA WRITE" in r.stdout
+
+
+def test_served_quick_run_prints_both_devices() -> None:
+    """bench_served.py starts its own softverbsd and prints a row per figure with
+    both devices and their ratio (no speed asserted)."""
+    r = subprocess.run(
+        [sys.executable, "bench/bench_served.py", "--quick", "--quiet"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    for batch in (1, 16, 64):
+        assert re.search(rf"^ SEND 64 B, batch {batch}\s+[\d,]+\s+[\d,]+\s+\d+\.\d\d$",
+                         r.stdout, re.M), r.stdout  # fmt: skip
+    for size in ("4 KiB", "64 KiB", "1 MiB"):
+        assert re.search(rf"^ WRITE {size} MB/s\s+[\d,]+\.\d\s+[\d,]+\.\d\s+\d+\.\d\d$",
+                         r.stdout, re.M), r.stdout  # fmt: skip
