@@ -186,6 +186,7 @@ class QPCore:
         self.resp_drop = False  #: UC: discard until the next FIRST/ONLY
         self.nak_sent = False
         self.ack_req: Packet | None = None  #: the request whose coalesced ACK is due
+        self.ack_psn = 0  #: the PSN that ACK acknowledges
         self.replay: deque[tuple[int, int, int, int, int, int, int]] = deque()
 
     # --- device links -------------------------------------------------------

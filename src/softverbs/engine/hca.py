@@ -146,7 +146,7 @@ class HCA:
     def receive(self, pkt: Packet, now: float) -> None:
         """Deliver one decoded packet addressed to this device."""
         counters = self.counters
-        counters["rcvd_pkts"] += 1
+        counters["rcvd_pkts"] += pkt.count
         info = OPINFO[pkt.opcode]
         if info is None:
             counters["drop_bad_opcode"] += 1

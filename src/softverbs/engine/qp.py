@@ -55,17 +55,17 @@ class QPEngine(Requester, Responder):
     def receive(self, pkt: Packet, info: OpInfo, now: float) -> None:
         counters = self.hca.counters
         if self.state not in _RESPONDING:
-            counters["drop_qp_state"] += 1
+            counters["drop_qp_state"] += pkt.count
             return
         if info.transport != self.transport:
-            counters["drop_transport_mismatch"] += 1
+            counters["drop_transport_mismatch"] += pkt.count
             return
         if (pkt.pkey & 0x7FFF) != (self.pkey & 0x7FFF) or not (pkt.pkey | self.pkey) & 0x8000:
-            counters["drop_bad_pkey"] += 1
+            counters["drop_bad_pkey"] += pkt.count
             return
         if info.request:
             if self.qp_type == IBV_QPT_XRC_SEND:
-                counters["drop_qp_state"] += 1
+                counters["drop_qp_state"] += pkt.count
                 return
             if not self.comm_established:
                 self.comm_established = True
@@ -74,7 +74,7 @@ class QPEngine(Requester, Responder):
             self.on_request(pkt, info, now)
         else:
             if self.state == IBV_QPS_RTR or self.qp_type == IBV_QPT_XRC_RECV:
-                counters["drop_qp_state"] += 1
+                counters["drop_qp_state"] += pkt.count
                 return
             self.on_response(pkt, info, now)
 

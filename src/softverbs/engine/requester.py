@@ -84,6 +84,7 @@ from softverbs.wire.opcodes import (
     NAK_PSN_SEQUENCE_ERROR,
     NAK_REMOTE_ACCESS_ERROR,
     NAK_REMOTE_OPERATIONAL_ERROR,
+    OPINFO,
     Kind,
     Op,
     OpInfo,
@@ -91,7 +92,7 @@ from softverbs.wire.opcodes import (
     aeth_kind,
     aeth_value,
 )
-from softverbs.wire.packet import Packet
+from softverbs.wire.packet import Burst, Packet, burst
 
 #: Atomics act on host-endian 64-bit words, as a NIC's DMA does on this host.
 NATIVE = sys.byteorder
@@ -172,9 +173,10 @@ NAK_REASON: dict[int, str] = {
 }
 
 
-def _msg_opcodes(transport: Transport, klass: WrClass, imm: bool, inv: bool) -> tuple[int, ...]:
-    ops = _MSG_OPS[(klass, imm, inv)]
-    return tuple(transport | op for op in ops)
+def _msg_opcodes(transport: Transport, klass: WrClass, imm: bool,
+                 inv: bool) -> tuple[int, int, int, int]:  # fmt: skip
+    first, middle, last, only = _MSG_OPS[(klass, imm, inv)]
+    return transport | first, transport | middle, transport | last, transport | only
 
 
 class Requester(QPCore):
@@ -339,53 +341,44 @@ class Requester(QPCore):
         return asked_all
 
     def _send_message(self, wqe: SendWQE, info: WrInfo, now: float) -> bool:
-        first_op, middle_op, last_op, only_op = _msg_opcodes(
-            self.transport, info.klass, info.imm, info.inv
-        )
+        """Send the message's pending packets as bursts (segmentation offload:
+        one object for as many packets as the window allows); False if the
+        window closed before the last one."""
         n = wqe.npkts
+        i = wqe.tx
+        if i >= n:
+            return True
+        psn = P.add(wqe.psn, i)
+        count = n - i
+        if self.reliable:
+            room = self.window - P.diff(psn, self.una)
+            if room <= 0:
+                return False
+            count = min(count, room)
         pmtu = self.pmtu
         data = wqe.data
-        write = info.klass is WrClass.WRITE
-        ud = self.qp_type == IBV_QPT_UD
-        xrc = self.qp_type == IBV_QPT_XRC_SEND
-        i = wqe.tx
-        while i < n:
-            psn = P.add(wqe.psn, i)
-            if self.reliable and P.diff(psn, self.una) >= self.window:
-                wqe.tx = i
-                return False
-            if n == 1:
-                op = only_op
-                payload = data
-            else:
-                op = first_op if i == 0 else last_op if i == n - 1 else middle_op
-                payload = data[i * pmtu : (i + 1) * pmtu]
-            if ud:
-                pkt = Packet(op, wqe.remote_qpn, psn, payload)
-                self.address(pkt, wqe.route)
-                qkey = wqe.remote_qkey
-                pkt.qkey = self.qkey if qkey & 0x80000000 else qkey
-                pkt.src_qp = self.qpn
-            else:
-                pkt = self.new_request(op, psn, payload)
-            if xrc:
-                pkt.srqn = wqe.xrc_srqn
-            last = i == n - 1
-            if write and (i == 0):
-                pkt.va = wqe.remote_addr
-                pkt.rkey = wqe.rkey
-                pkt.dma_len = wqe.length
-            if last:
-                pkt.imm = wqe.imm
-                pkt.inv_rkey = wqe.inv_rkey
-                pkt.se = wqe.se
-                pkt.ackreq = self.reliable
-            elif self.reliable and (i + 1) % ACKREQ_EVERY == 0:
-                pkt.ackreq = True
-            self.send(pkt)
-            i += 1
-        wqe.tx = n
-        return True
+        payload = data if n == 1 else data[i * pmtu : (i + count) * pmtu]
+        if self.qp_type == IBV_QPT_UD:
+            pkt = Packet(0, wqe.remote_qpn, psn, payload)
+            self.address(pkt, wqe.route)
+            qkey = wqe.remote_qkey
+            pkt.qkey = self.qkey if qkey & 0x80000000 else qkey
+            pkt.src_qp = self.qpn
+        else:
+            pkt = self.new_request(0, psn, payload)
+        if self.qp_type == IBV_QPT_XRC_SEND:
+            pkt.srqn = wqe.xrc_srqn
+        if info.klass is WrClass.WRITE:
+            pkt.va = wqe.remote_addr
+            pkt.rkey = wqe.rkey
+            pkt.dma_len = wqe.length
+        pkt.imm = wqe.imm
+        pkt.inv_rkey = wqe.inv_rkey
+        pkt.se = wqe.se
+        ops = _msg_opcodes(self.transport, info.klass, info.imm, info.inv)
+        self.send(burst(pkt, ops, i, count, n, pmtu, ACKREQ_EVERY if self.reliable else 0))
+        wqe.tx = i + count
+        return wqe.tx >= n
 
     def _send_read(self, wqe: SendWQE) -> bool:
         """Ask for the READ's responses from the first missing one; True once all are asked.
@@ -432,8 +425,53 @@ class Requester(QPCore):
     # --- completer ------------------------------------------------------------
     def on_response(self, pkt: Packet, info: OpInfo, now: float) -> None:
         if self.state not in (IBV_QPS_RTS, IBV_QPS_SQD) or not self.inflight:
-            self.hca.counters["drop_unexpected_response"] += 1
+            self.hca.counters["drop_unexpected_response"] += pkt.count
             return
+        if pkt.count > 1:  # a burst of READ responses
+            if not self._read_burst(pkt, now):  # type: ignore[arg-type]
+                for seg in pkt.segments():  # one by one, exactly as sent singly
+                    self.receive(seg, OPINFO[seg.opcode], now)  # type: ignore[attr-defined]
+                return
+        elif not self._response(pkt, info, now):
+            return
+        self.complete(now)
+        self.pump_sq(now)
+
+    def _read_burst(self, b: Burst, now: float) -> bool:
+        """Take a whole burst of READ responses in one step -- when it is the
+        answer the READ waits for next, continuing where it is, ending where
+        its piece ends, with nothing unanswered before it; False, before any
+        side effect, for anything else (the packets then go one by one)."""
+        wqe = self._find(b.psn)
+        if wqe is None or WR_INFO[wqe.opcode].klass is not WrClass.READ or wqe.ackd:
+            return False
+        pmtu = self.pmtu
+        count = b.count
+        expected = P.add(wqe.psn, wqe.rxd)
+        piece = max(1, self.window)
+        end = min(wqe.npkts, (wqe.rxd // piece + 1) * piece)
+        final = end == wqe.npkts
+        size = len(b.payload)
+        if (b.psn != expected or self.una != expected or b.seg != pmtu
+                or b.first_index != 0 or count != b.msg_packets or wqe.rxd + count != end
+                or size > count * pmtu or size <= (count - 1) * pmtu
+                or (not final and size != count * pmtu)):  # fmt: skip
+            return False
+        keys = self.hca.keys
+        seen = keys.integrity_errors
+        if not scatter(wqe.data, wqe.rxd * pmtu, b.payload):
+            return False
+        if keys.integrity_errors != seen:
+            self._sig_failed()  # scattering into a signature key found a bad block
+        wqe.rxd += count
+        if final:
+            wqe.ackd = True
+            self.rd_out -= 1
+        self._progress(now, P.add(b.psn, count))
+        return True
+
+    def _response(self, pkt: Packet, info: OpInfo, now: float) -> bool:
+        """One response packet; False if it was dropped at once."""
         kind = info.kind
         if kind is Kind.ACK:
             k = aeth_kind(pkt.syndrome)
@@ -443,7 +481,7 @@ class Requester(QPCore):
                     self.hca.counters["duplicate_response"] += 1
                 elif P.diff(pkt.psn, self.npsn) >= 0:
                     self.hca.counters["drop_unexpected_response"] += 1  # a PSN never sent
-                    return
+                    return False
                 self._acked(pkt.psn, now)
             elif k == AETH_RNR_NAK:
                 self._rnr_nak(pkt, now)
@@ -451,13 +489,12 @@ class Requester(QPCore):
                 self._nak(pkt, now)
             else:
                 self.hca.counters["drop_bad_aeth"] += 1
-                return
+                return False
         elif kind is Kind.READ_RESP:
             self._read_response(pkt, info, now)
         else:
             self._atomic_ack(pkt, now)
-        self.complete(now)
-        self.pump_sq(now)
+        return True
 
     def _find(self, psn: int) -> SendWQE | None:
         for wqe in self.inflight:

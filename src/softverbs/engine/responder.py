@@ -63,12 +63,13 @@ from softverbs.wire.opcodes import (
     NAK_PSN_SEQUENCE_ERROR,
     NAK_REMOTE_ACCESS_ERROR,
     NAK_REMOTE_OPERATIONAL_ERROR,
+    OPINFO,
     Kind,
     Op,
     OpInfo,
     aeth_syndrome,
 )
-from softverbs.wire.packet import Packet
+from softverbs.wire.packet import Burst, Packet, burst
 
 _MASK64 = (1 << 64) - 1
 _GRH_LEN = 40
@@ -92,6 +93,9 @@ class Responder(QPCore):
     """The receive side of a QP engine (see the module docstring)."""
 
     def on_request(self, pkt: Packet, info: OpInfo, now: float) -> None:
+        if pkt.count > 1:
+            self._burst(pkt, now)  # type: ignore[arg-type]
+            return
         if self.qp_type == IBV_QPT_UD:
             self._ud_receive(pkt, info, now)
         elif self.reliable:
@@ -124,26 +128,87 @@ class Responder(QPCore):
         else:
             self._recv_atomic(pkt, info, now)
 
-    def _accept(self, pkt: Packet, npsn: int = 1) -> None:
-        """The packet executed: consume its PSN(s) and ACK if asked."""
-        self.epsn = P.add(self.epsn, npsn)
+    def _accept(self, pkt: Packet, n: int = 1, asked: bool | None = None) -> None:
+        """``n`` packets from ``pkt`` on executed: consume their PSNs, and ACK
+        the last of them if any asked (``asked``; default: ``pkt.ackreq``)."""
+        self.epsn = P.add(self.epsn, n)
         self.nak_sent = False
         if self.reliable:
-            if pkt.ackreq:
+            if pkt.ackreq if asked is None else asked:
                 if self.ack_req is None:
                     self.hca.defer_ack(self)
-                else:
-                    self.hca.counters["ack_deferred"] += 1  # one ACK will cover both
+                    n -= 1
                 self.ack_req = pkt
-            else:
-                self.hca.counters["ack_deferred"] += 1  # coalesced into a later ACK
+                self.ack_psn = P.add(self.epsn, -1)
+            self.hca.counters["ack_deferred"] += n  # coalesced into one ACK
 
     def emit_ack(self) -> None:
         """Send the coalesced ACK (see HCA.outbox)."""
         req = self.ack_req
         if req is not None:
             self.ack_req = None
-            self._send_ack(req, req.psn)
+            self._send_ack(req, self.ack_psn)
+
+    # --- bursts (segmentation offload; see softverbs.wire.packet) ------------------------
+    def _burst(self, b: Burst, now: float) -> None:
+        """Execute a burst: the packets that continue what this responder
+        expects, in one step -- one key and bounds check, one copy --, then the
+        rest one by one, the last always among them (it completes the message,
+        asks for the ACK, or carries the immediate).  The one-by-one path is
+        the per-packet responder itself, so every PSN, NAK and error is
+        exactly what the packets sent singly would have met."""
+        done = self._burst_body(b, b.count - 1, now) if b.seg == self.pmtu else 0
+        for j in range(done, b.count):
+            seg = b.segment(j)
+            self.receive(seg, OPINFO[seg.opcode], now)  # type: ignore[attr-defined]
+
+    def _burst_body(self, b: Burst, k: int, now: float) -> int:
+        """Execute up to ``k`` leading packets of ``b`` (none of them the
+        message's last) at once; how many it took.  Anything unusual -- a PSN
+        other than the expected one, a sequence error, a buffer too small --
+        takes none (before any side effect), and the packets go one by one."""
+        info = OPINFO[b.opcode]
+        assert info is not None
+        kind = info.kind
+        if b.psn != self.epsn or kind not in (Kind.SEND, Kind.WRITE):
+            return 0
+        if self.reliable:
+            if (self.resp_op >= 0) == info.first or (self.resp_op >= 0 and kind != self.resp_op):
+                return 0
+        elif self.resp_drop or (self.resp_op >= 0 if info.first else kind != self.resp_op):
+            return 0  # UC: a resynchronisation, a dropped message: one by one
+        size = k * b.seg
+        if kind is Kind.WRITE:
+            if info.first:
+                if size > b.dma_len:
+                    return 0
+                view = self._remote(b, Kind.WRITE, b.va, b.dma_len, now)
+                if view is None:
+                    return 1  # the first packet failed (NAKed, or dropped on UC)
+                self.resp_wview = view
+                self.resp_off = 0
+            view = self.resp_wview
+            off = self.resp_off
+            if view is None or off + size > len(view):
+                return 0
+            view[off : off + size] = b.payload[:size]
+        else:
+            if info.first:
+                if not self._begin_recv(b, now):
+                    return 1  # RNR NAK, or the receive WQE failed
+                self.resp_off = 0
+            room = sum(len(v) for v in self.resp_views) - self.resp_off
+            k = min(k, room // b.seg)
+            if k == 0:
+                return 0  # the per-packet path reuses the WQE taken above
+            size = k * b.seg
+            scatter(self.resp_views, self.resp_off, b.payload[:size])
+        self.resp_off += size
+        self.resp_op = kind
+        every = b.ack_every
+        first = b.first_index
+        self._accept(b, k, every > 0 and (first + k) // every > first // every)
+        return k
 
     def _send_ack(self, req: Packet, psn: int) -> None:
         ack = self.reply(req, self.transport | Op.ACKNOWLEDGE, psn)
@@ -394,23 +459,16 @@ class Responder(QPCore):
         self._read_respond(pkt, view, pkt.psn)
 
     def _read_respond(self, req: Packet, view: memoryview, psn: int) -> None:
+        """The READ's responses, as one burst."""
         pmtu = self.pmtu
-        length = len(view)
-        n = max(1, -(-length // pmtu))
+        n = max(1, -(-len(view) // pmtu))
         t = self.transport
-        for i in range(n):
-            if n == 1:
-                op = t | Op.RDMA_READ_RESPONSE_ONLY
-            elif i == 0:
-                op = t | Op.RDMA_READ_RESPONSE_FIRST
-            elif i == n - 1:
-                op = t | Op.RDMA_READ_RESPONSE_LAST
-            else:
-                op = t | Op.RDMA_READ_RESPONSE_MIDDLE
-            rsp = self.reply(req, op, P.add(psn, i), view[i * pmtu : (i + 1) * pmtu])
-            rsp.syndrome = _ACK_SYNDROME
-            rsp.msn = self.msn
-            self.send(rsp)
+        ops = (t | Op.RDMA_READ_RESPONSE_FIRST, t | Op.RDMA_READ_RESPONSE_MIDDLE,
+               t | Op.RDMA_READ_RESPONSE_LAST, t | Op.RDMA_READ_RESPONSE_ONLY)  # fmt: skip
+        rsp = self.reply(req, 0, psn, view)
+        rsp.syndrome = _ACK_SYNDROME
+        rsp.msn = self.msn
+        self.send(burst(rsp, ops, 0, n, n, pmtu, 0))
 
     # --- atomics -------------------------------------------------------------------
     def _recv_atomic(self, pkt: Packet, info: OpInfo, now: float) -> None:

@@ -97,6 +97,10 @@ class DeviceRuntime(Protocol):
 class Runtime:
     """Lock, clock and progress loop shared by a set of devices."""
 
+    #: the fabric takes a :class:`~softverbs.wire.packet.Burst` whole; else
+    #: every burst is split into its packets before :meth:`transmit`
+    bursts = False
+
     def __init__(self, clock: Clock | None = None) -> None:
         self.lock = threading.RLock()
         self.cond = threading.Condition(self.lock)
@@ -139,7 +143,11 @@ class Runtime:
                 sink.write_packet(pkt, ts)
 
     def _send(self, src: HCA, pkt: Packet, now: float) -> None:
-        src.counters["sent_pkts"] += 1
+        if pkt.count > 1 and (self.taps or self.faults is not None or not self.bursts):
+            for seg in pkt.segments():  # each packet on its own, exactly as sent singly
+                self._send(src, seg, now)
+            return
+        src.counters["sent_pkts"] += pkt.count
         if self.taps:
             self.tap(pkt, now)
         faults = self.faults
@@ -259,7 +267,12 @@ class Runtime:
 
 
 class InprocRuntime(Runtime):
-    """The in-process fabric: every attached device is reachable by GID."""
+    """The in-process fabric: every attached device is reachable by GID.
+
+    Packets are handed over as objects, so bursts stay whole (segmentation
+    offload end to end) unless a fault layer or a tap needs single packets."""
+
+    bursts = True
 
     def __init__(self, clock: Clock | None = None) -> None:
         super().__init__(clock)

@@ -9,6 +9,20 @@ and :data:`~softverbs.wire.opcodes.OPINFO` says which of them are meaningful
 for the packet's opcode.  Flat slots keep packet construction cheap on the
 hot path (one object, no nested header objects).
 
+Segmentation offload
+--------------------
+A :class:`Burst` is several consecutive packets of one message as one
+object, as a NIC's host interface sees a TSO send or an LRO receive: the
+header of the first packet, the PSN range, and the payload of all of them.
+Requesters and responders emit bursts; a fabric that moves packet objects
+(the in-process fabric) hands them on whole, and a receiver executes a
+burst in one step -- one key and bounds check, one copy.  Whatever must see
+single packets -- the UDP fabric, the fault layer, a pcap tap, a receiver
+whose burst does not continue what it expects -- splits it with
+:meth:`Burst.segments`, which yields exactly the packets the sender would
+have sent one by one.  PSN semantics therefore never change: a burst is an
+encoding of the packet sequence, not a new kind of packet.
+
 Byte-order conventions:
 
 * ``imm`` is the verbs-level ``imm_data`` value (C type ``__be32``): the codec
@@ -146,12 +160,18 @@ class Packet:
         self.sqpn = 0
         self.corrupt_bit = -1
 
+    #: packets this object stands for (a :class:`Burst` has more than one)
+    count = 1
+
     def copy(self) -> Packet:
         """A shallow copy (the payload is shared; it is never mutated)."""
         new = Packet.__new__(Packet)
-        for name in Packet.__slots__:
-            setattr(new, name, getattr(self, name))
+        _copy_fields(self, new)
         return new
+
+    def segments(self) -> tuple[Packet, ...]:
+        """The single packets this object stands for: itself."""
+        return (self,)
 
     def __repr__(self) -> str:
         from softverbs.wire.opcodes import OPINFO
@@ -159,6 +179,117 @@ class Packet:
         info = OPINFO[self.opcode]
         name = info.name if info else f"opcode {self.opcode:#04x}"
         return f"<Packet {name} dqpn={self.dqpn:#x} psn={self.psn} len={len(self.payload)}>"
+
+
+class Burst(Packet):
+    """Packets ``first_index`` .. ``first_index + count - 1`` of a message of
+    ``msg_packets`` packets (see "Segmentation offload" above).
+
+    The :class:`Packet` fields describe the burst as a whole: ``opcode`` and
+    ``psn`` are the first packet's, ``payload`` is every packet's payload in
+    turn (``seg`` bytes each, the message's last packet possibly shorter),
+    the RETH fields are the message's (carried by its first packet), and
+    ``imm``, ``inv_rkey`` and ``se`` are its last packet's.  ``ops`` are the
+    message's (FIRST, MIDDLE, LAST, ONLY) opcodes.  ``ack_every`` is 0 for
+    packets that never ask for an ACK; otherwise the message's last packet
+    asks, and so does every ``ack_every``-th packet of the message.
+    """
+
+    __slots__ = ("ack_every", "count", "first_index", "last_opcode", "msg_packets", "ops",
+                 "seg")  # fmt: skip
+
+    ack_every: int
+    count: int
+    first_index: int
+    last_opcode: int
+    msg_packets: int
+    ops: tuple[int, int, int, int]
+    seg: int
+
+    def segments(self) -> tuple[Packet, ...]:
+        return tuple(self.segment(j) for j in range(self.count))
+
+    def segment(self, j: int) -> Packet:
+        """Packet ``j`` of the burst, as it goes on the wire."""
+        pkt = Packet.__new__(Packet)
+        _copy_fields(self, pkt)
+        seg = self.seg
+        pkt.psn = (self.psn + j) & 0xFFFFFF
+        pkt.payload = self.payload[j * seg : (j + 1) * seg]
+        _shape(pkt, self.ops, self.first_index + j, self.msg_packets, self.ack_every)
+        return pkt
+
+    def __repr__(self) -> str:
+        from softverbs.wire.opcodes import OPINFO
+
+        info = OPINFO[self.opcode]
+        name = info.name if info else f"opcode {self.opcode:#04x}"
+        return (f"<Burst {self.count} x {name}.. dqpn={self.dqpn:#x} psn={self.psn} "
+                f"len={len(self.payload)}>")  # fmt: skip
+
+
+def burst(template: Packet, ops: tuple[int, int, int, int], first_index: int, count: int,
+          msg_packets: int, seg: int, ack_every: int) -> Packet:  # fmt: skip
+    """Packets ``first_index`` .. ``+count`` of a message, from ``template`` (the
+    message's addressing, RETH, and last-packet fields; its payload is the
+    burst's): the template itself, shaped, if ``count`` is 1, else a
+    :class:`Burst`."""
+    if count == 1:
+        _shape(template, ops, first_index, msg_packets, ack_every)
+        return template
+    b = Burst.__new__(Burst)
+    _copy_fields(template, b)
+    b.ops = ops
+    b.first_index = first_index
+    b.count = count
+    b.msg_packets = msg_packets
+    b.seg = seg
+    b.ack_every = ack_every
+    last = first_index + count - 1
+    b.opcode = _opcode_at(ops, first_index, msg_packets)
+    b.last_opcode = _opcode_at(ops, last, msg_packets)
+    if first_index != 0:
+        b.va = b.rkey = b.dma_len = 0
+    if last != msg_packets - 1:
+        b.imm = b.inv_rkey = 0
+        b.se = False
+    b.ackreq = ack_every > 0 and (last == msg_packets - 1 or
+                                  (first_index + count) // ack_every > first_index // ack_every)
+    return b
+
+
+def _opcode_at(ops: tuple[int, int, int, int], i: int, n: int) -> int:
+    """The opcode of packet ``i`` of an ``n``-packet message."""
+    first, middle, last, only = ops
+    return only if n == 1 else first if i == 0 else last if i == n - 1 else middle
+
+
+def _shape(pkt: Packet, ops: tuple[int, int, int, int], i: int, n: int, ack_every: int) -> None:
+    """Make ``pkt`` packet ``i`` of an ``n``-packet message: its opcode, the
+    RETH only on the first, the last packet's fields only on the last, AckReq."""
+    pkt.opcode = _opcode_at(ops, i, n)
+    pkt.pad = (-len(pkt.payload)) & 3
+    if i != 0:
+        pkt.va = pkt.rkey = pkt.dma_len = 0
+    if i == n - 1:
+        pkt.ackreq = ack_every > 0
+    else:
+        pkt.imm = pkt.inv_rkey = 0
+        pkt.se = False
+        pkt.ackreq = ack_every > 0 and (i + 1) % ack_every == 0
+
+
+def _make_copier() -> Any:
+    # one generated function assigning every slot: several times faster than a
+    # getattr/setattr loop, and packets are copied on the split path per packet
+    body = "".join(f"    dst.{name} = src.{name}\n" for name in Packet.__slots__)
+    scope: dict[str, Any] = {}
+    exec(f"def _copy_fields(src, dst):\n{body}", scope)
+    return scope["_copy_fields"]
+
+
+#: ``_copy_fields(src, dst)``: every :class:`Packet` field of ``src`` onto ``dst``
+_copy_fields = _make_copier()
 
 
 def is_ipv4_gid(gid: bytes) -> bool:

@@ -338,9 +338,13 @@ class Bench:
         mem_size: int = 1 << 16,
         sq_size: int = 256,
         rq_size: int = 256,
+        bursts: bool = False,
     ) -> None:
         self.now = 0.0
         self.policy = policy
+        #: deliver bursts whole (segmentation offload, as the in-process fabric
+        #: does); by default the wire splits them, so the policy sees single packets
+        self.bursts = bursts
         self.a = Node("a", GID_A, BASE_A, qp_type, mem_size, sq_size, rq_size)
         self.b = Node("b", GID_B, BASE_B, qp_type, mem_size, sq_size, rq_size)
         self.by_gid = {GID_A: self.a.hca, GID_B: self.b.hca}
@@ -376,13 +380,14 @@ class Bench:
         for node in (self.a, self.b):
             outbox = node.hca.outbox
             while outbox:
-                pkt = outbox.popleft()
-                action = self.policy(len(self.log), node.name, pkt)
-                self.log.append(Sent(len(self.log), self.now, node.name, pkt, action))
-                dst = self.by_gid.get(pkt.dgid)
-                assert dst is not None, f"no route to {pkt.dgid.hex()} for {pkt!r}"
-                if action != DROP:
-                    marked.append((dst, pkt, action))
+                item = outbox.popleft()
+                for pkt in (item,) if self.bursts else item.segments():
+                    action = self.policy(len(self.log), node.name, pkt)
+                    self.log.append(Sent(len(self.log), self.now, node.name, pkt, action))
+                    dst = self.by_gid.get(pkt.dgid)
+                    assert dst is not None, f"no route to {pkt.dgid.hex()} for {pkt!r}"
+                    if action != DROP:
+                        marked.append((dst, pkt, action))
         batch: list[tuple[HCA, Packet]] = []
         i = 0
         while i < len(marked):

@@ -1,0 +1,156 @@
+"""Segmentation offload: a burst is exactly the packets it stands for.
+
+Two properties:
+
+* :meth:`Burst.segments` yields the packets a sender emitting one packet at a
+  time would: opcodes FIRST/MIDDLE/LAST/ONLY by position in the message,
+  consecutive PSNs, ``seg``-byte payload slices, the RETH on the message's
+  first packet only, the immediate/invalidate/solicited bits on its last,
+  AckReq on the last and on every ``ack_every``-th -- and each segment
+  encodes to a frame that decodes back to itself.
+* Two engines that hand each other bursts whole (as the in-process fabric
+  does) end in the same state as two that split every burst on the wire
+  (as the UDP fabric does): the same CQEs, the same memory, the same
+  receive-side counters -- for SEND, WRITE (with immediate), READ, on RC
+  and UC, and where the fast path must give up: a receive buffer too
+  small, a bad rkey, no receive posted (RNR), a window smaller than the
+  message, and an MTU the responder does not share.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from engine_kit import BASE_B, Bench
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from softverbs.enums import (
+    IBV_QPT_RC,
+    IBV_QPT_UC,
+    IBV_WR_RDMA_READ,
+    IBV_WR_RDMA_WRITE,
+    IBV_WR_RDMA_WRITE_WITH_IMM,
+    IBV_WR_SEND,
+)
+from softverbs.wire.codec import decode_udp_payload, encode_udp_payload
+from softverbs.wire.opcodes import OPINFO, Op, Transport
+from softverbs.wire.packet import Burst, Packet, burst
+
+PMTU = 256
+MEM = 1 << 16
+RECV_OFF = MEM // 2
+OPS_WRITE = tuple(Transport.RC | op for op in (Op.RDMA_WRITE_FIRST, Op.RDMA_WRITE_MIDDLE,
+                  Op.RDMA_WRITE_LAST_WITH_IMMEDIATE, Op.RDMA_WRITE_ONLY_WITH_IMMEDIATE))  # fmt: skip
+IP_A, IP_B = bytes([10, 0, 0, 1]), bytes([10, 0, 0, 2])
+
+
+@given(npkts=st.integers(1, 200), first=st.integers(0, 199), count=st.integers(1, 200),
+       tail=st.integers(1, 64), every=st.sampled_from([0, 1, 7, 64]))  # fmt: skip
+def test_segments_are_the_packets_of_the_message(npkts: int, first: int, count: int,
+                                                 tail: int, every: int) -> None:  # fmt: skip
+    first = min(first, npkts - 1)
+    count = min(count, npkts - first)
+    seg = 64
+    length = (npkts - 1) * seg + tail
+    message = bytes(i % 251 for i in range(length))
+    t = Packet(0, 0x12, 0xFFFFF0, message[first * seg : (first + count) * seg])
+    t.va, t.rkey, t.dma_len = 0x1000, 0x77, length
+    t.imm, t.se = 0xABCD, True
+    t.sgid = b"\x00" * 10 + b"\xff\xff" + IP_A
+    t.dgid = b"\x00" * 10 + b"\xff\xff" + IP_B
+    out = burst(t, OPS_WRITE, first, count, npkts, seg, every)
+    assert isinstance(out, Burst) == (count > 1)
+    segs = out.segments()
+    assert len(segs) == count
+    for j, p in enumerate(segs):
+        i = first + j
+        info = OPINFO[p.opcode]
+        assert info is not None
+        assert info.first == (i == 0) and info.last == (i == npkts - 1)
+        assert p.psn == (0xFFFFF0 + i - first) & 0xFFFFFF
+        assert bytes(p.payload) == message[i * seg : (i + 1) * seg]
+        assert (p.va, p.rkey, p.dma_len) == ((0x1000, 0x77, length) if i == 0 else (0, 0, 0))
+        last = i == npkts - 1
+        assert (p.imm, p.se) == ((0xABCD, True) if last else (0, False))
+        assert p.ackreq == (every > 0 and (last or (i + 1) % every == 0))
+        wire = encode_udp_payload(p, IP_A, IP_B, 0xC000)
+        back = decode_udp_payload(wire, IP_A, IP_B, 0xC000)
+        assert (back.opcode, back.psn, bytes(back.payload), back.ackreq) == (
+            p.opcode, p.psn, bytes(p.payload), p.ackreq)  # fmt: skip
+    if count > 1:
+        assert out.ackreq == any(p.ackreq for p in segs)
+
+
+# --- whole bursts or split bursts: the same outcome ----------------------------------------
+
+
+def _run(bursts: bool, qp_type: int, op: int, size: int, recv_len: int, rkey_ok: bool,
+         recv_posted: bool, window: int, b_pmtu: int) -> dict[str, Any]:  # fmt: skip
+    b = Bench(pmtu=PMTU, qp_type=qp_type, mem_size=MEM, bursts=bursts, retry_cnt=1,
+              rnr_retry=1)  # fmt: skip
+    b.a.qp.window = window
+    b.b.qp.pmtu = b_pmtu
+    b.a.mem[:size] = bytes((i * 13 + 5) & 0xFF for i in range(size))
+    b.b.mem[:size] = bytes((i * 7 + 1) & 0xFF for i in range(size))
+    rkey = b.b.mr.key if rkey_ok else b.b.mr.key ^ 0x100
+    if recv_posted:
+        b.b.post_recv(RECV_OFF, recv_len)
+    if op == IBV_WR_RDMA_READ:
+        b.a.post_send(op, 1024 * 16, size, remote=BASE_B, rkey=rkey)
+    elif op == IBV_WR_SEND:
+        b.a.post_send(op, 0, size)
+    else:
+        b.a.post_send(op, 0, size, remote=BASE_B + 4096 * 4, rkey=rkey, imm=0x1234)
+    b.run(max_time=5.0)
+    cqes = [(c.wr_id, c.status, c.opcode, c.byte_len, c.imm) for n in (b.a, b.b)
+            for c in (n.poll_send() + n.poll_recv())]  # fmt: skip
+    keep = ("rcvd_pkts", "sent_pkts", "out_of_seq_request", "send_rnr_err", "drop_uc_access",
+            "resp_remote_access_err", "resp_invalid_request", "drop_uc_missing_packet",
+            "rdma_recvs", "rdma_sends")  # fmt: skip
+    return {
+        "cqes": cqes,
+        "mem_a": bytes(b.a.mem),
+        "mem_b": bytes(b.b.mem),
+        "states": (b.a.qp.state, b.b.qp.state),
+        "counters": {n.name: {k: n.counters.get(k, 0) for k in keep} for n in (b.a, b.b)},
+    }
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    qp_type=st.sampled_from([IBV_QPT_RC, IBV_QPT_UC]),
+    op=st.sampled_from([IBV_WR_SEND, IBV_WR_RDMA_WRITE, IBV_WR_RDMA_WRITE_WITH_IMM,
+                        IBV_WR_RDMA_READ]),  # fmt: skip
+    size=st.integers(0, 40 * PMTU),
+    recv_short=st.integers(0, 3),
+    rkey_ok=st.booleans(),
+    recv_posted=st.booleans(),
+    window=st.sampled_from([4, 16, 512]),
+    b_pmtu=st.sampled_from([PMTU, PMTU // 2]),
+)
+def test_whole_bursts_and_split_bursts_end_alike(qp_type: int, op: int, size: int,
+                                                 recv_short: int, rkey_ok: bool,
+                                                 recv_posted: bool, window: int,
+                                                 b_pmtu: int) -> None:  # fmt: skip
+    if qp_type == IBV_QPT_UC and op == IBV_WR_RDMA_READ:
+        op = IBV_WR_RDMA_WRITE  # UC has no READ
+    # a receive buffer shorter than the message by a few MTUs (or exactly as long)
+    recv_len = max(0, size - recv_short * PMTU // 2) if recv_short < 3 else size + 1
+    args = (qp_type, op, size, recv_len, rkey_ok, recv_posted, window, b_pmtu)
+    whole = _run(True, *args)
+    split = _run(False, *args)
+    assert whole == split
+
+
+@pytest.mark.parametrize("op", [IBV_WR_SEND, IBV_WR_RDMA_WRITE, IBV_WR_RDMA_READ])
+def test_whole_bursts_take_the_fast_path(op: int) -> None:
+    """With bursts delivered whole, a 40-packet message is a handful of objects
+    on the wire (the window cuts it), not 40 packets."""
+    b = Bench(pmtu=PMTU, mem_size=MEM, bursts=True)
+    b.b.post_recv(RECV_OFF, 40 * PMTU)
+    b.a.post_send(op, 0, 40 * PMTU, remote=BASE_B, rkey=b.b.mr.key)
+    b.run()
+    assert len(b.sent()) <= 4, b.trace()
+    assert b.b.counters["rcvd_pkts"] + b.a.counters["rcvd_pkts"] >= 40
