@@ -48,12 +48,15 @@ from softverbs.wire.packet import Packet, qp_sport
 if TYPE_CHECKING:
     from collections import Counter
 
+    from softverbs.engine.observe import Observer
+
 
 class HCAPort(Protocol):
     """What a QP engine needs from its device."""
 
     keys: KeyTable
     counters: Counter[str]
+    observer: Observer | None
 
     @property
     def outbox(self) -> deque[Packet]: ...
@@ -151,9 +154,13 @@ class QPCore:
     def state(self, value: int) -> None:
         """Every state change is published in the send ring's header, where the
         application's driver reads it (the device moves QPs to ERR by itself)."""
+        old = self._state
         self._state = value
         if self.sq is not None:
             self.sq.publish_state(value)
+        obs = self.hca.observer
+        if obs is not None and old != value:
+            obs.state(self, old, value)
 
     def reset_transport(self) -> None:
         """Forget all transport progress (RESET)."""
@@ -192,6 +199,9 @@ class QPCore:
     # --- device links -------------------------------------------------------
     def send(self, pkt: Packet) -> None:
         self.hca.outbox.append(pkt)
+        obs = self.hca.observer
+        if obs is not None:
+            obs.packet_out(self, pkt)
 
     def arm(self, deadline: float) -> None:
         self.hca.schedule(self, deadline)
@@ -211,6 +221,10 @@ class QPCore:
             return
         if not cq.push(cqe):
             self.hca.cq_overrun(cq)
+            return
+        obs = self.hca.observer
+        if obs is not None:
+            obs.cqe(self, cq, cqe)
 
     def next_deadline(self) -> float | None:
         if self.rnr_until is not None:

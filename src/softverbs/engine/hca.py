@@ -22,6 +22,7 @@ from typing import Any
 
 from softverbs.engine.core import QPCore
 from softverbs.engine.memory import KeyTable
+from softverbs.engine.observe import Observer
 from softverbs.engine.rings import CompletionRing, SharedRecvRing
 from softverbs.enums import IBV_EVENT_CQ_ERR, IBV_EVENT_QP_FATAL
 from softverbs.wire.opcodes import OPINFO
@@ -74,6 +75,8 @@ class HCA:
         self._next_xrcd = 1
         self.events: deque[tuple[int, Any]] = deque()
         self.on_event: EventSink = self._queue_event
+        #: a trace or a sanitizer watching the engine (:mod:`.observe`), or None
+        self.observer: Observer | None = None
 
     # --- numbers ----------------------------------------------------------------
     def alloc_qpn(self, xrc_recv: bool = False) -> int:
@@ -155,6 +158,8 @@ class HCA:
         if qp is None:
             counters["drop_unknown_qp"] += 1
             return
+        if self.observer is not None:
+            self.observer.packet_in(qp, pkt)
         qp.receive(pkt, info, now)  # type: ignore[attr-defined]
 
     # --- timers ---------------------------------------------------------------------
@@ -203,6 +208,8 @@ class HCA:
 
     def post_event(self, event_type: int, element: Any) -> None:
         self.counters["async_events"] += 1
+        if self.observer is not None:
+            self.observer.event(event_type, element)
         self.on_event(event_type, element)
 
     def cq_overrun(self, cq: CompletionRing) -> None:

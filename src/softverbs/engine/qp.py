@@ -23,6 +23,7 @@ from typing import Any
 
 from softverbs.engine import psn as P
 from softverbs.engine import qpstate
+from softverbs.engine.observe import RQ
 from softverbs.engine.requester import Requester
 from softverbs.engine.responder import Responder
 from softverbs.engine.rings import CQE, WQ_SRQ
@@ -82,6 +83,9 @@ class QPEngine(Requester, Responder):
         """Receive WQEs were posted: fetch them."""
         if self.rq is not None:
             self.rq.latch()
+            obs = self.hca.observer
+            if obs is not None:
+                obs.doorbell(self, RQ, self.rq.db)
         if self.state == IBV_QPS_ERR:
             self.flush_rq()
 

@@ -38,6 +38,7 @@ from enum import IntEnum
 
 from softverbs.engine import psn as P
 from softverbs.engine.core import ACKREQ_EVERY, QPCore
+from softverbs.engine.observe import SQ
 from softverbs.engine.rings import CQE, WR_DRIVER1, SendWQE, scatter
 from softverbs.enums import (
     IBV_QPS_ERR,
@@ -187,6 +188,9 @@ class Requester(QPCore):
         """The driver advanced ``sq.db``: fetch the new WQEs, then run."""
         self.hca.counters["doorbells"] += 1
         self.fetch_sq()
+        obs = self.hca.observer
+        if obs is not None and self.sq is not None:
+            obs.doorbell(self, SQ, self.sq.db)
         if self.state in (IBV_QPS_ERR, IBV_QPS_SQE):
             self.flush_sq()
             return
@@ -226,13 +230,17 @@ class Requester(QPCore):
 
     # --- starting and transmitting ------------------------------------------
     def _start(self, wqe: SendWQE, info: WrInfo, now: float) -> None:
+        """Resolve the WQE's memory, give it its PSNs, transmit what may go."""
         wqe.started = True
+        obs = self.hca.observer
         klass = info.klass
         if klass is WrClass.LOCAL or wqe.nop:  # a NOP: cancelled (cancel_posted)
             if not wqe.nop:
                 self._execute_local(wqe)
             wqe.ackd = True
             self.inflight.append(wqe)
+            if obs is not None:
+                obs.wqe_start(self, wqe)
             return
         keys = self.hca.keys
         seen = keys.integrity_errors
@@ -241,6 +249,8 @@ class Requester(QPCore):
             self._sig_failed()  # gathering through a signature key found a bad block
         if error is not None:
             self.inflight.append(wqe)
+            if obs is not None:
+                obs.wqe_start(self, wqe)
             return
         pmtu = self.pmtu
         npkts = 1 if klass is WrClass.ATOMIC else max(1, -(-wqe.length // pmtu))
@@ -250,6 +260,8 @@ class Requester(QPCore):
         if klass in (WrClass.READ, WrClass.ATOMIC):
             self.rd_out += 1
         self.inflight.append(wqe)
+        if obs is not None:
+            obs.wqe_start(self, wqe)
         self._transmit(wqe, now)
 
     def _resolve(self, wqe: SendWQE, klass: WrClass) -> int | None:
@@ -671,6 +683,9 @@ class Requester(QPCore):
         self.retry_left -= 1
         self.retry_episode = True
         counters["completer_retry_err"] += 1
+        obs = self.hca.observer
+        if obs is not None:
+            obs.retransmit(self, psn, why)
         self.rewind(psn)
         self.deadline = None
 
@@ -705,6 +720,9 @@ class Requester(QPCore):
             # must go again too, or nothing is sent and no timer is left to notice.
             self.rewind(self.una)
             self.hca.counters["rnr_retries"] += 1
+            obs = self.hca.observer
+            if obs is not None:
+                obs.retransmit(self, self.una, "RNR back-off over")
             self.pump_sq(now)
             if self.deadline is not None:
                 self.arm(self.deadline)

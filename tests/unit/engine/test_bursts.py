@@ -41,8 +41,12 @@ from softverbs.wire.packet import Burst, Packet, burst
 PMTU = 256
 MEM = 1 << 16
 RECV_OFF = MEM // 2
-OPS_WRITE = tuple(Transport.RC | op for op in (Op.RDMA_WRITE_FIRST, Op.RDMA_WRITE_MIDDLE,
-                  Op.RDMA_WRITE_LAST_WITH_IMMEDIATE, Op.RDMA_WRITE_ONLY_WITH_IMMEDIATE))  # fmt: skip
+OPS_WRITE = (
+    Transport.RC | Op.RDMA_WRITE_FIRST,
+    Transport.RC | Op.RDMA_WRITE_MIDDLE,
+    Transport.RC | Op.RDMA_WRITE_LAST_WITH_IMMEDIATE,
+    Transport.RC | Op.RDMA_WRITE_ONLY_WITH_IMMEDIATE,
+)
 IP_A, IP_B = bytes([10, 0, 0, 1]), bytes([10, 0, 0, 2])
 
 
@@ -121,8 +125,9 @@ def _run(bursts: bool, qp_type: int, op: int, size: int, recv_len: int, rkey_ok:
 @settings(max_examples=150, deadline=None)
 @given(
     qp_type=st.sampled_from([IBV_QPT_RC, IBV_QPT_UC]),
-    op=st.sampled_from([IBV_WR_SEND, IBV_WR_RDMA_WRITE, IBV_WR_RDMA_WRITE_WITH_IMM,
-                        IBV_WR_RDMA_READ]),  # fmt: skip
+    op=st.sampled_from(
+        [IBV_WR_SEND, IBV_WR_RDMA_WRITE, IBV_WR_RDMA_WRITE_WITH_IMM, IBV_WR_RDMA_READ]
+    ),
     size=st.integers(0, 40 * PMTU),
     recv_short=st.integers(0, 3),
     rkey_ok=st.booleans(),
