@@ -74,7 +74,7 @@ class Harness:
         if flags & 1 and len(body) >= 8:
             body[5:8] = (eng.qpn & 0xFFFFFF).to_bytes(3, "big")
         if flags & 2 and len(body) >= 12:
-            base = eng.una if t.role == "requester" and body[0] & 0x1F >= 13 else eng.epsn
+            base = eng.comp.una if t.role == "requester" and body[0] & 0x1F >= 13 else eng.resp.epsn
             psn = (base + (delta if delta < 128 else delta - 256)) & 0xFFFFFF
             body[9:12] = psn.to_bytes(3, "big")
         transport = bytes(body)

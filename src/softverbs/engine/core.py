@@ -1,19 +1,22 @@
-"""State shared by the three halves of a QP engine.
+"""What the three parts of a QP engine share: the QP itself.
 
-A QP engine is split the way a NIC's transport is:
+A QP engine is split the way a NIC's transport is, into three objects that
+each own their state (:class:`~.qp.QPEngine` holds one of each):
 
-* the **requester** (:mod:`.requester`) turns send WQEs into request packets
-  and keeps the retransmission timer;
-* the **completer** (also :mod:`.requester`) consumes ACKs, NAKs and read or
-  atomic responses and writes send CQEs in posting order;
-* the **responder** (:mod:`.responder`) checks and executes incoming
-  requests, consumes receive WQEs and answers with ACKs, NAKs and responses.
+* the **requester** (:class:`.requester.Requester`) turns send WQEs into
+  request packets, within the window and the READ/atomic limit;
+* the **completer** (:class:`.requester.Completer`) consumes ACKs, NAKs and
+  READ or atomic responses, keeps the retransmission and RNR timers, and
+  writes send CQEs in posting order;
+* the **responder** (:class:`.responder.Responder`) checks and executes
+  incoming requests, consumes receive WQEs and answers with ACKs, NAKs and
+  responses.
 
-:class:`QPCore` holds the state all of them read: the QP's attributes, its
-rings and CQs, and the link to the device (:class:`HCAPort`) through which
-packets leave, timers are armed and async events are posted.  The engine is
-sans-IO: every entry point takes ``now`` (seconds, from an injected clock)
-and nothing here reads a clock, sleeps or touches a socket.
+:class:`QPCore` holds what all of them read: the QP's attributes, its rings
+and CQs, its state, and the link to the device (:class:`HCAPort`) through
+which packets leave, timers are armed and async events are posted.  The
+engine is sans-IO: every entry point takes ``now`` (seconds, from an
+injected clock) and nothing here reads a clock, sleeps or touches a socket.
 """
 
 from __future__ import annotations
@@ -25,9 +28,7 @@ from softverbs.engine.memory import KeyTable
 from softverbs.engine.rings import (
     CQE,
     CompletionRing,
-    RecvWQE,
     Route,
-    SendWQE,
     SharedRecvRing,
     WorkRing,
 )
@@ -144,7 +145,6 @@ class QPCore:
         self.last_error = ""  #: why the QP last left RTS by itself, in words
         self.timer_at: float | None = None  #: deadline of the live timer entry
         self.timer_token = 0
-        self.reset_transport()
 
     @property
     def state(self) -> int:
@@ -161,40 +161,6 @@ class QPCore:
         obs = self.hca.observer
         if obs is not None and old != value:
             obs.state(self, old, value)
-
-    def reset_transport(self) -> None:
-        """Forget all transport progress (RESET)."""
-        # requester / completer
-        self.sq_next = self.sq.db if self.sq is not None else 0  #: next WQE to start
-        self.inflight: deque[SendWQE] = deque()
-        self.npsn = self.sq_psn  #: PSN of the next new request packet
-        self.una = self.sq_psn  #: oldest unacknowledged PSN
-        self.rd_out = 0  #: outstanding RDMA READs and atomics
-        self.retry_left = self.retry_cnt
-        self.rnr_left = self.rnr_retry
-        self.deadline: float | None = None  #: retransmission timer
-        self.rnr_until: float | None = None  #: RNR back-off end
-        self.rnr_psn = 0
-        self.retry_episode = False  #: a retransmission is already under way
-        self.blocked = False  #: a failed WQE waits to reach the head
-        self.draining = False
-        self.sig_pending = False  #: a transfer failed its signature check: stop soon
-        self.sig_stopped = False  #: stopped for it: post SQ_DRAINED once drained
-        # responder
-        self.epsn = self.rq_psn
-        self.msn = 0
-        self.rq_next = self.rq.db if self.rq is not None else 0
-        self.cancelled: list[tuple[int, int]] = []  #: (posted below, wr_id) turned into NOPs
-        self.resp_op = -1  #: Kind of the multi-packet message in progress, or -1
-        self.resp_rqe: RecvWQE | None = None
-        self.resp_views: list[memoryview] = []
-        self.resp_off = 0
-        self.resp_wview: memoryview | None = None
-        self.resp_drop = False  #: UC: discard until the next FIRST/ONLY
-        self.nak_sent = False
-        self.ack_req: Packet | None = None  #: the request whose coalesced ACK is due
-        self.ack_psn = 0  #: the PSN that ACK acknowledges
-        self.replay: deque[tuple[int, int, int, int, int, int, int]] = deque()
 
     # --- device links -------------------------------------------------------
     def send(self, pkt: Packet) -> None:
@@ -225,24 +191,6 @@ class QPCore:
         obs = self.hca.observer
         if obs is not None:
             obs.cqe(self, cq, cqe)
-
-    def next_deadline(self) -> float | None:
-        if self.rnr_until is not None:
-            return self.rnr_until
-        return self.deadline
-
-    # --- implemented by the halves and the state machine ---------------------
-    def handle_timer(self, now: float) -> None:
-        raise NotImplementedError
-
-    def emit_ack(self) -> None:
-        raise NotImplementedError
-
-    def to_error(self, now: float) -> None:
-        raise NotImplementedError
-
-    def send_queue_error(self, now: float) -> None:
-        raise NotImplementedError
 
     def new_request(self, opcode: int, psn: int, payload: Any = b"") -> Packet:
         """A request packet addressed to the connected peer."""

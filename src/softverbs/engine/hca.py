@@ -18,7 +18,7 @@ from __future__ import annotations
 import heapq
 from collections import Counter, deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from softverbs.engine.core import QPCore
 from softverbs.engine.memory import KeyTable
@@ -27,6 +27,9 @@ from softverbs.engine.rings import CompletionRing, SharedRecvRing
 from softverbs.enums import IBV_EVENT_CQ_ERR, IBV_EVENT_QP_FATAL
 from softverbs.wire.opcodes import OPINFO
 from softverbs.wire.packet import Packet
+
+if TYPE_CHECKING:
+    from softverbs.engine.qp import QPEngine
 
 QPN_MASK = 0xFFFFFF
 FIRST_QPN = 0x11
@@ -59,11 +62,11 @@ class HCA:
         self.counters: Counter[str] = Counter()
         self._outbox: deque[Packet] = deque()
         #: responders with a coalesced ACK to send (see :attr:`outbox`)
-        self._acks: list[QPCore] = []
-        self.qps: dict[int, QPCore] = {}
+        self._acks: list[QPEngine] = []
+        self.qps: dict[int, QPEngine] = {}
         self.srqs: dict[int, SharedRecvRing] = {}
         self.cqs: dict[int, CompletionRing] = {}
-        self._timers: list[tuple[float, int, QPCore]] = []
+        self._timers: list[tuple[float, int, QPEngine]] = []
         self._timer_seq = 0
         self._next_qpn = FIRST_QPN
         self._xrc_gen = 0
@@ -144,7 +147,7 @@ class HCA:
         return self._outbox
 
     def defer_ack(self, qp: QPCore) -> None:
-        self._acks.append(qp)
+        self._acks.append(cast("QPEngine", qp))
 
     def receive(self, pkt: Packet, now: float) -> None:
         """Deliver one decoded packet addressed to this device."""
@@ -160,7 +163,7 @@ class HCA:
             return
         if self.observer is not None:
             self.observer.packet_in(qp, pkt)
-        qp.receive(pkt, info, now)  # type: ignore[attr-defined]
+        qp.receive(pkt, info, now)
 
     # --- timers ---------------------------------------------------------------------
     def schedule(self, qp: QPCore, deadline: float) -> None:
@@ -175,7 +178,7 @@ class HCA:
         self._timer_seq += 1
         qp.timer_token = self._timer_seq
         qp.timer_at = deadline
-        heapq.heappush(self._timers, (deadline, self._timer_seq, qp))
+        heapq.heappush(self._timers, (deadline, self._timer_seq, cast("QPEngine", qp)))
 
     def next_deadline(self) -> float | None:
         timers = self._timers

@@ -1,4 +1,10 @@
-"""The QP engine: requester + responder + the effects of state changes.
+"""The QP engine: a requester, a completer and a responder, and the effects
+of state changes.
+
+:class:`QPEngine` is the QP (:class:`~.core.QPCore`: attributes, rings,
+state) with its three parts, each an object that owns its own progress
+(:mod:`.core` says who does what).  It routes packets in to them, and
+carries out state changes.
 
 Which transitions are legal, and which attributes each needs, is decided
 by the state table in :mod:`.qpstate`, which :meth:`QPEngine.modify`
@@ -23,10 +29,11 @@ from typing import Any
 
 from softverbs.engine import psn as P
 from softverbs.engine import qpstate
+from softverbs.engine.core import HCAPort, QPCore
 from softverbs.engine.observe import RQ
-from softverbs.engine.requester import Requester
+from softverbs.engine.requester import Completer, Requester, SigStop
 from softverbs.engine.responder import Responder
-from softverbs.engine.rings import CQE, WQ_SRQ
+from softverbs.engine.rings import CQE, WQ_SRQ, CompletionRing, SharedRecvRing, WorkRing
 from softverbs.enums import (
     IBV_EVENT_COMM_EST,
     IBV_EVENT_QP_LAST_WQE_REACHED,
@@ -39,8 +46,6 @@ from softverbs.enums import (
     IBV_QPS_SQE,
     IBV_QPT_XRC_RECV,
     IBV_QPT_XRC_SEND,
-    IBV_WC_RECV,
-    IBV_WC_WR_FLUSH_ERR,
 )
 from softverbs.wire.opcodes import OpInfo
 from softverbs.wire.packet import Packet, udp_sport
@@ -49,8 +54,30 @@ from softverbs.wire.packet import Packet, udp_sport
 _RESPONDING = frozenset({IBV_QPS_RTR, IBV_QPS_RTS, IBV_QPS_SQD, IBV_QPS_SQE})
 
 
-class QPEngine(Requester, Responder):
+class QPEngine(QPCore):
     """One queue pair's transport (see the module docstring)."""
+
+    def __init__(
+        self,
+        hca: HCAPort,
+        qpn: int,
+        qp_type: int,
+        pd: object,
+        send_cq: CompletionRing | None,
+        recv_cq: CompletionRing | None,
+        sq: WorkRing | None,
+        rq: WorkRing | None,
+        srq: SharedRecvRing | None,
+        sq_sig_all: bool,
+        owner: Any = None,
+    ) -> None:
+        super().__init__(hca, qpn, qp_type, pd, send_cq, recv_cq, sq, rq, srq, sq_sig_all,
+                         owner)  # fmt: skip
+        self.req = Requester(self)
+        self.comp = Completer(self)
+        self.req.comp = self.comp
+        self.comp.req = self.req
+        self.resp = Responder(self)
 
     # --- packets in --------------------------------------------------------------
     def receive(self, pkt: Packet, info: OpInfo, now: float) -> None:
@@ -72,12 +99,17 @@ class QPEngine(Requester, Responder):
                 self.comm_established = True
                 if self.state == IBV_QPS_RTR:
                     self.hca.post_event(IBV_EVENT_COMM_EST, self)
-            self.on_request(pkt, info, now)
+            self.resp.on_request(pkt, info, now)
         else:
             if self.state == IBV_QPS_RTR or self.qp_type == IBV_QPT_XRC_RECV:
                 counters["drop_qp_state"] += pkt.count
                 return
-            self.on_response(pkt, info, now)
+            self.comp.on_response(pkt, info, now)
+
+    # --- doorbells, timers, ACKs: the device's calls -----------------------------
+    def doorbell(self, now: float) -> None:
+        """Send WQEs were posted: fetch them and run."""
+        self.req.doorbell(now)
 
     def rq_doorbell(self, now: float) -> None:
         """Receive WQEs were posted: fetch them."""
@@ -87,7 +119,22 @@ class QPEngine(Requester, Responder):
             if obs is not None:
                 obs.doorbell(self, RQ, self.rq.db)
         if self.state == IBV_QPS_ERR:
-            self.flush_rq()
+            self.resp.flush()
+
+    def handle_timer(self, now: float) -> None:
+        self.comp.handle_timer(now)
+
+    def next_deadline(self) -> float | None:
+        return self.comp.next_deadline()
+
+    def emit_ack(self) -> None:
+        self.resp.emit_ack()
+
+    def cancel_posted(self, wr_id: int) -> int:
+        return self.req.cancel_posted(wr_id)
+
+    def fetch_sq(self, everything: bool = False) -> None:
+        self.req.fetch_sq(everything)
 
     # --- attributes ------------------------------------------------------------------
     def set_attrs(self, attrs: dict[str, Any]) -> None:
@@ -95,13 +142,13 @@ class QPEngine(Requester, Responder):
         for name, value in attrs.items():
             setattr(self, name, value)
             if name == "sq_psn":
-                self.npsn = self.una = value
+                self.req.npsn = self.comp.una = value
             elif name == "rq_psn":
-                self.epsn = value
+                self.resp.epsn = value
             elif name == "retry_cnt":
-                self.retry_left = value
+                self.comp.retry_left = value
             elif name == "rnr_retry":
-                self.rnr_left = value
+                self.comp.rnr_left = value
         if "dest_qpn" in attrs:
             self.sport = udp_sport(self.qpn, self.dest_qpn)
 
@@ -119,6 +166,7 @@ class QPEngine(Requester, Responder):
 
     def set_state(self, new: int, now: float) -> None:
         old = self.state
+        req = self.req
         if new == IBV_QPS_RESET:
             self.reset()
         elif new == IBV_QPS_ERR:
@@ -128,15 +176,16 @@ class QPEngine(Requester, Responder):
         elif new == IBV_QPS_SQD:
             self.state = IBV_QPS_SQD
             if old == IBV_QPS_RTS:
-                self.draining = True
-            self.pump_sq(now)
+                req.draining = True
+            req.pump_sq(now)
         elif new == IBV_QPS_RTS:
             self.state = IBV_QPS_RTS
-            self.draining = False
-            self.sig_stopped = False  # a signature stop's SQ_DRAINED is moot once resumed
+            req.draining = False
+            if req.sig is SigStop.STOPPED:
+                req.sig = SigStop.NONE  # a signature stop's SQ_DRAINED is moot once resumed
             if old == IBV_QPS_SQE:
-                self.blocked = False
-            self.pump_sq(now)
+                req.blocked = False
+            req.pump_sq(now)
         else:
             self.state = new
             if new == IBV_QPS_INIT:
@@ -152,9 +201,9 @@ class QPEngine(Requester, Responder):
 
         for cq in {id(c): c for c in (self.send_cq, self.recv_cq) if c is not None}.values():
             cq.purge(self.qpn, purged)
-        if self.resp_rqe is not None and self.resp_rqe.srq is not None:
-            self.resp_rqe.srq.discarded()
-            self.resp_rqe = None
+        rqe = self.resp.rqe
+        if rqe is not None and rqe.srq is not None:
+            rqe.srq.discarded()
         if self.sq is not None:
             self.sq.discard()
         if self.rq is not None:
@@ -162,7 +211,9 @@ class QPEngine(Requester, Responder):
         self.state = IBV_QPS_RESET
         self.comm_established = False
         self.last_error = ""
-        self.reset_transport()
+        self.req.reset()
+        self.comp.reset()
+        self.resp.reset()
 
     def to_error(self, now: float) -> None:
         if self.state == IBV_QPS_ERR:
@@ -170,8 +221,8 @@ class QPEngine(Requester, Responder):
         was_reset = self.state == IBV_QPS_RESET
         self.state = IBV_QPS_ERR
         self.flush_posted_sq()
-        self.flush_rq()
-        self.replay.clear()
+        self.resp.flush()
+        self.resp.replay.clear()
         if self.srq is not None and not was_reset:
             self.hca.post_event(IBV_EVENT_QP_LAST_WQE_REACHED, self)
 
@@ -183,37 +234,12 @@ class QPEngine(Requester, Responder):
         """Flush every posted send WQE, deferred ones too: each was posted
         successfully, so each must complete (seed 003), and entering ERR or SQE
         completes every WR that has not completed (seed 001)."""
-        self.fetch_sq(everything=True)
-        self.flush_sq()
-
-    def flush_rq(self) -> None:
-        rqe = self.resp_rqe
-        self.resp_rqe = None
-        self.resp_op = -1
-        self.resp_wview = None
-        if rqe is not None:
-            self._flush_rqe(rqe)
-        rq = self.rq
-        if rq is None or self.srq is not None:
-            return
-        while self.rq_next < rq.db:
-            self._flush_rqe(rq.get(self.rq_next))
-            self.rq_next += 1
-
-    def _flush_rqe(self, rqe: Any) -> None:
-        cqe = CQE(rqe.wr_id, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV, self.qpn)
-        cqe.reason = "flushed: the QP is in the error state"
-        srq = rqe.srq
-        ring = srq if srq is not None else self.rq
-        if ring is not None:
-            cqe.wq_kind, cqe.wq_handle = ring.tag
-        cqe.index = rqe.index
-        cq = srq.cq if srq is not None and srq.cq is not None else self.recv_cq
-        self.push_cqe(cq, cqe)
+        self.req.fetch_sq(everything=True)
+        self.req.flush_sq()
 
     # --- introspection ------------------------------------------------------------------
     def sq_draining(self) -> bool:
-        return self.state == IBV_QPS_SQD and self.draining
+        return self.state == IBV_QPS_SQD and self.req.draining
 
     def outstanding_psns(self) -> int:
-        return P.diff(self.npsn, self.una)
+        return P.diff(self.req.npsn, self.comp.una)

@@ -2,44 +2,58 @@
 
 Life of a send WQE
 ------------------
+Its :class:`~.rings.WqeState` moves as :data:`~.rings.WQE_MOVES` allows:
+
 1. *Posted*: the driver writes it into the SQ ring; the doorbell moves
-   ``sq.db`` past it.
-2. *Started* (:meth:`Requester.pump_sq`): taken from the ring in order, its
-   local memory resolved and given a PSN range -- one PSN per packet, or per
-   expected response packet for an RDMA READ.  A fenced WQE waits for every
-   earlier READ and atomic; READs and atomics wait while ``max_rd_atomic``
-   of them are outstanding; nothing starts in SQD, or while a failed WQE
-   waits to reach the head of the queue.  With signature pipelining, a
-   transfer whose data failed a signature check (the key table's
-   ``integrity_errors`` rose while it gathered or scattered) makes the QP
-   stop itself in SQD before the next fenced WQE.  A cancelled WQE (``nop``)
-   starts as a NOP.
+   ``sq.db`` past it, and the device fetches it (``QUEUED``).  A cancel
+   (``mlx5dv_qp_cancel_posted_send_wrs``) may turn it into a NOP
+   (``CANCELLED``) until it starts.
+2. *Started* (:meth:`Requester.pump_sq`; ``ACTIVE``): taken from the ring in
+   order, its local memory resolved and given a PSN range -- one PSN per
+   packet, or per expected response packet for an RDMA READ.  A fenced WQE
+   waits for every earlier READ and atomic; READs and atomics wait while
+   ``max_rd_atomic`` of them are outstanding; nothing starts in SQD, or
+   while a failed WQE waits to reach the head of the queue.  With signature
+   pipelining, a transfer whose data failed a signature check (the key
+   table's ``integrity_errors`` rose while it gathered or scattered) makes
+   the QP stop itself in SQD before the next fenced WQE.  A cancelled WQE
+   starts as a NOP and is ``DONE`` at once; so is a local operation.
 3. *Transmitted*: packets go out while fewer than ``window`` PSNs are
-   unacknowledged.  The last packet of a message, and every
+   unacknowledged, as bursts (:mod:`softverbs.wire.packet`: segmentation
+   offload).  The last packet of a message, and every
    :data:`~.core.ACKREQ_EVERY`-th packet, asks for an ACK.  A long RDMA READ
    is asked for in pieces of at most ``window`` responses.
-4. *Acknowledged*: ACKs are cumulative.  READ and atomic WQEs are done when
-   their responses arrive; an ACK beyond an unanswered READ means its
-   responses were lost, and the READ is retried (an implied NAK).
-5. *Completed* (:meth:`Requester.complete`): strictly in posting order; a CQE
-   is written if the WQE was signaled or failed.  A failed WQE moves an RC QP
-   to ERR and a UC/UD QP to SQE; the QP state machine then flushes the rest.
+4. *Acknowledged* (:class:`Completer`; ``DONE``): ACKs are cumulative.  READ
+   and atomic WQEs are done when their responses arrive; an ACK beyond an
+   unanswered READ means its responses were lost, and the READ is retried
+   (an implied NAK).  UC and UD WQEs are done when sent.
+5. *Completed* (:meth:`Completer.complete`): strictly in posting order; a
+   CQE is written if the WQE was signaled or ``FAILED``.  A failed WQE moves
+   an RC QP to ERR and a UC/UD QP to SQE; the QP state machine then flushes
+   the rest.
 
 Recovery is go-back-N: on a PSN-sequence NAK, on an ACK timeout, or at the
 end of an RNR back-off, transmission restarts from the first missing PSN.
 Timeouts and sequence NAKs spend ``retry_cnt``; RNR NAKs spend
 ``rnr_retry`` (7 = forever).  Any forward progress refills both.
+
+The :class:`Requester` owns what starting needs: the next WQE and PSN, the
+count of outstanding READs and atomics, the SQ's flow (:class:`SqFlow`).
+The :class:`Completer` owns what finishing needs: the started WQEs in
+order, the oldest unacknowledged PSN, the retry budgets and the timers.
 """
 
 from __future__ import annotations
 
 import sys
+from collections import deque
 from enum import IntEnum
+from typing import TYPE_CHECKING
 
 from softverbs.engine import psn as P
-from softverbs.engine.core import ACKREQ_EVERY, QPCore
+from softverbs.engine.core import ACKREQ_EVERY
 from softverbs.engine.observe import SQ
-from softverbs.engine.rings import CQE, WR_DRIVER1, SendWQE, scatter
+from softverbs.engine.rings import CQE, WQE_MOVES, WR_DRIVER1, SendWQE, WqeState, scatter
 from softverbs.enums import (
     IBV_QPS_ERR,
     IBV_QPS_RTS,
@@ -64,7 +78,6 @@ from softverbs.enums import (
     IBV_WC_RETRY_EXC_ERR,
     IBV_WC_RNR_RETRY_EXC_ERR,
     IBV_WC_SEND,
-    IBV_WC_SUCCESS,
     IBV_WR_ATOMIC_CMP_AND_SWP,
     IBV_WR_ATOMIC_FETCH_AND_ADD,
     IBV_WR_BIND_MW,
@@ -94,6 +107,9 @@ from softverbs.wire.opcodes import (
     aeth_value,
 )
 from softverbs.wire.packet import Burst, Packet, burst
+
+if TYPE_CHECKING:
+    from softverbs.engine.qp import QPEngine
 
 #: Atomics act on host-endian 64-bit words, as a NIC's DMA does on this host.
 NATIVE = sys.byteorder
@@ -180,156 +196,202 @@ def _msg_opcodes(transport: Transport, klass: WrClass, imm: bool,
     return transport | first, transport | middle, transport | last, transport | only
 
 
-class Requester(QPCore):
-    """The send side of a QP engine (see the module docstring)."""
+
+class SigStop(IntEnum):
+    """Signature pipelining (MLX5DV_QP_CREATE_SIG_PIPELINING): where the SQ is."""
+
+    NONE = 0
+    PENDING = 1  #: a transfer failed its signature check: stop before the next fence
+    STOPPED = 2  #: stopped in SQD for it: post SQ_DRAINED once the started WQEs are done
+
+
+def _move(wqe: SendWQE, new: WqeState) -> None:
+    """Move ``wqe`` along :data:`~.rings.WQE_MOVES` (checked in debug runs)."""
+    assert new in WQE_MOVES[wqe.state], f"WQE {wqe.wr_id}: {wqe.state.name} -> {new.name}"
+    wqe.state = new
+
+
+def _finished(wqe: SendWQE) -> bool:
+    return wqe.state >= WqeState.CANCELLED
+
+
+def _pending(wqe: SendWQE) -> bool:
+    """Started, with packets still to send."""
+    return wqe.state == WqeState.ACTIVE and wqe.tx < wqe.npkts
+
+
+class Requester:
+    """The send side of a QP: starts WQEs and sends their requests."""
+
+    def __init__(self, qp: QPEngine) -> None:
+        self.qp = qp
+        self.comp: Completer  # set by the QP engine
+        self.cancelled: list[tuple[int, int]] = []  #: (posted below, wr_id) turned into NOPs
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget all progress (RESET)."""
+        sq = self.qp.sq
+        self.sq_next = sq.db if sq is not None else 0  #: next WQE to start
+        self.npsn = self.qp.sq_psn  #: PSN of the next new request packet
+        self.rd_out = 0  #: outstanding RDMA READs and atomics
+        self.blocked = False  #: a failed WQE waits to reach the head: start nothing
+        self.draining = False  #: SQD: the started WQEs are finishing
+        self.sig = SigStop.NONE
+        self.cancelled = []
 
     # --- entry points -------------------------------------------------------
     def doorbell(self, now: float) -> None:
         """The driver advanced ``sq.db``: fetch the new WQEs, then run."""
-        self.hca.counters["doorbells"] += 1
+        qp = self.qp
+        qp.hca.counters["doorbells"] += 1
         self.fetch_sq()
-        obs = self.hca.observer
-        if obs is not None and self.sq is not None:
-            obs.doorbell(self, SQ, self.sq.db)
-        if self.state in (IBV_QPS_ERR, IBV_QPS_SQE):
+        obs = qp.hca.observer
+        if obs is not None and qp.sq is not None:
+            obs.doorbell(qp, SQ, qp.sq.db)
+        if qp.state in (IBV_QPS_ERR, IBV_QPS_SQE):
             self.flush_sq()
             return
         self.pump_sq(now)
 
     def pump_sq(self, now: float) -> None:
         """Transmit what the window allows and start what may start."""
-        sq = self.sq
-        if sq is None or self.state not in (IBV_QPS_RTS, IBV_QPS_SQD) or self.rnr_until is not None:
+        qp = self.qp
+        sq = qp.sq
+        comp = self.comp
+        if sq is None or qp.state not in (IBV_QPS_RTS, IBV_QPS_SQD) or comp.rnr_until is not None:
             return
         held = False  #: a WQE has packets left to send: later PSNs must wait for them
-        for wqe in self.inflight:
-            if not wqe.ackd and wqe.tx < wqe.npkts and not self._transmit(wqe, now):
+        for wqe in comp.inflight:
+            if _pending(wqe) and not self._transmit(wqe, now):
                 held = True
                 break
-        while not held and self.sq_next < sq.db and self.state == IBV_QPS_RTS and not self.blocked:
+        while not held and self.sq_next < sq.db and qp.state == IBV_QPS_RTS and not self.blocked:
             wqe = sq.get(self.sq_next)
             info = WR_INFO[wqe.opcode]
             rd = info.klass in (WrClass.READ, WrClass.ATOMIC)
-            if wqe.fence and self.sig_pending:
+            if wqe.fence and self.sig is SigStop.PENDING:
                 self._sig_stop()  # never past a fence after a signature error
                 break
             if wqe.fence and self.rd_out:
                 break
-            if rd and self.rd_out >= max(1, self.max_rd_atomic):
+            if rd and self.rd_out >= max(1, qp.max_rd_atomic):
                 break
-            if self.reliable and P.diff(self.npsn, self.una) >= self.window:
+            if qp.reliable and P.diff(self.npsn, comp.una) >= qp.window:
                 break
             self.sq_next += 1
             self._start(wqe, info, now)
-            held = not wqe.ackd and wqe.tx < wqe.npkts  # a window-bound message, a long READ
-        if self.sig_pending and self.state == IBV_QPS_RTS and self.sq_next >= sq.db:
+            held = _pending(wqe)  # a window-bound message, a long READ
+        if self.sig is SigStop.PENDING and qp.state == IBV_QPS_RTS and self.sq_next >= sq.db:
             self._sig_stop()  # nothing more to start: stop here
-        self.complete(now)
-        if self.state == IBV_QPS_SQD and self.draining:
+        comp.complete(now)
+        if qp.state == IBV_QPS_SQD and self.draining:
             self._check_drained()
 
     # --- starting and transmitting ------------------------------------------
     def _start(self, wqe: SendWQE, info: WrInfo, now: float) -> None:
         """Resolve the WQE's memory, give it its PSNs, transmit what may go."""
-        wqe.started = True
-        obs = self.hca.observer
+        qp = self.qp
+        obs = qp.hca.observer
         klass = info.klass
-        if klass is WrClass.LOCAL or wqe.nop:  # a NOP: cancelled (cancel_posted)
-            if not wqe.nop:
+        inflight = self.comp.inflight
+        if klass is WrClass.LOCAL or wqe.state == WqeState.CANCELLED:
+            if wqe.state == WqeState.QUEUED:  # a NOP (cancelled) has nothing to do
                 self._execute_local(wqe)
-            wqe.ackd = True
-            self.inflight.append(wqe)
+                if wqe.state == WqeState.QUEUED:
+                    _move(wqe, WqeState.DONE)
+            inflight.append(wqe)
             if obs is not None:
-                obs.wqe_start(self, wqe)
+                obs.wqe_start(qp, wqe)
             return
-        keys = self.hca.keys
+        keys = qp.hca.keys
         seen = keys.integrity_errors
         error = self._resolve(wqe, klass)
         if keys.integrity_errors != seen:
             self._sig_failed()  # gathering through a signature key found a bad block
         if error is not None:
-            self.inflight.append(wqe)
+            inflight.append(wqe)
             if obs is not None:
-                obs.wqe_start(self, wqe)
+                obs.wqe_start(qp, wqe)
             return
-        pmtu = self.pmtu
-        npkts = 1 if klass is WrClass.ATOMIC else max(1, -(-wqe.length // pmtu))
+        _move(wqe, WqeState.ACTIVE)
+        npkts = 1 if klass is WrClass.ATOMIC else max(1, -(-wqe.length // qp.pmtu))
         wqe.npkts = npkts
         wqe.psn = self.npsn
         self.npsn = P.add(self.npsn, npkts)
         if klass in (WrClass.READ, WrClass.ATOMIC):
             self.rd_out += 1
-        self.inflight.append(wqe)
+        inflight.append(wqe)
         if obs is not None:
-            obs.wqe_start(self, wqe)
+            obs.wqe_start(qp, wqe)
         self._transmit(wqe, now)
 
     def _resolve(self, wqe: SendWQE, klass: WrClass) -> int | None:
         """Resolve local memory; on failure mark the WQE failed (returns status)."""
-        keys = self.hca.keys
+        qp = self.qp
+        keys = qp.hca.keys
         if klass in (WrClass.SEND, WrClass.WRITE):
             if wqe.inline is not None:
                 wqe.data = wqe.inline
             else:
                 views: list[memoryview] = []
                 for addr, length, lkey in wqe.sges:
-                    v = keys.local(lkey, self.pd, addr, length, False)
+                    v = keys.local(lkey, qp.pd, addr, length, False)
                     if isinstance(v, str):
-                        return self._fail_local(wqe, IBV_WC_LOC_PROT_ERR, v)
+                        return self.fail(wqe, IBV_WC_LOC_PROT_ERR, v)
                     views.append(v)
                 wqe.data = views[0] if len(views) == 1 else b"".join(views)
-            if self.qp_type == IBV_QPT_UD and wqe.length > self.pmtu:
-                return self._fail_local(
+            if qp.qp_type == IBV_QPT_UD and wqe.length > qp.pmtu:
+                return self.fail(
                     wqe, IBV_WC_LOC_LEN_ERR,
-                    f"a UD message of {wqe.length} bytes exceeds the path MTU {self.pmtu}",
+                    f"a UD message of {wqe.length} bytes exceeds the path MTU {qp.pmtu}",
                 )  # fmt: skip
             return None
         views = []
         for addr, length, lkey in wqe.sges:
-            v = keys.local(lkey, self.pd, addr, length, True)
+            v = keys.local(lkey, qp.pd, addr, length, True)
             if isinstance(v, str):
-                return self._fail_local(wqe, IBV_WC_LOC_PROT_ERR, v)
+                return self.fail(wqe, IBV_WC_LOC_PROT_ERR, v)
             views.append(v)
         if klass is WrClass.ATOMIC:
             if wqe.length < 8:
-                return self._fail_local(
-                    wqe, IBV_WC_LOC_LEN_ERR, "an atomic needs an 8-byte local buffer"
-                )
+                return self.fail(wqe, IBV_WC_LOC_LEN_ERR, "an atomic needs an 8-byte local buffer")
             views = [views[0][:8]] if len(views[0]) >= 8 else views
         wqe.data = views
         return None
 
-    def _fail_local(self, wqe: SendWQE, status: int, reason: str) -> int:
+    def fail(self, wqe: SendWQE, status: int, reason: str) -> int:
+        """``wqe`` failed: it completes in error when it reaches the head, and
+        nothing starts until then (returns ``status``)."""
+        _move(wqe, WqeState.FAILED)
         wqe.status = status
         wqe.reason = reason
-        wqe.ackd = True
-        wqe.npkts = 0
         self.blocked = True
         return status
 
     def _execute_local(self, wqe: SendWQE) -> None:
-        keys = self.hca.keys
+        qp = self.qp
+        keys = qp.hca.keys
         if wqe.local_op is not None:
             err = wqe.local_op()
             if err is not None:
-                self._fail_local(wqe, IBV_WC_LOC_PROT_ERR, err)
+                self.fail(wqe, IBV_WC_LOC_PROT_ERR, err)
         elif wqe.opcode == WR_DRIVER1:  # also what a WQE the device could not fetch becomes
-            self._fail_local(wqe, IBV_WC_LOC_QP_OP_ERR,
-                             wqe.reason or "a driver WQE without an operation")  # fmt: skip
+            self.fail(wqe, IBV_WC_LOC_QP_OP_ERR, wqe.reason or "a driver WQE without an operation")
         elif wqe.opcode == IBV_WR_LOCAL_INV:
-            err = keys.invalidate(wqe.inv_rkey, self.pd)
+            err = keys.invalidate(wqe.inv_rkey, qp.pd)
             if err is not None:
-                self._fail_local(wqe, IBV_WC_LOC_QP_OP_ERR, err)
+                self.fail(wqe, IBV_WC_LOC_QP_OP_ERR, err)
         else:
             assert wqe.bind is not None
             mw, mr, new_key, addr, length, access = wqe.bind
-            err = keys.bind(mw, mr, new_key, addr, length, access, self.qpn, self.pd)
+            err = keys.bind(mw, mr, new_key, addr, length, access, qp.qpn, qp.pd)
             if err is not None:
-                self._fail_local(wqe, IBV_WC_MW_BIND_ERR, err)
-        wqe.ackd = True
+                self.fail(wqe, IBV_WC_MW_BIND_ERR, err)
 
     def _transmit(self, wqe: SendWQE, now: float) -> bool:
         """Send this WQE's pending packets; False if the window closed."""
+        qp = self.qp
         info = WR_INFO[wqe.opcode]
         klass = info.klass
         asked_all = True
@@ -339,46 +401,40 @@ class Requester(QPCore):
             self._send_atomic(wqe)
         else:
             asked_all = self._send_message(wqe, info, now)
-        if self.reliable:
-            # Armed even when the window closed part-way: a retransmission clears the
-            # deadline, and if it fills the window and is lost again, this timer is all
-            # that is left to notice (the responder NAKs a gap only once).
-            if self.deadline is None:
-                timeout = P.ack_timeout_s(self.timeout)
-                if timeout is not None:
-                    self.deadline = now + timeout
-                    self.arm(self.deadline)
+        if qp.reliable:
+            self.comp.arm_ack_timer(now)
         else:
-            wqe.ackd = True
+            _move(wqe, WqeState.DONE)  # UC, UD: done once sent
         return asked_all
 
     def _send_message(self, wqe: SendWQE, info: WrInfo, now: float) -> bool:
         """Send the message's pending packets as bursts (segmentation offload:
         one object for as many packets as the window allows); False if the
         window closed before the last one."""
+        qp = self.qp
         n = wqe.npkts
         i = wqe.tx
         if i >= n:
             return True
         psn = P.add(wqe.psn, i)
         count = n - i
-        if self.reliable:
-            room = self.window - P.diff(psn, self.una)
+        if qp.reliable:
+            room = qp.window - P.diff(psn, self.comp.una)
             if room <= 0:
                 return False
             count = min(count, room)
-        pmtu = self.pmtu
+        pmtu = qp.pmtu
         data = wqe.data
         payload = data if n == 1 else data[i * pmtu : (i + count) * pmtu]
-        if self.qp_type == IBV_QPT_UD:
+        if qp.qp_type == IBV_QPT_UD:
             pkt = Packet(0, wqe.remote_qpn, psn, payload)
-            self.address(pkt, wqe.route)
+            qp.address(pkt, wqe.route)
             qkey = wqe.remote_qkey
-            pkt.qkey = self.qkey if qkey & 0x80000000 else qkey
-            pkt.src_qp = self.qpn
+            pkt.qkey = qp.qkey if qkey & 0x80000000 else qkey
+            pkt.src_qp = qp.qpn
         else:
-            pkt = self.new_request(0, psn, payload)
-        if self.qp_type == IBV_QPT_XRC_SEND:
+            pkt = qp.new_request(0, psn, payload)
+        if qp.qp_type == IBV_QPT_XRC_SEND:
             pkt.srqn = wqe.xrc_srqn
         if info.klass is WrClass.WRITE:
             pkt.va = wqe.remote_addr
@@ -387,8 +443,8 @@ class Requester(QPCore):
         pkt.imm = wqe.imm
         pkt.inv_rkey = wqe.inv_rkey
         pkt.se = wqe.se
-        ops = _msg_opcodes(self.transport, info.klass, info.imm, info.inv)
-        self.send(burst(pkt, ops, i, count, n, pmtu, ACKREQ_EVERY if self.reliable else 0))
+        ops = _msg_opcodes(qp.transport, info.klass, info.imm, info.inv)
+        qp.send(burst(pkt, ops, i, count, n, pmtu, ACKREQ_EVERY if qp.reliable else 0))
         wqe.tx = i + count
         return wqe.tx >= n
 
@@ -406,61 +462,207 @@ class Requester(QPCore):
         """
         if wqe.tx > wqe.rxd:
             return wqe.tx >= wqe.npkts  # a piece is outstanding: wait for its responses
-        piece = max(1, self.window)
+        qp = self.qp
+        piece = max(1, qp.window)
         start = wqe.rxd
         end = min(wqe.npkts, (start // piece + 1) * piece)
-        done = start * self.pmtu
-        pkt = self.new_request(self.transport | Op.RDMA_READ_REQUEST, P.add(wqe.psn, start))
-        if self.qp_type == IBV_QPT_XRC_SEND:
+        done = start * qp.pmtu
+        pkt = qp.new_request(qp.transport | Op.RDMA_READ_REQUEST, P.add(wqe.psn, start))
+        if qp.qp_type == IBV_QPT_XRC_SEND:
             pkt.srqn = wqe.xrc_srqn
         pkt.va = wqe.remote_addr + done
         pkt.rkey = wqe.rkey
-        pkt.dma_len = min(wqe.length, end * self.pmtu) - done
+        pkt.dma_len = min(wqe.length, end * qp.pmtu) - done
         pkt.ackreq = True
-        self.send(pkt)
+        qp.send(pkt)
         wqe.tx = end
         return end >= wqe.npkts
 
     def _send_atomic(self, wqe: SendWQE) -> None:
+        qp = self.qp
         op = Op.COMPARE_SWAP if wqe.opcode == IBV_WR_ATOMIC_CMP_AND_SWP else Op.FETCH_ADD
-        pkt = self.new_request(self.transport | op, wqe.psn)
-        if self.qp_type == IBV_QPT_XRC_SEND:
+        pkt = qp.new_request(qp.transport | op, wqe.psn)
+        if qp.qp_type == IBV_QPT_XRC_SEND:
             pkt.srqn = wqe.xrc_srqn
         pkt.va = wqe.remote_addr
         pkt.rkey = wqe.rkey
         pkt.swap_add = wqe.compare_add if op == Op.FETCH_ADD else wqe.swap
         pkt.compare = wqe.compare_add if op == Op.COMPARE_SWAP else 0
         pkt.ackreq = True
-        self.send(pkt)
+        qp.send(pkt)
         wqe.tx = 1
 
-    # --- completer ------------------------------------------------------------
+    def _check_drained(self) -> None:
+        qp = self.qp
+        if not self.comp.inflight:
+            self.draining = False
+            if qp.en_sqd_async_notify or self.sig is SigStop.STOPPED:
+                from softverbs.enums import IBV_EVENT_SQ_DRAINED
+
+                self.sig = SigStop.NONE
+                qp.hca.post_event(IBV_EVENT_SQ_DRAINED, qp)
+
+    # --- signature pipelining (mlx5dv_qp_cancel_posted_send_wrs(3)) ---------------------
+    def _sig_failed(self) -> None:
+        """This QP's transfer failed a signature check: with pipelining, stop the
+        SQ before the next fenced WQE (pump_sq), or once nothing is left to start."""
+        if self.qp.sig_pipelining:
+            self.sig = SigStop.PENDING
+
+    def _sig_stop(self) -> None:
+        """Move to SQD by ourselves; SQ_DRAINED follows when the started WQEs are done."""
+        qp = self.qp
+        self.sig = SigStop.STOPPED
+        qp.state = IBV_QPS_SQD
+        self.draining = True
+        qp.hca.counters["sig_pipelining_stops"] += 1
+        qp.last_error = (
+            "a transfer failed its signature check: the send queue stopped in SQD "
+            "(signature pipelining); check the mkeys, cancel the responses, move to RTS"
+        )
+
+    def cancel_posted(self, wr_id: int) -> int:
+        """Turn every posted, not yet started send WQE with ``wr_id`` into a NOP.
+
+        A NOP completes successfully in order (with a CQE if it was signaled), or
+        is flushed if the QP goes to ERR.  Returns how many were turned."""
+        sq = self.qp.sq
+        if sq is None:
+            return 0
+        n = 0
+        for index in range(self.sq_next, sq.db):
+            wqe: SendWQE = sq.get(index)
+            if wqe.wr_id == wr_id:
+                _cancel(wqe)
+                n += 1
+        # WQEs posted but not yet rung are still the application's: count them,
+        # and turn them when the device fetches them.
+        end = sq.posted()
+        n += sum(1 for index in range(sq.db, end) if sq.peek_wr_id(index) == wr_id)
+        if end > sq.db:
+            self.cancelled.append((end, wr_id))
+        return n
+
+    def fetch_sq(self, everything: bool = False) -> None:
+        """Fetch what the doorbell (or, with ``everything``, the posting) covers,
+        and turn the WQEs that a cancel named before they were fetched."""
+        sq = self.qp.sq
+        if sq is None:
+            return
+        first = sq.db
+        sq.latch(everything)
+        if self.cancelled:
+            for index in range(first, sq.db):
+                wqe: SendWQE = sq.get(index)
+                if any(index < below and wqe.wr_id == wr_id for below, wr_id in self.cancelled):
+                    _cancel(wqe)
+            self.cancelled = [c for c in self.cancelled if c[0] > sq.db]
+
+    # --- flushing ------------------------------------------------------------------
+    def flush_sq(self) -> None:
+        """Complete every started and doorbelled WQE with WR_FLUSH_ERR, in order."""
+        from softverbs.enums import IBV_WC_WR_FLUSH_ERR
+
+        qp = self.qp
+        sq = qp.sq
+        if sq is None:
+            return
+        comp = self.comp
+        pending: list[SendWQE] = list(comp.inflight)
+        comp.inflight.clear()
+        while self.sq_next < sq.db:
+            pending.append(sq.get(self.sq_next))
+            self.sq_next += 1
+        for wqe in pending:
+            info = WR_INFO[wqe.opcode]
+            cqe = CQE(wqe.wr_id, IBV_WC_WR_FLUSH_ERR, info.wc_opcode, qp.qpn)
+            cqe.reason = "flushed: the QP is in the error state"
+            cqe.wq_kind, cqe.wq_handle = sq.tag
+            cqe.index = wqe.index
+            qp.push_cqe(qp.send_cq, cqe)
+        self.rd_out = 0
+        self.blocked = False
+        comp.stop_timers()
+
+
+def _cancel(wqe: SendWQE) -> None:
+    """Turn a WQE that has not started into a NOP (again: no change)."""
+    if wqe.state == WqeState.QUEUED:
+        _move(wqe, WqeState.CANCELLED)
+        wqe.length = 0
+
+
+class Completer:
+    """Finishes what the requester started: acknowledgements, responses,
+    retransmission and the send CQEs, in posting order."""
+
+    def __init__(self, qp: QPEngine) -> None:
+        self.qp = qp
+        self.req: Requester  # set by the QP engine
+        self.inflight: deque[SendWQE] = deque()  #: started WQEs, in posting order
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget all progress (RESET)."""
+        qp = self.qp
+        self.inflight.clear()
+        self.una = qp.sq_psn  #: oldest unacknowledged PSN
+        self.retry_left = qp.retry_cnt
+        self.rnr_left = qp.rnr_retry
+        self.deadline: float | None = None  #: the ACK timer
+        self.rnr_until: float | None = None  #: the end of an RNR back-off
+        self.rnr_psn = 0
+        self.resending = False  #: a go-back-N episode is under way: spend no more retries
+
+    def next_deadline(self) -> float | None:
+        if self.rnr_until is not None:
+            return self.rnr_until
+        return self.deadline
+
+    def stop_timers(self) -> None:
+        self.deadline = None
+        self.rnr_until = None
+
+    def arm_ack_timer(self, now: float) -> None:
+        """Start the ACK timer if it is not running.  Armed even when the window
+        closed part-way: a retransmission clears the deadline, and if it fills the
+        window and is lost again, this timer is all that is left to notice (the
+        responder NAKs a gap only once)."""
+        if self.deadline is None:
+            timeout = P.ack_timeout_s(self.qp.timeout)
+            if timeout is not None:
+                self.deadline = now + timeout
+                self.qp.arm(self.deadline)
+
+    # --- responses --------------------------------------------------------------
     def on_response(self, pkt: Packet, info: OpInfo, now: float) -> None:
-        if self.state not in (IBV_QPS_RTS, IBV_QPS_SQD) or not self.inflight:
-            self.hca.counters["drop_unexpected_response"] += pkt.count
+        qp = self.qp
+        if qp.state not in (IBV_QPS_RTS, IBV_QPS_SQD) or not self.inflight:
+            qp.hca.counters["drop_unexpected_response"] += pkt.count
             return
         if pkt.count > 1:  # a burst of READ responses
             if not self._read_burst(pkt, now):  # type: ignore[arg-type]
                 for seg in pkt.segments():  # one by one, exactly as sent singly
-                    self.receive(seg, OPINFO[seg.opcode], now)  # type: ignore[attr-defined]
+                    qp.receive(seg, OPINFO[seg.opcode], now)  # type: ignore[arg-type]
                 return
         elif not self._response(pkt, info, now):
             return
         self.complete(now)
-        self.pump_sq(now)
+        self.req.pump_sq(now)
 
     def _read_burst(self, b: Burst, now: float) -> bool:
         """Take a whole burst of READ responses in one step -- when it is the
         answer the READ waits for next, continuing where it is, ending where
         its piece ends, with nothing unanswered before it; False, before any
         side effect, for anything else (the packets then go one by one)."""
+        qp = self.qp
         wqe = self._find(b.psn)
-        if wqe is None or WR_INFO[wqe.opcode].klass is not WrClass.READ or wqe.ackd:
+        if wqe is None or WR_INFO[wqe.opcode].klass is not WrClass.READ or _finished(wqe):
             return False
-        pmtu = self.pmtu
+        pmtu = qp.pmtu
         count = b.count
         expected = P.add(wqe.psn, wqe.rxd)
-        piece = max(1, self.window)
+        piece = max(1, qp.window)
         end = min(wqe.npkts, (wqe.rxd // piece + 1) * piece)
         final = end == wqe.npkts
         size = len(b.payload)
@@ -469,30 +671,31 @@ class Requester(QPCore):
                 or size > count * pmtu or size <= (count - 1) * pmtu
                 or (not final and size != count * pmtu)):  # fmt: skip
             return False
-        keys = self.hca.keys
+        keys = qp.hca.keys
         seen = keys.integrity_errors
         if not scatter(wqe.data, wqe.rxd * pmtu, b.payload):
             return False
         if keys.integrity_errors != seen:
-            self._sig_failed()  # scattering into a signature key found a bad block
+            self.req._sig_failed()  # scattering into a signature key found a bad block
         wqe.rxd += count
         if final:
-            wqe.ackd = True
-            self.rd_out -= 1
+            _move(wqe, WqeState.DONE)
+            self.req.rd_out -= 1
         self._progress(now, P.add(b.psn, count))
         return True
 
     def _response(self, pkt: Packet, info: OpInfo, now: float) -> bool:
         """One response packet; False if it was dropped at once."""
+        counters = self.qp.hca.counters
         kind = info.kind
         if kind is Kind.ACK:
             k = aeth_kind(pkt.syndrome)
             if k == AETH_ACK:
                 if P.diff(pkt.psn, self.una) < 0:
                     # Acknowledges nothing new (say, the re-ACK of a duplicate request).
-                    self.hca.counters["duplicate_response"] += 1
-                elif P.diff(pkt.psn, self.npsn) >= 0:
-                    self.hca.counters["drop_unexpected_response"] += 1  # a PSN never sent
+                    counters["duplicate_response"] += 1
+                elif P.diff(pkt.psn, self.req.npsn) >= 0:
+                    counters["drop_unexpected_response"] += 1  # a PSN never sent
                     return False
                 self._acked(pkt.psn, now)
             elif k == AETH_RNR_NAK:
@@ -500,7 +703,7 @@ class Requester(QPCore):
             elif k == AETH_NAK:
                 self._nak(pkt, now)
             else:
-                self.hca.counters["drop_bad_aeth"] += 1
+                counters["drop_bad_aeth"] += 1
                 return False
         elif kind is Kind.READ_RESP:
             self._read_response(pkt, info, now)
@@ -516,22 +719,22 @@ class Requester(QPCore):
 
     def _acked(self, psn: int, now: float) -> None:
         """Cumulative acknowledgement of every PSN up to ``psn``."""
-        if P.diff(psn, self.una) < 0 or P.diff(psn, self.npsn) >= 0:
+        if P.diff(psn, self.una) < 0 or P.diff(psn, self.req.npsn) >= 0:
             return  # old (duplicate) or for a PSN never sent
         for wqe in self.inflight:
-            if wqe.ackd or not wqe.npkts:
+            if _finished(wqe) or not wqe.npkts:
                 continue
             if P.diff(wqe.psn, psn) > 0:
                 break
             if WR_INFO[wqe.opcode].klass in (WrClass.READ, WrClass.ATOMIC):
                 # The responder is past this READ/atomic but its response is
                 # missing: an implied NAK (IBA 9.7.5.1.5; mlx5 counts it by this name).
-                self.hca.counters["implied_nak_seq_err"] += 1
+                self.qp.hca.counters["implied_nak_seq_err"] += 1
                 self._progress(now, P.add(wqe.psn, wqe.rxd))
                 self._retry(now, P.add(wqe.psn, wqe.rxd), "implied NAK")
                 return
             if P.diff(P.add(wqe.psn, wqe.npkts - 1), psn) <= 0:
-                wqe.ackd = True
+                _move(wqe, WqeState.DONE)
             else:
                 break
         self._progress(now, P.add(psn, 1))
@@ -540,20 +743,22 @@ class Requester(QPCore):
         """The peer acknowledged every PSN before ``una``."""
         if P.diff(una, self.una) <= 0:
             return
+        qp = self.qp
         self.una = una
-        self.retry_left = self.retry_cnt
-        self.rnr_left = self.rnr_retry
-        self.retry_episode = False
-        if P.diff(self.npsn, una) > 0:
-            timeout = P.ack_timeout_s(self.timeout)
+        self.retry_left = qp.retry_cnt
+        self.rnr_left = qp.rnr_retry
+        self.resending = False
+        if P.diff(self.req.npsn, una) > 0:
+            timeout = P.ack_timeout_s(qp.timeout)
             self.deadline = None if timeout is None else now + timeout
             if self.deadline is not None:
-                self.arm(self.deadline)
+                qp.arm(self.deadline)
         else:
             self.deadline = None
 
     def _rnr_nak(self, pkt: Packet, now: float) -> None:
-        counters = self.hca.counters
+        qp = self.qp
+        counters = qp.hca.counters
         counters["rcvd_rnr_err"] += 1
         psn = pkt.psn
         self._acked(P.add(psn, -1), now)
@@ -564,47 +769,47 @@ class Requester(QPCore):
             counters["retry_rnr_exceeded_err"] += 1
             self._fail_remote(
                 wqe, IBV_WC_RNR_RETRY_EXC_ERR,
-                f"the responder had no receive WQE; rnr_retry={self.rnr_retry} retries exhausted",
+                f"the responder had no receive WQE; rnr_retry={qp.rnr_retry} retries exhausted",
             )  # fmt: skip
             return
-        if self.rnr_retry != P.RNR_RETRY_INFINITE:
+        if qp.rnr_retry != P.RNR_RETRY_INFINITE:
             self.rnr_left -= 1
         self.rnr_psn = psn
         self.rnr_until = now + P.RNR_TIMER_S[aeth_value(pkt.syndrome)]
         self.deadline = None
-        self.arm(self.rnr_until)
+        qp.arm(self.rnr_until)
 
     def _nak(self, pkt: Packet, now: float) -> None:
+        counters = self.qp.hca.counters
         code = aeth_value(pkt.syndrome)
         psn = pkt.psn
-        if P.diff(psn, self.una) < 0 or P.diff(psn, self.npsn) >= 0:
+        if P.diff(psn, self.una) < 0 or P.diff(psn, self.req.npsn) >= 0:
             # A NAK names an unacknowledged PSN.  Any other is stale or bogus, and
             # going back to it would rewind nothing yet stop the retransmission timer.
             old = P.diff(psn, self.una) < 0
-            self.hca.counters["duplicate_response" if old else "drop_unexpected_response"] += 1
+            counters["duplicate_response" if old else "drop_unexpected_response"] += 1
             return
         self._acked(P.add(psn, -1), now)
         if code == NAK_PSN_SEQUENCE_ERROR:
-            self.hca.counters["rcvd_seq_err"] += 1
+            counters["rcvd_seq_err"] += 1
             self._retry(now, psn, "PSN sequence error NAK")
             return
         wqe = self._find(psn)
         if wqe is None:
-            self.hca.counters["drop_unexpected_response"] += 1
+            counters["drop_unexpected_response"] += 1
             return
         status = NAK_STATUS.get(code, IBV_WC_REM_OP_ERR)
         self._fail_remote(wqe, status, NAK_REASON.get(code, f"NAK code {code}"))
 
     def _fail_remote(self, wqe: SendWQE, status: int, reason: str) -> None:
-        wqe.status = status
-        wqe.reason = reason
-        wqe.ackd = True
-        self.blocked = True
+        if wqe.state == WqeState.ACTIVE:
+            self.req.fail(wqe, status, reason)
 
     def _read_response(self, pkt: Packet, info: OpInfo, now: float) -> None:
-        counters = self.hca.counters
+        qp = self.qp
+        counters = qp.hca.counters
         wqe = self._find(pkt.psn)
-        if wqe is None or WR_INFO[wqe.opcode].klass is not WrClass.READ or wqe.ackd:
+        if wqe is None or WR_INFO[wqe.opcode].klass is not WrClass.READ or _finished(wqe):
             counters["drop_unexpected_response"] += 1
             return
         expected = P.add(wqe.psn, wqe.rxd)
@@ -623,7 +828,7 @@ class Requester(QPCore):
         # the end of a piece.
         final = wqe.rxd == wqe.npkts - 1
         bad_first = wqe.rxd == 0 and not info.first
-        if bad_first or info.last != (final or (wqe.rxd + 1) % max(1, self.window) == 0):
+        if bad_first or info.last != (final or (wqe.rxd + 1) % max(1, qp.window) == 0):
             counters["drop_bad_read_response"] += 1
             return
         self._acked(P.add(wqe.psn, -1), now)
@@ -633,66 +838,68 @@ class Requester(QPCore):
             counters["drop_response_after_gap"] += 1
             return
         payload = pkt.payload
-        pmtu = self.pmtu
+        pmtu = qp.pmtu
         if len(payload) > pmtu or (not final and len(payload) != pmtu):
             counters["drop_bad_read_response"] += 1
             return
-        seen = self.hca.keys.integrity_errors
+        seen = qp.hca.keys.integrity_errors
         if not scatter(wqe.data, wqe.rxd * pmtu, payload):
             counters["drop_bad_read_response"] += 1
             return
-        if self.hca.keys.integrity_errors != seen:
-            self._sig_failed()  # scattering into a signature key found a bad block
+        if qp.hca.keys.integrity_errors != seen:
+            self.req._sig_failed()  # scattering into a signature key found a bad block
         wqe.rxd += 1
         if final:
-            wqe.ackd = True
-            self.rd_out -= 1
+            _move(wqe, WqeState.DONE)
+            self.req.rd_out -= 1
         self._progress(now, P.add(pkt.psn, 1))
 
     def _atomic_ack(self, pkt: Packet, now: float) -> None:
+        counters = self.qp.hca.counters
         wqe = self._find(pkt.psn)
-        if wqe is None or WR_INFO[wqe.opcode].klass is not WrClass.ATOMIC or wqe.ackd:
-            self.hca.counters["drop_unexpected_response"] += 1
+        if wqe is None or WR_INFO[wqe.opcode].klass is not WrClass.ATOMIC or _finished(wqe):
+            counters["drop_unexpected_response"] += 1
             return
         self._acked(P.add(wqe.psn, -1), now)
         if self.una != wqe.psn:  # an earlier READ/atomic is unanswered (see _read_response)
-            self.hca.counters["drop_response_after_gap"] += 1
+            counters["drop_response_after_gap"] += 1
             return
         view = wqe.data[0]
         view[:8] = pkt.orig.to_bytes(8, NATIVE)
         wqe.rxd = 1
-        wqe.ackd = True
-        self.rd_out -= 1
+        _move(wqe, WqeState.DONE)
+        self.req.rd_out -= 1
         self._progress(now, P.add(pkt.psn, 1))
 
     # --- retransmission ---------------------------------------------------------
     def _retry(self, now: float, psn: int, why: str) -> None:
         """Go back to ``psn``, spending one ``retry_cnt`` once per episode."""
-        if self.retry_episode:
+        if self.resending:
             return
-        counters = self.hca.counters
+        qp = self.qp
+        counters = qp.hca.counters
         if self.retry_left == 0:
-            wqe = self._find(psn) or next((w for w in self.inflight if not w.ackd), None)
+            wqe = self._find(psn) or next((w for w in self.inflight if not _finished(w)), None)
             if wqe is not None:
                 counters["retry_exceeded_err"] += 1
                 self._fail_remote(
                     wqe, IBV_WC_RETRY_EXC_ERR,
-                    f"{why}: retry_cnt={self.retry_cnt} retries exhausted",
+                    f"{why}: retry_cnt={qp.retry_cnt} retries exhausted",
                 )  # fmt: skip
             return
         self.retry_left -= 1
-        self.retry_episode = True
+        self.resending = True
         counters["completer_retry_err"] += 1
-        obs = self.hca.observer
+        obs = qp.hca.observer
         if obs is not None:
-            obs.retransmit(self, psn, why)
+            obs.retransmit(qp, psn, why)
         self.rewind(psn)
         self.deadline = None
 
     def rewind(self, psn: int) -> None:
         """Make every unacknowledged packet from ``psn`` on pending again."""
         for wqe in self.inflight:
-            if wqe.ackd or not wqe.npkts:
+            if _finished(wqe) or not wqe.npkts:
                 continue
             end = P.diff(P.add(wqe.psn, wqe.npkts), psn)
             if end <= 0:
@@ -706,12 +913,13 @@ class Requester(QPCore):
         # ``psn`` can be past an unanswered READ (an RNR NAK behind it, say).
 
     def handle_timer(self, now: float) -> None:
+        qp = self.qp
         if self.rnr_until is not None:
             if now < self.rnr_until:
-                self.arm(self.rnr_until)
+                qp.arm(self.rnr_until)
                 return
             self.rnr_until = None
-            self.retry_episode = False
+            self.resending = False
             # An ACK during the back-off may have set an ACK deadline whose timer entry
             # was merged into this one: restart it with the retransmission, and arm it.
             self.deadline = None
@@ -719,147 +927,55 @@ class Requester(QPCore):
             # atomic before it whose response is missing (the RNR NAK implied its loss)
             # must go again too, or nothing is sent and no timer is left to notice.
             self.rewind(self.una)
-            self.hca.counters["rnr_retries"] += 1
-            obs = self.hca.observer
+            qp.hca.counters["rnr_retries"] += 1
+            obs = qp.hca.observer
             if obs is not None:
-                obs.retransmit(self, self.una, "RNR back-off over")
-            self.pump_sq(now)
+                obs.retransmit(qp, self.una, "RNR back-off over")
+            self.req.pump_sq(now)
             if self.deadline is not None:
-                self.arm(self.deadline)
+                qp.arm(self.deadline)
             return
         if self.deadline is None:
             return
         if now < self.deadline:
-            self.arm(self.deadline)
+            qp.arm(self.deadline)
             return
         self.deadline = None
-        if not any(not w.ackd and w.npkts for w in self.inflight):
+        if not any(not _finished(w) and w.npkts for w in self.inflight):
             return
-        self.hca.counters["local_ack_timeout_err"] += 1
-        self.retry_episode = False
+        qp.hca.counters["local_ack_timeout_err"] += 1
+        self.resending = False
         self._retry(now, self.una, "local ACK timeout")
-        self.retry_episode = False
+        self.resending = False
         self.complete(now)
-        self.pump_sq(now)
+        self.req.pump_sq(now)
 
     # --- completion -----------------------------------------------------------------
     def complete(self, now: float) -> None:
         """Write CQEs for the finished WQEs at the head, in posting order."""
+        qp = self.qp
         inflight = self.inflight
-        while inflight and inflight[0].ackd:
+        counters = qp.hca.counters
+        while inflight and _finished(inflight[0]):
             wqe = inflight.popleft()
-            ok = wqe.status == IBV_WC_SUCCESS
+            ok = wqe.state != WqeState.FAILED
             info = WR_INFO[wqe.opcode]
-            if ok and info.klass is WrClass.SEND and not wqe.nop:
-                self.hca.counters["rdma_sends"] += 1  # rxe: every completed SEND WQE
-            if ok and not (wqe.signaled or self.sq_sig_all):
+            if wqe.state == WqeState.DONE and info.klass is WrClass.SEND:
+                counters["rdma_sends"] += 1  # rxe: every completed SEND WQE
+            if ok and not (wqe.signaled or qp.sq_sig_all):
                 continue
-            cqe = CQE(wqe.wr_id, wqe.status, info.wc_opcode, self.qpn)
+            cqe = CQE(wqe.wr_id, wqe.status, info.wc_opcode, qp.qpn)
             if ok:
                 cqe.byte_len = 8 if info.klass is WrClass.ATOMIC else wqe.length
             else:
                 cqe.reason = wqe.reason
-            cqe.wq_kind, cqe.wq_handle = self.sq.tag  # type: ignore[union-attr]
+            cqe.wq_kind, cqe.wq_handle = qp.sq.tag  # type: ignore[union-attr]
             cqe.index = wqe.index
-            self.push_cqe(self.send_cq, cqe)
+            qp.push_cqe(qp.send_cq, cqe)
             if not ok:
-                self.hca.counters["send_err" if self.reliable else "send_queue_err"] += 1
-                if self.reliable:
-                    self.to_error(now)
+                counters["send_err" if qp.reliable else "send_queue_err"] += 1
+                if qp.reliable:
+                    qp.to_error(now)
                 else:
-                    self.send_queue_error(now)
+                    qp.send_queue_error(now)
                 return
-
-    def _check_drained(self) -> None:
-        sq = self.sq
-        assert sq is not None
-        if not self.inflight:
-            self.draining = False
-            if self.en_sqd_async_notify or self.sig_stopped:
-                from softverbs.enums import IBV_EVENT_SQ_DRAINED
-
-                self.sig_stopped = False
-                self.hca.post_event(IBV_EVENT_SQ_DRAINED, self)
-
-    # --- signature pipelining (mlx5dv_qp_cancel_posted_send_wrs(3)) ---------------------
-    def _sig_failed(self) -> None:
-        """This QP's transfer failed a signature check: with pipelining, stop the
-        SQ before the next fenced WQE (pump_sq), or once nothing is left to start."""
-        if self.sig_pipelining:
-            self.sig_pending = True
-
-    def _sig_stop(self) -> None:
-        """Move to SQD by ourselves; SQ_DRAINED follows when the started WQEs are done."""
-        self.sig_pending = False
-        self.sig_stopped = True
-        self.state = IBV_QPS_SQD
-        self.draining = True
-        self.hca.counters["sig_pipelining_stops"] += 1
-        self.last_error = (
-            "a transfer failed its signature check: the send queue stopped in SQD "
-            "(signature pipelining); check the mkeys, cancel the responses, move to RTS"
-        )
-
-    def cancel_posted(self, wr_id: int) -> int:
-        """Turn every posted, not yet started send WQE with ``wr_id`` into a NOP.
-
-        A NOP completes successfully in order (with a CQE if it was signaled), or
-        is flushed if the QP goes to ERR.  Returns how many were turned."""
-        sq = self.sq
-        if sq is None:
-            return 0
-        n = 0
-        for index in range(self.sq_next, sq.db):
-            wqe: SendWQE = sq.get(index)
-            if wqe.wr_id == wr_id:
-                wqe.nop = True
-                wqe.length = 0
-                n += 1
-        # WQEs posted but not yet rung are still the application's: count them,
-        # and turn them when the device fetches them.
-        end = sq.posted()
-        n += sum(1 for index in range(sq.db, end) if sq.peek_wr_id(index) == wr_id)
-        if end > sq.db:
-            self.cancelled.append((end, wr_id))
-        return n
-
-    def fetch_sq(self, everything: bool = False) -> None:
-        """Fetch what the doorbell (or, with ``everything``, the posting) covers,
-        and turn the WQEs that a cancel named before they were fetched."""
-        sq = self.sq
-        if sq is None:
-            return
-        first = sq.db
-        sq.latch(everything)
-        if self.cancelled:
-            for index in range(first, sq.db):
-                wqe: SendWQE = sq.get(index)
-                if any(index < below and wqe.wr_id == wr_id for below, wr_id in self.cancelled):
-                    wqe.nop = True
-                    wqe.length = 0
-            self.cancelled = [c for c in self.cancelled if c[0] > sq.db]
-
-    # --- flushing ------------------------------------------------------------------
-    def flush_sq(self) -> None:
-        """Complete every started and doorbelled WQE with WR_FLUSH_ERR, in order."""
-        from softverbs.enums import IBV_WC_WR_FLUSH_ERR
-
-        sq = self.sq
-        if sq is None:
-            return
-        pending: list[SendWQE] = list(self.inflight)
-        self.inflight.clear()
-        while self.sq_next < sq.db:
-            pending.append(sq.get(self.sq_next))
-            self.sq_next += 1
-        for wqe in pending:
-            info = WR_INFO[wqe.opcode]
-            cqe = CQE(wqe.wr_id, IBV_WC_WR_FLUSH_ERR, info.wc_opcode, self.qpn)
-            cqe.reason = "flushed: the QP is in the error state"
-            cqe.wq_kind, cqe.wq_handle = sq.tag
-            cqe.index = wqe.index
-            self.push_cqe(self.send_cq, cqe)
-        self.rd_out = 0
-        self.deadline = None
-        self.rnr_until = None
-        self.blocked = False

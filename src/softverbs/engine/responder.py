@@ -23,17 +23,23 @@ For RC and XRC every request packet goes through the same steps
 
 UC has no ACKs: a PSN gap drops the rest of the message and the responder
 resynchronises on the next FIRST or ONLY, reusing the receive WQE of the
-dropped message.  UD messages are single packets checked against the QKEY;
-the receive buffer gets the 40-byte GRH first.  Drops are counted, never
-raised.
+dropped message.
+
+Between packets a responder is in one :class:`Msg` state -- outside any
+message, inside a SEND or a WRITE, or (UC) dropping the rest of one -- and,
+on RC, it remembers whether it has NAKed the current gap.
+
+UD messages are single packets checked against the QKEY; the receive buffer
+gets the 40-byte GRH first.  Drops are counted, never raised.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections import deque
+from enum import IntEnum
+from typing import TYPE_CHECKING, Any
 
 from softverbs.engine import psn as P
-from softverbs.engine.core import QPCore
 from softverbs.engine.requester import NATIVE
 from softverbs.engine.rings import CQE, RecvWQE, scatter
 from softverbs.enums import (
@@ -53,6 +59,7 @@ from softverbs.enums import (
     IBV_WC_SUCCESS,
     IBV_WC_WITH_IMM,
     IBV_WC_WITH_INV,
+    IBV_WC_WR_FLUSH_ERR,
 )
 from softverbs.wire.opcodes import (
     AETH_ACK,
@@ -70,6 +77,9 @@ from softverbs.wire.opcodes import (
     aeth_syndrome,
 )
 from softverbs.wire.packet import Burst, Packet, burst
+
+if TYPE_CHECKING:
+    from softverbs.engine.qp import QPEngine
 
 _MASK64 = (1 << 64) - 1
 _GRH_LEN = 40
@@ -89,16 +99,52 @@ _REMOTE_RIGHT: dict[Kind, int] = {
 }
 
 
-class Responder(QPCore):
-    """The receive side of a QP engine (see the module docstring)."""
+
+class Msg(IntEnum):
+    """Where the responder is between packets."""
+
+    IDLE = 0  #: outside any message: a FIRST or an ONLY may come
+    SEND = 1  #: inside a multi-packet SEND: its MIDDLE or LAST may come
+    WRITE = 2  #: inside a multi-packet RDMA WRITE
+    DROPPING = 3  #: UC: the rest of a message is dropped, until a FIRST or ONLY
+
+
+#: the message kind -> the state inside such a message
+_INSIDE: dict[Kind, Msg] = {Kind.SEND: Msg.SEND, Kind.WRITE: Msg.WRITE}
+
+
+class Responder:
+    """The receive side of a QP (see the module docstring)."""
+
+    def __init__(self, qp: QPEngine) -> None:
+        self.qp = qp
+        self.replay: deque[tuple[int, int, int, int, int, int, int]] = deque()
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget all progress (RESET)."""
+        qp = self.qp
+        self.epsn = qp.rq_psn  #: the next PSN to execute
+        self.msn = 0  #: messages completed (the AETH's MSN)
+        self.rq_next = qp.rq.db if qp.rq is not None else 0  #: next receive WQE
+        self.msg = Msg.IDLE
+        self.nak_sent = False  #: RC: the current gap was NAKed; silent until it closes
+        self.rqe: RecvWQE | None = None  #: the receive WQE of the message in progress
+        self.views: list[memoryview] = []  #: its buffers
+        self.off = 0  #: bytes of the message received so far
+        self.wview: memoryview | None = None  #: WRITE: the target of the message
+        self.ack_req: Packet | None = None  #: the request whose coalesced ACK is due
+        self.ack_psn = 0  #: the PSN that ACK acknowledges
+        self.replay.clear()
 
     def on_request(self, pkt: Packet, info: OpInfo, now: float) -> None:
         if pkt.count > 1:
             self._burst(pkt, now)  # type: ignore[arg-type]
             return
-        if self.qp_type == IBV_QPT_UD:
+        qp = self.qp
+        if qp.qp_type == IBV_QPT_UD:
             self._ud_receive(pkt, info, now)
-        elif self.reliable:
+        elif qp.reliable:
             self._rc_receive(pkt, info, now)
         else:
             self._uc_receive(pkt, info, now)
@@ -110,13 +156,13 @@ class Responder(QPCore):
             self._duplicate(pkt, info)
             return
         if d > 0:
-            self.hca.counters["out_of_seq_request"] += 1
+            self.qp.hca.counters["out_of_seq_request"] += 1
             if not self.nak_sent:
                 self.nak_sent = True
                 self._send_nak(pkt, NAK_PSN_SEQUENCE_ERROR, self.epsn)
             return
         kind = info.kind
-        if (self.resp_op >= 0) == info.first or (self.resp_op >= 0 and kind != self.resp_op):
+        if self._out_of_sequence(info):
             self._fail(pkt, NAK_INVALID_REQUEST, now, "unexpected opcode in the message sequence")
             return
         if kind is Kind.SEND:
@@ -128,19 +174,26 @@ class Responder(QPCore):
         else:
             self._recv_atomic(pkt, info, now)
 
+    def _out_of_sequence(self, info: OpInfo) -> bool:
+        """A FIRST or ONLY inside a message, or a MIDDLE or LAST outside one or of
+        another kind."""
+        inside = self.msg is Msg.SEND or self.msg is Msg.WRITE
+        return inside == info.first or (inside and _INSIDE.get(info.kind) is not self.msg)
+
     def _accept(self, pkt: Packet, n: int = 1, asked: bool | None = None) -> None:
         """``n`` packets from ``pkt`` on executed: consume their PSNs, and ACK
         the last of them if any asked (``asked``; default: ``pkt.ackreq``)."""
         self.epsn = P.add(self.epsn, n)
         self.nak_sent = False
-        if self.reliable:
+        qp = self.qp
+        if qp.reliable:
             if pkt.ackreq if asked is None else asked:
                 if self.ack_req is None:
-                    self.hca.defer_ack(self)
+                    qp.hca.defer_ack(qp)
                     n -= 1
                 self.ack_req = pkt
                 self.ack_psn = P.add(self.epsn, -1)
-            self.hca.counters["ack_deferred"] += n  # coalesced into one ACK
+            qp.hca.counters["ack_deferred"] += n  # coalesced into one ACK
 
     def emit_ack(self) -> None:
         """Send the coalesced ACK (see HCA.outbox)."""
@@ -157,10 +210,10 @@ class Responder(QPCore):
         asks for the ACK, or carries the immediate).  The one-by-one path is
         the per-packet responder itself, so every PSN, NAK and error is
         exactly what the packets sent singly would have met."""
-        done = self._burst_body(b, b.count - 1, now) if b.seg == self.pmtu else 0
+        done = self._burst_body(b, b.count - 1, now) if b.seg == self.qp.pmtu else 0
         for j in range(done, b.count):
             seg = b.segment(j)
-            self.receive(seg, OPINFO[seg.opcode], now)  # type: ignore[attr-defined]
+            self.qp.receive(seg, OPINFO[seg.opcode], now)  # type: ignore[arg-type]
 
     def _burst_body(self, b: Burst, k: int, now: float) -> int:
         """Execute up to ``k`` leading packets of ``b`` (none of them the
@@ -172,10 +225,12 @@ class Responder(QPCore):
         kind = info.kind
         if b.psn != self.epsn or kind not in (Kind.SEND, Kind.WRITE):
             return 0
-        if self.reliable:
-            if (self.resp_op >= 0) == info.first or (self.resp_op >= 0 and kind != self.resp_op):
+        if self.qp.reliable:
+            if self._out_of_sequence(info):
                 return 0
-        elif self.resp_drop or (self.resp_op >= 0 if info.first else kind != self.resp_op):
+        elif self.msg is Msg.DROPPING or (
+            self.msg is not Msg.IDLE if info.first else _INSIDE[kind] is not self.msg
+        ):
             return 0  # UC: a resynchronisation, a dropped message: one by one
         size = k * b.seg
         if kind is Kind.WRITE:
@@ -185,10 +240,10 @@ class Responder(QPCore):
                 view = self._remote(b, Kind.WRITE, b.va, b.dma_len, now)
                 if view is None:
                     return 1  # the first packet failed (NAKed, or dropped on UC)
-                self.resp_wview = view
-                self.resp_off = 0
-            view = self.resp_wview
-            off = self.resp_off
+                self.wview = view
+                self.off = 0
+            view = self.wview
+            off = self.off
             if view is None or off + size > len(view):
                 return 0
             view[off : off + size] = b.payload[:size]
@@ -196,38 +251,42 @@ class Responder(QPCore):
             if info.first:
                 if not self._begin_recv(b, now):
                     return 1  # RNR NAK, or the receive WQE failed
-                self.resp_off = 0
-            room = sum(len(v) for v in self.resp_views) - self.resp_off
+                self.off = 0
+            room = sum(len(v) for v in self.views) - self.off
             k = min(k, room // b.seg)
             if k == 0:
                 return 0  # the per-packet path reuses the WQE taken above
             size = k * b.seg
-            scatter(self.resp_views, self.resp_off, b.payload[:size])
-        self.resp_off += size
-        self.resp_op = kind
+            scatter(self.views, self.off, b.payload[:size])
+        self.off += size
+        self.msg = _INSIDE[kind]
         every = b.ack_every
         first = b.first_index
         self._accept(b, k, every > 0 and (first + k) // every > first // every)
         return k
 
+    # --- ACKs and NAKs ----------------------------------------------------------------
     def _send_ack(self, req: Packet, psn: int) -> None:
-        ack = self.reply(req, self.transport | Op.ACKNOWLEDGE, psn)
+        qp = self.qp
+        ack = qp.reply(req, qp.transport | Op.ACKNOWLEDGE, psn)
         ack.syndrome = _ACK_SYNDROME
         ack.msn = self.msn
-        self.send(ack)
+        qp.send(ack)
 
     def _send_nak(self, req: Packet, code: int, psn: int) -> None:
-        nak = self.reply(req, self.transport | Op.ACKNOWLEDGE, psn)
+        qp = self.qp
+        nak = qp.reply(req, qp.transport | Op.ACKNOWLEDGE, psn)
         nak.syndrome = aeth_syndrome(AETH_NAK, code)
         nak.msn = self.msn
-        self.send(nak)
+        qp.send(nak)
 
     def _rnr(self, pkt: Packet) -> None:
-        self.hca.counters["send_rnr_err"] += 1
-        nak = self.reply(pkt, self.transport | Op.ACKNOWLEDGE, pkt.psn)
-        nak.syndrome = aeth_syndrome(AETH_RNR_NAK, self.min_rnr_timer)
+        qp = self.qp
+        qp.hca.counters["send_rnr_err"] += 1
+        nak = qp.reply(pkt, qp.transport | Op.ACKNOWLEDGE, pkt.psn)
+        nak.syndrome = aeth_syndrome(AETH_RNR_NAK, qp.min_rnr_timer)
         nak.msn = self.msn
-        self.send(nak)
+        qp.send(nak)
         # The RNR NAK already sends the requester back to this PSN: the requests
         # it had pipelined behind it are dropped without a PSN-sequence NAK, which
         # would cost it a retry_cnt for a loss that never happened (as qib/hfi1).
@@ -242,31 +301,33 @@ class Responder(QPCore):
         rqe_status: int = 0,
     ) -> None:
         """A responder error: NAK it, report it, and move this QP to ERR."""
-        counters = self.hca.counters
+        qp = self.qp
+        counters = qp.hca.counters
         counters[_FAIL_COUNTER.get(code, "resp_error")] += 1
-        if self.reliable:
+        if qp.reliable:
             self._send_nak(pkt, code, pkt.psn)
-        rqe = self.resp_rqe
+        rqe = self.rqe
         if rqe_status and rqe is not None:
-            self.resp_rqe = None
+            self.rqe = None
             self._complete_rqe(rqe, rqe_status, 0, reason=reason)
-        self.last_error = reason  # before the event: the event carries it as its reason
+        qp.last_error = reason  # before the event: the event carries it as its reason
         if code == NAK_REMOTE_ACCESS_ERROR:
-            self.hca.post_event(IBV_EVENT_QP_ACCESS_ERR, self)
+            qp.hca.post_event(IBV_EVENT_QP_ACCESS_ERR, qp)
         elif code == NAK_INVALID_REQUEST:
-            self.hca.post_event(IBV_EVENT_QP_REQ_ERR, self)
-        self.to_error(now)
+            qp.hca.post_event(IBV_EVENT_QP_REQ_ERR, qp)
+        qp.to_error(now)
 
     # --- receive WQEs -------------------------------------------------------------
     def _take_rqe(self, pkt: Packet) -> RecvWQE | None:
-        if self.qp_type == IBV_QPT_XRC_RECV:
-            srq = self.hca.find_srq(pkt.srqn)
-            if srq is None or srq.xrcd is None or srq.xrcd is not self.xrcd:
+        qp = self.qp
+        if qp.qp_type == IBV_QPT_XRC_RECV:
+            srq = qp.hca.find_srq(pkt.srqn)
+            if srq is None or srq.xrcd is None or srq.xrcd is not qp.xrcd:
                 return _XRC_BAD_SRQ
             return srq.take()
-        if self.srq is not None:
-            return self.srq.take()
-        rq = self.rq
+        if qp.srq is not None:
+            return qp.srq.take()
+        rq = qp.rq
         if rq is None or self.rq_next >= rq.db:
             return None
         rqe: RecvWQE = rq.get(self.rq_next)
@@ -275,14 +336,15 @@ class Responder(QPCore):
 
     def _rqe_pd(self, pkt: Packet) -> object:
         """The PD memory checks use: an XRC responder uses its SRQ's PD."""
-        if self.qp_type == IBV_QPT_XRC_RECV:
-            srq = self.hca.find_srq(pkt.srqn)
+        qp = self.qp
+        if qp.qp_type == IBV_QPT_XRC_RECV:
+            srq = qp.hca.find_srq(pkt.srqn)
             return getattr(srq, "pd", None)
-        return self.pd
+        return qp.pd
 
     def _rqe_views(self, rqe: RecvWQE, pd: object) -> list[memoryview] | str:
         views: list[memoryview] = []
-        keys = self.hca.keys
+        keys = self.qp.hca.keys
         for addr, length, lkey in rqe.sges:
             v = keys.local(lkey, pd, addr, length, True)
             if isinstance(v, str):
@@ -302,70 +364,73 @@ class Responder(QPCore):
         solicited: bool = False,
         reason: str = "",
     ) -> None:
-        cqe = CQE(rqe.wr_id, status, opcode, self.qpn, byte_len, flags, imm)
-        cqe.src_qp = src_qp if src_qp else self.dest_qpn
+        qp = self.qp
+        cqe = CQE(rqe.wr_id, status, opcode, qp.qpn, byte_len, flags, imm)
+        cqe.src_qp = src_qp if src_qp else qp.dest_qpn
         cqe.solicited = solicited
         cqe.reason = reason
         srq = rqe.srq
-        ring = srq if srq is not None else self.rq
+        ring = srq if srq is not None else qp.rq
         if ring is not None:
             cqe.wq_kind, cqe.wq_handle = ring.tag
         cqe.index = rqe.index
         if status == IBV_WC_SUCCESS:
-            self.hca.counters["rdma_recvs"] += 1  # rxe: every completed receive WQE
-        cq = srq.cq if srq is not None and srq.cq is not None else self.recv_cq
-        self.push_cqe(cq, cqe)
+            qp.hca.counters["rdma_recvs"] += 1  # rxe: every completed receive WQE
+        cq = srq.cq if srq is not None and srq.cq is not None else qp.recv_cq
+        qp.push_cqe(cq, cqe)
 
     def _begin_recv(self, pkt: Packet, now: float) -> bool:
         """Take a receive WQE for a new message; False if the packet is done."""
-        rqe = self.resp_rqe  # UC: reuse the WQE of a dropped message
+        qp = self.qp
+        rqe = self.rqe  # UC: reuse the WQE of a dropped message
         if rqe is None:
             rqe = self._take_rqe(pkt)
         if rqe is _XRC_BAD_SRQ:
-            self.hca.counters["drop_xrc_bad_srq"] += 1
+            qp.hca.counters["drop_xrc_bad_srq"] += 1
             self._fail(
                 pkt, NAK_INVALID_REQUEST, now, f"XRC SRQ {pkt.srqn:#x} is not in this domain"
             )
             return False
         if rqe is None:
-            if self.reliable:
+            if qp.reliable:
                 self._rnr(pkt)
             else:
-                self.hca.counters["drop_no_rqe"] += 1
-                self.resp_drop = True
+                qp.hca.counters["drop_no_rqe"] += 1
+                self.msg = Msg.DROPPING
             return False
         views = self._rqe_views(rqe, self._rqe_pd(pkt))
         if isinstance(views, str):
-            self.resp_rqe = rqe
+            self.rqe = rqe
             self._fail(pkt, NAK_REMOTE_OPERATIONAL_ERROR, now, views, IBV_WC_LOC_PROT_ERR)
             return False
-        self.resp_rqe = rqe
-        self.resp_views = views
+        self.rqe = rqe
+        self.views = views
         return True
 
     # --- SEND ----------------------------------------------------------------------
     def _recv_send(self, pkt: Packet, info: OpInfo, now: float) -> None:
+        qp = self.qp
         if info.first:
             if not self._begin_recv(pkt, now):
                 return
-            self.resp_off = 0
+            self.off = 0
         payload = pkt.payload
         n = len(payload)
-        if n > self.pmtu or (not info.last and n != self.pmtu):
+        if n > qp.pmtu or (not info.last and n != qp.pmtu):
             self._fail(pkt, NAK_INVALID_REQUEST, now, f"packet payload of {n} bytes is illegal")
             return
-        if not scatter(self.resp_views, self.resp_off, payload):
+        if not scatter(self.views, self.off, payload):
             self._fail(
                 pkt, NAK_INVALID_REQUEST, now,
                 "the message is longer than the receive WQE", IBV_WC_LOC_LEN_ERR,
             )  # fmt: skip
             return
-        self.resp_off += n
+        self.off += n
         if not info.last:
-            self.resp_op = Kind.SEND
+            self.msg = Msg.SEND
             self._accept(pkt)
             return
-        rqe = self.resp_rqe
+        rqe = self.rqe
         assert rqe is not None
         flags = 0
         imm = 0
@@ -373,16 +438,16 @@ class Responder(QPCore):
             flags = IBV_WC_WITH_IMM
             imm = pkt.imm
         elif info.inv:
-            err = self.hca.keys.invalidate(pkt.inv_rkey, self._rqe_pd(pkt), self.qpn)
+            err = qp.hca.keys.invalidate(pkt.inv_rkey, self._rqe_pd(pkt), qp.qpn)
             if err is not None:
                 self._fail(pkt, NAK_INVALID_REQUEST, now, err, IBV_WC_REM_INV_REQ_ERR)
                 return
             flags = IBV_WC_WITH_INV
             imm = pkt.inv_rkey
-        self.resp_rqe = None
-        self.resp_op = -1
+        self.rqe = None
+        self.msg = Msg.IDLE
         self.msn = P.add(self.msn, 1)
-        self._complete_rqe(rqe, IBV_WC_SUCCESS, self.resp_off, IBV_WC_RECV, flags, imm,
+        self._complete_rqe(rqe, IBV_WC_SUCCESS, self.off, IBV_WC_RECV, flags, imm,
                            solicited=pkt.se)  # fmt: skip
         self._accept(pkt)
 
@@ -392,16 +457,17 @@ class Responder(QPCore):
             view = self._remote(pkt, Kind.WRITE, pkt.va, pkt.dma_len, now)
             if view is None:
                 return
-            self.resp_wview = view
-            self.resp_off = 0
+            self.wview = view
+            self.off = 0
         if info.imm and info.last and not self._begin_recv(pkt, now):
             return
-        view = self.resp_wview
+        view = self.wview
         assert view is not None
         payload = pkt.payload
         n = len(payload)
-        off = self.resp_off
-        if n > self.pmtu or (not info.last and n != self.pmtu) or off + n > len(view):
+        off = self.off
+        pmtu = self.qp.pmtu
+        if n > pmtu or (not info.last and n != pmtu) or off + n > len(view):
             self._fail(
                 pkt, NAK_INVALID_REQUEST, now, "RDMA WRITE payload does not match its DMA length"
             )
@@ -410,40 +476,41 @@ class Responder(QPCore):
             self._fail(pkt, NAK_INVALID_REQUEST, now, "RDMA WRITE ended before its DMA length")
             return
         view[off : off + n] = payload
-        self.resp_off = off + n
+        self.off = off + n
         if not info.last:
-            self.resp_op = Kind.WRITE
+            self.msg = Msg.WRITE
             self._accept(pkt)
             return
-        self.resp_op = -1
-        self.resp_wview = None
+        self.msg = Msg.IDLE
+        self.wview = None
         self.msn = P.add(self.msn, 1)
         if info.imm:
-            rqe = self.resp_rqe
+            rqe = self.rqe
             assert rqe is not None
-            self.resp_rqe = None
-            self._complete_rqe(rqe, IBV_WC_SUCCESS, self.resp_off, IBV_WC_RECV_RDMA_WITH_IMM,
+            self.rqe = None
+            self._complete_rqe(rqe, IBV_WC_SUCCESS, self.off, IBV_WC_RECV_RDMA_WITH_IMM,
                                IBV_WC_WITH_IMM, pkt.imm, solicited=pkt.se)  # fmt: skip
         self._accept(pkt)
 
     def _remote(self, pkt: Packet, kind: Kind, va: int, length: int, now: float) -> Any:
         """Check the QP's remote rights and the key; NAK and return None if denied."""
+        qp = self.qp
         right = _REMOTE_RIGHT[kind]
-        if not self.access & right:
-            reason = f"QP {self.qpn:#x} does not allow remote {kind.name.lower()}s"
+        if not qp.access & right:
+            reason = f"QP {qp.qpn:#x} does not allow remote {kind.name.lower()}s"
         elif length == 0 and kind is not Kind.ATOMIC:
             # zero-length: the R_Key is not checked; writable, as a WRITE stores into it
             return memoryview(bytearray())
         else:
-            got = self.hca.keys.remote(pkt.rkey, self._rqe_pd(pkt), self.qpn, va, length, right)
+            got = qp.hca.keys.remote(pkt.rkey, self._rqe_pd(pkt), qp.qpn, va, length, right)
             if not isinstance(got, str):
                 return got
             reason = got
-        if self.reliable:
+        if qp.reliable:
             self._fail(pkt, NAK_REMOTE_ACCESS_ERROR, now, reason)
         else:
-            self.hca.counters["drop_uc_access"] += 1
-            self.resp_drop = True
+            qp.hca.counters["drop_uc_access"] += 1
+            self.msg = Msg.DROPPING
         return None
 
     # --- READ ----------------------------------------------------------------------
@@ -451,7 +518,7 @@ class Responder(QPCore):
         view = self._remote(pkt, Kind.READ_REQ, pkt.va, pkt.dma_len, now)
         if view is None:
             return
-        n = max(1, -(-pkt.dma_len // self.pmtu))
+        n = max(1, -(-pkt.dma_len // self.qp.pmtu))
         self._remember((pkt.psn, n, Kind.READ_REQ, pkt.va, pkt.rkey, pkt.dma_len, 0))
         self.epsn = P.add(self.epsn, n)
         self.nak_sent = False
@@ -460,15 +527,16 @@ class Responder(QPCore):
 
     def _read_respond(self, req: Packet, view: memoryview, psn: int) -> None:
         """The READ's responses, as one burst."""
-        pmtu = self.pmtu
+        qp = self.qp
+        pmtu = qp.pmtu
         n = max(1, -(-len(view) // pmtu))
-        t = self.transport
+        t = qp.transport
         ops = (t | Op.RDMA_READ_RESPONSE_FIRST, t | Op.RDMA_READ_RESPONSE_MIDDLE,
                t | Op.RDMA_READ_RESPONSE_LAST, t | Op.RDMA_READ_RESPONSE_ONLY)  # fmt: skip
-        rsp = self.reply(req, 0, psn, view)
+        rsp = qp.reply(req, 0, psn, view)
         rsp.syndrome = _ACK_SYNDROME
         rsp.msn = self.msn
-        self.send(burst(rsp, ops, 0, n, n, pmtu, 0))
+        qp.send(burst(rsp, ops, 0, n, n, pmtu, 0))
 
     # --- atomics -------------------------------------------------------------------
     def _recv_atomic(self, pkt: Packet, info: OpInfo, now: float) -> None:
@@ -493,21 +561,23 @@ class Responder(QPCore):
         self._send_atomic_ack(pkt, orig)
 
     def _send_atomic_ack(self, req: Packet, orig: int) -> None:
-        ack = self.reply(req, self.transport | Op.ATOMIC_ACKNOWLEDGE, req.psn)
+        qp = self.qp
+        ack = qp.reply(req, qp.transport | Op.ATOMIC_ACKNOWLEDGE, req.psn)
         ack.syndrome = _ACK_SYNDROME
         ack.msn = self.msn
         ack.orig = orig
-        self.send(ack)
+        qp.send(ack)
 
     def _remember(self, entry: tuple[int, int, int, int, int, int, int]) -> None:
         replay = self.replay
         replay.append(entry)
-        while len(replay) > max(1, self.max_dest_rd_atomic):
+        while len(replay) > max(1, self.qp.max_dest_rd_atomic):
             replay.popleft()
 
     # --- duplicates ------------------------------------------------------------------
     def _duplicate(self, pkt: Packet, info: OpInfo) -> None:
-        counters = self.hca.counters
+        qp = self.qp
+        counters = qp.hca.counters
         counters["duplicate_request"] += 1
         kind = info.kind
         if kind is Kind.READ_REQ or kind is Kind.ATOMIC:
@@ -522,8 +592,8 @@ class Responder(QPCore):
                 self._send_atomic_ack(pkt, entry[_R_ORIG])
                 return
             # Execute the READ again from the requested PSN (IBA 9.7.5.1.2).
-            got = self.hca.keys.remote(
-                pkt.rkey, self._rqe_pd(pkt), self.qpn, pkt.va, pkt.dma_len, IBV_ACCESS_REMOTE_READ
+            got = qp.hca.keys.remote(
+                pkt.rkey, self._rqe_pd(pkt), qp.qpn, pkt.va, pkt.dma_len, IBV_ACCESS_REMOTE_READ
             )
             if isinstance(got, str):
                 counters["drop_duplicate_read_denied"] += 1
@@ -534,18 +604,16 @@ class Responder(QPCore):
 
     # --- UC -------------------------------------------------------------------------------
     def _uc_receive(self, pkt: Packet, info: OpInfo, now: float) -> None:
-        in_order = pkt.psn == self.epsn and not self.resp_drop
+        in_order = pkt.psn == self.epsn and self.msg is not Msg.DROPPING
         if info.first:
-            if self.resp_op >= 0 or not in_order:
-                self.hca.counters["uc_resync"] += 1
-            self.resp_op = -1
-            self.resp_drop = False
+            if self.msg is not Msg.IDLE or not in_order:
+                self.qp.hca.counters["uc_resync"] += 1
+            self.msg = Msg.IDLE
             self.epsn = pkt.psn
-        elif not in_order or info.kind != self.resp_op:
-            self.hca.counters["drop_uc_missing_packet"] += 1
-            self.resp_drop = True
-            self.resp_op = -1
-            self.resp_wview = None
+        elif not in_order or _INSIDE.get(info.kind) is not self.msg:
+            self.qp.hca.counters["drop_uc_missing_packet"] += 1
+            self.msg = Msg.DROPPING
+            self.wview = None
             return
         if info.kind is Kind.SEND:
             self._recv_send(pkt, info, now)
@@ -554,8 +622,9 @@ class Responder(QPCore):
 
     # --- UD -------------------------------------------------------------------------------
     def _ud_receive(self, pkt: Packet, info: OpInfo, now: float) -> None:
-        counters = self.hca.counters
-        if pkt.qkey != self.qkey:
+        qp = self.qp
+        counters = qp.hca.counters
+        if pkt.qkey != qp.qkey:
             counters["qkey_violation"] += 1
             return
         rqe = self._take_rqe(pkt)
@@ -564,10 +633,10 @@ class Responder(QPCore):
             return
         payload = pkt.payload
         total = _GRH_LEN + len(payload)
-        views = self._rqe_views(rqe, self.pd)
+        views = self._rqe_views(rqe, qp.pd)
         if isinstance(views, str):
             self._complete_rqe(rqe, IBV_WC_LOC_PROT_ERR, 0, reason=views)
-            self.to_error(now)
+            qp.to_error(now)
             return
         if total > rqe.length:
             self._complete_rqe(
@@ -575,7 +644,7 @@ class Responder(QPCore):
                 reason=f"a UD message of {len(payload)} bytes + 40-byte GRH exceeds "
                 f"the receive WQE's {rqe.length} bytes",
             )  # fmt: skip
-            self.to_error(now)
+            qp.to_error(now)
             return
         from softverbs.wire.codec import grh_bytes
 
@@ -586,6 +655,36 @@ class Responder(QPCore):
             flags |= IBV_WC_WITH_IMM
         self._complete_rqe(rqe, IBV_WC_SUCCESS, total, IBV_WC_RECV, flags, pkt.imm,
                            src_qp=pkt.src_qp, solicited=pkt.se)  # fmt: skip
+
+    # --- flushing -------------------------------------------------------------------------
+    def flush(self) -> None:
+        """Complete the receive WQE in progress and every fetched one with
+        WR_FLUSH_ERR, in order (ERR)."""
+        qp = self.qp
+        rqe = self.rqe
+        self.rqe = None
+        self.msg = Msg.IDLE
+        self.wview = None
+        if rqe is not None:
+            self._flush_rqe(rqe)
+        rq = qp.rq
+        if rq is None or qp.srq is not None:
+            return
+        while self.rq_next < rq.db:
+            self._flush_rqe(rq.get(self.rq_next))
+            self.rq_next += 1
+
+    def _flush_rqe(self, rqe: Any) -> None:
+        qp = self.qp
+        cqe = CQE(rqe.wr_id, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV, qp.qpn)
+        cqe.reason = "flushed: the QP is in the error state"
+        srq = rqe.srq
+        ring = srq if srq is not None else qp.rq
+        if ring is not None:
+            cqe.wq_kind, cqe.wq_handle = ring.tag
+        cqe.index = rqe.index
+        cq = srq.cq if srq is not None and srq.cq is not None else qp.recv_cq
+        qp.push_cqe(cq, cqe)
 
 
 _FAIL_COUNTER = {

@@ -68,6 +68,7 @@ import mmap
 import os
 import struct
 from collections.abc import Callable
+from enum import IntEnum
 from typing import Annotated, Any, Generic, Protocol, TypeVar
 
 from softverbs.enums import IBV_WC_SUCCESS
@@ -121,6 +122,31 @@ class Route:
         self.port = port
 
 
+class WqeState(IntEnum):
+    """Where a send WQE is in the requester (:data:`WQE_MOVES` says where it may go).
+
+    The last three are *finished*: the WQE completes when it reaches the head
+    of the queue -- successfully, or in error."""
+
+    QUEUED = 0  #: fetched from the ring, not started
+    ACTIVE = 1  #: started: packets out, or to go, and not yet acknowledged
+    CANCELLED = 2  #: turned into a NOP before it started (cancel_posted_send_wrs)
+    DONE = 3  #: executed, and acknowledged (RC) or sent (UC, UD)
+    FAILED = 4  #: failed: completes in error
+
+
+#: the legal moves of a send WQE
+WQE_MOVES: dict[WqeState, frozenset[WqeState]] = {
+    WqeState.QUEUED: frozenset(
+        {WqeState.CANCELLED, WqeState.ACTIVE, WqeState.DONE, WqeState.FAILED}
+    ),
+    WqeState.ACTIVE: frozenset({WqeState.DONE, WqeState.FAILED}),
+    WqeState.CANCELLED: frozenset(),
+    WqeState.DONE: frozenset(),
+    WqeState.FAILED: frozenset(),
+}
+
+
 class SendWQE:
     """A send-queue entry: the WR as posted, plus the requester's progress.
 
@@ -132,11 +158,11 @@ class SendWQE:
     """
 
     __slots__ = (
-        "ackd", "ah", "bind", "bind_access", "bind_addr", "bind_length", "bind_mr",
+        "ah", "bind", "bind_access", "bind_addr", "bind_length", "bind_mr",
         "bind_mw", "bind_rkey", "caller", "compare_add", "data", "driver_op", "fence",
-        "imm", "index", "inline", "inv_rkey", "length", "local_op", "nop", "npkts", "opcode",
+        "imm", "index", "inline", "inv_rkey", "length", "local_op", "npkts", "opcode",
         "psn", "reason", "remote_addr", "remote_qkey", "remote_qpn", "rkey", "route", "rxd",
-        "se", "sges", "signaled", "started", "status", "swap", "tx", "wr_id", "xrc_srqn",
+        "se", "sges", "signaled", "state", "status", "swap", "tx", "wr_id", "xrc_srqn",
     )  # fmt: skip
 
     def __init__(self, wr_id: int, opcode: int, signaled: bool, sges: list[Sge], length: int):
@@ -174,14 +200,12 @@ class SendWQE:
         #: a provider's local WQE (IBV_WR_DRIVER1): run in send-queue order,
         #: returns None or why it failed
         self.local_op: Callable[[], str | None] | None = None
-        self.nop = False  #: cancelled: completes as a NOP (cancel_posted_send_wrs)
         # requester progress
-        self.started = False
+        self.state = WqeState.QUEUED
         self.psn = 0
         self.npkts = 0
         self.tx = 0  #: packets of this WQE handed to the fabric in this pass
         self.rxd = 0  #: READ: response packets received in order
-        self.ackd = False  #: every packet acknowledged (RC) or sent (UC/UD)
         self.data: Any = None  #: gathered payload, or READ/atomic target views
         self.status: int = IBV_WC_SUCCESS
         self.reason = ""  #: why it failed, in words

@@ -600,8 +600,8 @@ def test_psn_wraps_across_messages() -> None:
     acks = b.sent("b", is_ack)
     assert 1 <= len(acks) <= 8
     assert acks[-1].pkt.psn == (START + 63) & P.PSN_MASK
-    assert b.a.qp.npsn == b.a.qp.una == (START + 64) & P.PSN_MASK
-    assert b.b.qp.epsn == (START + 64) & P.PSN_MASK
+    assert b.a.qp.req.npsn == b.a.qp.comp.una == (START + 64) & P.PSN_MASK
+    assert b.b.qp.resp.epsn == (START + 64) & P.PSN_MASK
 
 
 def test_psn_wraps_inside_one_message() -> None:
@@ -755,7 +755,8 @@ def test_ack_timer_survives_an_rnr_back_off() -> None:
     b.a.post_send(IBV_WR_SEND, 0, 10)  # PSN 3: RNR
     b.pump()
     assert b.sent("b", is_rnr_nak), b.trace()
-    assert b.a.qp.rnr_until is not None and b.a.qp.una == 3, "READ done during the back-off"
+    comp = b.a.qp.comp
+    assert comp.rnr_until is not None and comp.una == 3, "READ done during the back-off"
     b.b.post_recv(RECV_OFF + 4096, 64)
     b.run()
     assert [c.status for c in b.a.poll_send()] == [IBV_WC_SUCCESS] * 2, b.trace()

@@ -87,6 +87,7 @@ from softverbs import (
 )
 from softverbs.engine.qp import QPEngine
 from softverbs.engine.requester import WR_INFO, WrClass
+from softverbs.engine.responder import Msg
 from softverbs.engine.rings import CQE, CompletionRing
 from softverbs.enums import (
     IBV_ACCESS_LOCAL_WRITE,
@@ -453,7 +454,7 @@ class ReceiveRig:
         else:
             rq = t.eng.rq
             assert rq is not None
-            n = RQ_DEPTH - (rq.db - t.eng.rq_next)
+            n = RQ_DEPTH - (rq.db - t.eng.resp.rq_next)
         head: RecvWR | None = None
         for _ in range(n):
             wr = self._rqe(t)
@@ -571,13 +572,14 @@ class ReceiveRig:
     def _fingerprint(self, eng: QPEngine | None) -> tuple[Any, ...]:
         if eng is None:
             return ()
-        inflight = eng.inflight
+        inflight = eng.comp.inflight
+        req, comp, resp = eng.req, eng.comp, eng.resp
         return (
-            eng.state, eng.epsn, eng.msn, eng.resp_op, eng.resp_off, eng.rq_next,
-            eng.nak_sent, eng.resp_drop, eng.resp_rqe is not None, eng.npsn, eng.una,
-            eng.rd_out, eng.rnr_until, eng.deadline, eng.retry_left, eng.rnr_left,
-            eng.retry_episode, eng.blocked, eng.comm_established, len(eng.replay),
-            len(inflight), sum(w.rxd + 100 * w.ackd + 10000 * w.tx for w in inflight),
+            eng.state, resp.epsn, resp.msn, resp.msg, resp.off, resp.rq_next,
+            resp.nak_sent, resp.rqe is not None, req.npsn, comp.una,
+            req.rd_out, comp.rnr_until, comp.deadline, comp.retry_left, comp.rnr_left,
+            comp.resending, req.blocked, eng.comm_established, len(resp.replay),
+            len(inflight), sum(w.rxd + 100 * w.state + 10000 * w.tx for w in inflight),
             self.scq.ring.waiting(), self.rcq.ring.waiting(),
             self.srq.ring.available(), len(self.ctx.events),
         )  # fmt: skip
@@ -637,8 +639,8 @@ class ReceiveRig:
         eng = t.eng
         sq = eng.sq
         fell = eng.state == IBV_QPS_ERR and t.state != IBV_QPS_ERR
-        idle = (t.role == "requester" and eng.state == IBV_QPS_RTS and not eng.inflight
-                and sq is not None and eng.sq_next >= sq.db)  # fmt: skip
+        idle = (t.role == "requester" and eng.state == IBV_QPS_RTS and not eng.comp.inflight
+                and sq is not None and eng.req.sq_next >= sq.db)  # fmt: skip
         if not (fell or idle):
             return
         self.collect()
@@ -733,7 +735,7 @@ class ReceiveRig:
         sq = eng.sq
         assert sq is not None
         for _ in range(64):
-            if not eng.inflight and eng.sq_next >= sq.db:
+            if not eng.comp.inflight and eng.req.sq_next >= sq.db:
                 break
             deadline = self.hca.next_deadline()
             if deadline is None:
@@ -743,7 +745,7 @@ class ReceiveRig:
                 self.hca.run_timers(self.clock.now())
             self.drain_outbox()
         self.collect()
-        if eng.state != IBV_QPS_ERR and (eng.inflight or eng.sq_next < sq.db):
+        if eng.state != IBV_QPS_ERR and (eng.comp.inflight or eng.req.sq_next < sq.db):
             raise self.fail(f"{t.name}: send WQEs never completed: {_describe(eng)}")
         self._check_sends(t)
 
@@ -761,17 +763,17 @@ class ReceiveRig:
         eng = t.eng
         if eng.state not in (IBV_QPS_RTR, IBV_QPS_RTS, IBV_QPS_SQD):
             return
-        if eng.resp_op >= 0 and eng.transport != Transport.UC:
+        if eng.resp.msg in (Msg.SEND, Msg.WRITE) and eng.transport != Transport.UC:
             return  # a multi-packet message is open: a new SEND would be a sequence error
         self.collect()
         self._post_recvs(t)
         self.stats.probes += 1
         payload = self.rng.randbytes(self.rng.randrange(1, 200))
-        pkt = Packet(Transport(eng.transport) | Op.SEND_ONLY, eng.qpn, eng.epsn, payload)
+        pkt = Packet(Transport(eng.transport) | Op.SEND_ONLY, eng.qpn, eng.resp.epsn, payload)
         pkt.ackreq = True
         pkt.qkey = QKEY
         pkt.src_qp = 0x77
-        msn = eng.msn
+        msn = eng.resp.msn
         data = bytes(encode_udp_payload(_addressed(pkt, self), self.src_ip, self.dst_ip, 0xC123))
         self.last_input = f"probe of {t.name}: udp4 {data.hex()}"
         self.feed_udp(data, False, 0xC123)
@@ -786,8 +788,8 @@ class ReceiveRig:
         grh = 40 if eng.qp_type == IBV_QPT_UD else 0
         if ok[0].byte_len != len(payload) + grh:
             raise self.fail(f"probe of {t.name}: byte_len {ok[0].byte_len}")
-        if eng.reliable and eng.msn != (msn + 1) & _M24:
-            raise self.fail(f"probe of {t.name}: MSN {msn} -> {eng.msn}")
+        if eng.reliable and eng.resp.msn != (msn + 1) & _M24:
+            raise self.fail(f"probe of {t.name}: MSN {msn} -> {eng.resp.msn}")
 
 
 _ERROR_EVENTS = frozenset({IBV_EVENT_QP_FATAL, IBV_EVENT_QP_REQ_ERR, IBV_EVENT_QP_ACCESS_ERR})
@@ -808,8 +810,9 @@ def _addressed(pkt: Packet, rig: ReceiveRig) -> Packet:
 def _describe(eng: QPEngine | None) -> str:
     if eng is None:
         return "none"
-    return (f"qpn={eng.qpn:#x} type={eng.qp_type} state={eng.state} epsn={eng.epsn} "
-            f"resp_op={eng.resp_op} una={eng.una} npsn={eng.npsn} inflight={len(eng.inflight)} "
+    return (f"qpn={eng.qpn:#x} type={eng.qp_type} state={eng.state} epsn={eng.resp.epsn} "
+            f"msg={eng.resp.msg.name} una={eng.comp.una} npsn={eng.req.npsn} "
+            f"inflight={len(eng.comp.inflight)} "
             f"last_error={eng.last_error!r}")  # fmt: skip
 
 
@@ -943,15 +946,15 @@ class Mutator:
         eng = t.eng
         tr = Transport(eng.transport)
         pmtu = eng.pmtu
-        kind = eng.resp_op
-        psn = self._psn(eng, eng.epsn)
+        kind = {Msg.SEND: Kind.SEND, Msg.WRITE: Kind.WRITE}.get(eng.resp.msg)
+        psn = self._psn(eng, eng.resp.epsn)
         if kind == Kind.SEND and rng.random() < 0.85:
             last = rng.random() < 0.4
             op = rng.choice((Op.SEND_LAST, Op.SEND_LAST_WITH_IMMEDIATE)) if last else Op.SEND_MIDDLE
             n = rng.randrange(1, pmtu + 1) if last else pmtu
             return self._fill(Packet(tr | op, eng.qpn, psn, rng.randbytes(n)))
-        if kind == Kind.WRITE and rng.random() < 0.85 and eng.resp_wview is not None:
-            left = len(eng.resp_wview) - eng.resp_off
+        if kind == Kind.WRITE and rng.random() < 0.85 and eng.resp.wview is not None:
+            left = len(eng.resp.wview) - eng.resp.off
             if left > pmtu:
                 op, n = Op.RDMA_WRITE_MIDDLE, pmtu
             else:
@@ -1016,10 +1019,10 @@ class Mutator:
         eng = t.eng
         tr = Transport(eng.transport)
         pmtu = eng.pmtu
-        wqes = [w for w in eng.inflight if w.npkts]
+        wqes = [w for w in eng.comp.inflight if w.npkts]
         w = rng.choice(wqes) if wqes else None
         x = rng.random()
-        pkt = Packet(tr | Op.ACKNOWLEDGE, eng.qpn, eng.una)
+        pkt = Packet(tr | Op.ACKNOWLEDGE, eng.qpn, eng.comp.una)
         pkt.msn = rng.randrange(1 << 24)
         if w is not None and x < 0.45:
             klass = WR_INFO[w.opcode].klass
@@ -1043,19 +1046,20 @@ class Mutator:
             pkt.syndrome = aeth_syndrome(AETH_ACK, AETH_CREDIT_INVALID)
             return pkt
         if x < 0.65:
-            choices = [eng.una, (eng.una - 1) & _M24, (eng.npsn - 1) & _M24, eng.npsn]
+            una, npsn = eng.comp.una, eng.req.npsn
+            choices = [una, (una - 1) & _M24, (npsn - 1) & _M24, npsn]
             pkt.psn = rng.choice(choices)
             pkt.syndrome = aeth_syndrome(AETH_ACK, AETH_CREDIT_INVALID)
         elif x < 0.8:
             code = rng.choice((0, 0, 1, 2, 3, 4, rng.randrange(32)))
             pkt.syndrome = aeth_syndrome(AETH_NAK, code)
-            pkt.psn = rng.choice((eng.una, w.psn if w else eng.npsn))
+            pkt.psn = rng.choice((eng.comp.una, w.psn if w else eng.req.npsn))
         elif x < 0.9:
             pkt.syndrome = aeth_syndrome(AETH_RNR_NAK, rng.randrange(32))
-            pkt.psn = rng.choice((eng.una, w.psn if w else eng.npsn))
+            pkt.psn = rng.choice((eng.comp.una, w.psn if w else eng.req.npsn))
         else:
             pkt.syndrome = rng.randrange(256)
-            pkt.psn = self._psn(eng, eng.una)
+            pkt.psn = self._psn(eng, eng.comp.una)
         return pkt
 
     # --- field mutations -----------------------------------------------------------------

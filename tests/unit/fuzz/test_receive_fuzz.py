@@ -125,7 +125,8 @@ def test_every_opcode_reaches_the_engine() -> None:
             for opcode, info in enumerate(OPINFO):
                 if info is None:
                     continue
-                pkt = Packet(opcode, t.qp.qp_num, t.eng.epsn, b"x" * 8 if info.payload else b"")
+                payload = b"x" * 8 if info.payload else b""
+                pkt = Packet(opcode, t.qp.qp_num, t.eng.resp.epsn, payload)
                 pkt.qkey = 0x11111111
                 rig.last_input = f"{info.name} to {t.name}"
                 rig.receive(_addressed(rig, pkt))
@@ -225,7 +226,7 @@ def test_stale_and_unsent_acks_are_counted() -> None:
         delta = counters - before
         assert delta["duplicate_response"] == 1
         assert delta["drop_unexpected_response"] == 1
-        assert r.eng.una == SQ_PSN and not r.cq.ring.waiting()
+        assert r.eng.comp.una == SQ_PSN and not r.cq.ring.waiting()
         r.respond(Op.ACKNOWLEDGE, SQ_PSN, ACK)
         n, wcs = r.cq.poll(1)
         assert n == 1 and wcs[0].status == IBV_WC_SUCCESS

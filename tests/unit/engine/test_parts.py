@@ -1,0 +1,48 @@
+"""The QP engine's three parts own their state, and WQEs move by the table.
+
+``QPEngine`` holds a requester, a completer and a responder (softverbs.engine
+.core says who does what).  Each owns its progress: no two parts keep a
+field of the same name (a shared name was how the old mixin design let one
+half shadow the other).  A send WQE's state moves only along
+``rings.WQE_MOVES``; the engine asserts each move, so every test that
+drives the engine also checks the table.
+"""
+
+from __future__ import annotations
+
+from engine_kit import Bench
+
+from softverbs.engine.requester import _move
+from softverbs.engine.rings import WQE_MOVES, SendWQE, WqeState
+
+
+def test_each_part_owns_its_state() -> None:
+    qp = Bench(pmtu=256).a.qp
+    links = {"qp", "req", "comp"}
+    parts = {"req": qp.req, "comp": qp.comp, "resp": qp.resp}
+    fields = {name: set(vars(p)) - links for name, p in parts.items()}
+    for a in fields:
+        for b in fields:
+            if a < b:
+                assert not fields[a] & fields[b], (a, b, fields[a] & fields[b])
+    assert not (set().union(*fields.values()) & set(vars(qp))), "a part shadows the QP"
+
+
+def test_the_wqe_table() -> None:
+    finished = {WqeState.CANCELLED, WqeState.DONE, WqeState.FAILED}
+    assert {s for s, moves in WQE_MOVES.items() if not moves} == finished
+    reach, todo = {WqeState.QUEUED}, [WqeState.QUEUED]
+    while todo:
+        for nxt in WQE_MOVES[todo.pop()] - reach:
+            reach.add(nxt)
+            todo.append(nxt)
+    assert reach == set(WqeState)
+    wqe = SendWQE(1, 0, True, [], 0)
+    _move(wqe, WqeState.ACTIVE)
+    _move(wqe, WqeState.DONE)
+    try:
+        _move(wqe, WqeState.FAILED)
+    except AssertionError as exc:
+        assert "DONE -> FAILED" in str(exc)
+    else:
+        raise AssertionError("a finished WQE moved on")
