@@ -73,3 +73,15 @@ def test_served_quick_run_prints_both_devices() -> None:
     for size in ("4 KiB", "64 KiB", "1 MiB"):
         assert re.search(rf"^ WRITE {size} MB/s\s+[\d,]+\.\d\s+[\d,]+\.\d\s+\d+\.\d\d$",
                          r.stdout, re.M), r.stdout  # fmt: skip
+
+
+def test_scale_smoke_run_prints_a_row_per_step(tmp_path: Path) -> None:
+    r = subprocess.run(
+        [sys.executable, "bench/bench_scale.py", "--quiet", "--steps", "10,40",
+         "--plot", str(tmp_path / "s.png")],
+        cwd=ROOT, capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    for n in (10, 40):
+        assert re.search(rf"^\s+{n}\s+-?[\d.]+\s+[\d.]+\s+\d+\s+[\d.]+$", r.stdout, re.M), r.stdout
+    assert (tmp_path / "s.png").exists() or "skipping the plot" in r.stdout
