@@ -67,8 +67,25 @@ from softverbs.verbs.registry import DeviceSpec, SoftDevice
 Rep = TypeVar("Rep", bound=Record)
 
 START_TIMEOUT = 15.0
-#: An on-demand service exits after this long without a client.
+#: An on-demand service exits after this long without a client (SOFTVERBS_IDLE_EXIT).
 IDLE_EXIT = 60.0
+
+
+def idle_exit() -> float:
+    """``SOFTVERBS_IDLE_EXIT`` (seconds), checked; :data:`IDLE_EXIT` if unset."""
+    from softverbs.errors import ConfigError
+
+    text = os.environ.get("SOFTVERBS_IDLE_EXIT", "").strip()
+    if not text:
+        return IDLE_EXIT
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < 1e9:
+        raise ConfigError(f"SOFTVERBS_IDLE_EXIT={text!r}: give the seconds a service started "
+                          "on demand waits, once idle, before it exits (a number above 0)")
+    return value
 
 
 def _lost(exc: BaseException) -> PyverbsRDMAError:
@@ -189,7 +206,7 @@ def _spawn_service(path: str) -> None:
     env = {k: v for k, v in os.environ.items() if k not in _PER_PROCESS}
     subprocess.Popen(
         [sys.executable, "-m", "softverbs.service.server", "--socket", path,
-         "--idle-exit", str(IDLE_EXIT)],
+         "--idle-exit", str(idle_exit())],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True, close_fds=True, env=env,
     )  # fmt: skip

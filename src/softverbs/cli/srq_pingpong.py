@@ -1,0 +1,477 @@
+"""``softverbs srq-pingpong``: rdma-core's ``ibv_srq_pingpong`` on softverbs.
+
+RC ping-pong over several QPs whose receives all come from one shared
+receive queue.  Options, rendezvous and output follow ``ibv_srq_pingpong``
+(rdma-core ``libibverbs/examples``), so either end may be the C tool::
+
+    softverbs srq-pingpong                 # server
+    softverbs srq-pingpong SERVER          # client
+
+Theory of operation
+-------------------
+1. **Resources.**  One buffer of ``size`` bytes (zeroed) and an MR with
+   local write access, one CQ of ``rx_depth + num_qp`` entries (on a
+   completion channel with ``-e``), one SRQ of ``rx_depth`` WRs with one
+   SGE, and ``num_qp`` RC QPs on the CQ and the SRQ, each with one send WR
+   and one send SGE, moved to INIT with no remote rights.  ``rx_depth``
+   receives are posted to the SRQ.
+2. **Rendezvous** over TCP (port 18515 by default): each side sends one
+   ``"%04x:%06x:%06x:%s"`` message (LID, QPN, a random PSN, the GID of
+   ``-g``) per QP -- always 256 of them, the C tool's ``MAX_QP``, the unused
+   ones zero -- the client first; the server reads all, connects, answers
+   with its own 256, and waits for the client's ``"done\\0"``.  QP *i*
+   connects to the peer's QP *i* (RTR with ``min_rnr_timer`` 12, RTS with
+   ``timeout`` 14, ``retry_cnt`` 7, ``rnr_retry`` 7); the route is global
+   only if the peer's first message carried a GID.  Without ``-g`` on RoCE
+   the connect fails, as with rxe; softverbs picks the first IPv4 RoCEv2
+   GID when ``-g`` is not given (``-g -1``: none).
+3. **Ping-pong.**  The client posts one send on every QP.  Each QP takes
+   turns: its next send goes when its previous send and a receive on it
+   have completed.  The SRQ is refilled to ``rx_depth`` whenever ``num_qp``
+   or fewer receives remain.  The run ends when ``iters`` sends and
+   ``iters`` receives have completed in all (the C tool's count, though its
+   help says "per QP").
+4. **Report** as the C tool: bytes (``size * iters * 2``) and time.
+
+Errors print the C tool's message on stderr and exit with status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import socket
+import sys
+import time
+from typing import Any
+
+from softverbs import (
+    CQ,
+    GID,
+    MR,
+    PD,
+    QP,
+    SGE,
+    SRQ,
+    AHAttr,
+    CompChannel,
+    GlobalRoute,
+    PyverbsError,
+    QPAttr,
+    QPCap,
+    QPInitAttr,
+    RecvWR,
+    SendWR,
+    SrqAttr,
+    SrqInitAttr,
+    wc_status_str,
+)
+from softverbs.cli.pingpong import (
+    DEFAULT_PORT,
+    DONE,
+    MSG_SIZE,
+    RECV_WRID,
+    SEND_WRID,
+    Dest,
+    PingPongError,
+    _device_name,
+    _div,
+    _gid_raw,
+    _int,
+    _recv_exact,
+    _uint,
+    _usage_error,
+    default_gid_index,
+    tcp_listener,
+)
+from softverbs.enums import (
+    IBV_ACCESS_LOCAL_WRITE,
+    IBV_LINK_LAYER_ETHERNET,
+    IBV_QP_ACCESS_FLAGS,
+    IBV_QP_AV,
+    IBV_QP_DEST_QPN,
+    IBV_QP_MAX_DEST_RD_ATOMIC,
+    IBV_QP_MAX_QP_RD_ATOMIC,
+    IBV_QP_MIN_RNR_TIMER,
+    IBV_QP_PATH_MTU,
+    IBV_QP_PKEY_INDEX,
+    IBV_QP_PORT,
+    IBV_QP_RETRY_CNT,
+    IBV_QP_RNR_RETRY,
+    IBV_QP_RQ_PSN,
+    IBV_QP_SQ_PSN,
+    IBV_QP_STATE,
+    IBV_QP_TIMEOUT,
+    IBV_QPS_INIT,
+    IBV_QPS_RTR,
+    IBV_QPS_RTS,
+    IBV_QPT_RC,
+    IBV_SEND_INLINE,
+    IBV_SEND_SIGNALED,
+    IBV_WC_SUCCESS,
+    IBV_WR_SEND,
+    bytes_to_mtu,
+)
+
+MAX_QP = 256  #: the C tool's MAX_QP: messages each side sends in the rendezvous
+PAGE = 4096
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "rdma-core's ibv_srq_pingpong on softverbs: RC ping-pong over several QPs sharing one "
+        "SRQ. Without SERVER, wait for a client on the TCP port; with SERVER, connect to it."
+    )
+    setattr(parser, "error", _usage_error(parser))  # noqa: B010 (a method override)
+    parser.add_argument("server", nargs="?", metavar="SERVER",
+                        help="connect to the server at SERVER (default: be the server)")
+    parser.add_argument("-p", "--port", type=_uint, default=DEFAULT_PORT,
+                        help=f"listen on/connect to port PORT (default {DEFAULT_PORT})")
+    parser.add_argument("-d", "--ib-dev", metavar="DEV",
+                        help="use IB device DEV (default first device found)")
+    parser.add_argument("-i", "--ib-port", type=_int, default=1, metavar="PORT",
+                        help="use port PORT of IB device (default 1)")
+    parser.add_argument("-s", "--size", type=_uint, default=4096,
+                        help="size of message to exchange (default 4096)")
+    parser.add_argument("-m", "--mtu", type=_int, default=1024, help="path MTU (default 1024)")
+    parser.add_argument("-q", "--num-qp", type=_uint, default=16, metavar="NUM",
+                        help="number of QPs to use (default 16)")
+    parser.add_argument("-r", "--rx-depth", type=_uint, default=500, metavar="DEP",
+                        help="number of receives to post at a time (default 500)")
+    parser.add_argument("-n", "--iters", type=_uint, default=1000,
+                        help="number of exchanges (default 1000)")
+    parser.add_argument("-l", "--sl", type=_int, default=0, help="service level value")
+    parser.add_argument("-e", "--events", action="count", default=0,
+                        help="sleep on CQ events (default poll)")
+    parser.add_argument("-g", "--gid-idx", type=_int, default=None, metavar="GIDIDX",
+                        help="local port gid index (default: the device's first IPv4 RoCEv2 "
+                             "GID; -1: none, as ibv_srq_pingpong without -g)")
+    parser.add_argument("-o", "--odp", action="store_true", help="use on demand paging")
+    parser.add_argument("-c", "--chk", action="store_true", help="validate received buffer")
+
+
+def _check_options(args: argparse.Namespace) -> None:
+    if args.port > 65535:
+        raise PingPongError(f"port {args.port} is out of range (at most 65535)")
+    if args.ib_port < 1:
+        raise PingPongError(f"ib-port {args.ib_port} is out of range (at least 1)")
+    if args.size < 1:
+        raise PingPongError("size must be at least 1")
+    if args.mtu not in (256, 512, 1024, 2048, 4096):
+        raise PingPongError(f"mtu {args.mtu} is not one of 256, 512, 1024, 2048, 4096")
+    if not 1 <= args.num_qp <= MAX_QP:
+        raise PingPongError(f"num-qp {args.num_qp} is out of range (1 to {MAX_QP})")
+    if args.num_qp > args.rx_depth:
+        raise PingPongError(f"rx_depth {args.rx_depth} is too small for {args.num_qp} QPs -- "
+                            "must have at least one receive per QP.")  # fmt: skip
+    if args.odp:
+        raise PingPongError("The device isn't ODP capable or does not support RC send "
+                            "and receive with ODP")  # fmt: skip
+
+
+class SrqPingPong:
+    """One end: the C tool's ``struct pingpong_context`` with its SRQ and QPs."""
+
+    def __init__(self, args: argparse.Namespace, devname: str) -> None:
+        from softverbs import Context
+
+        self.args = args
+        self.size: int = args.size
+        self.num_qp: int = args.num_qp
+        self.rx_depth: int = args.rx_depth
+        self.port: int = args.ib_port
+        self.send_flags = IBV_SEND_SIGNALED
+        self.channel: CompChannel | None = None
+        self.pending = [0] * self.num_qp
+        self.qps: list[QP] = []
+        try:
+            self.ctx = Context(name=devname)
+        except PyverbsError as exc:
+            raise PingPongError(f"Couldn't get context for {devname}\n{exc}") from None
+        if args.gid_idx is None:
+            args.gid_idx = default_gid_index(self.ctx, self.port)
+        try:
+            self._init()
+        except BaseException:
+            self.close()
+            raise
+
+    def _init(self) -> None:
+        ctx = self.ctx
+        if self.args.events:
+            self.channel = _make(CompChannel, "Couldn't create completion channel", ctx)
+        self.pd = _make(PD, "Couldn't allocate PD", ctx)
+        self.mr = _make(MR, "Couldn't register MR", self.pd, self.size, IBV_ACCESS_LOCAL_WRITE)
+        self.buf = self.mr.view
+        self.cq = _make(CQ, "Couldn't create CQ", ctx, self.rx_depth + self.num_qp, None,
+                        self.channel, 0)  # fmt: skip
+        self.srq = _make(SRQ, "Couldn't create SRQ", self.pd,
+                         SrqInitAttr(SrqAttr(max_wr=self.rx_depth, max_sge=1)))  # fmt: skip
+        cap = QPCap(max_send_wr=1, max_send_sge=1, max_recv_wr=0, max_recv_sge=0)
+        for i in range(self.num_qp):
+            init = QPInitAttr(qp_type=IBV_QPT_RC, scq=self.cq, rcq=self.cq, srq=self.srq,
+                              cap=cap)  # fmt: skip
+            qp = _make(QP, f"Couldn't create QP[{i}]", self.pd, init)
+            self.qps.append(qp)
+            _, init_attr = qp.query(0)
+            if init_attr.cap.max_inline_data >= self.size:
+                self.send_flags |= IBV_SEND_INLINE
+        for i, qp in enumerate(self.qps):
+            attr = QPAttr(qp_state=IBV_QPS_INIT, port_num=self.port)
+            attr.pkey_index = 0
+            attr.qp_access_flags = 0
+            _modify(qp, attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS,
+                    f"Failed to modify QP[{i}] to INIT")  # fmt: skip
+
+    def local_dests(self, gidx: int) -> list[Dest]:
+        try:
+            port_attr: Any = self.ctx.query_port(self.port)
+        except PyverbsError:
+            raise PingPongError("Couldn't get port info") from None
+        if port_attr.link_layer != IBV_LINK_LAYER_ETHERNET and not port_attr.lid:
+            raise PingPongError("Couldn't get local LID")
+        gid = bytes(16)
+        if gidx >= 0:
+            try:
+                gid = _gid_raw(self.ctx.query_gid(self.port, gidx))
+            except PyverbsError:
+                raise PingPongError(f"Could not get local gid for gid index {gidx}") from None
+        return [Dest(port_attr.lid, qp.qp_num, random.getrandbits(24), gid) for qp in self.qps]
+
+    def connect(self, mine: list[Dest], remote: list[Dest]) -> None:
+        """``pp_connect_ctx``: QP *i* to the peer's QP *i*, INIT -> RTR -> RTS."""
+        first = remote[0]
+        for i, qp in enumerate(self.qps):
+            dest = remote[i]
+            ah = AHAttr(dlid=dest.lid, sl=self.args.sl, src_path_bits=0, is_global=0,
+                        port_num=self.port)  # fmt: skip
+            if any(first.gid[8:]):  # the C tool looks at the first message's GID
+                ah.is_global = 1
+                ah.gr = GlobalRoute(dgid=GID.from_raw(first.gid), sgid_index=self.args.gid_idx,
+                                    hop_limit=1)  # fmt: skip
+            attr = QPAttr(qp_state=IBV_QPS_RTR)
+            attr.path_mtu = bytes_to_mtu(self.args.mtu)
+            attr.dest_qp_num = dest.qpn
+            attr.rq_psn = dest.psn
+            attr.max_dest_rd_atomic = 1
+            attr.min_rnr_timer = 12
+            attr.ah_attr = ah
+            _modify(qp, attr, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN
+                    | IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER,
+                    f"Failed to modify QP[{i}] to RTR")  # fmt: skip
+            attr.qp_state = IBV_QPS_RTS
+            attr.timeout = 14
+            attr.retry_cnt = 7
+            attr.rnr_retry = 7
+            attr.sq_psn = mine[i].psn
+            attr.max_rd_atomic = 1
+            _modify(qp, attr, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY
+                    | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC,
+                    f"Failed to modify QP[{i}] to RTS")  # fmt: skip
+
+    def post_recv(self, n: int) -> int:
+        wr = RecvWR(RECV_WRID, 1, [SGE(self.mr.buf, self.size, self.mr.lkey)])
+        for i in range(n):
+            try:
+                self.srq.post_recv(wr)
+            except PyverbsError:
+                return i
+        return n
+
+    def post_send(self, index: int) -> None:
+        wr = SendWR(SEND_WRID, IBV_WR_SEND, 1, sg=[SGE(self.mr.buf, self.size, self.mr.lkey)],
+                    send_flags=self.send_flags)  # fmt: skip
+        try:
+            self.qps[index].post_send(wr)
+        except PyverbsError as exc:
+            raise PingPongError(f"Couldn't post send\n{exc}") from None
+
+    def run_loop(self, iters: int, routs: int) -> None:
+        by_qpn = {qp.qp_num: i for i, qp in enumerate(self.qps)}
+        rcnt = scnt = 0
+        num_cq_events = 0
+        cq, channel = self.cq, self.channel
+        while rcnt < iters or scnt < iters:
+            if channel is not None:
+                try:
+                    channel.get_cq_event(cq)
+                except PyverbsError:
+                    raise PingPongError("Failed to get cq_event") from None
+                num_cq_events += 1
+                try:
+                    cq.req_notify(False)
+                except PyverbsError:
+                    raise PingPongError("Couldn't request CQ notification") from None
+            while True:
+                ne, wcs = cq.poll(self.num_qp + self.rx_depth)
+                if ne >= 1 or channel is not None:
+                    break
+            for wc in wcs:
+                if wc.status != IBV_WC_SUCCESS:
+                    reason = f" [{wc.reason}]" if wc.reason else ""
+                    raise PingPongError(f"Failed status {wc_status_str(wc.status)} "
+                                        f"({wc.status}) for wr_id {wc.wr_id}{reason}")
+                index = by_qpn.get(wc.qp_num)
+                if index is None:
+                    raise PingPongError(f"Couldn't find QPN {wc.qp_num:06x}")
+                if wc.wr_id == SEND_WRID:
+                    scnt += 1
+                elif wc.wr_id == RECV_WRID:
+                    routs -= 1
+                    if routs <= self.num_qp:
+                        routs += self.post_recv(self.rx_depth - routs)
+                        if routs < self.rx_depth:
+                            raise PingPongError(f"Couldn't post receive ({routs})")
+                    rcnt += 1
+                else:
+                    raise PingPongError(f"Completion for unknown wr_id {wc.wr_id}")
+                self.pending[index] &= ~wc.wr_id
+                if scnt < iters and not self.pending[index]:
+                    self.post_send(index)
+                    self.pending[index] = RECV_WRID | SEND_WRID
+        if num_cq_events:
+            cq.ack_events(num_cq_events)
+
+    def close(self) -> None:
+        for obj in (*self.qps, getattr(self, "srq", None), getattr(self, "cq", None),
+                    getattr(self, "mr", None), getattr(self, "pd", None), self.channel,
+                    self.ctx):  # fmt: skip
+            if obj is not None:
+                obj.close()
+
+
+def _make(cls: Any, failed: str, *args: Any) -> Any:
+    try:
+        return cls(*args)
+    except PyverbsError as exc:
+        raise PingPongError(f"{failed}\n{exc}") from None
+
+
+def _modify(qp: QP, attr: QPAttr, mask: int, failed: str) -> None:
+    try:
+        qp.modify(attr, mask)
+    except PyverbsError as exc:
+        raise PingPongError(f"{failed}\n{exc}") from None
+
+
+# --- the rendezvous: MAX_QP messages each way -------------------------------------------
+
+
+def _wire(dests: list[Dest]) -> bytes:
+    blank = Dest(0, 0, 0, bytes(16))
+    return b"".join((dests[i] if i < len(dests) else blank).to_wire() for i in range(MAX_QP))
+
+
+def _read_dests(sock: socket.socket, who: str) -> list[Dest]:
+    out = []
+    for i in range(MAX_QP):
+        msg = _recv_exact(sock, MSG_SIZE)
+        if len(msg) != MSG_SIZE:
+            raise PingPongError(f"{len(msg)}/{MSG_SIZE}: Couldn't read remote address [{i}]")
+        try:
+            out.append(Dest.from_wire(msg))
+        except ValueError as exc:
+            raise PingPongError(f"{who}: Couldn't read remote address [{i}]: {exc}") from None
+    return out
+
+
+def client_exchange(server: str, port: int, mine: list[Dest]) -> list[Dest]:
+    try:
+        sock = socket.create_connection((server, port))
+    except OSError:
+        raise PingPongError(f"Couldn't connect to {server}:{port}") from None
+    with sock:
+        try:
+            sock.sendall(_wire(mine))
+        except OSError:
+            raise PingPongError("Couldn't send local address") from None
+        remote = _read_dests(sock, "client read")
+        try:
+            sock.sendall(DONE)
+        except OSError as exc:
+            raise PingPongError(f"client write: {exc}") from None
+    return remote
+
+
+def server_exchange(port: int, pp: SrqPingPong, mine: list[Dest]) -> list[Dest]:
+    listener = tcp_listener(port)
+    if listener is None:
+        raise PingPongError(f"Couldn't listen to port {port}")
+    with listener:
+        listener.listen(1)
+        try:
+            conn, _ = listener.accept()
+        except OSError:
+            raise PingPongError("accept() failed") from None
+    with conn:
+        remote = _read_dests(conn, "server read")
+        try:
+            pp.connect(mine, remote)
+        except PingPongError as exc:
+            raise PingPongError(f"{exc}\nCouldn't connect to remote QP") from None
+        try:
+            conn.sendall(_wire(mine))
+        except OSError:
+            raise PingPongError("Couldn't send local address") from None
+        done = _recv_exact(conn, len(DONE))
+        if len(done) != len(DONE):
+            raise PingPongError("client write: the client did not say done")
+    return remote
+
+
+# --- main ---------------------------------------------------------------------------
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        _check_options(args)
+        pp = SrqPingPong(args, _device_name(args.ib_dev))
+        try:
+            return _session(pp, args)
+        finally:
+            pp.close()
+    except PingPongError as exc:
+        print(exc, file=sys.stderr, flush=True)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def _session(pp: SrqPingPong, args: argparse.Namespace) -> int:
+    routs = pp.post_recv(pp.rx_depth)
+    if routs < pp.rx_depth:
+        raise PingPongError(f"Couldn't post receive ({routs})")
+    if pp.channel is not None:
+        pp.cq.req_notify(False)
+    mine = pp.local_dests(args.gid_idx)
+    for d in mine:
+        print(d.line("local"), flush=True)
+    if args.server:
+        remote = client_exchange(args.server, args.port, mine)
+    else:
+        remote = server_exchange(args.port, pp, mine)
+    for d in remote[: pp.num_qp]:
+        print(d.line("remote"), flush=True)
+    if args.server:
+        pp.connect(mine, remote)
+        if args.chk:  # a known byte at the start of every page: the server checks them
+            pages = len(range(0, pp.size, PAGE))
+            pp.buf[0 : pp.size : PAGE] = bytes(i & 0xFF for i in range(pages))
+        for i in range(pp.num_qp):
+            pp.post_send(i)
+            pp.pending[i] = SEND_WRID | RECV_WRID
+    else:
+        pp.pending = [RECV_WRID] * pp.num_qp
+    start = time.perf_counter()
+    pp.run_loop(args.iters, routs)
+    usec = (time.perf_counter() - start) * 1e6
+    nbytes = args.size * args.iters * 2
+    secs = f"{usec / 1e6:.2f} seconds"
+    print(f"{nbytes} bytes in {secs} = {_div(nbytes * 8.0, usec):.2f} Mbit/sec")
+    print(f"{args.iters} iters in {secs} = {_div(usec, args.iters):.2f} usec/iter")
+    if not args.server and args.chk:
+        for page, byte in enumerate(pp.buf[0 : pp.size : PAGE]):
+            if byte != page & 0xFF:
+                print(f"invalid data in page {page}")
+    sys.stdout.flush()
+    return 0
