@@ -10,5 +10,35 @@ a test asks for a private service of its own (the host-device tests do).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+
+import pytest
 
 os.environ["SOFTVERBS_SERVICE"] = "0"
+
+
+@pytest.fixture(scope="session")
+def host_service() -> Iterator[str]:
+    """A private softverbsd for the session (its socket path): the host device
+    the tests that run on every kind of device use as the 'host' kind."""
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+    import time
+
+    d = tempfile.mkdtemp(prefix="svsc", dir="/tmp")  # a Unix socket path is short
+    path = os.path.join(d, "sv.sock")
+    env = {k: v for k, v in os.environ.items() if k != "SOFTVERBS_SERVICE"}
+    proc = subprocess.Popen([sys.executable, "-m", "softverbs.service.server", "--socket", path],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    end = time.monotonic() + 20
+    while not os.path.exists(path):
+        if proc.poll() is not None or time.monotonic() > end:
+            err = proc.stderr.read() if proc.stderr else b""
+            raise RuntimeError(f"softverbsd did not start: {err!r}")
+        time.sleep(0.02)
+    yield path
+    proc.terminate()
+    proc.wait(20)
+    shutil.rmtree(d, ignore_errors=True)

@@ -1,3 +1,3 @@
 """Fixtures of the scenario tests; the helpers live in scenario_kit."""
 
-from scenario_kit import ctx, host_service, pd, route  # noqa: F401 - pytest fixtures
+from scenario_kit import ctx, pd, route  # noqa: F401 - pytest fixtures

@@ -80,32 +80,6 @@ RECV_OFF = MR_SIZE // 2
 DEVICE_KINDS = ("inproc", "udp", "host")
 
 
-@pytest.fixture(scope="session")
-def host_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A private softverbsd for the session: the host device the 'host' runs use."""
-    import subprocess
-    import sys
-    import tempfile
-
-    d = tempfile.mkdtemp(prefix="svsc", dir="/tmp")  # a Unix socket path is short
-    path = os.path.join(d, "sv.sock")
-    env = {k: v for k, v in os.environ.items() if k != "SOFTVERBS_SERVICE"}
-    proc = subprocess.Popen([sys.executable, "-m", "softverbs.service.server", "--socket", path],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
-    end = time.monotonic() + 20
-    while not os.path.exists(path):
-        if proc.poll() is not None or time.monotonic() > end:
-            err = proc.stderr.read() if proc.stderr else b""
-            raise RuntimeError(f"softverbsd did not start: {err!r}")
-        time.sleep(0.02)
-    yield path
-    proc.terminate()
-    proc.wait(20)
-    import shutil
-
-    shutil.rmtree(d, ignore_errors=True)
-
-
 def _udp_world(tmp: str) -> Any:
     """A world whose ``sv0`` is a UDP link on a loopback address of its own."""
     import random

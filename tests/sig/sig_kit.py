@@ -295,3 +295,23 @@ def no_event(ctx: Mlx5Context) -> None:
     with pytest.raises(PyverbsRDMAError):
         ev = ctx.get_async_event(timeout=0.01)
         pytest.fail(f"unexpected async event {ev.event_type} ({ev.reason})")
+
+
+def engine_xform(mkey: Mlx5Mkey) -> Any:
+    """The mkey's transform in the engine when the device runs in this process
+    (for tests that look inside), else None."""
+    from softverbs.device import api
+
+    engine_of = getattr(mkey.pd.ctx.provider, "engine_of", None)
+    if engine_of is None:
+        return None
+    return engine_of(api.KIND_MKEY, mkey.dev_handle).xform
+
+
+def set_faults(ctx: Any, rules: str) -> None:
+    """Seeded faults on this process's packets (SOFTVERBS_FAULTS syntax), on
+    either kind of device."""
+    from softverbs.device import api
+    from softverbs.verbs.provider import Attach
+
+    ctx.provider.call(api.FAULTS, api.Ctx(ctx.handle, 0), Attach(text=rules))

@@ -11,7 +11,6 @@ failed transaction by wr_id, cancel its response, go back to RTS.
 
 from __future__ import annotations
 
-import pytest
 from sig_kit import (
     BS_4096,
     MASK_CRC32,
@@ -27,12 +26,12 @@ from sig_kit import (
     expect_event,
     make_pair,
     no_event,
-    open_ctx,
     poll_n,
     poll_until_empty,
     read_wr,
     recv_wr,
     response_wr,
+    set_faults,
     t10_domain,
     write_wr,
 )
@@ -52,21 +51,12 @@ from softverbs.enums import (
     IBV_WC_WR_FLUSH_ERR,
 )
 from softverbs.ext.mlx5dv import Mlx5Context, Mlx5Mkey, Mlx5SigBlockAttr, sig_image
-from softverbs.fabric.faults import FaultInjector, FaultRule
 from softverbs.vendor.mlx5_enums import mlx5dv_mkey_err_type as err_type
 
 DATA = 1024  #: bytes of data per transaction: two 512-byte blocks
 MEM = 2 * (512 + 4)  #: their memory image, each block followed by its CRC32
 RESP_OFF = 0xC000  #: where responses are built (target) and received (initiator)
 STRIDE = 0x800
-
-
-@pytest.fixture
-def ctx() -> Mlx5Context:
-    c = open_ctx()
-    yield c  # type: ignore[misc]
-    c.runtime.faults = None
-    c.close()
 
 
 class Target:
@@ -178,7 +168,7 @@ def test_good_flow_sends_the_response_without_a_pause(ctx: Mlx5Context) -> None:
     target = Target(pair, 4)
     # hold every ACK back: a response that waited for its WRITE to complete could
     # not arrive before the ACKs do
-    ctx.runtime.faults = FaultInjector([FaultRule(delay=0.5, kinds=frozenset({"ack"}))])
+    set_faults(ctx, "delay=0.5;kinds=ack")
     stops = counters(ctx).get("sig_pipelining_stops", 0)
     for txn in range(4):
         target.post(txn)

@@ -25,6 +25,7 @@
 #define SV_KIND_QP 9
 #define SV_KIND_XRCD 10
 #define SV_KIND_CAPTURE 11
+#define SV_KIND_MKEY 12
 
 #define SV_OP_HELLO 1
 #define SV_OP_LIST_DEVICES 2
@@ -58,6 +59,9 @@
 #define SV_OP_STATUS 41
 #define SV_OP_CAPTURE 42
 #define SV_OP_FAULTS 43
+#define SV_OP_CREATE_MKEY 44
+#define SV_OP_MKEY_CHECK 45
+#define SV_OP_CANCEL_SEND 46
 #define SV_OP_CM 50
 #define SV_OP_CM_EVENTS 51
 
@@ -527,7 +531,7 @@ struct sv_create_qp {
 	uint32_t create_flags;                  /* @64 */
 	uint32_t sq_slot;                       /* @68 */
 	uint32_t rq_slot;                       /* @72 */
-	uint32_t reserved;                      /* @76 */
+	uint32_t dv_flags;                      /* @76 */
 };
 _Static_assert(sizeof(struct sv_create_qp) == 80, "sv_create_qp");
 
@@ -638,5 +642,41 @@ struct sv_capture_req {
 	uint32_t flags;                         /* @4 */
 };
 _Static_assert(sizeof(struct sv_capture_req) == 8, "sv_capture_req");
+
+struct sv_create_mkey {
+	uint32_t pd;                            /* @0 */
+	uint32_t flags;                         /* @4 */
+	uint32_t max_entries;                   /* @8 */
+	uint32_t reserved;                      /* @12 */
+};
+_Static_assert(sizeof(struct sv_create_mkey) == 16, "sv_create_mkey");
+
+struct sv_mkey_reply {
+	uint32_t handle;                        /* @0 */
+	uint32_t key;                           /* @4 */
+};
+_Static_assert(sizeof(struct sv_mkey_reply) == 8, "sv_mkey_reply");
+
+struct sv_mkey_err {
+	uint32_t err_type;                      /* @0 */
+	uint32_t domain;                        /* @4 */
+	uint64_t expected;                      /* @8 */
+	uint64_t actual;                        /* @16 */
+	uint64_t offset;                        /* @24 */
+};
+_Static_assert(sizeof(struct sv_mkey_err) == 32, "sv_mkey_err");
+
+struct sv_cancel_send {
+	uint32_t qp;                            /* @0 */
+	uint32_t reserved;                      /* @4 */
+	uint64_t wr_id;                         /* @8 */
+};
+_Static_assert(sizeof(struct sv_cancel_send) == 16, "sv_cancel_send");
+
+struct sv_count {
+	uint32_t count;                         /* @0 */
+	uint32_t reserved;                      /* @4 */
+};
+_Static_assert(sizeof(struct sv_count) == 8, "sv_count");
 
 #endif

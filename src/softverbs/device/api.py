@@ -20,14 +20,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Generic, TypeVar
 
-from softverbs.layout import U32, U64, Gid, Name, Record
+from softverbs.layout import U8, U16, U32, U64, Gid, Name, Record
 
 #: Object kinds, as ``DESTROY`` and async events name them.
 KIND_CTX, KIND_PD, KIND_MR, KIND_MW, KIND_AH, KIND_CHANNEL, KIND_CQ, KIND_SRQ, KIND_QP, \
-    KIND_XRCD, KIND_CAPTURE = range(1, 12)  # fmt: skip
+    KIND_XRCD, KIND_CAPTURE, KIND_MKEY = range(1, 13)  # fmt: skip
 KIND_NAMES = {KIND_CTX: "ctx", KIND_PD: "pd", KIND_MR: "mr", KIND_MW: "mw", KIND_AH: "ah",
               KIND_CHANNEL: "channel", KIND_CQ: "cq", KIND_SRQ: "srq", KIND_QP: "qp",
-              KIND_XRCD: "xrcd", KIND_CAPTURE: "capture"}  # fmt: skip
+              KIND_XRCD: "xrcd", KIND_CAPTURE: "capture", KIND_MKEY: "mkey"}  # fmt: skip
 
 # --- embedded records ---------------------------------------------------------------------------
 
@@ -444,7 +444,11 @@ class CreateQP(Record):
     create_flags: U32
     sq_slot: U32  #: bytes per send WQE slot; 0: no send queue ring is passed
     rq_slot: U32  #: bytes per receive WQE slot; 0: no receive queue ring is passed
-    reserved: U32
+    dv_flags: U32  #: provider (mlx5dv) create flags: DV_SIG_PIPELINING
+
+
+#: CreateQP.dv_flags: MLX5DV_QP_CREATE_SIG_PIPELINING (stop in SQD after a signature error)
+DV_SIG_PIPELINING = 1 << 6  # the value of MLX5DV_QP_CREATE_SIG_PIPELINING
 
 
 class CreateQPReply(Record):
@@ -683,6 +687,97 @@ FAULTS = Op(
     43, "FAULTS", Ctx, Empty, tail="request: the rules, as SOFTVERBS_FAULTS (empty: none)",
     doc="seeded faults on the packets this process's QPs send on the context's device",
 )
+class CreateMkey(Record):
+    pd: U32
+    flags: U32  #: MKEY_BLOCK_SIGNATURE
+    max_entries: U32
+    reserved: U32
+
+
+#: CreateMkey.flags: the mkey checks and generates block signatures
+MKEY_BLOCK_SIGNATURE = 1
+
+
+class MkeyReply(Record):
+    handle: U32
+    key: U32  #: the lkey and rkey
+
+
+class MkeyErr(Record):
+    """mlx5dv_mkey_check's answer: the first signature error since the last check."""
+
+    err_type: U32  #: 0 none, 1 bad guard, 2 bad reference tag, 3 bad application tag
+    domain: U32  #: 0 memory, 1 wire
+    expected: U64
+    actual: U64
+    offset: U64
+
+
+class CancelSend(Record):
+    qp: U32
+    reserved: U32
+    wr_id: U64
+
+
+class Count(Record):
+    count: U32
+    reserved: U32
+
+
+# --- the mkey configuration a driver WQE carries ---------------------------------------
+# A WR_DRIVER1 send WQE whose driver_op is an mkey's handle configures that mkey
+# when it runs, in send-queue order (mlx5dv_wr_mkey_configure; mlx5's UMR WQE).  Its
+# inline data is an MkeyConf, then ``nentries`` MkeyEntry, then -- with
+# MKEY_CONF_SIG -- two MkeySigDomain (memory, wire).
+
+
+class MkeyConf(Record):
+    flags: U32  #: MKEY_CONF_ACCESS, MKEY_CONF_LAYOUT, MKEY_CONF_SIG
+    access: U32  #: with MKEY_CONF_ACCESS: the new access flags
+    repeat: U32  #: interleaved layouts: times the entries repeat (1: a plain list)
+    nentries: U32
+    check_mask: U8
+    copy_mask: U8
+    reserved0: U16
+    reserved1: U32
+
+
+MKEY_CONF_ACCESS, MKEY_CONF_LAYOUT, MKEY_CONF_SIG = 1, 2, 4
+
+
+class MkeyEntry(Record):
+    addr: U64
+    lkey: U32
+    count: U32  #: bytes taken from the region
+    skip: U32  #: interleaved: bytes skipped after them
+    reserved: U32
+
+
+class MkeySigDomain(Record):
+    present: U8
+    kind: U8  #: 0 CRC32, 1 CRC32C, 2 T10-DIF
+    escape: U8  #: 0 none, 1 application tag, 2 application and reference tags
+    ref_remap: U8
+    block_size: U32
+    seed: U32
+    app_tag: U32
+    ref_tag: U32
+    reserved: U32
+
+
+CREATE_MKEY = Op(
+    44, "CREATE_MKEY", CreateMkey, MkeyReply,
+    doc="an indirect mkey (mlx5dv_create_mkey); configured by a driver WQE",
+)
+MKEY_CHECK = Op(
+    45, "MKEY_CHECK", Handle, MkeyErr,
+    doc="the first signature error the mkey saw since the last check, cleared",
+)
+CANCEL_SEND = Op(
+    46, "CANCEL_SEND", CancelSend, Count,
+    doc="turn the posted, not started send WQEs with wr_id into NOPs "
+    "(mlx5dv_qp_cancel_posted_send_wrs; a SIG_PIPELINING QP in SQD, else EINVAL)",
+)
 CM = Op(
     50, "CM", Empty, Empty, tail="JSON: {cmd, args} -> {result}",
     doc="an RDMA CM command for the service's CM agent (JSON until librdmacm's records)",
@@ -726,6 +821,9 @@ OPS: tuple[Op[Any, Any], ...] = (
     STATUS,
     CAPTURE,
     FAULTS,
+    CREATE_MKEY,
+    MKEY_CHECK,
+    CANCEL_SEND,
     CM,
     CM_EVENTS,
 )

@@ -50,6 +50,7 @@ from softverbs.device.api import (
     KIND_CHANNEL,
     KIND_CQ,
     KIND_CTX,
+    KIND_MKEY,
     KIND_MR,
     KIND_MW,
     KIND_NAMES,
@@ -131,6 +132,7 @@ from softverbs.enums import (
     IBV_QP_TIMEOUT,
     IBV_QPS_INIT,
     IBV_QPS_RTR,
+    IBV_QPS_SQD,
     IBV_QPT_RAW_PACKET,
     IBV_QPT_RC,
     IBV_QPT_UC,
@@ -575,8 +577,9 @@ def _emit(rec: Obj, event_type: int, qpn: int, reason: str) -> None:
 
 
 #: Teardown order when an owner goes: users before what they use.
-_TEARDOWN = {KIND_CAPTURE: 0, KIND_QP: 1, KIND_MW: 2, KIND_AH: 3, KIND_SRQ: 4, KIND_MR: 5,
-             KIND_CQ: 6, KIND_CHANNEL: 7, KIND_XRCD: 8, KIND_PD: 9, KIND_CTX: 10}  # fmt: skip
+_TEARDOWN = {KIND_CAPTURE: 0, KIND_QP: 1, KIND_MKEY: 2, KIND_MW: 3, KIND_AH: 4, KIND_SRQ: 5,
+             KIND_MR: 6, KIND_CQ: 7, KIND_CHANNEL: 8, KIND_XRCD: 9, KIND_PD: 10,
+             KIND_CTX: 11}  # fmt: skip
 
 
 class Host:
@@ -829,6 +832,53 @@ class Host:
             else:
                 layer.rules[owner] = rules
         return api.Empty()
+
+    # --- mlx5dv signature offload: mkeys, signature pipelining ---------------------------------
+    def create_mkey(self, owner: Owner, req: api.CreateMkey, res: Resources) -> api.MkeyReply:
+        """An indirect mkey on the PD: invalid until a driver WQE configures it."""
+        from softverbs.engine.signature import IndirectKey
+
+        pd = self.obj(owner, req.pd, KIND_PD)
+        dev = pd.device
+        assert dev is not None
+        if req.flags & ~api.MKEY_BLOCK_SIGNATURE:
+            raise eopnotsupp(f"Failed to create mkey: flags {req.flags & ~api.MKEY_BLOCK_SIGNATURE:#x} "  # noqa: E501
+                             "are not offered")  # fmt: skip
+        if not 1 <= req.max_entries <= 0xFFFF:
+            raise einval(f"Failed to create mkey: max_entries={req.max_entries} is not 1..65535")
+        keys = dev.hca.keys
+        with self._on(dev):
+            key = keys.register(MemKind.MKEY, pd.engine, None, 0, 0, owner)
+            key.valid = False
+            key.xform = IndirectKey(keys)
+            rec = self._new(owner, KIND_MKEY, dev, key, pd.ctx, (pd,))
+            rec.info = req.max_entries
+
+        def release() -> None:
+            key.xform = None
+            keys.unregister(key)
+
+        rec.release = [release]
+        return api.MkeyReply(rec.handle, key.key)
+
+    def mkey_check(self, owner: Owner, req: api.Handle, res: Resources) -> api.MkeyErr:
+        rec = self.obj(owner, req.handle, KIND_MKEY)
+        assert rec.device is not None
+        with self._on(rec.device):
+            err = rec.engine.xform.take_error()
+        if err is None:
+            return api.MkeyErr(0, 0, 0, 0, 0)
+        return api.MkeyErr(int(err.err_type), 0 if err.domain == "memory" else 1, err.expected,
+                           err.actual, err.offset)  # fmt: skip
+
+    def cancel_send(self, owner: Owner, req: api.CancelSend, res: Resources) -> api.Count:
+        rec = self.obj(owner, req.qp, KIND_QP)
+        eng = rec.engine
+        assert rec.device is not None
+        with self._on(rec.device):
+            if not eng.sig_pipelining or eng.state != IBV_QPS_SQD:
+                raise einval("cancel_posted_send_wrs: the QP must be a SIG_PIPELINING QP in SQD")
+            return api.Count(eng.cancel_posted(req.wr_id), 0)
 
     # --- protection domains, memory ------------------------------------------------------------
     def alloc_pd(self, owner: Owner, req: api.Ctx, res: Resources) -> api.Handle:
@@ -1099,6 +1149,12 @@ class Host:
                 " are not supported; softverbs has no TSO and none of IBTA 1.5's memory "
                 "placement operations (FLUSH, ATOMIC WRITE)"
             )
+        if req.dv_flags & ~api.DV_SIG_PIPELINING:
+            raise eopnotsupp(f"Failed to create QP: provider create flags "
+                             f"{req.dv_flags & ~api.DV_SIG_PIPELINING:#x} are not offered "
+                             "(softverbs: MLX5DV_QP_CREATE_SIG_PIPELINING)")  # fmt: skip
+        if req.dv_flags and qp_type != IBV_QPT_RC:
+            raise eopnotsupp("Failed to create QP: signature pipelining is for RC QPs")
         pd = self._opt(owner, req.pd, KIND_PD, dev)
         xrcd = self._opt(owner, req.xrcd, KIND_XRCD, dev)
         scq = self._opt(owner, req.send_cq, KIND_CQ, dev)
@@ -1142,6 +1198,7 @@ class Host:
                            _engine(srq), bool(req.sq_sig_all))
             eng.xrcd = xrcd.engine if xrcd is not None else None
             eng.pmtu = pmtu
+            eng.sig_pipelining = bool(req.dv_flags & api.DV_SIG_PIPELINING)
             rec = self._new(owner, KIND_QP, dev, eng, ctx, (pd, scq, rcq, srq, xrcd))
             rec.release = res.release
             rec.info = QPInfo(api.QPCaps(caps.max_send_wr, caps.max_recv_wr, caps.max_send_sge,
@@ -1200,12 +1257,15 @@ class Host:
                 wqe.bind = (mw.engine, mr.engine, wqe.bind_rkey, wqe.bind_addr,
                             wqe.bind_length, wqe.bind_access)  # fmt: skip
             if wqe.opcode == WR_DRIVER1 and wqe.local_op is None:
-                # In shared memory a driver WQE names its operation by handle; in
-                # this process's rings the provider put the operation there itself.
+                # A driver WQE names the object it acts on by handle: an mkey,
+                # with its configuration in the WQE's inline data.
                 op = handles.get(wqe.driver_op)
-                if op is None or op.owner is not owner or not callable(op.engine):
-                    return f"driver operation {wqe.driver_op} is not one of this process's"
-                wqe.local_op = op.engine
+                if op is None or op.owner is not owner or op.kind != KIND_MKEY:
+                    return f"driver WQE: mkey {wqe.driver_op} is not one of this process's"
+                try:
+                    wqe.local_op = mkey_configure(op.engine, eng.pd, wqe.inline or b"")
+                except ValueError as exc:
+                    return f"driver WQE: {exc}"
             return None
 
         return fetch
@@ -1488,6 +1548,55 @@ class OwnerFaults:
         return [(now, pkt)]
 
 
+def mkey_configure(key: Any, pd: object, data: bytes) -> Callable[[], str | None]:
+    """The local operation of an mkey-configuring driver WQE: ``data`` (its
+    inline bytes) decoded -- ValueError if malformed -- into what configures
+    ``key`` when the WQE runs (in send-queue order)."""
+    from softverbs.engine.signature import Escape, SigBlock, SigDomain, SigKind
+
+    head = api.MkeyConf.size()
+    if len(data) < head:
+        raise ValueError(f"an mkey configuration needs {head} bytes, the WQE has {len(data)}")
+    conf: api.MkeyConf = api.MkeyConf.unpack(data)
+    esize, dsize = api.MkeyEntry.size(), api.MkeySigDomain.size()
+    need = head + conf.nentries * esize + (2 * dsize if conf.flags & api.MKEY_CONF_SIG else 0)
+    if len(data) < need or conf.flags & ~7 or not 1 <= conf.repeat <= 0xFFFF:
+        raise ValueError("the mkey configuration is malformed")
+    entries = None
+    if conf.flags & api.MKEY_CONF_LAYOUT:
+        entries = []
+        for i in range(conf.nentries):
+            e: api.MkeyEntry = api.MkeyEntry.unpack(data, head + i * esize)
+            entries.append((e.lkey, e.addr, e.count, e.skip))
+    sig = None
+    set_sig = bool(conf.flags & api.MKEY_CONF_SIG)
+    if set_sig:
+        base = head + conf.nentries * esize
+        domains: list[SigDomain | None] = []
+        for i in range(2):
+            d: api.MkeySigDomain = api.MkeySigDomain.unpack(data, base + i * dsize)
+            if not d.present:
+                domains.append(None)
+                continue
+            if d.kind > 2 or d.escape > 2 or d.block_size not in (512, 4096):
+                raise ValueError("a signature domain of the mkey configuration is malformed")
+            domains.append(SigDomain(SigKind(d.kind), d.block_size, d.seed, d.app_tag, d.ref_tag,
+                                     bool(d.ref_remap), Escape(d.escape)))  # fmt: skip
+        if domains[0] is not None or domains[1] is not None:
+            sig = SigBlock(domains[0], domains[1], conf.check_mask, conf.copy_mask)
+    access = conf.access if conf.flags & api.MKEY_CONF_ACCESS else None
+    repeat = conf.repeat
+    xform = key.xform
+
+    def configure() -> str | None:
+        if key.xform is not xform:
+            return "the mkey was destroyed"
+        result: str | None = xform.configure(key, pd, entries, repeat, access, sig, set_sig)
+        return result
+
+    return configure
+
+
 def ring_doorbell(eng: QPEngine, queue: int, now: float) -> None:
     """The application moved the doorbell index of one of ``eng``'s queues."""
     if queue == api.DB_SQ:
@@ -1516,4 +1625,5 @@ _HANDLED = (
     "CREATE_CQ", "RESIZE_CQ", "CREATE_SRQ", "MODIFY_SRQ", "QUERY_SRQ", "OPEN_XRCD",
     "CREATE_QP", "MODIFY_QP", "QUERY_QP", "OPEN_QP", "DOORBELL", "XRC_RCV_QP_ALLOC",
     "XRC_RCV_QP_REGISTER", "XRC_RCV_QP_UNREGISTER", "COUNTERS", "STATUS", "CAPTURE", "FAULTS",
+    "CREATE_MKEY", "MKEY_CHECK", "CANCEL_SEND",
 )  # fmt: skip

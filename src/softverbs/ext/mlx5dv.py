@@ -57,11 +57,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from softverbs.device import api
-from softverbs.engine.memory import MemKey, MemKind
 from softverbs.engine.rings import WR_DRIVER1, SendWQE
 from softverbs.engine.signature import (
     Escape,
-    IndirectKey,
     SigBlock,
     SigDomain,
     SigKind,
@@ -105,6 +103,7 @@ from softverbs.vendor.mlx5_enums import (
 from softverbs.verbs.base import PyverbsCM, PyverbsObject, require
 from softverbs.verbs.device import Context
 from softverbs.verbs.pd import PD
+from softverbs.verbs.provider import destroy
 from softverbs.verbs.qp import QPEx, QPInitAttrEx
 from softverbs.verbs.wr import SGE, RecvWR, SendWR
 
@@ -220,12 +219,6 @@ class Mlx5Context(Context):
             raise eopnotsupp("Failed to open mlx5 context: DevX and mlx5dv_context_attr "
                              "comp_mask are not offered by softverbs")  # fmt: skip
         super().__init__(name=name)
-        if self.hca is None:
-            self.close()
-            raise eopnotsupp(
-                f"Failed to open mlx5 context on {name}: signature offload needs the device's "
-                "engine in this process; the device service does not offer it"
-            )
         self.mlx5_features = feats
         #: the mkeys of this context by key, for post-time checks
         self.mkeys: weakref.WeakValueDictionary[int, Mlx5Mkey] = weakref.WeakValueDictionary()
@@ -415,24 +408,21 @@ class Mlx5Mkey(PyverbsCM):
         self.signature = bool(create_flags & sig_flag)
         #: as seen by posting: configured and not invalidated by a posted WR
         self.posted_valid = False
-        hca = ctx.hca
-        assert hca is not None
-        engine_pd = ctx.provider.engine_of(api.KIND_PD, pd.device_pd)  # type: ignore[attr-defined]
-        with ctx.lock:
-            self._key: MemKey = hca.keys.register(MemKind.MKEY, engine_pd, None, 0, 0, self)
-            self._key.valid = False
-            self._xkey = IndirectKey(hca.keys)
-            self._key.xform = self._xkey
-        ctx.mkeys[self._key.key] = self
+        flags = api.MKEY_BLOCK_SIGNATURE if self.signature else 0
+        reply = ctx.provider.call(api.CREATE_MKEY,
+                                  api.CreateMkey(pd.device_pd, flags, max_entries, 0))  # fmt: skip
+        self.dev_handle: int = reply.handle
+        self._keyval: int = reply.key
+        ctx.mkeys[self._keyval] = self
         pd.add_ref(self)
 
     @property
     def lkey(self) -> int:
-        return self._key.key
+        return self._keyval
 
     @property
     def rkey(self) -> int:
-        return self._key.key
+        return self._keyval
 
     @property
     def max_entries(self) -> int:
@@ -445,20 +435,16 @@ class Mlx5Mkey(PyverbsCM):
             raise PyverbsRDMAError("Failed to check the mkey: it was not created with "
                                    "MLX5DV_MKEY_INIT_ATTR_FLAGS_BLOCK_SIGNATURE",
                                    errno.EINVAL)  # fmt: skip
-        with self._ctx.lock:
-            err = self._xkey.take_error()
-        if err is None:
+        err = self._ctx.provider.call(api.MKEY_CHECK, api.Handle(self.dev_handle, 0))
+        if not err.err_type:
             return Mlx5MkeyErr()
         out = Mlx5MkeyErr(Mlx5SigErr(err.actual, err.expected, err.offset), int(err.err_type))
-        out.domain = err.domain
+        out.domain = "wire" if err.domain else "memory"
         return out
 
     def _release(self) -> None:
-        ctx = self._ctx
-        with ctx.lock:
-            self._key.xform = None
-            ctx.hca.keys.unregister(self._key) if ctx.hca is not None else None
-        ctx.mkeys.pop(self._key.key, None)
+        destroy(self._ctx.provider, api.KIND_MKEY, self.dev_handle)
+        self._ctx.mkeys.pop(self._keyval, None)
 
     def __str__(self) -> str:
         return f"Mlx5Mkey: lkey {self.lkey:#x}, max_entries {self._max_entries}\n"
@@ -647,6 +633,12 @@ class Mlx5QP(QPEx):
                              "MLX5DV_QP_EX_WITH_MKEY_CONFIGURE)")  # fmt: skip
         if init_attr.qp_type != IBV_QPT_RC:
             raise eopnotsupp("Failed to create MLX5 QP: softverbs' mlx5 QPs are RC QPs")
+        self._dv_flags = api.DV_SIG_PIPELINING if flags & _QP_FLAGS.MLX5DV_QP_CREATE_SIG_PIPELINING else 0  # noqa: E501
+        # the configuration WQEs carry the mkey's layout inline (as mlx5's UMR WQEs do):
+        # room for MKEY_WQE_INLINE bytes, reported back in init_attr.cap like any rounding up
+        cap = init_attr.cap.copy()
+        cap.max_inline_data = max(cap.max_inline_data, MKEY_WQE_INLINE)
+        init_attr.cap = cap
         super().__init__(ctx, init_attr)
         self.dv_create_flags = flags
         self.dv_send_ops_flags = ops
@@ -654,9 +646,6 @@ class Mlx5QP(QPEx):
         self._conf: _MkeyConf | None = None
         #: mkey validity changes of WRs built but not yet committed (posted)
         self._marks: list[tuple[Mlx5Mkey, bool]] = []
-        if flags & _QP_FLAGS.MLX5DV_QP_CREATE_SIG_PIPELINING:
-            with ctx.lock:
-                self.engine.sig_pipelining = True
 
     @property
     def sig_pipelining(self) -> bool:
@@ -832,39 +821,36 @@ class Mlx5QP(QPEx):
         return wqe
 
     def _build_configure(self, w: SendWR, conf: _MkeyConf, n: int) -> SendWQE:
-        eng = self.engine
+        """The configuration WR as a driver WQE (``IBV_WR_DRIVER1``): it names the
+        mkey by handle and carries the configuration inline (docs/signature.md);
+        the device applies it when the WQE runs, in send-queue order."""
         where = f"wr_complete: WR #{n} (wr_mkey_configure, wr_id={w.wr_id})"
         if conf.error is not None:
             raise type(conf.error)(f"{where}: {conf.error}", conf.error.error_code)
         if conf.setters != conf.num_setters:
             raise einval(f"{where}: {conf.num_setters} setter(s) were announced, "
                          f"{conf.setters} called")  # fmt: skip
-        if eng.state not in _POST_STATES:
-            raise einval(f"{where}: the QP is in {_enum_name(ibv_qp_state, eng.state)}; "
+        state = self._state()
+        if state not in _POST_STATES:
+            raise einval(f"{where}: the QP is in {_enum_name(ibv_qp_state, state)}; "
                          "move it to RTS first")  # fmt: skip
-        sq = eng.sq
+        sq = self.sq
         assert sq is not None
         if sq.used >= sq.size:
             raise enomem(self._sq_full_message(where))
+        data = encode_mkey_conf(conf)
+        if len(data) > self.cap.max_inline_data:
+            most = (self.cap.max_inline_data - api.MkeyConf.size()
+                    - 2 * api.MkeySigDomain.size()) // api.MkeyEntry.size()  # fmt: skip
+            raise einval(f"{where}: {len(conf.entries or ())} layout entries do not fit one "
+                         f"configuration WQE (at most {most})")  # fmt: skip
         flags = w.send_flags
         signaled = bool(flags & IBV_SEND_SIGNALED) or self.sq_sig_all
         wqe = SendWQE(w.wr_id, WR_DRIVER1, signaled, [], 0)
         wqe.fence = bool(flags & IBV_SEND_FENCE)
         wqe.se = bool(flags & IBV_SEND_SOLICITED)
-        mkey = conf.mkey
-        xkey = mkey._xkey
-        key = mkey._key
-        pd = eng.pd
-        entries = conf.entries
-        repeat = conf.repeat
-        access = conf.access
-        sig = conf.sig if conf.sig_set else None
-        set_sig = conf.sig_set or conf.reset_sig
-
-        def configure() -> str | None:
-            return xkey.configure(key, pd, entries, repeat, access, sig, set_sig)
-
-        wqe.local_op = configure
+        wqe.driver_op = conf.mkey.dev_handle
+        wqe.inline = data
         return wqe
 
     def post_send(self, wr: SendWR, bad_wr: SendWR | None = None) -> None:
@@ -907,11 +893,46 @@ def qp_cancel_posted_send_wrs(qp: Mlx5QP, wr_id: int) -> int:
     Works only on a SIG_PIPELINING QP in SQD; otherwise nothing changes."""
     require(qp, Mlx5QP, "qp")
     qp._check_open()
-    eng = qp.engine
-    with qp._ctx.lock:
-        if not eng.sig_pipelining or eng.state != IBV_QPS_SQD:
+    body = api.CancelSend(qp.dev_handle, 0, wr_id & 0xFFFFFFFFFFFFFFFF)
+    try:
+        return int(qp._ctx.provider.call(api.CANCEL_SEND, body).count)
+    except PyverbsRDMAError as exc:
+        if exc.error_code == errno.EINVAL:
             return -errno.EINVAL
-        return int(eng.cancel_posted(wr_id & 0xFFFFFFFFFFFFFFFF))
+        raise
+
+
+#: inline room a configuration WQE may use: the header, 40 layout entries, two domains
+MKEY_WQE_INLINE = 1024
+
+
+def encode_mkey_conf(conf: _MkeyConf) -> bytes:
+    """A configuration as the inline data of its driver WQE (``api.MkeyConf``,
+    its ``MkeyEntry`` list, and with a signature change two ``MkeySigDomain``)."""
+    flags = 0
+    if conf.access is not None:
+        flags |= api.MKEY_CONF_ACCESS
+    if conf.entries is not None:
+        flags |= api.MKEY_CONF_LAYOUT
+    set_sig = conf.sig_set or conf.reset_sig
+    if set_sig:
+        flags |= api.MKEY_CONF_SIG
+    sig = conf.sig if conf.sig_set else None
+    entries = conf.entries or []
+    out = [api.MkeyConf(flags, conf.access or 0, conf.repeat, len(entries),
+                        sig.check_mask if sig else 0, sig.copy_mask if sig else 0, 0,
+                        0).pack()]  # fmt: skip
+    out += [api.MkeyEntry(addr, lkey, count, skip, 0).pack()
+            for lkey, addr, count, skip in entries]  # fmt: skip
+    if set_sig:
+        for d in (sig.mem, sig.wire) if sig else (None, None):
+            if d is None:
+                out.append(api.MkeySigDomain(0, 0, 0, 0, 0, 0, 0, 0, 0).pack())
+            else:
+                out.append(api.MkeySigDomain(1, int(d.kind), int(d.escape), int(d.ref_remap),
+                                             d.block_size, d.seed, d.app_tag, d.ref_tag,
+                                             0).pack())  # fmt: skip
+    return b"".join(out)
 
 
 # --- pyverbs.providers.mlx5 under the opt-in ---------------------------------------------------

@@ -379,6 +379,8 @@ class QP(PyverbsCM):
     """
 
     close_rank = 10
+    #: provider (mlx5dv) create flags for the device (api.CreateQP.dv_flags)
+    _dv_flags = 0
 
     def __init__(self, creator: Any, init_attr: Any, qp_attr: QPAttr | None = None) -> None:
         from softverbs.verbs.device import LIMITS, Context
@@ -447,7 +449,7 @@ class QP(PyverbsCM):
             ctx.handle, pd.device_pd if pd is not None else 0, qp_type,
             _handle(self.scq), _handle(self.rcq), _handle(self.srq), _handle(self.xrcd),
             int(self.sq_sig_all), self.create_flags & 0xFFFFFFFF, _slot(self.sq), _slot(self.rq),
-            0,
+            self._dv_flags,
         )  # fmt: skip
         try:
             reply = provider.call(api.CREATE_QP, body, Attach(sq=self.sq, rq=self.rq))
