@@ -1,0 +1,77 @@
+"""The mkey configuration a driver WQE carries (device.api MkeyConf and
+friends): what a client encodes, the device decodes to the same thing, and
+any bytes at all are either a configuration or a ValueError -- never another
+exception (the device turns it into a WQE completed with LOC_QP_OP_ERR)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from softverbs.device import api
+from softverbs.device.core import mkey_configure
+from softverbs.engine.signature import Escape, SigBlock, SigDomain, SigKind
+from softverbs.ext.mlx5dv import _MkeyConf, encode_mkey_conf
+
+
+class Recorder:
+    """Stands for the key's transform: records what configure() was given."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[object, ...]] = []
+
+    def configure(self, key: object, pd: object, entries: object, repeat: int, access: object,
+                  sig: object, set_sig: bool) -> None:  # fmt: skip
+        self.calls.append((entries, repeat, access, sig, set_sig))
+
+
+def _key() -> SimpleNamespace:
+    return SimpleNamespace(xform=Recorder())
+
+
+domains = st.one_of(st.none(), st.builds(
+    SigDomain, st.sampled_from(list(SigKind)), st.sampled_from([512, 4096]),
+    st.sampled_from([0, 0xFFFFFFFF]), st.integers(0, 0xFFFF), st.integers(0, 0xFFFFFFFF),
+    st.booleans(), st.sampled_from(list(Escape))))  # fmt: skip
+
+
+@given(entries=st.one_of(st.none(), st.lists(st.tuples(
+           st.integers(0, 0xFFFFFFFF), st.integers(0, (1 << 64) - 1),
+           st.integers(0, 0xFFFFFFFF), st.integers(0, 0xFFFFFFFF)), max_size=39)),
+       repeat=st.integers(1, 0xFFFF), access=st.one_of(st.none(), st.integers(0, 0xFFFF)),
+       mem=domains, wire=domains, masks=st.tuples(st.integers(0, 255), st.integers(0, 255)),
+       reset=st.booleans())  # fmt: skip
+def test_what_is_encoded_is_what_configures(entries: list[tuple[int, int, int, int]] | None,
+                                            repeat: int, access: int | None,
+                                            mem: SigDomain | None, wire: SigDomain | None,
+                                            masks: tuple[int, int], reset: bool) -> None:  # fmt: skip
+    sig = SigBlock(mem, wire, *masks) if mem is not None or wire is not None else None
+    conf = _MkeyConf(mkey=None, num_setters=0, reset_sig=reset)  # type: ignore[arg-type]
+    conf.entries, conf.repeat, conf.access = entries, repeat, access
+    conf.sig, conf.sig_set = sig, sig is not None
+    key = _key()
+    mkey_configure(key, "pd", encode_mkey_conf(conf))()
+    assert key.xform.calls == [(entries, repeat, access, sig, sig is not None or reset)]
+
+
+@settings(max_examples=2000)
+@given(data=st.binary(max_size=400))
+def test_any_bytes_are_a_configuration_or_a_value_error(data: bytes) -> None:
+    try:
+        op = mkey_configure(_key(), "pd", data)
+    except ValueError:
+        return
+    op()
+
+
+def test_a_short_or_lying_configuration_is_refused() -> None:
+    head = api.MkeyConf(api.MKEY_CONF_LAYOUT, 0, 1, 5, 0, 0, 0, 0).pack()
+    for data in (b"", head[:10], head, head + bytes(api.MkeyEntry.size() * 4)):
+        try:
+            mkey_configure(_key(), "pd", data)
+        except ValueError as exc:
+            assert "mkey configuration" in str(exc)
+        else:
+            raise AssertionError(f"{len(data)} bytes were taken for a 5-entry configuration")
