@@ -43,10 +43,15 @@ domains = st.one_of(st.none(), st.builds(
        repeat=st.integers(1, 0xFFFF), access=st.one_of(st.none(), st.integers(0, 0xFFFF)),
        mem=domains, wire=domains, masks=st.tuples(st.integers(0, 255), st.integers(0, 255)),
        reset=st.booleans())  # fmt: skip
-def test_what_is_encoded_is_what_configures(entries: list[tuple[int, int, int, int]] | None,
-                                            repeat: int, access: int | None,
-                                            mem: SigDomain | None, wire: SigDomain | None,
-                                            masks: tuple[int, int], reset: bool) -> None:  # fmt: skip
+def test_what_is_encoded_is_what_configures(
+    entries: list[tuple[int, int, int, int]] | None,
+    repeat: int,
+    access: int | None,
+    mem: SigDomain | None,
+    wire: SigDomain | None,
+    masks: tuple[int, int],
+    reset: bool,
+) -> None:
     sig = SigBlock(mem, wire, *masks) if mem is not None or wire is not None else None
     conf = _MkeyConf(mkey=None, num_setters=0, reset_sig=reset)  # type: ignore[arg-type]
     conf.entries, conf.repeat, conf.access = entries, repeat, access
