@@ -14,13 +14,16 @@ import random
 import pytest
 
 from softverbs.engine.signature import (
+    NATIVE_CRCS,
     Escape,
     SigDomain,
     SigErrType,
     SigKind,
     crc16_t10dif,
+    crc16_t10dif_table,
     crc32,
     crc32c,
+    crc32c_table,
 )
 
 CHECK = b"123456789"
@@ -61,6 +64,21 @@ def _bitwise_t10(data: bytes, init: int) -> int:
         for _ in range(8):
             crc = ((crc << 1) ^ 0x8BB7) & 0xFFFF if crc & 0x8000 else (crc << 1) & 0xFFFF
     return crc
+
+
+def test_the_native_crcs_are_in_use() -> None:
+    # isal and fastcrc are dependencies: CI must not silently run the fallback
+    assert NATIVE_CRCS
+
+
+@pytest.mark.parametrize("seed", [0, 1, 0xFFFF, 0x12345678, 0xFFFFFFFF])
+def test_native_and_table_crcs_agree(seed: int) -> None:
+    rng = random.Random(seed)
+    for n in (0, 1, 3, 8, 63, 512, 4096, 4097):
+        data = rng.randbytes(n)
+        assert crc32c(data, seed) == crc32c_table(data, seed)
+        assert crc16_t10dif(data, seed & 0xFFFF) == crc16_t10dif_table(data, seed & 0xFFFF)
+        assert crc32c(memoryview(data), seed) == crc32c_table(data, seed)
 
 
 @pytest.mark.parametrize("seed", [0, 0xFFFFFFFF])

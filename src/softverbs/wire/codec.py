@@ -74,7 +74,7 @@ Headers are packed with precompiled :class:`struct.Struct` objects into one
 preallocated bytearray; the payload is copied exactly once.  Decoding never
 copies the payload: :attr:`Packet.payload` is a memoryview slice of the
 input.  The ICRC is computed as one short pseudo-header (IP + UDP + first
-four BTH bytes + 0xFF) and one ``zlib.crc32`` call over the rest of the
+four BTH bytes + 0xFF) and one ``crc32`` call (ISA-L's, else zlib's) over the rest of the
 packet, chained through crc32's running value; nothing is concatenated.
 """
 
@@ -82,8 +82,12 @@ from __future__ import annotations
 
 import functools
 import struct
-import zlib
 from typing import Final
+
+try:  # ISA-L's CRC-32: 0.20 us per 4 KiB frame against zlib's 0.86 (bench/bench_crc.py)
+    from isal.isal_zlib import crc32 as crc32
+except ImportError:  # pragma: no cover - the same function, slower
+    from zlib import crc32 as crc32
 
 from softverbs.errors import WireError
 from softverbs.wire.opcodes import (
@@ -146,7 +150,7 @@ _PSEUDO4 = struct.Struct(">BBHHHBBH4s4sHHHHIB")
 # IPv6: version + masked traffic class and flow label, payload length,
 #       next header, hop limit*, src, dst, then the UDP header.
 _PSEUDO6 = struct.Struct(">IHBB16s16sHHHHIB")
-_SEED: Final = zlib.crc32(b"\xff" * 8)
+_SEED: Final = crc32(b"\xff" * 8)
 
 _IP_DF: Final = 0x4000
 _UDP_PROTO: Final = 17
@@ -304,7 +308,7 @@ def decode_transport(data: BytesLike, *, has_icrc: bool = False) -> Packet:
 
 def _crc_rest(crc: int, mv: memoryview, start: int, end: int) -> int:
     """Continue ``crc`` over transport bytes 5..end (bytes 0..4 are in the pseudo header)."""
-    return zlib.crc32(mv[start + 5 : end], crc)
+    return crc32(mv[start + 5 : end], crc)
 
 
 def _icrc4(
@@ -338,7 +342,7 @@ def _icrc4(
         w0,
         0xFF,
     )
-    return _crc_rest(zlib.crc32(pseudo, _SEED), mv, start, end)
+    return _crc_rest(crc32(pseudo, _SEED), mv, start, end)
 
 
 def _icrc6(
@@ -356,7 +360,7 @@ def _icrc6(
     pseudo = _PSEUDO6.pack(
         0x6FFFFFFF, udp_len, _UDP_PROTO, 0xFF, src, dst, sport, dport, udp_len, 0xFFFF, w0, 0xFF
     )
-    return _crc_rest(zlib.crc32(pseudo, _SEED), mv, start, end)
+    return _crc_rest(crc32(pseudo, _SEED), mv, start, end)
 
 
 def icrc(ip_header: BytesLike, udp_header: BytesLike, transport: BytesLike) -> int:
@@ -378,7 +382,7 @@ def icrc(ip_header: BytesLike, udp_header: BytesLike, transport: BytesLike) -> i
     hdr += transport[:4]
     hdr += b"\xff"
     mv = transport if type(transport) is memoryview else memoryview(transport)
-    return zlib.crc32(mv[5:], zlib.crc32(hdr, _SEED))
+    return crc32(mv[5:], crc32(hdr, _SEED))
 
 
 # --- recovering an unknown IPv4 ID (see the module docstring) -------------
@@ -398,10 +402,10 @@ def _id_solver(k: int) -> tuple[tuple[int, int, int], ...]:
     in no other row, so a difference can be reduced row by row in any order.
     """
     zeros = memoryview(_ZEROS)[:k]
-    base = zlib.crc32(zeros, zlib.crc32(b"\x00\x00"))
+    base = crc32(zeros, crc32(b"\x00\x00"))
     rows: list[tuple[int, int, int]] = []
     for j in range(16):
-        vec = zlib.crc32(zeros, zlib.crc32((1 << j).to_bytes(2, "big"))) ^ base
+        vec = crc32(zeros, crc32((1 << j).to_bytes(2, "big"))) ^ base
         bits = 1 << j
         for pivot, rvec, rbits in rows:
             if vec & pivot:
