@@ -19,12 +19,19 @@ machine keeps working. For a single child process, ``exec`` does three things:
    softverbs devices (:mod:`softverbs.cli.rdma`), which programs use to find
    a device's netdev.  The script runs this interpreter
    (``SOFTVERBS_PYTHON``).
-4. It replaces itself with CMD (``os.execvpe``, which searches ``PATH``). No
+4. It puts softverbs' C libraries first on ``LD_LIBRARY_PATH``: its
+   ``libibverbs.so.1`` (a client of the host device) and the ``libmlx5`` and
+   ``libefa`` stubs (:mod:`softverbs.native`), so an unmodified C program --
+   ``ibv_rc_pingpong``, perftest -- runs on softverbs.  The libraries are
+   built on first use if the install did not build them; with no C compiler a
+   C program (an ELF executable) is refused with the reason, and a Python
+   program runs as before.
+5. It replaces itself with CMD (``os.execvpe``, which searches ``PATH``). No
    wrapper process stays behind, so signals go straight to CMD and CMD's
    exit status, or the signal that killed it, is what the caller sees.
 
 The soft device needs no setup. In the child, ``get_device_list()`` shows
-the configured softverbs devices, by default the in-process ``sv0``.
+the host device ``sv0`` (softverbsd, started on first use).
 
 Limits. An interpreter started with ``-E`` or ``-I`` ignores
 ``PYTHONPATH``. A directory named ``pyverbs`` next to the script (or in the
@@ -38,6 +45,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import sys
 from collections.abc import Mapping
 
@@ -75,15 +83,30 @@ def _prepend(value: str, first: str) -> str:
     return os.pathsep.join([first, *rest])
 
 
-def child_env(environ: Mapping[str, str]) -> dict[str, str]:
+def child_env(environ: Mapping[str, str], libdir: str | None = None) -> dict[str, str]:
     """``environ`` changed for the child: compat dir first on PYTHONPATH, compat
-    commands first on PATH, marker set."""
+    commands first on PATH, the C libraries (``libdir``) first on
+    LD_LIBRARY_PATH, marker set."""
     env = dict(environ)
     env["PYTHONPATH"] = _prepend(env.get("PYTHONPATH", ""), compat_dir())
     env["PATH"] = _prepend(env.get("PATH", os.defpath), bin_dir())
+    if libdir is not None:
+        env["LD_LIBRARY_PATH"] = _prepend(env.get("LD_LIBRARY_PATH", ""), libdir)
     env.setdefault(PYTHON_ENV, sys.executable)
     env[EXEC_ENV] = "1"
     return env
+
+
+def is_native(command: str, path: str | None) -> bool:
+    """Is ``command`` (found on ``path``) an ELF executable, a C program?"""
+    found = shutil.which(command, path=path)
+    if found is None:
+        return False
+    try:
+        with open(found, "rb") as f:
+            return f.read(4) == b"\x7fELF"
+    except OSError:
+        return False
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -106,7 +129,16 @@ def run(args: argparse.Namespace) -> int:
         print("softverbs exec: no command given; usage: softverbs exec [--] CMD [ARGS...]",
               file=sys.stderr)  # fmt: skip
         return 2
-    env = child_env(os.environ)
+    from softverbs import native
+
+    try:
+        libdir: str | None = str(native.library_dir())
+    except native.BuildError as exc:
+        libdir = None
+        if is_native(argv[0], os.environ.get("PATH")):
+            print(f"softverbs exec: {argv[0]} is a C program, and {exc}", file=sys.stderr)
+            return 1
+    env = child_env(os.environ, libdir)
     # exec discards this process's buffers: flush what has been printed so far
     sys.stdout.flush()
     sys.stderr.flush()

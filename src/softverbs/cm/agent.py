@@ -496,6 +496,11 @@ class CmAgent:
             raise cm_error(f"no CM ID {handle!r}", errno.ENOENT)
         return cid
 
+    def migrate_id(self, handle: int, sink: Sink, owner: object = None) -> None:
+        """``rdma_migrate_id``: the ID's later events go to ``sink``."""
+        with self.lock:
+            self._get(handle, owner).sink = sink
+
     def query(self, handle: int, owner: object = None) -> dict[str, Any]:
         with self.lock:
             return self._get(handle, owner).info()

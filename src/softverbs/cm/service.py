@@ -3,8 +3,9 @@
 The service's ``CM`` request carries a command of :class:`~softverbs.cm.agent.CmAgent`
 (``create_id``, ``bind_addr``, ``connect`` ...) and its arguments, as JSON;
 events go back to the process that owns the CM ID on the socket it passed
-with ``CM_EVENTS``.  A
-process can name only its own IDs, and when it disconnects (exit, crash)
+with ``CM_EVENTS`` for the ID's event channel (``channel`` of
+``create_id`` and ``migrate_id``; 0 if not named).  A process can name
+only its own IDs, and when it disconnects (exit, crash)
 its IDs are destroyed -- with a DREQ or REJ to their peers, as the kernel
 does when a process holding ``/dev/infiniband/rdma_cm`` dies.
 """
@@ -21,6 +22,7 @@ from softverbs.errors import einval
 COMMANDS = frozenset({
     "create_id", "destroy_id", "bind_addr", "resolve_addr", "resolve_route", "listen",
     "connect", "accept", "reject", "disconnect", "init_qp_attr", "set_option", "query",
+    "migrate_id",
 })  # fmt: skip
 
 _agents: weakref.WeakKeyDictionary[Any, CmAgent] = weakref.WeakKeyDictionary()
@@ -56,9 +58,14 @@ def handle(service: Any, client: Any, msg: dict[str, Any]) -> dict[str, Any]:
     args = msg.get("args") or {}
     if cmd not in COMMANDS or not isinstance(args, dict):
         raise einval(f"unknown CM command {cmd!r}")
-    kw: dict[str, Any] = {str(k): v for k, v in args.items() if k not in ("owner", "sink")}
-    if cmd == "create_id":
-        kw["sink"] = lambda event: service.cm_event(client, event)
+    kw: dict[str, Any] = {str(k): v for k, v in args.items()
+                          if k not in ("owner", "sink", "channel")}  # fmt: skip
+    if cmd in ("create_id", "migrate_id"):
+        # the ID's events go to the socket of its event channel (0 when not named)
+        channel = args.get("channel", 0)
+        if not isinstance(channel, int):
+            raise einval(f"bad CM {cmd} request: channel {channel!r} is not a number")
+        kw["sink"] = lambda event: service.cm_event(client, channel, event)
     try:
         result = getattr(agent_of(service), str(cmd))(owner=client, **kw)
     except (AttributeError, TypeError, ValueError, KeyError, OverflowError) as exc:

@@ -780,11 +780,12 @@ CANCEL_SEND = Op(
 )
 CM = Op(
     50, "CM", Empty, Empty, tail="JSON: {cmd, args} -> {result}",
-    doc="an RDMA CM command for the service's CM agent (JSON until librdmacm's records)",
+    doc="an RDMA CM command for the service's CM agent (docs/service-protocol.md, The RDMA CM)",
 )
 CM_EVENTS = Op(
-    51, "CM_EVENTS", Empty, Empty, "the process's CM event socket (SOCK_SEQPACKET)",
-    doc="where this process's RDMA CM events go (one JSON object per packet)",
+    51, "CM_EVENTS", Handle, Empty, "an event channel's socket (SOCK_SEQPACKET)",
+    doc="where the RDMA CM events of the IDs on event channel `handle` go "
+    "(one JSON object per packet)",
 )
 
 #: Every operation, by number.

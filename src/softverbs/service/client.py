@@ -563,7 +563,7 @@ class ServiceRegistry:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         fd = theirs.detach()
         try:
-            self.connection().call(api.CM_EVENTS, api.Empty(), [fd])
+            self.connection().call(api.CM_EVENTS, api.Handle(0, 0), [fd])  # channel 0: all of ours
         finally:
             os.close(fd)
 

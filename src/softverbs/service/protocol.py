@@ -18,7 +18,7 @@ every post, can afford.  JSON stays only in the tails of ``STATUS`` and
 on a data path.
 
 The records here are the one definition of the protocol: the service's
-decoder, the Python client's encoder, ``native/include/softverbs/protocol.h``
+decoder, the Python client's encoder, ``softverbs/native/include/softverbs/protocol.h``
 (:func:`c_header`) and the tables of ``docs/service-protocol.md``
 (:func:`markdown`) all come from them.
 
@@ -216,7 +216,7 @@ def records() -> list[type[Record]]:
 
 
 def c_header() -> str:
-    """``native/include/softverbs/protocol.h``, generated from this module."""
+    """``softverbs/native/include/softverbs/protocol.h``, generated from this module."""
     from softverbs.engine import rings
 
     out = [
@@ -275,7 +275,7 @@ GENERATED = {
     "docs/service-protocol.md": ("protocol", markdown),
     "docs/rings.md": ("rings", rings_markdown),
 }
-C_HEADER = "native/include/softverbs/protocol.h"
+C_HEADER = "src/softverbs/native/include/softverbs/protocol.h"
 
 
 def refreshed(text: str, name: str, body: str) -> str:

@@ -91,6 +91,8 @@ READ_BATCH = 64
 MAX_SLOT = 1 << 16
 #: the largest memory region a client may pass as a memfd
 MAX_MAPPED = 1 << 40
+#: RDMA CM event channels (sockets) one process may register
+MAX_CM_CHANNELS = 1024
 
 
 class ServiceRunning(Exception):
@@ -153,6 +155,8 @@ class Client:
         self.kicked = False  #: disconnect once the error reply is out
         self.outq: deque[bytes] = deque()
         self.events_dropped = 0
+        #: RDMA CM event channel number -> the socket its events go to
+        self.cm_events: dict[int, EventSocket] = {}
         self._want_write = want_write
         self._send_lock = threading.Lock()
 
@@ -699,15 +703,22 @@ class Service:
             raise einval("CM: the request must be a JSON object")
         return api.Empty(), json.dumps(cm.handle(self, client, msg)).encode()
 
-    def op_cm_events(self, client: Client, req: api.Empty, tail: bytes,
+    def op_cm_events(self, client: Client, req: api.Handle, tail: bytes,
                      fds: list[int]) -> tuple[Any, bytes]:  # fmt: skip
-        """Where this process's RDMA CM events go (a socket it passed)."""
+        """Where the CM events of event channel ``req.handle`` go (a socket it passed)."""
         (fd,) = _fds(fds, 1, "CM_EVENTS")
-        client.cm_events = _event_socket(fd, client)  # type: ignore[attr-defined]
+        sock = _event_socket(fd, client)
+        old = client.cm_events.pop(req.handle, None)
+        if old is not None:
+            old.close()
+        if len(client.cm_events) >= MAX_CM_CHANNELS:
+            sock.close()
+            raise einval(f"a process may have {MAX_CM_CHANNELS} RDMA CM event channels")
+        client.cm_events[req.handle] = sock
         return api.Empty(), b""
 
-    def cm_event(self, client: Client, event: dict[str, Any]) -> None:
-        sock: EventSocket | None = getattr(client, "cm_events", None)
+    def cm_event(self, client: Client, channel: int, event: dict[str, Any]) -> None:
+        sock = client.cm_events.get(channel)
         if sock is not None:
             sock.write(json.dumps(event).encode())
         else:
@@ -730,9 +741,9 @@ class Service:
             cm.drop(self, client)
         except Exception:
             log.exception("dropping the CM IDs of pid %d", client.pid)
-        sock = getattr(client, "cm_events", None)
-        if sock is not None:
+        for sock in client.cm_events.values():
             sock.close()
+        client.cm_events.clear()
         owner = client.owner
         owner.connections -= 1
         try:

@@ -1,0 +1,1195 @@
+/* librdmacm.so.1 for softverbs: the RDMA CM API on the service's CM agent.
+ *
+ * The CM itself -- the MADs (REQ, REP, RTU, DREQ ...), their timers, port
+ * spaces and route lookup -- runs in the service (softverbs/cm/agent.py),
+ * as it runs in the kernel for rdma-core.  This file is librdmacm's user
+ * half: it sends the agent's commands (one JSON object each, on this
+ * process's one connection to the service, through libibverbs'
+ * SOFTVERBS_PRIVATE_1 calls), reads events from each event channel's own
+ * socket, and does what librdmacm does with them in user space:
+ *
+ *  - a CONNECT_REQUEST creates the new connection's rdma_cm_id;
+ *  - the QP of an ID is moved through its states with the attributes the
+ *    agent computes (rdma_init_qp_attr): INIT when created (RTS for UD),
+ *    RTR and RTS on accept or when the REP arrives, ERR on reject and
+ *    disconnect;
+ *  - a CONNECT_RESPONSE on an ID with a QP sends the RTU and is reported as
+ *    ESTABLISHED;
+ *  - IDs without a channel (rdma_create_ep) are synchronous: each call waits
+ *    for its event on a private channel.
+ *
+ * Multicast is not offered: rdma_join_multicast reports EOPNOTSUPP, as on a
+ * device whose max_mcast_grp is 0.
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netdb.h>
+#include <poll.h>
+#include <pthread.h>
+#include <rdma/rdma_cma.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "json.h"
+
+/* libibverbs' (SOFTVERBS_PRIVATE_1) */
+int sv_cm_call(const char *json, size_t len, char *reply, size_t reply_cap);
+int sv_cm_events(uint32_t channel, int fd);
+const char *sv_cm_error(void);
+
+#define MSG 16384		/* the largest command, reply or event */
+#define MAX_DEVICES 16
+
+struct cma_channel {
+	struct rdma_event_channel ch;	/* first: the program's */
+	uint32_t number;
+};
+
+struct cma_device {
+	char name[64];
+	struct ibv_context *verbs;
+	struct ibv_pd *pd;		/* the default PD (rdma_create_qp with none) */
+	uint8_t max_responder, max_initiator;
+};
+
+struct cma_id {
+	struct rdma_cm_id id;		/* first: the program's */
+	uint32_t handle;
+	int sync;			/* rdma_create_ep's: calls wait for their event */
+	int connect_error;		/* the REP could not be completed: hide what follows */
+	int own_cqs;			/* rdma_create_qp made the CQs: it destroys them */
+	uint8_t responder_resources, initiator_depth;
+	struct cma_device *dev;
+	struct ibv_qp_init_attr *qp_init;	/* rdma_create_ep's passive IDs: for get_request */
+	struct ibv_sa_path_rec path;
+	struct cma_id *next;
+};
+
+struct cma_event {
+	struct rdma_cm_event event;	/* first: the program's */
+	uint8_t private_data[256];
+};
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static struct cma_device devices[MAX_DEVICES];
+static int ndevices;
+static struct cma_id *ids;
+static uint32_t next_channel = 1;	/* 0 is the Python client's */
+
+static int fail(int err)
+{
+	errno = err;
+	return -1;
+}
+
+/* --- commands ------------------------------------------------------------------------ */
+
+/* Run ``cmd`` with the arguments written into ``args`` (the inside of an object);
+ * the reply's "result" into ``reply``.  0, or -1 with errno. */
+static int call(const char *cmd, const struct jw *args, char *reply, const char **result)
+{
+	char buf[MSG];
+	struct jw w;
+	jw_init(&w, buf, sizeof(buf));
+	jw_raw(&w, "{\"cmd\":\"%s\",\"args\":{%s}}", cmd, args ? args->buf : "");
+	if (w.overflow || (args && args->overflow))
+		return fail(EINVAL);
+	int err = sv_cm_call(buf, w.len, reply, MSG);
+	if (err) {
+		if (getenv("SOFTVERBS_DEBUG"))
+			fprintf(stderr, "librdmacm: %s: %s\n", cmd, sv_cm_error());
+		return fail(err);
+	}
+	if (result)
+		*result = js_get(reply, "result");
+	return 0;
+}
+
+static void jw_addr(struct jw *w, const char *key, const struct sockaddr *sa)
+{
+	char text[INET6_ADDRSTRLEN] = "";
+	if (sa && sa->sa_family == AF_INET) {
+		const struct sockaddr_in *in = (const void *)sa;
+		inet_ntop(AF_INET, &in->sin_addr, text, sizeof(text));
+		jw_raw(w, "\"%s\":[\"%s\",%u]", key, text, ntohs(in->sin_port));
+	} else if (sa && sa->sa_family == AF_INET6) {
+		const struct sockaddr_in6 *in6 = (const void *)sa;
+		inet_ntop(AF_INET6, &in6->sin6_addr, text, sizeof(text));
+		jw_raw(w, "\"%s\":[\"%s\",%u]", key, text, ntohs(in6->sin6_port));
+	} else {
+		jw_raw(w, "\"%s\":null", key);
+	}
+}
+
+static int valid_addr(const struct sockaddr *sa)
+{
+	return sa && (sa->sa_family == AF_INET || sa->sa_family == AF_INET6);
+}
+
+/* ``[ip, port]`` into a sockaddr; 0 if ``v`` is not one. */
+static int addr_of(const char *v, struct sockaddr_storage *out)
+{
+	char text[INET6_ADDRSTRLEN + 8];
+	if (js_str(js_at(v, 0), text, sizeof(text)) < 0)
+		return 0;
+	uint16_t port = (uint16_t)js_int(js_at(v, 1));
+	memset(out, 0, sizeof(*out));
+	struct sockaddr_in *in = (void *)out;
+	struct sockaddr_in6 *in6 = (void *)out;
+	if (inet_pton(AF_INET, text, &in->sin_addr) == 1) {
+		in->sin_family = AF_INET;
+		in->sin_port = htons(port);
+		return 1;
+	}
+	if (inet_pton(AF_INET6, text, &in6->sin6_addr) == 1) {
+		in6->sin6_family = AF_INET6;
+		in6->sin6_port = htons(port);
+		return 1;
+	}
+	return 0;
+}
+
+/* --- devices and IDs -------------------------------------------------------------------- */
+
+static struct cma_device *device_named(const char *name)
+{
+	pthread_mutex_lock(&lock);
+	struct cma_device *d = NULL;
+	for (int i = 0; i < ndevices && !d; i++)
+		if (!strcmp(devices[i].name, name))
+			d = &devices[i];
+	if (!d && ndevices < MAX_DEVICES) {
+		int n = 0;
+		struct ibv_device **list = ibv_get_device_list(&n);
+		for (int i = 0; list && i < n && !d; i++) {
+			if (strcmp(ibv_get_device_name(list[i]), name))
+				continue;
+			struct ibv_context *verbs = ibv_open_device(list[i]);
+			struct ibv_device_attr attr;
+			if (!verbs || ibv_query_device(verbs, &attr)) {
+				if (verbs)
+					ibv_close_device(verbs);
+				break;
+			}
+			d = &devices[ndevices++];
+			snprintf(d->name, sizeof(d->name), "%s", name);
+			d->verbs = verbs;
+			d->max_responder = (uint8_t)attr.max_qp_rd_atom;
+			d->max_initiator = (uint8_t)attr.max_qp_init_rd_atom;
+		}
+		if (list)
+			ibv_free_device_list(list);
+	}
+	pthread_mutex_unlock(&lock);
+	return d;
+}
+
+static struct ibv_pd *default_pd(struct cma_device *d)
+{
+	pthread_mutex_lock(&lock);
+	if (!d->pd)
+		d->pd = ibv_alloc_pd(d->verbs);
+	struct ibv_pd *pd = d->pd;
+	pthread_mutex_unlock(&lock);
+	return pd;
+}
+
+static struct cma_id *id_of(uint32_t handle)
+{
+	pthread_mutex_lock(&lock);
+	struct cma_id *c = ids;
+	while (c && c->handle != handle)
+		c = c->next;
+	pthread_mutex_unlock(&lock);
+	return c;
+}
+
+static struct cma_id *cma(struct rdma_cm_id *id)
+{
+	return (struct cma_id *)id;
+}
+
+/* What the agent says of an ID (its "info"): device, addresses and GIDs. */
+static void attach(struct cma_id *c, const char *info)
+{
+	char name[64];
+	if (js_str(js_get(info, "dev"), name, sizeof(name)) > 0 && !c->dev) {
+		c->dev = device_named(name);
+		if (c->dev) {
+			c->id.verbs = c->dev->verbs;
+			c->id.port_num = 1;
+			if (!c->responder_resources)
+				c->responder_resources = c->dev->max_responder;
+			if (!c->initiator_depth)
+				c->initiator_depth = c->dev->max_initiator;
+		}
+	}
+	addr_of(js_get(info, "src"), &c->id.route.addr.src_storage);
+	addr_of(js_get(info, "dst"), &c->id.route.addr.dst_storage);
+	struct rdma_ib_addr *ib = &c->id.route.addr.addr.ibaddr;
+	if (js_hex(js_get(info, "sgid"), ib->sgid.raw, sizeof(ib->sgid.raw)) == 16 &&
+	    js_hex(js_get(info, "dgid"), ib->dgid.raw, sizeof(ib->dgid.raw)) == 16) {
+		ib->pkey = htobe16(0xffff);
+		c->path.sgid = ib->sgid;
+		c->path.dgid = ib->dgid;
+		c->path.pkey = ib->pkey;
+		c->path.mtu = IBV_MTU_1024;
+		c->path.hop_limit = 64;
+		c->id.route.path_rec = &c->path;
+		c->id.route.num_paths = 1;
+	}
+}
+
+static struct rdma_event_channel *new_channel(void)
+{
+	struct cma_channel *ch = calloc(1, sizeof(*ch));
+	if (!ch)
+		return NULL;
+	int sv[2];
+	if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv)) {
+		free(ch);
+		return NULL;
+	}
+	pthread_mutex_lock(&lock);
+	ch->number = next_channel++;
+	pthread_mutex_unlock(&lock);
+	int err = sv_cm_events(ch->number, sv[1]);
+	close(sv[1]);
+	if (err) {
+		close(sv[0]);
+		free(ch);
+		errno = err;
+		return NULL;
+	}
+	ch->ch.fd = sv[0];
+	return &ch->ch;
+}
+
+struct rdma_event_channel *rdma_create_event_channel(void)
+{
+	return new_channel();
+}
+
+void rdma_destroy_event_channel(struct rdma_event_channel *channel)
+{
+	if (!channel)
+		return;
+	close(channel->fd);
+	free(channel);
+}
+
+static int ps_qp_type(enum rdma_port_space ps)
+{
+	return ps == RDMA_PS_UDP || ps == RDMA_PS_IPOIB ? IBV_QPT_UD : IBV_QPT_RC;
+}
+
+static int create_id(struct rdma_event_channel *channel, struct rdma_cm_id **out, void *context,
+		     enum rdma_port_space ps, enum ibv_qp_type qp_type)
+{
+	if (!out)
+		return fail(EINVAL);
+	struct cma_id *c = calloc(1, sizeof(*c));
+	if (!c)
+		return fail(ENOMEM);
+	if (!channel) {
+		channel = new_channel();
+		if (!channel) {
+			free(c);
+			return -1;
+		}
+		c->sync = 1;
+	}
+	char args[256], reply[MSG];
+	struct jw w;
+	const char *result;
+	jw_init(&w, args, sizeof(args));
+	jw_raw(&w, "\"ps\":%d,\"qp_type\":%d,\"channel\":%u", (int)ps, (int)qp_type,
+	       ((struct cma_channel *)channel)->number);
+	if (call("create_id", &w, reply, &result)) {
+		int err = errno;
+		if (c->sync)
+			rdma_destroy_event_channel(channel);
+		free(c);
+		return fail(err);
+	}
+	c->handle = (uint32_t)js_int(result);
+	c->id.channel = channel;
+	c->id.context = context;
+	c->id.ps = ps;
+	c->id.qp_type = qp_type;
+	pthread_mutex_lock(&lock);
+	c->next = ids;
+	ids = c;
+	pthread_mutex_unlock(&lock);
+	*out = &c->id;
+	return 0;
+}
+
+int rdma_create_id(struct rdma_event_channel *channel, struct rdma_cm_id **id, void *context,
+		   enum rdma_port_space ps)
+{
+	return create_id(channel, id, context, ps, ps_qp_type(ps));
+}
+
+static int simple(struct cma_id *c, const char *cmd, const char *extra, char *reply,
+		  const char **result)
+{
+	char args[512];
+	struct jw w;
+	jw_init(&w, args, sizeof(args));
+	jw_raw(&w, "\"handle\":%u%s", c->handle, extra ? extra : "");
+	return call(cmd, &w, reply, result);
+}
+
+int rdma_destroy_id(struct rdma_cm_id *id)
+{
+	if (!id)
+		return fail(EINVAL);
+	struct cma_id *c = cma(id);
+	char reply[MSG];
+	simple(c, "destroy_id", NULL, reply, NULL);
+	pthread_mutex_lock(&lock);
+	for (struct cma_id **p = &ids; *p; p = &(*p)->next)
+		if (*p == c) {
+			*p = c->next;
+			break;
+		}
+	pthread_mutex_unlock(&lock);
+	if (c->id.event)
+		rdma_ack_cm_event(c->id.event);
+	if (c->sync)
+		rdma_destroy_event_channel(c->id.channel);
+	free(c->qp_init);
+	free(c);
+	return 0;
+}
+
+/* A synchronous ID's call waits here for its event (librdmacm's ucma_complete). */
+static int complete(struct cma_id *c)
+{
+	if (!c->sync)
+		return 0;
+	if (c->id.event) {
+		rdma_ack_cm_event(c->id.event);
+		c->id.event = NULL;
+	}
+	if (rdma_get_cm_event(c->id.channel, &c->id.event))
+		return -1;
+	int status = c->id.event->status;
+	if (!status)
+		return 0;
+	if (c->id.event->event == RDMA_CM_EVENT_REJECTED)
+		return fail(ECONNREFUSED);
+	return fail(status < 0 ? -status : status);
+}
+
+int rdma_bind_addr(struct rdma_cm_id *id, struct sockaddr *addr)
+{
+	if (!id || !valid_addr(addr))
+		return fail(EINVAL);
+	char args[256], reply[MSG];
+	struct jw w;
+	const char *result;
+	jw_init(&w, args, sizeof(args));
+	jw_raw(&w, "\"handle\":%u,", cma(id)->handle);
+	jw_addr(&w, "addr", addr);
+	if (call("bind_addr", &w, reply, &result))
+		return -1;
+	attach(cma(id), result);
+	return 0;
+}
+
+int rdma_resolve_addr(struct rdma_cm_id *id, struct sockaddr *src_addr, struct sockaddr *dst_addr,
+		      int timeout_ms)
+{
+	if (!id || !valid_addr(dst_addr))
+		return fail(EINVAL);
+	char args[512], reply[MSG];
+	struct jw w;
+	jw_init(&w, args, sizeof(args));
+	jw_raw(&w, "\"handle\":%u,", cma(id)->handle);
+	jw_addr(&w, "src", valid_addr(src_addr) ? src_addr : NULL);
+	jw_raw(&w, ",");
+	jw_addr(&w, "dst", dst_addr);
+	jw_raw(&w, ",\"timeout_ms\":%d", timeout_ms > 0 ? timeout_ms : 2000);
+	if (call("resolve_addr", &w, reply, NULL))
+		return -1;
+	size_t len = dst_addr->sa_family == AF_INET ? sizeof(struct sockaddr_in)
+						    : sizeof(struct sockaddr_in6);
+	memcpy(&id->route.addr.dst_storage, dst_addr, len);
+	return complete(cma(id));
+}
+
+int rdma_resolve_route(struct rdma_cm_id *id, int timeout_ms)
+{
+	if (!id)
+		return fail(EINVAL);
+	char extra[64], reply[MSG];
+	snprintf(extra, sizeof(extra), ",\"timeout_ms\":%d", timeout_ms > 0 ? timeout_ms : 2000);
+	if (simple(cma(id), "resolve_route", extra, reply, NULL))
+		return -1;
+	return complete(cma(id));
+}
+
+int rdma_listen(struct rdma_cm_id *id, int backlog)
+{
+	if (!id)
+		return fail(EINVAL);
+	char extra[64], reply[MSG];
+	const char *result;
+	snprintf(extra, sizeof(extra), ",\"backlog\":%d", backlog);
+	if (simple(cma(id), "listen", extra, reply, &result))
+		return -1;
+	attach(cma(id), result);
+	return 0;
+}
+
+/* --- the QP's states -------------------------------------------------------------------- */
+
+/* The agent's attributes for ``state`` into attr/mask (rdma_init_qp_attr). */
+static int qp_attr(struct cma_id *c, enum ibv_qp_state state, struct ibv_qp_attr *attr,
+		   int *mask)
+{
+	char extra[64], reply[MSG];
+	const char *result;
+	snprintf(extra, sizeof(extra), ",\"qp_state\":%d", (int)state);
+	if (simple(c, "init_qp_attr", extra, reply, &result))
+		return -1;
+	const char *a = js_get(result, "attr");
+	memset(attr, 0, sizeof(*attr));
+	attr->qp_state = state;
+	attr->port_num = (uint8_t)js_int_of(a, "port_num", 1);
+	attr->pkey_index = (uint16_t)js_int_of(a, "pkey_index", 0);
+	attr->qkey = (uint32_t)js_int_of(a, "qkey", 0);
+	attr->qp_access_flags = (unsigned)js_int_of(a, "qp_access_flags", 0);
+	attr->path_mtu = (enum ibv_mtu)js_int_of(a, "path_mtu", IBV_MTU_1024);
+	attr->dest_qp_num = (uint32_t)js_int_of(a, "dest_qp_num", 0);
+	attr->rq_psn = (uint32_t)js_int_of(a, "rq_psn", 0);
+	attr->sq_psn = (uint32_t)js_int_of(a, "sq_psn", 0);
+	attr->max_dest_rd_atomic = (uint8_t)js_int_of(a, "max_dest_rd_atomic", 0);
+	attr->max_rd_atomic = (uint8_t)js_int_of(a, "max_rd_atomic", 0);
+	attr->min_rnr_timer = (uint8_t)js_int_of(a, "min_rnr_timer", 0);
+	attr->retry_cnt = (uint8_t)js_int_of(a, "retry_cnt", 0);
+	attr->rnr_retry = (uint8_t)js_int_of(a, "rnr_retry", 0);
+	attr->timeout = (uint8_t)js_int_of(a, "timeout", 0);
+	const char *ah = js_get(a, "ah_attr");
+	if (js_present(ah)) {
+		attr->ah_attr.is_global = 1;
+		attr->ah_attr.port_num = (uint8_t)js_int_of(ah, "port_num", 1);
+		js_hex(js_get(ah, "dgid"), attr->ah_attr.grh.dgid.raw, 16);
+		attr->ah_attr.grh.sgid_index = (uint8_t)js_int_of(ah, "sgid_index", 0);
+		attr->ah_attr.grh.flow_label = (uint32_t)js_int_of(ah, "flow_label", 0);
+		attr->ah_attr.grh.hop_limit = (uint8_t)js_int_of(ah, "hop_limit", 64);
+		attr->ah_attr.grh.traffic_class = (uint8_t)js_int_of(ah, "traffic_class", 0);
+	}
+	*mask = (int)js_int_of(result, "mask", IBV_QP_STATE);
+	return 0;
+}
+
+int rdma_init_qp_attr(struct rdma_cm_id *id, struct ibv_qp_attr *qp_attr_out, int *qp_attr_mask)
+{
+	if (!id || !qp_attr_out || !qp_attr_mask)
+		return fail(EINVAL);
+	return qp_attr(cma(id), qp_attr_out->qp_state, qp_attr_out, qp_attr_mask);
+}
+
+static int modify(struct cma_id *c, enum ibv_qp_state state, int rd_atomic)
+{
+	struct ibv_qp_attr attr;
+	int mask;
+	if (qp_attr(c, state, &attr, &mask))
+		return -1;
+	if (rd_atomic >= 0 && state == IBV_QPS_RTR)
+		attr.max_dest_rd_atomic = (uint8_t)rd_atomic;
+	if (rd_atomic >= 0 && state == IBV_QPS_RTS)
+		attr.max_rd_atomic = (uint8_t)rd_atomic;
+	int err = ibv_modify_qp(c->id.qp, &attr, mask);
+	return err ? fail(err) : 0;
+}
+
+static int modify_rtr_rts(struct cma_id *c)
+{
+	if (!c->id.qp)
+		return 0;
+	/* INIT again first: the access rights are known only now */
+	if (modify(c, IBV_QPS_INIT, -1) || modify(c, IBV_QPS_RTR, c->responder_resources))
+		return -1;
+	return modify(c, IBV_QPS_RTS, c->initiator_depth);
+}
+
+static void modify_err(struct cma_id *c)
+{
+	if (c->id.qp) {
+		struct ibv_qp_attr attr = {.qp_state = IBV_QPS_ERR};
+		ibv_modify_qp(c->id.qp, &attr, IBV_QP_STATE);
+	}
+}
+
+static int init_qp(struct cma_id *c)
+{
+	if (modify(c, IBV_QPS_INIT, -1))
+		return -1;
+	if (c->id.qp_type != IBV_QPT_UD)
+		return 0;
+	return modify(c, IBV_QPS_RTR, -1) || modify(c, IBV_QPS_RTS, -1) ? -1 : 0;
+}
+
+int rdma_create_qp_ex(struct rdma_cm_id *id, struct ibv_qp_init_attr_ex *attr)
+{
+	if (!id || !attr)
+		return fail(EINVAL);
+	struct cma_id *c = cma(id);
+	if (!c->dev || id->qp)
+		return fail(c->dev ? EINVAL : ENODEV);
+	if (!attr->pd)
+		attr->pd = id->pd ? id->pd : default_pd(c->dev);
+	if (!attr->pd || attr->pd->context != id->verbs)
+		return fail(EINVAL);
+	attr->comp_mask |= IBV_QP_INIT_ATTR_PD;
+	int own = 0;
+	if (!attr->send_cq && !attr->recv_cq) {	/* librdmacm makes them, with channels */
+		id->recv_cq_channel = ibv_create_comp_channel(id->verbs);
+		id->send_cq_channel = ibv_create_comp_channel(id->verbs);
+		if (id->recv_cq_channel)
+			id->recv_cq = ibv_create_cq(id->verbs, (int)attr->cap.max_recv_wr + 1, id,
+						    id->recv_cq_channel, 0);
+		if (id->send_cq_channel)
+			id->send_cq = ibv_create_cq(id->verbs, (int)attr->cap.max_send_wr + 1, id,
+						    id->send_cq_channel, 0);
+		attr->send_cq = id->send_cq;
+		attr->recv_cq = id->recv_cq;
+		own = 1;
+		if (!id->send_cq || !id->recv_cq)
+			goto fail_cqs;
+	}
+	attr->qp_type = (enum ibv_qp_type)id->qp_type;
+	if (attr->srq == NULL && id->srq)
+		attr->srq = id->srq;
+	id->qp = ibv_create_qp_ex(id->verbs, attr);
+	if (!id->qp)
+		goto fail_cqs;
+	if (init_qp(c)) {
+		int err = errno;
+		ibv_destroy_qp(id->qp);
+		id->qp = NULL;
+		errno = err;
+		goto fail_cqs;
+	}
+	id->pd = attr->pd;
+	c->own_cqs = own;
+	return 0;
+fail_cqs: {
+		int err = errno ? errno : ENOMEM;
+		if (own) {
+			if (id->send_cq)
+				ibv_destroy_cq(id->send_cq);
+			if (id->recv_cq)
+				ibv_destroy_cq(id->recv_cq);
+			if (id->send_cq_channel)
+				ibv_destroy_comp_channel(id->send_cq_channel);
+			if (id->recv_cq_channel)
+				ibv_destroy_comp_channel(id->recv_cq_channel);
+			id->send_cq = id->recv_cq = NULL;
+			id->send_cq_channel = id->recv_cq_channel = NULL;
+		}
+		return fail(err);
+	}
+}
+
+int rdma_create_qp(struct rdma_cm_id *id, struct ibv_pd *pd, struct ibv_qp_init_attr *init)
+{
+	if (!id || !init)
+		return fail(EINVAL);
+	struct ibv_qp_init_attr_ex ex;
+	memset(&ex, 0, sizeof(ex));
+	memcpy(&ex, init, sizeof(*init));
+	ex.pd = pd;
+	if (rdma_create_qp_ex(id, &ex))
+		return -1;
+	init->cap = ex.cap;
+	init->send_cq = ex.send_cq;
+	init->recv_cq = ex.recv_cq;
+	return 0;
+}
+
+void rdma_destroy_qp(struct rdma_cm_id *id)
+{
+	if (!id || !id->qp)
+		return;
+	ibv_destroy_qp(id->qp);
+	id->qp = NULL;
+	if (cma(id)->own_cqs) {
+		ibv_destroy_cq(id->send_cq);
+		ibv_destroy_cq(id->recv_cq);
+		ibv_destroy_comp_channel(id->send_cq_channel);
+		ibv_destroy_comp_channel(id->recv_cq_channel);
+		id->send_cq = id->recv_cq = NULL;
+		id->send_cq_channel = id->recv_cq_channel = NULL;
+		cma(id)->own_cqs = 0;
+	}
+}
+
+/* --- connecting --------------------------------------------------------------------------- */
+
+/* The connection parameters as the agent takes them (ucma_copy_conn_param_to_kern). */
+static void jw_conn(struct jw *w, struct cma_id *c, const struct rdma_conn_param *p)
+{
+	uint32_t qp_num = c->id.qp ? c->id.qp->qp_num : p ? p->qp_num : 0;
+	jw_raw(w, ",\"param\":{\"qp_num\":%u,\"responder_resources\":%u,\"initiator_depth\":%u",
+	       qp_num, c->responder_resources, c->initiator_depth);
+	if (p) {
+		jw_raw(w, ",\"flow_control\":%u,\"retry_count\":%u,\"rnr_retry_count\":%u,"
+		       "\"srq\":%u,\"private_data\":", p->flow_control, p->retry_count,
+		       p->rnr_retry_count, c->id.srq ? 1u : p->srq);
+		jw_hex(w, p->private_data, p->private_data ? p->private_data_len : 0);
+	} else {
+		jw_raw(w, ",\"retry_count\":7,\"rnr_retry_count\":7");
+	}
+	if (c->id.qp_type == IBV_QPT_UD)
+		jw_raw(w, ",\"qkey\":%u", c->id.qp ? RDMA_UDP_QKEY : 0);
+	jw_raw(w, "}");
+}
+
+int rdma_connect(struct rdma_cm_id *id, struct rdma_conn_param *p)
+{
+	if (!id)
+		return fail(EINVAL);
+	struct cma_id *c = cma(id);
+	if (!c->dev)
+		return fail(EINVAL);
+	if (id->qp_type != IBV_QPT_UD && !id->qp && !p)
+		return fail(EINVAL);	/* ucma_valid_param: no QP needs a qp_num */
+	c->initiator_depth = p && p->initiator_depth != RDMA_MAX_INIT_DEPTH ? p->initiator_depth
+									 : c->dev->max_initiator;
+	c->responder_resources = p && p->responder_resources != RDMA_MAX_RESP_RES
+				 ? p->responder_resources : c->dev->max_responder;
+	if (c->initiator_depth > c->dev->max_initiator ||
+	    c->responder_resources > c->dev->max_responder)
+		return fail(EINVAL);
+	char args[1024], reply[MSG];
+	struct jw w;
+	jw_init(&w, args, sizeof(args));
+	jw_raw(&w, "\"handle\":%u", c->handle);
+	jw_conn(&w, c, p);
+	if (call("connect", &w, reply, NULL))
+		return -1;
+	return complete(c);
+}
+
+int rdma_accept(struct rdma_cm_id *id, struct rdma_conn_param *p)
+{
+	if (!id)
+		return fail(EINVAL);
+	struct cma_id *c = cma(id);
+	if (!c->dev)
+		return fail(EINVAL);
+	if (id->qp_type != IBV_QPT_UD) {
+		if (!id->qp && !p)
+			return fail(EINVAL);
+		if (p && p->initiator_depth != RDMA_MAX_INIT_DEPTH)
+			c->initiator_depth = p->initiator_depth;
+		else if (c->initiator_depth > c->dev->max_initiator)
+			c->initiator_depth = c->dev->max_initiator;
+		if (p && p->responder_resources != RDMA_MAX_RESP_RES)
+			c->responder_resources = p->responder_resources;
+		else if (c->responder_resources > c->dev->max_responder)
+			c->responder_resources = c->dev->max_responder;
+		if (modify_rtr_rts(c))
+			return -1;
+	}
+	char args[1024], reply[MSG];
+	struct jw w;
+	jw_init(&w, args, sizeof(args));
+	jw_raw(&w, "\"handle\":%u", c->handle);
+	jw_conn(&w, c, p);
+	if (call("accept", &w, reply, NULL)) {
+		int err = errno;
+		modify_err(c);
+		return fail(err);
+	}
+	return id->qp_type == IBV_QPT_UD ? 0 : complete(c);
+}
+
+int rdma_establish(struct rdma_cm_id *id)
+{
+	if (!id || id->qp)
+		return fail(EINVAL);	/* an ID with a QP completes by itself */
+	char reply[MSG];
+	return simple(cma(id), "accept", ",\"param\":null", reply, NULL);
+}
+
+int rdma_reject(struct rdma_cm_id *id, const void *private_data, uint8_t private_data_len)
+{
+	if (!id)
+		return fail(EINVAL);
+	char args[1024], reply[MSG];
+	struct jw w;
+	jw_init(&w, args, sizeof(args));
+	jw_raw(&w, "\"handle\":%u,\"private_data\":", cma(id)->handle);
+	jw_hex(&w, private_data, private_data ? private_data_len : 0);
+	return call("reject", &w, reply, NULL);
+}
+
+int rdma_disconnect(struct rdma_cm_id *id)
+{
+	if (!id)
+		return fail(EINVAL);
+	modify_err(cma(id));
+	char reply[MSG];
+	if (simple(cma(id), "disconnect", NULL, reply, NULL))
+		return -1;
+	return complete(cma(id));
+}
+
+int rdma_notify(struct rdma_cm_id *id, enum ibv_event_type event)
+{
+	(void)event;
+	return id ? 0 : fail(EINVAL);	/* the agent needs no help to see COMM_EST */
+}
+
+int rdma_set_option(struct rdma_cm_id *id, int level, int optname, void *optval, size_t optlen)
+{
+	if (!id || !optval || !optlen)
+		return fail(EINVAL);
+	long long value = optlen == 1 ? *(uint8_t *)optval
+			: optlen >= sizeof(int) ? *(int *)optval : 0;
+	char extra[128], reply[MSG];
+	snprintf(extra, sizeof(extra), ",\"level\":%d,\"name\":%d,\"value\":%lld", level, optname,
+		 value);
+	return simple(cma(id), "set_option", extra, reply, NULL);
+}
+
+int rdma_migrate_id(struct rdma_cm_id *id, struct rdma_event_channel *channel)
+{
+	if (!id)
+		return fail(EINVAL);
+	struct cma_id *c = cma(id);
+	int sync = !channel;
+	if (sync && !(channel = new_channel()))
+		return -1;
+	char extra[64], reply[MSG];
+	snprintf(extra, sizeof(extra), ",\"channel\":%u", ((struct cma_channel *)channel)->number);
+	if (simple(c, "migrate_id", extra, reply, NULL)) {
+		int err = errno;
+		if (sync)
+			rdma_destroy_event_channel(channel);
+		return fail(err);
+	}
+	if (c->sync)
+		rdma_destroy_event_channel(id->channel);
+	id->channel = channel;
+	c->sync = sync;
+	return 0;
+}
+
+int rdma_join_multicast(struct rdma_cm_id *id, struct sockaddr *addr, void *context)
+{
+	(void)id, (void)addr, (void)context;
+	return fail(EOPNOTSUPP);
+}
+
+int rdma_leave_multicast(struct rdma_cm_id *id, struct sockaddr *addr)
+{
+	(void)id, (void)addr;
+	return fail(EOPNOTSUPP);
+}
+
+/* --- events -------------------------------------------------------------------------------- */
+
+static void conn_param_of(struct cma_event *e, const char *conn)
+{
+	struct rdma_conn_param *p = &e->event.param.conn;
+	long n = js_hex(js_get(conn, "private_data"), e->private_data, sizeof(e->private_data));
+	p->private_data = n > 0 ? e->private_data : NULL;
+	p->private_data_len = (uint8_t)(n > 0 ? n : 0);
+	p->responder_resources = (uint8_t)js_int_of(conn, "responder_resources", 0);
+	p->initiator_depth = (uint8_t)js_int_of(conn, "initiator_depth", 0);
+	p->flow_control = (uint8_t)js_int_of(conn, "flow_control", 0);
+	p->retry_count = (uint8_t)js_int_of(conn, "retry_count", 0);
+	p->rnr_retry_count = (uint8_t)js_int_of(conn, "rnr_retry_count", 0);
+	p->srq = (uint8_t)js_int_of(conn, "srq", 0);
+	p->qp_num = (uint32_t)js_int_of(conn, "qp_num", 0);
+}
+
+static void ud_param_of(struct cma_event *e, const char *ud)
+{
+	struct rdma_ud_param *p = &e->event.param.ud;
+	long n = js_hex(js_get(ud, "private_data"), e->private_data, sizeof(e->private_data));
+	p->private_data = n > 0 ? e->private_data : NULL;
+	p->private_data_len = (uint8_t)(n > 0 ? n : 0);
+	p->qp_num = (uint32_t)js_int_of(ud, "qp_num", 0);
+	p->qkey = (uint32_t)js_int_of(ud, "qkey", 0);
+	const char *ah = js_get(ud, "ah_attr");
+	if (js_present(ah)) {
+		p->ah_attr.is_global = 1;
+		p->ah_attr.port_num = (uint8_t)js_int_of(ah, "port_num", 1);
+		js_hex(js_get(ah, "dgid"), p->ah_attr.grh.dgid.raw, 16);
+		p->ah_attr.grh.sgid_index = (uint8_t)js_int_of(ah, "sgid_index", 0);
+		p->ah_attr.grh.flow_label = (uint32_t)js_int_of(ah, "flow_label", 0);
+		p->ah_attr.grh.hop_limit = (uint8_t)js_int_of(ah, "hop_limit", 64);
+		p->ah_attr.grh.traffic_class = (uint8_t)js_int_of(ah, "traffic_class", 0);
+	}
+}
+
+/* A CONNECT_REQUEST's new ID (ucma_process_conn_req). */
+static struct cma_id *new_child(struct cma_id *listen, const char *info, const char *conn)
+{
+	struct cma_id *c = calloc(1, sizeof(*c));
+	if (!c)
+		return NULL;
+	c->handle = (uint32_t)js_int_of(info, "handle", 0);
+	c->id.channel = listen->id.channel;
+	c->id.context = listen->id.context;
+	c->id.ps = listen->id.ps;
+	c->id.qp_type = (enum ibv_qp_type)js_int_of(info, "qp_type", listen->id.qp_type);
+	c->responder_resources = (uint8_t)js_int_of(conn, "responder_resources",
+						    RDMA_MAX_RESP_RES);
+	c->initiator_depth = (uint8_t)js_int_of(conn, "initiator_depth", RDMA_MAX_INIT_DEPTH);
+	attach(c, info);
+	if (listen->id.pd && c->id.verbs == listen->id.verbs)
+		c->id.pd = listen->id.pd;
+	pthread_mutex_lock(&lock);
+	c->next = ids;
+	ids = c;
+	pthread_mutex_unlock(&lock);
+	if (listen->sync && rdma_migrate_id(&c->id, NULL)) {	/* a channel of its own */
+		rdma_destroy_id(&c->id);
+		return NULL;
+	}
+	return c;
+}
+
+/* librdmacm's processing of one raw event; NULL when it is not reported. */
+static struct cma_event *process(const char *raw)
+{
+	struct cma_id *c = id_of((uint32_t)js_int_of(raw, "handle", -1));
+	if (!c)
+		return NULL;	/* destroyed meanwhile */
+	struct cma_event *e = calloc(1, sizeof(*e));
+	if (!e)
+		return NULL;
+	struct rdma_cm_event *ev = &e->event;
+	ev->id = &c->id;
+	ev->event = (enum rdma_cm_event_type)js_int_of(raw, "event", 0);
+	ev->status = (int)js_int_of(raw, "status", 0);
+	const char *conn = js_get(raw, "conn"), *ud = js_get(raw, "ud");
+	if (js_present(conn))
+		conn_param_of(e, conn);
+	else if (js_present(ud))
+		ud_param_of(e, ud);
+	switch (ev->event) {
+	case RDMA_CM_EVENT_CONNECT_REQUEST: {
+		struct cma_id *child = new_child(c, js_get(raw, "child"), conn);
+		if (!child) {
+			free(e);
+			return NULL;
+		}
+		ev->id = &child->id;
+		ev->listen_id = &c->id;
+		break;
+	}
+	case RDMA_CM_EVENT_CONNECT_RESPONSE:
+		if (!c->id.qp) {
+			c->connect_error = 0;
+			break;
+		}
+		c->responder_resources = c->dev ? c->dev->max_responder : 0;
+		c->initiator_depth = c->dev ? c->dev->max_initiator : 0;
+		char reply[MSG];
+		if (modify_rtr_rts(c) || simple(c, "accept", ",\"param\":null", reply, NULL)) {
+			modify_err(c);
+			ev->event = RDMA_CM_EVENT_CONNECT_ERROR;
+			ev->status = -(errno ? errno : EINVAL);
+			c->connect_error = 1;
+		} else {
+			ev->event = RDMA_CM_EVENT_ESTABLISHED;
+		}
+		break;
+	case RDMA_CM_EVENT_REJECTED:
+	case RDMA_CM_EVENT_DISCONNECTED:
+		if (c->connect_error) {
+			free(e);
+			return NULL;
+		}
+		if (ev->event == RDMA_CM_EVENT_REJECTED)
+			modify_err(c);
+		break;
+	case RDMA_CM_EVENT_ADDR_RESOLVED:
+	case RDMA_CM_EVENT_ROUTE_RESOLVED:
+		attach(c, js_get(raw, "info"));
+		if (!c->dev) {
+			ev->event = RDMA_CM_EVENT_ADDR_ERROR;
+			ev->status = -ENODEV;
+		}
+		break;
+	case RDMA_CM_EVENT_UNREACHABLE:
+		modify_err(c);
+		break;
+	default:
+		break;
+	}
+	return e;
+}
+
+int rdma_get_cm_event(struct rdma_event_channel *channel, struct rdma_cm_event **event)
+{
+	if (!channel || !event)
+		return fail(EINVAL);
+	char *buf = malloc(MSG);
+	if (!buf)
+		return fail(ENOMEM);
+	for (;;) {
+		ssize_t n = recv(channel->fd, buf, MSG - 1, 0);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0) {
+			int err = n < 0 ? errno : ENODEV;	/* the service is gone */
+			free(buf);
+			return fail(err);
+		}
+		buf[n] = '\0';
+		struct cma_event *e = process(buf);
+		if (e) {
+			free(buf);
+			*event = &e->event;
+			return 0;
+		}
+	}
+}
+
+int rdma_ack_cm_event(struct rdma_cm_event *event)
+{
+	if (!event)
+		return fail(EINVAL);
+	free(event);
+	return 0;
+}
+
+const char *rdma_event_str(enum rdma_cm_event_type event)
+{
+	static const char *const names[] = {
+		[RDMA_CM_EVENT_ADDR_RESOLVED] = "RDMA_CM_EVENT_ADDR_RESOLVED",
+		[RDMA_CM_EVENT_ADDR_ERROR] = "RDMA_CM_EVENT_ADDR_ERROR",
+		[RDMA_CM_EVENT_ROUTE_RESOLVED] = "RDMA_CM_EVENT_ROUTE_RESOLVED",
+		[RDMA_CM_EVENT_ROUTE_ERROR] = "RDMA_CM_EVENT_ROUTE_ERROR",
+		[RDMA_CM_EVENT_CONNECT_REQUEST] = "RDMA_CM_EVENT_CONNECT_REQUEST",
+		[RDMA_CM_EVENT_CONNECT_RESPONSE] = "RDMA_CM_EVENT_CONNECT_RESPONSE",
+		[RDMA_CM_EVENT_CONNECT_ERROR] = "RDMA_CM_EVENT_CONNECT_ERROR",
+		[RDMA_CM_EVENT_UNREACHABLE] = "RDMA_CM_EVENT_UNREACHABLE",
+		[RDMA_CM_EVENT_REJECTED] = "RDMA_CM_EVENT_REJECTED",
+		[RDMA_CM_EVENT_ESTABLISHED] = "RDMA_CM_EVENT_ESTABLISHED",
+		[RDMA_CM_EVENT_DISCONNECTED] = "RDMA_CM_EVENT_DISCONNECTED",
+		[RDMA_CM_EVENT_DEVICE_REMOVAL] = "RDMA_CM_EVENT_DEVICE_REMOVAL",
+		[RDMA_CM_EVENT_MULTICAST_JOIN] = "RDMA_CM_EVENT_MULTICAST_JOIN",
+		[RDMA_CM_EVENT_MULTICAST_ERROR] = "RDMA_CM_EVENT_MULTICAST_ERROR",
+		[RDMA_CM_EVENT_ADDR_CHANGE] = "RDMA_CM_EVENT_ADDR_CHANGE",
+		[RDMA_CM_EVENT_TIMEWAIT_EXIT] = "RDMA_CM_EVENT_TIMEWAIT_EXIT",
+	};
+	unsigned i = (unsigned)event;
+	return i < sizeof(names) / sizeof(names[0]) && names[i] ? names[i]
+								 : "UNKNOWN EVENT";
+}
+
+/* --- addresses, ports and devices ---------------------------------------------------------- */
+
+static __be16 port_of(const struct sockaddr *sa)
+{
+	if (sa->sa_family == AF_INET)
+		return ((const struct sockaddr_in *)sa)->sin_port;
+	if (sa->sa_family == AF_INET6)
+		return ((const struct sockaddr_in6 *)sa)->sin6_port;
+	return 0;
+}
+
+__be16 rdma_get_src_port(struct rdma_cm_id *id)
+{
+	return port_of(&id->route.addr.src_addr);
+}
+
+__be16 rdma_get_dst_port(struct rdma_cm_id *id)
+{
+	return port_of(&id->route.addr.dst_addr);
+}
+
+struct ibv_context **rdma_get_devices(int *num_devices)
+{
+	int n = 0;
+	struct ibv_device **list = ibv_get_device_list(&n);
+	struct ibv_context **out = calloc((size_t)n + 1, sizeof(*out));
+	int got = 0;
+	for (int i = 0; list && out && i < n; i++) {
+		struct cma_device *d = device_named(ibv_get_device_name(list[i]));
+		if (d)
+			out[got++] = d->verbs;
+	}
+	if (list)
+		ibv_free_device_list(list);
+	if (num_devices)
+		*num_devices = got;
+	return out;
+}
+
+void rdma_free_devices(struct ibv_context **list)
+{
+	free(list);	/* the contexts stay open while the library is loaded */
+}
+
+static struct sockaddr *copy_addr(const struct sockaddr *sa, socklen_t len)
+{
+	struct sockaddr *out = malloc(len);
+	if (out)
+		memcpy(out, sa, len);
+	return out;
+}
+
+int rdma_getaddrinfo(const char *node, const char *service, const struct rdma_addrinfo *hints,
+		     struct rdma_addrinfo **res)
+{
+	if (!res || (!node && !service))
+		return fail(EINVAL);
+	struct addrinfo ai_hints = {.ai_socktype = SOCK_STREAM};
+	int passive = hints && (hints->ai_flags & RAI_PASSIVE);
+	if (passive)
+		ai_hints.ai_flags |= AI_PASSIVE;
+	if (hints && (hints->ai_flags & RAI_NUMERICHOST))
+		ai_hints.ai_flags |= AI_NUMERICHOST;
+	if (hints && (hints->ai_flags & RAI_FAMILY))
+		ai_hints.ai_family = hints->ai_family;
+	struct addrinfo *ai = NULL;
+	int rc = getaddrinfo(node, service, &ai_hints, &ai);
+	if (rc)
+		return rc == EAI_SYSTEM ? -1 : fail(ENOENT);
+	struct rdma_addrinfo *r = calloc(1, sizeof(*r));
+	if (!r) {
+		freeaddrinfo(ai);
+		return fail(ENOMEM);
+	}
+	r->ai_flags = hints ? hints->ai_flags : 0;
+	r->ai_family = ai->ai_family;
+	r->ai_port_space = hints && hints->ai_port_space ? hints->ai_port_space : RDMA_PS_TCP;
+	r->ai_qp_type = hints && hints->ai_qp_type ? hints->ai_qp_type
+			: ps_qp_type((enum rdma_port_space)r->ai_port_space);
+	struct sockaddr *sa = copy_addr(ai->ai_addr, ai->ai_addrlen);
+	if (passive) {
+		r->ai_src_addr = sa;
+		r->ai_src_len = ai->ai_addrlen;
+	} else {
+		r->ai_dst_addr = sa;
+		r->ai_dst_len = ai->ai_addrlen;
+		if (hints && hints->ai_src_addr) {
+			r->ai_src_addr = copy_addr(hints->ai_src_addr, hints->ai_src_len);
+			r->ai_src_len = hints->ai_src_len;
+		}
+	}
+	freeaddrinfo(ai);
+	if (!sa) {
+		rdma_freeaddrinfo(r);
+		return fail(ENOMEM);
+	}
+	*res = r;
+	return 0;
+}
+
+void rdma_freeaddrinfo(struct rdma_addrinfo *res)
+{
+	while (res) {
+		struct rdma_addrinfo *next = res->ai_next;
+		free(res->ai_src_addr);
+		free(res->ai_dst_addr);
+		free(res->ai_src_canonname);
+		free(res->ai_dst_canonname);
+		free(res->ai_route);
+		free(res->ai_connect);
+		free(res);
+		res = next;
+	}
+}
+
+/* --- endpoints: rdma_create_ep's synchronous IDs ---------------------------------------------- */
+
+int rdma_create_ep(struct rdma_cm_id **out, struct rdma_addrinfo *res, struct ibv_pd *pd,
+		   struct ibv_qp_init_attr *qp_init)
+{
+	if (!out || !res)
+		return fail(EINVAL);
+	struct rdma_cm_id *id;
+	if (create_id(NULL, &id, NULL, (enum rdma_port_space)res->ai_port_space,
+		      (enum ibv_qp_type)res->ai_qp_type))
+		return -1;
+	struct cma_id *c = cma(id);
+	int rc;
+	if (res->ai_flags & RAI_PASSIVE) {
+		rc = rdma_bind_addr(id, res->ai_src_addr);
+		if (!rc && qp_init) {	/* for the requests rdma_get_request hands out */
+			c->qp_init = malloc(sizeof(*qp_init));
+			if (c->qp_init)
+				*c->qp_init = *qp_init;
+			rc = c->qp_init ? 0 : fail(ENOMEM);
+		}
+		if (!rc)
+			id->pd = pd;
+	} else {
+		rc = rdma_resolve_addr(id, res->ai_src_addr, res->ai_dst_addr, 2000);
+		if (!rc)
+			rc = rdma_resolve_route(id, 2000);
+		if (!rc && qp_init)
+			rc = rdma_create_qp(id, pd, qp_init);
+	}
+	if (rc) {
+		int err = errno;
+		rdma_destroy_ep(id);
+		return fail(err);
+	}
+	*out = id;
+	return 0;
+}
+
+void rdma_destroy_ep(struct rdma_cm_id *id)
+{
+	if (!id)
+		return;
+	rdma_destroy_qp(id);
+	rdma_destroy_id(id);
+}
+
+int rdma_get_request(struct rdma_cm_id *listen, struct rdma_cm_id **out)
+{
+	if (!listen || !out || !cma(listen)->sync)
+		return fail(EINVAL);
+	struct cma_id *l = cma(listen);
+	struct rdma_cm_event *ev;
+	for (;;) {
+		if (rdma_get_cm_event(listen->channel, &ev))
+			return -1;
+		if (ev->event == RDMA_CM_EVENT_CONNECT_REQUEST && !ev->status)
+			break;
+		int status = ev->status;	/* not a request: librdmacm fails the call */
+		rdma_ack_cm_event(ev);
+		return fail(status ? (status < 0 ? -status : status) : EINVAL);
+	}
+	struct rdma_cm_id *id = ev->id;
+	if (l->qp_init) {
+		struct ibv_qp_init_attr attr = *l->qp_init;
+		if (rdma_create_qp(id, listen->pd, &attr)) {
+			int err = errno;
+			rdma_reject(id, NULL, 0);
+			rdma_ack_cm_event(ev);
+			rdma_destroy_id(id);
+			return fail(err);
+		}
+	}
+	id->event = ev;	/* acked by the ID's next synchronous call */
+	*out = id;
+	return 0;
+}
+
+/* rsockets' poll, which rdma-core's tools link: softverbs has no rsockets,
+ * so every descriptor is an ordinary one. */
+int rpoll(struct pollfd *fds, nfds_t nfds, int timeout)
+{
+	return poll(fds, nfds, timeout);
+}

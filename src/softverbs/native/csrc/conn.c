@@ -1,0 +1,343 @@
+/* The connection to softverbsd: one Unix SOCK_SEQPACKET socket per process.
+ *
+ * Every control verb is one request and its reply under the connection's
+ * lock; the doorbell is a request without a reply.  The first message is
+ * HELLO, passing the process's own /proc/self/mem so the service can read
+ * and write registered memory anywhere in it.  After fork() the child opens
+ * a connection of its own on first use: its parent's objects are not its
+ * own (the service answers EPERM), and it never touches the parent's rings.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "sv.h"
+
+extern char **environ;
+
+static pthread_mutex_t conn_lock = PTHREAD_MUTEX_INITIALIZER;
+static int conn_fd = -1;
+static pid_t conn_pid;
+static uint32_t conn_seq;
+static __thread char last_error[256];
+
+const char *sv_last_error(void)
+{
+	return last_error;
+}
+
+static void set_error(const char *msg, size_t len)
+{
+	if (len >= sizeof(last_error))
+		len = sizeof(last_error) - 1;
+	memcpy(last_error, msg, len);
+	last_error[len] = 0;
+	if (getenv("SOFTVERBS_DEBUG"))
+		fprintf(stderr, "softverbs: %s\n", last_error);
+}
+
+static void set_error_s(const char *msg)
+{
+	set_error(msg, strlen(msg));
+}
+
+static int off_value(const char *v)
+{
+	return !strcmp(v, "0") || !strcasecmp(v, "off") || !strcasecmp(v, "no") ||
+	       !strcasecmp(v, "false");
+}
+
+/* The socket path, as softverbs.config.default_socket_path(); 0 or an errno. */
+static int socket_path(char *out, size_t len, int *is_default)
+{
+	const char *env = getenv("SOFTVERBS_SERVICE");
+	*is_default = 0;
+	if (env && *env && off_value(env)) {
+		set_error_s("SOFTVERBS_SERVICE=0 asks for in-process devices, which only Python "
+			  "programs have; C programs use the host device (unset it)");
+		return ENODEV;
+	}
+	if (env && *env && strcasecmp(env, "1") && strcasecmp(env, "yes") && strcasecmp(env, "on")) {
+		if (snprintf(out, len, "%s", env) >= (int)len)
+			return ENAMETOOLONG;
+		return 0;
+	}
+	*is_default = 1;
+	const char *run = getenv("XDG_RUNTIME_DIR");
+	int n = run && *run ? snprintf(out, len, "%s/softverbsd.sock", run)
+			    : snprintf(out, len, "/tmp/softverbs-%u/softverbsd.sock", getuid());
+	return n >= (int)len ? ENAMETOOLONG : 0;
+}
+
+static int try_connect(const char *path)
+{
+	struct sockaddr_un addr = {.sun_family = AF_UNIX};
+	if (strlen(path) >= sizeof(addr.sun_path))
+		return -ENAMETOOLONG;
+	strcpy(addr.sun_path, path);
+	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -errno;
+	if (connect(fd, (struct sockaddr *)&addr, sizeof(addr))) {
+		int err = errno;
+		close(fd);
+		return -err;
+	}
+	return fd;
+}
+
+/* Start the service on demand, as softverbs' Python does: only when
+ * SOFTVERBS_PYTHON names the interpreter (softverbs exec sets it). */
+static int spawn_service(const char *path, int is_default)
+{
+	const char *python = getenv("SOFTVERBS_PYTHON");
+	if (!python || !*python)
+		return ENOENT;
+	char dir[PATH_MAX];
+	snprintf(dir, sizeof(dir), "%s", path);
+	char *slash = strrchr(dir, '/');
+	if (slash && slash != dir) {
+		*slash = 0;
+		if (is_default)
+			mkdir(dir, 0700);
+	}
+	const char *idle = getenv("SOFTVERBS_IDLE_EXIT");
+	char *argv[] = {(char *)python, "-m", "softverbs.service.server", "--socket", (char *)path,
+			"--idle-exit", (char *)(idle && *idle ? idle : "60"), NULL};
+	posix_spawnattr_t attr;
+	posix_spawnattr_init(&attr);
+	posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSID);
+	posix_spawn_file_actions_t fa;
+	posix_spawn_file_actions_init(&fa);
+	posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+	posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+	posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+	pid_t pid;
+	int err = posix_spawnp(&pid, python, &fa, &attr, argv, environ);
+	posix_spawn_file_actions_destroy(&fa);
+	posix_spawnattr_destroy(&attr);
+	return err;
+}
+
+static int send_msg(int fd, const void *buf, size_t len, const int *fds, int nfds)
+{
+	struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
+	union {
+		char buf[CMSG_SPACE(SV_MAX_FDS * sizeof(int))];
+		struct cmsghdr align;
+	} ctl;
+	struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+	if (nfds > SV_MAX_FDS)
+		return EINVAL;
+	if (nfds > 0) {
+		memset(&ctl, 0, sizeof(ctl));
+		msg.msg_control = ctl.buf;
+		msg.msg_controllen = CMSG_SPACE(nfds * sizeof(int));
+		struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+		c->cmsg_level = SOL_SOCKET;
+		c->cmsg_type = SCM_RIGHTS;
+		c->cmsg_len = CMSG_LEN(nfds * sizeof(int));
+		memcpy(CMSG_DATA(c), fds, nfds * sizeof(int));
+	}
+	for (;;) {
+		ssize_t n = sendmsg(fd, &msg, MSG_NOSIGNAL);
+		if (n == (ssize_t)len)
+			return 0;
+		if (n < 0 && errno == EINTR)
+			continue;
+		return n < 0 ? errno : EPROTO;
+	}
+}
+
+/* Exchange one message with the service; the caller holds conn_lock. */
+static int exchange(uint16_t op, const void *req, size_t req_len, const int *fds, int nfds,
+		    void *reply, size_t reply_len, void *tail, size_t *tail_len)
+{
+	static __thread char buf[SV_MAX_MESSAGE];
+	size_t len = sizeof(struct sv_header) + req_len;
+	if (len > sizeof(buf))
+		return EINVAL;
+	struct sv_header *h = (struct sv_header *)buf;
+	memset(h, 0, sizeof(*h));
+	h->length = (uint32_t)len;
+	h->op = op;
+	h->seq = ++conn_seq;
+	if (req_len)
+		memcpy(buf + sizeof(*h), req, req_len);
+	int err = send_msg(conn_fd, buf, len, fds, nfds);
+	if (err)
+		return err == EPIPE ? ECONNRESET : err;
+	ssize_t n;
+	do
+		n = recv(conn_fd, buf, sizeof(buf), 0);
+	while (n < 0 && errno == EINTR);
+	if (n <= 0) {
+		set_error_s("the softverbs device service closed the connection");
+		return ECONNRESET;
+	}
+	if ((size_t)n < sizeof(*h) || h->length != (uint32_t)n || !(h->flags & SV_FLAG_REPLY) ||
+	    h->seq != conn_seq) {
+		set_error_s("a reply that is not a softverbs reply");
+		return EPROTO;
+	}
+	if (h->status) {
+		set_error(buf + sizeof(*h), (size_t)n - sizeof(*h));
+		return h->status > 0 ? h->status : EIO;
+	}
+	size_t body = (size_t)n - sizeof(*h);
+	if (body < reply_len) {
+		set_error_s("a reply shorter than its record");
+		return EPROTO;
+	}
+	memcpy(reply, buf + sizeof(*h), reply_len);
+	if (tail && tail_len) {
+		size_t have = body - reply_len;
+		if (have > *tail_len)
+			have = *tail_len;
+		memcpy(tail, buf + sizeof(*h) + reply_len, have);
+		*tail_len = have;
+	}
+	return 0;
+}
+
+unsigned sv_forks;
+
+static void count_fork(void)
+{
+	__atomic_add_fetch(&sv_forks, 1, __ATOMIC_RELAXED);
+}
+
+__attribute__((constructor)) static void watch_forks(void)
+{
+	pthread_atfork(NULL, NULL, count_fork);
+}
+
+static int connect_locked(void)
+{
+	if (conn_fd >= 0 && conn_pid == getpid())
+		return 0;
+	if (conn_fd >= 0) {	/* a forked child: the parent's socket is not ours */
+		close(conn_fd);
+		conn_fd = -1;
+	}
+	char path[PATH_MAX];
+	int is_default;
+	int err = socket_path(path, sizeof(path), &is_default);
+	if (err)
+		return err;
+	int fd = try_connect(path);
+	if (fd == -ENOENT || fd == -ECONNREFUSED) {
+		if (spawn_service(path, is_default) == 0) {
+			for (int i = 0; i < 300 && fd < 0; i++) {
+				struct timespec ts = {0, 50 * 1000 * 1000};
+				nanosleep(&ts, NULL);
+				fd = try_connect(path);
+			}
+		}
+	}
+	if (fd < 0) {
+		char msg[sizeof(last_error)];
+		int m = snprintf(msg, sizeof(msg), "cannot reach the softverbs device service at %s "
+			"(%s); start it with 'softverbs service start', or run the program "
+			"with 'softverbs exec'", path, strerror(-fd));
+		set_error(msg, m > 0 ? (size_t)m : 0);
+		return -fd;
+	}
+	conn_fd = fd;
+	conn_pid = getpid();
+	int mem = open("/proc/self/mem", O_RDWR | O_CLOEXEC);
+	struct sv_hello hello = {.version = SV_PROTOCOL_VERSION, .pid = (uint32_t)getpid()};
+	if (mem >= 0)
+		hello.flags = 1;	/* HELLO_MEMORY */
+	struct sv_hello_reply rep;
+	err = exchange(SV_OP_HELLO, &hello, sizeof(hello), &mem, mem >= 0 ? 1 : 0, &rep,
+		       sizeof(rep), NULL, NULL);
+	if (mem >= 0)
+		close(mem);
+	if (err) {
+		close(conn_fd);
+		conn_fd = -1;
+	}
+	return err;
+}
+
+int sv_connect(void)
+{
+	pthread_mutex_lock(&conn_lock);
+	int err = connect_locked();
+	pthread_mutex_unlock(&conn_lock);
+	return err;
+}
+
+int sv_call(uint16_t op, const void *req, size_t req_len, const int *fds, int nfds, void *reply,
+	    size_t reply_len, void *tail, size_t *tail_len)
+{
+	pthread_mutex_lock(&conn_lock);
+	int err = connect_locked();
+	if (!err)
+		err = exchange(op, req, req_len, fds, nfds, reply, reply_len, tail, tail_len);
+	pthread_mutex_unlock(&conn_lock);
+	return err;
+}
+
+void sv_doorbell(uint32_t qp, uint32_t queue)
+{
+	char buf[sizeof(struct sv_header) + sizeof(struct sv_doorbell)];
+	struct sv_header *h = (struct sv_header *)buf;
+	struct sv_doorbell db = {.qp = qp, .queue = queue};
+	pthread_mutex_lock(&conn_lock);
+	if (conn_fd >= 0 && conn_pid == getpid()) {
+		memset(h, 0, sizeof(*h));
+		h->length = sizeof(buf);
+		h->op = SV_OP_DOORBELL;
+		h->seq = ++conn_seq;
+		memcpy(buf + sizeof(*h), &db, sizeof(db));
+		send_msg(conn_fd, buf, sizeof(buf), NULL, 0);
+	}
+	pthread_mutex_unlock(&conn_lock);
+}
+
+int sv_destroy(uint32_t kind, uint32_t handle)
+{
+	struct sv_destroy d = {.kind = kind, .handle = handle};
+	char none[1];
+	return sv_call(SV_OP_DESTROY, &d, sizeof(d), NULL, 0, none, 0, NULL, NULL);
+}
+
+/* --- for librdmacm (exported as SOFTVERBS_PRIVATE_1) ----------------------------------- */
+
+/* One RDMA CM command (a JSON object) and its JSON reply, NUL-terminated in
+ * reply (capacity reply_cap).  0 or an errno; sv_cm_error() says why. */
+int sv_cm_call(const char *json, size_t len, char *reply, size_t reply_cap)
+{
+	if (!reply_cap)
+		return EINVAL;
+	size_t got = reply_cap - 1;
+	char none[1];
+	int err = sv_call(SV_OP_CM, json, len, NULL, 0, none, 0, reply, &got);
+	reply[err ? 0 : got] = '\0';
+	return err;
+}
+
+/* The socket the events of CM event channel ``channel`` go to. */
+int sv_cm_events(uint32_t channel, int fd)
+{
+	struct sv_handle h = {.handle = channel};
+	char none[1];
+	return sv_call(SV_OP_CM_EVENTS, &h, sizeof(h), &fd, 1, none, 0, NULL, NULL);
+}
+
+const char *sv_cm_error(void)
+{
+	return sv_last_error();
+}

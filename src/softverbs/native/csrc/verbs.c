@@ -1,0 +1,1444 @@
+/* The verbs: PDs, MRs, CQs and channels, QPs, SRQs, AHs, XRC domains, and
+ * the data path -- posting into the rings and polling CQEs (docs/rings.md).
+ *
+ * Every object is the service's; this file keeps only what the data path
+ * needs in this process (the rings, the application's slot counts) and the
+ * structs the program sees.  The service judges every request; the checks
+ * here exist to give a program rdma-core's errno at the call, not to decide.
+ */
+#define _GNU_SOURCE
+#include <endian.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sched.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "sv.h"
+
+/* --- handle -> object --------------------------------------------------------------- */
+
+void sv_map_put(struct sv_context *ctx, uint32_t kind, uint32_t handle, void *obj)
+{
+	pthread_mutex_lock(&ctx->map_lock);
+	if (ctx->map_len == ctx->map_cap) {
+		size_t cap = ctx->map_cap ? ctx->map_cap * 2 : 16;
+		struct sv_map_entry *m = realloc(ctx->map, cap * sizeof(*m));
+		if (!m) {
+			pthread_mutex_unlock(&ctx->map_lock);
+			return;	/* lookups then miss: a CQE frees no slot, an event names NULL */
+		}
+		ctx->map = m;
+		ctx->map_cap = cap;
+	}
+	ctx->map[ctx->map_len++] = (struct sv_map_entry){handle, kind, obj};
+	pthread_mutex_unlock(&ctx->map_lock);
+}
+
+void *sv_map_get(struct sv_context *ctx, uint32_t kind, uint32_t handle)
+{
+	void *obj = NULL;
+	pthread_mutex_lock(&ctx->map_lock);
+	for (size_t i = 0; i < ctx->map_len; i++)
+		if (ctx->map[i].handle == handle && ctx->map[i].kind == kind) {
+			obj = ctx->map[i].obj;
+			break;
+		}
+	pthread_mutex_unlock(&ctx->map_lock);
+	return obj;
+}
+
+void sv_map_del(struct sv_context *ctx, uint32_t kind, uint32_t handle)
+{
+	pthread_mutex_lock(&ctx->map_lock);
+	for (size_t i = 0; i < ctx->map_len; i++)
+		if (ctx->map[i].handle == handle && ctx->map[i].kind == kind) {
+			ctx->map[i] = ctx->map[--ctx->map_len];
+			break;
+		}
+	pthread_mutex_unlock(&ctx->map_lock);
+}
+
+/* --- protection domains and memory regions ------------------------------------------- */
+
+struct ibv_pd *ibv_alloc_pd(struct ibv_context *context)
+{
+	if (!context)
+		return sv_fail_null(EINVAL);
+	struct sv_ctx req = {.ctx = sv_ctx(context)->handle};
+	struct sv_handle rep;
+	int err = sv_call(SV_OP_ALLOC_PD, &req, sizeof(req), NULL, 0, &rep, sizeof(rep), NULL, NULL);
+	if (err)
+		return sv_fail_null(err);
+	struct ibv_pd *pd = calloc(1, sizeof(*pd));
+	if (!pd) {
+		sv_destroy(SV_KIND_PD, rep.handle);
+		return sv_fail_null(ENOMEM);
+	}
+	pd->context = context;
+	pd->handle = rep.handle;
+	return pd;
+}
+
+int ibv_dealloc_pd(struct ibv_pd *pd)
+{
+	if (!pd)
+		return EINVAL;
+	int err = sv_destroy(SV_KIND_PD, pd->handle);
+	if (!err)
+		free(pd);
+	return err;
+}
+
+struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova,
+				unsigned int access)
+{
+	if (!pd)
+		return sv_fail_null(EINVAL);
+	struct sv_reg_mr req = {.addr = (uintptr_t)addr, .length = length, .iova = iova,
+				.pd = pd->handle, .access = access};
+	struct sv_reg_mr_reply rep;
+	int err = sv_call(SV_OP_REG_MR, &req, sizeof(req), NULL, 0, &rep, sizeof(rep), NULL, NULL);
+	if (err)
+		return sv_fail_null(err);
+	struct ibv_mr *mr = calloc(1, sizeof(*mr));
+	if (!mr) {
+		sv_destroy(SV_KIND_MR, rep.mr);
+		return sv_fail_null(ENOMEM);
+	}
+	mr->context = pd->context;
+	mr->pd = pd;
+	mr->addr = addr;
+	mr->length = length;
+	mr->handle = rep.mr;
+	mr->lkey = rep.lkey;
+	mr->rkey = rep.rkey;
+	return mr;
+}
+
+#undef ibv_reg_mr
+struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t length, int access)
+{
+	return ibv_reg_mr_iova2(pd, addr, length, (uintptr_t)addr, (unsigned)access);
+}
+
+#undef ibv_reg_mr_iova
+struct ibv_mr *ibv_reg_mr_iova(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova,
+			       int access)
+{
+	return ibv_reg_mr_iova2(pd, addr, length, iova, (unsigned)access);
+}
+
+int ibv_dereg_mr(struct ibv_mr *mr)
+{
+	if (!mr)
+		return EINVAL;
+	int err = sv_destroy(SV_KIND_MR, mr->handle);
+	if (!err)
+		free(mr);
+	return err;
+}
+
+/* --- completion channels and CQs ------------------------------------------------------ */
+
+struct ibv_comp_channel *ibv_create_comp_channel(struct ibv_context *context)
+{
+	if (!context)
+		return sv_fail_null(EINVAL);
+	int sv[2];
+	if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv))
+		return NULL;
+	struct sv_ctx req = {.ctx = sv_ctx(context)->handle};
+	struct sv_handle rep;
+	int err = sv_call(SV_OP_CREATE_COMP_CHANNEL, &req, sizeof(req), &sv[1], 1, &rep, sizeof(rep),
+			  NULL, NULL);
+	close(sv[1]);
+	struct ibv_comp_channel *ch = err ? NULL : calloc(1, sizeof(*ch) + sizeof(uint32_t));
+	if (!ch) {
+		close(sv[0]);
+		if (!err)
+			sv_destroy(SV_KIND_CHANNEL, rep.handle);
+		return sv_fail_null(err ? err : ENOMEM);
+	}
+	ch->context = context;
+	ch->fd = sv[0];
+	memcpy(ch + 1, &rep.handle, sizeof(uint32_t));	/* the service's handle, after it */
+	return ch;
+}
+
+int ibv_destroy_comp_channel(struct ibv_comp_channel *channel)
+{
+	if (!channel)
+		return EINVAL;
+	if (channel->refcnt)
+		return EBUSY;
+	uint32_t handle;
+	memcpy(&handle, channel + 1, sizeof(handle));
+	int err = sv_destroy(SV_KIND_CHANNEL, handle);
+	if (err)
+		return err;
+	close(channel->fd);
+	free(channel);
+	return 0;
+}
+
+struct ibv_cq *ibv_create_cq(struct ibv_context *context, int cqe, void *cq_context,
+			     struct ibv_comp_channel *channel, int comp_vector)
+{
+	if (!context || cqe < 1)
+		return sv_fail_null(EINVAL);
+	struct sv_context *ctx = sv_ctx(context);
+	struct sv_cq *cq = calloc(1, sizeof(*cq));
+	if (!cq)
+		return sv_fail_null(ENOMEM);
+	int err = sv_ring_create(&cq->ring, (uint32_t)cqe, SV_RING_CQE_SIZE, "softverbs-cq");
+	if (err) {
+		free(cq);
+		return sv_fail_null(err);
+	}
+	uint32_t ch = 0;
+	if (channel)
+		memcpy(&ch, channel + 1, sizeof(ch));
+	struct sv_create_cq req = {.ctx = ctx->handle, .cqe = (uint32_t)cqe, .channel = ch,
+				   .comp_vector = (uint32_t)comp_vector};
+	struct sv_create_cq_reply rep;
+	err = sv_call(SV_OP_CREATE_CQ, &req, sizeof(req), &cq->ring.fd, 1, &rep, sizeof(rep), NULL,
+		      NULL);
+	if (err) {
+		sv_ring_destroy(&cq->ring);
+		free(cq);
+		return sv_fail_null(err);
+	}
+	cq->ctx = ctx;
+	cq->cq.context = context;
+	cq->cq.channel = channel;
+	cq->cq.cq_context = cq_context;
+	cq->cq.handle = rep.cq;
+	cq->cq.cqe = (int)rep.cqe;
+	pthread_mutex_init(&cq->cq.mutex, NULL);
+	pthread_cond_init(&cq->cq.cond, NULL);
+	if (channel)
+		__atomic_add_fetch(&channel->refcnt, 1, __ATOMIC_RELAXED);
+	sv_map_put(ctx, SV_KIND_CQ, rep.cq, &cq->cq);
+	return &cq->cq;
+}
+
+int ibv_destroy_cq(struct ibv_cq *ibcq)
+{
+	if (!ibcq)
+		return EINVAL;
+	struct sv_cq *cq = (struct sv_cq *)ibcq;
+	int err = sv_destroy(SV_KIND_CQ, ibcq->handle);
+	if (err)
+		return err;
+	sv_map_del(cq->ctx, SV_KIND_CQ, ibcq->handle);
+	if (ibcq->channel)
+		__atomic_sub_fetch(&ibcq->channel->refcnt, 1, __ATOMIC_RELAXED);
+	sv_ring_destroy(&cq->ring);
+	free(cq);
+	return 0;
+}
+
+int ibv_get_cq_event(struct ibv_comp_channel *channel, struct ibv_cq **cq, void **cq_context)
+{
+	struct sv_comp_event_record rec;
+	ssize_t n;
+	do
+		n = recv(channel->fd, &rec, sizeof(rec), 0);
+	while (n < 0 && errno == EINTR);
+	if (n != (ssize_t)sizeof(rec))
+		return -1;
+	struct ibv_cq *c = sv_map_get(sv_ctx(channel->context), SV_KIND_CQ, rec.cq);
+	if (!c)
+		return errno = EINVAL, -1;
+	*cq = c;
+	*cq_context = c->cq_context;
+	return 0;
+}
+
+void ibv_ack_cq_events(struct ibv_cq *cq, unsigned int nevents)
+{
+	pthread_mutex_lock(&cq->mutex);
+	cq->comp_events_completed += nevents;
+	pthread_cond_signal(&cq->cond);
+	pthread_mutex_unlock(&cq->mutex);
+}
+
+static int req_notify_cq(struct ibv_cq *ibcq, int solicited_only)
+{
+	if (sv_foreign(((struct sv_cq *)ibcq)->ctx))
+		return EPERM;
+	struct sv_ring *r = &((struct sv_cq *)ibcq)->ring;
+	uint64_t seq = (sv_load(r, SV_RING_CQ_ARM) >> 1) + 1;
+	sv_store(r, SV_RING_CQ_ARM, seq << 1 | (solicited_only ? 1 : 0));
+	return 0;
+}
+
+/* Give a polled CQE's WQE slot back to its ring (docs/rings.md, Polling). */
+static void release(struct sv_context *ctx, const struct sv_cq_entry *e)
+{
+	if (e->wq_kind == SV_RING_WQ_SQ || e->wq_kind == SV_RING_WQ_RQ) {
+		struct sv_qp *qp = sv_map_get(ctx, SV_KIND_QP, e->wq_handle);
+		if (!qp)
+			return;
+		int sq = e->wq_kind == SV_RING_WQ_SQ;
+		struct sv_ring *ring = sq ? &qp->sq : &qp->rq;
+		uint64_t *ci = sq ? &qp->sq_ci : &qp->rq_ci;
+		uint64_t pi = sv_load(ring, SV_RING_SQ_PI);
+		uint64_t index = pi - ((pi - e->wqe_index) & 0xFFFFFFFFu);
+		uint64_t cur = __atomic_load_n(ci, __ATOMIC_RELAXED);
+		while (index >= cur &&
+		       !__atomic_compare_exchange_n(ci, &cur, index + 1, 0, __ATOMIC_RELEASE,
+						    __ATOMIC_RELAXED))
+			;
+	} else if (e->wq_kind == SV_RING_WQ_SRQ) {
+		struct sv_srq *srq = sv_map_get(ctx, SV_KIND_SRQ, e->wq_handle);
+		if (srq)
+			__atomic_add_fetch(&srq->released, 1, __ATOMIC_RELEASE);
+	}
+}
+
+static int poll_cq(struct ibv_cq *ibcq, int num_entries, struct ibv_wc *wc)
+{
+	struct sv_cq *cq = (struct sv_cq *)ibcq;
+	struct sv_ring *r = &cq->ring;
+	if (sv_foreign(cq->ctx)) {
+		errno = EPERM;
+		return -1;
+	}
+	pthread_mutex_lock(&ibcq->mutex);
+	uint64_t ci = sv_load(r, SV_RING_CQ_CI);
+	uint64_t pi = sv_load(r, SV_RING_CQ_PI);
+	int n = 0;
+	while (ci < pi && n < num_entries) {
+		const struct sv_cq_entry *e = sv_slot(r, ci);
+		ci++;
+		if (e->flags & SV_RING_CQE_DEAD)
+			continue;
+		struct ibv_wc *w = &wc[n++];
+		memset(w, 0, sizeof(*w));
+		w->wr_id = e->wr_id;
+		w->status = (enum ibv_wc_status)e->status;
+		w->opcode = (enum ibv_wc_opcode)e->opcode;
+		w->vendor_err = e->vendor_err;
+		w->byte_len = e->byte_len;
+		w->imm_data = (e->wc_flags & IBV_WC_WITH_INV) ? e->imm_data : htobe32(e->imm_data);
+		w->qp_num = e->qp_num;
+		w->src_qp = e->src_qp;
+		w->wc_flags = e->wc_flags;
+		w->pkey_index = e->pkey_index;
+		w->slid = e->slid;
+		w->sl = e->sl;
+		w->dlid_path_bits = e->dlid_path_bits;
+		release(cq->ctx, e);
+	}
+	sv_store(r, SV_RING_CQ_CI, ci);
+	/* The device is a process on the same CPUs: a program that spins on an empty
+	 * CQ must let it run, or a busy-polling pair of processes starves it (on two
+	 * cores an RC ping-pong took 3.5 ms a round instead of 0.3). */
+	if (n == 0 && ++cq->empty_polls >= 64)
+		sched_yield();
+	else if (n)
+		cq->empty_polls = 0;
+	pthread_mutex_unlock(&ibcq->mutex);
+	return n;
+}
+
+/* --- QPs: creation and state --------------------------------------------------------- */
+
+static int send_flags_of(unsigned flags)
+{
+	return ((flags & IBV_SEND_SIGNALED) ? SV_RING_F_SIGNALED : 0) |
+	       ((flags & IBV_SEND_FENCE) ? SV_RING_F_FENCE : 0) |
+	       ((flags & IBV_SEND_SOLICITED) ? SV_RING_F_SOLICITED : 0);
+}
+
+static void qpx_init(struct sv_qp *qp);
+
+static struct ibv_qp *create_qp(struct ibv_context *context, struct ibv_qp_init_attr_ex *attr)
+{
+	struct sv_context *ctx = sv_ctx(context);
+	enum ibv_qp_type type = attr->qp_type;
+	int xrc = type == IBV_QPT_XRC_SEND || type == IBV_QPT_XRC_RECV;
+	struct sv_qp *qp = calloc(1, sizeof(*qp));
+	if (!qp)
+		return sv_fail_null(ENOMEM);
+	qp->has_sq = type != IBV_QPT_XRC_RECV;
+	qp->has_rq = !xrc && !attr->srq;
+	struct ibv_qp_cap *cap = &attr->cap;
+	uint32_t sq_slot = sv_send_slot_size(cap->max_send_sge, cap->max_inline_data);
+	uint32_t rq_slot = sv_recv_slot_size(cap->max_recv_sge);
+	int fds[2], nfds = 0, err = 0;
+	qp->sq.fd = qp->rq.fd = -1;
+	if (qp->has_sq) {
+		err = sv_ring_create(&qp->sq, cap->max_send_wr ? cap->max_send_wr : 1, sq_slot,
+				     "softverbs-sq");
+		fds[nfds++] = qp->sq.fd;
+	}
+	if (!err && qp->has_rq) {
+		err = sv_ring_create(&qp->rq, cap->max_recv_wr ? cap->max_recv_wr : 1, rq_slot,
+				     "softverbs-rq");
+		fds[nfds++] = qp->rq.fd;
+	}
+	if (err)
+		goto fail;
+	struct sv_create_qp req = {
+		.send_ops_flags = (attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS)
+					  ? attr->send_ops_flags : 0,
+		.caps = {cap->max_send_wr, cap->max_recv_wr, cap->max_send_sge, cap->max_recv_sge,
+			 cap->max_inline_data, 0},
+		.ctx = ctx->handle,
+		.pd = attr->pd ? attr->pd->handle : 0,
+		.qp_type = type,
+		.send_cq = attr->send_cq ? attr->send_cq->handle : 0,
+		.recv_cq = attr->recv_cq ? attr->recv_cq->handle : 0,
+		.srq = attr->srq ? attr->srq->handle : 0,
+		.xrcd = (attr->comp_mask & IBV_QP_INIT_ATTR_XRCD) && attr->xrcd
+				? sv_xrcd_handle(attr->xrcd) : 0,
+		.sq_sig_all = attr->sq_sig_all ? 1 : 0,
+		.create_flags = (attr->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS)
+					? attr->create_flags : 0,
+		.sq_slot = qp->has_sq ? sq_slot : 0,
+		.rq_slot = qp->has_rq ? rq_slot : 0,
+	};
+	struct sv_create_qp_reply rep;
+	err = sv_call(SV_OP_CREATE_QP, &req, sizeof(req), fds, nfds, &rep, sizeof(rep), NULL, NULL);
+	if (err)
+		goto fail;
+	/* as rdma-core: the capabilities the device gave are written back */
+	cap->max_send_wr = rep.caps.max_send_wr;
+	cap->max_recv_wr = rep.caps.max_recv_wr;
+	cap->max_send_sge = rep.caps.max_send_sge;
+	cap->max_recv_sge = rep.caps.max_recv_sge;
+	cap->max_inline_data = rep.caps.max_inline_data;
+	qp->cap = *cap;
+	qp->sq_sig_all = attr->sq_sig_all;
+	qp->ctx = ctx;
+	pthread_spin_init(&qp->sq_lock, PTHREAD_PROCESS_PRIVATE);
+	pthread_spin_init(&qp->rq_lock, PTHREAD_PROCESS_PRIVATE);
+	struct ibv_qp *q = &qp->qpx.qp_base;
+	q->context = context;
+	q->qp_context = attr->qp_context;
+	q->pd = attr->pd;
+	q->send_cq = attr->send_cq;
+	q->recv_cq = attr->recv_cq;
+	q->srq = attr->srq;
+	q->handle = rep.qp;
+	q->qp_num = rep.qpn;
+	q->state = IBV_QPS_RESET;
+	q->qp_type = type;
+	pthread_mutex_init(&q->mutex, NULL);
+	pthread_cond_init(&q->cond, NULL);
+	if (req.send_ops_flags)
+		qpx_init(qp);
+	sv_map_put(ctx, SV_KIND_QP, rep.qp, qp);
+	return q;
+fail:
+	sv_ring_destroy(&qp->sq);
+	sv_ring_destroy(&qp->rq);
+	free(qp);
+	return sv_fail_null(err);
+}
+
+struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *qp_init_attr)
+{
+	if (!pd || !qp_init_attr)
+		return sv_fail_null(EINVAL);
+	struct ibv_qp_init_attr_ex ex;
+	memset(&ex, 0, sizeof(ex));
+	memcpy(&ex, qp_init_attr, sizeof(*qp_init_attr));
+	ex.comp_mask = IBV_QP_INIT_ATTR_PD;
+	ex.pd = pd;
+	struct ibv_qp *qp = create_qp(pd->context, &ex);
+	if (qp)
+		qp_init_attr->cap = ex.cap;
+	return qp;
+}
+
+static struct ibv_qp *create_qp_ex(struct ibv_context *context, struct ibv_qp_init_attr_ex *attr)
+{
+	uint32_t known = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_XRCD |
+			 IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+	if (!attr || attr->comp_mask & ~known)
+		return sv_fail_null(attr ? EOPNOTSUPP : EINVAL);
+	return create_qp(context, attr);
+}
+
+int ibv_destroy_qp(struct ibv_qp *ibqp)
+{
+	if (!ibqp)
+		return EINVAL;
+	struct sv_qp *qp = (struct sv_qp *)ibqp;
+	int err = sv_destroy(SV_KIND_QP, ibqp->handle);
+	if (err)
+		return err;
+	sv_map_del(qp->ctx, SV_KIND_QP, ibqp->handle);
+	sv_ring_destroy(&qp->sq);
+	sv_ring_destroy(&qp->rq);
+	free(qp);
+	return 0;
+}
+
+static void av_to_wire(const struct ibv_ah_attr *a, struct sv_address_vector *v)
+{
+	memset(v, 0, sizeof(*v));
+	memcpy(v->dgid, a->grh.dgid.raw, sizeof(v->dgid));
+	v->dlid = a->dlid;
+	v->sl = a->sl;
+	v->src_path_bits = a->src_path_bits;
+	v->static_rate = a->static_rate;
+	v->is_global = a->is_global;
+	v->port_num = a->port_num;
+	v->flow_label = a->grh.flow_label;
+	v->sgid_index = a->grh.sgid_index;
+	v->hop_limit = a->grh.hop_limit;
+	v->traffic_class = a->grh.traffic_class;
+}
+
+static void av_from_wire(const struct sv_address_vector *v, struct ibv_ah_attr *a)
+{
+	memset(a, 0, sizeof(*a));
+	memcpy(a->grh.dgid.raw, v->dgid, sizeof(v->dgid));
+	a->dlid = (uint16_t)v->dlid;
+	a->sl = (uint8_t)v->sl;
+	a->src_path_bits = (uint8_t)v->src_path_bits;
+	a->static_rate = (uint8_t)v->static_rate;
+	a->is_global = (uint8_t)v->is_global;
+	a->port_num = (uint8_t)v->port_num;
+	a->grh.flow_label = v->flow_label;
+	a->grh.sgid_index = (uint8_t)v->sgid_index;
+	a->grh.hop_limit = (uint8_t)v->hop_limit;
+	a->grh.traffic_class = (uint8_t)v->traffic_class;
+}
+
+static void attrs_to_wire(const struct ibv_qp_attr *a, struct sv_qp_attrs *w)
+{
+	memset(w, 0, sizeof(*w));
+	av_to_wire(&a->ah_attr, &w->ah);
+	av_to_wire(&a->alt_ah_attr, &w->alt_ah);
+	w->qp_state = a->qp_state;
+	w->cur_qp_state = a->cur_qp_state;
+	w->path_mtu = a->path_mtu;
+	w->path_mig_state = a->path_mig_state;
+	w->qkey = a->qkey;
+	w->rq_psn = a->rq_psn;
+	w->sq_psn = a->sq_psn;
+	w->dest_qp_num = a->dest_qp_num;
+	w->qp_access_flags = a->qp_access_flags;
+	w->pkey_index = a->pkey_index;
+	w->alt_pkey_index = a->alt_pkey_index;
+	w->en_sqd_async_notify = a->en_sqd_async_notify;
+	w->sq_draining = a->sq_draining;
+	w->max_rd_atomic = a->max_rd_atomic;
+	w->max_dest_rd_atomic = a->max_dest_rd_atomic;
+	w->min_rnr_timer = a->min_rnr_timer;
+	w->port_num = a->port_num;
+	w->timeout = a->timeout;
+	w->retry_cnt = a->retry_cnt;
+	w->rnr_retry = a->rnr_retry;
+	w->alt_port_num = a->alt_port_num;
+	w->alt_timeout = a->alt_timeout;
+	w->rate_limit = a->rate_limit;
+}
+
+int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int attr_mask)
+{
+	if (!qp || !attr)
+		return EINVAL;
+	struct sv_modify_qp req;
+	attrs_to_wire(attr, &req.attr);
+	req.qp = qp->handle;
+	req.mask = (uint32_t)attr_mask;
+	struct sv_modify_qp_reply rep;
+	int err = sv_call(SV_OP_MODIFY_QP, &req, sizeof(req), NULL, 0, &rep, sizeof(rep), NULL, NULL);
+	if (err)
+		return err;
+	qp->state = (enum ibv_qp_state)rep.state;
+	if (rep.state == IBV_QPS_RESET) {	/* every slot is free again (docs/rings.md) */
+		struct sv_qp *q = (struct sv_qp *)qp;
+		if (q->has_sq)
+			q->sq_ci = sv_load(&q->sq, SV_RING_SQ_PI);
+		if (q->has_rq)
+			q->rq_ci = sv_load(&q->rq, SV_RING_SQ_PI);
+	}
+	return 0;
+}
+
+int ibv_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int attr_mask,
+		 struct ibv_qp_init_attr *init_attr)
+{
+	if (!qp || !attr)
+		return EINVAL;
+	(void)attr_mask;	/* everything is returned, as rxe does */
+	struct sv_handle req = {.handle = qp->handle};
+	struct sv_query_qp_reply rep;
+	int err = sv_call(SV_OP_QUERY_QP, &req, sizeof(req), NULL, 0, &rep, sizeof(rep), NULL, NULL);
+	if (err)
+		return err;
+	const struct sv_qp_attrs *w = &rep.attr;
+	memset(attr, 0, sizeof(*attr));
+	av_from_wire(&w->ah, &attr->ah_attr);
+	av_from_wire(&w->alt_ah, &attr->alt_ah_attr);
+	attr->qp_state = (enum ibv_qp_state)w->qp_state;
+	attr->cur_qp_state = (enum ibv_qp_state)w->cur_qp_state;
+	attr->path_mtu = (enum ibv_mtu)w->path_mtu;
+	attr->path_mig_state = (enum ibv_mig_state)w->path_mig_state;
+	attr->qkey = w->qkey;
+	attr->rq_psn = w->rq_psn;
+	attr->sq_psn = w->sq_psn;
+	attr->dest_qp_num = w->dest_qp_num;
+	attr->qp_access_flags = w->qp_access_flags;
+	attr->pkey_index = (uint16_t)w->pkey_index;
+	attr->alt_pkey_index = (uint16_t)w->alt_pkey_index;
+	attr->en_sqd_async_notify = (uint8_t)w->en_sqd_async_notify;
+	attr->sq_draining = (uint8_t)w->sq_draining;
+	attr->max_rd_atomic = (uint8_t)w->max_rd_atomic;
+	attr->max_dest_rd_atomic = (uint8_t)w->max_dest_rd_atomic;
+	attr->min_rnr_timer = (uint8_t)w->min_rnr_timer;
+	attr->port_num = (uint8_t)w->port_num;
+	attr->timeout = (uint8_t)w->timeout;
+	attr->retry_cnt = (uint8_t)w->retry_cnt;
+	attr->rnr_retry = (uint8_t)w->rnr_retry;
+	attr->alt_port_num = (uint8_t)w->alt_port_num;
+	attr->alt_timeout = (uint8_t)w->alt_timeout;
+	attr->rate_limit = w->rate_limit;
+	attr->cap.max_send_wr = rep.caps.max_send_wr;
+	attr->cap.max_recv_wr = rep.caps.max_recv_wr;
+	attr->cap.max_send_sge = rep.caps.max_send_sge;
+	attr->cap.max_recv_sge = rep.caps.max_recv_sge;
+	attr->cap.max_inline_data = rep.caps.max_inline_data;
+	qp->state = attr->qp_state;
+	if (init_attr) {
+		memset(init_attr, 0, sizeof(*init_attr));
+		init_attr->qp_context = qp->qp_context;
+		init_attr->send_cq = qp->send_cq;
+		init_attr->recv_cq = qp->recv_cq;
+		init_attr->srq = qp->srq;
+		init_attr->cap = attr->cap;
+		init_attr->qp_type = qp->qp_type;
+		init_attr->sq_sig_all = (int)rep.sq_sig_all;
+	}
+	return 0;
+}
+
+/* --- posting ------------------------------------------------------------------------ */
+
+/* The state the device last published in the send ring (docs/rings.md). */
+static int published_state(const struct sv_qp *qp)
+{
+	uint64_t v = qp->has_sq ? sv_load(&qp->sq, SV_RING_SQ_STATE) : 0;
+	return v ? (int)(v - 1) : IBV_QPS_RESET;
+}
+
+static int can_post_send(int state)
+{
+	return state == IBV_QPS_RTS || state == IBV_QPS_SQD || state == IBV_QPS_SQE ||
+	       state == IBV_QPS_ERR;
+}
+
+/* Encode one send WR into the slot at ``index``; 0 or an errno. */
+static int encode_send(struct sv_qp *qp, const struct ibv_send_wr *wr, uint64_t index,
+		       uintptr_t caller)
+{
+	if (wr->num_sge < 0 || (uint32_t)wr->num_sge > qp->cap.max_send_sge)
+		return EINVAL;
+	if ((unsigned)wr->opcode > IBV_WR_DRIVER1)
+		return EINVAL;
+	struct sv_send_wqe_header *h = sv_slot(&qp->sq, index);
+	memset(h, 0, sizeof(*h));
+	h->wr_id = wr->wr_id;
+	h->opcode = (uint8_t)wr->opcode;
+	h->flags = (uint8_t)send_flags_of(wr->send_flags);
+	if (qp->sq_sig_all)
+		h->flags |= SV_RING_F_SIGNALED;
+	switch (wr->opcode) {
+	case IBV_WR_SEND_WITH_IMM:
+	case IBV_WR_RDMA_WRITE_WITH_IMM:
+		h->imm_data = be32toh(wr->imm_data);
+		break;
+	case IBV_WR_SEND_WITH_INV:
+	case IBV_WR_LOCAL_INV:
+		h->invalidate_rkey = wr->invalidate_rkey;
+		break;
+	default:
+		break;
+	}
+	switch (wr->opcode) {
+	case IBV_WR_RDMA_WRITE:
+	case IBV_WR_RDMA_WRITE_WITH_IMM:
+	case IBV_WR_RDMA_READ:
+		h->remote_addr = wr->wr.rdma.remote_addr;
+		h->rkey = wr->wr.rdma.rkey;
+		break;
+	case IBV_WR_ATOMIC_CMP_AND_SWP:
+	case IBV_WR_ATOMIC_FETCH_AND_ADD:
+		h->remote_addr = wr->wr.atomic.remote_addr;
+		h->rkey = wr->wr.atomic.rkey;
+		h->compare_add = wr->wr.atomic.compare_add;
+		h->swap = wr->wr.atomic.swap;
+		break;
+	default:
+		break;
+	}
+	if (qp->qpx.qp_base.qp_type == IBV_QPT_UD) {
+		if (!wr->wr.ud.ah)
+			return EINVAL;
+		h->ah = wr->wr.ud.ah->handle;
+		h->remote_qpn = wr->wr.ud.remote_qpn;
+		h->remote_qkey = wr->wr.ud.remote_qkey;
+	}
+	if (qp->qpx.qp_base.qp_type == IBV_QPT_XRC_SEND)
+		h->remote_srqn = wr->qp_type.xrc.remote_srqn;
+	h->caller = caller;
+	char *p = (char *)(h + 1);
+	if (wr->send_flags & IBV_SEND_INLINE) {
+		size_t total = 0;
+		for (int i = 0; i < wr->num_sge; i++)
+			total += wr->sg_list[i].length;
+		if (total > qp->cap.max_inline_data)
+			return EINVAL;
+		for (int i = 0; i < wr->num_sge; i++) {
+			memcpy(p, (void *)(uintptr_t)wr->sg_list[i].addr, wr->sg_list[i].length);
+			p += wr->sg_list[i].length;
+		}
+		h->flags |= SV_RING_F_INLINE;
+		h->inline_len = (uint32_t)total;
+	} else {
+		struct sv_sg_entry *s = (struct sv_sg_entry *)p;
+		for (int i = 0; i < wr->num_sge; i++)
+			s[i] = (struct sv_sg_entry){wr->sg_list[i].addr, wr->sg_list[i].length,
+						    wr->sg_list[i].lkey};
+		h->num_sge = (uint16_t)wr->num_sge;
+	}
+	return 0;
+}
+
+static int post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
+{
+	struct sv_qp *qp = (struct sv_qp *)ibqp;
+	uintptr_t caller = (uintptr_t)__builtin_return_address(0);	/* the program's post */
+	int err = 0;
+	if (!qp->has_sq || sv_foreign(qp->ctx)) {
+		*bad_wr = wr;
+		return qp->has_sq ? EPERM : EINVAL;
+	}
+	pthread_spin_lock(&qp->sq_lock);
+	uint64_t pi = sv_load(&qp->sq, SV_RING_SQ_PI);
+	if (!can_post_send(published_state(qp)))
+		err = EINVAL;
+	for (; wr && !err; wr = wr->next) {
+		if (pi - __atomic_load_n(&qp->sq_ci, __ATOMIC_ACQUIRE) >= qp->sq.nslots) {
+			err = ENOMEM;
+			break;
+		}
+		err = encode_send(qp, wr, pi, caller);
+		if (err)
+			break;
+		pi++;
+		sv_store(&qp->sq, SV_RING_SQ_PI, pi);
+	}
+	if (err)
+		*bad_wr = wr;
+	uint64_t db = sv_load(&qp->sq, SV_RING_SQ_DB);
+	if (pi > db) {	/* even after an error: what was posted must run */
+		sv_store(&qp->sq, SV_RING_SQ_DB, pi);
+		sv_doorbell(ibqp->handle, SV_DB_SQ);
+	}
+	pthread_spin_unlock(&qp->sq_lock);
+	return err;
+}
+
+static int encode_recv(struct sv_ring *ring, uint32_t max_sge, const struct ibv_recv_wr *wr,
+		       uint64_t index)
+{
+	if (wr->num_sge < 0 || (uint32_t)wr->num_sge > max_sge)
+		return EINVAL;
+	struct sv_recv_wqe_header *h = sv_slot(ring, index);
+	h->wr_id = wr->wr_id;
+	h->num_sge = (uint32_t)wr->num_sge;
+	h->reserved = 0;
+	struct sv_sg_entry *s = (struct sv_sg_entry *)(h + 1);
+	for (int i = 0; i < wr->num_sge; i++)
+		s[i] = (struct sv_sg_entry){wr->sg_list[i].addr, wr->sg_list[i].length,
+					    wr->sg_list[i].lkey};
+	return 0;
+}
+
+static int post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr)
+{
+	struct sv_qp *qp = (struct sv_qp *)ibqp;
+	int err = 0;
+	if (!qp->has_rq || sv_foreign(qp->ctx)) {
+		*bad_wr = wr;
+		return qp->has_rq ? EPERM : EINVAL;
+	}
+	pthread_spin_lock(&qp->rq_lock);
+	uint64_t pi = sv_load(&qp->rq, SV_RING_SQ_PI);
+	for (; wr; wr = wr->next) {
+		if (pi - __atomic_load_n(&qp->rq_ci, __ATOMIC_ACQUIRE) >= qp->rq.nslots) {
+			err = ENOMEM;
+			break;
+		}
+		err = encode_recv(&qp->rq, qp->cap.max_recv_sge, wr, pi);
+		if (err)
+			break;
+		pi++;
+		sv_store(&qp->rq, SV_RING_SQ_PI, pi);
+	}
+	if (err)
+		*bad_wr = wr;
+	if (pi > sv_load(&qp->rq, SV_RING_SQ_DB)) {
+		sv_store(&qp->rq, SV_RING_SQ_DB, pi);
+		sv_doorbell(ibqp->handle, SV_DB_RQ);
+	}
+	pthread_spin_unlock(&qp->rq_lock);
+	return err;
+}
+
+/* --- the extended send API (ibv_qp_ex): WRs are built in place, published at
+ *     wr_complete --------------------------------------------------------------------- */
+
+struct qpx_state {
+	uint64_t start;		/* pi at wr_start */
+	uint64_t next;		/* where the next WR goes */
+	struct sv_send_wqe_header *cur;
+	int err;
+};
+
+static __thread struct qpx_state qpx_st;
+
+static struct sv_qp *qpx_qp(struct ibv_qp_ex *x)
+{
+	return (struct sv_qp *)x;
+}
+
+static void qpx_start(struct ibv_qp_ex *x)
+{
+	struct sv_qp *qp = qpx_qp(x);
+	pthread_spin_lock(&qp->sq_lock);
+	qpx_st.start = qpx_st.next = sv_load(&qp->sq, SV_RING_SQ_PI);
+	qpx_st.cur = NULL;
+	qpx_st.err = sv_foreign(qp->ctx) ? EPERM
+		     : can_post_send(published_state(qp)) ? 0 : EINVAL;
+}
+
+static struct sv_send_wqe_header *qpx_new(struct ibv_qp_ex *x, enum ibv_wr_opcode op)
+{
+	struct sv_qp *qp = qpx_qp(x);
+	qpx_st.cur = NULL;
+	if (qpx_st.err)
+		return NULL;
+	if (qpx_st.next - __atomic_load_n(&qp->sq_ci, __ATOMIC_ACQUIRE) >= qp->sq.nslots) {
+		qpx_st.err = ENOMEM;
+		return NULL;
+	}
+	struct sv_send_wqe_header *h = sv_slot(&qp->sq, qpx_st.next++);
+	memset(h, 0, sizeof(*h));
+	h->wr_id = x->wr_id;
+	h->opcode = (uint8_t)op;
+	h->flags = (uint8_t)send_flags_of(x->wr_flags);
+	if (qp->sq_sig_all)
+		h->flags |= SV_RING_F_SIGNALED;
+	qpx_st.cur = h;
+	return h;
+}
+
+static void qpx_send(struct ibv_qp_ex *x)
+{
+	qpx_new(x, IBV_WR_SEND);
+}
+
+static void qpx_send_imm(struct ibv_qp_ex *x, __be32 imm)
+{
+	struct sv_send_wqe_header *h = qpx_new(x, IBV_WR_SEND_WITH_IMM);
+	if (h)
+		h->imm_data = be32toh(imm);
+}
+
+static void qpx_send_inv(struct ibv_qp_ex *x, uint32_t rkey)
+{
+	struct sv_send_wqe_header *h = qpx_new(x, IBV_WR_SEND_WITH_INV);
+	if (h)
+		h->invalidate_rkey = rkey;
+}
+
+static void qpx_rdma(struct ibv_qp_ex *x, enum ibv_wr_opcode op, uint32_t rkey, uint64_t addr)
+{
+	struct sv_send_wqe_header *h = qpx_new(x, op);
+	if (h) {
+		h->rkey = rkey;
+		h->remote_addr = addr;
+	}
+}
+
+static void qpx_write(struct ibv_qp_ex *x, uint32_t rkey, uint64_t addr)
+{
+	qpx_rdma(x, IBV_WR_RDMA_WRITE, rkey, addr);
+}
+
+static void qpx_write_imm(struct ibv_qp_ex *x, uint32_t rkey, uint64_t addr, __be32 imm)
+{
+	qpx_rdma(x, IBV_WR_RDMA_WRITE_WITH_IMM, rkey, addr);
+	if (qpx_st.cur)
+		qpx_st.cur->imm_data = be32toh(imm);
+}
+
+static void qpx_read(struct ibv_qp_ex *x, uint32_t rkey, uint64_t addr)
+{
+	qpx_rdma(x, IBV_WR_RDMA_READ, rkey, addr);
+}
+
+static void qpx_cas(struct ibv_qp_ex *x, uint32_t rkey, uint64_t addr, uint64_t cmp,
+		    uint64_t swap)
+{
+	qpx_rdma(x, IBV_WR_ATOMIC_CMP_AND_SWP, rkey, addr);
+	if (qpx_st.cur) {
+		qpx_st.cur->compare_add = cmp;
+		qpx_st.cur->swap = swap;
+	}
+}
+
+static void qpx_faa(struct ibv_qp_ex *x, uint32_t rkey, uint64_t addr, uint64_t add)
+{
+	qpx_rdma(x, IBV_WR_ATOMIC_FETCH_AND_ADD, rkey, addr);
+	if (qpx_st.cur)
+		qpx_st.cur->compare_add = add;
+}
+
+static void qpx_local_inv(struct ibv_qp_ex *x, uint32_t rkey)
+{
+	struct sv_send_wqe_header *h = qpx_new(x, IBV_WR_LOCAL_INV);
+	if (h)
+		h->invalidate_rkey = rkey;
+}
+
+static void qpx_ud(struct ibv_qp_ex *x, struct ibv_ah *ah, uint32_t qpn, uint32_t qkey)
+{
+	(void)x;
+	if (qpx_st.cur && ah) {
+		qpx_st.cur->ah = ah->handle;
+		qpx_st.cur->remote_qpn = qpn;
+		qpx_st.cur->remote_qkey = qkey;
+	} else if (!qpx_st.err) {
+		qpx_st.err = EINVAL;
+	}
+}
+
+static void qpx_xrc(struct ibv_qp_ex *x, uint32_t srqn)
+{
+	(void)x;
+	if (qpx_st.cur)
+		qpx_st.cur->remote_srqn = srqn;
+}
+
+static void qpx_sge_list(struct ibv_qp_ex *x, size_t n, const struct ibv_sge *sg)
+{
+	struct sv_send_wqe_header *h = qpx_st.cur;
+	if (!h)
+		return;
+	if (n > qpx_qp(x)->cap.max_send_sge) {
+		qpx_st.err = EINVAL;
+		return;
+	}
+	struct sv_sg_entry *s = (struct sv_sg_entry *)(h + 1);
+	for (size_t i = 0; i < n; i++)
+		s[i] = (struct sv_sg_entry){sg[i].addr, sg[i].length, sg[i].lkey};
+	h->num_sge = (uint16_t)n;
+}
+
+static void qpx_sge(struct ibv_qp_ex *x, uint32_t lkey, uint64_t addr, uint32_t length)
+{
+	struct ibv_sge sg = {.addr = addr, .length = length, .lkey = lkey};
+	qpx_sge_list(x, 1, &sg);
+}
+
+static void qpx_inline_list(struct ibv_qp_ex *x, size_t n, const struct ibv_data_buf *buf)
+{
+	struct sv_send_wqe_header *h = qpx_st.cur;
+	if (!h)
+		return;
+	size_t total = 0;
+	for (size_t i = 0; i < n; i++)
+		total += buf[i].length;
+	if (total > qpx_qp(x)->cap.max_inline_data) {
+		qpx_st.err = EINVAL;
+		return;
+	}
+	char *p = (char *)(h + 1);
+	for (size_t i = 0; i < n; i++) {
+		memcpy(p, buf[i].addr, buf[i].length);
+		p += buf[i].length;
+	}
+	h->flags |= SV_RING_F_INLINE;
+	h->inline_len = (uint32_t)total;
+	h->num_sge = 0;
+}
+
+static void qpx_inline(struct ibv_qp_ex *x, void *addr, size_t length)
+{
+	struct ibv_data_buf b = {.addr = addr, .length = length};
+	qpx_inline_list(x, 1, &b);
+}
+
+static int qpx_complete(struct ibv_qp_ex *x)
+{
+	struct sv_qp *qp = qpx_qp(x);
+	int err = qpx_st.err;
+	if (!err && qpx_st.next > qpx_st.start) {
+		sv_store(&qp->sq, SV_RING_SQ_PI, qpx_st.next);
+		sv_store(&qp->sq, SV_RING_SQ_DB, qpx_st.next);
+		sv_doorbell(x->qp_base.handle, SV_DB_SQ);
+	}
+	pthread_spin_unlock(&qp->sq_lock);
+	return err;
+}
+
+static void qpx_abort(struct ibv_qp_ex *x)
+{
+	pthread_spin_unlock(&qpx_qp(x)->sq_lock);	/* nothing was published */
+}
+
+static void qpx_init(struct sv_qp *qp)
+{
+	struct ibv_qp_ex *x = &qp->qpx;
+	x->comp_mask = 0;
+	x->wr_send = qpx_send;
+	x->wr_send_imm = qpx_send_imm;
+	x->wr_send_inv = qpx_send_inv;
+	x->wr_rdma_write = qpx_write;
+	x->wr_rdma_write_imm = qpx_write_imm;
+	x->wr_rdma_read = qpx_read;
+	x->wr_atomic_cmp_swp = qpx_cas;
+	x->wr_atomic_fetch_add = qpx_faa;
+	x->wr_local_inv = qpx_local_inv;
+	x->wr_set_ud_addr = qpx_ud;
+	x->wr_set_xrc_srqn = qpx_xrc;
+	x->wr_set_sge = qpx_sge;
+	x->wr_set_sge_list = qpx_sge_list;
+	x->wr_set_inline_data = qpx_inline;
+	x->wr_set_inline_data_list = qpx_inline_list;
+	x->wr_start = qpx_start;
+	x->wr_complete = qpx_complete;
+	x->wr_abort = qpx_abort;
+	qp->is_ex = 1;
+}
+
+struct ibv_qp_ex *ibv_qp_to_qp_ex(struct ibv_qp *qp)
+{
+	if (!qp || !((struct sv_qp *)qp)->is_ex)
+		return sv_fail_null(EOPNOTSUPP);
+	return &((struct sv_qp *)qp)->qpx;
+}
+
+/* --- shared receive queues ------------------------------------------------------------ */
+
+static struct ibv_srq *create_srq(struct ibv_context *context, struct ibv_pd *pd,
+				  struct ibv_srq_init_attr_ex *attr)
+{
+	struct sv_context *ctx = sv_ctx(context);
+	struct sv_srq *srq = calloc(1, sizeof(*srq));
+	if (!srq)
+		return sv_fail_null(ENOMEM);
+	uint32_t max_wr = attr->attr.max_wr ? attr->attr.max_wr : 1;
+	uint32_t slot = sv_recv_slot_size(attr->attr.max_sge);
+	int err = sv_ring_create(&srq->ring, max_wr, slot, "softverbs-srq");
+	if (err) {
+		free(srq);
+		return sv_fail_null(err);
+	}
+	int xrc = (attr->comp_mask & IBV_SRQ_INIT_ATTR_TYPE) && attr->srq_type == IBV_SRQT_XRC;
+	struct sv_create_srq req = {
+		.ctx = ctx->handle,
+		.pd = pd ? pd->handle : 0,
+		.srq_type = xrc ? IBV_SRQT_XRC : IBV_SRQT_BASIC,
+		.max_wr = attr->attr.max_wr,
+		.max_sge = attr->attr.max_sge,
+		.limit = attr->attr.srq_limit,
+		.xrcd = xrc && attr->xrcd ? sv_xrcd_handle(attr->xrcd) : 0,
+		.cq = xrc && attr->cq ? attr->cq->handle : 0,
+		.slot = slot,
+	};
+	struct sv_create_srq_reply rep;
+	err = sv_call(SV_OP_CREATE_SRQ, &req, sizeof(req), &srq->ring.fd, 1, &rep, sizeof(rep),
+		      NULL, NULL);
+	if (err) {
+		sv_ring_destroy(&srq->ring);
+		free(srq);
+		return sv_fail_null(err);
+	}
+	attr->attr.max_wr = rep.max_wr;
+	attr->attr.max_sge = rep.max_sge;
+	srq->srqn = rep.srqn;
+	srq->max_wr = rep.max_wr;
+	srq->max_sge = rep.max_sge;
+	srq->ctx = ctx;
+	pthread_spin_init(&srq->lock, PTHREAD_PROCESS_PRIVATE);
+	srq->srq.context = context;
+	srq->srq.srq_context = attr->srq_context;
+	srq->srq.pd = pd;
+	srq->srq.handle = rep.srq;
+	pthread_mutex_init(&srq->srq.mutex, NULL);
+	pthread_cond_init(&srq->srq.cond, NULL);
+	sv_map_put(ctx, SV_KIND_SRQ, rep.srq, srq);
+	return &srq->srq;
+}
+
+struct ibv_srq *ibv_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *srq_init_attr)
+{
+	if (!pd || !srq_init_attr)
+		return sv_fail_null(EINVAL);
+	struct ibv_srq_init_attr_ex ex;
+	memset(&ex, 0, sizeof(ex));
+	ex.srq_context = srq_init_attr->srq_context;
+	ex.attr = srq_init_attr->attr;
+	ex.comp_mask = IBV_SRQ_INIT_ATTR_PD;
+	ex.pd = pd;
+	struct ibv_srq *srq = create_srq(pd->context, pd, &ex);
+	if (srq)
+		srq_init_attr->attr = ex.attr;
+	return srq;
+}
+
+static struct ibv_srq *create_srq_ex(struct ibv_context *context,
+				     struct ibv_srq_init_attr_ex *attr)
+{
+	uint32_t known = IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_XRCD |
+			 IBV_SRQ_INIT_ATTR_CQ;
+	if (!attr || attr->comp_mask & ~known)
+		return sv_fail_null(attr ? EOPNOTSUPP : EINVAL);
+	return create_srq(context, (attr->comp_mask & IBV_SRQ_INIT_ATTR_PD) ? attr->pd : NULL,
+			  attr);
+}
+
+int ibv_destroy_srq(struct ibv_srq *ibsrq)
+{
+	if (!ibsrq)
+		return EINVAL;
+	struct sv_srq *srq = (struct sv_srq *)ibsrq;
+	int err = sv_destroy(SV_KIND_SRQ, ibsrq->handle);
+	if (err)
+		return err;
+	sv_map_del(srq->ctx, SV_KIND_SRQ, ibsrq->handle);
+	sv_ring_destroy(&srq->ring);
+	free(srq);
+	return 0;
+}
+
+int ibv_modify_srq(struct ibv_srq *srq, struct ibv_srq_attr *srq_attr, int srq_attr_mask)
+{
+	if (!srq || !srq_attr)
+		return EINVAL;
+	if (srq_attr_mask & IBV_SRQ_MAX_WR)
+		return EOPNOTSUPP;	/* resizing needs a new ring: not in this library yet */
+	struct sv_modify_srq req = {.srq = srq->handle, .mask = (uint32_t)srq_attr_mask,
+				    .limit = srq_attr->srq_limit};
+	char none[1];
+	return sv_call(SV_OP_MODIFY_SRQ, &req, sizeof(req), NULL, 0, none, 0, NULL, NULL);
+}
+
+int ibv_query_srq(struct ibv_srq *srq, struct ibv_srq_attr *srq_attr)
+{
+	if (!srq || !srq_attr)
+		return EINVAL;
+	struct sv_handle req = {.handle = srq->handle};
+	struct sv_query_srq_reply rep;
+	int err = sv_call(SV_OP_QUERY_SRQ, &req, sizeof(req), NULL, 0, &rep, sizeof(rep), NULL,
+			  NULL);
+	if (err)
+		return err;
+	srq_attr->max_wr = rep.max_wr;
+	srq_attr->max_sge = rep.max_sge;
+	srq_attr->srq_limit = rep.limit;
+	return 0;
+}
+
+static int get_srq_num(struct ibv_srq *srq, uint32_t *srq_num)
+{
+	*srq_num = ((struct sv_srq *)srq)->srqn;
+	return 0;
+}
+
+static int post_srq_recv(struct ibv_srq *ibsrq, struct ibv_recv_wr *wr,
+			 struct ibv_recv_wr **bad_wr)
+{
+	struct sv_srq *srq = (struct sv_srq *)ibsrq;
+	int err = 0;
+	if (sv_foreign(srq->ctx)) {
+		*bad_wr = wr;
+		return EPERM;
+	}
+	pthread_spin_lock(&srq->lock);
+	uint64_t pi = sv_load(&srq->ring, SV_RING_SRQ_PI);
+	for (; wr; wr = wr->next) {
+		uint64_t out = pi - __atomic_load_n(&srq->released, __ATOMIC_ACQUIRE) -
+			       sv_load(&srq->ring, SV_RING_SRQ_DISCARDED);
+		if (out >= srq->ring.nslots) {
+			err = ENOMEM;
+			break;
+		}
+		err = encode_recv(&srq->ring, srq->max_sge, wr, pi);
+		if (err)
+			break;
+		pi++;
+		sv_store(&srq->ring, SV_RING_SRQ_PI, pi);
+	}
+	if (err)
+		*bad_wr = wr;
+	pthread_spin_unlock(&srq->lock);
+	return err;
+}
+
+/* --- address handles ----------------------------------------------------------------- */
+
+struct ibv_ah *ibv_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr)
+{
+	if (!pd || !attr)
+		return sv_fail_null(EINVAL);
+	struct sv_create_ah req;
+	av_to_wire(attr, &req.av);
+	req.pd = pd->handle;
+	req.reserved = 0;
+	struct sv_handle rep;
+	int err = sv_call(SV_OP_CREATE_AH, &req, sizeof(req), NULL, 0, &rep, sizeof(rep), NULL, NULL);
+	if (err)
+		return sv_fail_null(err);
+	struct ibv_ah *ah = calloc(1, sizeof(*ah));
+	if (!ah) {
+		sv_destroy(SV_KIND_AH, rep.handle);
+		return sv_fail_null(ENOMEM);
+	}
+	ah->context = pd->context;
+	ah->pd = pd;
+	ah->handle = rep.handle;
+	return ah;
+}
+
+int ibv_destroy_ah(struct ibv_ah *ah)
+{
+	if (!ah)
+		return EINVAL;
+	int err = sv_destroy(SV_KIND_AH, ah->handle);
+	if (!err)
+		free(ah);
+	return err;
+}
+
+/* Which header the 40 bytes before a UD payload hold: a GRH (6), or, on
+ * RoCEv2 over IPv4, an IPv4 header in their last 20 bytes (4) -- as rdma-core
+ * tells them apart: a well-formed IPv4 header with a good checksum wins. */
+static int grh_version(const struct ibv_grh *grh)
+{
+	const uint8_t *ip4 = (const uint8_t *)grh + 20;
+	int v6 = (int)(be32toh(grh->version_tclass_flow) >> 28);
+	if (v6 != 6)
+		return ip4[0] >> 4 == 4 ? 4 : -1;
+	if (ip4[0] != 0x45)
+		return 6;
+	uint32_t sum = 0;
+	for (int i = 0; i < 20; i += 2)
+		sum += (uint32_t)(ip4[i] << 8 | ip4[i + 1]);
+	while (sum >> 16)
+		sum = (sum & 0xffff) + (sum >> 16);
+	return sum == 0xffff ? 4 : 6;
+}
+
+static void v4_mapped(union ibv_gid *gid, const uint8_t *ip)
+{
+	memset(gid->raw, 0, 10);
+	gid->raw[10] = gid->raw[11] = 0xff;
+	memcpy(gid->raw + 12, ip, 4);
+}
+
+int ibv_init_ah_from_wc(struct ibv_context *context, uint8_t port_num, struct ibv_wc *wc,
+			struct ibv_grh *grh, struct ibv_ah_attr *ah_attr)
+{
+	memset(ah_attr, 0, sizeof(*ah_attr));
+	ah_attr->dlid = wc->slid;
+	ah_attr->sl = wc->sl;
+	ah_attr->src_path_bits = wc->dlid_path_bits;
+	ah_attr->port_num = port_num;
+	if (!(wc->wc_flags & IBV_WC_GRH) || !grh)
+		return 0;
+	union ibv_gid local;
+	ah_attr->is_global = 1;
+	ah_attr->grh.hop_limit = 0xFF;
+	switch (grh_version(grh)) {
+	case 4: {
+		const uint8_t *ip4 = (const uint8_t *)grh + 20;
+		v4_mapped(&ah_attr->grh.dgid, ip4 + 12);	/* the sender's address */
+		v4_mapped(&local, ip4 + 16);
+		ah_attr->grh.traffic_class = ip4[1];
+		break;
+	}
+	case 6:
+		ah_attr->grh.dgid = grh->sgid;
+		local = grh->dgid;
+		ah_attr->grh.traffic_class =
+			(uint8_t)((be32toh(grh->version_tclass_flow) >> 20) & 0xFF);
+		ah_attr->grh.flow_label = be32toh(grh->version_tclass_flow) & 0xFFFFF;
+		break;
+	default:
+		return errno = EPROTONOSUPPORT, -1;
+	}
+	/* the source GID is the local GID the datagram was sent to */
+	for (int i = 0; i < 16; i++) {
+		union ibv_gid gid;
+		if (ibv_query_gid(context, port_num, i, &gid))
+			break;
+		if (!memcmp(gid.raw, local.raw, sizeof(gid.raw))) {
+			ah_attr->grh.sgid_index = (uint8_t)i;
+			return 0;
+		}
+	}
+	return errno = ENOENT, -1;
+}
+
+struct ibv_ah *ibv_create_ah_from_wc(struct ibv_pd *pd, struct ibv_wc *wc, struct ibv_grh *grh,
+				     uint8_t port_num)
+{
+	struct ibv_ah_attr attr;
+	if (ibv_init_ah_from_wc(pd->context, port_num, wc, grh, &attr))
+		return NULL;
+	return ibv_create_ah(pd, &attr);
+}
+
+/* --- XRC domains and shared QPs ------------------------------------------------------- */
+
+static struct ibv_xrcd *open_xrcd(struct ibv_context *context, struct ibv_xrcd_init_attr *attr)
+{
+	if (!attr || attr->comp_mask & ~(uint32_t)(IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS))
+		return sv_fail_null(EINVAL);
+	int has_fd = (attr->comp_mask & IBV_XRCD_INIT_ATTR_FD) && attr->fd >= 0;
+	struct sv_open_xrcd req = {.ctx = sv_ctx(context)->handle,
+				   .oflags = (attr->comp_mask & IBV_XRCD_INIT_ATTR_OFLAGS)
+						     ? (uint32_t)attr->oflags : 0,
+				   .flags = has_fd ? SV_OPEN_XRCD_HAS_FD : 0};
+	struct sv_handle rep;
+	int err = sv_call(SV_OP_OPEN_XRCD, &req, sizeof(req), &attr->fd, has_fd ? 1 : 0, &rep,
+			  sizeof(rep), NULL, NULL);
+	if (err)
+		return sv_fail_null(err);
+	struct sv_xrcd *x = calloc(1, sizeof(*x));
+	if (!x) {
+		sv_destroy(SV_KIND_XRCD, rep.handle);
+		return sv_fail_null(ENOMEM);
+	}
+	x->xrcd.context = context;
+	x->handle = rep.handle;
+	return &x->xrcd;
+}
+
+static int close_xrcd(struct ibv_xrcd *xrcd)
+{
+	int err = sv_destroy(SV_KIND_XRCD, sv_xrcd_handle(xrcd));
+	if (!err)
+		free(xrcd);
+	return err;
+}
+
+static struct ibv_qp *open_qp(struct ibv_context *context, struct ibv_qp_open_attr *attr)
+{
+	uint32_t need = IBV_QP_OPEN_ATTR_NUM | IBV_QP_OPEN_ATTR_XRCD | IBV_QP_OPEN_ATTR_TYPE;
+	if (!attr || (attr->comp_mask & need) != need || !attr->xrcd)
+		return sv_fail_null(EINVAL);
+	struct sv_context *ctx = sv_ctx(context);
+	struct sv_open_qp req = {.ctx = ctx->handle,
+				 .xrcd = sv_xrcd_handle(attr->xrcd),
+				 .qpn = attr->qp_num, .qp_type = attr->qp_type};
+	struct sv_open_qp_reply rep;
+	int err = sv_call(SV_OP_OPEN_QP, &req, sizeof(req), NULL, 0, &rep, sizeof(rep), NULL, NULL);
+	if (err)
+		return sv_fail_null(err);
+	struct sv_qp *qp = calloc(1, sizeof(*qp));
+	if (!qp) {
+		sv_destroy(SV_KIND_QP, rep.qp);
+		return sv_fail_null(ENOMEM);
+	}
+	qp->sq.fd = qp->rq.fd = -1;
+	qp->ctx = ctx;
+	struct ibv_qp *q = &qp->qpx.qp_base;
+	q->context = context;
+	q->qp_context = (attr->comp_mask & IBV_QP_OPEN_ATTR_CONTEXT) ? attr->qp_context : NULL;
+	q->handle = rep.qp;
+	q->qp_num = rep.qpn;
+	q->state = (enum ibv_qp_state)rep.state;
+	q->qp_type = attr->qp_type;
+	pthread_mutex_init(&q->mutex, NULL);
+	pthread_cond_init(&q->cond, NULL);
+	sv_map_put(ctx, SV_KIND_QP, rep.qp, qp);
+	return q;
+}
+
+/* --- what softverbs does not offer ---------------------------------------------------- */
+
+int ibv_attach_mcast(struct ibv_qp *qp, const union ibv_gid *gid, uint16_t lid)
+{
+	(void)qp;
+	(void)gid;
+	(void)lid;
+	return EOPNOTSUPP;	/* no multicast (docs/status.md) */
+}
+
+int ibv_detach_mcast(struct ibv_qp *qp, const union ibv_gid *gid, uint16_t lid)
+{
+	(void)qp;
+	(void)gid;
+	(void)lid;
+	return EOPNOTSUPP;
+}
+
+int ibv_query_ece(struct ibv_qp *qp, struct ibv_ece *ece)
+{
+	(void)qp;
+	(void)ece;
+	return EOPNOTSUPP;
+}
+
+int ibv_set_ece(struct ibv_qp *qp, struct ibv_ece *ece)
+{
+	(void)qp;
+	(void)ece;
+	return EOPNOTSUPP;
+}
+
+/* The kernel-ABI copies librdmacm imports: structures of the kernel's uverbs
+ * ABI, which softverbs never speaks; librdmacm calls them only on its kernel
+ * path. */
+void ibv_copy_qp_attr_from_kern(struct ibv_qp_attr *dst, void *src)
+{
+	(void)src;
+	memset(dst, 0, sizeof(*dst));
+}
+
+void ibv_copy_path_rec_from_kern(void *dst, void *src)
+{
+	(void)dst;
+	(void)src;
+}
+
+void ibv_copy_ah_attr_from_kern(struct ibv_ah_attr *dst, void *src)
+{
+	(void)src;
+	memset(dst, 0, sizeof(*dst));
+}
+
+/* --- the ops tables ------------------------------------------------------------------ */
+
+void sv_set_ops(struct sv_context *ctx)
+{
+	struct ibv_context_ops *ops = &ctx->vctx.context.ops;
+	ops->poll_cq = poll_cq;
+	ops->req_notify_cq = req_notify_cq;
+	ops->post_send = post_send;
+	ops->post_recv = post_recv;
+	ops->post_srq_recv = post_srq_recv;
+	struct verbs_context *v = &ctx->vctx;
+	v->query_port = sv_query_port;
+	v->create_qp_ex = create_qp_ex;
+	v->create_srq_ex = create_srq_ex;
+	v->get_srq_num = get_srq_num;
+	v->open_xrcd = open_xrcd;
+	v->close_xrcd = close_xrcd;
+	v->open_qp = open_qp;
+}

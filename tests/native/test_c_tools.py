@@ -1,0 +1,348 @@
+"""Unmodified C programs on softverbs: Debian's binaries through ``softverbs exec``.
+
+Every tool of rdma-core's ``ibverbs-utils`` and perftest that issue 10 names
+runs as two processes on one host (server, then client), on a private
+softverbsd, through softverbs' ``libibverbs.so.1``.  Each side must exit 0
+and print what the tool prints on success -- the ping-pong tools their
+closing "usec/iter" line, perftest its result table -- and no error line.
+The binaries come from Debian (``scripts/apt-packages.txt``); without them
+the tests skip, and under CI they fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from softverbs import native
+
+TIMEOUT = 120
+
+
+def _need(tool: str) -> None:
+    if shutil.which(tool) is None:
+        msg = f"{tool} is not installed (Debian ibverbs-utils / perftest; scripts/apt-packages.txt)"
+        if os.environ.get("CI"):
+            pytest.fail(msg)
+        pytest.skip(msg)
+
+
+@pytest.fixture
+def env(host_service: str) -> dict[str, str]:
+    e = {k: v for k, v in os.environ.items() if not k.startswith("SOFTVERBS_")}
+    e["SOFTVERBS_SERVICE"] = host_service
+    return e
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def _listening(port: int) -> bool:
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        if any(int(r.split()[1].rsplit(":", 1)[1], 16) == port and r.split()[3] == "0A"
+               for r in rows):  # fmt: skip
+            return True
+    return False
+
+
+def exec_cmd(*argv: str) -> list[str]:
+    return [sys.executable, "-m", "softverbs", "exec", "--", *argv]
+
+
+def pair(env: dict[str, str], tool: str, args: list[str], port_flag: str,
+         launch: Callable[..., list[str]] = exec_cmd) -> tuple[str, str]:  # fmt: skip
+    """Run ``tool`` as server and client; both outputs (each must exit 0)."""
+    port = _free_port()
+    argv = [tool, *args, port_flag, str(port)]
+    server = subprocess.Popen(launch(*argv), env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True,
+                              stdin=subprocess.DEVNULL)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not _listening(port):
+            if server.poll() is not None:
+                raise AssertionError(f"{tool} server exited: {server.communicate()[0]}")
+            assert time.monotonic() < deadline, f"{tool} server never listened"
+            time.sleep(0.05)
+        client = subprocess.run(launch(*argv, "127.0.0.1"), env=env, capture_output=True,
+                                text=True, timeout=TIMEOUT, check=False,
+                                stdin=subprocess.DEVNULL)  # fmt: skip
+        out = server.communicate(timeout=TIMEOUT)[0]
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    assert client.returncode == 0, f"{tool} client: {client.stdout}{client.stderr}"
+    assert server.returncode == 0, f"{tool} server: {out}"
+    return out, client.stdout + client.stderr
+
+
+PINGPONG = [
+    ("ibv_rc_pingpong", ["-g", "1", "-n", "200"]),
+    ("ibv_rc_pingpong", ["-g", "1", "-n", "200", "-e"]),
+    ("ibv_rc_pingpong", ["-g", "1", "-n", "100", "-s", "20000", "-c"]),
+    ("ibv_uc_pingpong", ["-g", "1", "-n", "200"]),
+    ("ibv_ud_pingpong", ["-g", "1", "-n", "200"]),
+    ("ibv_srq_pingpong", ["-g", "1", "-n", "200"]),
+    ("ibv_srq_pingpong", ["-g", "1", "-n", "200", "-e"]),
+]
+
+
+@pytest.mark.parametrize(("tool", "args"), PINGPONG, ids=[" ".join([t, *a]) for t, a in PINGPONG])
+def test_pingpong_tools(env: dict[str, str], tool: str, args: list[str]) -> None:
+    _need(tool)
+    server, client = pair(env, tool, args, "-p")
+    for out in (server, client):
+        assert re.search(r"^\d+ iters in [\d.]+ seconds = [\d.]+ usec/iter$", out, re.M), out
+        assert "GID ::ffff:127.0.0.1" in out
+        assert "invalid data" not in out and "Failed" not in out and "Couldn't" not in out
+
+
+def test_xsrq_pingpong(env: dict[str, str], tmp_path: Path) -> None:
+    _need("ibv_xsrq_pingpong")
+    server, client = pair(env, "ibv_xsrq_pingpong", ["-g", "1", "-n", "20"], "-p")
+    assert server.rstrip().endswith("success") and client.rstrip().endswith("success")
+
+
+#: perftest: (tool, extra args); every run is 100 iterations on GID index 1
+PERFTEST = [
+    ("ib_write_bw", []), ("ib_write_lat", []),
+    ("ib_send_bw", []), ("ib_send_lat", []),
+    ("ib_read_bw", []), ("ib_read_lat", []),
+    ("ib_atomic_bw", []), ("ib_atomic_lat", []),
+    ("ib_send_bw", ["-c", "UD"]), ("ib_send_lat", ["-c", "UD"]),
+    ("ib_send_bw", ["-e"]), ("ib_send_lat", ["-e"]),
+    ("ib_send_bw", ["-c", "UD", "-e"]), ("ib_read_bw", ["-e"]), ("ib_atomic_bw", ["-e"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("tool", "args"), PERFTEST, ids=[" ".join([t, *a]) for t, a in PERFTEST])
+def test_perftest(env: dict[str, str], tool: str, args: list[str]) -> None:
+    _need(tool)
+    server, client = pair(env, tool, ["-d", "sv0", "-x", "1", "-n", "100", *args], "-p")
+    # the client reports (a passive READ or atomic server prints no table)
+    assert re.search(r"^ #bytes\s+#iterations", client, re.M), client
+    assert re.search(r"^ (\d+)\s+100\s+[\d.]+", client, re.M), client
+    for out in (server, client):
+        assert not re.search(r"(?i)^\s*(error|failed|couldn't|unable)", out, re.M), out
+
+
+def cm_pair(env: dict[str, str], server_argv: list[str], client_argv: list[str],
+            launch: Callable[..., list[str]] = exec_cmd) -> tuple[str, str]:  # fmt: skip
+    """Run an RDMA CM tool as server and client; both outputs (each must exit 0).
+
+    A CM server listens on the service's CM, not on a TCP port, so the
+    client is retried until the server's listen is up: a connect before it
+    is rejected and leaves the server as it was."""
+    tool = server_argv[0]
+    server = subprocess.Popen(launch(*server_argv), env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True,
+                              stdin=subprocess.DEVNULL)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            time.sleep(0.3)
+            assert server.poll() is None, f"{tool} server exited: {server.communicate()[0]}"
+            client = subprocess.run(launch(*client_argv), env=env, capture_output=True,
+                                    text=True, timeout=TIMEOUT, check=False,
+                                    stdin=subprocess.DEVNULL)  # fmt: skip
+            if client.returncode == 0 or time.monotonic() > deadline:
+                break
+        out = server.communicate(timeout=TIMEOUT)[0]
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    assert client.returncode == 0, f"{tool} client: {client.stdout}{client.stderr}"
+    assert server.returncode == 0, f"{tool} server: {out}"
+    return out, client.stdout + client.stderr
+
+
+def test_rping(env: dict[str, str]) -> None:
+    _need("rping")
+    port = str(_free_port())
+    server, client = cm_pair(env, ["rping", "-s", "-v", "-C", "5", "-a", "127.0.0.1", "-p", port],
+                             ["rping", "-c", "-v", "-C", "5", "-a", "127.0.0.1", "-p", port])
+    for out in (server, client):
+        # each ping's data went client -> server by RDMA READ and back by RDMA WRITE
+        assert len(re.findall(r"ping data: rdma-ping-\d+: [A-Za-z]", out)) == 5, out
+        assert "error" not in out.lower(), out
+
+
+def test_ucmatose(env: dict[str, str]) -> None:
+    _need("ucmatose")
+    port = str(_free_port())
+    server, client = cm_pair(env, ["ucmatose", "-b", "127.0.0.1", "-p", port, "-c", "2"],
+                             ["ucmatose", "-s", "127.0.0.1", "-p", port, "-c", "2"])
+    for out in (server, client):
+        assert "data transfers complete" in out and "return status 0" in out, out
+
+
+def test_udaddy(env: dict[str, str]) -> None:
+    _need("udaddy")  # its port is fixed (7174): one run at a time
+    server, client = cm_pair(env, ["udaddy", "-b", "127.0.0.1"], ["udaddy", "-s", "127.0.0.1"])
+    for out in (server, client):
+        assert "data transfers complete" in out and "return status 0" in out, out
+
+
+def test_rdma_server_and_client(env: dict[str, str]) -> None:
+    """rdma_create_ep's synchronous IDs and librdmacm's inline verbs."""
+    _need("rdma_server")
+    _need("rdma_client")
+    port = str(_free_port())
+    server, client = cm_pair(env, ["rdma_server", "-s", "127.0.0.1", "-p", port],
+                             ["rdma_client", "-s", "127.0.0.1", "-p", port])  # fmt: skip
+    assert "rdma_server: end 0" in server, server
+    assert "rdma_client: end 0" in client, client
+
+
+PERFTEST_CM = [("ib_send_bw", []), ("ib_write_lat", []), ("ib_read_bw", []),
+               ("ib_send_lat", ["-c", "UD"])]  # fmt: skip
+
+
+@pytest.mark.parametrize(("tool", "args"), PERFTEST_CM,
+                         ids=[" ".join([t, *a]) for t, a in PERFTEST_CM])  # fmt: skip
+def test_perftest_over_rdma_cm(env: dict[str, str], tool: str, args: list[str]) -> None:
+    """perftest's -R: the connection made by the RDMA CM (librdmacm.so.1)."""
+    _need(tool)
+    argv = [tool, "-d", "sv0", "-x", "1", "-R", "-n", "100", *args, "-p", str(_free_port())]
+    server, client = cm_pair(env, argv, [*argv, "127.0.0.1"])
+    assert re.search(r"^ (\d+)\s+100\s+[\d.]+", client, re.M), client
+    assert "rdma_cm QPs\t : ON" in client, client
+    for out in (server, client):
+        assert not re.search(r"(?i)^\s*(error|failed|couldn't|unable)", out, re.M), out
+
+
+def test_devices_and_devinfo(env: dict[str, str]) -> None:
+    for tool in ("ibv_devices", "ibv_devinfo"):
+        _need(tool)
+    r = subprocess.run(exec_cmd("ibv_devices"), env=env, capture_output=True, text=True,
+                       timeout=TIMEOUT, check=False)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"^\s+sv0\s+[0-9a-f]{16}$", r.stdout, re.M), r.stdout
+    r = subprocess.run(exec_cmd("ibv_devinfo", "-v"), env=env, capture_output=True, text=True,
+                       timeout=TIMEOUT, check=False)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    for line in ("hca_id:\tsv0", "state:\t\t\tPORT_ACTIVE (4)", "link_layer:\t\tEthernet",
+                 "GID[  1]:\t\t::ffff:127.0.0.1, RoCE v2"):  # fmt: skip
+        assert line in r.stdout, (line, r.stdout)
+
+
+def test_asyncwatch_waits_for_events(env: dict[str, str]) -> None:
+    _need("ibv_asyncwatch")
+    p = subprocess.Popen(exec_cmd("ibv_asyncwatch"), env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    time.sleep(2)
+    assert p.poll() is None, p.communicate()  # blocked in ibv_get_async_event, as on rxe
+    p.send_signal(signal.SIGINT)
+    out = p.communicate(timeout=30)[0]
+    assert "sv0: async event FD" in out, out
+
+
+def _status(env: dict[str, str]) -> dict[str, object]:
+    r = subprocess.run([sys.executable, "-m", "softverbs", "service", "status", "-j"], env=env,
+                       capture_output=True, text=True, timeout=TIMEOUT, check=False)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    status: dict[str, object] = json.loads(r.stdout)
+    return status
+
+
+def test_a_killed_c_program_leaves_nothing(env: dict[str, str]) -> None:
+    """SIGKILL in the middle of a run: the service destroys all it held."""
+    _need("ibv_rc_pingpong")
+    port = _free_port()
+    p = subprocess.Popen(exec_cmd("ibv_rc_pingpong", "-g", "1", "-p", str(port)), env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not _listening(port):  # its QP, CQ, MR and PD exist by now
+        assert p.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    assert any(proc["pid"] == p.pid for proc in _status(env)["processes"])  # type: ignore[attr-defined,index]
+    p.kill()
+    p.wait()
+    deadline = time.monotonic() + 30
+    while any(proc["pid"] == p.pid for proc in _status(env)["processes"]):  # type: ignore[attr-defined,index]
+        assert time.monotonic() < deadline, "the service still holds the killed program's objects"
+        time.sleep(0.1)
+
+
+#: perftest leaks its own allocations at exit (LeakSanitizer shows them in
+#: the program, not in the library), so leaks are checked on rdma-core's tools
+SANITIZED = [
+    ("ibv_rc_pingpong", ["-g", "1", "-n", "50", "-e"]),
+    ("ibv_ud_pingpong", ["-g", "1", "-n", "50"]),
+    ("ibv_srq_pingpong", ["-g", "1", "-n", "50"]),
+    ("ib_write_bw", ["-d", "sv0", "-x", "1", "-n", "50"]),
+    ("ib_send_lat", ["-d", "sv0", "-x", "1", "-n", "50", "-e"]),
+    ("ib_atomic_bw", ["-d", "sv0", "-x", "1", "-n", "50"]),
+]
+
+
+@pytest.fixture(scope="module")
+def sanitized_libs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """The libraries built with ASan and UBSan, and the runtimes to preload."""
+    try:
+        libdir = native.build(tmp_path_factory.mktemp("asan"), sanitize=True, werror=True)
+    except native.BuildError as exc:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(str(exc))
+    cc = native.compiler() or "gcc"
+    runtimes = [subprocess.run([cc, f"-print-file-name={lib}"], capture_output=True, text=True,
+                               check=True).stdout.strip()
+                for lib in ("libasan.so", "libubsan.so")]  # fmt: skip
+    return libdir, ":".join(runtimes)
+
+
+@pytest.mark.parametrize(("tool", "args"), SANITIZED,
+                         ids=[" ".join([t, *a]) for t, a in SANITIZED])  # fmt: skip
+def test_tools_under_address_sanitizer(env: dict[str, str], sanitized_libs: tuple[Path, str],
+                                       tool: str, args: list[str]) -> None:  # fmt: skip
+    """Debian's unmodified tools on the library built with ASan and UBSan: no
+    report from start to teardown, and no leak (a leak fails the exit code)."""
+    _need(tool)
+    libdir, preload = sanitized_libs
+    san = dict(env, LD_LIBRARY_PATH=str(libdir), LD_PRELOAD=preload,
+               ASAN_OPTIONS=f"detect_leaks={int(tool.startswith('ibv_'))}:exitcode=23",
+               UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1")  # fmt: skip
+    server, client = pair(san, tool, args, "-p", launch=lambda *a: list(a))
+    for out in (server, client):
+        assert "Sanitizer" not in out and "runtime error" not in out, out
+    assert "usec/iter" in client or re.search(r"^ #bytes", client, re.M), client
+
+
+def test_a_forked_child_gets_a_clean_error(env: dict[str, str],
+                                           sanitized_libs: tuple[Path, str],
+                                           tmp_path: Path) -> None:  # fmt: skip
+    """``fork.c``: the child's verbs on its parent's objects fail with EPERM,
+    the parent's rings are untouched, and the child can open its own device."""
+    libdir, _ = sanitized_libs
+    cc = native.compiler() or "gcc"
+    prog = tmp_path / "fork"
+    build = subprocess.run([cc, "-std=gnu11", "-g", "-Wall", "-Wextra", "-Werror",
+                            "-fsanitize=address,undefined", str(Path(__file__).parent / "fork.c"),
+                            "-o", str(prog), f"-L{libdir}", "-l:libibverbs.so.1"],
+                           capture_output=True, text=True, check=False)  # fmt: skip
+    assert build.returncode == 0, build.stderr
+    r = subprocess.run([str(prog)], env=dict(env, LD_LIBRARY_PATH=str(libdir)),
+                       capture_output=True, text=True, timeout=TIMEOUT, check=False)  # fmt: skip
+    assert r.returncode == 0 and "FAIL" not in r.stdout, r.stdout + r.stderr
+    assert r.stdout.count("ok ") == 10, r.stdout
