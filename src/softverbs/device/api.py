@@ -778,6 +778,11 @@ CANCEL_SEND = Op(
     doc="turn the posted, not started send WQEs with wr_id into NOPs "
     "(mlx5dv_qp_cancel_posted_send_wrs; a SIG_PIPELINING QP in SQD, else EINVAL)",
 )
+SANITIZE = Op(
+    47, "SANITIZE", Empty, Empty, "the program's stderr, where reports go",
+    tail="request: the options, as SOFTVERBS_SANITIZE",
+    doc="turn the verbs sanitizer on for this process (docs/sanitizer.md)",
+)
 CM = Op(
     50, "CM", Empty, Empty, tail="JSON: {cmd, args} -> {result}",
     doc="an RDMA CM command for the service's CM agent (docs/service-protocol.md, The RDMA CM)",
@@ -825,6 +830,7 @@ OPS: tuple[Op[Any, Any], ...] = (
     CREATE_MKEY,
     MKEY_CHECK,
     CANCEL_SEND,
+    SANITIZE,
     CM,
     CM_EVENTS,
 )

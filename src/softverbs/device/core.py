@@ -59,6 +59,7 @@ from softverbs.device.api import (
     KIND_SRQ,
     KIND_XRCD,
 )
+from softverbs.engine import observe
 from softverbs.engine.hca import HCA, XrcDomain
 from softverbs.engine.memory import Bytes, MemKey, MemKind
 from softverbs.engine.qp import QPEngine
@@ -131,6 +132,7 @@ from softverbs.enums import (
     IBV_QP_STATE,
     IBV_QP_TIMEOUT,
     IBV_QPS_INIT,
+    IBV_QPS_RESET,
     IBV_QPS_RTR,
     IBV_QPS_SQD,
     IBV_QPT_RAW_PACKET,
@@ -161,6 +163,8 @@ from softverbs.enums import (
     mtu_to_bytes,
 )
 from softverbs.errors import PyverbsRDMAError, ebusy, einval, eopnotsupp, eperm
+from softverbs.sanitizer import SanitizeError, Sanitizer, Watch
+from softverbs.sanitizer import parse as parse_sanitize
 
 # --- what a softverbs device has -----------------------------------------------------------
 
@@ -458,6 +462,7 @@ class Owner:
         #: names this owner to a forked child that joins it (HELLO_JOIN)
         self.token = int.from_bytes(os.urandom(8), "little")
         self.connections = 1  #: the service's connections that hold it
+        self.release: list[Callable[[], None]] = []  #: what to close when it goes
 
     def __repr__(self) -> str:
         return self.label
@@ -599,6 +604,8 @@ class Host:
         self._next_handle = 1
         self.lock = threading.RLock()
         self.stats: Counter[str] = Counter()
+        #: the verbs sanitizer, once a process has asked for it (SANITIZE)
+        self.sanitizer: Sanitizer | None = None
         self._handlers: dict[int, Callable[[Owner, Any, Resources], Any]] = {
             api.BY_NAME[name].code: getattr(self, name.lower()) for name in _HANDLED
         }
@@ -620,6 +627,8 @@ class Host:
                 dev = self._open_device(name)
                 dev.host = self
                 self.devices[name] = dev
+                if self.sanitizer is not None:
+                    observe.attach_once(dev.hca, self.sanitizer)
             return dev
 
     # --- requests ------------------------------------------------------------------------------
@@ -834,6 +843,24 @@ class Host:
         return api.Empty()
 
     # --- mlx5dv signature offload: mkeys, signature pipelining ---------------------------------
+    def sanitize(self, owner: Owner, req: api.Empty, res: Resources) -> api.Empty:
+        """Turn the verbs sanitizer on for ``owner``: reports go to ``res.file``."""
+        try:
+            options = parse_sanitize(res.text)
+        except SanitizeError as exc:
+            raise einval(str(exc)) from None
+        if options is None or res.file is None:
+            raise einval("SANITIZE: no options, or no file for the reports")
+        if self.sanitizer is None:
+            self.sanitizer = Sanitizer()
+        for dev in self.devices.values():
+            observe.attach_once(dev.hca, self.sanitizer)
+        local = owner.pid == os.getpid()
+        self.sanitizer.watches[owner] = Watch(res.file, options, owner.pid, local)
+        owner.release.extend(res.release)  # the file stays open while the owner lives
+        res.release = []
+        return api.Empty()
+
     def create_mkey(self, owner: Owner, req: api.CreateMkey, res: Resources) -> api.MkeyReply:
         """An indirect mkey on the PD: invalid until a driver WQE configures it."""
         from softverbs.engine.signature import IndirectKey
@@ -1281,6 +1308,8 @@ class Host:
         if new is not None and new not in ibv_qp_state._value2member_map_:
             raise einval(f"qp_state {new} is not a QP state")
         cur = a.cur_qp_state if mask & IBV_QP_CUR_STATE else None
+        if new == IBV_QPS_RESET and self.sanitizer is not None:
+            self.sanitizer.leaving(rec, "moved to IBV_QPS_RESET")
         with self._on(dev):
             state = eng.modify(mask, new, cur, lambda: qp_values(dev, a, mask),
                                dev.runtime.clock.now())  # fmt: skip
@@ -1407,12 +1436,17 @@ class Host:
         if req.kind not in _TEARDOWN:
             raise einval(f"destroy: unknown kind {req.kind}")
         rec = self.obj(owner, req.handle, req.kind)
+        san = self.sanitizer
         if req.flags & api.DESTROY_CASCADE:
             for user in sorted(self._users_of(rec), key=lambda r: (_TEARDOWN[r.kind], -r.handle)):
+                if san is not None:
+                    san.destroying(user)
                 self._destroy(user)
         if rec.users:
             raise ebusy(f"Failed to destroy {rec.kind_name} {rec.handle}: {rec.users} object(s) "
                         "still use it; destroy them first")  # fmt: skip
+        if san is not None:
+            san.destroying(rec)
         self._destroy(rec)
         return api.Empty()
 
@@ -1495,6 +1529,8 @@ class Host:
         with self.lock:
             if owner.closed:
                 return
+            if self.sanitizer is not None:
+                self.sanitizer.closing(owner)
             owner.closed = True
             order = sorted(owner.objects.values(), key=lambda r: (_TEARDOWN[r.kind], -r.handle))
             for rec in order:
@@ -1519,6 +1555,9 @@ class Host:
                     layer.rules.pop(owner, None)
             if owner.memory is not None:
                 owner.memory.close()
+            for close in owner.release:
+                close()
+            owner.release = []
             self.owners.discard(owner)
 
 
@@ -1625,5 +1664,5 @@ _HANDLED = (
     "CREATE_CQ", "RESIZE_CQ", "CREATE_SRQ", "MODIFY_SRQ", "QUERY_SRQ", "OPEN_XRCD",
     "CREATE_QP", "MODIFY_QP", "QUERY_QP", "OPEN_QP", "DOORBELL", "XRC_RCV_QP_ALLOC",
     "XRC_RCV_QP_REGISTER", "XRC_RCV_QP_UNREGISTER", "COUNTERS", "STATUS", "CAPTURE", "FAULTS",
-    "CREATE_MKEY", "MKEY_CHECK", "CANCEL_SEND",
+    "CREATE_MKEY", "MKEY_CHECK", "CANCEL_SEND", "SANITIZE",
 )  # fmt: skip

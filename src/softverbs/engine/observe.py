@@ -8,6 +8,7 @@ moments a NIC's own tracing would see:
 ===================  ====================================================
 ``doorbell``         the driver moved a doorbell: new WQEs to fetch
 ``wqe_start``        a send WQE starts: its memory resolved, its PSNs given
+``wqe_done``         a send WQE is finished and leaves the send queue (its CQE, if any, next)
 ``packet_out``       a packet (or a burst) leaves the QP for the fabric
 ``packet_in``        a packet (or a burst) reached its QP
 ``retransmit``       the requester goes back to a PSN (timeout, NAK, RNR)
@@ -45,6 +46,7 @@ class Observer(Protocol):
 
     def doorbell(self, qp: QPCore, queue: str, index: int) -> None: ...
     def wqe_start(self, qp: QPCore, wqe: SendWQE) -> None: ...
+    def wqe_done(self, qp: QPCore, wqe: SendWQE) -> None: ...
     def packet_out(self, qp: QPCore, pkt: Packet) -> None: ...
     def packet_in(self, qp: QPCore, pkt: Packet) -> None: ...
     def retransmit(self, qp: QPCore, psn: int, why: str) -> None: ...
@@ -66,6 +68,10 @@ class Observers:
     def wqe_start(self, qp: QPCore, wqe: SendWQE) -> None:
         for o in self.observers:
             o.wqe_start(qp, wqe)
+
+    def wqe_done(self, qp: QPCore, wqe: SendWQE) -> None:
+        for o in self.observers:
+            o.wqe_done(qp, wqe)
 
     def packet_out(self, qp: QPCore, pkt: Packet) -> None:
         for o in self.observers:
@@ -101,6 +107,14 @@ def attach(hca: HCA, observer: Observer) -> None:
         current.observers.append(observer)
     else:
         hca.observer = Observers(current, observer)
+
+
+def attach_once(hca: HCA, observer: Observer) -> None:
+    """Add ``observer`` unless it is already there."""
+    current = hca.observer
+    if current is observer or (isinstance(current, Observers) and observer in current.observers):
+        return
+    attach(hca, observer)
 
 
 def detach(hca: HCA, observer: Observer) -> None:

@@ -956,8 +956,11 @@ class Completer:
         qp = self.qp
         inflight = self.inflight
         counters = qp.hca.counters
+        obs = qp.hca.observer
         while inflight and _finished(inflight[0]):
             wqe = inflight.popleft()
+            if obs is not None:
+                obs.wqe_done(qp, wqe)
             ok = wqe.state != WqeState.FAILED
             info = WR_INFO[wqe.opcode]
             if wqe.state == WqeState.DONE and info.klass is WrClass.SEND:

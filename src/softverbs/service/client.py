@@ -40,7 +40,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from softverbs import config
+from softverbs import config, sanitizer
 from softverbs.device import api
 from softverbs.device.core import Features
 from softverbs.engine.rings import (
@@ -109,6 +109,9 @@ class Connection:
             os.close(mem)
         self.service_pid: int = reply.service_pid
         self.token: int = reply.token
+        value = sanitizer.from_environment()
+        if value is not None:  # reports go to this process's stderr (docs/sanitizer.md)
+            self.call(api.SANITIZE, api.Empty(), [2], value.encode())
 
     @staticmethod
     def _connect(path: str, spawn: bool = True) -> socket.socket:

@@ -612,6 +612,11 @@ class Service:
         elif code == api.FAULTS.code:
             _fds(fds, 0, op.name)
             res.text = tail.decode("utf-8", "replace")
+        elif code == api.SANITIZE.code:
+            (fd,) = _fds(fds, 1, op.name)
+            res.file = os.fdopen(fd, "wb", buffering=0)
+            res.release.append(res.file.close)
+            res.text = tail.decode("utf-8", "replace")
         elif code == api.OPEN_XRCD.code:
             if body.flags & api.OPEN_XRCD_HAS_FD:
                 (fd,) = _fds(fds, 1, op.name)

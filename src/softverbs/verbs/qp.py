@@ -21,6 +21,7 @@ import errno
 import sys
 from typing import TYPE_CHECKING, Any
 
+from softverbs import sanitizer
 from softverbs.device import api
 from softverbs.device.core import ALLOWED_OPCODES
 from softverbs.engine import qpstate
@@ -657,7 +658,7 @@ class QP(PyverbsCM):
             raise einval(f"{where}: unsupported send_flags bits "
                          f"{flags & ~_ALLOWED_SEND_FLAGS:#x}")  # fmt: skip
         if sq.used >= sq.size:
-            raise enomem(self._sq_full_message(where))
+            raise self._sq_full(where)
         cap = self.cap
         if len(w.sg) > cap.max_send_sge:
             raise einval(f"{where}: {len(w.sg)} SGEs exceed max_send_sge={cap.max_send_sge}")
@@ -700,6 +701,21 @@ class QP(PyverbsCM):
         if opcode == IBV_WR_BIND_MW:
             self._bind_args(wqe, w.mw, w.bind_info, w.bind_rkey, where, type2=not type1_bind)
         return wqe
+
+    def _sq_full(self, where: object) -> PyverbsRDMAError:
+        """ENOMEM for a post to a full send queue (and the sanitizer's report)."""
+        sq = self.sq
+        assert sq is not None
+        sanitizer.report_here("send-queue-full", [
+            ("qp", f"{self.qp_num:#x}"),
+            ("send queue", f"{sq.used} of {sq.size} slots held by WRs whose completions "
+                           f"have not been polled; {self._unsignaled_run} unsignaled WRs "
+                           "posted since the last signaled one"),
+            ("result", "post_send fails with ENOMEM" + (
+                ": only unsignaled WRs hold the queue, and nothing will ever free it; move "
+                "the QP to RESET" if self._unsignaled_run >= sq.used else "")),
+        ])  # fmt: skip
+        return enomem(self._sq_full_message(where))
 
     def _sq_full_message(self, where: object) -> str:
         sq = self.sq
@@ -931,7 +947,7 @@ class QPEx(QP):
             assert sq is not None
             try:
                 if sq.size - sq.used < len(batch):
-                    raise enomem(self._sq_full_message(f"wr_complete: batch of {len(batch)}"))
+                    raise self._sq_full(f"wr_complete: batch of {len(batch)}")
                 wqes = [self._build_send(w, i) for i, w in enumerate(batch)]
             except PyverbsRDMAError:
                 self._ring(sq.pi)  # never strand WQEs deferred before the batch (seed 003)

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from softverbs import config
 from softverbs.device import api
-from softverbs.device.core import Device, DeviceInfo, Features, Host, Owner
+from softverbs.device.core import Device, DeviceInfo, Features, Host, Owner, Resources
 from softverbs.engine.hca import HCA
 from softverbs.errors import ConfigError, PyverbsRDMAError
 from softverbs.fabric.runtime import Clock, DeviceRuntime, InprocRuntime, Runtime
@@ -167,6 +167,7 @@ class Registry:
         if self._inproc is None:
             self._inproc = InprocRuntime(self._clock)
             _apply_environment(self._inproc)
+            self._sanitize()
         return self._inproc
 
     def _build(self, spec: DeviceSpec, index: int) -> SoftDevice:
@@ -257,7 +258,22 @@ class Registry:
         if stop is not None:
             stop()
 
+    def _sanitize(self) -> None:
+        """SOFTVERBS_SANITIZE: the sanitizer watches this process's objects."""
+        from softverbs import sanitizer
+
+        value = sanitizer.from_environment()
+        if value is None or self.host.sanitizer is not None:
+            return
+        out = os.fdopen(os.dup(2), "wb", buffering=0)
+        self.host.execute(self.owner, api.SANITIZE, api.Empty(),
+                          Resources(file=out, text=value, release=[out.close]))  # fmt: skip
+
     def shutdown(self) -> None:
+        san = self.host.sanitizer
+        if san is not None:  # the program exits: what it left behind
+            with self.host.lock:
+                san.closing(self.owner)
         for dev in list(self.devices.values()):
             stop = getattr(dev.runtime, "stop", None)
             if stop is not None:

@@ -30,6 +30,9 @@ class Recorder:
     def wqe_start(self, qp: Any, wqe: Any) -> None:
         self.log.append(("wqe_start", qp.qpn, wqe.wr_id, wqe.psn, wqe.npkts))
 
+    def wqe_done(self, qp: Any, wqe: Any) -> None:
+        self.log.append(("wqe_done", qp.qpn, wqe.wr_id))
+
     def packet_out(self, qp: Any, pkt: Any) -> None:
         self.log.append(("out", qp.qpn, pkt.opcode, pkt.psn, pkt.count))
 
@@ -66,7 +69,7 @@ def test_hooks_see_a_send_through_an_rnr_nak() -> None:
     assert ra.log[1] == ("wqe_start", qa, 7, 0, 3)
     assert ("out", qa, b.a.qp.transport | 0x00, 0, 3) in ra.log  # SEND_FIRST burst of 3
     assert ("retransmit", qa, 0, "RNR back-off over") in ra.log
-    assert ra.log[-1] == ("cqe", qa, 7, IBV_WC_SUCCESS, IBV_WC_SEND)
+    assert ra.log[-2:] == [("wqe_done", qa, 7), ("cqe", qa, 7, IBV_WC_SUCCESS, IBV_WC_SEND)]
     assert ("doorbell", qb, "rq", 1) in rb.log
     assert ("cqe", qb, 9, IBV_WC_SUCCESS, IBV_WC_RECV) in rb.log
     assert rb.log[-1][:3] == ("out", qb, b.b.qp.transport | 0x11)  # the coalesced ACK, last

@@ -222,6 +222,30 @@ __attribute__((constructor)) static void watch_forks(void)
 	pthread_atfork(NULL, NULL, count_fork);
 }
 
+/* SOFTVERBS_SANITIZE: the device watches this program and writes its
+ * reports to our stderr (docs/sanitizer.md).  A malformed value is refused
+ * by the device, which says why. */
+static int sanitize_locked(void)
+{
+	const char *v = getenv("SOFTVERBS_SANITIZE");
+	if (!v || !*v || !strcmp(v, "0"))
+		return 0;
+	int fd = STDERR_FILENO;
+	char none[1];
+	int err = exchange(SV_OP_SANITIZE, v, strlen(v), &fd, 1, none, 0, NULL, NULL);
+	if (err)
+		fprintf(stderr, "softverbs: %s\n", sv_last_error());
+	return err;
+}
+
+int sv_sanitizing(void)
+{
+	const char *v = getenv("SOFTVERBS_SANITIZE");
+	if (!v || !*v || !strcmp(v, "0"))
+		return 0;
+	return strncmp(v, "json", 4) ? 1 : 2;
+}
+
 static int connect_locked(void)
 {
 	if (conn_fd >= 0 && conn_pid == getpid())
@@ -264,6 +288,8 @@ static int connect_locked(void)
 		       sizeof(rep), NULL, NULL);
 	if (mem >= 0)
 		close(mem);
+	if (!err)
+		err = sanitize_locked();
 	if (err) {
 		close(conn_fd);
 		conn_fd = -1;

@@ -34,6 +34,8 @@ SV_HIDDEN void sv_doorbell(uint32_t qp, uint32_t queue);
 SV_HIDDEN const char *sv_last_error(void);
 /* Connect (once per process; again after fork) and say HELLO; 0 or an errno. */
 SV_HIDDEN int sv_connect(void);
+/* SOFTVERBS_SANITIZE: 0 off, 1 text reports, 2 JSON reports (docs/sanitizer.md). */
+SV_HIDDEN int sv_sanitizing(void);
 
 /* --- rings in shared memory (ring.c) ------------------------------------------------- */
 

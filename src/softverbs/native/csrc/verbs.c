@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sched.h>
+#include <stdio.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -714,6 +715,34 @@ static int encode_send(struct sv_qp *qp, const struct ibv_send_wr *wr, uint64_t 
 	return 0;
 }
 
+/* The sanitizer's report for a post refused with ENOMEM: the one check made
+ * in the program's process, since only the driver sees a full queue.  The
+ * format is the device's (softverbs/sanitizer.py). */
+static void sanitize_sq_full(const struct sv_qp *qp, uint64_t used, uintptr_t caller)
+{
+	int mode = sv_sanitizing();
+	if (!mode)
+		return;
+	const char *rule = "a send slot is freed only when a CQE of its WR, or of a later WR of "
+			   "the same send queue, is polled (seed 000)";
+	if (mode == 2)
+		fprintf(stderr, "{\"sanitizer\": \"softverbs\", \"check\": \"send-queue-full\", "
+			"\"rule\": \"%s\", \"pid\": %d, \"qp\": \"%#x\", \"send queue\": "
+			"\"%llu of %u slots held by WRs whose completions have not been polled\", "
+			"\"result\": \"post_send fails with ENOMEM\", \"where\": [\"%#lx\"]}\n",
+			rule, (int)getpid(), qp->qpx.qp_base.qp_num, (unsigned long long)used,
+			qp->sq.nslots, (unsigned long)caller);
+	else
+		fprintf(stderr, "softverbs-sanitizer: send-queue-full\n    rule: %s\n    qp: %#x\n"
+			"    send queue: %llu of %u slots held by WRs whose completions have not "
+			"been polled\n    result: post_send fails with ENOMEM\n    where:\n"
+			"      %#lx\n", rule, qp->qpx.qp_base.qp_num, (unsigned long long)used,
+			qp->sq.nslots, (unsigned long)caller);
+	const char *v = getenv("SOFTVERBS_SANITIZE");
+	if (strstr(v, "halt_on_error=1"))
+		abort();
+}
+
 static int post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
 {
 	struct sv_qp *qp = (struct sv_qp *)ibqp;
@@ -728,8 +757,10 @@ static int post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_sen
 	if (!can_post_send(published_state(qp)))
 		err = EINVAL;
 	for (; wr && !err; wr = wr->next) {
-		if (pi - __atomic_load_n(&qp->sq_ci, __ATOMIC_ACQUIRE) >= qp->sq.nslots) {
+		uint64_t used = pi - __atomic_load_n(&qp->sq_ci, __ATOMIC_ACQUIRE);
+		if (used >= qp->sq.nslots) {
 			err = ENOMEM;
+			sanitize_sq_full(qp, used, caller);
 			break;
 		}
 		err = encode_send(qp, wr, pi, caller);

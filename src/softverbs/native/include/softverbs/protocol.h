@@ -62,6 +62,7 @@
 #define SV_OP_CREATE_MKEY 44
 #define SV_OP_MKEY_CHECK 45
 #define SV_OP_CANCEL_SEND 46
+#define SV_OP_SANITIZE 47
 #define SV_OP_CM 50
 #define SV_OP_CM_EVENTS 51
 

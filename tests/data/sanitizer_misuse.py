@@ -1,0 +1,289 @@
+"""Programs that commit the misuse each sanitizer check reports (docs/sanitizer.md).
+
+``python sanitizer_misuse.py CHECK`` runs the program for one check on
+device ``sv0`` -- in-process or the host device, as the environment says --
+with ``SOFTVERBS_SANITIZE`` set by the caller.  Each program does the wrong
+thing once, then carries on as a careless program would; it prints ``done``
+at the end.  Apart from the misuse they are correct: with the misuse taken
+out (``python sanitizer_misuse.py CHECK --correct``) they produce no report.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from softverbs import (
+    AH,
+    CQ,
+    MR,
+    PD,
+    QP,
+    SGE,
+    SRQ,
+    AHAttr,
+    Context,
+    GlobalRoute,
+    QPAttr,
+    QPCap,
+    QPInitAttr,
+    RecvWR,
+    SendWR,
+    SrqAttr,
+    SrqInitAttr,
+)
+from softverbs.enums import (
+    IBV_ACCESS_LOCAL_WRITE,
+    IBV_ACCESS_REMOTE_READ,
+    IBV_ACCESS_REMOTE_WRITE,
+    IBV_MTU_1024,
+    IBV_QPS_ERR,
+    IBV_QPT_RC,
+    IBV_QPT_UD,
+    IBV_SEND_DEFER,
+    IBV_SEND_SIGNALED,
+    IBV_WR_SEND,
+)
+
+ACCESS = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ
+GID = 1
+QKEY = 0x11111111
+
+
+class Side:
+    def __init__(self, ctx: Context, pd: PD, cqe: int = 64, depth: int = 16,
+                 sig_all: int = 1, qp_type: int = IBV_QPT_RC, srq: object = None) -> None:
+        self.ctx, self.pd = ctx, pd
+        self.cq = CQ(ctx, cqe)
+        init = QPInitAttr(qp_type=qp_type, scq=self.cq, rcq=self.cq,
+                          cap=QPCap(depth, depth, 1, 1), sq_sig_all=sig_all)
+        if srq is not None:
+            init.srq = srq
+        attr = QPAttr()
+        attr.qkey = QKEY
+        self.qp = QP(pd, init, attr)  # a UD QP goes to RTS at once
+        self.mr = MR(pd, 1 << 16, ACCESS)
+
+    def close(self) -> None:
+        for obj in (self.qp, self.mr, self.cq):
+            obj.close()
+
+    def send(self, wr_id: int, length: int = 64, flags: int = IBV_SEND_SIGNALED) -> None:
+        self.qp.post_send(SendWR(wr_id, IBV_WR_SEND, 1, send_flags=flags,
+                                 sg=[SGE(self.mr.buf, length, self.mr.lkey)]))
+
+    def recv(self, wr_id: int, length: int = 4096) -> None:
+        self.qp.post_recv(RecvWR(wr_id, 1, [SGE(self.mr.buf + 8192, length, self.mr.lkey)]))
+
+    def wait(self, n: int, deadline: float = 10.0) -> list[object]:
+        got: list[object] = []
+        end = time.monotonic() + deadline
+        while len(got) < n and time.monotonic() < end:
+            got += self.cq.poll(n - len(got))[1]
+        return got
+
+
+def connect(me: Side, peer: Side) -> None:
+    attr = QPAttr()
+    attr.qp_access_flags = ACCESS
+    attr.dest_qp_num = peer.qp.qp_num
+    attr.path_mtu = IBV_MTU_1024
+    attr.max_rd_atomic = attr.max_dest_rd_atomic = 4
+    attr.timeout, attr.retry_cnt, attr.rnr_retry, attr.min_rnr_timer = 14, 7, 7, 1
+    attr.ah_attr = AHAttr(is_global=1, gr=GlobalRoute(dgid=peer.ctx.query_gid(1, GID),
+                                                      sgid_index=GID))
+    me.qp.to_rts(attr)
+
+
+def close(*sides: Side) -> None:
+    for s in sides:
+        s.close()
+    sides[0].pd.close()
+
+
+def pair(**kw: int) -> tuple[Side, Side]:
+    ctx = Context(name="sv0")
+    pd = PD(ctx)
+    a, b = Side(ctx, pd, **kw), Side(ctx, pd, **kw)
+    connect(a, b)
+    connect(b, a)
+    return a, b
+
+
+def send_buffer_changed(correct: bool) -> None:
+    a, b = pair()
+    a.mr.write(b"x" * 64, 64, 0)
+    a.send(1)  # b has no receive: RNR NAK, the SEND waits
+    time.sleep(0.05)
+    if not correct:
+        a.mr.write(b"y" * 64, 64, 0)  # misuse: the buffer changes before the completion
+    b.recv(2)
+    assert len(a.wait(1)) == 1 and len(b.wait(1)) == 1
+    close(a, b)
+
+
+def mr_in_use(correct: bool) -> None:
+    a, b = pair()
+    a.send(1)  # b has no receive: the SEND stays outstanding
+    time.sleep(0.05)
+    if not correct:
+        a.mr.close()  # misuse: the MR of an outstanding SEND
+    b.recv(2)
+    a.wait(1)
+    b.wait(1) if correct else None
+    a.qp.close()
+    if correct:
+        a.mr.close()
+    a.cq.close()
+    close(b)
+
+
+def ah_in_use(correct: bool) -> None:
+    ctx = Context(name="sv0")
+    pd = PD(ctx)
+    a = Side(ctx, pd, qp_type=IBV_QPT_UD)
+    ah = AH(pd, attr=AHAttr(port_num=1, is_global=1,
+                            gr=GlobalRoute(dgid=ctx.query_gid(1, GID), sgid_index=GID)))
+    wr = SendWR(1, IBV_WR_SEND, 1, send_flags=IBV_SEND_SIGNALED | IBV_SEND_DEFER,
+                sg=[SGE(a.mr.buf, 64, a.mr.lkey)])
+    wr.set_wr_ud(ah, a.qp.qp_num, QKEY)
+    a.qp.post_send(wr)  # deferred: written, not yet handed to the device
+    if not correct:
+        ah.close()  # misuse: the AH of an outstanding WR
+    if not correct:
+        ah.close()  # misuse: the AH of an outstanding WR
+        ah = AH(pd, attr=AHAttr(port_num=1, is_global=1,
+                                gr=GlobalRoute(dgid=ctx.query_gid(1, GID), sgid_index=GID)))
+    wr2 = SendWR(2, IBV_WR_SEND, 1, send_flags=IBV_SEND_SIGNALED, sg=[SGE(a.mr.buf, 64, a.mr.lkey)])
+    wr2.set_wr_ud(ah, a.qp.qp_num, QKEY)
+    a.qp.post_send(wr2)  # rings the doorbell for both
+    a.wait(2)
+    ah.close()
+    close(a)
+
+
+def unsignaled_send_queue(correct: bool) -> None:
+    a, b = pair(sig_all=0, depth=4)
+    for i in range(4):
+        b.recv(100 + i)
+    for i in range(4):  # misuse: four unsignaled WRs fill the queue for good
+        a.send(i, flags=IBV_SEND_SIGNALED if correct and i == 3 else 0)
+    a.wait(1) if correct else None
+    b.wait(4)
+    close(a, b)
+
+
+def send_queue_full(correct: bool) -> None:
+    a, b = pair(sig_all=0, depth=4)
+    for i in range(4):
+        b.recv(100 + i)
+    for i in range(6):
+        if i == 4:
+            b.wait(4)
+            for j in range(4):
+                b.recv(200 + j)
+        try:
+            a.send(i, flags=IBV_SEND_SIGNALED if correct and i % 2 else 0)
+        except Exception as exc:  # ENOMEM: the queue is full of unsignaled WRs
+            print(f"post {i}: {exc}"[:60])
+        if correct and i % 2:
+            a.wait(1)
+    b.wait(2 if correct else 0)
+    close(a, b)
+
+
+def cq_too_small(correct: bool) -> None:
+    a, b = pair(cqe=32 if correct else 8, depth=8)
+    a.recv(1)
+    for i in range(8):
+        b.recv(100 + i)
+    b.send(1)  # misuse: 8 receives and 1 signaled send may complete into a CQ of 8
+    assert len(b.wait(1)) == 1 and len(a.wait(1)) == 1
+    close(a, b)
+
+
+def cq_overrun(correct: bool) -> None:
+    a, b = pair(cqe=4 if not correct else 32, depth=8)
+    for i in range(6):
+        b.recv(100 + i)
+    for i in range(6):
+        a.send(i)
+        if correct:
+            a.wait(1)
+            b.wait(1)
+    time.sleep(0.1)
+    a.qp.close()
+    b.qp.close()
+    for s in (a, b):
+        s.mr.close()
+        s.cq.close()
+    a.pd.close()
+
+
+def qp_destroyed_while_flushing(correct: bool) -> None:
+    a, b = pair()
+    for i in range(4):
+        b.recv(100 + i)
+    b.qp.modify(_state(IBV_QPS_ERR), 1)  # IBV_QP_STATE: flush the receives
+    if correct:
+        assert len(b.wait(4)) == 4
+    b.close()  # misuse unless polled: the flush's completions are discarded
+    close(a)
+
+
+def _state(state: int) -> QPAttr:
+    attr = QPAttr()
+    attr.qp_state = state
+    return attr
+
+
+def srq_qp_destroyed_early(correct: bool) -> None:
+    """Run with SOFTVERBS_FAULTS dropping every SEND packet after the first:
+    the receiving QP holds an SRQ WQE for a message that never ends."""
+    ctx = Context(name="sv0")
+    pd = PD(ctx)
+    srq = SRQ(pd, SrqInitAttr(SrqAttr(max_wr=8)))
+    a, b = Side(ctx, pd), Side(ctx, pd, srq=srq)
+    connect(a, b)
+    connect(b, a)
+    srq.post_recv(RecvWR(100, 1, [SGE(b.mr.buf, 4096, b.mr.lkey)]))
+    a.send(1, length=3000)  # three packets: the first arrives, the rest are lost
+    time.sleep(0.1)
+    if correct:
+        b.qp.to_error() if hasattr(b.qp, "to_error") else b.qp.modify(_state(IBV_QPS_ERR), 1)
+        b.wait(1)
+    b.close()  # misuse unless moved to ERR first: the SRQ WQE is lost
+    a.close()
+    srq.close()
+    pd.close()
+
+
+def deferred_wr_never_rung(correct: bool) -> None:
+    a, b = pair()
+    b.recv(100)
+    a.send(1, flags=IBV_SEND_SIGNALED | IBV_SEND_DEFER)  # written, not rung
+    if correct:
+        a.send(2)  # the chain ends with a post that is not deferred
+        a.wait(2)
+        b.wait(1)
+        close(a, b)
+    # misuse: exit with the deferred WR never handed to the device
+
+
+def leak(correct: bool) -> None:
+    a, b = pair()
+    if correct:
+        a.close()
+        b.close()
+        a.pd.close()
+    # misuse: exit with the QPs, CQs, MRs and the PD never destroyed
+
+
+PROGRAMS = {name.replace("_", "-"): fn for name, fn in list(globals().items())
+            if callable(fn) and fn.__module__ == __name__ and not name.startswith("_")
+            and name not in ("connect", "pair", "Side")}
+
+
+if __name__ == "__main__":
+    PROGRAMS[sys.argv[1]]("--correct" in sys.argv)
+    print("done", flush=True)
