@@ -81,7 +81,8 @@ class TraceFile:
     def __init__(self, path: str) -> None:
         self.path = path
         self._lock = threading.Lock()  # devices with their own progress threads share it
-        self._f: TextIO | None = open(path, "w", encoding="utf-8")  # noqa: SIM115 - kept open
+        # line-buffered: a program that hangs or is killed still leaves its trace
+        self._f: TextIO | None = open(path, "w", encoding="utf-8", buffering=1)  # noqa: SIM115
 
     def write(self, record: dict[str, Any]) -> None:
         line = json.dumps(record, separators=(",", ":")) + "\n"
