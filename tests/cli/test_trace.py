@@ -12,8 +12,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,7 @@ UNIT = Path(__file__).resolve().parents[1] / "unit"
 #: PSNs 1..3) from sv0 to sv1; prints the two QP numbers
 EXCHANGE = f"""
 import sys
+import tempfile
 sys.path.insert(0, {str(UNIT)!r})
 from pcap_session import pair, rdma
 from softverbs import Context, RecvWR, SendWR
@@ -240,3 +243,53 @@ def test_exec_trace_sets_the_variable_for_the_child(tmp_path: Path) -> None:
                       "import os; print(os.environ['SOFTVERBS_TRACE'])")  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == os.path.abspath("rel.jsonl")
+
+
+def test_a_service_started_with_the_variable_traces_its_devices(tmp_path: Path) -> None:
+    """The served case: the QPs run in softverbsd, so the service's SOFTVERBS_TRACE
+    counts; a client's own variable only earns it a note that it is not written."""
+    import time
+
+    sock = Path(tempfile.mkdtemp(prefix="svtr", dir="/tmp")) / "sv.sock"  # short path
+    service_trace, client_trace = tmp_path / "service.jsonl", tmp_path / "client.jsonl"
+    env = cli_env(tmp_path, SOFTVERBS_INPROC_DEVICES="sv0,sv1",
+                  SOFTVERBS_TRACE=str(service_trace))  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-m", "softverbs.service.server", "--socket",
+                             str(sock)], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)  # fmt: skip
+    try:
+        for _ in range(2000):
+            if sock.exists() or proc.poll() is not None:
+                break
+            time.sleep(0.01)
+        assert sock.exists(), proc.stderr.read() if proc.stderr else b""
+        r = subprocess.run([sys.executable, "-c", EXCHANGE], capture_output=True, text=True,
+                           env=cli_env(tmp_path, SOFTVERBS_SERVICE=str(sock),
+                                       SOFTVERBS_TRACE=str(client_trace)),
+                           timeout=TIMEOUT, check=False)  # fmt: skip
+    finally:
+        proc.terminate()
+        proc.wait(TIMEOUT)
+        shutil.rmtree(sock.parent, ignore_errors=True)
+    assert r.returncode == 0, r.stderr
+    qa, qb = map(int, r.stdout.split())
+    assert not client_trace.exists()
+    (note,) = r.stderr.splitlines()
+    assert "SOFTVERBS_TRACE" in note and str(client_trace) in note and "service start" in note
+    recs = _records(service_trace)
+    sent = [(r["opcode"], r["psn"]) for r in recs
+            if r["kind"] == "packet_out" and (r["dev"], r["qpn"]) == ("sv0", qa)]  # fmt: skip
+    assert sent == [("RC_SEND_ONLY", 0), ("RC_RDMA_WRITE_FIRST", 1)]
+    assert [r["wr_id"] for r in recs if r["kind"] == "cqe" and r["dev"] == "sv1"] == [7]
+    assert qb in {r["qpn"] for r in recs if r["dev"] == "sv1"}
+
+
+def test_a_service_with_an_unwritable_trace_file_does_not_start(tmp_path: Path) -> None:
+    path = str(tmp_path / "no" / "such" / "t.jsonl")
+    sock = str(tmp_path / "sv.sock")
+    r = subprocess.run([sys.executable, "-m", "softverbs.service.server", "--socket", sock],
+                       env=cli_env(tmp_path, SOFTVERBS_TRACE=path), capture_output=True,
+                       text=True, timeout=TIMEOUT, check=False)  # fmt: skip
+    assert r.returncode == 1
+    assert r.stderr.strip() == f"softverbsd: SOFTVERBS_TRACE: cannot write {path}: " \
+        "No such file or directory"
