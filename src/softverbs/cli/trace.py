@@ -278,8 +278,7 @@ def _mark(i: int, kind: str, x: int, y: int, label: str, anchor: str = "start") 
 def _legend() -> str:
     parts = []
     for kind, colour in COLOURS.items():
-        if kind == "packet_in":
-            continue
+        # packet_in: a packet whose sending is not in the trace (or a piece of a split burst)
         parts.append(f'<label style="color:{colour}"><input type="checkbox" checked '
                      f'data-kind="{kind}"> {kind}</label>')  # fmt: skip
     return " ".join(parts)
