@@ -50,6 +50,7 @@ import sys
 from collections.abc import Mapping
 
 import softverbs.compat
+from softverbs.trace import ENV as TRACE_ENV
 
 #: Set in the child's environment; "1" means "running under softverbs exec".
 EXEC_ENV = "SOFTVERBS_EXEC"
@@ -110,7 +111,13 @@ def is_native(command: str, path: str | None) -> bool:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.usage = "%(prog)s [-h] [--] CMD [ARGS...]"
+    parser.usage = "%(prog)s [-h] [--trace FILE] [--] CMD [ARGS...]"
+    parser.add_argument(
+        "--trace",
+        metavar="FILE",
+        help="record what CMD's QPs do to FILE (sets SOFTVERBS_TRACE=FILE for CMD; "
+        "render it with 'softverbs trace FILE')",
+    )
     parser.add_argument(
         "argv",
         nargs=argparse.REMAINDER,
@@ -139,6 +146,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"softverbs exec: {argv[0]} is a C program, and {exc}", file=sys.stderr)
             return 1
     env = child_env(os.environ, libdir)
+    if args.trace:
+        env[TRACE_ENV] = os.path.abspath(args.trace)  # CMD may change directory
     # exec discards this process's buffers: flush what has been printed so far
     sys.stdout.flush()
     sys.stderr.flush()

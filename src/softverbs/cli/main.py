@@ -45,6 +45,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "ud-pingpong": ("pingpong", "UD SEND ping-pong, interoperable with ibv_ud_pingpong"),
     "service": ("service", "start, stop and inspect the device service softverbsd"),
     "stat": ("statistic", "show device and port counters, like 'rdma statistic'"),
+    "trace": ("trace", "draw a SOFTVERBS_TRACE file as an HTML ladder diagram of its QPs"),
     "srq-pingpong": ("srq_pingpong", "RC SEND ping-pong over QPs sharing an SRQ, interoperable "
                      "with ibv_srq_pingpong"),
     "xsrq-pingpong": ("xsrq_pingpong", "XRC SRQ ping-pong, modelled on ibv_xsrq_pingpong"),

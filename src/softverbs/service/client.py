@@ -216,7 +216,8 @@ def _spawn_service(path: str) -> None:
 
 
 #: settings a client applies to its own packets (see ServiceProvider)
-_PER_PROCESS = ("SOFTVERBS_FAULTS", "SOFTVERBS_PCAP")
+#: (SOFTVERBS_TRACE: a service traces only if started with it, by 'softverbs service start')
+_PER_PROCESS = ("SOFTVERBS_FAULTS", "SOFTVERBS_PCAP", "SOFTVERBS_TRACE")
 
 
 class ClientRuntime:
@@ -300,6 +301,24 @@ class ClientRuntime:
                                errno.EOPNOTSUPP)  # fmt: skip
 
 
+_trace_noted = False
+
+
+def _note_trace(device: str) -> None:
+    """``SOFTVERBS_TRACE`` in a client of the service: say, once, that it records nothing
+    here -- the QPs run in the service, which traces only if it was started with it."""
+    global _trace_noted
+    from softverbs.trace import ENV
+
+    path = os.environ.get(ENV)
+    if not path or _trace_noted:
+        return
+    _trace_noted = True
+    print(f"softverbs: {ENV}={path} is not written by this process: device {device} is "
+          f"served by softverbsd, which traces only when started with {ENV} set "
+          f"({ENV}=FILE softverbs service start; see docs/trace.md)", file=sys.stderr)  # fmt: skip
+
+
 class ServiceProvider:
     """A provider whose device runs in ``softverbsd`` (see the module docstring)."""
 
@@ -329,6 +348,7 @@ class ServiceProvider:
         holds them for as long as this process is connected."""
         from softverbs.verbs.registry import environment_faults, environment_pcap
 
+        _note_trace(self.name)
         text = environment_faults()
         if text is not None:
             self.call(api.FAULTS, api.Ctx(self._ctx, 0), Attach(text=text))

@@ -812,6 +812,9 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s softverbsd[%(process)d] %(levelname)s %(message)s")
     try:
         config.ensure_socket_dir(args.socket, "--socket")
+        from softverbs.trace import environment_trace
+
+        environment_trace()  # SOFTVERBS_TRACE: open now, so a bad file fails the start
         service = Service(args.socket, pidfile=args.pidfile, idle_exit=args.idle_exit)
     except ServiceRunning as exc:
         print(f"softverbsd: {exc}", file=sys.stderr)

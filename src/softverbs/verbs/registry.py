@@ -40,6 +40,7 @@ from softverbs.device.core import Device, DeviceInfo, Features, Host, Owner, Res
 from softverbs.engine.hca import HCA
 from softverbs.errors import ConfigError, PyverbsRDMAError
 from softverbs.fabric.runtime import Clock, DeviceRuntime, InprocRuntime, Runtime
+from softverbs.trace import environment_trace, trace_device
 from softverbs.verbs.memory import SelfMemory
 from softverbs.verbs.provider import EmbeddedProvider, Provider
 
@@ -179,6 +180,7 @@ class Registry:
         gids = [eui64_gid(spec.mac)] + [a.gid for a in addrs]
         hca = HCA(spec.name, gids)
         runtime = self.inproc_runtime()
+        trace_device(hca, runtime.clock)
         runtime.attach(hca)
         return self._device(spec, index, hca, runtime, spec.mtu or 4096)
 
@@ -201,6 +203,7 @@ class Registry:
             netdev_of_address,
         )
 
+        environment_trace()  # a bad SOFTVERBS_TRACE fails before the port is bound
         if spec.netdev:
             netdev_mtu, addrs = netdev_addresses(spec.netdev)
         else:
@@ -217,6 +220,7 @@ class Registry:
             ) from None
         _apply_environment(runtime)
         hca = HCA(spec.name, runtime.gids)
+        trace_device(hca, runtime.clock)  # checked above: cannot fail now
         runtime.attach(hca)
         runtime.start()
         return self._device(spec, index, hca, runtime, spec.mtu or ib_mtu_for(netdev_mtu))
