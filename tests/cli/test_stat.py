@@ -40,7 +40,7 @@ def test_a_served_device_shows_the_traffic_of_other_processes(tmp_path: Path) ->
 
 
 def test_mistakes(tmp_path: Path) -> None:
-    assert_user_error(softverbs_cli(tmp_path, "stat", "qp"), "per-QP counters")
+    assert_user_error(softverbs_cli(tmp_path, "stat", "qp", "mode"), "every QP has its own")
     assert_user_error(softverbs_cli(tmp_path, "stat", "link", "nodev"), "nodev")
     assert_user_error(softverbs_cli(tmp_path, "stat", "link", "sv0/2"), "sv0/2")
     assert_user_error(softverbs_cli(tmp_path, "stat", "show", "x", "y"), "x y")

@@ -43,6 +43,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "rc-pingpong": ("pingpong", "RC SEND ping-pong, interoperable with ibv_rc_pingpong"),
     "uc-pingpong": ("pingpong", "UC SEND ping-pong, interoperable with ibv_uc_pingpong"),
     "ud-pingpong": ("pingpong", "UD SEND ping-pong, interoperable with ibv_ud_pingpong"),
+    "res": ("res", "show QPs, CQs, MRs and PDs of every process, like 'rdma resource'"),
     "service": ("service", "start, stop and inspect the device service softverbsd"),
     "stat": ("statistic", "show device and port counters, like 'rdma statistic'"),
     "trace": ("trace", "draw a SOFTVERBS_TRACE file as an HTML ladder diagram of its QPs"),

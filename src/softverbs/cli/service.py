@@ -102,8 +102,10 @@ def _locked_pid(path: str) -> int | None:
     return None
 
 
-def _hello(path: str) -> dict[str, Any] | None:
-    """The service's stats if it answers on ``path``, else None."""
+def fetch_status(path: str) -> dict[str, Any] | None:
+    """The service's STATUS -- its clients, their objects, its counters -- if it
+    answers on ``path``, else None; never starts it.  `softverbs res` and
+    `softverbs stat qp` read the same."""
     from softverbs.errors import PyverbsRDMAError
     from softverbs.service.client import Connection
 
@@ -162,7 +164,7 @@ def _remove_leftovers(path: str) -> None:
 def _start(path: str, foreground: bool, verbose: bool) -> int:
     pid = _locked_pid(path)
     if pid is None:
-        stats = _hello(path)
+        stats = fetch_status(path)
         pid = int(stats["pid"]) if stats else None
     if pid is not None:
         _say(f"softverbsd is already running on {path} (pid {pid}); "
@@ -186,7 +188,7 @@ def _start(path: str, foreground: bool, verbose: bool) -> int:
         if rc is not None:
             _say(f"softverbsd exited with status {rc}: {_last_line(log_path)}")
             return 1
-        stats = _hello(path) if os.path.exists(path) else None
+        stats = fetch_status(path) if os.path.exists(path) else None
         if stats is not None:
             print(f"softverbsd started on {path} (pid {stats['pid']}), log in {log_path}")
             return 0
@@ -211,7 +213,7 @@ def _last_line(log_path: str) -> str:
 def _stop(path: str, timeout: float) -> int:
     pid = _locked_pid(path)
     if pid is None:
-        stats = _hello(path)
+        stats = fetch_status(path)
         pid = int(stats["pid"]) if stats else None
     if pid is None or pid < 0:
         stale = os.path.exists(path) or os.path.exists(_pidfile(path))
@@ -254,7 +256,7 @@ def _wait_gone(pid: int, path: str, timeout: float) -> bool:
 
 
 def _status(path: str, as_json: bool) -> int:
-    stats = _hello(path)
+    stats = fetch_status(path)
     if stats is None:
         _say(f"softverbsd is not running on {path}")
         return 1

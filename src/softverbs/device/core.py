@@ -763,24 +763,40 @@ class Host:
 
     def describe(self, skip: set[Owner] | None = None) -> dict[str, Any]:
         """Every owner (but ``skip``) and object, for `softverbs service status`
-        and `softverbs res`."""
+        and `softverbs res`.  An object's ``pdn``, ``cqn``, ``ctxn`` ... are the
+        handles of the objects it was made with, as ``rdma res`` numbers them;
+        ``users`` counts the objects made with it (a QP uses its CQ twice when
+        it both sends and receives on it, as in the kernel)."""
         owners = []
         for o in sorted(self.owners - (skip or set()), key=lambda o: o.pid):
             objs = []
             for rec in sorted(o.objects.values(), key=lambda r: r.handle):
                 entry: dict[str, Any] = {"kind": rec.kind_name, "handle": rec.handle,
-                                         "device": rec.device.name if rec.device else ""}
+                                         "device": rec.device.name if rec.device else "",
+                                         "users": rec.users}  # fmt: skip
+                if rec.ctx is not None and rec.ctx is not rec:
+                    entry["ctxn"] = rec.ctx.handle
+                pd = next((p for p in rec.parents if p.kind == KIND_PD), None)
+                if pd is not None:
+                    entry["pdn"] = pd.handle
                 eng = rec.engine
                 if rec.kind == KIND_QP and isinstance(eng, QPEngine):
                     entry.update(qpn=eng.qpn, type=_name(ibv_qp_type, eng.qp_type).replace(
                         "IBV_QPT_", ""), state=_name(ibv_qp_state, eng.state).replace(
                         "IBV_QPS_", ""))  # fmt: skip
+                    # the PSNs the QP is at: the next it sends and the next it expects
+                    entry.update(rqpn=eng.dest_qpn, sq_psn=eng.req.npsn, rq_psn=eng.resp.epsn,
+                                 port=eng.port, counters=eng.qp_counters())  # fmt: skip
                 elif rec.kind == KIND_MR and isinstance(eng, MemKey):
                     entry.update(lkey=eng.key, rkey=eng.key, length=eng.length, iova=eng.iova)
                 elif rec.kind == KIND_CQ and isinstance(eng, CompletionRing):
                     entry.update(cqe=eng.capacity, waiting=eng.waiting())
                 elif rec.kind == KIND_SRQ and isinstance(eng, SharedRecvRing):
-                    entry.update(max_wr=eng.size, srqn=eng.srqn)
+                    entry.update(max_wr=eng.size, srqn=eng.srqn,
+                                 xrc=any(p.kind == KIND_XRCD for p in rec.parents))
+                    cq = next((p for p in rec.parents if p.kind == KIND_CQ), None)
+                    if cq is not None:
+                        entry["cqn"] = cq.handle
                 objs.append(entry)
             owners.append({"label": o.label, "pid": o.pid, "uid": o.uid, "objects": objs})
         xrc = []

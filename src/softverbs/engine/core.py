@@ -21,7 +21,7 @@ injected clock) and nothing here reads a clock, sleeps or touches a socket.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from typing import TYPE_CHECKING, Any, Protocol
 
 from softverbs.engine.memory import KeyTable
@@ -47,8 +47,6 @@ from softverbs.wire.opcodes import Transport
 from softverbs.wire.packet import Packet, qp_sport
 
 if TYPE_CHECKING:
-    from collections import Counter
-
     from softverbs.engine.observe import Observer
 
 
@@ -82,6 +80,13 @@ TRANSPORT_OF: dict[int, Transport] = {
 ACKREQ_EVERY = 64
 #: Unacknowledged packets a requester keeps in flight (a pacing window).
 DEFAULT_WINDOW = 512
+#: What each QP counts of itself (``rdma statistic qp``), by rxe's device-wide names:
+#: its packets (a burst counts each of its packets), then the rare events.
+QP_COUNTERS = (
+    "sent_pkts", "rcvd_pkts", "out_of_seq_request", "duplicate_request", "send_rnr_err",
+    "rcvd_rnr_err", "rcvd_seq_err", "implied_nak_seq_err", "completer_retry_err",
+    "local_ack_timeout_err", "rnr_retries", "retry_exceeded_err", "retry_rnr_exceeded_err",
+)  # fmt: skip
 
 
 class QPCore:
@@ -145,6 +150,11 @@ class QPCore:
         self.last_error = ""  #: why the QP last left RTS by itself, in words
         self.timer_at: float | None = None  #: deadline of the live timer entry
         self.timer_token = 0
+        # --- per-QP counters (QP_COUNTERS): one integer add per packet or burst on
+        # the data path, the rare events in a Counter beside the device's
+        self.sent_pkts = 0
+        self.rcvd_pkts = 0
+        self.rare_counts: Counter[str] = Counter()
 
     @property
     def state(self) -> int:
@@ -164,10 +174,24 @@ class QPCore:
 
     # --- device links -------------------------------------------------------
     def send(self, pkt: Packet) -> None:
+        self.sent_pkts += pkt.count
         self.hca.outbox.append(pkt)
         obs = self.hca.observer
         if obs is not None:
             obs.packet_out(self, pkt)
+
+    def count(self, name: str) -> None:
+        """One rare event, counted on the device and on this QP."""
+        self.hca.counters[name] += 1
+        self.rare_counts[name] += 1
+
+    def qp_counters(self) -> dict[str, int]:
+        """This QP's counters (QP_COUNTERS, in order, zeros included)."""
+        out = dict.fromkeys(QP_COUNTERS, 0)
+        out.update(self.rare_counts)
+        out["sent_pkts"] = self.sent_pkts
+        out["rcvd_pkts"] = self.rcvd_pkts
+        return out
 
     def arm(self, deadline: float) -> None:
         self.hca.schedule(self, deadline)

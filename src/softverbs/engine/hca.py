@@ -161,6 +161,7 @@ class HCA:
         if qp is None:
             counters["drop_unknown_qp"] += 1
             return
+        qp.rcvd_pkts += pkt.count  # here, once: a QP splitting a burst re-enters receive()
         if self.observer is not None:
             self.observer.packet_in(qp, pkt)
         qp.receive(pkt, info, now)

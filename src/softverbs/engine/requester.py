@@ -729,7 +729,7 @@ class Completer:
             if WR_INFO[wqe.opcode].klass in (WrClass.READ, WrClass.ATOMIC):
                 # The responder is past this READ/atomic but its response is
                 # missing: an implied NAK (IBA 9.7.5.1.5; mlx5 counts it by this name).
-                self.qp.hca.counters["implied_nak_seq_err"] += 1
+                self.qp.count("implied_nak_seq_err")
                 self._progress(now, P.add(wqe.psn, wqe.rxd))
                 self._retry(now, P.add(wqe.psn, wqe.rxd), "implied NAK")
                 return
@@ -758,15 +758,14 @@ class Completer:
 
     def _rnr_nak(self, pkt: Packet, now: float) -> None:
         qp = self.qp
-        counters = qp.hca.counters
-        counters["rcvd_rnr_err"] += 1
+        qp.count("rcvd_rnr_err")
         psn = pkt.psn
         self._acked(P.add(psn, -1), now)
         wqe = self._find(psn)
         if wqe is None:
             return
         if self.rnr_left == 0:
-            counters["retry_rnr_exceeded_err"] += 1
+            qp.count("retry_rnr_exceeded_err")
             self._fail_remote(
                 wqe, IBV_WC_RNR_RETRY_EXC_ERR,
                 f"the responder had no receive WQE; rnr_retry={qp.rnr_retry} retries exhausted",
@@ -791,7 +790,7 @@ class Completer:
             return
         self._acked(P.add(psn, -1), now)
         if code == NAK_PSN_SEQUENCE_ERROR:
-            counters["rcvd_seq_err"] += 1
+            self.qp.count("rcvd_seq_err")
             self._retry(now, psn, "PSN sequence error NAK")
             return
         wqe = self._find(psn)
@@ -877,11 +876,10 @@ class Completer:
         if self.resending:
             return
         qp = self.qp
-        counters = qp.hca.counters
         if self.retry_left == 0:
             wqe = self._find(psn) or next((w for w in self.inflight if not _finished(w)), None)
             if wqe is not None:
-                counters["retry_exceeded_err"] += 1
+                qp.count("retry_exceeded_err")
                 self._fail_remote(
                     wqe, IBV_WC_RETRY_EXC_ERR,
                     f"{why}: retry_cnt={qp.retry_cnt} retries exhausted",
@@ -889,7 +887,7 @@ class Completer:
             return
         self.retry_left -= 1
         self.resending = True
-        counters["completer_retry_err"] += 1
+        qp.count("completer_retry_err")
         obs = qp.hca.observer
         if obs is not None:
             obs.retransmit(qp, psn, why)
@@ -927,7 +925,7 @@ class Completer:
             # atomic before it whose response is missing (the RNR NAK implied its loss)
             # must go again too, or nothing is sent and no timer is left to notice.
             self.rewind(self.una)
-            qp.hca.counters["rnr_retries"] += 1
+            qp.count("rnr_retries")
             obs = qp.hca.observer
             if obs is not None:
                 obs.retransmit(qp, self.una, "RNR back-off over")
@@ -943,7 +941,7 @@ class Completer:
         self.deadline = None
         if not any(not _finished(w) and w.npkts for w in self.inflight):
             return
-        qp.hca.counters["local_ack_timeout_err"] += 1
+        qp.count("local_ack_timeout_err")
         self.resending = False
         self._retry(now, self.una, "local ACK timeout")
         self.resending = False

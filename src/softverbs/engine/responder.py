@@ -156,7 +156,7 @@ class Responder:
             self._duplicate(pkt, info)
             return
         if d > 0:
-            self.qp.hca.counters["out_of_seq_request"] += 1
+            self.qp.count("out_of_seq_request")
             if not self.nak_sent:
                 self.nak_sent = True
                 self._send_nak(pkt, NAK_PSN_SEQUENCE_ERROR, self.epsn)
@@ -282,7 +282,7 @@ class Responder:
 
     def _rnr(self, pkt: Packet) -> None:
         qp = self.qp
-        qp.hca.counters["send_rnr_err"] += 1
+        qp.count("send_rnr_err")
         nak = qp.reply(pkt, qp.transport | Op.ACKNOWLEDGE, pkt.psn)
         nak.syndrome = aeth_syndrome(AETH_RNR_NAK, qp.min_rnr_timer)
         nak.msn = self.msn
@@ -578,7 +578,7 @@ class Responder:
     def _duplicate(self, pkt: Packet, info: OpInfo) -> None:
         qp = self.qp
         counters = qp.hca.counters
-        counters["duplicate_request"] += 1
+        qp.count("duplicate_request")
         kind = info.kind
         if kind is Kind.READ_REQ or kind is Kind.ATOMIC:
             for entry in self.replay:

@@ -680,8 +680,8 @@ class Service:
         for o in described["owners"]:
             mine = Counter(obj["kind"] for obj in o["objects"])
             live.update(mine)
-            others.append({"pid": o["pid"], "uid": o["uid"], "objects": dict(mine),
-                           "handles": o["objects"]})  # fmt: skip
+            others.append({"pid": o["pid"], "uid": o["uid"], "label": o["label"],
+                           "objects": dict(mine), "handles": o["objects"]})  # fmt: skip
         hcas = [d.hca for d in self._devices() if d.hca is not None]
         out = {
             "pid": os.getpid(), "socket": self.path, "uptime": time.monotonic() - self.started,
@@ -692,6 +692,9 @@ class Service:
             "xrc_srqs": sum(len(h.srqs) for h in hcas), "xrcds": sum(len(h.xrcds) for h in hcas),
             "stats": {**dict(self.stats), **{k: v for k, v in self.host.stats.items()
                                              if k == "cleanup_errors"}},
+            # for `softverbs res`: every device served (index, name), the CM IDs on each
+            "links": [{"ifindex": e.index, "ifname": e.name} for e in self.registry.entries()],
+            "cm_ids": _cm_ids(self),
         }  # fmt: skip
         return api.Empty(), json.dumps(out).encode()
 
@@ -770,6 +773,16 @@ class Service:
             os.unlink(self.path)
         self.registry.shutdown()
         self._release_pidfile()
+
+
+def _cm_ids(service: Service) -> dict[str, int]:
+    """How many RDMA CM IDs are bound to each device (none if no CM agent runs)."""
+    from softverbs.cm import service as cm
+
+    agent = cm._agents.get(service)
+    if agent is None:
+        return {}
+    return dict(Counter(cid.dev for cid in agent.ids.values() if cid.dev))
 
 
 def _async_sink(ev: EventSocket) -> Callable[[api.AsyncEventRecord, str], None]:

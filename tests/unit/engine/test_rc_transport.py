@@ -767,3 +767,20 @@ def test_ack_timer_survives_an_rnr_back_off() -> None:
     sends = [s.t for s in b.sent("a") if s.pkt.psn == 3]
     assert sends == [0.0, 0.0, t_rnr, t_rnr + t_ack], b.trace()
     assert b.a.counters["local_ack_timeout_err"] == 1
+
+
+def test_per_qp_counters_count_what_each_qp_sent_received_and_met() -> None:
+    """The QP's own counters (rdma statistic qp): its packets, and the events of
+    the loss of a middle packet, on the QP that met them and on no other."""
+    b = bench(policy=drop_if(request_psn(4)))
+    b.b.post_recv(RECV_OFF, 4096)
+    b.a.post_send(IBV_WR_SEND, 0, 6 * PMTU)  # PSNs 0-5; 4 lost, 5 out of sequence
+    b.run()
+    assert [c.status for c in b.a.poll_send()] == [IBV_WC_SUCCESS]
+    a, r = b.a.qp.qp_counters(), b.b.qp.qp_counters()
+    sent_a, sent_b = len(b.sent("a")), len(b.sent("b"))
+    assert (a["sent_pkts"], r["rcvd_pkts"]) == (sent_a, sent_a - 1)  # one request dropped
+    assert (r["sent_pkts"], a["rcvd_pkts"]) == (sent_b, sent_b)
+    assert (r["out_of_seq_request"], a["rcvd_seq_err"], a["completer_retry_err"]) == (1, 1, 1)
+    assert a["out_of_seq_request"] == r["rcvd_seq_err"] == r["completer_retry_err"] == 0
+    assert b.b.counters["out_of_seq_request"] == 1  # the device counts them too
