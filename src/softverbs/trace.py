@@ -143,6 +143,12 @@ class Tracer:
                 fields["reason"] = wqe.reason
         self._write("wqe_start", qp.qpn, **fields)
 
+    def wqe_done(self, qp: QPCore, wqe: SendWQE) -> None:
+        fields: dict[str, Any] = {"wr_id": wqe.wr_id, "opcode": _name(ibv_wr_opcode, wqe.opcode)}
+        if wqe.status:
+            fields["status"] = _name(ibv_wc_status, wqe.status)
+        self._write("wqe_done", qp.qpn, **fields)
+
     def packet_out(self, qp: QPCore, pkt: Packet) -> None:
         self._write("packet_out", qp.qpn, **packet_fields(pkt))
 

@@ -5,7 +5,7 @@
  *                   with ENOMEM (the device warns at the third)
  *   misuse flush    receives posted, the QP moved to ERR, and destroyed
  *                   before the flushed completions are polled
- *   misuse mr       a receive posted, then its MR deregistered
+ *   misuse mr       a SEND waiting for a receive (RNR), then its MR deregistered
  *   misuse correct  the same objects, used correctly: no report
  *
  * Prints "done" and exits 0 when the verbs behaved as expected.
@@ -103,7 +103,7 @@ int main(int argc, char **argv)
 				got += ibv_poll_cq(cq, 1, &wc) == 1;
 		}
 	} else if (!strcmp(mode, "mr")) {
-		ok &= post_recv(qp, mr, 7) == 0;
+		ok &= post_send(qp, mr, 7) == 0;	/* no receive posted: RNR, it waits */
 		ok &= ibv_dereg_mr(mr) == 0;
 		mr = NULL;
 	}

@@ -68,11 +68,12 @@ def test_destroyed_while_flushing(misuse: tuple[Path, Path], env: dict[str, str]
     assert "2 flushed completion(s) of this QP were not yet polled" in err
 
 
-def test_mr_deregistered_under_a_receive(misuse: tuple[Path, Path],
+def test_mr_deregistered_under_a_send(misuse: tuple[Path, Path],
                                          env: dict[str, str]) -> None:  # fmt: skip
     names, err = run(misuse, env, "mr")
     assert names == ["mr-in-use"], err
     assert "first: QP" in err and "wr_id 0x7" in err
+    assert re.search(r"^      0x[0-9a-f]+ in misuse\+0x[0-9a-f]+$", err, re.M), err  # the post
 
 
 def test_correct_c_program_has_no_report(misuse: tuple[Path, Path],

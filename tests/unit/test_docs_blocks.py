@@ -88,7 +88,8 @@ def _env(tmp_path: Path) -> dict[str, str]:
 def test_doc_block_runs(block: Block, tmp_path: Path) -> None:
     work = tmp_path / "work"
     work.mkdir()
-    (work / "bench").symlink_to(ROOT / "bench")  # blocks run as from a checkout
+    for top in ("bench", "examples"):  # blocks run as from a checkout
+        (work / top).symlink_to(ROOT / top)
     if block.lang == "python":
         (work / "block.py").write_text(block.code)
         cmd = [sys.executable, "block.py"]

@@ -111,12 +111,20 @@ def is_native(command: str, path: str | None) -> bool:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.usage = "%(prog)s [-h] [--trace FILE] [--] CMD [ARGS...]"
+    parser.usage = "%(prog)s [-h] [--trace FILE] [--sanitize[=OPTIONS]] [--] CMD [ARGS...]"
     parser.add_argument(
         "--trace",
         metavar="FILE",
         help="record what CMD's QPs do to FILE (sets SOFTVERBS_TRACE=FILE for CMD; "
         "render it with 'softverbs trace FILE')",
+    )
+    parser.add_argument(
+        "--sanitize",
+        metavar="OPTIONS",
+        nargs="?",
+        const="1",
+        help="turn on the verbs sanitizer for CMD: sets SOFTVERBS_SANITIZE=OPTIONS "
+        "(default 1; e.g. json, 1:halt_on_error=1; see docs/sanitizer.md)",
     )
     parser.add_argument(
         "argv",
@@ -136,7 +144,14 @@ def run(args: argparse.Namespace) -> int:
         print("softverbs exec: no command given; usage: softverbs exec [--] CMD [ARGS...]",
               file=sys.stderr)  # fmt: skip
         return 2
-    from softverbs import native
+    from softverbs import native, sanitizer
+
+    if args.sanitize is not None:
+        try:
+            sanitizer.parse(args.sanitize)
+        except sanitizer.SanitizeError as exc:
+            print(f"softverbs exec: --sanitize: {exc}", file=sys.stderr)
+            return 2
 
     try:
         libdir: str | None = str(native.library_dir())
@@ -148,6 +163,8 @@ def run(args: argparse.Namespace) -> int:
     env = child_env(os.environ, libdir)
     if args.trace:
         env[TRACE_ENV] = os.path.abspath(args.trace)  # CMD may change directory
+    if args.sanitize is not None:
+        env[sanitizer.ENV] = args.sanitize
     # exec discards this process's buffers: flush what has been printed so far
     sys.stdout.flush()
     sys.stderr.flush()

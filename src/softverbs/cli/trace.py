@@ -29,7 +29,7 @@ ROW_H = 22
 
 #: colour of each kind of record
 COLOURS = {
-    "doorbell": "#888888", "wqe_start": "#1f6feb", "packet_out": "#222222",
+    "doorbell": "#888888", "wqe_start": "#1f6feb", "wqe_done": "#1f6feb", "packet_out": "#222222",
     "packet_in": "#222222", "retransmit": "#d29922", "cqe": "#2da44e", "state": "#8250df",
     "event": "#cf222e",
 }  # fmt: skip
@@ -124,6 +124,11 @@ def event_label(rec: dict[str, Any]) -> str:
         text += f" len {rec.get('length')}"
         if "psn" in rec:
             text += f" psn {rec['psn']}"
+        if rec.get("status"):
+            text += f" {_strip(rec['status'], 'IBV_WC_')}"
+        return text
+    if kind == "wqe_done":
+        text = f"WQE done wr_id {rec.get('wr_id')}"
         if rec.get("status"):
             text += f" {_strip(rec['status'], 'IBV_WC_')}"
         return text

@@ -111,7 +111,7 @@ class Connection:
         self.token: int = reply.token
         value = sanitizer.from_environment()
         if value is not None:  # reports go to this process's stderr (docs/sanitizer.md)
-            self.call(api.SANITIZE, api.Empty(), [2], value.encode())
+            self.call(api.SANITIZE, api.Empty(), [2], sanitizer.for_python(value).encode())
 
     @staticmethod
     def _connect(path: str, spawn: bool = True) -> socket.socket:

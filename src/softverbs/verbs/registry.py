@@ -271,7 +271,8 @@ class Registry:
             return
         out = os.fdopen(os.dup(2), "wb", buffering=0)
         self.host.execute(self.owner, api.SANITIZE, api.Empty(),
-                          Resources(file=out, text=value, release=[out.close]))  # fmt: skip
+                          Resources(file=out, text=sanitizer.for_python(value),
+                                    release=[out.close]))  # fmt: skip
 
     def shutdown(self) -> None:
         san = self.host.sanitizer

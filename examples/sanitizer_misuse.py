@@ -1,5 +1,7 @@
 """Programs that commit the misuse each sanitizer check reports (docs/sanitizer.md).
 
+Run one with ``softverbs exec --sanitize -- python examples/sanitizer_misuse.py mr-in-use``.
+
 ``python sanitizer_misuse.py CHECK`` runs the program for one check on
 device ``sv0`` -- in-process or the host device, as the environment says --
 with ``SOFTVERBS_SANITIZE`` set by the caller.  Each program does the wrong
