@@ -38,7 +38,7 @@ EXPECTED: dict[str, tuple[list[str], list[str]]] = {
                      ["cqe 8", "outstanding: 9 posted WRs will complete into it and 0",
                       "create it with cqe >= 16"]),
     "cq-overrun": (["cq-too-small", "cq-too-small", "cq-overrun", "cq-overrun"],
-                   ["filled by: QP 0x1", "create the CQ with cqe >= 16"]),
+                   ["filled by: QP 0x", "create the CQ with cqe >= 16"]),
     "qp-destroyed-while-flushing": (["qp-destroyed-while-flushing"],
                                     ["destroyed in IBV_QPS_ERR",
                                      "4 flushed completion(s) of this QP were not yet polled"]),

@@ -39,19 +39,30 @@ from __future__ import annotations
 import contextlib
 import errno
 import ipaddress
-import json
 import logging
 import random
-import socket
-import subprocess
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import IntEnum
-from typing import Any, Protocol
+from typing import Any
 
 from softverbs.cm import mad
 from softverbs.cm.gsi import GsiQP
+from softverbs.cm.route import (
+    Router,
+    World,
+    cm_error,
+    gid_of,
+    is_any,
+)
+from softverbs.cm.states import (
+    CM_TRANSITIONS,
+    CONNECTED_STATES,
+    RDMA_TRANSITIONS,
+    C,
+    CmState,
+    RdmaState,
+)
 from softverbs.engine.rings import Route
 from softverbs.enums import (
     IBV_ACCESS_REMOTE_ATOMIC,
@@ -95,7 +106,6 @@ from softverbs.enums import (
     bytes_to_mtu,
 )
 from softverbs.errors import PyverbsRDMAError
-from softverbs.wire.packet import IPV4_MAPPED_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -116,131 +126,6 @@ Addr = tuple[bytes, int]  #: (packed IP, port)
 Sink = Callable[[dict[str, Any]], None]
 
 
-class RdmaState(IntEnum):
-    """``enum rdma_cm_state`` (cma_priv.h)."""
-
-    IDLE = 0
-    ADDR_QUERY = 1
-    ADDR_RESOLVED = 2
-    ROUTE_QUERY = 3
-    ROUTE_RESOLVED = 4
-    CONNECT = 5
-    DISCONNECT = 6
-    ADDR_BOUND = 7
-    LISTEN = 8
-    DEVICE_REMOVAL = 9
-    DESTROYING = 10
-
-
-class CmState(IntEnum):
-    """``enum ib_cm_state`` (ib_cm.h)."""
-
-    IDLE = 0
-    LISTEN = 1
-    REQ_SENT = 2
-    REQ_RCVD = 3
-    MRA_REQ_SENT = 4
-    MRA_REQ_RCVD = 5
-    REP_SENT = 6
-    REP_RCVD = 7
-    MRA_REP_SENT = 8
-    MRA_REP_RCVD = 9
-    ESTABLISHED = 10
-    DREQ_SENT = 11
-    DREQ_RCVD = 12
-    TIMEWAIT = 13
-    SIDR_REQ_SENT = 14
-    SIDR_REQ_RCVD = 15
-
-
-R = RdmaState
-C = CmState
-
-#: rdma_cm: (state, user call or outcome) -> next state.  A call not in the
-#: table is EINVAL, as ``cma_comp_exch`` failing is in the kernel.
-RDMA_TRANSITIONS: dict[tuple[RdmaState, str], RdmaState] = {
-    (R.IDLE, "bind"): R.ADDR_BOUND,
-    (R.ADDR_BOUND, "resolve_addr"): R.ADDR_QUERY,
-    (R.ADDR_QUERY, "addr_resolved"): R.ADDR_RESOLVED,
-    (R.ADDR_QUERY, "addr_error"): R.ADDR_BOUND,
-    (R.ADDR_RESOLVED, "resolve_route"): R.ROUTE_QUERY,
-    (R.ROUTE_QUERY, "route_resolved"): R.ROUTE_RESOLVED,
-    (R.ROUTE_RESOLVED, "connect"): R.CONNECT,
-    (R.ADDR_BOUND, "listen"): R.LISTEN,
-    (R.CONNECT, "disconnected"): R.DISCONNECT,
-}
-
-#: ib_cm: (state, input) -> next state.  Inputs are ``tx_<msg>`` (we send),
-#: ``rx_<msg>`` (we received), ``timeout`` (retries exhausted),
-#: ``mra_delayed`` (rdma_cm's delayed MRA) and ``timewait_exit``.
-CM_TRANSITIONS: dict[tuple[CmState, str], CmState] = {
-    (C.IDLE, "listen"): C.LISTEN,
-    # active side
-    (C.IDLE, "tx_req"): C.REQ_SENT,
-    (C.REQ_SENT, "rx_mra"): C.MRA_REQ_RCVD,
-    (C.REQ_SENT, "rx_rep"): C.REP_RCVD,
-    (C.MRA_REQ_RCVD, "rx_rep"): C.REP_RCVD,
-    (C.REQ_SENT, "rx_rej"): C.IDLE,
-    (C.MRA_REQ_RCVD, "rx_rej"): C.IDLE,
-    (C.REQ_SENT, "timeout"): C.IDLE,
-    (C.MRA_REQ_RCVD, "timeout"): C.IDLE,
-    (C.REP_RCVD, "mra_delayed"): C.MRA_REP_SENT,
-    (C.REP_RCVD, "tx_rtu"): C.ESTABLISHED,
-    (C.MRA_REP_SENT, "tx_rtu"): C.ESTABLISHED,
-    (C.REP_RCVD, "tx_rej"): C.IDLE,
-    (C.MRA_REP_SENT, "tx_rej"): C.IDLE,
-    (C.REP_RCVD, "rx_rej"): C.IDLE,
-    (C.MRA_REP_SENT, "rx_rej"): C.IDLE,
-    # passive side (a new ID for each request)
-    (C.IDLE, "rx_req"): C.REQ_RCVD,
-    (C.REQ_RCVD, "mra_delayed"): C.MRA_REQ_SENT,
-    (C.REQ_RCVD, "tx_rep"): C.REP_SENT,
-    (C.MRA_REQ_SENT, "tx_rep"): C.REP_SENT,
-    (C.REQ_RCVD, "tx_rej"): C.IDLE,
-    (C.MRA_REQ_SENT, "tx_rej"): C.IDLE,
-    (C.REQ_RCVD, "rx_rej"): C.IDLE,
-    (C.MRA_REQ_SENT, "rx_rej"): C.IDLE,
-    (C.REP_SENT, "rx_mra"): C.MRA_REP_RCVD,
-    (C.REP_SENT, "rx_rtu"): C.ESTABLISHED,
-    (C.MRA_REP_RCVD, "rx_rtu"): C.ESTABLISHED,
-    (C.REP_SENT, "rx_rej"): C.IDLE,
-    (C.MRA_REP_RCVD, "rx_rej"): C.IDLE,
-    (C.REP_SENT, "timeout"): C.IDLE,
-    (C.MRA_REP_RCVD, "timeout"): C.IDLE,
-    (C.REP_SENT, "rx_dreq"): C.DREQ_RCVD,
-    (C.MRA_REP_RCVD, "rx_dreq"): C.DREQ_RCVD,
-    # connected
-    (C.ESTABLISHED, "tx_dreq"): C.DREQ_SENT,
-    (C.ESTABLISHED, "rx_dreq"): C.DREQ_RCVD,
-    (C.ESTABLISHED, "rx_rej"): C.TIMEWAIT,
-    (C.DREQ_SENT, "rx_drep"): C.TIMEWAIT,
-    (C.DREQ_SENT, "rx_dreq"): C.DREQ_RCVD,
-    (C.DREQ_SENT, "timeout"): C.TIMEWAIT,
-    (C.DREQ_RCVD, "tx_drep"): C.TIMEWAIT,
-    (C.DREQ_RCVD, "rx_drep"): C.TIMEWAIT,
-    (C.TIMEWAIT, "timewait_exit"): C.IDLE,
-    # service ID resolution (UD)
-    (C.IDLE, "tx_sidr_req"): C.SIDR_REQ_SENT,
-    (C.SIDR_REQ_SENT, "rx_sidr_rep"): C.IDLE,
-    (C.SIDR_REQ_SENT, "timeout"): C.IDLE,
-    (C.IDLE, "rx_sidr_req"): C.SIDR_REQ_RCVD,
-    (C.SIDR_REQ_RCVD, "tx_sidr_rep"): C.IDLE,
-}
-
-#: ib_cm states in which the QP attributes of a connection are known.
-_CONNECTED_STATES = frozenset({C.REQ_RCVD, C.MRA_REQ_SENT, C.REP_SENT, C.MRA_REP_RCVD,
-                               C.REP_RCVD, C.MRA_REP_SENT, C.ESTABLISHED})  # fmt: skip
-
-
-def cm_error(msg: str, code: int) -> PyverbsRDMAError:
-    return PyverbsRDMAError(msg, code)
-
-
-class World(Protocol):
-    """The devices an agent serves: names, specs, and opening one."""
-
-    def specs(self) -> list[Any]: ...
-    def open(self, name: str) -> Any: ...
 
 
 @dataclass
@@ -372,52 +257,6 @@ def addr_in(value: Any) -> Addr | None:
     return ip, port
 
 
-def gid_of(ip: bytes) -> bytes:
-    return IPV4_MAPPED_PREFIX + ip if len(ip) == 4 else ip
-
-
-def ip_of(gid: bytes) -> bytes:
-    return gid[12:] if gid[:12] == IPV4_MAPPED_PREFIX else gid
-
-
-def _any(ip: bytes) -> bool:
-    return not any(ip)
-
-
-def host_owns(ip: bytes) -> bool:
-    """Is ``ip`` an address of this host (can a socket bind it)?"""
-    fam = socket.AF_INET if len(ip) == 4 else socket.AF_INET6
-    with socket.socket(fam, socket.SOCK_DGRAM) as s:
-        try:
-            s.bind((str(ipaddress.ip_address(ip)), 0))
-        except OSError:
-            return False
-    return True
-
-
-def route_source(dst: bytes) -> bytes | None:
-    """The source address the host's routing table picks for ``dst``."""
-    try:
-        out = subprocess.run(["ip", "-j", "route", "get", str(ipaddress.ip_address(dst))],
-                             capture_output=True, text=True, check=True, timeout=10).stdout
-        src = json.loads(out)[0].get("prefsrc")
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError, KeyError):
-        return None  # fmt: skip
-    return ipaddress.ip_address(src).packed if src else None
-
-
-def spec_ips(spec: Any) -> list[bytes]:
-    """The IP addresses a device spec will have, without opening it."""
-    from softverbs.fabric.udp import explicit_addresses, netdev_addresses
-
-    try:
-        if getattr(spec, "kind", "") == "udp" and spec.netdev:
-            return [a.packed for a in netdev_addresses(spec.netdev)[1]]
-        return [a.packed for a in explicit_addresses(list(spec.addrs))]
-    except (PyverbsRDMAError, ValueError, OSError):
-        return []
-
-
 class CmAgent:
     """rdma_cm + ib_cm for one world of devices (see the module docstring)."""
 
@@ -434,10 +273,14 @@ class CmAgent:
         self.by_remote: dict[tuple[int, int], CmId] = {}
         self.pending: dict[str, list[tuple[bytes, Route]]] = {}
         self._next_handle = 1
-        self._ip_cache: dict[str, list[bytes]] = {}
+        self.routes = Router(world, self._gids_of)
         self._last_port = 0
 
     # --- devices -------------------------------------------------------------------
+    def _gids_of(self, name: str) -> list[bytes] | None:
+        ctx = self.devices.get(name)
+        return ctx.gids if ctx is not None else None
+
     def device(self, name: str) -> DeviceCtx:
         """The agent's view of device ``name``; attaches QP1 on first use.
 
@@ -454,30 +297,6 @@ class CmAgent:
         with self.lock:
             self.devices[name] = ctx
         return ctx
-
-    def _device_ips(self, spec: Any) -> list[bytes]:
-        ctx = self.devices.get(spec.name)
-        if ctx is not None:
-            return [ip_of(g) for g in ctx.gids]
-        cached = self._ip_cache.get(spec.name)
-        if cached is None:
-            cached = self._ip_cache[spec.name] = spec_ips(spec)
-        return cached
-
-    def owner_of(self, ip: bytes) -> str | None:
-        """The device that has address ``ip``: UDP devices (bound to a real
-        netdev) before in-process ones, whose addresses are only identities."""
-        specs = sorted(self.world.specs(), key=lambda s: getattr(s, "kind", "") != "udp")
-        for spec in specs:
-            if ip in self._device_ips(spec):
-                return str(spec.name)
-        return None
-
-    def _kind(self, name: str) -> str:
-        for spec in self.world.specs():
-            if spec.name == name:
-                return str(getattr(spec, "kind", ""))
-        return ""
 
     # --- ids ----------------------------------------------------------------------------
     def create_id(self, ps: int, qp_type: int, sink: Sink, owner: object = None) -> int:
@@ -505,11 +324,17 @@ class CmAgent:
         with self.lock:
             return self._get(handle, owner).info()
 
-    def _rdma(self, cid: CmId, action: str) -> None:
+    def _rdma(self, cid: CmId, action: str, strict: bool = True) -> bool:
+        """Move the ID by :data:`RDMA_TRANSITIONS` -- the only place its state
+        changes.  Not in the table: EINVAL if ``strict``, else no move (False)."""
         new = RDMA_TRANSITIONS.get((cid.state, action))
         if new is None:
-            raise cm_error(f"{action}: the CM ID is in state {cid.state.name}", errno.EINVAL)
+            if strict:
+                raise cm_error(f"{action}: the CM ID is in state {cid.state.name}",
+                               errno.EINVAL)  # fmt: skip
+            return False
         cid.state = new
+        return True
 
     def _cm(self, cid: CmId, action: str) -> bool:
         new = CM_TRANSITIONS.get((cid.cm, action))
@@ -522,23 +347,13 @@ class CmAgent:
     def bind_addr(self, handle: int, addr: Any, owner: object = None) -> dict[str, Any]:
         a = addr_in(addr)
         assert a is not None
-        dev = None if _any(a[0]) else self._bind_device(a[0])
+        dev = None if is_any(a[0]) else self.routes.bind_device(a[0])
         if dev is not None:
             self.device(dev)
         with self.lock:
             cid = self._get(handle, owner)
             self._bind(cid, a, dev)
             return cid.info()
-
-    def _bind_device(self, ip: bytes) -> str:
-        dev = self.owner_of(ip)
-        if dev is None:
-            if host_owns(ip):
-                raise cm_error(f"{ipaddress.ip_address(ip)} belongs to no softverbs device "
-                               "(see 'softverbs link')", errno.ENODEV)  # fmt: skip
-            raise cm_error(f"{ipaddress.ip_address(ip)} is not a local address",
-                           errno.EADDRNOTAVAIL)  # fmt: skip
-        return dev
 
     def _bind(self, cid: CmId, a: Addr, dev: str | None) -> None:
         if cid.state != RdmaState.IDLE:
@@ -567,7 +382,7 @@ class CmAgent:
         else:
             for other in self.binds.get((ps, port), []):
                 oip = other.src[0] if other.src else b""
-                if _any(ip) or _any(oip):
+                if is_any(ip) or is_any(oip):
                     raise cm_error(f"port {port} is already bound (a wildcard address is "
                                    "involved)", errno.EADDRNOTAVAIL)  # fmt: skip
                 if oip == ip:
@@ -599,21 +414,21 @@ class CmAgent:
             state = cid.state
         if state not in (RdmaState.IDLE, RdmaState.ADDR_BOUND):
             raise cm_error(f"resolve_addr: the CM ID is in state {state.name}", errno.EINVAL)
-        if s is not None and _any(s[0]) and s[1] == 0:
+        if s is not None and is_any(s[0]) and s[1] == 0:
             s = None
         if state == RdmaState.IDLE:
             src_ip = s[0] if s is not None else None
             src_port = s[1] if s is not None else 0
         else:
             assert bound_src is not None
-            src_ip = None if _any(bound_src[0]) else bound_src[0]
+            src_ip = None if is_any(bound_src[0]) else bound_src[0]
             src_port = bound_src[1]
         if src_ip is not None and len(src_ip) != len(d[0]):
             raise cm_error("resolve_addr: source and destination families differ", errno.EINVAL)
         dev = bound_dev
         if src_ip is not None and dev is None:
-            dev = self._bind_device(src_ip)
-        status, dev, src_ip = self._resolve(dev, src_ip, d[0])
+            dev = self.routes.bind_device(src_ip)
+        status, dev, src_ip = self.routes.resolve(dev, src_ip, d[0])
         if dev is not None:
             self.device(dev)
         with self.lock:
@@ -632,47 +447,6 @@ class CmAgent:
             cid.dev = dev
             self._rdma(cid, "addr_resolved")
             self._emit(cid, RDMA_CM_EVENT_ADDR_RESOLVED, 0, info=cid.info())
-
-    def _resolve(self, dev: str | None, src: bytes | None,
-                 dst: bytes) -> tuple[int, str | None, bytes | None]:  # fmt: skip
-        """(status, device, source IP) for reaching ``dst``; status is -errno."""
-        if _any(dst):  # rdma_cm's loopback: the device's own address
-            if dev is None:
-                names = [s.name for s in self.world.specs()]
-                if not names:
-                    return -errno.ENODEV, None, None
-                dev = names[0]
-            ips = [ip for ip in self._device_ips(self._spec(dev)) if len(ip) == len(dst)]
-            if not ips:
-                return -errno.EADDRNOTAVAIL, None, None
-            return 0, dev, src or ips[0]
-        owner = self.owner_of(dst)
-        if dev is None:
-            if owner is not None:
-                return 0, owner, dst  # a local address: the route's source is itself
-            prefsrc = route_source(dst)
-            dev = self.owner_of(prefsrc) if prefsrc is not None else None
-            if dev is None or prefsrc is None:
-                return -errno.EHOSTUNREACH, None, None
-            return 0, dev, prefsrc
-        if src is None:
-            ips = [ip for ip in self._device_ips(self._spec(dev)) if len(ip) == len(dst)]
-            if not ips:
-                return -errno.EADDRNOTAVAIL, dev, None
-            src = dst if dst in ips else ips[0]
-        kind = self._kind(dev)
-        if owner is not None:
-            same_fabric = owner == dev or (kind == "udp") == (self._kind(owner) == "udp")
-            return (0, dev, src) if same_fabric else (-errno.EHOSTUNREACH, dev, src)
-        if kind != "udp":
-            return -errno.EHOSTUNREACH, dev, src  # the in-process fabric has no other hosts
-        return 0, dev, src
-
-    def _spec(self, name: str) -> Any:
-        for spec in self.world.specs():
-            if spec.name == name:
-                return spec
-        raise cm_error(f"no device {name}", errno.ENODEV)
 
     def resolve_route(self, handle: int, timeout_ms: int = 2000, owner: object = None) -> None:
         with self.lock:
@@ -721,7 +495,7 @@ class CmAgent:
             if cid.dev is not None and cid.dev != dev:
                 continue
             ip = cid.src[0]
-            if not (_any(ip) or ip == dst_ip):
+            if not (is_any(ip) or ip == dst_ip):
                 continue
             if sidr != (cid.qp_type == IBV_QPT_UD):
                 continue
@@ -739,7 +513,7 @@ class CmAgent:
                 else:
                     self._send_req(cid, param)
             except PyverbsRDMAError:
-                cid.state = RdmaState.ROUTE_RESOLVED
+                self._rdma(cid, "connect_failed")
                 raise
         self.flush()
 
@@ -962,7 +736,7 @@ class CmAgent:
             elif state == C.SIDR_REQ_RCVD:
                 self._send_sidr_rep(cid, mad.SIDR_REJECT, {})
         self._cancel(cid)
-        cid.state = RdmaState.DESTROYING
+        self._rdma(cid, "destroy", strict=False)
         self._release_port(cid)
         self._forget_remote(cid)
         if self.by_comm.get(cid.local_comm_id) is cid:
@@ -1022,7 +796,7 @@ class CmAgent:
             else:
                 raise cm_error(f"no CM attributes for QP state {qp_state}", errno.EINVAL)
             return {"attr": attr, "mask": int(mask)}
-        connected = cid.cm in _CONNECTED_STATES
+        connected = cid.cm in CONNECTED_STATES
         if qp_state == IBV_QPS_INIT:
             access = 0
             if connected:
@@ -1125,8 +899,7 @@ class CmAgent:
             self._emit(cid, RDMA_CM_EVENT_UNREACHABLE, etimedout)
         elif state == C.DREQ_SENT:
             self._timewait(cid)
-            if cid.state == RdmaState.CONNECT:
-                cid.state = RdmaState.DISCONNECT
+            if self._rdma(cid, "disconnected", strict=False):
                 self._emit(cid, RDMA_CM_EVENT_DISCONNECTED, etimedout)
 
     def flush(self) -> None:
@@ -1254,7 +1027,7 @@ class CmAgent:
         self.ids[handle] = child
         child.listener = listener
         child.dev = ctx.name
-        child.state = RdmaState.CONNECT
+        self._rdma(child, "req_received")
         assert listener.src is not None
         child.src = (cma.dst_ip, listener.src[1])
         child.dst = (cma.src_ip, cma.src_port)
@@ -1381,8 +1154,7 @@ class CmAgent:
             return
         self._cancel(cid)
         cid.tid = dreq.tid
-        if cid.state == RdmaState.CONNECT:
-            cid.state = RdmaState.DISCONNECT
+        if self._rdma(cid, "disconnected", strict=False):
             conn = {"private_data": dreq.private_data.hex()}
             self._emit(cid, RDMA_CM_EVENT_DISCONNECTED, 0, conn=conn)
 
@@ -1396,8 +1168,7 @@ class CmAgent:
             self._unexpected(ctx, "drep")
             return
         self._timewait(cid)
-        if cid.state == RdmaState.CONNECT:
-            cid.state = RdmaState.DISCONNECT
+        if self._rdma(cid, "disconnected", strict=False):
             conn = {"private_data": drep.private_data.hex()}
             self._emit(cid, RDMA_CM_EVENT_DISCONNECTED, 0, conn=conn)
 
@@ -1468,15 +1239,3 @@ class CmAgent:
     def snapshot(self) -> list[dict[str, Any]]:
         with self.lock:
             return [c.info() for c in self.ids.values()]
-
-
-
-def cm_table_markdown() -> str:
-    """The two CM state tables as Markdown, for ``docs/cm.md``."""
-    lines = ["| ib_cm state | input | next state |", "|---|---|---|"]
-    for (state, action), new in CM_TRANSITIONS.items():
-        lines.append(f"| {state.name} | {action} | {new.name} |")
-    lines += ["", "| rdma_cm state | call or outcome | next state |", "|---|---|---|"]
-    for (rstate, call), rnew in RDMA_TRANSITIONS.items():
-        lines.append(f"| {rstate.name} | {call} | {rnew.name} |")
-    return "\n".join(lines)

@@ -695,6 +695,7 @@ class Service:
             # for `softverbs res`: every device served (index, name), the CM IDs on each
             "links": [{"ifindex": e.index, "ifname": e.name} for e in self.registry.entries()],
             "cm_ids": _cm_ids(self),
+            "cm_listening": _cm_listening(self),
         }  # fmt: skip
         return api.Empty(), json.dumps(out).encode()
 
@@ -783,6 +784,18 @@ def _cm_ids(service: Service) -> dict[str, int]:
     if agent is None:
         return {}
     return dict(Counter(cid.dev for cid in agent.ids.values() if cid.dev))
+
+
+def _cm_listening(service: Service) -> list[int]:
+    """The ports RDMA CM IDs listen on (what a client may connect to now)."""
+    from softverbs.cm import service as cm
+    from softverbs.cm.states import RdmaState
+
+    agent = cm._agents.get(service)
+    if agent is None:
+        return []
+    return sorted({cid.src[1] for cid in list(agent.ids.values())
+                   if cid.state == RdmaState.LISTEN and cid.src is not None})  # fmt: skip
 
 
 def _async_sink(ev: EventSocket) -> Callable[[api.AsyncEventRecord, str], None]:

@@ -27,8 +27,9 @@ from cm_kit import (
 )
 
 from softverbs.cm import CMID, AddrInfo, CMEvent, CMEventChannel, ConnParam, UDParam, mad
-from softverbs.cm.agent import CM_TRANSITIONS, RDMA_TRANSITIONS, RDMA_UDP_QKEY, CmState
+from softverbs.cm.agent import RDMA_UDP_QKEY
 from softverbs.cm.gsi import GsiQP
+from softverbs.cm.states import CM_TRANSITIONS, RDMA_TRANSITIONS, CmState
 from softverbs.enums import (
     IBV_QP_TIMEOUT,
     IBV_QPS_ERR,
@@ -426,12 +427,12 @@ def test_docs_state_tables_are_generated_from_the_code() -> None:
     import re
     from pathlib import Path
 
-    from softverbs.cm.agent import cm_table_markdown
+    from softverbs.cm.states import cm_table_markdown
 
     text = (Path(__file__).resolve().parents[3] / "docs" / "cm.md").read_text()
     m = re.search(r"<!-- BEGIN GENERATED: cm-state-tables -->\n(.*?)\n"
                   r"<!-- END GENERATED: cm-state-tables -->", text, re.S)  # fmt: skip
     assert m, "docs/cm.md lost its generated block"
     assert m.group(1) == cm_table_markdown(), (
-        "docs/cm.md is stale: regenerate it with softverbs.cm.agent.cm_table_markdown()"
+        "docs/cm.md is stale: regenerate it with softverbs.cm.states.cm_table_markdown()"
     )

@@ -1,0 +1,132 @@
+"""perftest on softverbs beside ucx_perftest over TCP, from the same run.
+
+Debian's own perftest binaries (``ib_write_bw``, ``ib_send_lat``) run
+unmodified on the host device through ``softverbs exec`` (docs/c-programs.md)
+as two processes on one host, and ``ucx_perftest`` (Debian ``ucx-utils``)
+runs ``ucp_put_bw`` and ``tag_lat`` over kernel TCP on loopback, for scale.
+The table gives perftest's own figures (its ``BW average`` and its
+``t_typical`` and 99% latency columns) and each as a ratio to UCX's.
+
+    python bench/bench_perftest.py [--sizes 4096,65536,1048576] [--plot FILE.png]
+
+A benchmark, never a test: the machine is shared and noisy, so compare the
+ratios within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_loopback import UCX_ENV, ucx_outstanding, ucx_run
+
+TIMEOUT = 300.0
+LAT_SIZE = 8
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def perftest(tool: str, args: list[str], env: dict[str, str]) -> str:
+    """Run ``tool`` as server and client on softverbs; the client's output."""
+    port = str(_port())
+    cmd = [sys.executable, "-m", "softverbs", "exec", "--", tool, "-d", "sv0", "-x", "1",
+           "-p", port, *args]  # fmt: skip
+    server = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # the client retries until the server listens
+            client = subprocess.run([*cmd, "127.0.0.1"], env=env, capture_output=True,
+                                    text=True, timeout=TIMEOUT, check=False)  # fmt: skip
+            if client.returncode == 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.3)
+        server.communicate(timeout=TIMEOUT)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    if client.returncode != 0:
+        raise SystemExit(f"{tool} {' '.join(args)} failed:\n{client.stdout}{client.stderr}")
+    return client.stdout
+
+
+def row(out: str, size: int) -> list[float]:
+    """perftest's result row for ``size`` (the numbers after #bytes #iterations)."""
+    m = re.search(rf"^\s*{size}\s+\d+\s+(.*)$", out, re.M)
+    if m is None:
+        raise SystemExit(f"no result row for {size} bytes in:\n{out}")
+    return [float(x) for x in m.group(1).split()]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default="4096,65536,1048576")
+    ap.add_argument("--iters", type=int, default=0, help="iterations per size (default: ~64 MiB)")
+    ap.add_argument("--lat-iters", type=int, default=2000)
+    ap.add_argument("--plot", metavar="FILE.png")
+    args = ap.parse_args()
+    sizes = [int(x) for x in args.sizes.split(",")]
+    run_dir = tempfile.mkdtemp(prefix="svpt", dir="/tmp")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SOFTVERBS_")}
+    env["SOFTVERBS_SERVICE"] = os.path.join(run_dir, "sv.sock")  # a fresh service, this run's
+    bw: dict[int, tuple[float, float]] = {}
+    for size in sizes:
+        n = args.iters or max(100, min(5000, (64 << 20) // size))
+        ours = row(perftest("ib_write_bw", ["-s", str(size), "-n", str(n)], env), size)[1]
+        ucx = ucx_run(["-t", "ucp_put_bw", "-s", str(size), "-n", str(n), "-w", str(n // 10),
+                       "-O", str(ucx_outstanding(size))], TIMEOUT)[7] * size / 1e6  # fmt: skip
+        bw[size] = (ours, ucx)
+    lat = row(perftest("ib_send_lat", ["-s", str(LAT_SIZE), "-n", str(args.lat_iters)], env),
+              LAT_SIZE)  # fmt: skip
+    # ib_send_lat: t_min t_max t_typical t_avg t_stdev 99% 99.9% (usec, one way)
+    ucx_lat = {rank: ucx_run(["-t", "tag_lat", "-s", str(LAT_SIZE), "-n", str(args.lat_iters),
+                              "-R", str(rank)], TIMEOUT)[1] for rank in (50, 99)}  # fmt: skip
+    subprocess.run([sys.executable, "-m", "softverbs", "service", "stop"], env=env,
+                   capture_output=True, check=False, timeout=60)  # fmt: skip
+    print(f"perftest on softverbs (host device, two processes) vs ucx_perftest over TCP "
+          f"({UCX_ENV.get('UCX_TLS', 'tcp')}), one run")
+    print(f"{'bandwidth, MB/s':<22}{'ib_write_bw':>14}{'ucp_put_bw':>14}{'ratio':>9}")
+    for size, (ours, ucx) in bw.items():
+        print(f"{size:>10} B{'':<10}{ours:>14.1f}{ucx:>14.1f}{ours / ucx:>9.3f}")
+    print(f"{'latency, us (8 B)':<22}{'ib_send_lat':>14}{'tag_lat':>14}{'ratio':>9}")
+    print(f"{'  typical / median':<22}{lat[2]:>14.1f}{ucx_lat[50]:>14.1f}"
+          f"{lat[2] / ucx_lat[50]:>9.1f}")  # fmt: skip
+    print(f"{'  99%':<22}{lat[5]:>14.1f}{ucx_lat[99]:>14.1f}{lat[5] / ucx_lat[99]:>9.1f}")
+    if args.plot:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        xs = list(bw)
+        ax.plot(xs, [bw[s][0] for s in xs], "o-", label="ib_write_bw on softverbs")
+        ax.plot(xs, [bw[s][1] for s in xs], "s--", label="ucx_perftest ucp_put_bw, TCP")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("message size (bytes)")
+        ax.set_ylabel("MB/s")
+        ax.legend()
+        ax.set_title("perftest on softverbs beside UCX over TCP (one run)")
+        fig.tight_layout()
+        fig.savefig(args.plot, dpi=110)
+        print(f"plot: {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
