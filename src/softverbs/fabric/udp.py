@@ -18,6 +18,23 @@ Sending
     ``UDP_NO_CHECK6_TX``), as rxe sends it; zero-checksum IPv6 is accepted
     (``UDP_NO_CHECK6_RX``).
 
+Segmentation offload (GSO and GRO)
+    The engine hands the fabric a message's packets as one burst.  The UDP
+    fabric encodes each packet (its own headers and ICRC) and sends runs of
+    equal-sized datagrams with one ``sendmsg`` and ``UDP_SEGMENT``: the
+    kernel cuts the run into datagrams (on loopback it may keep it whole to a
+    ``UDP_GRO`` socket).  Receive sockets ask for ``UDP_GRO``, and a
+    coalesced buffer is cut back into its datagrams with the segment size the
+    kernel reports; each is decoded and checked on its own, so a truncated or
+    corrupted one is dropped and counted, and its neighbours are not touched.
+    A GSO send needs a UDP checksum (the kernel refuses GSO on a socket with
+    ``SO_NO_CHECK``), so a socket that sends a run computes checksums from
+    then on; single packets keep rxe's zero checksum until then.  RoCEv2
+    receivers, rxe included, accept either.  ``SOFTVERBS_UDP_GSO=0`` turns
+    both offloads off: a datagram per ``sendto``, zero checksums throughout.
+    Where the kernel refuses GSO or GRO, the fabric falls back to a datagram
+    at a time and counts ``gso_fallback``.
+
 Receiving and progress
     Datagrams are decoded (ICRC checked) and handed to the engine.  A
     malformed datagram is dropped and counted under ``drop_<reason>``; it
@@ -40,8 +57,10 @@ import functools
 import ipaddress
 import json
 import logging
+import os
 import selectors
 import socket
+import struct
 import subprocess
 import threading
 from dataclasses import dataclass
@@ -72,6 +91,52 @@ IPV6_FREEBIND = 78
 
 RECV_BUFFER = 8 << 20
 MAX_DATAGRAM = 65536
+
+# UDP segmentation offload (linux/udp.h)
+SOL_UDP = 17
+UDP_SEGMENT = 103  #: a GSO send's segment size (a cmsg of sendmsg)
+UDP_GRO = 104  #: coalesce received datagrams; a cmsg gives their size
+UDP_MAX_SEGMENTS = 64  #: the kernel's limit of segments per GSO send
+GSO_MAX_BYTES = 65000  #: one GSO send stays below 64 KiB of IP payload
+_GRO_CMSG = socket.CMSG_SPACE(4)
+GSO_ENV = "SOFTVERBS_UDP_GSO"
+
+
+def gso_wanted() -> bool:
+    """``SOFTVERBS_UDP_GSO``: segmentation offload unless it is ``0``."""
+    return os.environ.get(GSO_ENV, "1").strip() != "0"
+
+
+def gso_runs(sizes: list[int]) -> list[tuple[int, int]]:
+    """Cut datagrams of ``sizes`` into GSO sends: (first, count) each.
+
+    In a run every datagram but the last has the same size and the last is
+    not longer (what ``UDP_SEGMENT`` cuts), with at most
+    :data:`UDP_MAX_SEGMENTS` datagrams and :data:`GSO_MAX_BYTES` bytes."""
+    runs: list[tuple[int, int]] = []
+    i, n = 0, len(sizes)
+    while i < n:
+        seg, j, total = sizes[i], i + 1, sizes[i]
+        while j < n and j - i < UDP_MAX_SEGMENTS and total + sizes[j] <= GSO_MAX_BYTES:
+            if sizes[j] == seg:
+                total += sizes[j]
+                j += 1
+                continue
+            if sizes[j] < seg and (j + 1 == n or sizes[j + 1] != sizes[j]):
+                j += 1  # a shorter tail ends the run (a message's LAST)
+            break  # else a new size starts a run of its own (a FIRST's RETH)
+        runs.append((i, j - i))
+        i = j
+    return runs
+
+
+def gro_segments(data: bytes, size: int) -> list[memoryview]:
+    """A coalesced buffer cut into its datagrams of ``size`` bytes (the last
+    may be shorter)."""
+    view = memoryview(data)
+    if size <= 0:
+        return [view]
+    return [view[i : i + size] for i in range(0, len(data), size)]
 
 
 def ib_mtu_for(netdev_mtu: int) -> int:
@@ -211,6 +276,15 @@ def _ip_of_gid(gid: bytes) -> bytes:
     return gid[12:] if gid[:12] == IPV4_MAPPED_PREFIX else gid
 
 
+def _gro_size(ancdata: list[tuple[int, int, bytes]]) -> int:
+    """The segment size of a GRO-coalesced receive (0: one datagram)."""
+    for level, kind, value in ancdata:
+        if level == SOL_UDP and kind == UDP_GRO and len(value) >= 2:
+            return int(struct.unpack("=H", value[:2])[0]) if len(value) < 4 else \
+                int(struct.unpack("=i", value[:4])[0])  # fmt: skip
+    return 0
+
+
 class UdpRuntime(Runtime):
     """One UDP device's sockets, progress thread and progress loop."""
 
@@ -233,9 +307,20 @@ class UdpRuntime(Runtime):
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._sleep_until: float | None = None
+        #: segmentation offload: bursts whole, runs of datagrams per sendmsg
+        self.gso = gso_wanted()
+        self.bursts = self.gso
+        self.gro = False
+        self._checksummed: set[socket.socket] = set()  #: sockets that have sent a GSO run
         for addr in addrs:
             sock = self._socket(addr, ROCEV2_PORT)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECV_BUFFER)
+            if self.gso:
+                try:
+                    sock.setsockopt(SOL_UDP, UDP_GRO, 1)
+                    self.gro = True
+                except OSError:
+                    pass  # an old kernel: a datagram per recvmsg
             sock.setblocking(False)
             self._rx[sock] = addr
             self._main[addr.packed] = sock
@@ -296,15 +381,25 @@ class UdpRuntime(Runtime):
             src.counters["drop_no_route"] += 1
             return
         sock, sport = self._sender(local, pkt.sport or ROCEV2_PORT)
-        data = encode_udp_payload(pkt, src_ip, dst_ip, sport)
-        if pkt.corrupt_bit >= 0:
-            flip_bit(data, pkt.corrupt_bit)
         dst_text = _ip_text(dst_ip)
         dest: tuple[str, int] | tuple[str, int, int, int]
         if len(dst_ip) == 4:
             dest = (dst_text, ROCEV2_PORT)
         else:
             dest = (dst_text, ROCEV2_PORT, 0, local.scope_id)
+        if pkt.count > 1:  # a burst (only when self.bursts): GSO runs
+            datagrams = [encode_udp_payload(seg, src_ip, dst_ip, sport) for seg in pkt.segments()]
+            for first, count in gso_runs([len(d) for d in datagrams]):
+                self._send_run(src, sock, datagrams[first : first + count], dest)
+            return
+        data = encode_udp_payload(pkt, src_ip, dst_ip, sport)
+        if pkt.corrupt_bit >= 0:
+            flip_bit(data, pkt.corrupt_bit)
+        self._sendto(src, sock, data, dest)
+
+    @staticmethod
+    def _sendto(src: HCA, sock: socket.socket, data: bytes | bytearray,
+                dest: tuple[str, int] | tuple[str, int, int, int]) -> None:  # fmt: skip
         try:
             sock.sendto(data, dest)
         except BlockingIOError:
@@ -312,6 +407,42 @@ class UdpRuntime(Runtime):
         except OSError as exc:
             src.counters["drop_tx_error"] += 1
             log.debug("sendto %s failed: %s", dest, exc)
+
+    def _send_run(self, src: HCA, sock: socket.socket, run: list[bytearray],
+                  dest: tuple[str, int] | tuple[str, int, int, int]) -> None:  # fmt: skip
+        """Datagrams of one size (the last maybe shorter) with one GSO send."""
+        if len(run) == 1 or not self.gso:
+            for data in run:
+                self._sendto(src, sock, data, dest)
+            return
+        if sock not in self._checksummed:
+            self._checksum_on(sock)
+        cmsg = [(SOL_UDP, UDP_SEGMENT, struct.pack("=H", len(run[0])))]
+        try:
+            sock.sendmsg([b"".join(run)], cmsg, 0, dest)
+            src.counters["gso_sends"] += 1
+        except BlockingIOError:
+            src.counters["drop_tx_busy"] += len(run)
+        except OSError as exc:
+            if exc.errno in (errno.EINVAL, errno.EIO, errno.ENOPROTOOPT, errno.EOPNOTSUPP):
+                # the kernel (or the device under it) refuses GSO: a datagram at a time
+                self.gso = self.bursts = False
+                src.counters["gso_fallback"] += 1
+                log.info("UDP GSO refused (%s): sending a datagram at a time", exc)
+                for data in run:
+                    self._sendto(src, sock, data, dest)
+            else:
+                src.counters["drop_tx_error"] += len(run)
+                log.debug("sendmsg %s failed: %s", dest, exc)
+
+    def _checksum_on(self, sock: socket.socket) -> None:
+        """A GSO send needs the UDP checksum that SO_NO_CHECK turned off."""
+        with contextlib.suppress(OSError):
+            if sock.family == socket.AF_INET:
+                sock.setsockopt(socket.SOL_SOCKET, SO_NO_CHECK, 0)
+            else:
+                sock.setsockopt(socket.IPPROTO_UDP, UDP_NO_CHECK6_TX, 0)
+        self._checksummed.add(sock)
 
     # --- receiving -----------------------------------------------------------------
     def _drain(self) -> bool:
@@ -328,20 +459,27 @@ class UdpRuntime(Runtime):
         for sock, local in self._rx.items():
             while True:
                 try:
-                    data, peer = sock.recvfrom(MAX_DATAGRAM)
+                    data, anc, _flags, peer = sock.recvmsg(MAX_DATAGRAM, _GRO_CMSG)
                 except (BlockingIOError, InterruptedError):
                     break
                 except OSError as exc:
-                    log.debug("recvfrom failed: %s", exc)
+                    log.debug("recvmsg failed: %s", exc)
                     break
                 got = True
                 if hca is None:
                     continue
-                self._deliver(hca, data, peer, local, clock.now())
+                size = _gro_size(anc)
+                if size and size < len(data):  # several datagrams, coalesced
+                    hca.counters["gro_coalesced"] += 1
+                    for part in gro_segments(data, size):
+                        self._deliver(hca, part, peer, local, clock.now())
+                else:
+                    self._deliver(hca, data, peer, local, clock.now())
         return got
 
-    def _deliver(self, hca: HCA, data: bytes, peer: tuple[str, int] | tuple[str, int, int, int],
-                 local: LocalAddr, now: float) -> None:  # fmt: skip
+    def _deliver(self, hca: HCA, data: bytes | memoryview,
+                 peer: tuple[str, int] | tuple[str, int, int, int], local: LocalAddr,
+                 now: float) -> None:  # fmt: skip
         try:
             src_ip = _ip_packed(peer[0])
             pkt = decode_udp_payload(data, src_ip, local.packed, peer[1])
