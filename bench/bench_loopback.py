@@ -110,6 +110,7 @@ class Settings:
     timeout: float  #: wall-clock limit of one group of subprocesses, seconds
     sizes: tuple[int, ...] = SIZES
     spin: bool = False  #: poll without pausing (see idle())
+    loss: float = 0.0  #: seeded packet loss on what each softverbs process sends (--loss)
 
 
 FULL = Settings(runs=5, warmup=1, write_bytes=32 << 20, lat_iters=5000, lat_warmup=200,
@@ -709,9 +710,13 @@ def run_softverbs(s: Settings, profile: str | None, profiler: str = "cprofile") 
         config = Path(tmp) / "links.json"
         config.write_text(json.dumps({"links": [{"name": "lb_srv", "addrs": [srv]},
                                                 {"name": "lb_cli", "addrs": [cli]}]}))  # fmt: skip
-        env = {**os.environ, "SOFTVERBS_CONFIG": str(config)}
+        # each process has its own UDP device, in the process, as two hosts would (the
+        # host device would serve both from one softverbsd)
+        env = {**os.environ, "SOFTVERBS_CONFIG": str(config), "SOFTVERBS_SERVICE": "0"}
         for var in ("SOFTVERBS_FAULTS", "SOFTVERBS_PCAP"):
             env.pop(var, None)
+        if s.loss:
+            env["SOFTVERBS_FAULTS"] = f"seed=1;drop={s.loss}"
         extra = ["--profile", profile] if profile and profiler == "cprofile" else []
 
         def wrap(cmd: list[str], who: str) -> list[str]:
@@ -889,6 +894,8 @@ def summarize(sv: dict[str, Any], ucx: dict[str, Any] | None, udp: dict[str, Any
 
 def print_tables(r: dict[str, Any], s: Settings, ucx_note: str) -> None:
     print(r["machine"])
+    if s.loss:
+        print(f"softverbs runs with seeded loss: {s.loss:.0%} of the packets each process sends")
     print(f"median of {s.runs} runs after {s.warmup} warm-up run(s); MB = 10^6 bytes")
     print()
     print(f"(1) RC RDMA WRITE bandwidth, client -> server process (path MTU {MTU}, "
@@ -1001,6 +1008,9 @@ def main() -> int:
         action="store_true",
         help="softverbs pollers never pause (default: sleep(0) after an empty poll)",
     )
+    ap.add_argument("--loss", type=float, default=0.0, metavar="P",
+                    help="drop this fraction of the packets each softverbs process sends "
+                    "(seeded: SOFTVERBS_FAULTS=seed=1;drop=P)")  # fmt: skip
     ap.add_argument("--plot", metavar="FILE", help="also write a PNG plot (needs matplotlib)")
     ap.add_argument("--json", action="store_true", help="print one JSON object, not tables")
     ap.add_argument("-q", "--quiet", action="store_true",
@@ -1028,6 +1038,11 @@ def main() -> int:
         s = replace(s, sizes=tuple(parse_size(x) for x in args.sizes.split(",")))
     if args.spin:
         s = replace(s, spin=True)
+    if args.loss:
+        if not 0 < args.loss < 1:
+            print("bench_loopback: --loss must be between 0 and 1", file=sys.stderr)
+            return 2
+        s = replace(s, loss=args.loss)
     try:
         if args.profile:
             os.makedirs(args.profile, exist_ok=True)

@@ -23,6 +23,7 @@ import contextlib
 import json
 import os
 import signal
+import time
 import traceback
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -107,6 +108,8 @@ class Options:
     #: report objects left at exit (as ASan's detect_leaks); a Python client
     #: turns it off unless asked (:func:`for_python`)
     detect_leaks: bool = True
+    #: seconds deferred WRs may wait unrung while the program goes on posting
+    deferred_timeout: float = 5.0
 
 
 def parse(value: str) -> Options | None:
@@ -120,13 +123,24 @@ def parse(value: str) -> Options | None:
     if mode not in ("1", "json"):
         raise SanitizeError(f"{ENV}={value!r}: the mode must be 1 or json, not {mode!r}")
     flags = {"halt_on_error": False, "detect_leaks": True}
+    timeout = Options.deferred_timeout
     for opt in opts:
         name, eq, v = opt.partition("=")
+        if name == "deferred_timeout" and eq:
+            try:
+                timeout = float(v)
+            except ValueError:
+                timeout = -1.0
+            if not 0 < timeout < 1e6:
+                raise SanitizeError(f"{ENV}={value!r}: deferred_timeout={v!r} is not a number "
+                                    "of seconds")
+            continue
         if name not in flags or not eq or v not in ("0", "1"):
             raise SanitizeError(f"{ENV}={value!r}: unknown option {opt!r} (the options are "
-                                "halt_on_error=0|1 and detect_leaks=0|1)")
+                                "halt_on_error=0|1, detect_leaks=0|1 and "
+                                "deferred_timeout=SECONDS)")
         flags[name] = v == "1"
-    return Options(json=mode == "json", **flags)
+    return Options(json=mode == "json", deferred_timeout=timeout, **flags)
 
 
 def for_python(value: str) -> str:
@@ -283,6 +297,8 @@ class Sanitizer:
         self._sums: dict[int, dict[int, tuple[int, int]]] = {}
         self._unsignaled: dict[int, int] = {}  #: id(QP engine) -> unsignaled WQEs in a row
         self._seen: dict[int, int] = {}  #: id(QP engine) -> the doorbell last looked at
+        #: id(QP engine) -> (its doorbell, when WRs were first seen written past it)
+        self._unrung_since: dict[int, tuple[int, float]] = {}
 
     def watch_of(self, qp: Any) -> Watch | None:
         rec = getattr(qp, "owner", None)
@@ -300,6 +316,7 @@ class Sanitizer:
         if w is None:
             return
         self._cq_pressure(w, qp)
+        self._deferred_too_long(w, qp.owner.owner)
         if queue != SQ or qp.sq is None:
             return
         sums = self._sums.setdefault(id(qp), {})
@@ -497,7 +514,7 @@ class Sanitizer:
         eng = rec.engine
         if w is None or eng is None:
             return
-        for table in (self._sums, self._unsignaled, self._seen):
+        for table in (self._sums, self._unsignaled, self._seen, self._unrung_since):
             table.pop(id(eng), None)
         if eng.state == IBV_QPS_ERR and how == "destroyed":  # RESET discards on purpose
             unpolled = sum(_unpolled(cq, eng.qpn, flushed=True)
@@ -522,10 +539,28 @@ class Sanitizer:
         if eng.sq is not None:
             self._unrung(w, eng, how)
 
+    def _deferred_too_long(self, w: Watch, owner: Any) -> None:
+        """At each doorbell of the program: has a QP held deferred WRs unrung
+        for longer than ``deferred_timeout`` while the program went on?"""
+        now = time.monotonic()
+        for o in list(owner.objects.values()):
+            eng = o.engine
+            if o.kind_name != "qp" or eng is None or eng.sq is None:
+                continue
+            sq = eng.sq
+            if sq.posted() <= sq.db:
+                self._unrung_since.pop(id(eng), None)
+                continue
+            since = self._unrung_since.get(id(eng))
+            if since is None or since[0] != sq.db:
+                self._unrung_since[id(eng)] = (sq.db, now)
+            elif now - since[1] > w.options.deferred_timeout:
+                self._unrung(w, eng, f"holds them unrung for {now - since[1]:.1f} s")
+
     def _unrung(self, w: Watch, eng: Any, how: str) -> None:
         sq = eng.sq
         unrung = sq.posted() - sq.db
-        if unrung > 0:
+        if unrung > 0 and w.once("deferred-wr-never-rung", eng.qpn):
             wr_ids = [sq.peek_wr_id(i) for i in range(sq.db, sq.db + min(unrung, 8))]
             w.report("deferred-wr-never-rung", [
                 ("qp", f"{_qp_line(eng)} {how}"),

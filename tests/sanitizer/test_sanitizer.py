@@ -135,6 +135,15 @@ def test_halt_on_error_stops_at_the_first_report(kind_env: dict[str, str]) -> No
     assert [rep[0] for rep in reports(r.stderr)] == [HEADER + "mr-in-use"]
 
 
+def test_deferred_wrs_reported_after_the_timeout(kind_env: dict[str, str]) -> None:
+    """A program that goes on posting while a QP holds deferred WRs unrung is told
+    once the timeout passes -- and not again at exit."""
+    r = run(kind_env, "deferred-wr-never-rung", "--late", sanitize="1:deferred_timeout=1")
+    got = reports(r.stderr)
+    assert [rep[0] for rep in got] == [HEADER + "deferred-wr-never-rung"], r.stderr
+    assert any("holds them unrung for 1." in line for line in got[0]), got[0]
+
+
 def test_python_leaks_only_when_asked(kind_env: dict[str, str]) -> None:
     """An object a Python program still holds at exit is not reported by
     default: the garbage collector and exit release it."""
@@ -142,7 +151,8 @@ def test_python_leaks_only_when_asked(kind_env: dict[str, str]) -> None:
     assert r.returncode == 0 and HEADER not in r.stderr, r.stderr
 
 
-@pytest.mark.parametrize("value", ["2", "json:halt_on_error=yes", "1:verbose=1"])
+@pytest.mark.parametrize("value", ["2", "json:halt_on_error=yes", "1:verbose=1",
+                                   "1:deferred_timeout=soon"])
 def test_a_malformed_setting_is_named(value: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SOFTVERBS_")}
     r = run(dict(env, SOFTVERBS_SERVICE="0"), "leak", "--correct", sanitize=value)
