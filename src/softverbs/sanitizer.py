@@ -23,6 +23,7 @@ import contextlib
 import json
 import os
 import signal
+import sys
 import time
 import traceback
 from collections.abc import Iterable
@@ -228,8 +229,6 @@ def report_here(check: str, details: list[tuple[str, str]]) -> None:
     if options is None:
         return
     if _here is None or _here.options != options:
-        import sys
-
         _here = Watch(sys.stderr.buffer, options, os.getpid(), True)
     if _here.once(check, hash(details[0])):
         _here.report(check, details, python_site())
@@ -253,7 +252,6 @@ def c_site(pid: int, address: int) -> list[str]:
                 parts = line.split()
                 lo, hi = (int(x, 16) for x in parts[0].split("-"))
                 if lo <= address < hi and len(parts) >= 6:
-                    # the module's load base: the lowest mapping of the same file
                     path = parts[5]
                     return [f"{address:#x} in {os.path.basename(path)}"
                             f"+{address - _base(pid, path):#x}"]

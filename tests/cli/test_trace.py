@@ -293,3 +293,76 @@ def test_a_service_with_an_unwritable_trace_file_does_not_start(tmp_path: Path) 
     assert r.returncode == 1
     assert r.stderr.strip() == f"softverbsd: SOFTVERBS_TRACE: cannot write {path}: " \
         "No such file or directory"
+
+
+def _png_pixels(data: bytes) -> tuple[int, int, list[bytes]]:
+    """A PNG (8-bit RGB or RGBA, not interlaced) as (width, height, rows of pixels)."""
+    import struct
+    import zlib
+
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    pos, idat, width, height, bpp = 8, b"", 0, 0, 0
+    while pos < len(data):
+        (length,) = struct.unpack(">I", data[pos : pos + 4])
+        kind, body = data[pos + 4 : pos + 8], data[pos + 8 : pos + 8 + length]
+        pos += 12 + length
+        if kind == b"IHDR":
+            width, height, depth, colour, _, _, interlace = struct.unpack(">IIBBBBB", body)
+            assert depth == 8 and colour in (2, 6) and interlace == 0, (depth, colour)
+            bpp = 3 if colour == 2 else 4
+        elif kind == b"IDAT":
+            idat += body
+    raw, stride = zlib.decompress(idat), width * bpp
+    rows: list[bytes] = []
+    prev = bytearray(stride)
+    for y in range(height):
+        start = y * (stride + 1)
+        ftype, line = raw[start], bytearray(raw[start + 1 : start + 1 + stride])
+        for x in range(stride):
+            a = line[x - bpp] if x >= bpp else 0
+            b, c = prev[x], prev[x - bpp] if x >= bpp else 0
+            if ftype == 1:
+                line[x] = (line[x] + a) & 0xFF
+            elif ftype == 2:
+                line[x] = (line[x] + b) & 0xFF
+            elif ftype == 3:
+                line[x] = (line[x] + (a + b) // 2) & 0xFF
+            elif ftype == 4:
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                pred = a if pa <= pb and pa <= pc else b if pb <= pc else c
+                line[x] = (line[x] + pred) & 0xFF
+        rows.append(bytes(line))
+        prev = line
+    return width, height, [r[i : i + 3] for r in rows for i in range(0, len(r), bpp)]
+
+
+def test_the_page_renders_in_a_real_browser(exchange: tuple[Path, int, int],
+                                            tmp_path: Path) -> None:  # fmt: skip
+    """Debian's headless Chromium draws the page: the screenshot has the ladder's
+    lanes, arrows and labels, not an empty or broken page."""
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is missing (scripts/apt-packages.txt)")
+        pytest.skip("chromium is not installed (Debian package chromium)")
+    path, _, _ = exchange
+    page, shot = tmp_path / "rc.html", tmp_path / "rc.png"
+    assert softverbs_cli(tmp_path, "trace", str(path), "-o", str(page)).returncode == 0
+    r = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu",
+                        "--disable-background-networking", "--disable-component-update",
+                        "--disable-sync", "--no-first-run", "--hide-scrollbars",
+                        f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1000,700",
+                        f"--screenshot={shot}", page.as_uri()],
+                       capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert shot.exists(), f"no screenshot: {r.stderr[-2000:]}"
+    width, height, pixels = _png_pixels(shot.read_bytes())
+    assert (width, height) == (1000, 700)
+    from collections import Counter
+
+    colours = Counter(pixels)
+    _, n = colours.most_common(1)[0]  # the background
+    drawn = len(pixels) - n
+    # lanes, arrows and text: thousands of pixels off the background, in many colours
+    assert drawn > 0.02 * len(pixels), f"only {drawn} pixels drawn"
+    assert len(colours) > 50, f"{len(colours)} colours"

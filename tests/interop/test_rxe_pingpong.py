@@ -268,3 +268,77 @@ def test_capture_icrc_ports_and_rxe_counters(clean: Peer, kind: str, gso: str) -
     assert delta["rdma_recvs"] == iters and delta["rdma_sends"] == iters, delta
     print(f"\n{pcap}: {len(mine)} RoCEv2 frames from softverbs, {len(theirs)} from rxe; "
           f"rxe counter deltas: { {k: v for k, v in delta.items() if v} }")
+
+
+# --- unmodified C programs on softverbs (libibverbs.so.1) against rxe ----------------------
+#: (tool, the arguments both ends take); perftest and the ping-pongs use TCP port 18515
+C_TOOLS = [
+    ("ibv_rc_pingpong", "-g 1 -n 50"),
+    ("ibv_ud_pingpong", "-g 1 -n 50"),
+    ("ib_write_bw", "-x 1 -n 200"),
+    ("ib_send_lat", "-x 1 -n 200"),
+]
+
+
+def _c_env(peer: Peer, tmp: Path) -> dict[str, str]:
+    """A private host device for the C programs, started inside the namespace (by the
+    first program) with the link table that puts ``svpeer`` on br-peer."""
+    return {**peer.env, "SOFTVERBS_SERVICE": str(tmp / "sv.sock")}
+
+
+def _ours_c(env: dict[str, str], tool: str, args: str, *extra: str) -> subprocess.Popen[str]:
+    cmd = ["ip", "netns", "exec", NS, sys.executable, "-m", "softverbs", "exec", "--", tool,
+           "-d", DEV, *args.split(), *extra]  # fmt: skip
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)  # fmt: skip
+
+
+def _c_ok(tool: str, out: str) -> bool:
+    if tool.startswith("ibv_"):
+        return re.search(r"^\d+ iters in [\d.]+ seconds = [\d.]+ usec/iter$", out, re.M) is not None
+    return re.search(r"^ \d+\s+\d+\s+[\d.]+", out, re.M) is not None  # perftest's result row
+
+
+@pytest.mark.parametrize(("tool", "args"), C_TOOLS, ids=[t for t, _ in C_TOOLS])
+def test_c_tool_softverbs_client_rxe_server(clean: Peer, tool: str, args: str,
+                                            tmp_path: Path) -> None:  # fmt: skip
+    """Debian's binary on softverbs (through libibverbs.so.1) against the same binary
+    on rxe: softverbs connects to the guest's server."""
+    env = _c_env(clean, tmp_path)
+    clean.guest(f"({tool} -d rxe0 {args} > /tmp/pp.out 2>&1; echo PP_EXIT $? >> /tmp/pp.out) &")
+    listening = "netstat -ltn | grep -q ':18515 '"
+    rc, out = clean.guest(f"for i in $(seq 200); do {listening} && break; sleep 0.1; done; "
+                          f"{listening}")  # fmt: skip
+    assert rc == 0, f"{tool} did not listen in the guest: {out}"
+    try:
+        ours = _ours_c(env, tool, args, GUEST_IP)
+        out, _ = ours.communicate(timeout=RUN_TIMEOUT)
+        guest = clean.guest_server_result()
+    finally:
+        subprocess.run(["ip", "netns", "exec", NS, sys.executable, "-m", "softverbs", "service",
+                        "stop"], env=env, capture_output=True, timeout=60, check=False)
+    assert ours.returncode == 0 and _c_ok(tool, out), out
+    assert guest.returncode == 0, guest
+    if tool.startswith("ibv_"):
+        assert _c_ok(tool, guest.stdout), guest
+
+
+@pytest.mark.parametrize(("tool", "args"), C_TOOLS, ids=[t for t, _ in C_TOOLS])
+def test_c_tool_rxe_client_softverbs_server(clean: Peer, tool: str, args: str,
+                                            tmp_path: Path) -> None:  # fmt: skip
+    """The guest's client connects to Debian's binary serving on softverbs."""
+    env = _c_env(clean, tmp_path)
+    server = _ours_c(env, tool, args)
+    try:
+        wait_listening(18515, server, read=clean.ns_read)
+        rc, gout = clean.guest(f"{tool} -d rxe0 {args} {HOST_IP}", timeout=RUN_TIMEOUT)
+        out, _ = server.communicate(timeout=60)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+        subprocess.run(["ip", "netns", "exec", NS, sys.executable, "-m", "softverbs", "service",
+                        "stop"], env=env, capture_output=True, timeout=60, check=False)
+    assert rc == 0, gout
+    assert server.returncode == 0, out
+    assert _c_ok(tool, gout if not tool.startswith("ibv_") else out), (out, gout)
