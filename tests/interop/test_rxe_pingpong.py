@@ -255,10 +255,8 @@ def test_capture_icrc_ports_and_rxe_counters(clean: Peer, kind: str, gso: str) -
         assert p[IP].flags.DF, p.summary()
         if p[IP].src == GUEST_IP or gso == "no-gso":
             assert p[UDP].chksum == 0, p.summary()
-        elif p[UDP].chksum:  # a GSO run's checksum, which must be right
-            again = IP(bytes(p[IP]))
-            del again[UDP].chksum
-            assert IP(bytes(again))[UDP].chksum == p[UDP].chksum, p.summary()
+        # A GSO run's checksum is not checked here: the capture on the bridge can see
+        # it before the offload fills it in.  rxe's counters below say it was taken.
     if gso == "gso" and kind != "ud":  # multi-packet messages left as GSO runs
         assert any(p[UDP].chksum for p in mine), "no GSO run was captured"
     # rxe counts a packet in rcvd_pkts only after its header and ICRC checks

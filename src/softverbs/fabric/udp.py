@@ -27,6 +27,8 @@ Segmentation offload (GSO and GRO)
     coalesced buffer is cut back into its datagrams with the segment size the
     kernel reports; each is decoded and checked on its own, so a truncated or
     corrupted one is dropped and counted, and its neighbours are not touched.
+    The kernel gives a run's segments the IPv4 IDs 0, 1, 2 ..., which the ICRC
+    covers: segment k is sealed for ID k.
     A GSO send needs a UDP checksum (the kernel refuses GSO on a socket with
     ``SO_NO_CHECK``), so a socket that sends a run computes checksums from
     then on; single packets keep rxe's zero checksum until then.  RoCEv2
@@ -69,7 +71,7 @@ from pathlib import Path
 from softverbs.engine.hca import HCA
 from softverbs.errors import PyverbsRDMAError, WireError
 from softverbs.fabric.runtime import Clock, Runtime, flip_bit
-from softverbs.wire.codec import decode_udp_payload, encode_udp_payload
+from softverbs.wire.codec import decode_udp_payload, encode_udp_payload, reseal_ipv4
 from softverbs.wire.opcodes import ROCEV2_PORT
 from softverbs.wire.packet import IPV4_MAPPED_PREFIX, Packet
 
@@ -390,7 +392,11 @@ class UdpRuntime(Runtime):
         if pkt.count > 1:  # a burst (only when self.bursts): GSO runs
             datagrams = [encode_udp_payload(seg, src_ip, dst_ip, sport) for seg in pkt.segments()]
             for first, count in gso_runs([len(d) for d in datagrams]):
-                self._send_run(src, sock, datagrams[first : first + count], dest)
+                run = datagrams[first : first + count]
+                if count > 1 and self.gso and len(src_ip) == 4:
+                    for k in range(1, count):  # the kernel gives segment k IPv4 ID k
+                        reseal_ipv4(run[k], src_ip, dst_ip, sport, ip_id=k)
+                self._send_run(src, sock, run, dest, (src_ip, dst_ip, sport))
             return
         data = encode_udp_payload(pkt, src_ip, dst_ip, sport)
         if pkt.corrupt_bit >= 0:
@@ -409,8 +415,11 @@ class UdpRuntime(Runtime):
             log.debug("sendto %s failed: %s", dest, exc)
 
     def _send_run(self, src: HCA, sock: socket.socket, run: list[bytearray],
-                  dest: tuple[str, int] | tuple[str, int, int, int]) -> None:  # fmt: skip
-        """Datagrams of one size (the last maybe shorter) with one GSO send."""
+                  dest: tuple[str, int] | tuple[str, int, int, int],
+                  addr: tuple[bytes, bytes, int]) -> None:  # fmt: skip
+        """Datagrams of one size (the last maybe shorter) with one GSO send.
+        ``addr`` (source IP, destination IP, source port) reseals their ICRCs
+        for IPv4 ID 0 if they must go one by one after all."""
         if len(run) == 1 or not self.gso:
             for data in run:
                 self._sendto(src, sock, data, dest)
@@ -430,6 +439,8 @@ class UdpRuntime(Runtime):
                 src.counters["gso_fallback"] += 1
                 log.info("UDP GSO refused (%s): sending a datagram at a time", exc)
                 for data in run:
+                    if len(addr[0]) == 4:
+                        reseal_ipv4(data, *addr, ip_id=0)  # sent alone: ID 0
                     self._sendto(src, sock, data, dest)
             else:
                 src.counters["drop_tx_error"] += len(run)

@@ -486,6 +486,17 @@ def encode_udp_payload(
     return buf
 
 
+def reseal_ipv4(buf: bytearray, src_ip: bytes, dst_ip: bytes, sport: int,
+                dport: int = ROCEV2_PORT, *, ip_id: int) -> None:
+    """Rewrite the ICRC of a datagram from :func:`encode_udp_payload` for IPv4 ID
+    ``ip_id``.  The kernel numbers the segments of a UDP GSO send 0, 1, 2 ...
+    (DF or not), and the ICRC covers the ID: segment k of a run needs ``ip_id=k``."""
+    end = len(buf) - ICRC_SIZE
+    w0 = _U32.unpack_from(buf, 0)[0]
+    _ICRC.pack_into(buf, end, _icrc4(memoryview(buf), 0, end, w0, src_ip, dst_ip, sport, dport,
+                                     ip_id & 0xFFFF))  # fmt: skip
+
+
 def decode_udp_payload(
     data: BytesLike,
     src_ip: bytes,
