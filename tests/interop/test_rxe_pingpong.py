@@ -272,10 +272,22 @@ def test_capture_icrc_ports_and_rxe_counters(clean: Peer, kind: str, gso: str) -
 #: (tool, the arguments both ends take); perftest and the ping-pongs use TCP port 18515
 C_TOOLS = [
     ("ibv_rc_pingpong", "-g 1 -n 50"),
+    ("ibv_rc_pingpong", "-g 1 -n 50 -e"),
+    ("ibv_uc_pingpong", "-g 1 -n 50"),
     ("ibv_ud_pingpong", "-g 1 -n 50"),
+    ("ibv_srq_pingpong", "-g 1 -n 50"),
     ("ib_write_bw", "-x 1 -n 200"),
+    ("ib_write_lat", "-x 1 -n 200"),
+    ("ib_send_bw", "-x 1 -n 200"),
     ("ib_send_lat", "-x 1 -n 200"),
+    ("ib_read_bw", "-x 1 -n 200"),
+    ("ib_read_lat", "-x 1 -n 200"),
+    ("ib_atomic_bw", "-x 1 -n 200"),
+    ("ib_atomic_lat", "-x 1 -n 200"),
+    ("ib_send_bw", "-x 1 -n 200 -c UD"),
+    ("ib_send_lat", "-x 1 -n 200 -c UD -e"),
 ]
+C_IDS = [f"{t} {a}" for t, a in C_TOOLS]
 
 
 def _c_env(peer: Peer, tmp: Path) -> dict[str, str]:
@@ -285,8 +297,9 @@ def _c_env(peer: Peer, tmp: Path) -> dict[str, str]:
 
 
 def _ours_c(env: dict[str, str], tool: str, args: str, *extra: str) -> subprocess.Popen[str]:
+    device = [] if tool == "rping" else ["-d", DEV]  # rping finds its device by address
     cmd = ["ip", "netns", "exec", NS, sys.executable, "-m", "softverbs", "exec", "--", tool,
-           "-d", DEV, *args.split(), *extra]  # fmt: skip
+           *device, *args.split(), *extra]  # fmt: skip
     return subprocess.Popen(cmd, cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)  # fmt: skip
 
@@ -297,7 +310,7 @@ def _c_ok(tool: str, out: str) -> bool:
     return re.search(r"^ \d+\s+\d+\s+[\d.]+", out, re.M) is not None  # perftest's result row
 
 
-@pytest.mark.parametrize(("tool", "args"), C_TOOLS, ids=[t for t, _ in C_TOOLS])
+@pytest.mark.parametrize(("tool", "args"), C_TOOLS, ids=C_IDS)
 def test_c_tool_softverbs_client_rxe_server(clean: Peer, tool: str, args: str,
                                             tmp_path: Path) -> None:  # fmt: skip
     """Debian's binary on softverbs (through libibverbs.so.1) against the same binary
@@ -321,7 +334,7 @@ def test_c_tool_softverbs_client_rxe_server(clean: Peer, tool: str, args: str,
         assert _c_ok(tool, guest.stdout), guest
 
 
-@pytest.mark.parametrize(("tool", "args"), C_TOOLS, ids=[t for t, _ in C_TOOLS])
+@pytest.mark.parametrize(("tool", "args"), C_TOOLS, ids=C_IDS)
 def test_c_tool_rxe_client_softverbs_server(clean: Peer, tool: str, args: str,
                                             tmp_path: Path) -> None:  # fmt: skip
     """The guest's client connects to Debian's binary serving on softverbs."""
@@ -340,3 +353,31 @@ def test_c_tool_rxe_client_softverbs_server(clean: Peer, tool: str, args: str,
     assert rc == 0, gout
     assert server.returncode == 0, out
     assert _c_ok(tool, gout if not tool.startswith("ibv_") else out), (out, gout)
+
+
+@pytest.mark.parametrize("direction", ["softverbs-client", "rxe-client"])
+def test_rping_against_rxe(clean: Peer, direction: str, tmp_path: Path) -> None:
+    """librdmacm: rping through softverbs' librdmacm.so.1 against rping on rxe, the
+    connection made by IBTA CM MADs on QP1 between the two."""
+    env = _c_env(clean, tmp_path)
+    args = "-v -C 3 -p 7999"
+    try:
+        if direction == "softverbs-client":
+            clean.guest(f"(rping -s -a {GUEST_IP} {args} > /tmp/pp.out 2>&1; "
+                        "echo PP_EXIT $? >> /tmp/pp.out) &")  # fmt: skip
+            time.sleep(3)  # a CM listen has no TCP port to watch
+            ours = _ours_c(env, "rping", f"-c -a {GUEST_IP} {args}")
+            out, _ = ours.communicate(timeout=RUN_TIMEOUT)
+            guest = clean.guest_server_result()
+            rc, gout = guest.returncode, guest.stdout
+        else:
+            ours = _ours_c(env, "rping", f"-s -a {HOST_IP} {args}")
+            time.sleep(5)  # the service starts, then the listen
+            rc, gout = clean.guest(f"rping -c -a {HOST_IP} {args}", timeout=RUN_TIMEOUT)
+            out, _ = ours.communicate(timeout=60)
+    finally:
+        subprocess.run(["ip", "netns", "exec", NS, sys.executable, "-m", "softverbs", "service",
+                        "stop"], env=env, capture_output=True, timeout=60, check=False)
+    assert ours.returncode == 0 and rc == 0, (out, gout)
+    for text in (out, gout):
+        assert len(re.findall(r"ping data: rdma-ping-\d+", text)) == 3, text
