@@ -19,22 +19,28 @@ from verbs_kit import GID, QKEY, Side, close, connect, pair, state_attr
 
 from softverbs import (
     AH,
+    MW,
     PD,
     SGE,
     SRQ,
     AHAttr,
     Context,
     GlobalRoute,
+    MWBindInfo,
     RecvWR,
     SendWR,
     SrqAttr,
     SrqInitAttr,
 )
 from softverbs.enums import (
+    IBV_ACCESS_REMOTE_WRITE,
+    IBV_MW_TYPE_2,
     IBV_QPS_ERR,
     IBV_QPT_UD,
     IBV_SEND_DEFER,
     IBV_SEND_SIGNALED,
+    IBV_WR_BIND_MW,
+    IBV_WR_RDMA_WRITE,
     IBV_WR_SEND,
 )
 
@@ -65,6 +71,46 @@ def mr_in_use(correct: bool) -> None:
         a.mr.close()
     a.cq.close()
     close(b)
+
+
+def mw_in_use(correct: bool) -> None:
+    """With ``--remote`` (and SOFTVERBS_FAULTS losing all but a WRITE's first packet):
+    the window is deallocated while the peer's RDMA WRITE through it is in progress."""
+    a, b = pair()
+    if "--remote" in sys.argv:
+        mw = MW(b.pd, IBV_MW_TYPE_2)
+        bind = SendWR(9, IBV_WR_BIND_MW, send_flags=IBV_SEND_SIGNALED)
+        bind.set_bind_wr(mw, MWBindInfo(b.mr, b.mr.buf, 4096, IBV_ACCESS_REMOTE_WRITE))
+        b.qp.post_send(bind)
+        assert b.wait(1)[0].status == 0
+        write = SendWR(10, IBV_WR_RDMA_WRITE, 1, sg=[SGE(a.mr.buf, 3000, a.mr.lkey)])
+        write.set_wr_rdma(mw.rkey, b.mr.buf)
+        a.qp.post_send(write)  # three packets: the first arrives, the rest are lost
+        time.sleep(0.1)
+        b.cq.poll(1)  # the device delivers what is due
+        if not correct:
+            mw.close()  # misuse: a WRITE through it is half done
+        a.qp.close()
+        b.qp.close()
+        if correct:
+            mw.close()  # no QP uses it any more
+        for side in (a, b):
+            side.mr.close()
+            side.cq.close()
+        a.pd.close()
+        return
+    mw = MW(a.pd, IBV_MW_TYPE_2)
+    wr = SendWR(9, IBV_WR_BIND_MW, send_flags=IBV_SEND_SIGNALED | IBV_SEND_DEFER)
+    wr.set_bind_wr(mw, MWBindInfo(a.mr, a.mr.buf, 4096, IBV_ACCESS_REMOTE_WRITE))
+    a.qp.post_send(wr)  # deferred: the bind is outstanding
+    if not correct:
+        mw.close()  # misuse: the window a posted BIND_MW names
+    a.send(10)  # rings the doorbell for both
+    b.recv(11)
+    a.wait(2)
+    if correct:
+        mw.close()
+    close(a, b)
 
 
 def ah_in_use(correct: bool) -> None:

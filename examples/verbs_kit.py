@@ -27,6 +27,7 @@ from softverbs import (
 )
 from softverbs.enums import (
     IBV_ACCESS_LOCAL_WRITE,
+    IBV_ACCESS_MW_BIND,
     IBV_ACCESS_REMOTE_READ,
     IBV_ACCESS_REMOTE_WRITE,
     IBV_MTU_1024,
@@ -35,7 +36,8 @@ from softverbs.enums import (
     IBV_WR_SEND,
 )
 
-ACCESS = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ
+ACCESS = (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ
+          | IBV_ACCESS_MW_BIND)
 GID = 1
 QKEY = 0x11111111
 
@@ -51,6 +53,7 @@ class Side:
             init.srq = srq
         attr = QPAttr()
         attr.qkey = QKEY
+        attr.qp_access_flags = ACCESS & ~IBV_ACCESS_MW_BIND  # remote access is set in INIT
         self.qp = QP(pd, init, attr)  # a UD QP goes to RTS at once
         self.mr = MR(pd, 1 << 16, ACCESS)
 

@@ -60,6 +60,10 @@ CHECKS: dict[str, str] = {
     "mr-in-use": (
         "an MR must not be deregistered while WRs that use it are outstanding (seed 000)"
     ),
+    "mw-in-use": (
+        "a memory window must not be deallocated while WRs that use it are outstanding: "
+        "a BIND_MW WR that names it, or a peer's RDMA WRITE in progress through its rkey"
+    ),
     "ah-in-use": (
         "\"For UD QPs, Address Handles to the remote side don't need to be "
         "destroyed/reused\" while WRs that use them are outstanding (seed 000)"
@@ -498,6 +502,22 @@ class Sanitizer:
             if users:
                 self._in_use(w, "mr-in-use", f"MR lkey {key:#x} [{rec.engine.iova:#x}, "
                              f"{rec.engine.iova + rec.engine.length:#x})", users)
+        elif kind == "mw":
+            key = rec.engine.key
+            users = [(qp, wqe, q) for qp, wqe, q in self._outstanding(rec.owner)
+                     if q == "send" and getattr(wqe, "bind_mw", 0) == rec.handle]
+            writes = [qp for qp in list(rec.device.hca.qps.values())
+                      if getattr(qp, "resp", None) is not None and qp.resp.wview is not None
+                      and qp.resp.wkey == key]
+            if users:
+                self._in_use(w, "mw-in-use", f"MW rkey {key:#x}", users)
+            elif writes:
+                w.report("mw-in-use", [
+                    ("object", f"MW rkey {key:#x} destroyed"),
+                    ("outstanding", f"QP {writes[0].qpn:#x} is receiving an RDMA WRITE "
+                                    "through it, not yet complete"),
+                    ("fix", "deallocate it once the peer's operations through it are done"),
+                ], python_site() if w.local else [])
         elif kind == "ah":
             users = [(qp, wqe, q) for qp, wqe, q in self._outstanding(rec.owner)
                      if q == "send" and getattr(wqe, "ah", 0) == rec.handle]

@@ -31,6 +31,7 @@ EXPECTED: dict[str, tuple[list[str], list[str]]] = {
                             ["wr: wr_id 0x1, IBV_WR_SEND, 64 bytes", "seen: CRC-32 "]),
     "mr-in-use": (["mr-in-use"], ["outstanding: 1 WR(s) use it", "wr_id 0x1"]),
     "ah-in-use": (["ah-in-use"], ["outstanding: 1 WR(s) use it", "wr_id 0x1"]),
+    "mw-in-use": (["mw-in-use"], ["outstanding: 1 WR(s) use it", "wr_id 0x9"]),
     "unsignaled-send-queue": (["unsignaled-send-queue"],
                               ["send queue: 4 unsignaled WRs in a row fill all 4 slots"]),
     "send-queue-full": (["unsignaled-send-queue", "send-queue-full"], []),
@@ -142,6 +143,24 @@ def test_deferred_wrs_reported_after_the_timeout(kind_env: dict[str, str]) -> No
     got = reports(r.stderr)
     assert [rep[0] for rep in got] == [HEADER + "deferred-wr-never-rung"], r.stderr
     assert any("holds them unrung for 1." in line for line in got[0]), got[0]
+
+
+#: SOFTVERBS_FAULTS for the remote window: a WRITE's first packet passes, the rest are lost
+WRITE_FAULTS = "kinds=write;delay=0.000001;limit=1|kinds=write;drop=1"
+
+
+@pytest.mark.parametrize("correct", [False, True], ids=["misuse", "correct"])
+def test_a_window_deallocated_under_a_peers_write(kind_env: dict[str, str],
+                                                  correct: bool) -> None:  # fmt: skip
+    args = ["--remote", *(["--correct"] if correct else [])]
+    r = run(dict(kind_env, SOFTVERBS_FAULTS=WRITE_FAULTS), "mw-in-use", *args)
+    assert r.returncode == 0 and "done" in r.stdout, r.stdout + r.stderr
+    got = reports(r.stderr)
+    if correct:
+        assert got == [], r.stderr
+    else:
+        assert [rep[0] for rep in got] == [HEADER + "mw-in-use"], r.stderr
+        assert any("is receiving an RDMA WRITE through it" in line for line in got[0])
 
 
 def test_python_leaks_only_when_asked(kind_env: dict[str, str]) -> None:

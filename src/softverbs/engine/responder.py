@@ -133,6 +133,7 @@ class Responder:
         self.views: list[memoryview] = []  #: its buffers
         self.off = 0  #: bytes of the message received so far
         self.wview: memoryview | None = None  #: WRITE: the target of the message
+        self.wkey = 0  #: WRITE: the rkey it came through (the sanitizer asks)
         self.ack_req: Packet | None = None  #: the request whose coalesced ACK is due
         self.ack_psn = 0  #: the PSN that ACK acknowledges
         self.replay.clear()
@@ -241,6 +242,7 @@ class Responder:
                 if view is None:
                     return 1  # the first packet failed (NAKed, or dropped on UC)
                 self.wview = view
+                self.wkey = b.rkey
                 self.off = 0
             view = self.wview
             off = self.off
@@ -458,6 +460,7 @@ class Responder:
             if view is None:
                 return
             self.wview = view
+            self.wkey = pkt.rkey
             self.off = 0
         if info.imm and info.last and not self._begin_recv(pkt, now):
             return
