@@ -40,6 +40,7 @@ from softverbs.enums import (
     IBV_SEND_DEFER,
     IBV_SEND_SIGNALED,
     IBV_WR_BIND_MW,
+    IBV_WR_LOCAL_INV,
     IBV_WR_RDMA_WRITE,
     IBV_WR_SEND,
 )
@@ -88,7 +89,12 @@ def mw_in_use(correct: bool) -> None:
         a.qp.post_send(write)  # three packets: the first arrives, the rest are lost
         time.sleep(0.1)
         b.cq.poll(1)  # the device delivers what is due
-        if not correct:
+        if not correct and "--invalidate" in sys.argv:
+            inv = SendWR(11, IBV_WR_LOCAL_INV, send_flags=IBV_SEND_SIGNALED)
+            inv.invalidate_rkey = mw.rkey
+            b.qp.post_send(inv)  # misuse: a WRITE through it is half done
+            b.wait(1)
+        elif not correct:
             mw.close()  # misuse: a WRITE through it is half done
         a.qp.close()
         b.qp.close()

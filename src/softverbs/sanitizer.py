@@ -37,6 +37,7 @@ from softverbs.enums import (
     IBV_EVENT_CQ_ERR,
     IBV_QPS_ERR,
     IBV_WC_WR_FLUSH_ERR,
+    IBV_WR_LOCAL_INV,
     ibv_qp_type,
     ibv_wr_opcode,
 )
@@ -61,8 +62,9 @@ CHECKS: dict[str, str] = {
         "an MR must not be deregistered while WRs that use it are outstanding (seed 000)"
     ),
     "mw-in-use": (
-        "a memory window must not be deallocated while WRs that use it are outstanding: "
-        "a BIND_MW WR that names it, or a peer's RDMA WRITE in progress through its rkey"
+        "a memory window must not be deallocated or invalidated while WRs that use it are "
+        "outstanding: a BIND_MW WR that names it, or a peer's RDMA WRITE in progress "
+        "through its rkey"
     ),
     "ah-in-use": (
         "\"For UD QPs, Address Handles to the remote side don't need to be "
@@ -330,6 +332,8 @@ class Sanitizer:
             wqe = qp.sq.get(i)
             if site is not None:
                 w.sites[(qp.qpn, i)] = site
+            if wqe.opcode in _INVALIDATING:
+                self._invalidating(w, qp, wqe)
             sums[i] = self._checksum(qp, wqe)
             run = 0 if wqe.signaled or qp.sq_sig_all else run + 1
             if run >= qp.sq.size and w.once("unsignaled-send-queue", qp.qpn):
@@ -557,6 +561,19 @@ class Sanitizer:
         if eng.sq is not None:
             self._unrung(w, eng, how)
 
+    def _invalidating(self, w: Watch, qp: Any, wqe: SendWQE) -> None:
+        """A LOCAL_INV posted for an rkey a peer is writing through, mid-message."""
+        writes = [q for q in list(qp.hca.qps.values()) if getattr(q, "resp", None) is not None
+                  and q.resp.wview is not None and q.resp.wkey == wqe.inv_rkey]
+        if writes:
+            w.report("mw-in-use", [
+                ("object", f"rkey {wqe.inv_rkey:#x} invalidated by LOCAL_INV wr_id "
+                           f"{wqe.wr_id:#x} on QP {qp.qpn:#x}"),
+                ("outstanding", f"QP {writes[0].qpn:#x} is receiving an RDMA WRITE "
+                                "through it, not yet complete"),
+                ("fix", "invalidate it once the peer's operations through it are done"),
+            ], self._where(w, qp, wqe))
+
     def _deferred_too_long(self, w: Watch, owner: Any) -> None:
         """At each doorbell of the program: has a QP held deferred WRs unrung
         for longer than ``deferred_timeout`` while the program went on?"""
@@ -615,6 +632,9 @@ class Sanitizer:
                 details.append((o.kind_name, _describe(o)))
             w.report("leak", details, [])
         self.watches.pop(owner, None)
+
+
+_INVALIDATING = frozenset({IBV_WR_LOCAL_INV})
 
 
 def _may_complete(qp: Any, cq: CompletionRing) -> int:

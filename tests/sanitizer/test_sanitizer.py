@@ -149,10 +149,11 @@ def test_deferred_wrs_reported_after_the_timeout(kind_env: dict[str, str]) -> No
 WRITE_FAULTS = "kinds=write;delay=0.000001;limit=1|kinds=write;drop=1"
 
 
-@pytest.mark.parametrize("correct", [False, True], ids=["misuse", "correct"])
-def test_a_window_deallocated_under_a_peers_write(kind_env: dict[str, str],
-                                                  correct: bool) -> None:  # fmt: skip
-    args = ["--remote", *(["--correct"] if correct else [])]
+@pytest.mark.parametrize("how", ["dealloc", "local-inv", "correct"])
+def test_a_window_deallocated_under_a_peers_write(kind_env: dict[str, str], how: str) -> None:
+    correct = how == "correct"
+    args = ["--remote", *(["--correct"] if correct else []),
+            *(["--invalidate"] if how == "local-inv" else [])]  # fmt: skip
     r = run(dict(kind_env, SOFTVERBS_FAULTS=WRITE_FAULTS), "mw-in-use", *args)
     assert r.returncode == 0 and "done" in r.stdout, r.stdout + r.stderr
     got = reports(r.stderr)
@@ -161,6 +162,7 @@ def test_a_window_deallocated_under_a_peers_write(kind_env: dict[str, str],
     else:
         assert [rep[0] for rep in got] == [HEADER + "mw-in-use"], r.stderr
         assert any("is receiving an RDMA WRITE through it" in line for line in got[0])
+        assert any(("by LOCAL_INV" in line) == (how == "local-inv") for line in got[0][2:3])
 
 
 def test_python_leaks_only_when_asked(kind_env: dict[str, str]) -> None:
