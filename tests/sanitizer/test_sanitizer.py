@@ -213,3 +213,14 @@ def test_exec_sanitize_sets_the_variable() -> None:
                        text=True, timeout=60, check=False)  # fmt: skip
     assert r.returncode == 2 and r.stderr.startswith("softverbs exec: --sanitize: "), r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_the_seed_004_example_has_no_report(kind_env: dict[str, str]) -> None:
+    """examples/sig_pipelining.py (seed 004's storage target, with a corrupted
+    sector) is a correct program: signature errors are not verbs misuse."""
+    example = PROGRAM.parent / "sig_pipelining.py"
+    env = dict(kind_env, SOFTVERBS_SANITIZE="1")
+    r = subprocess.run([sys.executable, str(example)], env=env, capture_output=True, text=True,
+                       timeout=120, check=False)  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert HEADER not in r.stderr, r.stderr
