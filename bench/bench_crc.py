@@ -18,6 +18,8 @@ import timeit
 import zlib
 from collections.abc import Callable
 
+from progress import Progress, add_quiet
+
 from softverbs.engine import signature
 from softverbs.wire import codec
 
@@ -35,11 +37,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="512,4096,65536")
     ap.add_argument("--plot", metavar="FILE")
+    add_quiet(ap)
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
+    progress = Progress(len(sizes), args.quiet)
     rows: dict[str, list[float]] = {}
     copies = []
     for size in sizes:
+        progress.step(f"CRCs of {size}-byte blocks")
         data = os.urandom(size)
         src, dst = memoryview(data), memoryview(bytearray(size))
 

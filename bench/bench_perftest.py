@@ -27,6 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_loopback import UCX_ENV, ucx_outstanding, ucx_run
+from progress import Progress, add_quiet
 
 TIMEOUT = 300.0
 LAT_SIZE = 8
@@ -78,21 +79,27 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=0, help="iterations per size (default: ~64 MiB)")
     ap.add_argument("--lat-iters", type=int, default=2000)
     ap.add_argument("--plot", metavar="FILE.png")
+    add_quiet(ap)
     args = ap.parse_args()
     sizes = [int(x) for x in args.sizes.split(",")]
+    progress = Progress(2 * len(sizes) + 2, args.quiet)
     run_dir = tempfile.mkdtemp(prefix="svpt", dir="/tmp")
     env = {k: v for k, v in os.environ.items() if not k.startswith("SOFTVERBS_")}
     env["SOFTVERBS_SERVICE"] = os.path.join(run_dir, "sv.sock")  # a fresh service, this run's
     bw: dict[int, tuple[float, float]] = {}
     for size in sizes:
         n = args.iters or max(100, min(5000, (64 << 20) // size))
+        progress.step(f"ib_write_bw {size} B on softverbs")
         ours = row(perftest("ib_write_bw", ["-s", str(size), "-n", str(n)], env), size)[1]
+        progress.step(f"ucx_perftest ucp_put_bw {size} B over TCP")
         ucx = ucx_run(["-t", "ucp_put_bw", "-s", str(size), "-n", str(n), "-w", str(n // 10),
                        "-O", str(ucx_outstanding(size))], TIMEOUT)[7] * size / 1e6  # fmt: skip
         bw[size] = (ours, ucx)
+    progress.step("ib_send_lat 8 B on softverbs")
     lat = row(perftest("ib_send_lat", ["-s", str(LAT_SIZE), "-n", str(args.lat_iters)], env),
               LAT_SIZE)  # fmt: skip
     # ib_send_lat: t_min t_max t_typical t_avg t_stdev 99% 99.9% (usec, one way)
+    progress.step("ucx_perftest tag_lat 8 B over TCP")
     ucx_lat = {rank: ucx_run(["-t", "tag_lat", "-s", str(LAT_SIZE), "-n", str(args.lat_iters),
                               "-R", str(rank)], TIMEOUT)[1] for rank in (50, 99)}  # fmt: skip
     subprocess.run([sys.executable, "-m", "softverbs", "service", "stop"], env=env,
