@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,23 +25,16 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_loopback import UCX_ENV, ucx_outstanding, ucx_run
+from bench_loopback import UCX_ENV, _free_tcp_port, ucx_outstanding, ucx_run
 from progress import Progress, add_quiet
 
 TIMEOUT = 300.0
 LAT_SIZE = 8
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def perftest(tool: str, args: list[str], env: dict[str, str]) -> str:
     """Run ``tool`` as server and client on softverbs; the client's output."""
-    port = str(_port())
+    port = str(_free_tcp_port())
     cmd = [sys.executable, "-m", "softverbs", "exec", "--", tool, "-d", "sv0", "-x", "1",
            "-p", port, *args]  # fmt: skip
     server = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -422,30 +422,23 @@ class Sanitizer:
     @staticmethod
     def feeders(cq_rec: Any) -> list[tuple[str, int]]:
         """The queues that complete into CQ ``cq_rec``: (description, depth)."""
-        out: list[tuple[str, int]] = []
+        cq = cq_rec.engine
+        found: dict[str, int] = {}
         for o in cq_rec.owner.objects.values():
             eng = o.engine
             if o.kind_name == "qp" and eng is not None and o.info is not None:
                 caps = o.info.caps
-                if eng.send_cq is cq_rec.engine and eng.sq is not None:
-                    out.append((f"QP {eng.qpn:#x} send queue ({caps.max_send_wr})",
-                                caps.max_send_wr))
-                if eng.recv_cq is cq_rec.engine and eng.rq is not None:
-                    out.append((f"QP {eng.qpn:#x} receive queue ({caps.max_recv_wr})",
-                                caps.max_recv_wr))
-            elif o.kind_name == "srq" and eng is not None and getattr(eng, "cq", None) is \
-                    cq_rec.engine:
-                out.append((f"SRQ {eng.srqn:#x} ({eng.size})", eng.size))
-        srqs = {id(o.engine): o for o in cq_rec.owner.objects.values() if o.kind_name == "srq"}
-        for o in cq_rec.owner.objects.values():
-            eng = o.engine
-            if o.kind_name == "qp" and eng is not None and eng.srq is not None and \
-                    eng.recv_cq is cq_rec.engine and id(eng.srq) in srqs and \
-                    getattr(eng.srq, "cq", None) is None:
-                srq = eng.srq
-                name = f"SRQ {srq.srqn:#x} ({srq.size})"
-                if all(n != name for n, _ in out):
-                    out.append((name, srq.size))
+                if eng.send_cq is cq and eng.sq is not None:
+                    found[f"QP {eng.qpn:#x} send queue ({caps.max_send_wr})"] = caps.max_send_wr
+                if eng.recv_cq is cq and eng.rq is not None:
+                    found[f"QP {eng.qpn:#x} receive queue ({caps.max_recv_wr})"] = \
+                        caps.max_recv_wr
+                srq = eng.srq  # its receives complete into the QP's CQ, unless it has one
+                if eng.recv_cq is cq and srq is not None and getattr(srq, "cq", None) is None:
+                    found[f"SRQ {srq.srqn:#x} ({srq.size})"] = srq.size
+            elif o.kind_name == "srq" and eng is not None and getattr(eng, "cq", None) is cq:
+                found[f"SRQ {eng.srqn:#x} ({eng.size})"] = eng.size
+        out = list(found.items())
         return out
 
     def _cq_pressure(self, w: Watch, qp: Any) -> None:
@@ -653,7 +646,7 @@ def _may_complete(qp: Any, cq: CompletionRing) -> int:
 def _unpolled(cq: CompletionRing, qpn: int, flushed: bool) -> int:
     """How many CQEs of QP ``qpn`` wait in ``cq`` (only WR_FLUSH_ERR ones if ``flushed``)."""
     n = 0
-    for i in range(max(int(cq.hdr[cq.CI]), cq.tail - cq.capacity), cq.tail):
+    for i in cq.unpolled():
         c = cq.slots.read(i)
         if c.qp_num == qpn and not c.dead and (not flushed or c.status == IBV_WC_WR_FLUSH_ERR):
             n += 1

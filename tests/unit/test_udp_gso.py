@@ -82,14 +82,14 @@ def test_a_gso_segment_is_sealed_for_its_ipv4_id() -> None:
     """The kernel numbers a GSO send's segments' IPv4 IDs 0, 1, 2 ...; the ICRC
     covers the ID, so segment k must carry the ICRC of ID k (rxe checks it)."""
     from softverbs.errors import WireError
-    from softverbs.wire.codec import decode_udp_payload, reseal_ipv4
+    from softverbs.wire.codec import decode_udp_payload, seal_udp_payload
 
     frame = _frames(3)[1]
-    reseal_ipv4(frame, SRC, DST, SPORT, ip_id=1)
+    seal_udp_payload(frame, SRC, DST, SPORT, ip_id=1)
     decode_udp_payload(bytes(frame), SRC, DST, SPORT, ip_id=1)
     with pytest.raises(WireError):
         decode_udp_payload(bytes(frame), SRC, DST, SPORT, ip_id=0)
-    reseal_ipv4(frame, SRC, DST, SPORT, ip_id=0)
+    seal_udp_payload(frame, SRC, DST, SPORT, ip_id=0)
     decode_udp_payload(bytes(frame), SRC, DST, SPORT, ip_id=0)
 
 

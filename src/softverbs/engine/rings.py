@@ -913,12 +913,16 @@ class CompletionRing:
                 self.notify()
         return True
 
+    def unpolled(self) -> range:
+        """The indices of the CQEs written and not yet polled."""
+        return range(max(self._ci(), self.tail - self.capacity), self.tail)
+
     def purge(self, qpn: int, dead: Callable[[CQE], None] | None = None) -> None:
         """Mark the unpolled CQEs of QP ``qpn`` dead (RESET, destroy).
 
         ``dead`` sees each one (to give an SRQ slot back)."""
         slots = self.slots
-        for i in range(max(self._ci(), self.tail - self.capacity), self.tail):
+        for i in self.unpolled():
             if isinstance(slots, CQESlots):
                 if slots.qp_num(i) == qpn:
                     if dead is not None:

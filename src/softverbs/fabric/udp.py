@@ -71,7 +71,7 @@ from pathlib import Path
 from softverbs.engine.hca import HCA
 from softverbs.errors import PyverbsRDMAError, WireError
 from softverbs.fabric.runtime import Clock, Runtime, flip_bit
-from softverbs.wire.codec import decode_udp_payload, encode_udp_payload, reseal_ipv4
+from softverbs.wire.codec import decode_udp_payload, encode_udp_payload, seal_udp_payload
 from softverbs.wire.opcodes import ROCEV2_PORT
 from softverbs.wire.packet import IPV4_MAPPED_PREFIX, Packet
 
@@ -390,12 +390,13 @@ class UdpRuntime(Runtime):
         else:
             dest = (dst_text, ROCEV2_PORT, 0, local.scope_id)
         if pkt.count > 1:  # a burst (only when self.bursts): GSO runs
-            datagrams = [encode_udp_payload(seg, src_ip, dst_ip, sport) for seg in pkt.segments()]
+            datagrams = [encode_udp_payload(seg, src_ip, dst_ip, sport, seal=False)
+                         for seg in pkt.segments()]  # fmt: skip
             for first, count in gso_runs([len(d) for d in datagrams]):
                 run = datagrams[first : first + count]
-                if count > 1 and self.gso and len(src_ip) == 4:
-                    for k in range(1, count):  # the kernel gives segment k IPv4 ID k
-                        reseal_ipv4(run[k], src_ip, dst_ip, sport, ip_id=k)
+                gso = count > 1 and self.gso
+                for k, data in enumerate(run):  # the kernel gives segment k IPv4 ID k
+                    seal_udp_payload(data, src_ip, dst_ip, sport, ip_id=k if gso else 0)
                 self._send_run(src, sock, run, dest, (src_ip, dst_ip, sport))
             return
         data = encode_udp_payload(pkt, src_ip, dst_ip, sport)
@@ -418,7 +419,7 @@ class UdpRuntime(Runtime):
                   dest: tuple[str, int] | tuple[str, int, int, int],
                   addr: tuple[bytes, bytes, int]) -> None:  # fmt: skip
         """Datagrams of one size (the last maybe shorter) with one GSO send.
-        ``addr`` (source IP, destination IP, source port) reseals their ICRCs
+        ``addr`` (source IP, destination IP, source port) seals their ICRCs again
         for IPv4 ID 0 if they must go one by one after all."""
         if len(run) == 1 or not self.gso:
             for data in run:
@@ -439,8 +440,7 @@ class UdpRuntime(Runtime):
                 src.counters["gso_fallback"] += 1
                 log.info("UDP GSO refused (%s): sending a datagram at a time", exc)
                 for data in run:
-                    if len(addr[0]) == 4:
-                        reseal_ipv4(data, *addr, ip_id=0)  # sent alone: ID 0
+                    seal_udp_payload(data, *addr, ip_id=0)  # sent alone: ID 0
                     self._sendto(src, sock, data, dest)
             else:
                 src.counters["drop_tx_error"] += len(run)

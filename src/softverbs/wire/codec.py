@@ -469,32 +469,36 @@ def encode_udp_payload(
     dport: int = ROCEV2_PORT,
     *,
     ip_id: int = 0,
+    seal: bool = True,
 ) -> bytearray:
     """Transport bytes + ICRC: the datagram a UDP socket sends for ``pkt``.
 
     4-byte addresses mean IPv4, 16-byte ones IPv6.  For IPv4 the ICRC covers
     the header Linux writes for an unconnected socket with IP_PMTUDISC_DO
-    (ID 0, DF); pass ``ip_id`` if the datagram will carry another ID.
+    (ID 0, DF); pass ``ip_id`` if the datagram will carry another ID.  With
+    ``seal=False`` the ICRC is left for :func:`seal_udp_payload` (a caller
+    that learns the IPv4 ID later: a UDP GSO run's segments).
     """
-    buf, w0, end = _encode(pkt, 0, ICRC_SIZE)
-    mv = memoryview(buf)
-    if len(src_ip) == 4:
-        crc = _icrc4(mv, 0, end, w0, src_ip, dst_ip, sport, dport, ip_id)
-    else:
-        crc = _icrc6(mv, 0, end, w0, src_ip, dst_ip, sport, dport)
-    _ICRC.pack_into(buf, end, crc)
+    buf, _, _ = _encode(pkt, 0, ICRC_SIZE)
+    if seal:
+        seal_udp_payload(buf, src_ip, dst_ip, sport, dport, ip_id=ip_id)
     return buf
 
 
-def reseal_ipv4(buf: bytearray, src_ip: bytes, dst_ip: bytes, sport: int,
-                dport: int = ROCEV2_PORT, *, ip_id: int) -> None:
-    """Rewrite the ICRC of a datagram from :func:`encode_udp_payload` for IPv4 ID
-    ``ip_id``.  The kernel numbers the segments of a UDP GSO send 0, 1, 2 ...
-    (DF or not), and the ICRC covers the ID: segment k of a run needs ``ip_id=k``."""
+def seal_udp_payload(buf: bytearray, src_ip: bytes, dst_ip: bytes, sport: int,
+                     dport: int = ROCEV2_PORT, *, ip_id: int = 0) -> None:
+    """Write the ICRC of a datagram from :func:`encode_udp_payload`, for IPv4 ID
+    ``ip_id`` (IPv6 has none).  The kernel numbers the segments of a UDP GSO
+    send 0, 1, 2 ... (DF or not), and the ICRC covers the ID: segment k of a run
+    is sealed with ``ip_id=k``."""
     end = len(buf) - ICRC_SIZE
     w0 = _U32.unpack_from(buf, 0)[0]
-    _ICRC.pack_into(buf, end, _icrc4(memoryview(buf), 0, end, w0, src_ip, dst_ip, sport, dport,
-                                     ip_id & 0xFFFF))  # fmt: skip
+    mv = memoryview(buf)
+    if len(src_ip) == 4:
+        crc = _icrc4(mv, 0, end, w0, src_ip, dst_ip, sport, dport, ip_id & 0xFFFF)
+    else:
+        crc = _icrc6(mv, 0, end, w0, src_ip, dst_ip, sport, dport)
+    _ICRC.pack_into(buf, end, crc)
 
 
 def decode_udp_payload(

@@ -451,6 +451,20 @@ int rdma_listen(struct rdma_cm_id *id, int backlog)
 /* --- the QP's states -------------------------------------------------------------------- */
 
 /* The agent's attributes for ``state`` into attr/mask (rdma_init_qp_attr). */
+/* The agent's ``ah_attr`` (a RoCE path: always global), if there is one. */
+static void ah_attr_of(const char *ah, struct ibv_ah_attr *out)
+{
+	if (!js_present(ah))
+		return;
+	out->is_global = 1;
+	out->port_num = (uint8_t)js_int_of(ah, "port_num", 1);
+	js_hex(js_get(ah, "dgid"), out->grh.dgid.raw, 16);
+	out->grh.sgid_index = (uint8_t)js_int_of(ah, "sgid_index", 0);
+	out->grh.flow_label = (uint32_t)js_int_of(ah, "flow_label", 0);
+	out->grh.hop_limit = (uint8_t)js_int_of(ah, "hop_limit", 64);
+	out->grh.traffic_class = (uint8_t)js_int_of(ah, "traffic_class", 0);
+}
+
 static int qp_attr(struct cma_id *c, enum ibv_qp_state state, struct ibv_qp_attr *attr,
 		   int *mask)
 {
@@ -476,16 +490,7 @@ static int qp_attr(struct cma_id *c, enum ibv_qp_state state, struct ibv_qp_attr
 	attr->retry_cnt = (uint8_t)js_int_of(a, "retry_cnt", 0);
 	attr->rnr_retry = (uint8_t)js_int_of(a, "rnr_retry", 0);
 	attr->timeout = (uint8_t)js_int_of(a, "timeout", 0);
-	const char *ah = js_get(a, "ah_attr");
-	if (js_present(ah)) {
-		attr->ah_attr.is_global = 1;
-		attr->ah_attr.port_num = (uint8_t)js_int_of(ah, "port_num", 1);
-		js_hex(js_get(ah, "dgid"), attr->ah_attr.grh.dgid.raw, 16);
-		attr->ah_attr.grh.sgid_index = (uint8_t)js_int_of(ah, "sgid_index", 0);
-		attr->ah_attr.grh.flow_label = (uint32_t)js_int_of(ah, "flow_label", 0);
-		attr->ah_attr.grh.hop_limit = (uint8_t)js_int_of(ah, "hop_limit", 64);
-		attr->ah_attr.grh.traffic_class = (uint8_t)js_int_of(ah, "traffic_class", 0);
-	}
+	ah_attr_of(js_get(a, "ah_attr"), &attr->ah_attr);
 	*mask = (int)js_int_of(result, "mask", IBV_QP_STATE);
 	return 0;
 }
@@ -823,16 +828,7 @@ static void ud_param_of(struct cma_event *e, const char *ud)
 	p->private_data_len = (uint8_t)(n > 0 ? n : 0);
 	p->qp_num = (uint32_t)js_int_of(ud, "qp_num", 0);
 	p->qkey = (uint32_t)js_int_of(ud, "qkey", 0);
-	const char *ah = js_get(ud, "ah_attr");
-	if (js_present(ah)) {
-		p->ah_attr.is_global = 1;
-		p->ah_attr.port_num = (uint8_t)js_int_of(ah, "port_num", 1);
-		js_hex(js_get(ah, "dgid"), p->ah_attr.grh.dgid.raw, 16);
-		p->ah_attr.grh.sgid_index = (uint8_t)js_int_of(ah, "sgid_index", 0);
-		p->ah_attr.grh.flow_label = (uint32_t)js_int_of(ah, "flow_label", 0);
-		p->ah_attr.grh.hop_limit = (uint8_t)js_int_of(ah, "hop_limit", 64);
-		p->ah_attr.grh.traffic_class = (uint8_t)js_int_of(ah, "traffic_class", 0);
-	}
+	ah_attr_of(js_get(ud, "ah_attr"), &p->ah_attr);
 }
 
 /* A CONNECT_REQUEST's new ID (ucma_process_conn_req). */
