@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -228,3 +229,43 @@ def test_rc_write_and_send_bursts_arrive_intact(pair_env: str) -> None:
     finally:
         registry.pop(reg)
         reg.shutdown()
+
+
+def test_a_refused_gso_send_falls_back_to_one_datagram_at_a_time() -> None:
+    """A kernel (or device) that refuses UDP_SEGMENT: the run goes out datagram by
+    datagram, each sealed again for IPv4 ID 0, the device stops using GSO, and
+    ``gso_fallback`` counts it."""
+    import errno
+    from collections import Counter
+    from types import SimpleNamespace
+
+    from softverbs.wire.codec import decode_udp_payload, seal_udp_payload
+
+    class RefusingSocket:
+        family = socket.AF_INET
+
+        def __init__(self) -> None:
+            self.sent: list[bytes] = []
+
+        def setsockopt(self, *args: object) -> None:
+            pass
+
+        def sendmsg(self, *args: object) -> int:
+            raise OSError(errno.EINVAL, "Invalid argument")
+
+        def sendto(self, data: bytes, dest: object) -> int:
+            self.sent.append(bytes(data))
+            return len(data)
+
+    runtime = udp.UdpRuntime.__new__(udp.UdpRuntime)
+    runtime.gso = runtime.bursts = True
+    runtime._checksummed = set()
+    src = SimpleNamespace(counters=Counter())
+    run = _frames(4)
+    for k, data in enumerate(run):
+        seal_udp_payload(data, SRC, DST, SPORT, ip_id=k)  # as a GSO run is sealed
+    sock = RefusingSocket()
+    runtime._send_run(src, sock, run, ("127.0.0.2", 4791), (SRC, DST, SPORT))
+    assert src.counters["gso_fallback"] == 1 and not runtime.gso and not runtime.bursts
+    assert len(sock.sent) == 4
+    assert [decode_udp_payload(d, SRC, DST, SPORT, ip_id=0).psn for d in sock.sent] == [0, 1, 2, 3]
