@@ -74,6 +74,20 @@ def check_session(pkts: list[Packet]) -> None:
                for p in pkts)  # type: ignore[union-attr]  # fmt: skip
 
 
+def check_wire_imm(path: Path) -> None:
+    """pyverbs' imm_data is ibv_send_wr's __be32 field: its bytes in memory are the
+    ImmDt bytes on the wire, as a NIC sends them (0x1234 and 0xBEEF in the session).
+    Read from the frames themselves (the ImmDt ends where the payload and its pad
+    begin), not through the codec that wrote them."""
+    seen = set()
+    for _, frame in read_pcap(path):
+        pkt = decode_frame(frame)
+        if OPINFO[pkt.opcode].imm:  # type: ignore[union-attr]
+            end = len(frame) - 4 - pkt.pad - len(pkt.payload)
+            seen.add(bytes(frame[end - 4 : end]))
+    assert seen == {v.to_bytes(4, sys.byteorder) for v in (0x1234, 0xBEEF)}, seen
+
+
 def heuristic_args() -> list[str]:
     """Disable the protocols of the heuristics on InfiniBand payloads (see test_tshark.py)."""
     assert TSHARK is not None
@@ -132,6 +146,7 @@ def test_softverbs_pcap_captures_a_session(tmp_path: Path) -> None:
     assert path.name != "session-{pid}.pcap"
     pkts = decoded(path)
     check_session(pkts)
+    check_wire_imm(path)
     tshark_check(path, len(pkts))
 
 

@@ -139,7 +139,7 @@ _DETH_S = struct.Struct(">II")  # Q_Key | resv8 SrcQP(24)
 _RETH_S = struct.Struct(">QII")  # VA | R_Key | DMA length
 _ATOMICETH_S = struct.Struct(">QIQQ")  # VA | R_Key | swap/add | compare
 _U64 = struct.Struct(">Q")
-_IMM = struct.Struct("=I")  # host order: the bytes the application stored
+_IMM = _U32  # the ImmDt value, big-endian on the wire like every IBA field
 _ICRC = struct.Struct("<I")
 
 # ICRC pseudo headers, without the 8 0xFF bytes (they are folded into _SEED).

@@ -169,10 +169,14 @@ def test_decoded_payload_is_a_view() -> None:
     assert decode_transport(view).payload.obj is view.obj
 
 
-def test_imm_is_host_order() -> None:
+def test_imm_is_the_immdt_value_big_endian() -> None:
+    """pkt.imm is the ImmDt value (what be32toh(wr.imm_data) gives a C program), sent
+    big-endian like every IBA field: a C program's htobe32(0x11) arrives as 00 00 00 11."""
     pkt = Packet(opcode(Transport.RC, Op.SEND_ONLY_WITH_IMMEDIATE), 1, 2, b"")
     pkt.imm = 0x11223344
-    assert encode_transport(pkt)[12:16] == struct.pack("=I", 0x11223344)
+    wire = encode_transport(pkt)
+    assert wire[12:16] == bytes.fromhex("11223344")
+    assert decode_transport(memoryview(wire)).imm == 0x11223344
 
 
 def test_header_layout() -> None:

@@ -70,7 +70,7 @@ HDR_FIELDS: dict[Hdr, dict[str, object]] = {
         "infiniband.aeth.msn": lambda p, f: p.msn,
     },
     Hdr.ATOMICACKETH: {"infiniband.atomicacketh.origremdt": lambda p, f: p.orig},
-    Hdr.IMMDT: {"infiniband.immdt": lambda p, f: struct.pack("=I", p.imm).hex()},
+    Hdr.IMMDT: {"infiniband.immdt": lambda p, f: struct.pack(">I", p.imm).hex()},
     Hdr.IETH: {"infiniband.ieth": lambda p, f: struct.pack(">I", p.inv_rkey).hex()},
 }
 ICRC_FIELD = {"infiniband.invariant.crc": lambda p, f: int.from_bytes(f[-4:], "big")}
