@@ -35,6 +35,7 @@ from softverbs import (
     QPInitAttr,
     RecvWR,
     SendWR,
+    counters,
 )
 from softverbs.enums import (
     IBV_ACCESS_LOCAL_WRITE,
@@ -126,8 +127,13 @@ def session(name_a: str, name_b: str) -> None:
     ca, cb = Context(name=name_a), Context(name=name_b)
     for gid_index in (1, 0):
         a, b = pair(ca, cb, IBV_QPT_RC, gid_index)
+        rnr = counters(ca)["rcvd_rnr_err"]
         a.qp.post_send(SendWR(1, IBV_WR_SEND, 1, sg=[a.sge(0, 3000)]))
-        b.cq.poll(1)  # no receive WQE yet: the SEND is RNR-NAKed
+        deadline = time.monotonic() + 10
+        while counters(ca)["rcvd_rnr_err"] == rnr:  # no receive WQE yet: an RNR NAK
+            b.cq.poll(1)
+            if time.monotonic() > deadline:
+                raise RuntimeError("the SEND without a receive WQE drew no RNR NAK")
         b.qp.post_recv(RecvWR(1, 1, [b.sge(0, 4096)]))
         b.qp.post_recv(RecvWR(2, 1, [b.sge(4096, 64)]))
         a.wait()

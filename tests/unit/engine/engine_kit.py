@@ -289,14 +289,17 @@ class Node:
         self.qp.doorbell(now)
 
     def post_recv(self, offset: int, length: int, wr_id: int | None = None,
-                  now: float = 0.0) -> RecvWQE:  # fmt: skip
+                  now: float = 0.0, message: bool = True) -> RecvWQE:  # fmt: skip
+        """Write one receive WQE and its doorbell word; ``message=False`` leaves out
+        the doorbell message (a served device has not read it yet)."""
         if wr_id is None:
             wr_id = self.next_wr_id
             self.next_wr_id += 1
         rqe = RecvWQE(wr_id, [(self.addr(offset), length, self.mr.key)], length)
         self.rq.push(rqe)
         self.rq.ring(self.rq.pi)
-        self.qp.rq_doorbell(now)
+        if message:
+            self.qp.rq_doorbell(now)
         return rqe
 
     # --- completions ----------------------------------------------------------------------

@@ -31,6 +31,8 @@ from softverbs.engine.core import ACKREQ_EVERY
 from softverbs.enums import (
     IBV_QPS_ERR,
     IBV_QPS_RTS,
+    IBV_QPT_RC,
+    IBV_QPT_UC,
     IBV_WC_COMP_SWAP,
     IBV_WC_FETCH_ADD,
     IBV_WC_RDMA_READ,
@@ -145,6 +147,24 @@ def test_write_in_order_with_coalesced_acks(size: int) -> None:
     assert b.b.poll_recv() == []
     check_coalesced_acks(b.sent("b", is_ack), size)
     assert len(b.sent("a")) == npkts(size)
+
+
+@pytest.mark.parametrize("qp_type", [IBV_QPT_RC, IBV_QPT_UC], ids=["rc", "uc"])
+def test_a_send_finds_a_receive_whose_doorbell_message_is_not_read_yet(qp_type: int) -> None:
+    """The receive's doorbell word is written before the SEND's doorbell: a SEND
+    that finds no fetched WQE reads the word, as a NIC reads its doorbell record.
+    (The served device can read the SEND's doorbell first; UC then dropped the
+    message and RC sent an RNR NAK.)"""
+    b = bench(qp_type=qp_type)
+    b.a.mem[:600] = pattern(600)
+    b.b.post_recv(RECV_OFF, 600, message=False)
+    b.a.post_send(IBV_WR_SEND, 0, 600)
+    b.run()
+    (rcqe,) = b.b.poll_recv()
+    assert (rcqe.status, rcqe.byte_len) == (IBV_WC_SUCCESS, 600)
+    assert b.b.mem[RECV_OFF : RECV_OFF + 600] == pattern(600)
+    assert not b.sent("b", is_rnr_nak)
+    assert b.b.counters.get("drop_no_rqe", 0) == 0
 
 
 def test_write_with_imm_consumes_a_receive() -> None:
