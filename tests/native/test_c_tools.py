@@ -20,12 +20,18 @@ import socket
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from softverbs import native
+from softverbs.fabric.pcap import read_pcap
+from softverbs.wire.codec import decode_frame
+from softverbs.wire.opcodes import Op, Transport, opcode
+
+UD_SEND_IMM = opcode(Transport.UD, Op.SEND_ONLY_WITH_IMMEDIATE)
 
 TIMEOUT = 120
 
@@ -93,6 +99,31 @@ def pair(env: dict[str, str], tool: str, args: list[str], port_flag: str,
     assert client.returncode == 0, f"{tool} client: {client.stdout}{client.stderr}"
     assert server.returncode == 0, f"{tool} server: {out}"
     return out, client.stdout + client.stderr
+
+
+def test_faults_and_capture_apply_to_c_programs(env: dict[str, str], tmp_path: Path) -> None:
+    """SOFTVERBS_FAULTS and SOFTVERBS_PCAP work for C programs as for Python ones:
+    seeded loss on what the ping-pong sends, RC recovers, and the capture shows
+    the retransmitted PSNs; without faults nothing is sent twice."""
+    _need("ibv_rc_pingpong")
+    runs = {}
+    for faults in ("", "seed=7;drop=0.1"):
+        d = tmp_path / ("lossy" if faults else "clean")
+        d.mkdir()
+        e = {**env, "SOFTVERBS_FAULTS": faults, "SOFTVERBS_PCAP": str(d / "{pid}.pcap")}
+        pair(e, "ibv_rc_pingpong", ["-g", "1", "-n", "100", "-s", "8192"], "-p")
+        files = sorted(d.glob("*.pcap"))
+        assert len(files) == 2, files  # one per process, {pid} replaced
+        seen: Counter[tuple[int, int]] = Counter()
+        for _, frame in read_pcap(files[0]):
+            pkt = decode_frame(frame)
+            if pkt.opcode & 0x1F != Op.ACKNOWLEDGE:
+                seen[pkt.dqpn, pkt.psn] += 1
+        runs[faults] = (len(seen), sum(n - 1 for n in seen.values()))
+    (packets, resent), (_, resent_lossy) = runs[""], runs["seed=7;drop=0.1"]
+    assert packets >= 2 * 100 * 2, runs  # 8 KiB at MTU 4096: two packets a message
+    assert resent == 0, runs
+    assert resent_lossy > 0, runs
 
 
 PINGPONG = [
@@ -204,12 +235,25 @@ def test_ucmatose(env: dict[str, str]) -> None:
         assert "data transfers complete" in out and "return status 0" in out, out
 
 
-def test_udaddy(env: dict[str, str]) -> None:
+def test_udaddy(env: dict[str, str], tmp_path: Path) -> None:
+    """udaddy sends htobe32(its QPN) as immediate data, and each side replies to the
+    QPN it reads back with be32toh: the ImmDt on the wire must be the sender's QPN,
+    big-endian, as rxe sends it (the frames are captured by the service)."""
     _need("udaddy")  # its port is fixed (7174): one run at a time
-    server, client = cm_pair(env, ["udaddy", "-b", "127.0.0.1"], ["udaddy", "-s", "127.0.0.1"],
-                             port=7174)
+    pcap = tmp_path / "udaddy.pcap"
+    server, client = cm_pair({**env, "SOFTVERBS_PCAP": str(pcap)},
+                             ["udaddy", "-b", "127.0.0.1"], ["udaddy", "-s", "127.0.0.1"],
+                             port=7174)  # fmt: skip
     for out in (server, client):
         assert "data transfers complete" in out and "return status 0" in out, out
+    sends = []  # (the ImmDt bytes as they lie in the frame, the sender's QPN)
+    for _, frame in read_pcap(pcap):
+        pkt = decode_frame(frame)
+        if pkt.opcode == UD_SEND_IMM:
+            end = len(frame) - 4 - pkt.pad - len(pkt.payload)  # the ICRC, then the payload
+            sends.append((bytes(frame[end - 4 : end]), pkt.src_qp))
+    assert len(sends) == 20, len(sends)  # ten each way
+    assert all(imm == qpn.to_bytes(4, "big") for imm, qpn in sends), sends
 
 
 def test_rdma_server_and_client(env: dict[str, str]) -> None:

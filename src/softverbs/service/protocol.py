@@ -41,6 +41,7 @@ from typing import Any
 from softverbs import config
 from softverbs.device.api import (
     BY_CODE,
+    CAPTURE_APPEND,
     DB_RQ,
     DB_SQ,
     KIND_NAMES,
@@ -230,7 +231,8 @@ def c_header() -> str:
         f"#define SV_FLAG_REPLY {FLAG_REPLY}",
         f"#define SV_REG_MR_HAS_FD {REG_MR_HAS_FD}",
         f"#define SV_OPEN_XRCD_HAS_FD {OPEN_XRCD_HAS_FD}",
-        f"#define SV_DB_SQ {DB_SQ}", f"#define SV_DB_RQ {DB_RQ}", "",
+        f"#define SV_DB_SQ {DB_SQ}", f"#define SV_DB_RQ {DB_RQ}",
+        f"#define SV_CAPTURE_APPEND {CAPTURE_APPEND}", "",
     ]  # fmt: skip
     out += [f"#define SV_KIND_{name.upper()} {code}" for code, name in KIND_NAMES.items()]
     out.append("")

@@ -3,6 +3,9 @@
 #define _GNU_SOURCE
 #include <endian.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -104,6 +107,77 @@ int ibv_get_device_index(struct ibv_device *device)
 	return device ? (int)((struct sv_device *)device)->index : -1;
 }
 
+/* SOFTVERBS_PCAP's file, opened once for the process ({pid} becomes its id):
+ * the first device tapped writes the pcap header, the others append. */
+static pthread_mutex_t pcap_lock = PTHREAD_MUTEX_INITIALIZER;
+static int pcap_fd = -1;
+
+static int pcap_file(const char *spec, int *fd, uint32_t *flags)
+{
+	int err = 0;
+	pthread_mutex_lock(&pcap_lock);
+	*flags = pcap_fd >= 0 ? SV_CAPTURE_APPEND : 0;
+	if (pcap_fd < 0) {
+		char path[PATH_MAX];
+		size_t n = 0;
+		for (const char *s = spec; *s && n + 24 < sizeof(path); s++) {
+			if (!strncmp(s, "{pid}", 5)) {
+				n += (size_t)snprintf(path + n, sizeof(path) - n, "%d", (int)getpid());
+				s += 4;
+			} else {
+				path[n++] = *s;
+			}
+		}
+		path[n] = 0;
+		pcap_fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+		if (pcap_fd < 0) {
+			err = errno;
+			fprintf(stderr, "softverbs: SOFTVERBS_PCAP: cannot write %s: %s\n", path,
+				strerror(err));
+		}
+	}
+	*fd = pcap_fd;
+	pthread_mutex_unlock(&pcap_lock);
+	return err;
+}
+
+/* SOFTVERBS_FAULTS and SOFTVERBS_PCAP apply to a C program as to a Python one
+ * (docs/environment.md): the device drops, delays or corrupts what this
+ * program's QPs send by those rules, and writes every frame of the device to
+ * the file. */
+static int apply_environment(uint32_t ctx)
+{
+	char none[8];
+	const char *rules = getenv("SOFTVERBS_FAULTS");
+	if (rules && *rules) {
+		size_t n = strlen(rules);
+		char *req = malloc(sizeof(struct sv_ctx) + n);
+		if (!req)
+			return ENOMEM;
+		struct sv_ctx c = {.ctx = ctx};
+		memcpy(req, &c, sizeof(c));
+		memcpy(req + sizeof(c), rules, n);
+		int err = sv_call(SV_OP_FAULTS, req, sizeof(c) + n, NULL, 0, none, 0, NULL, NULL);
+		free(req);
+		if (err) {
+			fprintf(stderr, "softverbs: SOFTVERBS_FAULTS: %s\n", sv_last_error());
+			return err;
+		}
+	}
+	const char *spec = getenv("SOFTVERBS_PCAP");
+	if (spec && *spec) {
+		int fd;
+		struct sv_capture_req req = {.ctx = ctx};
+		int err = pcap_file(spec, &fd, &req.flags);
+		if (!err)
+			err = sv_call(SV_OP_CAPTURE, &req, sizeof(req), &fd, 1, none, sizeof(none),
+				      NULL, NULL);
+		if (err)
+			return err;
+	}
+	return 0;
+}
+
 struct ibv_context *ibv_open_device(struct ibv_device *device)
 {
 	if (!device)
@@ -118,6 +192,11 @@ struct ibv_context *ibv_open_device(struct ibv_device *device)
 	int err = sv_call(SV_OP_OPEN_DEVICE, &req, sizeof(req), &sv[1], 1, &rep, sizeof(rep),
 			  NULL, NULL);
 	close(sv[1]);
+	if (!err) {
+		err = apply_environment(rep.ctx);
+		if (err)
+			sv_destroy(SV_KIND_CTX, rep.ctx);
+	}
 	if (err) {
 		close(sv[0]);
 		return sv_fail_null(err);

@@ -13,6 +13,7 @@
 #define SV_OPEN_XRCD_HAS_FD 1
 #define SV_DB_SQ 1
 #define SV_DB_RQ 2
+#define SV_CAPTURE_APPEND 1
 
 #define SV_KIND_CTX 1
 #define SV_KIND_PD 2
