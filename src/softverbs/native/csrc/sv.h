@@ -25,7 +25,8 @@
  * tail, if not NULL, receives what follows the reply body (tail_len: its
  * capacity on entry, its length on return).  Returns 0, or a positive errno
  * (the service's, or a local one); the service's message is kept for
- * sv_last_error() and printed when SOFTVERBS_DEBUG is set. */
+ * sv_last_error() and printed when SOFTVERBS_DEBUG is set.  A failure also
+ * sets errno to it, as a failed kernel command does under rdma-core. */
 SV_HIDDEN int sv_call(uint16_t op, const void *req, size_t req_len, const int *fds, int nfds,
 		      void *reply, size_t reply_len, void *tail, size_t *tail_len);
 /* The one-way doorbell: the application moved a queue's db. */
