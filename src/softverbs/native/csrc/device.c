@@ -38,9 +38,14 @@ static struct sv_device *device_for(const struct sv_device_entry *e)
 	if (!d)
 		return NULL;
 	snprintf(d->dev.name, sizeof(d->dev.name), "%.*s", (int)sizeof(e->name), e->name);
-	snprintf(d->dev.dev_name, sizeof(d->dev.dev_name), "uverbs%u", e->index);
-	snprintf(d->dev.dev_path, sizeof(d->dev.dev_path), "/sys/class/infiniband_verbs/uverbs%u",
-		 e->index);
+	/* The kernel's name would be uverbsN, the node of a real device in
+	 * /dev/infiniband.  softverbs has no node there; its own name cannot be
+	 * taken for a real device's node, and it is the one a program that
+	 * looks for /dev/infiniband/<dev_name> (UCX) asks for
+	 * (docs/c-programs.md, UCX). */
+	snprintf(d->dev.dev_name, sizeof(d->dev.dev_name), "softverbs%u", e->index);
+	snprintf(d->dev.dev_path, sizeof(d->dev.dev_path), "/sys/class/infiniband_verbs/%s",
+		 d->dev.dev_name);
 	snprintf(d->dev.ibdev_path, sizeof(d->dev.ibdev_path), "/sys/class/infiniband/%s",
 		 d->dev.name);
 	d->dev.node_type = (enum ibv_node_type)e->node_type;
