@@ -109,3 +109,36 @@ def test_ud_and_rc_sends_use_rxe_ports() -> None:
     assert ports[(tx.qp_num, rx.qp_num)] == qp_sport(tx.qp_num)
     assert ports[(a.qp_num, b.qp_num)] == udp_sport(a.qp_num, b.qp_num)
     assert ports[(b.qp_num, a.qp_num)] == udp_sport(b.qp_num, a.qp_num)  # the ACK
+
+
+def test_flow_label_is_taken_as_its_low_20_bits() -> None:
+    """The ABI's flow label is 32 bits and the kernel takes any value (UCX
+    passes ``~0``): the IPv6 header and rxe's port use its low 20 bits."""
+    with Context(name="sv0") as ctx:
+        tap = Tap()
+        ctx.runtime.add_tap(tap)
+        try:
+            pd, cq = PD(ctx), CQ(ctx, 16)
+            mr = MR(pd, 256, IBV_ACCESS_LOCAL_WRITE)
+            gid = ctx.query_gid(1, 1)
+            route = GlobalRoute(dgid=gid, sgid_index=1, flow_label=0xFFFFFFFF)
+            AH(pd, attr=AHAttr(is_global=1, gr=route))
+            a, b = _qp(pd, cq, IBV_QPT_RC), _qp(pd, cq, IBV_QPT_RC)
+            for me, peer in ((a, b), (b, a)):
+                attr = QPAttr()
+                attr.dest_qp_num = peer.qp_num
+                attr.ah_attr = AHAttr(is_global=1, gr=GlobalRoute(
+                    dgid=gid, sgid_index=1, flow_label=0xFFFFFFFF))  # fmt: skip
+                me.to_rts(attr)
+            b.post_recv(RecvWR(3, 1, [SGE(mr.buf, 100, mr.lkey)]))
+            a.post_send(SendWR(4, num_sge=1, sg=[SGE(mr.buf + 200, 50, mr.lkey)]))
+            statuses = []
+            for _ in range(100):
+                statuses += [wc.status for wc in cq.poll(8)[1]]
+                if len(statuses) == 2:
+                    break
+            assert statuses == [IBV_WC_SUCCESS] * 2
+        finally:
+            ctx.runtime.remove_tap(tap)
+    ports = {(p.sqpn, p.dqpn): p.sport for p in tap.pkts}
+    assert ports[(a.qp_num, b.qp_num)] == udp_sport(a.qp_num, b.qp_num, 0xFFFFF) == 0xFFC0

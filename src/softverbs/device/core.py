@@ -298,7 +298,10 @@ def resolve_route(gids: list[bytes], av: api.AddressVector, what: str = "AH") ->
 
     On RoCE every address is global: the GRH (the IP header) names the
     destination GID, so an address vector without one is refused, as the
-    kernel refuses it for rxe (``rdma_check_ah_attr``).
+    kernel refuses it for rxe (``rdma_check_ah_attr``).  The flow label field
+    is 32 bits wide in the ABI, and the kernel takes any value: the IPv6 header
+    holds its low 20 bits, and so does the route here (UCX passes
+    ``~(factor * path)``, all ones for its first path).
     """
     if av.port_num != 1:
         raise einval(f"{what}: port {av.port_num} does not exist; use port_num=1")
@@ -316,7 +319,8 @@ def resolve_route(gids: list[bytes], av: api.AddressVector, what: str = "AH") ->
     return Route(dgid=bytes(av.dgid), sgid=gids[index], sgid_index=index,
                  hop_limit=_range("hop_limit", av.hop_limit, 0, 255),
                  tclass=_range("traffic_class", av.traffic_class, 0, 255),
-                 flow_label=_range("flow_label", av.flow_label, 0, 0xFFFFF), port=1)  # fmt: skip
+                 flow_label=_range("flow_label", av.flow_label, 0, 0xFFFFFFFF) & 0xFFFFF,
+                 port=1)  # fmt: skip
 
 
 def qp_values(dev: Device, a: api.QPAttrs, mask: int) -> dict[str, Any]:

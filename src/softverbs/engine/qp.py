@@ -149,8 +149,10 @@ class QPEngine(QPCore):
                 self.comp.retry_left = value
             elif name == "rnr_retry":
                 self.comp.rnr_left = value
-        if "dest_qpn" in attrs:
-            self.sport = udp_sport(self.qpn, self.dest_qpn)
+        if "dest_qpn" in attrs or "route" in attrs:
+            # rxe: rdma_get_udp_sport(the AV's flow label, qpn, dest qpn)
+            fl = self.route.flow_label if self.route is not None else 0
+            self.sport = udp_sport(self.qpn, self.dest_qpn, fl)
 
     # --- transitions --------------------------------------------------------------------
     def modify(self, mask: int, new: int | None, cur: int | None,

@@ -313,6 +313,8 @@ int sv_call(uint16_t op, const void *req, size_t req_len, const int *fds, int nf
 	if (!err)
 		err = exchange(op, req, req_len, fds, nfds, reply, reply_len, tail, tail_len);
 	pthread_mutex_unlock(&conn_lock);
+	if (err)
+		errno = err;	/* as rdma-core's failed kernel command leaves it */
 	return err;
 }
 

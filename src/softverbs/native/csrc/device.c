@@ -41,9 +41,14 @@ static struct sv_device *device_for(const struct sv_device_entry *e)
 	if (!d)
 		return NULL;
 	snprintf(d->dev.name, sizeof(d->dev.name), "%.*s", (int)sizeof(e->name), e->name);
-	snprintf(d->dev.dev_name, sizeof(d->dev.dev_name), "uverbs%u", e->index);
-	snprintf(d->dev.dev_path, sizeof(d->dev.dev_path), "/sys/class/infiniband_verbs/uverbs%u",
-		 e->index);
+	/* The kernel's name would be uverbsN, the node of a real device in
+	 * /dev/infiniband.  softverbs has no node there; its own name cannot be
+	 * taken for a real device's node, and it is the one a program that
+	 * looks for /dev/infiniband/<dev_name> (UCX) asks for
+	 * (docs/c-programs.md, UCX). */
+	snprintf(d->dev.dev_name, sizeof(d->dev.dev_name), "softverbs%u", e->index);
+	snprintf(d->dev.dev_path, sizeof(d->dev.dev_path), "/sys/class/infiniband_verbs/%s",
+		 d->dev.dev_name);
 	snprintf(d->dev.ibdev_path, sizeof(d->dev.ibdev_path), "/sys/class/infiniband/%s",
 		 d->dev.name);
 	d->dev.node_type = (enum ibv_node_type)e->node_type;
@@ -432,18 +437,28 @@ int ibv_get_pkey_index(struct ibv_context *context, uint8_t port_num, __be16 pke
 int ibv_get_async_event(struct ibv_context *context, struct ibv_async_event *event)
 {
 	char buf[sizeof(struct sv_async_event_record) + 512];
-	ssize_t n;
-	do
-		n = recv(context->async_fd, buf, sizeof(buf), 0);
-	while (n < 0 && errno == EINTR);
-	if (n < (ssize_t)sizeof(struct sv_async_event_record))
-		return -1;
 	struct sv_async_event_record rec;
-	memcpy(&rec, buf, sizeof(rec));
 	struct sv_context *ctx = sv_ctx(context);
+	void *obj;
+	/* An event for an object destroyed since is dropped, as the kernel drops
+	 * a destroyed object's unread events: the next one is read instead (or
+	 * EAGAIN on a non-blocking fd). */
+	do {
+		ssize_t n;
+		do
+			n = recv(context->async_fd, buf, sizeof(buf), 0);
+		while (n < 0 && errno == EINTR);
+		if (n < (ssize_t)sizeof(struct sv_async_event_record))
+			return -1;
+		memcpy(&rec, buf, sizeof(rec));
+		obj = NULL;
+		if (rec.kind == SV_KIND_QP || rec.kind == SV_KIND_CQ || rec.kind == SV_KIND_SRQ)
+			obj = sv_map_get_event(ctx, rec.kind, rec.handle, 0);
+		else
+			break;
+	} while (!obj);
 	memset(event, 0, sizeof(*event));
 	event->event_type = (enum ibv_event_type)rec.event_type;
-	void *obj = sv_map_get(ctx, rec.kind, rec.handle);
 	switch (rec.kind) {
 	case SV_KIND_QP:
 		event->element.qp = obj;
@@ -460,9 +475,43 @@ int ibv_get_async_event(struct ibv_context *context, struct ibv_async_event *eve
 	return 0;
 }
 
+/* As rdma-core: the acknowledgement a destroy of the event's object waits for. */
 void ibv_ack_async_event(struct ibv_async_event *event)
 {
-	(void)event;	/* events are not counted against destroy: nothing waits for them */
+	pthread_mutex_t *mutex;
+	pthread_cond_t *cond;
+	uint32_t *completed;
+	switch (event->event_type) {
+	case IBV_EVENT_CQ_ERR:
+		mutex = &event->element.cq->mutex;
+		cond = &event->element.cq->cond;
+		completed = &event->element.cq->async_events_completed;
+		break;
+	case IBV_EVENT_QP_FATAL:
+	case IBV_EVENT_QP_REQ_ERR:
+	case IBV_EVENT_QP_ACCESS_ERR:
+	case IBV_EVENT_COMM_EST:
+	case IBV_EVENT_SQ_DRAINED:
+	case IBV_EVENT_PATH_MIG:
+	case IBV_EVENT_PATH_MIG_ERR:
+	case IBV_EVENT_QP_LAST_WQE_REACHED:
+		mutex = &event->element.qp->mutex;
+		cond = &event->element.qp->cond;
+		completed = &event->element.qp->events_completed;
+		break;
+	case IBV_EVENT_SRQ_ERR:
+	case IBV_EVENT_SRQ_LIMIT_REACHED:
+		mutex = &event->element.srq->mutex;
+		cond = &event->element.srq->cond;
+		completed = &event->element.srq->events_completed;
+		break;
+	default:
+		return;
+	}
+	pthread_mutex_lock(mutex);
+	++*completed;
+	pthread_cond_signal(cond);
+	pthread_mutex_unlock(mutex);
 }
 
 /* --- strings -------------------------------------------------------------------------- */

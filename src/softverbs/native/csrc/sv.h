@@ -25,7 +25,8 @@
  * tail, if not NULL, receives what follows the reply body (tail_len: its
  * capacity on entry, its length on return).  Returns 0, or a positive errno
  * (the service's, or a local one); the service's message is kept for
- * sv_last_error() and printed when SOFTVERBS_DEBUG is set. */
+ * sv_last_error() and printed when SOFTVERBS_DEBUG is set.  A failure also
+ * sets errno to it, as a failed kernel command does under rdma-core. */
 SV_HIDDEN int sv_call(uint16_t op, const void *req, size_t req_len, const int *fds, int nfds,
 		      void *reply, size_t reply_len, void *tail, size_t *tail_len);
 /* The one-way doorbell: the application moved a queue's db. */
@@ -116,11 +117,15 @@ static inline uint32_t sv_xrcd_handle(struct ibv_xrcd *x)
 	return ((struct sv_xrcd *)x)->handle;
 }
 
-/* Handle -> object, for what CQEs and events name (a QP's rings, an SRQ). */
+/* Handle -> object, for what CQEs and events name (a QP's rings, an SRQ).
+ * events and comp_events count the async and completion events handed to the
+ * program for the object, which its destroy waits to see acknowledged, as
+ * rdma-core's does with the kernel's events_reported. */
 struct sv_map_entry {
 	uint32_t handle;
 	uint32_t kind;
 	void *obj;
+	uint32_t events, comp_events;
 };
 
 struct sv_context {
@@ -146,7 +151,13 @@ static inline int sv_foreign(const struct sv_context *ctx)
 
 SV_HIDDEN void sv_map_put(struct sv_context *ctx, uint32_t kind, uint32_t handle, void *obj);
 SV_HIDDEN void *sv_map_get(struct sv_context *ctx, uint32_t kind, uint32_t handle);
-SV_HIDDEN void sv_map_del(struct sv_context *ctx, uint32_t kind, uint32_t handle);
+/* sv_map_get for an event about to be handed to the program: counts it
+ * (comp: a completion event, else an async event). */
+SV_HIDDEN void *sv_map_get_event(struct sv_context *ctx, uint32_t kind, uint32_t handle, int comp);
+/* Forget the object; *events and *comp_events (either may be NULL) get the
+ * counts of events handed out for it.  After it, no event names the object. */
+SV_HIDDEN void sv_map_del(struct sv_context *ctx, uint32_t kind, uint32_t handle,
+			  uint32_t *events, uint32_t *comp_events);
 
 static inline struct sv_context *sv_ctx(struct ibv_context *c)
 {

@@ -33,7 +33,7 @@ void sv_map_put(struct sv_context *ctx, uint32_t kind, uint32_t handle, void *ob
 		ctx->map = m;
 		ctx->map_cap = cap;
 	}
-	ctx->map[ctx->map_len++] = (struct sv_map_entry){handle, kind, obj};
+	ctx->map[ctx->map_len++] = (struct sv_map_entry){handle, kind, obj, 0, 0};
 	pthread_mutex_unlock(&ctx->map_lock);
 }
 
@@ -50,15 +50,51 @@ void *sv_map_get(struct sv_context *ctx, uint32_t kind, uint32_t handle)
 	return obj;
 }
 
-void sv_map_del(struct sv_context *ctx, uint32_t kind, uint32_t handle)
+void *sv_map_get_event(struct sv_context *ctx, uint32_t kind, uint32_t handle, int comp)
 {
+	void *obj = NULL;
 	pthread_mutex_lock(&ctx->map_lock);
 	for (size_t i = 0; i < ctx->map_len; i++)
 		if (ctx->map[i].handle == handle && ctx->map[i].kind == kind) {
+			obj = ctx->map[i].obj;
+			if (comp)
+				ctx->map[i].comp_events++;
+			else
+				ctx->map[i].events++;
+			break;
+		}
+	pthread_mutex_unlock(&ctx->map_lock);
+	return obj;
+}
+
+void sv_map_del(struct sv_context *ctx, uint32_t kind, uint32_t handle, uint32_t *events,
+		uint32_t *comp_events)
+{
+	uint32_t ev = 0, comp = 0;
+	pthread_mutex_lock(&ctx->map_lock);
+	for (size_t i = 0; i < ctx->map_len; i++)
+		if (ctx->map[i].handle == handle && ctx->map[i].kind == kind) {
+			ev = ctx->map[i].events;
+			comp = ctx->map[i].comp_events;
 			ctx->map[i] = ctx->map[--ctx->map_len];
 			break;
 		}
 	pthread_mutex_unlock(&ctx->map_lock);
+	if (events)
+		*events = ev;
+	if (comp_events)
+		*comp_events = comp;
+}
+
+/* As rdma-core's destroy verbs: wait until the program has acknowledged every
+ * event it was handed for the object (ibv_ack_cq_events, ibv_ack_async_event). */
+static void wait_acked(pthread_mutex_t *mutex, pthread_cond_t *cond, const uint32_t *completed,
+		       uint32_t reported)
+{
+	pthread_mutex_lock(mutex);
+	while (*completed != reported)
+		pthread_cond_wait(cond, mutex);
+	pthread_mutex_unlock(mutex);
 }
 
 /* --- protection domains and memory regions ------------------------------------------- */
@@ -233,7 +269,10 @@ int ibv_destroy_cq(struct ibv_cq *ibcq)
 	int err = sv_destroy(SV_KIND_CQ, ibcq->handle);
 	if (err)
 		return err;
-	sv_map_del(cq->ctx, SV_KIND_CQ, ibcq->handle);
+	uint32_t events, comp_events;
+	sv_map_del(cq->ctx, SV_KIND_CQ, ibcq->handle, &events, &comp_events);
+	wait_acked(&ibcq->mutex, &ibcq->cond, &ibcq->comp_events_completed, comp_events);
+	wait_acked(&ibcq->mutex, &ibcq->cond, &ibcq->async_events_completed, events);
 	if (ibcq->channel)
 		__atomic_sub_fetch(&ibcq->channel->refcnt, 1, __ATOMIC_RELAXED);
 	sv_ring_destroy(&cq->ring);
@@ -244,15 +283,18 @@ int ibv_destroy_cq(struct ibv_cq *ibcq)
 int ibv_get_cq_event(struct ibv_comp_channel *channel, struct ibv_cq **cq, void **cq_context)
 {
 	struct sv_comp_event_record rec;
-	ssize_t n;
-	do
-		n = recv(channel->fd, &rec, sizeof(rec), 0);
-	while (n < 0 && errno == EINTR);
-	if (n != (ssize_t)sizeof(rec))
-		return -1;
-	struct ibv_cq *c = sv_map_get(sv_ctx(channel->context), SV_KIND_CQ, rec.cq);
-	if (!c)
-		return errno = EINVAL, -1;
+	struct ibv_cq *c;
+	/* An event for a CQ destroyed since is dropped, as the kernel drops a
+	 * destroyed CQ's unread events: the next one is read instead. */
+	do {
+		ssize_t n;
+		do
+			n = recv(channel->fd, &rec, sizeof(rec), 0);
+		while (n < 0 && errno == EINTR);
+		if (n != (ssize_t)sizeof(rec))
+			return -1;
+		c = sv_map_get_event(sv_ctx(channel->context), SV_KIND_CQ, rec.cq, 1);
+	} while (!c);
 	*cq = c;
 	*cq_context = c->cq_context;
 	return 0;
@@ -474,7 +516,9 @@ int ibv_destroy_qp(struct ibv_qp *ibqp)
 	int err = sv_destroy(SV_KIND_QP, ibqp->handle);
 	if (err)
 		return err;
-	sv_map_del(qp->ctx, SV_KIND_QP, ibqp->handle);
+	uint32_t events;
+	sv_map_del(qp->ctx, SV_KIND_QP, ibqp->handle, &events, NULL);
+	wait_acked(&ibqp->mutex, &ibqp->cond, &ibqp->events_completed, events);
 	sv_ring_destroy(&qp->sq);
 	sv_ring_destroy(&qp->rq);
 	free(qp);
@@ -1150,7 +1194,9 @@ int ibv_destroy_srq(struct ibv_srq *ibsrq)
 	int err = sv_destroy(SV_KIND_SRQ, ibsrq->handle);
 	if (err)
 		return err;
-	sv_map_del(srq->ctx, SV_KIND_SRQ, ibsrq->handle);
+	uint32_t events;
+	sv_map_del(srq->ctx, SV_KIND_SRQ, ibsrq->handle, &events, NULL);
+	wait_acked(&ibsrq->mutex, &ibsrq->cond, &ibsrq->events_completed, events);
 	sv_ring_destroy(&srq->ring);
 	free(srq);
 	return 0;
