@@ -144,6 +144,53 @@ def test_no_listener_is_an_invalid_service_id(sim: Simulation) -> None:
     assert fabric_counters(sim)["cm_rej_no_listener"] == 1
 
 
+def test_a_req_between_two_listens_on_a_port_is_rejected_and_a_retry_connects(
+    sim: Simulation,
+) -> None:
+    """perftest's ``-R``: the server listens on its port for a control connection,
+    destroys that listener once it has accepted, and listens on the same port again
+    only after a handshake over the control QP -- while the client connects its data
+    QP as soon as the handshake is done.  A REQ that comes between the two listens
+    finds no listener and is rejected with INVALID_SERVICE_ID (8), as the kernel's
+    ``cm_match_req`` rejects it; perftest then retries with a new ID, which connects
+    once the port listens again, the control connection untouched."""
+    port = 7495
+    pch, lst = listener(port, ip="0.0.0.0")
+    ach, act = active(port)
+    act.connect(ConnParam())
+    req = expect(pch, RDMA_CM_EVENT_CONNECT_REQUEST)
+    control = CMID(creator=req, listen_id=lst)
+    req.ack_cm_event()
+    control.create_qp(qp_init(RDMA_PS_TCP))
+    control.accept(ConnParam())
+    expect(ach, RDMA_CM_EVENT_ESTABLISHED).ack_cm_event()
+    expect(pch, RDMA_CM_EVENT_ESTABLISHED).ack_cm_event()
+    lst.close()
+    # the client's data connection comes before the server listens again
+    ch1, early = active(port)
+    early.connect(ConnParam())
+    rej = expect(ch1, RDMA_CM_EVENT_REJECTED)
+    assert rej.status == mad.REJ_INVALID_SERVICE_ID
+    rej.ack_cm_event()
+    early.close()
+    assert fabric_counters(sim)["cm_rej_no_listener"] == 1
+    # the port is free again: the connected child of the first listener holds none
+    pch2, lst2 = listener(port, ip="0.0.0.0")
+    ch2, retry = active(port)
+    retry.connect(ConnParam())
+    req2 = expect(pch2, RDMA_CM_EVENT_CONNECT_REQUEST)
+    data = CMID(creator=req2, listen_id=lst2)
+    req2.ack_cm_event()
+    data.create_qp(qp_init(RDMA_PS_TCP))
+    data.accept(ConnParam())
+    expect(ch2, RDMA_CM_EVENT_ESTABLISHED).ack_cm_event()
+    expect(pch2, RDMA_CM_EVENT_ESTABLISHED).ack_cm_event()
+    for a, p in ((act, control), (retry, data)):
+        assert a.qp.qp_state == p.qp.qp_state == IBV_QPS_RTS
+        assert a.dst_addr == (B, port) and p.src_addr == (B, port)
+    assert fabric_counters(sim)["cm_rej_no_listener"] == 1
+
+
 def test_req_retries_then_unreachable_when_the_peer_is_absent(sim: Simulation) -> None:
     ach, act = active(7477)  # device b has no CM agent: QP1 does not exist there
     act.connect(ConnParam())
