@@ -203,6 +203,8 @@ def cm_pair(env: dict[str, str], server_argv: list[str], client_argv: list[str],
                                     stdin=subprocess.DEVNULL)  # fmt: skip
             if client.returncode == 0 or port or time.monotonic() > deadline:
                 break
+        if client.returncode != 0:  # its server would wait for it until the timeout
+            server.kill()
         out = server.communicate(timeout=TIMEOUT)[0]
     finally:
         if server.poll() is None:
@@ -268,14 +270,17 @@ def test_rdma_server_and_client(env: dict[str, str]) -> None:
     assert "rdma_client: end 0" in client, client
 
 
-#: ib_write_lat -R is left out.  perftest's server listens for the data connection
-#: only after a key swap over its control connection, and its client connects as soon
-#: as the swap is done: a REQ that comes first is rejected (INVALID_SERVICE_ID, as the
-#: kernel rejects it) and perftest 4.5-0.17's retry then crashes on memory it freed.
-#: ib_write_lat loses that race most often; on a loaded host any of these pairs can
-#: (docs/status.md, "Does not work").
+#: perftest -R: its server listens for the data connection only after a key swap over
+#: its control connection, and its client connects as soon as the swap is done
+#: (linux-rdma/perftest issue 93).  A REQ that comes first is rejected with
+#: INVALID_SERVICE_ID, as the kernel rejects it, and perftest 4.5-0.17's retry then
+#: crashes on memory it freed (fixed in perftest 26.04.17, commit 3d9d8d0): the run is
+#: made again, up to ATTEMPTS runs in all, when -- and only when -- that is what ended it
+#: (docs/status.md).
 PERFTEST_CM = [("ib_send_bw", []), ("ib_read_bw", []), ("ib_send_lat", []),
-               ("ib_send_lat", ["-c", "UD"])]  # fmt: skip
+               ("ib_write_lat", []), ("ib_send_lat", ["-c", "UD"])]  # fmt: skip
+PERFTEST_RACE = "Event: RDMA_CM_EVENT_REJECTED; error: 8."
+ATTEMPTS = 8  #: at about one race in four runs (up to one in two for ib_write_lat)
 
 
 @pytest.mark.parametrize(("tool", "args"), PERFTEST_CM,
@@ -283,9 +288,16 @@ PERFTEST_CM = [("ib_send_bw", []), ("ib_read_bw", []), ("ib_send_lat", []),
 def test_perftest_over_rdma_cm(env: dict[str, str], tool: str, args: list[str]) -> None:
     """perftest's -R: the connection made by the RDMA CM (librdmacm.so.1)."""
     _need(tool)
-    port = _free_port()
-    argv = [tool, "-d", "sv0", "-x", "1", "-R", "-n", "100", *args, "-p", str(port)]
-    server, client = cm_pair(env, argv, [*argv, "127.0.0.1"], port=port)
+    for attempt in range(ATTEMPTS):
+        port = _free_port()
+        argv = [tool, "-d", "sv0", "-x", "1", "-R", "-n", "100", *args, "-p", str(port)]
+        try:
+            server, client = cm_pair(env, argv, [*argv, "127.0.0.1"], port=port)
+            break
+        except AssertionError as exc:
+            if attempt == ATTEMPTS - 1 or PERFTEST_RACE not in str(exc):
+                raise
+            print(f"attempt {attempt + 1}: perftest's own listen race (REJECTED), again")
     assert re.search(r"^ (\d+)\s+100\s+[\d.]+", client, re.M), client
     assert "rdma_cm QPs\t : ON" in client, client
     for out in (server, client):
