@@ -421,20 +421,26 @@ def test_a_forked_child_gets_a_clean_error(env: dict[str, str],
     assert r.stdout.count("ok ") == 10, r.stdout
 
 
-def test_async_events_and_destroy(env: dict[str, str], sanitized_libs: tuple[Path, str],
-                                  tmp_path: Path) -> None:  # fmt: skip
-    """``events.c``: an event unread when its QP is destroyed is dropped (not
-    handed out with a NULL QP), a destroy waits for the acknowledgement of an
-    event that was read, and a refused destroy sets errno, as under rdma-core."""
+#: C programs of checks, each line "ok ..." or "FAIL ...", and how many there are:
+#: events.c -- an event unread when its QP is destroyed is dropped (not handed out
+#: with a NULL QP), a destroy waits for the acknowledgement of an event that was
+#: read, a refused destroy sets errno, as under rdma-core; resize.c -- ibv_resize_cq
+#: and ibv_modify_srq(IBV_SRQ_MAX_WR) with work waiting, ibv_rereg_mr, the GID table
+C_CHECKS = [("events.c", 8), ("resize.c", 10)]
+
+
+@pytest.mark.parametrize(("source", "checks"), C_CHECKS, ids=[s for s, _ in C_CHECKS])
+def test_c_check_programs(env: dict[str, str], sanitized_libs: tuple[Path, str],
+                          tmp_path: Path, source: str, checks: int) -> None:  # fmt: skip
     libdir, _ = sanitized_libs
     cc = native.compiler() or "gcc"
-    prog = tmp_path / "events"
+    prog = tmp_path / Path(source).stem
     build = subprocess.run([cc, "-std=gnu11", "-g", "-Wall", "-Wextra", "-Werror",
-                            "-fsanitize=address,undefined", str(Path(__file__).parent / "events.c"),
+                            "-fsanitize=address,undefined", str(Path(__file__).parent / source),
                             "-o", str(prog), f"-L{libdir}", "-l:libibverbs.so.1", "-lpthread"],
                            capture_output=True, text=True, check=False)  # fmt: skip
     assert build.returncode == 0, build.stderr
     r = subprocess.run([str(prog)], env=dict(env, LD_LIBRARY_PATH=str(libdir)),
                        capture_output=True, text=True, timeout=TIMEOUT, check=False)  # fmt: skip
     assert r.returncode == 0 and "FAIL" not in r.stdout, r.stdout + r.stderr
-    assert r.stdout.count("ok ") == 8, r.stdout
+    assert r.stdout.count("ok ") == checks, r.stdout

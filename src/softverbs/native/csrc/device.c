@@ -406,6 +406,33 @@ int _ibv_query_gid_ex(struct ibv_context *context, uint32_t port_num, uint32_t g
 	return 0;
 }
 
+/* ibv_query_gid_table: every valid GID of every port (a soft device's table has
+ * no holes: it ends at the first index the device does not have). */
+ssize_t _ibv_query_gid_table(struct ibv_context *context, struct ibv_gid_entry *entries,
+			     size_t max_entries, uint32_t flags, size_t entry_size)
+{
+	if (!context || flags || entry_size < sizeof(*entries))
+		return -EINVAL;
+	struct ibv_port_attr pattr;
+	size_t n = 0;
+	for (uint32_t port = 1; port <= 255; port++) {
+		if (query_port(context, (uint8_t)port, &pattr))
+			break;
+		for (uint32_t i = 0; i < (uint32_t)pattr.gid_tbl_len; i++) {
+			if (n == max_entries)
+				return -EINVAL;	/* rdma-core: the table does not fit */
+			struct ibv_gid_entry *e = (void *)((char *)entries + n * entry_size);
+			int err = _ibv_query_gid_ex(context, port, i, e, 0, entry_size);
+			if (err == ENODATA)
+				break;
+			if (err)
+				return -err;
+			n++;
+		}
+	}
+	return (ssize_t)n;
+}
+
 int ibv_query_pkey(struct ibv_context *context, uint8_t port_num, int index, __be16 *pkey)
 {
 	struct sv_query_gid req = {.ctx = sv_ctx(context)->handle, .port = port_num,

@@ -167,6 +167,40 @@ struct ibv_mr *ibv_reg_mr_iova(struct ibv_pd *pd, void *addr, size_t length, uin
 	return ibv_reg_mr_iova2(pd, addr, length, iova, (unsigned)access);
 }
 
+/* rdma-core's return codes: IBV_REREG_MR_ERR_INPUT for a bad argument (errno
+ * EINVAL), IBV_REREG_MR_ERR_CMD when the device refuses (errno says why). */
+int ibv_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd, void *addr, size_t length,
+		 int access)
+{
+	const int known = IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD |
+			  IBV_REREG_MR_CHANGE_ACCESS;
+	if (!mr || !flags || (flags & ~known) || ((flags & IBV_REREG_MR_CHANGE_PD) && !pd) ||
+	    ((flags & IBV_REREG_MR_CHANGE_TRANSLATION) && (!addr || !length))) {
+		errno = EINVAL;
+		return IBV_REREG_MR_ERR_INPUT;
+	}
+	struct sv_rereg_mr req = {.mr = mr->handle, .change = (uint32_t)flags,
+				  .access = (uint32_t)access};
+	if (flags & IBV_REREG_MR_CHANGE_PD)
+		req.pd = pd->handle;
+	if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
+		req.addr = (uintptr_t)addr;
+		req.length = length;
+	}
+	struct sv_keys rep;
+	if (sv_call(SV_OP_REREG_MR, &req, sizeof(req), NULL, 0, &rep, sizeof(rep), NULL, NULL))
+		return IBV_REREG_MR_ERR_CMD;
+	mr->lkey = rep.lkey;
+	mr->rkey = rep.rkey;
+	if (flags & IBV_REREG_MR_CHANGE_PD)
+		mr->pd = pd;
+	if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
+		mr->addr = addr;
+		mr->length = length;
+	}
+	return 0;
+}
+
 int ibv_dereg_mr(struct ibv_mr *mr)
 {
 	if (!mr)
@@ -278,6 +312,35 @@ int ibv_destroy_cq(struct ibv_cq *ibcq)
 	sv_ring_destroy(&cq->ring);
 	free(cq);
 	return 0;
+}
+
+/* A new ring in shared memory; the device moves the CQEs not yet polled into it
+ * (at the same indices) and uses it from then on. */
+int ibv_resize_cq(struct ibv_cq *ibcq, int cqe)
+{
+	if (!ibcq || cqe < 1)
+		return EINVAL;
+	struct sv_cq *cq = (struct sv_cq *)ibcq;
+	if (sv_foreign(cq->ctx))
+		return EPERM;
+	struct sv_ring ring;
+	int err = sv_ring_create(&ring, (uint32_t)cqe, SV_RING_CQE_SIZE, "softverbs-cq");
+	if (err)
+		return err;
+	struct sv_resize_cq req = {.cq = ibcq->handle, .cqe = (uint32_t)cqe};
+	struct sv_create_cq_reply rep;
+	pthread_mutex_lock(&ibcq->mutex);	/* no poll reads the old ring meanwhile */
+	err = sv_call(SV_OP_RESIZE_CQ, &req, sizeof(req), &ring.fd, 1, &rep, sizeof(rep), NULL,
+		      NULL);
+	if (!err) {
+		struct sv_ring old = cq->ring;
+		cq->ring = ring;
+		ibcq->cqe = (int)rep.cqe;
+		ring = old;
+	}
+	pthread_mutex_unlock(&ibcq->mutex);
+	sv_ring_destroy(&ring);	/* the old one, or the new one the device refused */
+	return err;
 }
 
 int ibv_get_cq_event(struct ibv_comp_channel *channel, struct ibv_cq **cq, void **cq_context)
@@ -1206,12 +1269,34 @@ int ibv_modify_srq(struct ibv_srq *srq, struct ibv_srq_attr *srq_attr, int srq_a
 {
 	if (!srq || !srq_attr)
 		return EINVAL;
-	if (srq_attr_mask & IBV_SRQ_MAX_WR)
-		return EOPNOTSUPP;	/* resizing needs a new ring: not in this library yet */
+	struct sv_srq *s = (struct sv_srq *)srq;
 	struct sv_modify_srq req = {.srq = srq->handle, .mask = (uint32_t)srq_attr_mask,
 				    .limit = srq_attr->srq_limit};
 	char none[1];
-	return sv_call(SV_OP_MODIFY_SRQ, &req, sizeof(req), NULL, 0, none, 0, NULL, NULL);
+	if (!(srq_attr_mask & IBV_SRQ_MAX_WR))
+		return sv_call(SV_OP_MODIFY_SRQ, &req, sizeof(req), NULL, 0, none, 0, NULL, NULL);
+	/* Resizing: a new ring, into which the device moves the WQEs it has not taken. */
+	if (sv_foreign(s->ctx))
+		return EPERM;
+	if (srq_attr->max_wr < 1)
+		return EINVAL;
+	struct sv_ring ring;
+	int err = sv_ring_create(&ring, srq_attr->max_wr, sv_recv_slot_size(s->max_sge),
+				 "softverbs-srq");
+	if (err)
+		return err;
+	req.max_wr = srq_attr->max_wr;
+	pthread_spin_lock(&s->lock);	/* no post writes the old ring meanwhile */
+	err = sv_call(SV_OP_MODIFY_SRQ, &req, sizeof(req), &ring.fd, 1, none, 0, NULL, NULL);
+	if (!err) {
+		struct sv_ring old = s->ring;
+		s->ring = ring;
+		s->max_wr = srq_attr->max_wr;
+		ring = old;
+	}
+	pthread_spin_unlock(&s->lock);
+	sv_ring_destroy(&ring);	/* the old one, or the new one the device refused */
+	return err;
 }
 
 int ibv_query_srq(struct ibv_srq *srq, struct ibv_srq_attr *srq_attr)
@@ -1463,6 +1548,100 @@ int ibv_detach_mcast(struct ibv_qp *qp, const union ibv_gid *gid, uint16_t lid)
 	(void)gid;
 	(void)lid;
 	return EOPNOTSUPP;
+}
+
+/* Importing objects shares a kernel ucontext between processes (ibv_import_device
+ * takes its command fd); softverbs has none. */
+struct ibv_context *ibv_import_device(int cmd_fd)
+{
+	(void)cmd_fd;
+	return sv_fail_null(EOPNOTSUPP);
+}
+
+struct ibv_pd *ibv_import_pd(struct ibv_context *context, uint32_t pd_handle)
+{
+	(void)context;
+	(void)pd_handle;
+	return sv_fail_null(EOPNOTSUPP);
+}
+
+void ibv_unimport_pd(struct ibv_pd *pd)
+{
+	(void)pd;
+}
+
+struct ibv_mr *ibv_import_mr(struct ibv_pd *pd, uint32_t mr_handle)
+{
+	(void)pd;
+	(void)mr_handle;
+	return sv_fail_null(EOPNOTSUPP);
+}
+
+void ibv_unimport_mr(struct ibv_mr *mr)
+{
+	(void)mr;
+}
+
+struct ibv_dm *ibv_import_dm(struct ibv_context *context, uint32_t dm_handle)
+{
+	(void)context;
+	(void)dm_handle;
+	return sv_fail_null(EOPNOTSUPP);
+}
+
+void ibv_unimport_dm(struct ibv_dm *dm)
+{
+	(void)dm;
+}
+
+struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t length,
+				 uint64_t iova, int fd, int access)
+{
+	(void)pd;
+	(void)offset;
+	(void)length;
+	(void)iova;
+	(void)fd;
+	(void)access;
+	return sv_fail_null(EOPNOTSUPP);	/* no dma-buf exporter reaches a soft device */
+}
+
+/* rdma-core answers 0 (not guaranteed) when the provider does not say. */
+int ibv_query_qp_data_in_order(struct ibv_qp *qp, enum ibv_wr_opcode op, uint32_t flags)
+{
+	(void)qp;
+	(void)op;
+	(void)flags;
+	return 0;
+}
+
+int ibv_resolve_eth_l2_from_gid(struct ibv_context *context, struct ibv_ah_attr *attr,
+				uint8_t eth_mac[6], uint16_t *vid)
+{
+	(void)context;
+	(void)attr;
+	(void)eth_mac;
+	(void)vid;
+	return EOPNOTSUPP;	/* the device sends UDP datagrams; the kernel resolves L2 */
+}
+
+/* Not in verbs.h, but exported by rdma-core: madvise(DONTFORK) of a range when
+ * ibv_fork_init was called.  Nothing to protect here (ibv_fork_init). */
+int ibv_dontfork_range(void *base, size_t size);
+int ibv_dofork_range(void *base, size_t size);
+
+int ibv_dontfork_range(void *base, size_t size)
+{
+	(void)base;
+	(void)size;
+	return 0;
+}
+
+int ibv_dofork_range(void *base, size_t size)
+{
+	(void)base;
+	(void)size;
+	return 0;
 }
 
 int ibv_query_ece(struct ibv_qp *qp, struct ibv_ece *ece)
