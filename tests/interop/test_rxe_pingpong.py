@@ -28,7 +28,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -381,3 +381,109 @@ def test_rping_against_rxe(clean: Peer, direction: str, tmp_path: Path) -> None:
     assert ours.returncode == 0 and rc == 0, (out, gout)
     for text in (out, gout):
         assert len(re.findall(r"ping data: rdma-ping-\d+", text)) == 3, text
+
+
+# --- librdmacm programs (the IBTA CM on QP1 between the two) ------------------------------
+PERFTEST_R = ("ib_send_bw", "ib_read_bw", "ib_write_bw", "ib_send_lat", "ib_write_lat",
+              "ib_read_lat")  # fmt: skip
+#: (name, server arguments, client arguments (after them: the server's address), what each
+#: side prints on success); {dev} is the device, {ip} the server's address, {port} the port
+CM_TOOLS = [
+    ("ucmatose", "ucmatose -b {ip} -p {port} -c 2", "ucmatose -s {ip} -p {port} -c 2",
+     ("return status 0", "return status 0")),
+    ("udaddy", "udaddy -b {ip}", "udaddy -s {ip}",  # its port is fixed: 7174
+     ("return status 0", "return status 0")),
+    ("rdma_server", "rdma_server -s {ip} -p {port}", "rdma_client -s {ip} -p {port}",
+     ("rdma_server: end 0", "rdma_client: end 0")),
+    *((f"{t} -R", f"{t} -d {{dev}} -x 1 -R -n 100 -p {{port}}",
+       f"{t} -d {{dev}} -x 1 -R -n 100 -p {{port}} {{ip}}", ("", "")) for t in PERFTEST_R),
+]  # fmt: skip
+CM_IDS = [name for name, *_ in CM_TOOLS]
+#: perftest 4.5-0.17's -R race (tests/native/test_c_tools.py): a REQ before its
+#: server's second listen is rejected, as the kernel rejects it
+PERFTEST_RACE = "RDMA_CM_EVENT_REJECTED; error: 8"
+
+
+def _port(server: str) -> int:
+    return 7174 if server.startswith("udaddy") else 7471
+
+
+def _guest_cm_listening(peer: Peer, port: int) -> bool:
+    _, out = peer.guest("rdma res show cm_id")
+    return re.search(rf"state LISTEN .* src-addr [\d.]+:{port}\b", out) is not None
+
+
+def _ours_cm_listening(env: dict[str, str], port: int) -> bool:
+    r = subprocess.run(["ip", "netns", "exec", NS, sys.executable, "-m", "softverbs", "service",
+                        "status", "-j"], env=env, capture_output=True, text=True, timeout=60,
+                       check=False)  # fmt: skip
+    return r.returncode == 0 and port in json.loads(r.stdout).get("cm_listening", [])
+
+
+def _wait(what: str, ready: Callable[[], bool], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert time.monotonic() < deadline, f"{what} did not listen within {timeout:.0f} s"
+        time.sleep(0.2)
+
+
+def _ours_argv(command: str) -> list[str]:
+    return ["ip", "netns", "exec", NS, sys.executable, "-m", "softverbs", "exec", "--",
+            *command.split()]  # fmt: skip
+
+
+def _cm_run(peer: Peer, env: dict[str, str], server: str, client: str, direction: str,
+            port: int) -> tuple[Run, Run]:  # fmt: skip
+    """(server's run, client's run) of one pair; softverbs is the client or the server."""
+    if direction == "softverbs-client":
+        peer.guest(f"killall -q ucmatose udaddy rdma_server {' '.join(PERFTEST_R)}; true")
+        peer.guest(f"({server} > /tmp/pp.out 2>&1; echo PP_EXIT $? >> /tmp/pp.out) &")
+        _wait("the guest's server", lambda: _guest_cm_listening(peer, port))
+        ours = subprocess.run(_ours_argv(client), cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=RUN_TIMEOUT, check=False)  # fmt: skip
+        theirs = peer.guest_server_result(timeout=60 if ours.returncode == 0 else 5)
+        if theirs.returncode == 124:
+            peer.guest("killall -q " + server.split()[0] + "; true")
+        return theirs, Run(ours.returncode, ours.stdout, ours.stderr)
+    proc = subprocess.Popen(_ours_argv(server), cwd=ROOT, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    rc, gout = -1, ""
+    try:
+        _wait("softverbs' server", lambda: _ours_cm_listening(env, port))
+        rc, gout = peer.guest(client, timeout=RUN_TIMEOUT)
+    finally:
+        ours = finish(proc, 60 if proc.poll() is None and rc == 0 else 5)
+    return ours, Run(rc, gout, "")
+
+
+@pytest.mark.parametrize("direction", ["softverbs-client", "rxe-client"])
+@pytest.mark.parametrize(("name", "server", "client", "expect"), CM_TOOLS, ids=CM_IDS)
+def test_rdma_cm_tools_against_rxe(clean: Peer, name: str, server: str, client: str,
+                                   expect: tuple[str, str], direction: str,
+                                   tmp_path: Path) -> None:  # fmt: skip
+    """rdmacm-utils and perftest -R through softverbs' librdmacm.so.1 against the same
+    binaries on rxe: the connection is made by CM MADs on QP1, the data moves on the
+    wire.  (ibv_xsrq_pingpong cannot run against rxe: rxe has no XRC, and its
+    ibv_open_xrcd fails with EOPNOTSUPP.)"""
+    env = _c_env(clean, tmp_path)
+    port = _port(server)
+    ours_ip, theirs_ip = HOST_IP, GUEST_IP
+    server_ip = ours_ip if direction == "rxe-client" else theirs_ip
+    dev = {"softverbs-client": ("rxe0", DEV), "rxe-client": (DEV, "rxe0")}[direction]
+    srv = server.format(dev=dev[0], ip=server_ip, port=port)
+    cli = client.format(dev=dev[1], ip=server_ip, port=port)
+    try:
+        for _attempt in range(8):
+            s, c = _cm_run(clean, env, srv, cli, direction, port)
+            if not (name.endswith("-R") and c.returncode != 0
+                    and PERFTEST_RACE in c.stdout + c.stderr):  # fmt: skip
+                break
+    finally:
+        subprocess.run(["ip", "netns", "exec", NS, sys.executable, "-m", "softverbs", "service",
+                        "stop"], env=env, capture_output=True, timeout=60, check=False)
+    assert c.returncode == 0, f"client:\n{c}\nserver:\n{s}"
+    assert s.returncode == 0, f"server:\n{s}\nclient:\n{c}"
+    for run, text in ((s, expect[0]), (c, expect[1])):
+        assert text in run.stdout, run
+    if name.endswith("-R"):
+        assert re.search(r"^ \d+\s+100\s+[\d.]+", c.stdout, re.M), c  # perftest's result row
