@@ -113,35 +113,44 @@ int ibv_get_device_index(struct ibv_device *device)
 }
 
 /* SOFTVERBS_PCAP's file, opened once for the process ({pid} becomes its id):
- * the first device tapped writes the pcap header, the others append. */
+ * the first device tapped has the device write the pcap header, the others
+ * append to it. */
 static pthread_mutex_t pcap_lock = PTHREAD_MUTEX_INITIALIZER;
-static int pcap_fd = -1;
+static int pcap_fd = -1, pcap_headed;
 
-static int pcap_file(const char *spec, int *fd, uint32_t *flags)
+static int open_pcap(const char *spec)
 {
-	int err = 0;
-	pthread_mutex_lock(&pcap_lock);
-	*flags = pcap_fd >= 0 ? SV_CAPTURE_APPEND : 0;
-	if (pcap_fd < 0) {
-		char path[PATH_MAX];
-		size_t n = 0;
-		for (const char *s = spec; *s && n + 24 < sizeof(path); s++) {
-			if (!strncmp(s, "{pid}", 5)) {
-				n += (size_t)snprintf(path + n, sizeof(path) - n, "%d", (int)getpid());
-				s += 4;
-			} else {
-				path[n++] = *s;
-			}
-		}
-		path[n] = 0;
-		pcap_fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-		if (pcap_fd < 0) {
-			err = errno;
-			fprintf(stderr, "softverbs: SOFTVERBS_PCAP: cannot write %s: %s\n", path,
-				strerror(err));
+	char path[PATH_MAX];
+	size_t n = 0;
+	for (const char *s = spec; *s && n + 24 < sizeof(path); s++) {
+		if (!strncmp(s, "{pid}", 5)) {
+			n += (size_t)snprintf(path + n, sizeof(path) - n, "%d", (int)getpid());
+			s += 4;
+		} else {
+			path[n++] = *s;
 		}
 	}
-	*fd = pcap_fd;
+	path[n] = 0;
+	pcap_fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (pcap_fd >= 0)
+		return 0;
+	int err = errno;
+	fprintf(stderr, "softverbs: SOFTVERBS_PCAP: cannot write %s: %s\n", path, strerror(err));
+	return err;
+}
+
+static int tap_device(uint32_t ctx, const char *spec)
+{
+	char reply[8];
+	pthread_mutex_lock(&pcap_lock);
+	int err = pcap_fd < 0 ? open_pcap(spec) : 0;
+	if (!err) {
+		struct sv_capture_req req = {.ctx = ctx,
+					     .flags = pcap_headed ? SV_CAPTURE_APPEND : 0};
+		err = sv_call(SV_OP_CAPTURE, &req, sizeof(req), &pcap_fd, 1, reply, sizeof(reply),
+			      NULL, NULL);
+		pcap_headed |= !err;
+	}
 	pthread_mutex_unlock(&pcap_lock);
 	return err;
 }
@@ -152,7 +161,7 @@ static int pcap_file(const char *spec, int *fd, uint32_t *flags)
  * the file. */
 static int apply_environment(uint32_t ctx)
 {
-	char none[8];
+	char none[1];
 	const char *rules = getenv("SOFTVERBS_FAULTS");
 	if (rules && *rules) {
 		size_t n = strlen(rules);
@@ -170,17 +179,7 @@ static int apply_environment(uint32_t ctx)
 		}
 	}
 	const char *spec = getenv("SOFTVERBS_PCAP");
-	if (spec && *spec) {
-		int fd;
-		struct sv_capture_req req = {.ctx = ctx};
-		int err = pcap_file(spec, &fd, &req.flags);
-		if (!err)
-			err = sv_call(SV_OP_CAPTURE, &req, sizeof(req), &fd, 1, none, sizeof(none),
-				      NULL, NULL);
-		if (err)
-			return err;
-	}
-	return 0;
+	return spec && *spec ? tap_device(ctx, spec) : 0;
 }
 
 struct ibv_context *ibv_open_device(struct ibv_device *device)
