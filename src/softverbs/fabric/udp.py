@@ -65,6 +65,7 @@ import socket
 import struct
 import subprocess
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -287,6 +288,11 @@ def _gro_size(ancdata: list[tuple[int, int, bytes]]) -> int:
     return 0
 
 
+#: seconds the progress thread leaves the sockets to an application thread whose
+#: poll last found its CQ empty (a busy poller), before it looks again
+POLLER_STANDS_BACK = 0.0005
+
+
 class UdpRuntime(Runtime):
     """One UDP device's sockets, progress thread and progress loop."""
 
@@ -309,6 +315,7 @@ class UdpRuntime(Runtime):
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._sleep_until: float | None = None
+        self._poller_seen = 0.0  #: when a poll last found its CQ empty
         #: segmentation offload: bursts whole, runs of datagrams per sendmsg
         self.gso = gso_wanted()
         self.bursts = self.gso
@@ -527,6 +534,12 @@ class UdpRuntime(Runtime):
                 self._sleep_until = nxt  # one wakeup per earlier deadline, not one per poll
         return did
 
+    def idle_step(self) -> bool:
+        """A poll found nothing: an application thread is busy-polling (the
+        progress thread stands back while it does)."""
+        self._poller_seen = time.monotonic()
+        return super().idle_step()
+
     # --- the progress thread ----------------------------------------------------------
     def start(self) -> None:
         if self._thread is not None:
@@ -551,6 +564,13 @@ class UdpRuntime(Runtime):
                         self._wake_r.recv(4096)
             if self._stop.is_set():
                 break
+            if time.monotonic() - self._poller_seen < POLLER_STANDS_BACK:
+                # An application thread is busy-polling its CQ, and its polls drain
+                # the sockets and run the engine (idle_step): taking the datagram
+                # here would only hand it over between threads (the GIL, the lock),
+                # which doubled the one-way latency (docs/performance.md).
+                time.sleep(POLLER_STANDS_BACK)
+                continue
             with self.lock:
                 try:
                     self.progress()
