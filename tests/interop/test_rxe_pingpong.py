@@ -285,7 +285,12 @@ C_TOOLS = [
     ("ib_atomic_bw", "-x 1 -n 200"),
     ("ib_atomic_lat", "-x 1 -n 200"),
     ("ib_send_bw", "-x 1 -n 200 -c UD"),
+    ("ib_send_lat", "-x 1 -n 200 -c UD"),
     ("ib_send_lat", "-x 1 -n 200 -c UD -e"),
+    ("ib_send_bw", "-x 1 -n 200 -e"),
+    ("ib_send_lat", "-x 1 -n 200 -e"),
+    ("ib_read_bw", "-x 1 -n 200 -e"),
+    ("ib_atomic_lat", "-x 1 -n 200 -e"),
 ]
 C_IDS = [f"{t} {a}" for t, a in C_TOOLS]
 
