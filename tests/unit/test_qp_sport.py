@@ -73,6 +73,28 @@ def _qp(pd: PD, cq: CQ, qp_type: int) -> QP:
     return QP(pd, init, attr)
 
 
+def _rc_send(pd: PD, cq: CQ, mr: MR, gid: object, completions: int,
+             flow_label: int = 0) -> tuple[QP, QP]:  # fmt: skip
+    """A connected RC pair on ``gid`` and one SEND between them; waits until ``cq``
+    holds ``completions`` successful completions in all."""
+    a, b = _qp(pd, cq, IBV_QPT_RC), _qp(pd, cq, IBV_QPT_RC)
+    for me, peer in ((a, b), (b, a)):
+        attr = QPAttr()
+        attr.dest_qp_num = peer.qp_num
+        attr.ah_attr = AHAttr(is_global=1, gr=GlobalRoute(dgid=gid, sgid_index=1,
+                                                          flow_label=flow_label))  # fmt: skip
+        me.to_rts(attr)
+    b.post_recv(RecvWR(3, 1, [SGE(mr.buf, 100, mr.lkey)]))
+    a.post_send(SendWR(4, num_sge=1, sg=[SGE(mr.buf + 200, 50, mr.lkey)]))
+    statuses: list[int] = []
+    for _ in range(100):
+        statuses += [wc.status for wc in cq.poll(8)[1]]
+        if len(statuses) == completions:
+            break
+    assert statuses == [IBV_WC_SUCCESS] * completions
+    return a, b
+
+
 def test_ud_and_rc_sends_use_rxe_ports() -> None:
     with Context(name="sv0") as ctx:
         tap = Tap()
@@ -88,21 +110,7 @@ def test_ud_and_rc_sends_use_rxe_ports() -> None:
             wr = SendWR(2, num_sge=1, sg=[SGE(mr.buf + 200, 50, mr.lkey)])
             wr.set_wr_ud(ah, rx.qp_num, QKEY)
             tx.post_send(wr)
-            # RC: a connected pair
-            a, b = _qp(pd, cq, IBV_QPT_RC), _qp(pd, cq, IBV_QPT_RC)
-            for me, peer in ((a, b), (b, a)):
-                attr = QPAttr()
-                attr.dest_qp_num = peer.qp_num
-                attr.ah_attr = AHAttr(is_global=1, gr=GlobalRoute(dgid=gid, sgid_index=1))
-                me.to_rts(attr)
-            b.post_recv(RecvWR(3, 1, [SGE(mr.buf, 100, mr.lkey)]))
-            a.post_send(SendWR(4, num_sge=1, sg=[SGE(mr.buf + 200, 50, mr.lkey)]))
-            statuses = []
-            for _ in range(100):
-                statuses += [wc.status for wc in cq.poll(8)[1]]
-                if len(statuses) == 4:
-                    break
-            assert statuses == [IBV_WC_SUCCESS] * 4
+            a, b = _rc_send(pd, cq, mr, gid, completions=4)  # with the UD pair's two
         finally:
             ctx.runtime.remove_tap(tap)
     ports = {(p.sqpn, p.dqpn): p.sport for p in tap.pkts}
@@ -123,21 +131,7 @@ def test_flow_label_is_taken_as_its_low_20_bits() -> None:
             gid = ctx.query_gid(1, 1)
             route = GlobalRoute(dgid=gid, sgid_index=1, flow_label=0xFFFFFFFF)
             AH(pd, attr=AHAttr(is_global=1, gr=route))
-            a, b = _qp(pd, cq, IBV_QPT_RC), _qp(pd, cq, IBV_QPT_RC)
-            for me, peer in ((a, b), (b, a)):
-                attr = QPAttr()
-                attr.dest_qp_num = peer.qp_num
-                attr.ah_attr = AHAttr(is_global=1, gr=GlobalRoute(
-                    dgid=gid, sgid_index=1, flow_label=0xFFFFFFFF))  # fmt: skip
-                me.to_rts(attr)
-            b.post_recv(RecvWR(3, 1, [SGE(mr.buf, 100, mr.lkey)]))
-            a.post_send(SendWR(4, num_sge=1, sg=[SGE(mr.buf + 200, 50, mr.lkey)]))
-            statuses = []
-            for _ in range(100):
-                statuses += [wc.status for wc in cq.poll(8)[1]]
-                if len(statuses) == 2:
-                    break
-            assert statuses == [IBV_WC_SUCCESS] * 2
+            a, b = _rc_send(pd, cq, mr, gid, completions=2, flow_label=0xFFFFFFFF)
         finally:
             ctx.runtime.remove_tap(tap)
     ports = {(p.sqpn, p.dqpn): p.sport for p in tap.pkts}
