@@ -155,16 +155,22 @@ def test_a_req_between_two_listens_on_a_port_is_rejected_and_a_retry_connects(
     ``cm_match_req`` rejects it; perftest then retries with a new ID, which connects
     once the port listens again, the control connection untouched."""
     port = 7495
-    pch, lst = listener(port, ip="0.0.0.0")
-    ach, act = active(port)
-    act.connect(ConnParam())
-    req = expect(pch, RDMA_CM_EVENT_CONNECT_REQUEST)
-    control = CMID(creator=req, listen_id=lst)
-    req.ack_cm_event()
-    control.create_qp(qp_init(RDMA_PS_TCP))
-    control.accept(ConnParam())
-    expect(ach, RDMA_CM_EVENT_ESTABLISHED).ack_cm_event()
-    expect(pch, RDMA_CM_EVENT_ESTABLISHED).ack_cm_event()
+
+    def connect_on_listening_port() -> tuple[CMID, CMID, CMID]:
+        """(the listener, the active ID, the passive ID), connected."""
+        pch, lst = listener(port, ip="0.0.0.0")
+        ach, act = active(port)
+        act.connect(ConnParam())
+        req = expect(pch, RDMA_CM_EVENT_CONNECT_REQUEST)
+        passive = CMID(creator=req, listen_id=lst)
+        req.ack_cm_event()
+        passive.create_qp(qp_init(RDMA_PS_TCP))
+        passive.accept(ConnParam())
+        expect(ach, RDMA_CM_EVENT_ESTABLISHED).ack_cm_event()
+        expect(pch, RDMA_CM_EVENT_ESTABLISHED).ack_cm_event()
+        return lst, act, passive
+
+    lst, act, control = connect_on_listening_port()
     lst.close()
     # the client's data connection comes before the server listens again
     ch1, early = active(port)
@@ -175,16 +181,7 @@ def test_a_req_between_two_listens_on_a_port_is_rejected_and_a_retry_connects(
     early.close()
     assert fabric_counters(sim)["cm_rej_no_listener"] == 1
     # the port is free again: the connected child of the first listener holds none
-    pch2, lst2 = listener(port, ip="0.0.0.0")
-    ch2, retry = active(port)
-    retry.connect(ConnParam())
-    req2 = expect(pch2, RDMA_CM_EVENT_CONNECT_REQUEST)
-    data = CMID(creator=req2, listen_id=lst2)
-    req2.ack_cm_event()
-    data.create_qp(qp_init(RDMA_PS_TCP))
-    data.accept(ConnParam())
-    expect(ch2, RDMA_CM_EVENT_ESTABLISHED).ack_cm_event()
-    expect(pch2, RDMA_CM_EVENT_ESTABLISHED).ack_cm_event()
+    _, retry, data = connect_on_listening_port()
     for a, p in ((act, control), (retry, data)):
         assert a.qp.qp_state == p.qp.qp_state == IBV_QPS_RTS
         assert a.dst_addr == (B, port) and p.src_addr == (B, port)
