@@ -38,7 +38,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "conformance": ("conformance", "run rdma-core's test suite on softverbs; per-file results"),
     "demo": ("demo", "RC ping-pong with SEND, WRITE, READ or atomics; perftest-style summary"),
     "devinfo": ("devinfo", "show devices and ports in ibv_devinfo's format"),
-    "exec": ("exec_", "run a program with softverbs standing in for pyverbs"),
+    "exec": ("exec_", "run a program on softverbs: pyverbs, libibverbs and librdmacm"),
     "link": ("link", "add, show and delete UDP (RoCEv2) devices, like 'rdma link'"),
     "rc-pingpong": ("pingpong", "RC SEND ping-pong, interoperable with ibv_rc_pingpong"),
     "uc-pingpong": ("pingpong", "UC SEND ping-pong, interoperable with ibv_uc_pingpong"),
