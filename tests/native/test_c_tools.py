@@ -430,7 +430,12 @@ def test_a_forked_child_gets_a_clean_error(env: dict[str, str],
 #: with a NULL QP), a destroy waits for the acknowledgement of an event that was
 #: read, a refused destroy sets errno, as under rdma-core; resize.c -- ibv_resize_cq
 #: and ibv_modify_srq(IBV_SRQ_MAX_WR) with work waiting, ibv_rereg_mr, the GID table
-C_CHECKS = [("events.c", 8), ("resize.c", 10)]
+#: sig.c -- mlx5dv signature offload (seed 004) through libmlx5.so.1, with SOFTVERBS_MLX5=sig
+C_CHECKS = [("events.c", 8), ("resize.c", 10), ("sig.c", 20)]
+#: what a program needs besides libibverbs: more libraries, its environment
+C_EXTRA: dict[str, tuple[list[str], dict[str, str]]] = {
+    "sig.c": (["-l:libmlx5.so.1"], {"SOFTVERBS_MLX5": "sig"}),
+}
 
 
 @pytest.mark.parametrize(("source", "checks"), C_CHECKS, ids=[s for s, _ in C_CHECKS])
@@ -439,12 +444,14 @@ def test_c_check_programs(env: dict[str, str], sanitized_libs: tuple[Path, str],
     libdir, _ = sanitized_libs
     cc = native.compiler() or "gcc"
     prog = tmp_path / Path(source).stem
+    libs, extra_env = C_EXTRA.get(source, ([], {}))
     build = subprocess.run([cc, "-std=gnu11", "-g", "-Wall", "-Wextra", "-Werror",
                             "-fsanitize=address,undefined", str(Path(__file__).parent / source),
-                            "-o", str(prog), f"-L{libdir}", "-l:libibverbs.so.1", "-lpthread"],
+                            "-o", str(prog), f"-L{libdir}", "-l:libibverbs.so.1", *libs,
+                            "-lpthread"],
                            capture_output=True, text=True, check=False)  # fmt: skip
     assert build.returncode == 0, build.stderr
-    r = subprocess.run([str(prog)], env=dict(env, LD_LIBRARY_PATH=str(libdir)),
+    r = subprocess.run([str(prog)], env=dict(env, LD_LIBRARY_PATH=str(libdir), **extra_env),
                        capture_output=True, text=True, timeout=TIMEOUT, check=False)  # fmt: skip
     assert r.returncode == 0 and "FAIL" not in r.stdout, r.stdout + r.stderr
     assert r.stdout.count("ok ") == checks, r.stdout

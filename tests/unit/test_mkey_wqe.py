@@ -80,3 +80,22 @@ def test_a_short_or_lying_configuration_is_refused() -> None:
             assert "mkey configuration" in str(exc)
         else:
             raise AssertionError(f"{len(data)} bytes were taken for a 5-entry configuration")
+
+
+def test_auto_copy_lets_the_device_work_out_the_copy_mask() -> None:
+    """MKEY_CONF_AUTO_COPY (what the C libmlx5 sends without
+    MLX5DV_SIG_BLOCK_ATTR_FLAG_COPY_MASK): the copy mask given is ignored, the
+    device's own (auto_copy_mask) is used."""
+    from softverbs.engine.signature import auto_copy_mask
+
+    t10 = api.MkeySigDomain(1, int(SigKind.T10DIF), 0, 0, 512, 0, 0xABCD, 0x100, 0)
+    other = api.MkeySigDomain(1, int(SigKind.T10DIF), 0, 0, 512, 0, 0xABCD, 0x200, 0)
+    flags = api.MKEY_CONF_SIG | api.MKEY_CONF_AUTO_COPY
+    data = api.MkeyConf(flags, 0, 1, 0, 0xFF, 0x5A, 0, 0).pack() + t10.pack() + other.pack()
+    key = _key()
+    mkey_configure(key, "pd", data)()
+    sig = key.xform.calls[0][3]
+    mem = SigDomain(SigKind.T10DIF, 512, 0, 0xABCD, 0x100)
+    wire = SigDomain(SigKind.T10DIF, 512, 0, 0xABCD, 0x200)
+    assert sig == SigBlock(mem, wire, 0xFF, auto_copy_mask(mem, wire))
+    assert sig.copy_mask not in (0, 0x5A)

@@ -732,7 +732,7 @@ class Count(Record):
 
 
 class MkeyConf(Record):
-    flags: U32  #: MKEY_CONF_ACCESS, MKEY_CONF_LAYOUT, MKEY_CONF_SIG
+    flags: U32  #: MKEY_CONF_ACCESS, MKEY_CONF_LAYOUT, MKEY_CONF_SIG, MKEY_CONF_AUTO_COPY
     access: U32  #: with MKEY_CONF_ACCESS: the new access flags
     repeat: U32  #: interleaved layouts: times the entries repeat (1: a plain list)
     nentries: U32
@@ -743,6 +743,9 @@ class MkeyConf(Record):
 
 
 MKEY_CONF_ACCESS, MKEY_CONF_LAYOUT, MKEY_CONF_SIG = 1, 2, 4
+#: with MKEY_CONF_SIG: copy_mask is ignored, the device works out the copy mask itself
+#: (mlx5dv without MLX5DV_SIG_BLOCK_ATTR_FLAG_COPY_MASK; the C libmlx5 sets it)
+MKEY_CONF_AUTO_COPY = 8
 
 
 class MkeyEntry(Record):

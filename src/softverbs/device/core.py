@@ -1611,7 +1611,7 @@ def mkey_configure(key: Any, pd: object, data: bytes) -> Callable[[], str | None
     """The local operation of an mkey-configuring driver WQE: ``data`` (its
     inline bytes) decoded -- ValueError if malformed -- into what configures
     ``key`` when the WQE runs (in send-queue order)."""
-    from softverbs.engine.signature import Escape, SigBlock, SigDomain, SigKind
+    from softverbs.engine.signature import Escape, SigBlock, SigDomain, SigKind, auto_copy_mask
 
     head = api.MkeyConf.size()
     if len(data) < head:
@@ -1619,7 +1619,7 @@ def mkey_configure(key: Any, pd: object, data: bytes) -> Callable[[], str | None
     conf: api.MkeyConf = api.MkeyConf.unpack(data)
     esize, dsize = api.MkeyEntry.size(), api.MkeySigDomain.size()
     need = head + conf.nentries * esize + (2 * dsize if conf.flags & api.MKEY_CONF_SIG else 0)
-    if len(data) < need or conf.flags & ~7 or not 1 <= conf.repeat <= 0xFFFF:
+    if len(data) < need or conf.flags & ~15 or not 1 <= conf.repeat <= 0xFFFF:
         raise ValueError("the mkey configuration is malformed")
     entries = None
     if conf.flags & api.MKEY_CONF_LAYOUT:
@@ -1642,7 +1642,10 @@ def mkey_configure(key: Any, pd: object, data: bytes) -> Callable[[], str | None
             domains.append(SigDomain(SigKind(d.kind), d.block_size, d.seed, d.app_tag, d.ref_tag,
                                      bool(d.ref_remap), Escape(d.escape)))  # fmt: skip
         if domains[0] is not None or domains[1] is not None:
-            sig = SigBlock(domains[0], domains[1], conf.check_mask, conf.copy_mask)
+            copy = conf.copy_mask
+            if conf.flags & api.MKEY_CONF_AUTO_COPY:
+                copy = auto_copy_mask(domains[0], domains[1])
+            sig = SigBlock(domains[0], domains[1], conf.check_mask, copy)
     access = conf.access if conf.flags & api.MKEY_CONF_ACCESS else None
     repeat = conf.repeat
     xform = key.xform

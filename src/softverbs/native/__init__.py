@@ -55,7 +55,8 @@ LIBRARIES = (
             ("-lpthread",)),
     Library("librdmacm.so.1", ("cma.c", "json.c"), "librdmacm.map",
             ("-l:libibverbs.so.1", "-lpthread")),
-    Library("libmlx5.so.1", ("stubs/mlx5.c",), "stubs/mlx5.map"),
+    Library("libmlx5.so.1", ("stubs/mlx5.c", "stubs/mlx5_sig.c"), "stubs/mlx5.map",
+            ("-l:libibverbs.so.1",)),
     Library("libefa.so.1", ("stubs/efa.c",), "stubs/efa.map"),
 )  # fmt: skip
 

@@ -45,6 +45,11 @@ from softverbs.device.api import (
     DB_RQ,
     DB_SQ,
     KIND_NAMES,
+    MKEY_BLOCK_SIGNATURE,
+    MKEY_CONF_ACCESS,
+    MKEY_CONF_AUTO_COPY,
+    MKEY_CONF_LAYOUT,
+    MKEY_CONF_SIG,
     OPEN_XRCD_HAS_FD,
     OPS,
     REG_MR_HAS_FD,
@@ -52,6 +57,9 @@ from softverbs.device.api import (
     CompEventRecord,
     DeviceEntry,
     Empty,
+    MkeyConf,
+    MkeyEntry,
+    MkeySigDomain,
     Op,
 )
 from softverbs.layout import (
@@ -203,7 +211,10 @@ service_disabled = config.service_disabled
 
 # --- generated artefacts -------------------------------------------------------------------------
 
-_RECORDS: tuple[type[Record], ...] = (Header, DeviceEntry, AsyncEventRecord, CompEventRecord)
+#: with the records of the operations: the inline data of an mkey-configuring driver WQE
+_RECORDS: tuple[type[Record], ...] = (
+    Header, DeviceEntry, AsyncEventRecord, CompEventRecord, MkeyConf, MkeyEntry, MkeySigDomain,
+)  # fmt: skip
 
 
 def records() -> list[type[Record]]:
@@ -232,7 +243,12 @@ def c_header() -> str:
         f"#define SV_REG_MR_HAS_FD {REG_MR_HAS_FD}",
         f"#define SV_OPEN_XRCD_HAS_FD {OPEN_XRCD_HAS_FD}",
         f"#define SV_DB_SQ {DB_SQ}", f"#define SV_DB_RQ {DB_RQ}",
-        f"#define SV_CAPTURE_APPEND {CAPTURE_APPEND}", "",
+        f"#define SV_CAPTURE_APPEND {CAPTURE_APPEND}",
+        f"#define SV_MKEY_BLOCK_SIGNATURE {MKEY_BLOCK_SIGNATURE}",
+        f"#define SV_MKEY_CONF_ACCESS {MKEY_CONF_ACCESS}",
+        f"#define SV_MKEY_CONF_LAYOUT {MKEY_CONF_LAYOUT}",
+        f"#define SV_MKEY_CONF_SIG {MKEY_CONF_SIG}",
+        f"#define SV_MKEY_CONF_AUTO_COPY {MKEY_CONF_AUTO_COPY}", "",
     ]  # fmt: skip
     out += [f"#define SV_KIND_{name.upper()} {code}" for code, name in KIND_NAMES.items()]
     out.append("")

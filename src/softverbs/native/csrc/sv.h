@@ -95,6 +95,7 @@ struct sv_qp {
 	int has_sq, has_rq;
 	pthread_spinlock_t sq_lock, rq_lock;
 	struct sv_context *ctx;
+	void *dv;		/* libmlx5's own state for an mlx5dv QP (sv_dv_create_qp) */
 };
 
 struct sv_srq {

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "sv.h"
+#include "sv_dv.h"
 
 /* --- handle -> object --------------------------------------------------------------- */
 
@@ -462,14 +463,19 @@ static int send_flags_of(unsigned flags)
 
 static void qpx_init(struct sv_qp *qp);
 
-static struct ibv_qp *create_qp(struct ibv_context *context, struct ibv_qp_init_attr_ex *attr)
+/* dv_flags: the provider's create flags (CreateQP.dv_flags); dv_size: bytes of
+ * the provider's own state, zeroed, freed with the QP (sv_dv_create_qp). */
+static struct ibv_qp *create_qp(struct ibv_context *context, struct ibv_qp_init_attr_ex *attr,
+				uint32_t dv_flags, size_t dv_size)
 {
 	struct sv_context *ctx = sv_ctx(context);
 	enum ibv_qp_type type = attr->qp_type;
 	int xrc = type == IBV_QPT_XRC_SEND || type == IBV_QPT_XRC_RECV;
-	struct sv_qp *qp = calloc(1, sizeof(*qp));
+	size_t base = (sizeof(struct sv_qp) + 15) & ~(size_t)15;
+	struct sv_qp *qp = calloc(1, base + dv_size);
 	if (!qp)
 		return sv_fail_null(ENOMEM);
+	qp->dv = dv_size ? (char *)qp + base : NULL;
 	qp->has_sq = type != IBV_QPT_XRC_RECV;
 	qp->has_rq = !xrc && !attr->srq;
 	struct ibv_qp_cap *cap = &attr->cap;
@@ -507,6 +513,7 @@ static struct ibv_qp *create_qp(struct ibv_context *context, struct ibv_qp_init_
 					? attr->create_flags : 0,
 		.sq_slot = qp->has_sq ? sq_slot : 0,
 		.rq_slot = qp->has_rq ? rq_slot : 0,
+		.dv_flags = dv_flags,
 	};
 	struct sv_create_qp_reply rep;
 	err = sv_call(SV_OP_CREATE_QP, &req, sizeof(req), fds, nfds, &rep, sizeof(rep), NULL, NULL);
@@ -536,7 +543,7 @@ static struct ibv_qp *create_qp(struct ibv_context *context, struct ibv_qp_init_
 	q->qp_type = type;
 	pthread_mutex_init(&q->mutex, NULL);
 	pthread_cond_init(&q->cond, NULL);
-	if (req.send_ops_flags)
+	if (req.send_ops_flags || dv_size)
 		qpx_init(qp);
 	sv_map_put(ctx, SV_KIND_QP, rep.qp, qp);
 	return q;
@@ -556,7 +563,7 @@ struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *qp_init
 	memcpy(&ex, qp_init_attr, sizeof(*qp_init_attr));
 	ex.comp_mask = IBV_QP_INIT_ATTR_PD;
 	ex.pd = pd;
-	struct ibv_qp *qp = create_qp(pd->context, &ex);
+	struct ibv_qp *qp = create_qp(pd->context, &ex, 0, 0);
 	if (qp)
 		qp_init_attr->cap = ex.cap;
 	return qp;
@@ -568,7 +575,7 @@ static struct ibv_qp *create_qp_ex(struct ibv_context *context, struct ibv_qp_in
 			 IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
 	if (!attr || attr->comp_mask & ~known)
 		return sv_fail_null(attr ? EOPNOTSUPP : EINVAL);
-	return create_qp(context, attr);
+	return create_qp(context, attr, 0, 0);
 }
 
 int ibv_destroy_qp(struct ibv_qp *ibqp)
@@ -1167,6 +1174,62 @@ struct ibv_qp_ex *ibv_qp_to_qp_ex(struct ibv_qp *qp)
 	if (!qp || !((struct sv_qp *)qp)->is_ex)
 		return sv_fail_null(EOPNOTSUPP);
 	return &((struct sv_qp *)qp)->qpx;
+}
+
+/* --- for softverbs' libmlx5.so.1 (exported as SOFTVERBS_PRIVATE_2; sv_dv.h) --------- */
+
+/* ibv_create_qp_ex with dv_flags, and dv_size zeroed bytes for the caller
+ * (sv_dv_qp), freed with the QP.  The QP always has the ibv_qp_ex ops. */
+struct ibv_qp *sv_dv_create_qp(struct ibv_context *context, struct ibv_qp_init_attr_ex *attr,
+			       uint32_t dv_flags, size_t dv_size)
+{
+	uint32_t known = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS |
+			 IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+	if (!context || !attr || !dv_size)
+		return sv_fail_null(EINVAL);
+	if (attr->comp_mask & ~known)
+		return sv_fail_null(EOPNOTSUPP);
+	return create_qp(context, attr, dv_flags, dv_size);
+}
+
+/* The caller's state of a QP made by sv_dv_create_qp; NULL for other QPs. */
+void *sv_dv_qp(struct ibv_qp *qp)
+{
+	return qp ? ((struct sv_qp *)qp)->dv : NULL;
+}
+
+/* A driver WQE for driver_op in the batch open on x (wr_id and wr_flags as any
+ * WR); *room gets the bytes of inline data its slot holds after the header.
+ * NULL if the batch already failed or the send queue is full. */
+struct sv_send_wqe_header *sv_dv_wr_driver(struct ibv_qp_ex *x, uint32_t driver_op,
+					   size_t *room)
+{
+	struct sv_send_wqe_header *h = qpx_new(x, IBV_WR_DRIVER1);
+	if (h) {
+		h->driver_op = driver_op;
+		*room = qpx_qp(x)->sq.slot - sizeof(*h);
+	}
+	return h;
+}
+
+/* Fail the batch open on x: its wr_complete returns err and publishes nothing. */
+void sv_dv_wr_fail(struct ibv_qp_ex *x, int err)
+{
+	(void)x;
+	if (!qpx_st.err)
+		qpx_st.err = err;
+}
+
+/* One request of the mkey operations (CREATE_MKEY, MKEY_CHECK, CANCEL_SEND,
+ * DESTROY) to the service; 0 or an errno (also in errno). */
+int sv_dv_call(uint16_t op, const void *req, size_t req_len, void *reply, size_t reply_len)
+{
+	char none[1];
+	if (op != SV_OP_CREATE_MKEY && op != SV_OP_MKEY_CHECK && op != SV_OP_CANCEL_SEND &&
+	    op != SV_OP_DESTROY)
+		return errno = EINVAL;
+	return sv_call(op, req, req_len, NULL, 0, reply ? reply : none, reply ? reply_len : 0,
+		       NULL, NULL);
 }
 
 /* --- shared receive queues ------------------------------------------------------------ */

@@ -14,6 +14,11 @@
 #define SV_DB_SQ 1
 #define SV_DB_RQ 2
 #define SV_CAPTURE_APPEND 1
+#define SV_MKEY_BLOCK_SIGNATURE 1
+#define SV_MKEY_CONF_ACCESS 1
+#define SV_MKEY_CONF_LAYOUT 2
+#define SV_MKEY_CONF_SIG 4
+#define SV_MKEY_CONF_AUTO_COPY 8
 
 #define SV_KIND_CTX 1
 #define SV_KIND_PD 2
@@ -204,6 +209,40 @@ struct sv_comp_event_record {
 	uint32_t reserved;                      /* @4 */
 };
 _Static_assert(sizeof(struct sv_comp_event_record) == 8, "sv_comp_event_record");
+
+struct sv_mkey_conf {
+	uint32_t flags;                         /* @0 */
+	uint32_t access;                        /* @4 */
+	uint32_t repeat;                        /* @8 */
+	uint32_t nentries;                      /* @12 */
+	uint8_t check_mask;                     /* @16 */
+	uint8_t copy_mask;                      /* @17 */
+	uint16_t reserved0;                     /* @18 */
+	uint32_t reserved1;                     /* @20 */
+};
+_Static_assert(sizeof(struct sv_mkey_conf) == 24, "sv_mkey_conf");
+
+struct sv_mkey_entry {
+	uint64_t addr;                          /* @0 */
+	uint32_t lkey;                          /* @8 */
+	uint32_t count;                         /* @12 */
+	uint32_t skip;                          /* @16 */
+	uint32_t reserved;                      /* @20 */
+};
+_Static_assert(sizeof(struct sv_mkey_entry) == 24, "sv_mkey_entry");
+
+struct sv_mkey_sig_domain {
+	uint8_t present;                        /* @0 */
+	uint8_t kind;                           /* @1 */
+	uint8_t escape;                         /* @2 */
+	uint8_t ref_remap;                      /* @3 */
+	uint32_t block_size;                    /* @4 */
+	uint32_t seed;                          /* @8 */
+	uint32_t app_tag;                       /* @12 */
+	uint32_t ref_tag;                       /* @16 */
+	uint32_t reserved;                      /* @20 */
+};
+_Static_assert(sizeof(struct sv_mkey_sig_domain) == 24, "sv_mkey_sig_domain");
 
 struct sv_hello {
 	uint64_t token;                         /* @0 */ /* HELLO_JOIN: the token the parent's HELLO reply gave */
