@@ -44,8 +44,9 @@ CRC32C and T10-DIF with the CRC guard only; a layout longer than the mkey's
 ``max_entries`` (``max_entries - 1`` for an interleaved layout) is EINVAL;
 using an mkey that was invalidated, or never configured, in a posted WR is
 EINVAL at post time; ``cancel_posted_send_wrs`` on a QP without
-SIG_PIPELINING is EINVAL.  The device must run in this process (not in the
-device service).
+SIG_PIPELINING is EINVAL.  It works on every kind of device, the host device
+softverbsd serves included (docs/signature.md); C programs get the same through
+softverbs' ``libmlx5.so.1``.
 """
 
 from __future__ import annotations
