@@ -7,7 +7,8 @@
  *    are used in order, and the SRQ takes the larger number of receives.
  * 3. ibv_rereg_mr(IBV_REREG_MR_CHANGE_TRANSLATION): a SEND through the new
  *    lkey carries the new buffer's bytes; bad flags give
- *    IBV_REREG_MR_ERR_INPUT and EINVAL.
+ *    IBV_REREG_MR_ERR_INPUT and EINVAL; unmapped memory is EFAULT, for
+ *    ibv_reg_mr too.
  * 4. ibv_query_gid_table lists GID 0 (the link-local one) and GID 1 (RoCEv2).
  *
  * The traffic is UD SENDs from a QP to itself.  Prints one line per check;
@@ -162,6 +163,14 @@ int main(void)
 	check(ibv_rereg_mr(smr, 0x100, NULL, NULL, 0, 0) == IBV_REREG_MR_ERR_INPUT &&
 		      errno == EINVAL,
 	      "unknown rereg flags: IBV_REREG_MR_ERR_INPUT, errno EINVAL");
+	/* memory that is not mapped: EFAULT, as the kernel's ib_umem_get */
+	errno = 0;
+	check(ibv_rereg_mr(smr, IBV_REREG_MR_CHANGE_TRANSLATION, NULL, (void *)0x1000, MSG, 0) ==
+			  IBV_REREG_MR_ERR_CMD && errno == EFAULT,
+	      "rereg to unmapped memory: IBV_REREG_MR_ERR_CMD, errno EFAULT");
+	errno = 0;
+	check(!ibv_reg_mr(pd, (void *)0x1000, 4096, IBV_ACCESS_LOCAL_WRITE) && errno == EFAULT,
+	      "ibv_reg_mr of unmapped memory: NULL, errno EFAULT");
 
 	/* 4 */
 	struct ibv_gid_entry table[16];

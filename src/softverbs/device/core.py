@@ -59,6 +59,7 @@ from softverbs.device.api import (
     KIND_SRQ,
     KIND_XRCD,
 )
+from softverbs.device.memory import mapped
 from softverbs.engine import observe
 from softverbs.engine.hca import HCA, XrcDomain
 from softverbs.engine.memory import Bytes, MemKey, MemKind
@@ -943,6 +944,10 @@ class Host:
                              "(HELLO without /proc/self/mem): pass the region as a memfd")
         if addr + length > 1 << 64:
             raise einval(f"[{addr:#x}, +{length}) is not a valid address range")
+        pid = getattr(owner.memory, "pid", 0)
+        if pid and not mapped(addr, length, pid):
+            raise PyverbsRDMAError(f"Failed to register memory: [{addr:#x}, +{length}) is not "
+                                   f"mapped in process {pid}", errno.EFAULT)  # fmt: skip
         span: Bytes = owner.memory.span(addr, length)
         return span
 

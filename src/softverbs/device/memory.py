@@ -38,6 +38,30 @@ import os
 Buffer = bytes | bytearray | memoryview
 
 
+def mapped(addr: int, length: int, pid: int | str = "self") -> bool:
+    """Is ``[addr, addr + length)`` mapped in process ``pid`` (``/proc/PID/maps``)?
+
+    Registration checks it, as the kernel's ``ib_umem_get`` fails with EFAULT
+    on pages it cannot pin.  True when the map cannot be read: then there is
+    no way to check here, and an access to an unmapped page fails later."""
+    end = addr + length
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            ranges = []
+            for line in f:
+                start, end_ = line.split(None, 1)[0].split("-")
+                ranges.append((int(start, 16), int(end_, 16)))
+    except OSError:
+        return True
+    pos = addr
+    for lo, hi in sorted(ranges):
+        if lo <= pos < hi:
+            pos = hi
+            if pos >= end:
+                return True
+    return pos >= end
+
+
 class ProcessMemory:
     """One process's address space, through its ``/proc/<pid>/mem`` descriptor."""
 

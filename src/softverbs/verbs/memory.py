@@ -22,6 +22,7 @@ import errno
 import mmap
 from typing import Any
 
+from softverbs.device.memory import mapped as device_mapped
 from softverbs.errors import PyverbsRDMAError, einval
 
 
@@ -80,22 +81,7 @@ def from_buffer(buf: object) -> Memory:
 
 
 def _mapped(addr: int, length: int) -> bool:
-    end = addr + length
-    try:
-        with open("/proc/self/maps") as f:
-            ranges = []
-            for line in f:
-                start, end_ = line.split(None, 1)[0].split("-")
-                ranges.append((int(start, 16), int(end_, 16)))
-    except OSError:
-        return True  # no way to check on this platform
-    pos = addr
-    for lo, hi in sorted(ranges):
-        if lo <= pos < hi:
-            pos = hi
-            if pos >= end:
-                return True
-    return pos >= end
+    return device_mapped(addr, length)
 
 
 #: The public name: is ``[addr, addr + length)`` mapped in this process?
