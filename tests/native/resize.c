@@ -8,7 +8,7 @@
  * 3. ibv_rereg_mr(IBV_REREG_MR_CHANGE_TRANSLATION): a SEND through the new
  *    lkey carries the new buffer's bytes; bad flags give
  *    IBV_REREG_MR_ERR_INPUT and EINVAL; unmapped memory is EFAULT, for
- *    ibv_reg_mr too.
+ *    ibv_reg_mr too, and so are read-only pages with a writable access.
  * 4. ibv_query_gid_table lists GID 0 (the link-local one) and GID 1 (RoCEv2).
  *
  * The traffic is UD SENDs from a QP to itself.  Prints one line per check;
@@ -17,6 +17,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include <infiniband/verbs.h>
@@ -171,6 +172,15 @@ int main(void)
 	errno = 0;
 	check(!ibv_reg_mr(pd, (void *)0x1000, 4096, IBV_ACCESS_LOCAL_WRITE) && errno == EFAULT,
 	      "ibv_reg_mr of unmapped memory: NULL, errno EFAULT");
+	void *ro = mmap(NULL, 4096, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	struct ibv_mr *romr = ibv_reg_mr(pd, ro, 4096, IBV_ACCESS_REMOTE_READ);
+	check(romr != NULL, "read-only pages register for IBV_ACCESS_REMOTE_READ");
+	errno = 0;
+	check(!ibv_reg_mr(pd, ro, 4096, IBV_ACCESS_LOCAL_WRITE) && errno == EFAULT,
+	      "and with IBV_ACCESS_LOCAL_WRITE: NULL, errno EFAULT");
+	if (romr)
+		ibv_dereg_mr(romr);
+	munmap(ro, 4096);
 
 	/* 4 */
 	struct ibv_gid_entry table[16];

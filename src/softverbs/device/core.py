@@ -59,7 +59,7 @@ from softverbs.device.api import (
     KIND_SRQ,
     KIND_XRCD,
 )
-from softverbs.device.memory import mapped
+from softverbs.device.memory import WRITABLE_ACCESS, mapped
 from softverbs.engine import observe
 from softverbs.engine.hca import HCA, XrcDomain
 from softverbs.engine.memory import Bytes, MemKey, MemKind
@@ -934,7 +934,8 @@ class Host:
         rec = self._new(owner, KIND_PD, ctx.device, _PD(), ctx, (ctx,))
         return api.Handle(rec.handle, 0)
 
-    def _span(self, owner: Owner, res: Resources, addr: int, length: int) -> Bytes:
+    def _span(self, owner: Owner, res: Resources, addr: int, length: int,
+              access: int) -> Bytes:  # fmt: skip
         if res.span is not None:
             if len(res.span) != length:
                 raise einval(f"the memory passed holds {len(res.span)} bytes, not {length}")
@@ -945,9 +946,11 @@ class Host:
         if addr + length > 1 << 64:
             raise einval(f"[{addr:#x}, +{length}) is not a valid address range")
         pid = getattr(owner.memory, "pid", 0)
-        if pid and not mapped(addr, length, pid):
+        writable = bool(access & WRITABLE_ACCESS)
+        if pid and not mapped(addr, length, pid, writable):
+            what = "mapped writable" if writable else "mapped"
             raise PyverbsRDMAError(f"Failed to register memory: [{addr:#x}, +{length}) is not "
-                                   f"mapped in process {pid}", errno.EFAULT)  # fmt: skip
+                                   f"{what} in process {pid}", errno.EFAULT)  # fmt: skip
         span: Bytes = owner.memory.span(addr, length)
         return span
 
@@ -974,7 +977,7 @@ class Host:
 
                 key = dev.hca.keys.register_implicit(pd.engine, resolve, req.access)
             else:
-                span = self._span(owner, res, req.addr, req.length)
+                span = self._span(owner, res, req.addr, req.length, req.access)
                 key = dev.hca.keys.register(MemKind.MR, pd.engine, span, req.iova, req.access)
             rec = self._new(owner, KIND_MR, dev, key, pd.ctx, (pd,))
             rec.release = res.release
@@ -997,7 +1000,8 @@ class Host:
             if key.binds:
                 raise ebusy("rereg: memory windows are bound to this MR")
             if change & IBV_REREG_MR_CHANGE_TRANSLATION:
-                span = self._span(owner, res, req.addr, req.length)
+                final = access if access is not None else key.access
+                span = self._span(owner, res, req.addr, req.length, final)
                 key.view = span
                 key.length = req.length
                 for close in rec.release:

@@ -35,27 +35,43 @@ from __future__ import annotations
 import contextlib
 import os
 
+from softverbs.enums import (
+    IBV_ACCESS_LOCAL_WRITE,
+    IBV_ACCESS_MW_BIND,
+    IBV_ACCESS_REMOTE_ATOMIC,
+    IBV_ACCESS_REMOTE_WRITE,
+)
+
 Buffer = bytes | bytearray | memoryview
 
 
-def mapped(addr: int, length: int, pid: int | str = "self") -> bool:
-    """Is ``[addr, addr + length)`` mapped in process ``pid`` (``/proc/PID/maps``)?
+#: the access flags that need writable pages (the kernel's ib_access_writable)
+WRITABLE_ACCESS = (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC
+                   | IBV_ACCESS_MW_BIND)  # fmt: skip
+
+
+def mapped(addr: int, length: int, pid: int | str = "self", writable: bool = False) -> bool:
+    """Is ``[addr, addr + length)`` mapped in process ``pid`` (``/proc/PID/maps``),
+    and writable there if ``writable``?
 
     Registration checks it, as the kernel's ``ib_umem_get`` fails with EFAULT
-    on pages it cannot pin.  True when the map cannot be read: then there is
-    no way to check here, and an access to an unmapped page fails later."""
+    on pages it cannot pin (for writing, if the access lets anything write).
+    True when the map cannot be read: then there is no way to check here."""
     end = addr + length
     try:
         with open(f"/proc/{pid}/maps") as f:
             ranges = []
             for line in f:
-                start, end_ = line.split(None, 1)[0].split("-")
-                ranges.append((int(start, 16), int(end_, 16)))
+                span, perms = line.split(None, 2)[:2]
+                start, end_ = span.split("-")
+                ranges.append((int(start, 16), int(end_, 16), perms[1] == "w"))
     except OSError:
         return True
     pos = addr
-    for lo, hi in sorted(ranges):
+    for lo, hi, w in sorted(ranges):
         if lo <= pos < hi:
+            if writable and not w:
+                return False
             pos = hi
             if pos >= end:
                 return True

@@ -22,6 +22,7 @@ import errno
 import mmap
 from typing import Any
 
+from softverbs.device.memory import WRITABLE_ACCESS
 from softverbs.device.memory import mapped as device_mapped
 from softverbs.errors import PyverbsRDMAError, einval
 
@@ -88,12 +89,16 @@ def _mapped(addr: int, length: int) -> bool:
 mapped = _mapped
 
 
-def from_address(addr: int, length: int) -> Memory:
+def from_address(addr: int, length: int, access: int = 0) -> Memory:
+    """``length`` bytes at ``addr``: EFAULT unless they are mapped, and writable
+    if ``access`` lets anything write them (as the kernel pins them)."""
     if addr <= 0 or length < 0:
         raise einval(f"invalid address {addr:#x} / length {length}")
-    if not _mapped(addr, length):
+    writable = bool(access & WRITABLE_ACCESS)
+    if not device_mapped(addr, length, writable=writable):
+        what = "mapped writable" if writable else "mapped"
         raise PyverbsRDMAError(
-            f"Failed to register memory: [{addr:#x}, +{length}) is not mapped in this process",
+            f"Failed to register memory: [{addr:#x}, +{length}) is not {what} in this process",
             errno.EFAULT,
         )
     arr = (ctypes.c_char * length).from_address(addr)

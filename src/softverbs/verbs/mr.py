@@ -100,7 +100,7 @@ class MR(PyverbsCM):
         elif address:
             if isinstance(address, bool) or not isinstance(address, int):
                 raise PyverbsUserError(f"address must be an int, got {type(address).__name__}")
-            mem = memory.from_address(address, length)
+            mem = memory.from_address(address, length, access)
         else:
             if length < 0:
                 raise PyverbsUserError(f"The MR buffer isn't allocated or length {length} "
@@ -265,7 +265,8 @@ class MR(PyverbsCM):
             require(pd, PD, "pd")
         mem = None
         if flags & IBV_REREG_MR_CHANGE_TRANSLATION:
-            mem = memory.from_address(addr, _length(length))
+            final = access if flags & IBV_REREG_MR_CHANGE_ACCESS else self.access
+            mem = memory.from_address(addr, _length(length), final)
         new_pd = pd.device_pd if pd is not None and flags & IBV_REREG_MR_CHANGE_PD else 0
         body = api.ReregMR(mem.addr if mem else 0, len(mem.view) if mem else 0, 0,
                            self.dev_handle, flags, new_pd, access, 0, 0)  # fmt: skip
