@@ -24,15 +24,7 @@
 
 #include <infiniband/verbs.h>
 
-static int failures;
-
-static void check(int ok, const char *what)
-{
-	printf("%s %s\n", ok ? "ok" : "FAIL", what);
-	fflush(stdout);
-	if (!ok)
-		failures++;
-}
+#include "check.h"
 
 static struct ibv_qp *qp_to_error(struct ibv_pd *pd, struct ibv_cq *cq, struct ibv_srq *srq)
 {
@@ -74,12 +66,9 @@ static void *destroy_thread(void *arg)
 
 int main(void)
 {
-	int n;
-	struct ibv_device **list = ibv_get_device_list(&n);
-	if (!list || n < 1)
-		return printf("FAIL no device\n"), 2;
-	struct ibv_context *ctx = ibv_open_device(list[0]);
-	ibv_free_device_list(list);
+	struct ibv_context *ctx = open_first_device();
+	if (!ctx)
+		return 2;
 	struct ibv_pd *pd = ctx ? ibv_alloc_pd(ctx) : NULL;
 	struct ibv_cq *cq = pd ? ibv_create_cq(ctx, 16, NULL, NULL, 0) : NULL;
 	struct ibv_srq_init_attr sa = {.attr = {.max_wr = 4, .max_sge = 1}};

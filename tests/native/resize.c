@@ -22,19 +22,11 @@
 
 #include <infiniband/verbs.h>
 
+#include "check.h"
+
 #define QKEY 0x11111111
 #define MSG 64
 #define GRH 40
-
-static int failures;
-
-static void check(int ok, const char *what)
-{
-	printf("%s %s\n", ok ? "ok" : "FAIL", what);
-	fflush(stdout);
-	if (!ok)
-		failures++;
-}
 
 static int to_rts(struct ibv_qp *qp)
 {
@@ -84,12 +76,9 @@ static int post_send(struct ibv_qp *qp, struct ibv_ah *ah, uint32_t lkey, void *
 int main(void)
 {
 	static char rbuf[32 * (GRH + MSG)], sbuf[MSG], other[MSG];
-	int n;
-	struct ibv_device **list = ibv_get_device_list(&n);
-	if (!list || n < 1)
-		return printf("FAIL no device\n"), 2;
-	struct ibv_context *ctx = ibv_open_device(list[0]);
-	ibv_free_device_list(list);
+	struct ibv_context *ctx = open_first_device();
+	if (!ctx)
+		return 2;
 	struct ibv_pd *pd = ctx ? ibv_alloc_pd(ctx) : NULL;
 	struct ibv_cq *cq = pd ? ibv_create_cq(ctx, 4, NULL, NULL, 0) : NULL;
 	struct ibv_srq_init_attr sa = {.attr = {.max_wr = 4, .max_sge = 1}};

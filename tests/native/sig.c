@@ -34,6 +34,8 @@
 #include <infiniband/mlx5dv.h>
 #include <infiniband/verbs.h>
 
+#include "check.h"
+
 #define BLK 512
 #define DATA (2 * BLK)		/* two blocks in memory */
 #define WIRE (2 * (BLK + 8))	/* and on the wire, each with its 8-byte DIF */
@@ -41,16 +43,6 @@
 #define RW (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ)
 #define T10_MASK (MLX5DV_SIG_MASK_T10DIF_GUARD | MLX5DV_SIG_MASK_T10DIF_APPTAG | \
 		  MLX5DV_SIG_MASK_T10DIF_REFTAG)
-
-static int failures;
-
-static void check(int ok, const char *what)
-{
-	printf("%s %s\n", ok ? "ok" : "FAIL", what);
-	fflush(stdout);
-	if (!ok)
-		failures++;
-}
 
 struct end {
 	struct ibv_cq *cq;
@@ -156,20 +148,17 @@ static unsigned be(const char *p, int n)
 
 int main(void)
 {
-	int n;
-	struct ibv_device **list = ibv_get_device_list(&n);
-	if (!list || n < 1)
-		return printf("FAIL no device\n"), 2;
+	struct ibv_context *ctx = open_first_device();
+	if (!ctx)
+		return 2;
 
 	/* 1 */
-	int with = mlx5dv_is_supported(list[0]);
+	int with = mlx5dv_is_supported(ctx->device);
 	unsetenv("SOFTVERBS_MLX5");
-	int without = mlx5dv_is_supported(list[0]);
+	int without = mlx5dv_is_supported(ctx->device);
 	setenv("SOFTVERBS_MLX5", "sig", 1);
 	check(with && !without, "mlx5dv_is_supported: true with SOFTVERBS_MLX5=sig, else false");
 
-	struct ibv_context *ctx = ibv_open_device(list[0]);
-	ibv_free_device_list(list);
 	struct ibv_pd *pd = ctx ? ibv_alloc_pd(ctx) : NULL;
 	union ibv_gid gid;
 	struct end t = {0}, i = {0};
