@@ -1,10 +1,11 @@
 /* What the C check programs share (C_CHECKS and fork.c in tests/native/test_c_tools.py):
- * one line per check, "ok ..." or "FAIL ...", counted for the exit status, and
- * the first device, opened. */
+ * one line per check, "ok ..." or "FAIL ...", counted for the exit status, the
+ * first device, opened, and polling for a number of completions. */
 #ifndef SV_TEST_CHECK_H
 #define SV_TEST_CHECK_H
 
 #include <stdio.h>
+#include <time.h>
 
 #include <infiniband/verbs.h>
 
@@ -29,6 +30,20 @@ static inline struct ibv_context *open_first_device(void)
 	if (!ctx)
 		printf("FAIL no device\n");
 	return ctx;
+}
+
+/* Poll exactly n completions (up to 5 s) into wc; how many came. */
+static inline int poll_n(struct ibv_cq *cq, struct ibv_wc *wc, int n)
+{
+	int got = 0;
+	time_t end = time(NULL) + 5;
+	while (got < n && time(NULL) <= end) {
+		int k = ibv_poll_cq(cq, n - got, wc + got);
+		if (k < 0)
+			return got;
+		got += k;
+	}
+	return got;
 }
 
 #endif

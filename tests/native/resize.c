@@ -40,20 +40,6 @@ static int to_rts(struct ibv_qp *qp)
 	return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN);
 }
 
-/* Poll exactly n completions (up to 5 s) into wc; how many came. */
-static int poll_n(struct ibv_cq *cq, struct ibv_wc *wc, int n)
-{
-	int got = 0;
-	time_t end = time(NULL) + 5;
-	while (got < n && time(NULL) <= end) {
-		int k = ibv_poll_cq(cq, n - got, wc + got);
-		if (k < 0)
-			return got;
-		got += k;
-	}
-	return got;
-}
-
 static int post_recv(struct ibv_srq *srq, struct ibv_mr *mr, char *buf, uint64_t id)
 {
 	struct ibv_sge sge = {.addr = (uintptr_t)(buf + id * (GRH + MSG)), .length = GRH + MSG,

@@ -100,20 +100,6 @@ static int connect_qp(struct ibv_qp *qp, uint32_t remote_qpn, union ibv_gid *gid
 			     IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
 }
 
-/* Poll exactly n completions (up to 5 s) into wc; how many came. */
-static int poll_n(struct ibv_cq *cq, struct ibv_wc *wc, int n)
-{
-	int got = 0;
-	time_t end = time(NULL) + 5;
-	while (got < n && time(NULL) <= end) {
-		int k = ibv_poll_cq(cq, n - got, wc + got);
-		if (k < 0)
-			return got;
-		got += k;
-	}
-	return got;
-}
-
 static int qp_state(struct ibv_qp *qp)
 {
 	struct ibv_qp_attr a;
