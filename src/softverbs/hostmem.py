@@ -10,7 +10,7 @@ bytes).
 
 Addresses are checked where a bad one would crash the interpreter rather
 than fail: reads and writes by address go through
-:func:`softverbs.verbs.memory.mapped`, and fail with EFAULT when the range is
+:func:`softverbs.device.memory.mapped`, and fail with EFAULT when the range is
 not mapped.  ``mmap``/``munmap``/``madvise`` are the system calls themselves,
 with their errors reported as pyverbs does (``MemoryError`` for a failed
 mapping, ``PyverbsRDMAError`` with errno for madvise).
@@ -78,7 +78,7 @@ def _int(value: Any, what: str) -> int:
 
 def _checked(addr: Any, length: Any, what: str) -> tuple[int, int]:
     """``addr``/``length`` as ints, and EFAULT unless the range is mapped."""
-    from softverbs.verbs.memory import mapped
+    from softverbs.device.memory import mapped
 
     addr = _int(addr, "addr")
     length = _int(length, "length")

@@ -272,9 +272,9 @@ def _attr_from_wc(wc: Any, grh: Any, port_num: int, gids: list[bytes] | None = N
     if isinstance(grh, int) and not isinstance(grh, bool):
         import ctypes
 
-        from softverbs.verbs.memory import _mapped
+        from softverbs.device.memory import mapped
 
-        if not grh or not _mapped(grh, 40):
+        if not grh or not mapped(grh, 40):
             raise einval(f"create_ah_from_wc: no GRH at address {grh:#x}")
         grh = ctypes.string_at(grh, 40)
     if isinstance(grh, GRH):

@@ -22,8 +22,7 @@ import errno
 import mmap
 from typing import Any
 
-from softverbs.device.memory import WRITABLE_ACCESS
-from softverbs.device.memory import mapped as device_mapped
+from softverbs.device.memory import WRITABLE_ACCESS, mapped
 from softverbs.errors import PyverbsRDMAError, einval
 
 
@@ -81,21 +80,13 @@ def from_buffer(buf: object) -> Memory:
     return Memory(view, address_of(view), buf)
 
 
-def _mapped(addr: int, length: int) -> bool:
-    return device_mapped(addr, length)
-
-
-#: The public name: is ``[addr, addr + length)`` mapped in this process?
-mapped = _mapped
-
-
 def from_address(addr: int, length: int, access: int = 0) -> Memory:
     """``length`` bytes at ``addr``: EFAULT unless they are mapped, and writable
     if ``access`` lets anything write them (as the kernel pins them)."""
     if addr <= 0 or length < 0:
         raise einval(f"invalid address {addr:#x} / length {length}")
     writable = bool(access & WRITABLE_ACCESS)
-    if not device_mapped(addr, length, writable=writable):
+    if not mapped(addr, length, writable=writable):
         what = "mapped writable" if writable else "mapped"
         raise PyverbsRDMAError(
             f"Failed to register memory: [{addr:#x}, +{length}) is not {what} in this process",
@@ -121,7 +112,7 @@ def implicit_resolver(addr: int, length: int) -> memoryview | str:
     key, or why they cannot be reached (not mapped: the page fault fails)."""
     if length == 0:
         return memoryview(b"")
-    if addr <= 0 or length < 0 or not _mapped(addr, length):
+    if addr <= 0 or length < 0 or not mapped(addr, length):
         return f"[{addr:#x}, +{length}) is not mapped in this process"
     return memoryview((ctypes.c_char * length).from_address(addr)).cast("B")
 
@@ -130,7 +121,7 @@ def touch(addr: int, length: int) -> None:
     """Fault in every page of ``[addr, addr+length)`` (EFAULT if not mapped)."""
     if length <= 0:
         return
-    if not _mapped(addr, length):
+    if not mapped(addr, length):
         raise PyverbsRDMAError(
             f"Failed to advise MR: [{addr:#x}, +{length}) is not mapped in this process",
             errno.EFAULT,

@@ -733,11 +733,11 @@ class QP(PyverbsCM):
 
     @staticmethod
     def _inline_bytes(sges: list[Sge], where: object) -> bytes:
-        from softverbs.verbs.memory import _mapped
+        from softverbs.device.memory import mapped
 
         parts = []
         for addr, length, _ in sges:
-            if length and not _mapped(addr, length):
+            if length and not mapped(addr, length):
                 raise einval(f"{where}: inline data at [{addr:#x}, +{length}) is not mapped")
             parts.append(ctypes.string_at(addr, length) if length else b"")
         return b"".join(parts)
