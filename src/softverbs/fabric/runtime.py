@@ -162,6 +162,17 @@ class Runtime:
                 heapq.heappush(self._delayed, (when, self._delay_seq, src, out))
 
     # --- progress -----------------------------------------------------------------
+    def send_outboxes(self, now: float) -> bool:
+        """Send what every device has queued, its coalesced ACKs first; True if
+        there was anything."""
+        moved = False
+        for hca in self.hcas:
+            outbox = hca.outbox
+            while outbox:
+                moved = True
+                self._send(hca, outbox.popleft(), now)
+        return moved
+
     def progress(self) -> bool:
         """Run every device until quiet; True if anything happened.
 
@@ -171,12 +182,7 @@ class Runtime:
         now = clock.now()
         did = False
         while True:
-            moved = False
-            for hca in self.hcas:
-                outbox = hca.outbox
-                while outbox:
-                    moved = True
-                    self._send(hca, outbox.popleft(), now)
+            moved = self.send_outboxes(now)
             inbox = self.inbox
             while inbox:
                 moved = True

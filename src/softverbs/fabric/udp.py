@@ -25,8 +25,10 @@ Segmentation offload (GSO and GRO)
     kernel cuts the run into datagrams (on loopback it may keep it whole to a
     ``UDP_GRO`` socket).  Receive sockets ask for ``UDP_GRO``, and a
     coalesced buffer is cut back into its datagrams with the segment size the
-    kernel reports; each is decoded and checked on its own, so a truncated or
-    corrupted one is dropped and counted, and its neighbours are not touched.
+    kernel reports; each is checked on its own (headers, length, ICRC), so a
+    truncated or corrupted one is dropped and counted, and its neighbours are
+    not touched.  Consecutive packets of one message go to the engine merged
+    into a burst again, as a NIC's LRO hands its host one large receive.
     The kernel gives a run's segments the IPv4 IDs 0, 1, 2 ..., which the ICRC
     covers: segment k is sealed for ID k.
     A GSO send needs a UDP checksum (the kernel refuses GSO on a socket with
@@ -72,7 +74,13 @@ from pathlib import Path
 from softverbs.engine.hca import HCA
 from softverbs.errors import PyverbsRDMAError, WireError
 from softverbs.fabric.runtime import Clock, Runtime, flip_bit
-from softverbs.wire.codec import decode_udp_payload, encode_udp_payload, seal_udp_payload
+from softverbs.wire.codec import (
+    decode_udp_payload,
+    decode_udp_segments,
+    encode_udp_burst,
+    encode_udp_payload,
+    seal_udp_datagrams,
+)
 from softverbs.wire.opcodes import ROCEV2_PORT
 from softverbs.wire.packet import IPV4_MAPPED_PREFIX, Packet
 
@@ -103,6 +111,8 @@ UDP_MAX_SEGMENTS = 64  #: the kernel's limit of segments per GSO send
 GSO_MAX_BYTES = 65000  #: one GSO send stays below 64 KiB of IP payload
 _GRO_CMSG = socket.CMSG_SPACE(4)
 GSO_ENV = "SOFTVERBS_UDP_GSO"
+#: A drain sends the ACKs it owes after this many packets, not only at its end.
+ACK_FLUSH_PACKETS = 64
 
 
 def gso_wanted() -> bool:
@@ -131,15 +141,6 @@ def gso_runs(sizes: list[int]) -> list[tuple[int, int]]:
         runs.append((i, j - i))
         i = j
     return runs
-
-
-def gro_segments(data: bytes, size: int) -> list[memoryview]:
-    """A coalesced buffer cut into its datagrams of ``size`` bytes (the last
-    may be shorter)."""
-    view = memoryview(data)
-    if size <= 0:
-        return [view]
-    return [view[i : i + size] for i in range(0, len(data), size)]
 
 
 def ib_mtu_for(netdev_mtu: int) -> int:
@@ -271,6 +272,7 @@ def _ip_text(packed: bytes) -> str:
 
 
 @functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=256)
 def _ip_packed(text: str) -> bytes:
     return ipaddress.ip_address(text.split("%")[0]).packed
 
@@ -397,14 +399,13 @@ class UdpRuntime(Runtime):
         else:
             dest = (dst_text, ROCEV2_PORT, 0, local.scope_id)
         if pkt.count > 1:  # a burst (only when self.bursts): GSO runs
-            datagrams = [encode_udp_payload(seg, src_ip, dst_ip, sport, seal=False)
-                         for seg in pkt.segments()]  # fmt: skip
-            for first, count in gso_runs([len(d) for d in datagrams]):
-                run = datagrams[first : first + count]
-                gso = count > 1 and self.gso
-                for k, data in enumerate(run):  # the kernel gives segment k IPv4 ID k
-                    seal_udp_payload(data, src_ip, dst_ip, sport, ip_id=k if gso else 0)
-                self._send_run(src, sock, run, dest, (src_ip, dst_ip, sport))
+            buf, sizes, runs = encode_udp_burst(pkt, src_ip, dst_ip, sport,
+                                                runs=gso_runs if self.gso else None)  # fmt: skip
+            off = 0
+            for first, count in runs:
+                run = sizes[first : first + count]
+                self._send_run(src, sock, buf, off, run, dest, (src_ip, dst_ip, sport))
+                off += sum(run)
             return
         data = encode_udp_payload(pkt, src_ip, dst_ip, sport)
         if pkt.corrupt_bit >= 0:
@@ -412,7 +413,7 @@ class UdpRuntime(Runtime):
         self._sendto(src, sock, data, dest)
 
     @staticmethod
-    def _sendto(src: HCA, sock: socket.socket, data: bytes | bytearray,
+    def _sendto(src: HCA, sock: socket.socket, data: bytes | bytearray | memoryview,
                 dest: tuple[str, int] | tuple[str, int, int, int]) -> None:  # fmt: skip
         try:
             sock.sendto(data, dest)
@@ -422,35 +423,37 @@ class UdpRuntime(Runtime):
             src.counters["drop_tx_error"] += 1
             log.debug("sendto %s failed: %s", dest, exc)
 
-    def _send_run(self, src: HCA, sock: socket.socket, run: list[bytearray],
-                  dest: tuple[str, int] | tuple[str, int, int, int],
+    def _send_run(self, src: HCA, sock: socket.socket, buf: bytearray, off: int,
+                  sizes: list[int], dest: tuple[str, int] | tuple[str, int, int, int],
                   addr: tuple[bytes, bytes, int]) -> None:  # fmt: skip
-        """Datagrams of one size (the last maybe shorter) with one GSO send.
-        ``addr`` (source IP, destination IP, source port) seals their ICRCs again
-        for IPv4 ID 0 if they must go one by one after all."""
-        if len(run) == 1 or not self.gso:
-            for data in run:
-                self._sendto(src, sock, data, dest)
+        """Datagrams of ``sizes`` (all one size, the last maybe shorter) lying in
+        ``buf`` from ``off``, with one GSO send.  ``addr`` (source IP, destination
+        IP, source port) seals their ICRCs again for IPv4 ID 0 if they must go
+        one by one after all."""
+        view = memoryview(buf)
+        if len(sizes) == 1 or not self.gso:
+            for size in sizes:
+                self._sendto(src, sock, view[off : off + size], dest)
+                off += size
             return
         if sock not in self._checksummed:
             self._checksum_on(sock)
-        cmsg = [(SOL_UDP, UDP_SEGMENT, struct.pack("=H", len(run[0])))]
+        cmsg = [(SOL_UDP, UDP_SEGMENT, struct.pack("=H", sizes[0]))]
         try:
-            sock.sendmsg([b"".join(run)], cmsg, 0, dest)
+            sock.sendmsg([view[off : off + sum(sizes)]], cmsg, 0, dest)
             src.counters["gso_sends"] += 1
         except BlockingIOError:
-            src.counters["drop_tx_busy"] += len(run)
+            src.counters["drop_tx_busy"] += len(sizes)
         except OSError as exc:
             if exc.errno in (errno.EINVAL, errno.EIO, errno.ENOPROTOOPT, errno.EOPNOTSUPP):
                 # the kernel (or the device under it) refuses GSO: a datagram at a time
                 self.gso = self.bursts = False
                 src.counters["gso_fallback"] += 1
                 log.info("UDP GSO refused (%s): sending a datagram at a time", exc)
-                for data in run:
-                    seal_udp_payload(data, *addr, ip_id=0)  # sent alone: ID 0
-                    self._sendto(src, sock, data, dest)
+                seal_udp_datagrams(buf, off, sizes, *addr)  # each sent alone: ID 0
+                self._send_run(src, sock, buf, off, sizes, dest, addr)
             else:
-                src.counters["drop_tx_error"] += len(run)
+                src.counters["drop_tx_error"] += len(sizes)
                 log.debug("sendmsg %s failed: %s", dest, exc)
 
     def _checksum_on(self, sock: socket.socket) -> None:
@@ -474,6 +477,7 @@ class UdpRuntime(Runtime):
         got = False
         clock = self.clock
         hca = self.hcas[0] if self.hcas else None
+        unanswered = 0  # packets taken since the ACKs due were last sent
         for sock, local in self._rx.items():
             while True:
                 try:
@@ -486,35 +490,51 @@ class UdpRuntime(Runtime):
                 got = True
                 if hca is None:
                     continue
-                size = _gro_size(anc)
-                if size and size < len(data):  # several datagrams, coalesced
-                    hca.counters["gro_coalesced"] += 1
-                    for part in gro_segments(data, size):
-                        self._deliver(hca, part, peer, local, clock.now())
-                else:
-                    self._deliver(hca, data, peer, local, clock.now())
+                now = clock.now()
+                unanswered += self._deliver(hca, data, _gro_size(anc), peer, local, now)
+                if unanswered >= ACK_FLUSH_PACKETS:
+                    # A long drain must not hold back the ACKs it owes: the peer's
+                    # window would close, and both ends would take turns idling.
+                    self.send_outboxes(now)
+                    unanswered = 0
         return got
 
-    def _deliver(self, hca: HCA, data: bytes | memoryview,
+    def _deliver(self, hca: HCA, data: bytes | memoryview, size: int,
                  peer: tuple[str, int] | tuple[str, int, int, int], local: LocalAddr,
-                 now: float) -> None:  # fmt: skip
+                 now: float) -> int:  # fmt: skip
+        """One received buffer: a datagram, or (``size`` < its length) datagrams
+        of ``size`` bytes coalesced by GRO, which go to the engine with the
+        packets of one message merged into a burst (the receive half of
+        segmentation offload; see :func:`~softverbs.wire.codec.decode_udp_segments`).
+        Returns how many datagrams it held."""
         try:
             src_ip = _ip_packed(peer[0])
-            pkt = decode_udp_payload(data, src_ip, local.packed, peer[1])
-        except WireError as exc:
-            hca.counters["rcvd_pkts"] += 1
-            hca.counters[f"drop_{exc.reason}"] += 1
-            return
         except ValueError:
             hca.counters["drop_bad_source"] += 1
-            return
-        if self.taps:
-            self.tap(pkt, now)
-        try:
-            hca.receive(pkt, now)
-        except Exception:  # never let a packet kill the device
-            hca.counters["drop_internal_error"] += 1
-            log.exception("internal error while receiving %r", pkt)
+            return 1
+        pkts: list[Packet | WireError]
+        if 0 < size < len(data):
+            hca.counters["gro_coalesced"] += 1
+            pkts = decode_udp_segments(data, size, src_ip, local.packed, peer[1])
+        else:
+            try:
+                pkts = [decode_udp_payload(data, src_ip, local.packed, peer[1])]
+            except WireError as exc:
+                pkts = [exc]
+        for pkt in pkts:
+            if isinstance(pkt, WireError):
+                hca.counters["rcvd_pkts"] += 1
+                hca.counters[f"drop_{pkt.reason}"] += 1
+                continue
+            if self.taps:
+                for seg in pkt.segments():  # a capture shows the datagrams received
+                    self.tap(seg, now)
+            try:
+                hca.receive(pkt, now)
+            except Exception:  # never let a packet kill the device
+                hca.counters["drop_internal_error"] += 1
+                log.exception("internal error while receiving %r", pkt)
+        return sum(1 if isinstance(p, WireError) else p.count for p in pkts)
 
     def progress(self) -> bool:
         got = self._drain()

@@ -82,7 +82,8 @@ from __future__ import annotations
 
 import functools
 import struct
-from typing import Final
+from collections.abc import Callable
+from typing import Final, cast
 
 try:  # ISA-L's CRC-32: 0.20 us per 4 KiB frame against zlib's 0.86 (bench/bench_crc.py)
     from isal.isal_zlib import crc32 as crc32
@@ -92,25 +93,33 @@ except ImportError:  # pragma: no cover - the same function, slower
 from softverbs.errors import WireError
 from softverbs.wire.opcodes import (
     BTH_SIZE,
+    FIRST,
     ICRC_SIZE,
+    MIDDLE,
     OPINFO,
     ROCEV2_PORT,
     Hdr,
+    Kind,
+    Op,
     header_length,
 )
-from softverbs.wire.packet import IPV4_MAPPED_PREFIX, Packet
+from softverbs.wire.packet import IPV4_MAPPED_PREFIX, Burst, Packet, ackreq_at, burst
 
 __all__ = [
     "BytesLike",
     "decode_frame",
     "decode_transport",
     "decode_udp_payload",
+    "decode_udp_segments",
     "encode_frame",
     "encode_transport",
+    "encode_udp_burst",
     "encode_udp_payload",
     "grh_bytes",
     "icrc",
     "ipv4_id_from_icrc",
+    "seal_udp_datagrams",
+    "seal_udp_payload",
 ]
 
 BytesLike = bytes | bytearray | memoryview
@@ -134,6 +143,8 @@ _LAYOUT: tuple[tuple[int, int] | None, ...] = tuple(
 
 # BTH: opcode | SE M PadCnt(2) TVer(4) | P_Key | FECN BECN resv6 DestQP(24) | AckReq resv7 PSN(24)
 _BTH = struct.Struct(">BBHII")
+_BTH_Q = struct.Struct(">QI")  # the BTH as bytes 0..7 (opcode .. DestQP) and the PSN word
+_NOT_OP_SE_PAD: Final = ~((0xFF << 56) | (0xB0 << 48)) & ((1 << 64) - 1)  # of _BTH_Q's Q
 _U32 = struct.Struct(">I")
 _DETH_S = struct.Struct(">II")  # Q_Key | resv8 SrcQP(24)
 _RETH_S = struct.Struct(">QII")  # VA | R_Key | DMA length
@@ -306,61 +317,27 @@ def decode_transport(data: BytesLike, *, has_icrc: bool = False) -> Packet:
 # ICRC
 
 
-def _crc_rest(crc: int, mv: memoryview, start: int, end: int) -> int:
-    """Continue ``crc`` over transport bytes 5..end (bytes 0..4 are in the pseudo header)."""
-    return crc32(mv[start + 5 : end], crc)
+def _pseudo_crc(tlen: int, w0: int, src: bytes, dst: bytes, sport: int, dport: int,
+                ip_id: int = 0) -> int:  # fmt: skip
+    """The running CRC after the ICRC's pseudo header (the masked LRH, IP and UDP
+    headers, BTH bytes 0..4) of a ``tlen``-byte transport sent from ``src`` to
+    ``dst``: over IPv4 (4-byte addresses) with DF and ``ip_id``, else IPv6 with
+    no extension headers.  ``w0`` is the BTH's first 32-bit word."""
+    udp_len = tlen + ICRC_SIZE + 8
+    if len(src) == 4:
+        pseudo = _PSEUDO4.pack(0x45, 0xFF, udp_len + 20, ip_id, _IP_DF, 0xFF, _UDP_PROTO, 0xFFFF,
+                               src, dst, sport, dport, udp_len, 0xFFFF, w0, 0xFF)  # fmt: skip
+    else:
+        pseudo = _PSEUDO6.pack(0x6FFFFFFF, udp_len, _UDP_PROTO, 0xFF, src, dst, sport, dport,
+                               udp_len, 0xFFFF, w0, 0xFF)  # fmt: skip
+    return crc32(pseudo, _SEED)
 
 
-def _icrc4(
-    mv: memoryview,
-    start: int,
-    end: int,
-    w0: int,
-    src: bytes,
-    dst: bytes,
-    sport: int,
-    dport: int,
-    ip_id: int,
-) -> int:
-    """ICRC of the transport mv[start:end] sent over IPv4 with DF and ``ip_id``."""
-    udp_len = end - start + ICRC_SIZE + 8
-    pseudo = _PSEUDO4.pack(
-        0x45,
-        0xFF,
-        udp_len + 20,
-        ip_id,
-        _IP_DF,
-        0xFF,
-        _UDP_PROTO,
-        0xFFFF,
-        src,
-        dst,
-        sport,
-        dport,
-        udp_len,
-        0xFFFF,
-        w0,
-        0xFF,
-    )
-    return _crc_rest(crc32(pseudo, _SEED), mv, start, end)
-
-
-def _icrc6(
-    mv: memoryview,
-    start: int,
-    end: int,
-    w0: int,
-    src: bytes,
-    dst: bytes,
-    sport: int,
-    dport: int,
-) -> int:
-    """ICRC of the transport mv[start:end] sent over IPv6 (no extension headers)."""
-    udp_len = end - start + ICRC_SIZE + 8
-    pseudo = _PSEUDO6.pack(
-        0x6FFFFFFF, udp_len, _UDP_PROTO, 0xFF, src, dst, sport, dport, udp_len, 0xFFFF, w0, 0xFF
-    )
-    return _crc_rest(crc32(pseudo, _SEED), mv, start, end)
+def _icrc(mv: memoryview, start: int, end: int, w0: int, src: bytes, dst: bytes, sport: int,
+          dport: int, ip_id: int = 0) -> int:  # fmt: skip
+    """ICRC of the transport mv[start:end] (see :func:`_pseudo_crc`)."""
+    seed = _pseudo_crc(end - start, w0, src, dst, sport, dport, ip_id)
+    return crc32(mv[start + 5 : end], seed)  # bytes 0..4 are in the pseudo header
 
 
 def icrc(ip_header: BytesLike, udp_header: BytesLike, transport: BytesLike) -> int:
@@ -446,7 +423,7 @@ def ipv4_id_from_icrc(
     end = n - ICRC_SIZE
     w0 = _U32.unpack_from(mv, 0)[0]
     stored = _ICRC.unpack_from(mv, end)[0]
-    diff = stored ^ _icrc4(mv, 0, end, w0, src_ip, dst_ip, sport, dport, 0)
+    diff = stored ^ _icrc(mv, 0, end, w0, src_ip, dst_ip, sport, dport)
     if not diff:
         return 0
     # Bytes after the ID: the rest of the IPv4 header (14), UDP (8), transport.
@@ -486,19 +463,103 @@ def encode_udp_payload(
 
 
 def seal_udp_payload(buf: bytearray, src_ip: bytes, dst_ip: bytes, sport: int,
-                     dport: int = ROCEV2_PORT, *, ip_id: int = 0) -> None:
+                     dport: int = ROCEV2_PORT, *, ip_id: int = 0) -> None:  # fmt: skip
     """Write the ICRC of a datagram from :func:`encode_udp_payload`, for IPv4 ID
     ``ip_id`` (IPv6 has none).  The kernel numbers the segments of a UDP GSO
     send 0, 1, 2 ... (DF or not), and the ICRC covers the ID: segment k of a run
-    is sealed with ``ip_id=k``."""
-    end = len(buf) - ICRC_SIZE
-    w0 = _U32.unpack_from(buf, 0)[0]
+    is sealed with ``ip_id=k`` (see :func:`seal_udp_datagrams`)."""
+    seal_udp_datagrams(buf, 0, [len(buf)], src_ip, dst_ip, sport, dport, ip_id=ip_id)
+
+
+def seal_udp_datagrams(buf: bytearray, start: int, sizes: list[int], src_ip: bytes,
+                       dst_ip: bytes, sport: int, dport: int = ROCEV2_PORT, *,
+                       ip_id: int = 0, numbered: bool = False) -> None:  # fmt: skip
+    """Write the ICRCs of datagrams of ``sizes`` bytes lying back to back in
+    ``buf`` from ``start``: each for IPv4 ID ``ip_id``, or, if ``numbered``,
+    datagram k for ID ``ip_id + k`` (a GSO run's segments)."""
     mv = memoryview(buf)
-    if len(src_ip) == 4:
-        crc = _icrc4(mv, 0, end, w0, src_ip, dst_ip, sport, dport, ip_id & 0xFFFF)
-    else:
-        crc = _icrc6(mv, 0, end, w0, src_ip, dst_ip, sport, dport)
-    _ICRC.pack_into(buf, end, crc)
+    v4 = len(src_ip) == 4
+    seeds: dict[int, int] = {}  # BTH word 0 and length -> the pseudo header's CRC (ID 0)
+    off = start
+    for k, size in enumerate(sizes):
+        end = off + size - ICRC_SIZE
+        w0 = _U32.unpack_from(buf, off)[0]
+        key = w0 | (size << 32)
+        seed = seeds.get(key)
+        if seed is None:
+            seed = seeds[key] = _pseudo_crc(end - off, w0, src_ip, dst_ip, sport, dport)
+        crc = crc32(mv[off + 5 : end], seed)
+        this_id = (ip_id + k if numbered else ip_id) & 0xFFFF
+        if v4 and this_id:
+            crc ^= _id_delta(end - off + 22, this_id)  # CRC-32 is affine in the ID's bits
+        _ICRC.pack_into(buf, end, crc)
+        off += size
+
+
+Runs = list[tuple[int, int]]  #: datagrams cut into GSO sends: (first, count) each
+
+
+def encode_udp_burst(pkt: Packet, src_ip: bytes, dst_ip: bytes, sport: int,
+                     dport: int = ROCEV2_PORT, *,
+                     runs: Callable[[list[int]], Runs] | None = None,
+                     ) -> tuple[bytearray, list[int], Runs]:  # fmt: skip
+    """The datagrams of ``pkt.segments()`` (a burst, or one packet), each as
+    :func:`encode_udp_payload` makes it, back to back in one buffer; their
+    sizes; and how they go out: ``runs(sizes)``, GSO sends of several
+    datagrams each, or without ``runs`` one datagram at a time.  The kernel
+    numbers a GSO send's segments' IPv4 IDs 0, 1, 2 ..., so datagram k of a
+    run is sealed for ID k (see :func:`seal_udp_datagrams`).
+
+    The packets between a burst's first and last differ only in PSN and
+    AckReq: they are written from one encoded header, with no packet objects."""
+    if pkt.count == 1:
+        one = _encode(pkt, 0, ICRC_SIZE)[0]
+        seal_udp_datagrams(one, 0, [len(one)], src_ip, dst_ip, sport, dport)
+        return one, [len(one)], [(0, 1)]
+    b = cast(Burst, pkt)
+    count = b.count
+    head = _encode(b.segment(0), 0, ICRC_SIZE)[0]
+    tail = _encode(b.segment(count - 1), 0, ICRC_SIZE)[0]
+    mids = count - 2
+    tmpl = _encode(b.segment(1), 0, ICRC_SIZE)[0] if mids else bytearray(ICRC_SIZE)
+    mid = len(tmpl)  # a MIDDLE: the PMTU's payload, no pad
+    sizes = [len(head), *([mid] * mids), len(tail)]
+    cuts = runs(sizes) if runs is not None else [(i, 1) for i in range(count)]
+    ids = [0] * count  # each datagram's IPv4 ID: its place in its run
+    for first, n in cuts:
+        ids[first : first + n] = range(n)
+    buf = bytearray(sum(sizes))
+    buf[: len(head)] = head
+    seal_udp_datagrams(buf, 0, sizes[:1], src_ip, dst_ip, sport, dport)
+    off = len(head)
+    if mids:
+        seg = b.seg
+        hlen = mid - seg - ICRC_SIZE
+        hdr = bytes(tmpl[:hlen])
+        payload = b.payload if type(b.payload) is memoryview else memoryview(b.payload)
+        if payload.format != "B" or payload.ndim != 1:
+            payload = payload.cast("B")
+        w0 = _U32.unpack_from(hdr)[0]
+        seed = _pseudo_crc(mid - ICRC_SIZE, w0, src_ip, dst_ip, sport, dport)
+        v4 = len(src_ip) == 4
+        deltas = _id_deltas(mid - ICRC_SIZE + 22) if v4 else ()
+        mv = memoryview(buf)
+        psn, first_index, n, every = b.psn, b.first_index, b.msg_packets, b.ack_every
+        for j in range(1, count - 1):
+            buf[off : off + hlen] = hdr
+            asks = ackreq_at(first_index + j, n, every)
+            _U32.pack_into(buf, off + 8, (asks << 31) | ((psn + j) & _M24))
+            end = off + mid - ICRC_SIZE
+            buf[off + hlen : end] = payload[j * seg : (j + 1) * seg]
+            crc = crc32(mv[off + 5 : end], seed)
+            k = ids[j]
+            if k and v4:
+                crc ^= deltas[k] if k < 64 else _id_delta(mid - ICRC_SIZE + 22, k)
+            _ICRC.pack_into(buf, end, crc)
+            off = end + ICRC_SIZE
+    buf[off:] = tail
+    seal_udp_datagrams(buf, off, sizes[-1:], src_ip, dst_ip, sport, dport, ip_id=ids[-1])
+    return buf, sizes, cuts
 
 
 def decode_udp_payload(
@@ -528,18 +589,176 @@ def decode_udp_payload(
         end = len(view) - ICRC_SIZE
         w0 = _U32.unpack_from(view, 0)[0]
         stored = _ICRC.unpack_from(view, end)[0]
-        if len(src_ip) == 4:
-            crc = _icrc4(view, 0, end, w0, src_ip, dst_ip, sport, dport, ip_id or 0)
-            if crc != stored and (ip_id is not None or _solve_id(crc ^ stored, end + 22) is None):
-                raise WireError("icrc_error", f"stored {stored:#010x}, computed {crc:#010x}")
-        else:
-            crc = _icrc6(view, 0, end, w0, src_ip, dst_ip, sport, dport)
-            if crc != stored:
-                raise WireError("icrc_error", f"stored {stored:#010x}, computed {crc:#010x}")
+        crc = _icrc(view, 0, end, w0, src_ip, dst_ip, sport, dport, ip_id or 0)
+        if crc != stored and (len(src_ip) != 4 or ip_id is not None
+                              or _solve_id(crc ^ stored, end + 22) is None):  # fmt: skip
+            raise WireError("icrc_error", f"stored {stored:#010x}, computed {crc:#010x}")
     pkt.sgid = _gid(src_ip)
     pkt.dgid = _gid(dst_ip)
     pkt.sport = sport
     return pkt
+
+
+# --------------------------------------------------------------------------
+# GRO-coalesced receives: the packets of a message merged back into a burst
+
+# (FIRST, MIDDLE, LAST, ONLY) of the plain SEND and WRITE messages.
+_PLAIN_OPS = {
+    Kind.SEND: (Op.SEND_FIRST, Op.SEND_MIDDLE, Op.SEND_LAST, Op.SEND_ONLY),
+    Kind.WRITE: (Op.RDMA_WRITE_FIRST, Op.RDMA_WRITE_MIDDLE, Op.RDMA_WRITE_LAST, Op.RDMA_WRITE_ONLY),
+}
+
+
+def _continuations() -> dict[int, tuple[int, int, int, tuple[int, int, int, int]]]:
+    """A request opcode that a burst may start with (a SEND or WRITE FIRST or
+    MIDDLE) -> (the MIDDLE and the plain LAST that continue it, their header
+    length, the message's opcodes)."""
+    table = {}
+    for info in OPINFO:
+        if info is None or not info.request or info.kind not in _PLAIN_OPS:
+            continue
+        if info.position not in (FIRST, MIDDLE):
+            continue
+        ops = tuple(info.transport | op for op in _PLAIN_OPS[info.kind])
+        layout = _LAYOUT[ops[1]]
+        assert layout is not None
+        table[info.opcode] = (ops[1], ops[2], layout[1], ops)
+    return table  # type: ignore[return-value]
+
+
+_CONTINUE = _continuations()
+
+
+@functools.lru_cache(maxsize=256)
+def _id_deltas(k: int) -> tuple[int, ...]:
+    """How the IPv4 IDs 0..63 (a GSO send's segments) change a CRC, against ID
+    0, when ``k`` bytes follow the ID (CRC-32 is affine in the ID's bits)."""
+    zeros = memoryview(_ZEROS)[:k]
+    base = crc32(zeros, crc32(b"\x00\x00"))
+    return tuple(crc32(zeros, crc32(i.to_bytes(2, "big"))) ^ base for i in range(64))
+
+
+def _id_delta(k: int, ip_id: int) -> int:
+    """How IPv4 ID ``ip_id`` (against 0) changes a CRC when ``k`` bytes follow it."""
+    if ip_id < 64:
+        return _id_deltas(k)[ip_id]
+    zeros = memoryview(_ZEROS)[:k]
+    return crc32(zeros, crc32(ip_id.to_bytes(2, "big"))) ^ crc32(zeros, crc32(b"\x00\x00"))
+
+
+def decode_udp_segments(
+    data: BytesLike,
+    size: int,
+    src_ip: bytes,
+    dst_ip: bytes,
+    sport: int,
+    dport: int = ROCEV2_PORT,
+) -> list[Packet | WireError]:
+    """The datagrams of a ``UDP_GRO`` buffer (``size`` bytes each, the last
+    maybe shorter), decoded as :func:`decode_udp_payload` decodes each, with
+    the receive half of segmentation offload on top (a NIC's LRO): consecutive
+    packets of one SEND or WRITE message -- the same QP and P_Key, PSNs in
+    order, MIDDLEs of the first one's size, and at the end perhaps a plain
+    LAST -- come back as one :class:`~softverbs.wire.packet.Burst`, whose
+    :meth:`~softverbs.wire.packet.Burst.segments` are exactly the packets
+    received.  A burst ends at a packet that asks for an ACK.
+
+    Every datagram keeps its own check: one that is truncated, malformed or
+    fails its ICRC is a :class:`WireError` in the list, in its place, and
+    ends the burst before it; its neighbours are not touched.
+    """
+    mv = data if type(data) is memoryview else memoryview(data)
+    if mv.format != "B" or mv.ndim != 1:
+        mv = mv.cast("B")
+    n = len(mv)
+    if size <= 0:
+        size = max(n, 1)
+    v4 = len(src_ip) == 4
+    out: list[Packet | WireError] = []
+    head: Packet | None = None  # the burst's first packet
+    tail: list[memoryview] = []  # the payloads of the packets after it
+    # of the open burst: its MIDDLE's BTH bytes 0..7 as one integer, its length,
+    # the CRC of its pseudo header, the ICRC changes of the IPv4 IDs 0..63 for it
+    mid_q = mid_len = mid_seed = last = last_q = hlen = psn = 0
+    mid_deltas: tuple[int, ...] = ()
+    ops: tuple[int, int, int, int] = (0, 0, 0, 0)
+    next_id = 1  # the IPv4 ID the next segment of a GSO send has
+    for off in range(0, n, size):
+        end = min(off + size, n)
+        if head is not None:
+            # A continuation?  Checked on the raw bytes: BTH, length, ICRC.
+            length = end - off
+            q, w2 = _BTH_Q.unpack_from(mv, off) if length >= BTH_SIZE else (-1, -1)
+            seed = deltas = None
+            if w2 & _M24 == psn:
+                if q == mid_q and length == mid_len:
+                    seed, deltas = mid_seed, mid_deltas
+                elif q >> 56 == last and q & _NOT_OP_SE_PAD == last_q:
+                    room = length - ICRC_SIZE - ((q >> 52) & 3)  # less the pad
+                    if hlen < room <= mid_len - ICRC_SIZE:
+                        tlen = length - ICRC_SIZE
+                        seed = _pseudo_crc(tlen, q >> 32, src_ip, dst_ip, sport, dport)
+                        deltas = _id_deltas(length - ICRC_SIZE + 22) if v4 else ()
+            if seed is not None and deltas is not None:
+                t_end = end - ICRC_SIZE
+                diff = crc32(mv[off + 5 : t_end], seed) ^ _ICRC.unpack_from(mv, t_end)[0]
+                if not diff:
+                    next_id = 1
+                elif v4:  # another IPv4 ID: a GSO send numbers its segments 0, 1, 2 ...
+                    if next_id < len(deltas) and diff == deltas[next_id]:
+                        found: int | None = next_id
+                    else:  # bytes after the ID: the IPv4 header's rest, UDP, transport
+                        found = _solve_id(diff, length - ICRC_SIZE + 22)
+                    if found is not None:
+                        next_id = found + 1
+                        diff = 0
+                if not diff:
+                    tail.append(mv[off + hlen : t_end - ((q >> 52) & 3)])
+                    psn = (psn + 1) & _M24
+                    if w2 >> 31 or q >> 56 == last:  # it asks for an ACK, or ends the message
+                        out.append(_merged(head, tail, ops, q >> 56 == last, w2 >> 31 == 1,
+                                           (q >> 55) & 1 == 1))  # fmt: skip
+                        head = None
+                    continue
+            out.append(_merged(head, tail, ops, False, False, False))
+            head = None
+        try:
+            pkt = decode_udp_payload(mv[off:end], src_ip, dst_ip, sport, dport)
+        except WireError as exc:
+            out.append(exc)
+            continue
+        cont = _CONTINUE.get(pkt.opcode)
+        if cont is None or pkt.ackreq or pkt.pad or not len(pkt.payload) or end - off != size:
+            out.append(pkt)
+            continue
+        middle, last, hlen, ops = cont
+        head, tail = pkt, []
+        q = _BTH_Q.unpack_from(mv, off)[0]
+        mid_q = (q & ~(0xFF << 56)) | (middle << 56)
+        last_q = mid_q & _NOT_OP_SE_PAD
+        mid_len = hlen + len(pkt.payload) + ICRC_SIZE
+        mid_seed = _pseudo_crc(mid_len - ICRC_SIZE, mid_q >> 32, src_ip, dst_ip, sport, dport)
+        mid_deltas = _id_deltas(mid_len - ICRC_SIZE + 22) if v4 else ()
+        psn = (pkt.psn + 1) & _M24
+    if head is not None:
+        out.append(_merged(head, tail, ops, False, False, False))
+    return out
+
+
+def _merged(head: Packet, tail: list[memoryview], ops: tuple[int, int, int, int], ended: bool,
+            asked: bool, se: bool) -> Packet:  # fmt: skip
+    """``head`` and the packets whose payloads are ``tail`` as one burst (see
+    :func:`decode_udp_segments`): ``ended`` if the last is the message's LAST,
+    ``asked`` if it asks for an ACK, ``se`` its solicited-event bit."""
+    if not tail:
+        return head
+    count = 1 + len(tail)
+    seg = len(head.payload)
+    first = 0 if OPINFO[head.opcode].first else 1  # type: ignore[union-attr]
+    head.payload = b"".join((head.payload, *tail))
+    head.se = se
+    return burst(head, ops, first, count, first + count + (not ended), seg,
+                 first + count if asked else 0)
 
 
 # --------------------------------------------------------------------------
@@ -606,11 +825,8 @@ def encode_frame(pkt: Packet, *, ip_id: int = 0) -> bytes:
     buf[14 : head - 8] = ip
     _UDP_HDR.pack_into(buf, head - 8, pkt.sport, ROCEV2_PORT, 8 + tlen + ICRC_SIZE, 0)
     mv = memoryview(buf)
-    if v4:
-        crc = _icrc4(mv, head, end, w0, src, dst, pkt.sport, ROCEV2_PORT, ip_id & 0xFFFF)
-    else:
-        crc = _icrc6(mv, head, end, w0, src, dst, pkt.sport, ROCEV2_PORT)
-    _ICRC.pack_into(buf, end, crc)
+    _ICRC.pack_into(buf, end, _icrc(mv, head, end, w0, src, dst, pkt.sport, ROCEV2_PORT,
+                                    ip_id & 0xFFFF))
     return bytes(buf)
 
 

@@ -271,12 +271,16 @@ def _shape(pkt: Packet, ops: tuple[int, int, int, int], i: int, n: int, ack_ever
     pkt.pad = (-len(pkt.payload)) & 3
     if i != 0:
         pkt.va = pkt.rkey = pkt.dma_len = 0
-    if i == n - 1:
-        pkt.ackreq = ack_every > 0
-    else:
+    if i != n - 1:
         pkt.imm = pkt.inv_rkey = 0
         pkt.se = False
-        pkt.ackreq = ack_every > 0 and (i + 1) % ack_every == 0
+    pkt.ackreq = ackreq_at(i, n, ack_every)
+
+
+def ackreq_at(i: int, n: int, ack_every: int) -> bool:
+    """Whether packet ``i`` of an ``n``-packet message asks for an ACK: the
+    last one and every ``ack_every``-th, if ``ack_every`` (0: none)."""
+    return ack_every > 0 and (i == n - 1 or (i + 1) % ack_every == 0)
 
 
 def _make_copier() -> Any:

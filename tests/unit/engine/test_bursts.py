@@ -19,6 +19,7 @@ Two properties:
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
@@ -34,7 +35,14 @@ from softverbs.enums import (
     IBV_WR_RDMA_WRITE_WITH_IMM,
     IBV_WR_SEND,
 )
-from softverbs.wire.codec import decode_udp_payload, encode_udp_payload
+from softverbs.fabric.udp import gso_runs
+from softverbs.wire.codec import (
+    decode_udp_payload,
+    encode_udp_burst,
+    encode_udp_payload,
+    seal_udp_datagrams,
+    seal_udp_payload,
+)
 from softverbs.wire.opcodes import OPINFO, Op, Transport
 from softverbs.wire.packet import Burst, Packet, burst
 
@@ -48,6 +56,7 @@ OPS_WRITE = (
     Transport.RC | Op.RDMA_WRITE_ONLY_WITH_IMMEDIATE,
 )
 IP_A, IP_B = bytes([10, 0, 0, 1]), bytes([10, 0, 0, 2])
+IP6_A, IP6_B = bytes.fromhex("fd00" + "00" * 13 + "01"), bytes.fromhex("fd00" + "00" * 13 + "02")
 
 
 @given(npkts=st.integers(1, 200), first=st.integers(0, 199), count=st.integers(1, 200),
@@ -85,6 +94,28 @@ def test_segments_are_the_packets_of_the_message(npkts: int, first: int, count: 
             p.opcode, p.psn, bytes(p.payload), p.ackreq)  # fmt: skip
     if count > 1:
         assert out.ackreq == any(p.ackreq for p in segs)
+    # the UDP fabric's encoder writes the same datagrams without packet objects
+    one_by_one = [encode_udp_payload(p, IP_A, IP_B, 0xC000) for p in segs]  # IPv4 ID 0 each
+    buf, sizes, runs = encode_udp_burst(out, IP_A, IP_B, 0xC000)
+    assert sizes == [len(d) for d in one_by_one] and buf == b"".join(one_by_one)
+    assert runs == [(i, 1) for i in range(count)]
+    # GSO sends: datagram k of each is sealed for IPv4 ID k, as the kernel numbers it
+    buf, sizes, runs = encode_udp_burst(out, IP_A, IP_B, 0xC000, runs=gso_runs)
+    assert runs == gso_runs(sizes)
+    for first, n in runs:
+        for k in range(n):
+            seal_udp_payload(one_by_one[first + k], IP_A, IP_B, 0xC000, ip_id=k)
+    assert buf == b"".join(one_by_one)
+    seal_udp_datagrams(buf, 0, sizes, IP_A, IP_B, 0xC000, numbered=True)  # one run, IDs 0..
+    assert [decode_udp_payload(bytes(d), IP_A, IP_B, 0xC000, ip_id=k).psn
+            for k, d in enumerate(_cut(buf, sizes))] == [p.psn for p in segs]  # fmt: skip
+    v6 = [encode_udp_payload(p, IP6_A, IP6_B, 0xC000) for p in segs]  # IPv6: no IDs
+    assert encode_udp_burst(out, IP6_A, IP6_B, 0xC000, runs=gso_runs)[0] == b"".join(v6)
+
+
+def _cut(buf: bytearray, sizes: list[int]) -> list[bytearray]:
+    offs = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
+    return [buf[a:b] for a, b in itertools.pairwise(offs)]
 
 
 # --- whole bursts or split bursts: the same outcome ----------------------------------------
