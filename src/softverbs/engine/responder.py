@@ -207,18 +207,21 @@ class Responder:
     def _burst(self, b: Burst, now: float) -> None:
         """Execute a burst: the packets that continue what this responder
         expects, in one step -- one key and bounds check, one copy --, then the
-        rest one by one, the last always among them (it completes the message,
-        asks for the ACK, or carries the immediate).  The one-by-one path is
-        the per-packet responder itself, so every PSN, NAK and error is
-        exactly what the packets sent singly would have met."""
-        done = self._burst_body(b, b.count - 1, now) if b.seg == self.qp.pmtu else 0
+        rest one by one, the message's last packet always among them (it
+        completes the message, and may carry the immediate).  The one-by-one
+        path is the per-packet responder itself, so every PSN, NAK and error
+        is exactly what the packets sent singly would have met."""
+        info = OPINFO[b.last_opcode]
+        body = b.count - 1 if info is None or info.last else b.count
+        done = self._burst_body(b, body, now) if b.seg == self.qp.pmtu else 0
         for j in range(done, b.count):
             seg = b.segment(j)
             self.qp.receive(seg, OPINFO[seg.opcode], now)  # type: ignore[arg-type]
 
     def _burst_body(self, b: Burst, k: int, now: float) -> int:
         """Execute up to ``k`` leading packets of ``b`` (none of them the
-        message's last) at once; how many it took.  Anything unusual -- a PSN
+        message's last) at once, and ask for the ACK any of them asks for;
+        how many it took.  Anything unusual -- a PSN
         other than the expected one, a sequence error, a buffer too small --
         takes none (before any side effect), and the packets go one by one."""
         info = OPINFO[b.opcode]

@@ -103,7 +103,7 @@ from softverbs.wire.opcodes import (
     Op,
     header_length,
 )
-from softverbs.wire.packet import IPV4_MAPPED_PREFIX, Burst, Packet, ackreq_at, burst
+from softverbs.wire.packet import IPV4_MAPPED_PREFIX, Burst, Packet, ackreq_indexes, burst
 
 __all__ = [
     "BytesLike",
@@ -535,27 +535,26 @@ def encode_udp_burst(pkt: Packet, src_ip: bytes, dst_ip: bytes, sport: int,
     if mids:
         seg = b.seg
         hlen = mid - seg - ICRC_SIZE
-        hdr = bytes(tmpl[:hlen])
+        q = _BTH_Q.unpack_from(tmpl)[0]  # BTH bytes 0..7; then the PSN word, then XRCETH
+        ext = bytes(tmpl[BTH_SIZE:hlen])
         payload = b.payload if type(b.payload) is memoryview else memoryview(b.payload)
         if payload.format != "B" or payload.ndim != 1:
             payload = payload.cast("B")
-        w0 = _U32.unpack_from(hdr)[0]
-        seed = _pseudo_crc(mid - ICRC_SIZE, w0, src_ip, dst_ip, sport, dport)
-        v4 = len(src_ip) == 4
-        deltas = _id_deltas(mid - ICRC_SIZE + 22) if v4 else ()
+        seed = _pseudo_crc(mid - ICRC_SIZE, q >> 32, src_ip, dst_ip, sport, dport)
+        # each packet's PSN word (AckReq, PSN) and the change its IPv4 ID makes to its ICRC
+        words = [(b.psn + j) & _M24 for j in range(count)]
+        for j in ackreq_indexes(b.first_index, b.msg_packets, b.ack_every, count):
+            words[j] |= 0x80000000
+        k = mid - ICRC_SIZE + 22  # bytes after the ID
+        xors = [_id_delta(k, i) for i in ids] if len(src_ip) == 4 else [0] * count
         mv = memoryview(buf)
-        psn, first_index, n, every = b.psn, b.first_index, b.msg_packets, b.ack_every
         for j in range(1, count - 1):
-            buf[off : off + hlen] = hdr
-            asks = ackreq_at(first_index + j, n, every)
-            _U32.pack_into(buf, off + 8, (asks << 31) | ((psn + j) & _M24))
+            _BTH_Q.pack_into(buf, off, q, words[j])
+            if ext:
+                buf[off + BTH_SIZE : off + hlen] = ext
             end = off + mid - ICRC_SIZE
             buf[off + hlen : end] = payload[j * seg : (j + 1) * seg]
-            crc = crc32(mv[off + 5 : end], seed)
-            k = ids[j]
-            if k and v4:
-                crc ^= deltas[k] if k < 64 else _id_delta(mid - ICRC_SIZE + 22, k)
-            _ICRC.pack_into(buf, end, crc)
+            _ICRC.pack_into(buf, end, crc32(mv[off + 5 : end], seed) ^ xors[j])
             off = end + ICRC_SIZE
     buf[off:] = tail
     seal_udp_datagrams(buf, off, sizes[-1:], src_ip, dst_ip, sport, dport, ip_id=ids[-1])
@@ -640,6 +639,8 @@ def _id_deltas(k: int) -> tuple[int, ...]:
 
 def _id_delta(k: int, ip_id: int) -> int:
     """How IPv4 ID ``ip_id`` (against 0) changes a CRC when ``k`` bytes follow it."""
+    if not ip_id:
+        return 0
     if ip_id < 64:
         return _id_deltas(k)[ip_id]
     zeros = memoryview(_ZEROS)[:k]
@@ -680,46 +681,43 @@ def decode_udp_segments(
     # of the open burst: its MIDDLE's BTH bytes 0..7 as one integer, its length,
     # the CRC of its pseudo header, the ICRC changes of the IPv4 IDs 0..63 for it
     mid_q = mid_len = mid_seed = last = last_q = hlen = psn = 0
-    mid_deltas: tuple[int, ...] = ()
+    mid_deltas: tuple[int, ...] = (-1,) * 65
     ops: tuple[int, int, int, int] = (0, 0, 0, 0)
     next_id = 1  # the IPv4 ID the next segment of a GSO send has
     for off in range(0, n, size):
-        end = min(off + size, n)
+        end = off + size
+        if end > n:
+            end = n
         if head is not None:
             # A continuation?  Checked on the raw bytes: BTH, length, ICRC.
             length = end - off
             q, w2 = _BTH_Q.unpack_from(mv, off) if length >= BTH_SIZE else (-1, -1)
-            seed = deltas = None
+            t_end = end - ICRC_SIZE
+            if (q == mid_q and w2 == psn and length == mid_len  # a MIDDLE asking for no ACK
+                    and crc32(mv[off + 5 : t_end], mid_seed) ^ _ICRC.unpack_from(mv, t_end)[0]
+                    == mid_deltas[next_id]):  # fmt: skip  # its ICRC, for the next IPv4 ID
+                next_id += 1
+                tail.append(mv[off + hlen : t_end])
+                psn = (psn + 1) & _M24
+                continue
+            seed = None  # the rest, and every case the line above does not expect
             if w2 & _M24 == psn:
                 if q == mid_q and length == mid_len:
-                    seed, deltas = mid_seed, mid_deltas
+                    seed = mid_seed
                 elif q >> 56 == last and q & _NOT_OP_SE_PAD == last_q:
                     room = length - ICRC_SIZE - ((q >> 52) & 3)  # less the pad
                     if hlen < room <= mid_len - ICRC_SIZE:
-                        tlen = length - ICRC_SIZE
-                        seed = _pseudo_crc(tlen, q >> 32, src_ip, dst_ip, sport, dport)
-                        deltas = _id_deltas(length - ICRC_SIZE + 22) if v4 else ()
-            if seed is not None and deltas is not None:
-                t_end = end - ICRC_SIZE
-                diff = crc32(mv[off + 5 : t_end], seed) ^ _ICRC.unpack_from(mv, t_end)[0]
-                if not diff:
-                    next_id = 1
-                elif v4:  # another IPv4 ID: a GSO send numbers its segments 0, 1, 2 ...
-                    if next_id < len(deltas) and diff == deltas[next_id]:
-                        found: int | None = next_id
-                    else:  # bytes after the ID: the IPv4 header's rest, UDP, transport
-                        found = _solve_id(diff, length - ICRC_SIZE + 22)
-                    if found is not None:
-                        next_id = found + 1
-                        diff = 0
-                if not diff:
-                    tail.append(mv[off + hlen : t_end - ((q >> 52) & 3)])
-                    psn = (psn + 1) & _M24
-                    if w2 >> 31 or q >> 56 == last:  # it asks for an ACK, or ends the message
-                        out.append(_merged(head, tail, ops, q >> 56 == last, w2 >> 31 == 1,
-                                           (q >> 55) & 1 == 1))  # fmt: skip
-                        head = None
-                    continue
+                        seed = _pseudo_crc(t_end - off, q >> 32, src_ip, dst_ip, sport, dport)
+            ip_id = None if seed is None else _icrc_id(mv, off, end, seed, v4)
+            if ip_id is not None:
+                next_id = min(ip_id + 1, 64)
+                tail.append(mv[off + hlen : t_end - ((q >> 52) & 3)])
+                psn = (psn + 1) & _M24
+                if w2 >> 31 or q >> 56 == last:  # it asks for an ACK, or ends the message
+                    out.append(_merged(head, tail, ops, q >> 56 == last, w2 >> 31 == 1,
+                                       (q >> 55) & 1 == 1))  # fmt: skip
+                    head = None
+                continue
             out.append(_merged(head, tail, ops, False, False, False))
             head = None
         try:
@@ -738,11 +736,25 @@ def decode_udp_segments(
         last_q = mid_q & _NOT_OP_SE_PAD
         mid_len = hlen + len(pkt.payload) + ICRC_SIZE
         mid_seed = _pseudo_crc(mid_len - ICRC_SIZE, mid_q >> 32, src_ip, dst_ip, sport, dport)
-        mid_deltas = _id_deltas(mid_len - ICRC_SIZE + 22) if v4 else ()
+        # the ICRC changes of IPv4 IDs 0..63 (IPv6: none), and 64, which never matches
+        mid_deltas = (*(_id_deltas(mid_len - ICRC_SIZE + 22) if v4 else (0,) * 64), -1)
         psn = (pkt.psn + 1) & _M24
+        next_id = min(next_id + 1, 64)  # the first packet had the ID expected for it, likely
     if head is not None:
         out.append(_merged(head, tail, ops, False, False, False))
     return out
+
+
+def _icrc_id(mv: memoryview, off: int, end: int, seed: int, v4: bool) -> int | None:
+    """The IPv4 ID for which the ICRC of the datagram mv[off:end] is right (0
+    for IPv6), or None: see :func:`decode_udp_payload`.  ``seed``: the CRC of
+    its pseudo header for ID 0."""
+    t_end = end - ICRC_SIZE
+    diff = crc32(mv[off + 5 : t_end], seed) ^ _ICRC.unpack_from(mv, t_end)[0]
+    if not diff:
+        return 0
+    # bytes after the ID: the IPv4 header's rest, UDP, the transport
+    return _solve_id(diff, t_end - off + 22) if v4 else None
 
 
 def _merged(head: Packet, tail: list[memoryview], ops: tuple[int, int, int, int], ended: bool,

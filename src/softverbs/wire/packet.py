@@ -283,6 +283,18 @@ def ackreq_at(i: int, n: int, ack_every: int) -> bool:
     return ack_every > 0 and (i == n - 1 or (i + 1) % ack_every == 0)
 
 
+def ackreq_indexes(first: int, n: int, ack_every: int, count: int) -> list[int]:
+    """Which of ``count`` packets from packet ``first`` of an ``n``-packet
+    message ask for an ACK (:func:`ackreq_at`), by their place in the run."""
+    if ack_every <= 0:
+        return []
+    start = (ack_every - 1 - first) % ack_every  # the first j with (first + j + 1) % every == 0
+    out = list(range(start, count, ack_every))
+    if first + count == n and (not out or out[-1] != count - 1):
+        out.append(count - 1)  # the message's last
+    return out
+
+
 def _make_copier() -> Any:
     # one generated function assigning every slot: several times faster than a
     # getattr/setattr loop, and packets are copied on the split path per packet

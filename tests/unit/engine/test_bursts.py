@@ -44,7 +44,7 @@ from softverbs.wire.codec import (
     seal_udp_payload,
 )
 from softverbs.wire.opcodes import OPINFO, Op, Transport
-from softverbs.wire.packet import Burst, Packet, burst
+from softverbs.wire.packet import Burst, Packet, ackreq_at, ackreq_indexes, burst
 
 PMTU = 256
 MEM = 1 << 16
@@ -116,6 +116,16 @@ def test_segments_are_the_packets_of_the_message(npkts: int, first: int, count: 
 def _cut(buf: bytearray, sizes: list[int]) -> list[bytearray]:
     offs = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
     return [buf[a:b] for a, b in itertools.pairwise(offs)]
+
+
+@given(n=st.integers(1, 300), first=st.integers(0, 299), count=st.integers(1, 300),
+       every=st.sampled_from([0, 1, 2, 7, 64, 500]))  # fmt: skip
+def test_ackreq_indexes_are_the_packets_that_ask(n: int, first: int, count: int,
+                                                every: int) -> None:  # fmt: skip
+    first = min(first, n - 1)
+    count = min(count, n - first)
+    assert ackreq_indexes(first, n, every, count) == [
+        j for j in range(count) if ackreq_at(first + j, n, every)]  # fmt: skip
 
 
 # --- whole bursts or split bursts: the same outcome ----------------------------------------
