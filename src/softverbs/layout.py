@@ -63,6 +63,7 @@ class Record:
     _fields: ClassVar[tuple[_Field, ...]] = ()
     _struct: ClassVar[struct.Struct] = struct.Struct("<")
     _count: ClassVar[int] = 0  #: values the struct packs (embedded records flattened)
+    _flat: ClassVar[bool] = True  #: no embedded record and no name field
     #: field docs: name -> text
     DOCS: ClassVar[dict[str, str]] = {}
 
@@ -93,6 +94,8 @@ class Record:
         cls._fields = tuple(fields)
         cls._struct = struct.Struct("<" + "".join(f.code for f in fields))
         cls._count = len(cls._struct.unpack(bytes(cls._struct.size)))
+        # plain numbers and GIDs only: the unpacked values are the constructor's arguments
+        cls._flat = all(f.record is None and f.code != "64s" for f in fields)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:  # replaced by the dataclass
         raise NotImplementedError
@@ -126,7 +129,8 @@ class Record:
         if len(data) - offset < cls._struct.size:
             raise LayoutError(f"{cls.__name__} needs {cls._struct.size} bytes, "
                                 f"got {len(data) - offset}")  # fmt: skip
-        return cls._from(list(cls._struct.unpack_from(data, offset)))
+        values = cls._struct.unpack_from(data, offset)
+        return cls(*values) if cls._flat else cls._from(list(values))
 
     @classmethod
     def _from(cls, values: list[Any]) -> Any:

@@ -176,6 +176,11 @@ def send(sock: socket.socket, data: bytes, fds: list[int] | None = None) -> None
         sock.send(data)
 
 
+# plain ints: socket's flag enums make every test an IntFlag operation
+_MSG_TRUNC = int(socket.MSG_TRUNC)
+_MSG_CTRUNC = int(socket.MSG_CTRUNC)
+
+
 def recv(sock: socket.socket, flags: int = 0) -> tuple[bytes, list[int]]:
     """One packet and its descriptors; EOFError when the peer closed.
 
@@ -191,9 +196,9 @@ def recv(sock: socket.socket, flags: int = 0) -> tuple[bytes, list[int]]:
     try:
         if not data:
             raise EOFError("peer closed the connection")
-        if mflags & socket.MSG_TRUNC:
+        if mflags & _MSG_TRUNC:
             raise ProtocolError(f"a message is at most {MAX_MESSAGE} bytes")
-        if mflags & socket.MSG_CTRUNC:
+        if mflags & _MSG_CTRUNC:
             raise ProtocolError(f"a message carries at most {MAX_FDS} file descriptors")
     except BaseException:
         for fd in fds:
