@@ -7,7 +7,7 @@ runs ``ucp_put_bw`` and ``tag_lat`` over kernel TCP on loopback, for scale.
 The table gives perftest's own figures (its ``BW average`` and its
 ``t_typical`` and 99% latency columns) and each as a ratio to UCX's.
 
-    python bench/bench_perftest.py [--sizes 4096,65536,1048576] [--plot FILE.png]
+    python bench/bench_perftest.py [--sizes 4096,65536,1048576] [--plot FILE.png] [--cpu]
 
 A benchmark, never a test: the machine is shared and noisy, so compare the
 ratios within one run.
@@ -30,10 +30,24 @@ from progress import Progress, add_quiet
 
 TIMEOUT = 300.0
 LAT_SIZE = 8
+CPU_WINDOW = 2.0  #: seconds over which --cpu samples the processes
 
 
-def perftest(tool: str, args: list[str], env: dict[str, str]) -> str:
-    """Run ``tool`` as server and client on softverbs; the client's output."""
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far (0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def perftest(tool: str, args: list[str], env: dict[str, str],
+             cpu: dict[str, float] | None = None) -> str:  # fmt: skip
+    """Run ``tool`` as server and client on softverbs; the client's output.
+
+    With ``cpu``, fill it with the cores each process used (CPU seconds per
+    second) over the middle of the run: the service, the client, the server."""
     port = str(_free_tcp_port())
     cmd = [sys.executable, "-m", "softverbs", "exec", "--", tool, "-d", "sv0", "-x", "1",
            "-p", port, *args]  # fmt: skip
@@ -42,19 +56,32 @@ def perftest(tool: str, args: list[str], env: dict[str, str]) -> str:
     try:
         deadline = time.monotonic() + 60
         while True:  # the client retries until the server listens
-            client = subprocess.run([*cmd, "127.0.0.1"], env=env, capture_output=True,
-                                    text=True, timeout=TIMEOUT, check=False)  # fmt: skip
+            client = subprocess.Popen([*cmd, "127.0.0.1"], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True)  # fmt: skip
+            if cpu is not None:
+                time.sleep(1.0)  # past the connection setup
+                service = int(Path(env["SOFTVERBS_SERVICE"] + ".pid").read_text().split()[0])
+                pids = {"softverbsd": service, f"{tool} client": client.pid,
+                        f"{tool} server": server.pid}  # fmt: skip
+                t0, before = time.monotonic(), {k: cpu_seconds(p) for k, p in pids.items()}
+                time.sleep(CPU_WINDOW)
+                wall = time.monotonic() - t0
+                cpu.update({k: (cpu_seconds(p) - before[k]) / wall for k, p in pids.items()})
+            out, _ = client.communicate(timeout=TIMEOUT)
             if client.returncode == 0 or time.monotonic() > deadline:
                 break
             time.sleep(0.3)
         server.communicate(timeout=TIMEOUT)
     finally:
-        if server.poll() is None:
-            server.kill()
-            server.wait()
+        for proc in (server, client):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     if client.returncode != 0:
-        raise SystemExit(f"{tool} {' '.join(args)} failed:\n{client.stdout}{client.stderr}")
-    return client.stdout
+        raise SystemExit(f"{tool} {' '.join(args)} failed:\n{out}")
+    if cpu is not None and any(v == 0 for v in cpu.values()):
+        raise SystemExit(f"{tool} ended within {CPU_WINDOW} s: give it more iterations (--iters)")
+    return out
 
 
 def row(out: str, size: int) -> list[float]:
@@ -71,6 +98,9 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=0, help="iterations per size (default: ~64 MiB)")
     ap.add_argument("--lat-iters", type=int, default=2000)
     ap.add_argument("--plot", metavar="FILE.png")
+    ap.add_argument("--cpu", action="store_true",
+                    help="also print the cores the service and the two perftest processes "
+                         "use during ib_write_bw at the largest size")  # fmt: skip
     add_quiet(ap)
     args = ap.parse_args()
     sizes = [int(x) for x in args.sizes.split(",")]
@@ -79,10 +109,15 @@ def main() -> int:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SOFTVERBS_")}
     env["SOFTVERBS_SERVICE"] = os.path.join(run_dir, "sv.sock")  # a fresh service, this run's
     bw: dict[int, tuple[float, float]] = {}
+    cpu: dict[str, float] = {}
     for size in sizes:
         n = args.iters or max(100, min(5000, (64 << 20) // size))
         progress.step(f"ib_write_bw {size} B on softverbs")
-        ours = row(perftest("ib_write_bw", ["-s", str(size), "-n", str(n)], env), size)[1]
+        sample = cpu if args.cpu and size == max(sizes) else None
+        if sample is not None:
+            n = max(n, (8 << 30) // size)  # 8 GiB: seconds of steady state to sample
+        ours = row(perftest("ib_write_bw", ["-s", str(size), "-n", str(n)], env, sample),
+                   size)[1]  # fmt: skip
         progress.step(f"ucx_perftest ucp_put_bw {size} B over TCP")
         ucx = ucx_run(["-t", "ucp_put_bw", "-s", str(size), "-n", str(n), "-w", str(n // 10),
                        "-O", str(ucx_outstanding(size))], TIMEOUT)[7] * size / 1e6  # fmt: skip
@@ -105,6 +140,10 @@ def main() -> int:
     print(f"{'  typical / median':<22}{lat[2]:>14.1f}{ucx_lat[50]:>14.1f}"
           f"{lat[2] / ucx_lat[50]:>9.1f}")  # fmt: skip
     print(f"{'  99%':<22}{lat[5]:>14.1f}{ucx_lat[99]:>14.1f}{lat[5] / ucx_lat[99]:>9.1f}")
+    if cpu:
+        print(f"cores used during ib_write_bw at {max(sizes)} B (CPU s per s, over {CPU_WINDOW} s)")
+        for name, cores in cpu.items():
+            print(f"  {name:<22}{cores:>6.2f}")
     if args.plot:
         import matplotlib
 
