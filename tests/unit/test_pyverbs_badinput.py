@@ -367,3 +367,22 @@ def test_vendor_names_refuse_with_pyverbs_errors(module: str, name: str) -> None
         if isinstance(made, PyverbsError):  # pragma: no cover
             continue
         assert isinstance(type(obj), type), f"{name} is a function that returned {made!r}"
+
+
+@pytest.mark.parametrize(("field", "bits"), [("wr_id", 64), ("opcode", 32), ("remote_addr", 64)])
+def test_a_c_member_takes_exactly_what_its_c_type_holds(field: str, bits: int) -> None:
+    """The checked fast path of CStruct.__setattr__ keeps as_uint's rules: any
+    int in range (a bool is one, stored as an int), nothing else."""
+    w = wr.SendWR(opcode=0, num_sge=1, sg=[wr.SGE(0, 0, 0)])
+    for good in (0, (1 << bits) - 1, True):
+        setattr(w, field, good)
+        assert getattr(w, field) == int(good) and type(getattr(w, field)) is int
+    for bad in (-1, 1 << bits, 1.0, "1", None):
+        with pytest.raises(PyverbsUserError, match=field):
+            setattr(w, field, bad)
+    attr = qp.QPInitAttr()
+    for good in (-(1 << 31), (1 << 31) - 1):
+        attr.sq_sig_all = good  # a signed int member
+    for bad in (1 << 31, -(1 << 31) - 1, 0.5):
+        with pytest.raises(PyverbsUserError, match="sq_sig_all"):
+            attr.sq_sig_all = bad

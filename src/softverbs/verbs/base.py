@@ -116,6 +116,10 @@ def as_int(value: object, what: str, bits: int = 32) -> int:
     return int(value)
 
 
+#: unsigned member width -> the first value it cannot hold (signed widths: absent)
+_LIMIT = {bits: 1 << bits for bits in (8, 16, 32, 64)}
+
+
 class CStruct:
     """Mixin for attribute objects whose fields are members of a C struct.
 
@@ -128,7 +132,8 @@ class CStruct:
 
     def __setattr__(self, name: str, value: object) -> None:
         bits = self._c_fields.get(name)
-        if bits is not None:
+        # an int that fits an unsigned member is the common case: no call, no message
+        if bits is not None and not (type(value) is int and 0 <= value < _LIMIT.get(bits, 0)):
             what = f"{type(self).__name__}.{name}"
             value = as_uint(value, bits, what) if bits > 0 else as_int(value, what, -bits)
         object.__setattr__(self, name, value)

@@ -106,6 +106,12 @@ class RecvWR(CStruct, PyverbsCM):
 
 
 _NO_SGE_OPCODES = (IBV_WR_LOCAL_INV, IBV_WR_BIND_MW, IBV_WR_SEND_WITH_INV)
+#: a new SendWR's union members (``ibv_send_wr.wr``): all zero
+_UNION_ZERO: dict[str, Any] = {
+    "remote_addr": 0, "rkey_remote": 0, "compare_add": 0, "swap": 0, "ah": None,
+    "remote_qpn": 0, "remote_qkey": 0, "remote_srqn": 0, "mw": None, "bind_info": None,
+    "bind_rkey": 0,
+}  # fmt: skip
 
 
 class SendWR(CStruct, PyverbsCM):
@@ -117,6 +123,18 @@ class SendWR(CStruct, PyverbsCM):
     _c_fields = {"wr_id": 64, "opcode": 32, "imm_data": 32, "send_flags": 32,
                  "remote_addr": 64, "rkey_remote": 32, "compare_add": 64, "swap": 64,
                  "remote_qpn": 32, "remote_qkey": 32, "remote_srqn": 32}  # fmt: skip
+    # the union members of ibv_send_wr.wr (set together, zeroed, by __init__)
+    remote_addr: int
+    rkey_remote: int
+    compare_add: int
+    swap: int
+    ah: AH | None
+    remote_qpn: int
+    remote_qkey: int
+    remote_srqn: int
+    mw: MW | None
+    bind_info: MWBindInfo | None
+    bind_rkey: int
 
     def __init__(
         self,
@@ -137,18 +155,7 @@ class SendWR(CStruct, PyverbsCM):
         self.imm_data = imm_data
         self.send_flags = send_flags
         self.next_wr = next_wr
-        # the union members of ibv_send_wr.wr
-        self.remote_addr = 0
-        self.rkey_remote = 0
-        self.compare_add = 0
-        self.swap = 0
-        self.ah: AH | None = None
-        self.remote_qpn = 0
-        self.remote_qkey = 0
-        self.remote_srqn = 0
-        self.mw: MW | None = None
-        self.bind_info: MWBindInfo | None = None
-        self.bind_rkey = 0
+        self.__dict__.update(_UNION_ZERO)  # the union members of ibv_send_wr.wr, zeroed
 
     @classmethod
     def without_sges(cls, wr_id: int, opcode: int, send_flags: int) -> SendWR:
