@@ -693,13 +693,14 @@ def decode_udp_segments(
             length = end - off
             q, w2 = _BTH_Q.unpack_from(mv, off) if length >= BTH_SIZE else (-1, -1)
             t_end = end - ICRC_SIZE
-            if (q == mid_q and w2 == psn and length == mid_len  # a MIDDLE asking for no ACK
-                    and crc32(mv[off + 5 : t_end], mid_seed) ^ _ICRC.unpack_from(mv, t_end)[0]
-                    == mid_deltas[next_id]):  # fmt: skip  # its ICRC, for the next IPv4 ID
-                next_id += 1
-                tail.append(mv[off + hlen : t_end])
-                psn = (psn + 1) & _M24
-                continue
+            if q == mid_q and w2 == psn and length == mid_len:  # a MIDDLE asking for no ACK
+                # its ICRC, for IPv4 ID 0 (diff 0) or the next ID of a GSO send
+                diff = crc32(mv[off + 5 : t_end], mid_seed) ^ _ICRC.unpack_from(mv, t_end)[0]
+                if not diff or diff == mid_deltas[next_id]:
+                    next_id = next_id + 1 if diff else 1
+                    tail.append(mv[off + hlen : t_end])
+                    psn = (psn + 1) & _M24
+                    continue
             seed = None  # the rest, and every case the line above does not expect
             if w2 & _M24 == psn:
                 if q == mid_q and length == mid_len:

@@ -49,6 +49,8 @@ from softverbs.enums import (
     IBV_QPS_RTS,
     IBV_QPT_RC,
 )
+from softverbs.errors import WireError
+from softverbs.wire.codec import decode_udp_segments, encode_udp_payload
 from softverbs.wire.opcodes import (
     AETH_ACK,
     AETH_NAK,
@@ -342,12 +344,17 @@ class Bench:
         sq_size: int = 256,
         rq_size: int = 256,
         bursts: bool = False,
+        gro: bool = False,
     ) -> None:
         self.now = 0.0
         self.policy = policy
         #: deliver bursts whole (segmentation offload, as the in-process fabric
         #: does); by default the wire splits them, so the policy sees single packets
         self.bursts = bursts
+        #: carry the packets as the UDP fabric's receiver gets them: encoded to
+        #: datagrams, coalesced as GRO coalesces them (runs of one size to one
+        #: destination), decoded with decode_udp_segments (which merges bursts again)
+        self.gro = gro
         self.a = Node("a", GID_A, BASE_A, qp_type, mem_size, sq_size, rq_size)
         self.b = Node("b", GID_B, BASE_B, qp_type, mem_size, sq_size, rq_size)
         self.by_gid = {GID_A: self.a.hca, GID_B: self.b.hca}
@@ -417,6 +424,8 @@ class Bench:
             if not batch:
                 return moved
             moved = True
+            if self.gro:
+                batch = _through_gro(batch)
             for dst, pkt in batch:
                 dst.receive(pkt, self.now)
 
@@ -470,3 +479,36 @@ class Bench:
     def trace(self) -> str:
         return "\n".join(f"#{s.seq} t={s.t:.9f} {s.src}->{'b' if s.src == 'a' else 'a'} "
                          f"{s.action:7} {s.pkt!r}" for s in self.log)  # fmt: skip
+
+
+GRO_MAX = 65000  #: bytes of one coalesced receive (the kernel stops below 64 KiB)
+
+
+def _through_gro(batch: list[tuple[HCA, Packet]]) -> list[tuple[HCA, Packet]]:
+    """``batch`` as a UDP_GRO receiver would hand it to its engine (see
+    Bench.gro): every packet encoded; consecutive datagrams to one device, all
+    of one size but the last (not longer), coalesced; each buffer decoded."""
+    out: list[tuple[HCA, Packet]] = []
+    run: list[bytearray] = []
+    run_dst: HCA | None = None
+    ips = (b"", b"", 0)
+
+    def flush() -> None:
+        if run_dst is not None and run:
+            for item in decode_udp_segments(b"".join(run), len(run[0]), *ips):
+                assert not isinstance(item, WireError), item  # nothing on this wire corrupts
+                out.append((run_dst, item))
+        run.clear()
+
+    for dst, pkt in batch:
+        src_ip, dst_ip = pkt.sgid[12:], pkt.dgid[12:]
+        data = encode_udp_payload(pkt, src_ip, dst_ip, pkt.sport)
+        fits = (dst is run_dst and (src_ip, dst_ip, pkt.sport) == ips and run
+                and len(data) <= len(run[0]) == len(run[-1])
+                and sum(map(len, run)) + len(data) <= GRO_MAX)  # fmt: skip
+        if not fits:
+            flush()
+            run_dst, ips = dst, (src_ip, dst_ip, pkt.sport)
+        run.append(data)
+    flush()
+    return out
