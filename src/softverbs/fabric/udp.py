@@ -272,7 +272,6 @@ def _ip_text(packed: bytes) -> str:
 
 
 @functools.lru_cache(maxsize=4096)
-@functools.lru_cache(maxsize=256)
 def _ip_packed(text: str) -> bytes:
     return ipaddress.ip_address(text.split("%")[0]).packed
 
