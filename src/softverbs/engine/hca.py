@@ -223,5 +223,4 @@ class HCA:
         for qp in list(self.qps.values()):
             if qp.send_cq is cq or qp.recv_cq is cq:
                 qp.last_error = "its completion queue overran"
-                self.post_event(IBV_EVENT_QP_FATAL, qp)
-                qp.to_error(0.0)
+                qp.fatal(IBV_EVENT_QP_FATAL, 0.0)

@@ -228,6 +228,15 @@ class QPEngine(QPCore):
         if self.srq is not None and not was_reset:
             self.hca.post_event(IBV_EVENT_QP_LAST_WQE_REACHED, self)
 
+    def fatal(self, event_type: int, now: float) -> None:
+        """An error that moves the QP to ERR and posts ``event_type``: ERR is
+        published first, so a process that reads the state when the event
+        reaches it reads ERR."""
+        if self.sq is not None:
+            self.sq.publish_state(IBV_QPS_ERR)
+        self.hca.post_event(event_type, self)
+        self.to_error(now)
+
     def send_queue_error(self, now: float) -> None:
         self.state = IBV_QPS_SQE
         self.flush_posted_sq()

@@ -316,11 +316,11 @@ class Responder:
             self.rqe = None
             self._complete_rqe(rqe, rqe_status, 0, reason=reason)
         qp.last_error = reason  # before the event: the event carries it as its reason
-        if code == NAK_REMOTE_ACCESS_ERROR:
-            qp.hca.post_event(IBV_EVENT_QP_ACCESS_ERR, qp)
-        elif code == NAK_INVALID_REQUEST:
-            qp.hca.post_event(IBV_EVENT_QP_REQ_ERR, qp)
-        qp.to_error(now)
+        event = _FAIL_EVENT.get(code)
+        if event is None:
+            qp.to_error(now)
+        else:
+            qp.fatal(event, now)
 
     # --- receive WQEs -------------------------------------------------------------
     def _take_rqe(self, pkt: Packet) -> RecvWQE | None:
@@ -702,4 +702,10 @@ _FAIL_COUNTER = {
     NAK_INVALID_REQUEST: "resp_invalid_request",
     NAK_REMOTE_ACCESS_ERROR: "resp_remote_access_err",
     NAK_REMOTE_OPERATIONAL_ERROR: "resp_local_err",
+}
+
+#: NAK code -> the affiliated event the responder's QP posts when it fails with it
+_FAIL_EVENT = {
+    NAK_REMOTE_ACCESS_ERROR: IBV_EVENT_QP_ACCESS_ERR,
+    NAK_INVALID_REQUEST: IBV_EVENT_QP_REQ_ERR,
 }
