@@ -45,7 +45,7 @@ from softverbs.enums import (
     IBV_WR_SEND,
 )
 from softverbs.fabric import udp
-from softverbs.wire.codec import encode_udp_payload
+from softverbs.wire.codec import BurstMerger, encode_udp_payload
 from softverbs.wire.opcodes import Op, Transport
 from softverbs.wire.packet import Packet
 
@@ -125,7 +125,9 @@ def _deliver_coalesced(buffer: bytes, size: int) -> _Sink:
     sink = _Sink()
     sink.counters = Counter()
     local = udp.LocalAddr("127.0.0.2", DST)
-    runtime._deliver(sink, buffer, size, ("127.0.0.1", SPORT), local, 0.0)  # type: ignore[arg-type]
+    merger = BurstMerger()
+    runtime._take(sink, merger, buffer, size, ("127.0.0.1", SPORT), local, 0.0)  # type: ignore[arg-type]
+    runtime._deliver(sink, merger.flush(), 0.0)  # type: ignore[arg-type]
     return sink
 
 
@@ -262,6 +264,36 @@ def test_a_message_s_packets_arrive_as_one_burst() -> None:
     got = decode_udp_segments(b"".join(frames), len(frames[0]), SRC, DST, SPORT)
     assert [(p.psn, p.count, p.ackreq) for p in got] == [(0, 4, True), (4, 6, True)]
     assert bytes(got[1].payload) == b"".join(bytes([i]) * 1024 for i in range(4, 10))
+
+
+def test_a_message_merges_across_receives_until_another_flow_comes() -> None:
+    """A burst still open at the end of one receive is continued by the next;
+    datagrams of another flow end it first; flush() hands out what is open."""
+    from softverbs.wire.codec import BurstMerger, seal_udp_payload
+
+    def frames(sport: int, psns: range, last: int) -> list[bytearray]:
+        out = []
+        for i in psns:
+            part = Op.RDMA_WRITE_LAST if i == last else Op.RDMA_WRITE_MIDDLE
+            pkt = Packet(Transport.RC | part, 0x11, i, bytes([i]) * 256)
+            pkt.ackreq = i == last
+            data = encode_udp_payload(pkt, SRC, DST, sport, seal=False)
+            seal_udp_payload(data, SRC, DST, sport, ip_id=i % 4)  # GSO sends of 4
+            out.append(data)
+        return out
+
+    m = BurstMerger()
+    a = frames(SPORT, range(12), 11)
+    assert m.feed(b"".join(a[:4]), len(a[0]), SRC, DST, SPORT) == []  # still open
+    assert m.feed(b"".join(a[4:8]), len(a[0]), SRC, DST, SPORT) == []
+    other = frames(SPORT + 1, range(100, 102), -1)  # another flow
+    got = m.feed(b"".join(other), len(other[0]), SRC, DST, SPORT + 1)
+    assert [(p.psn, p.count) for p in got] == [(0, 8)]  # the open burst, ended
+    assert bytes(got[0].payload) == b"".join(bytes([i]) * 256 for i in range(8))
+    assert [(p.psn, p.count) for p in m.flush()] == [(100, 2)]
+    got = m.feed(b"".join(a[8:]), len(a[0]), SRC, DST, SPORT)  # a LAST that asks: ends it
+    assert [(p.psn, p.count, p.ackreq) for p in got] == [(8, 4, True)]
+    assert m.flush() == []
 
 
 # --- end to end: two UDP devices on loopback, in this process ------------------------------

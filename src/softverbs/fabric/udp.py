@@ -68,6 +68,7 @@ import struct
 import subprocess
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,8 +76,7 @@ from softverbs.engine.hca import HCA
 from softverbs.errors import PyverbsRDMAError, WireError
 from softverbs.fabric.runtime import Clock, Runtime, flip_bit
 from softverbs.wire.codec import (
-    decode_udp_payload,
-    decode_udp_segments,
+    BurstMerger,
     encode_udp_burst,
     encode_udp_payload,
     seal_udp_datagrams,
@@ -477,6 +477,7 @@ class UdpRuntime(Runtime):
         clock = self.clock
         hca = self.hcas[0] if self.hcas else None
         unanswered = 0  # packets taken since the ACKs due were last sent
+        merger = BurstMerger()  # a message's packets merge across receives too
         for sock, local in self._rx.items():
             while True:
                 try:
@@ -490,36 +491,37 @@ class UdpRuntime(Runtime):
                 if hca is None:
                     continue
                 now = clock.now()
-                unanswered += self._deliver(hca, data, _gro_size(anc), peer, local, now)
+                unanswered += self._take(hca, merger, data, _gro_size(anc), peer, local, now)
                 if unanswered >= ACK_FLUSH_PACKETS:
                     # A long drain must not hold back the ACKs it owes: the peer's
                     # window would close, and both ends would take turns idling.
                     self.send_outboxes(now)
                     unanswered = 0
+            if hca is not None:
+                self._deliver(hca, merger.flush(), clock.now())
         return got
 
-    def _deliver(self, hca: HCA, data: bytes | memoryview, size: int,
-                 peer: tuple[str, int] | tuple[str, int, int, int], local: LocalAddr,
-                 now: float) -> int:  # fmt: skip
-        """One received buffer: a datagram, or (``size`` < its length) datagrams
-        of ``size`` bytes coalesced by GRO, which go to the engine with the
-        packets of one message merged into a burst (the receive half of
-        segmentation offload; see :func:`~softverbs.wire.codec.decode_udp_segments`).
-        Returns how many datagrams it held."""
+    def _take(self, hca: HCA, merger: BurstMerger, data: bytes, size: int,
+              peer: tuple[str, int] | tuple[str, int, int, int], local: LocalAddr,
+              now: float) -> int:  # fmt: skip
+        """One received buffer -- a datagram, or (``size`` < its length) datagrams
+        of ``size`` bytes coalesced by GRO -- into ``merger``, which merges the
+        packets of a message into bursts (the receive half of segmentation
+        offload); deliver what it completes.  Returns how many datagrams that was."""
         try:
             src_ip = _ip_packed(peer[0])
         except ValueError:
             hca.counters["drop_bad_source"] += 1
             return 1
-        pkts: list[Packet | WireError]
         if 0 < size < len(data):
             hca.counters["gro_coalesced"] += 1
-            pkts = decode_udp_segments(data, size, src_ip, local.packed, peer[1])
         else:
-            try:
-                pkts = [decode_udp_payload(data, src_ip, local.packed, peer[1])]
-            except WireError as exc:
-                pkts = [exc]
+            size = len(data)
+        return self._deliver(hca, merger.feed(data, size, src_ip, local.packed, peer[1]), now)
+
+    def _deliver(self, hca: HCA, pkts: Sequence[Packet | WireError], now: float) -> int:
+        """Hand decoded packets to the device, and count the datagrams that were
+        not; how many datagrams they were."""
         for pkt in pkts:
             if isinstance(pkt, WireError):
                 hca.counters["rcvd_pkts"] += 1

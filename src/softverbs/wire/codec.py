@@ -106,6 +106,7 @@ from softverbs.wire.opcodes import (
 from softverbs.wire.packet import IPV4_MAPPED_PREFIX, Burst, Packet, ackreq_indexes, burst
 
 __all__ = [
+    "BurstMerger",
     "BytesLike",
     "decode_frame",
     "decode_transport",
@@ -655,95 +656,128 @@ def decode_udp_segments(
     sport: int,
     dport: int = ROCEV2_PORT,
 ) -> list[Packet | WireError]:
-    """The datagrams of a ``UDP_GRO`` buffer (``size`` bytes each, the last
-    maybe shorter), decoded as :func:`decode_udp_payload` decodes each, with
-    the receive half of segmentation offload on top (a NIC's LRO): consecutive
-    packets of one SEND or WRITE message -- the same QP and P_Key, PSNs in
-    order, MIDDLEs of the first one's size, and at the end perhaps a plain
-    LAST -- come back as one :class:`~softverbs.wire.packet.Burst`, whose
-    :meth:`~softverbs.wire.packet.Burst.segments` are exactly the packets
-    received.  A burst ends at a packet that asks for an ACK.
+    """The datagrams of one ``UDP_GRO`` buffer (``size`` bytes each, the last
+    maybe shorter), decoded and merged by a :class:`BurstMerger` of their own."""
+    merger = BurstMerger()
+    return [*merger.feed(data, size, src_ip, dst_ip, sport, dport), *merger.flush()]
+
+
+#: what BurstMerger keeps of its open burst (see its __init__)
+_Run = tuple[int, int, int, tuple[int, ...], int, int, int, int, tuple[int, int, int, int]]
+
+
+class BurstMerger:
+    """The receive half of segmentation offload over UDP (a NIC's LRO).
+
+    :meth:`feed` takes what one receive returns -- a datagram, or ``UDP_GRO``
+    datagrams of ``size`` bytes each, the last maybe shorter -- and decodes
+    each as :func:`decode_udp_payload` does.  Consecutive packets of one SEND
+    or WRITE message -- one flow (addresses and ports), the same QP and P_Key,
+    PSNs in order, MIDDLEs of the first one's size, and at the end perhaps a
+    plain LAST -- come back as one :class:`~softverbs.wire.packet.Burst`,
+    whose :meth:`~softverbs.wire.packet.Burst.segments` are exactly the
+    packets received, also across receives: the burst still open at the end
+    of one is continued by the next, or handed out by :meth:`flush`.  A burst
+    ends at a packet that asks for an ACK, or when another flow's datagrams
+    come.
 
     Every datagram keeps its own check: one that is truncated, malformed or
-    fails its ICRC is a :class:`WireError` in the list, in its place, and
+    fails its ICRC is a :class:`WireError` in the output, in its place, and
     ends the burst before it; its neighbours are not touched.
     """
-    mv = data if type(data) is memoryview else memoryview(data)
-    if mv.format != "B" or mv.ndim != 1:
-        mv = mv.cast("B")
-    n = len(mv)
-    if size <= 0:
-        size = max(n, 1)
-    v4 = len(src_ip) == 4
-    out: list[Packet | WireError] = []
-    head: Packet | None = None  # the burst's first packet
-    tail: list[memoryview] = []  # the payloads of the packets after it
-    # of the open burst: its MIDDLE's BTH bytes 0..7 as one integer, its length,
-    # the CRC of its pseudo header, the ICRC changes of the IPv4 IDs 0..63 for it
-    mid_q = mid_len = mid_seed = last = last_q = hlen = psn = 0
-    mid_deltas: tuple[int, ...] = (-1,) * 65
-    ops: tuple[int, int, int, int] = (0, 0, 0, 0)
-    next_id = 1  # the IPv4 ID the next segment of a GSO send has
-    for off in range(0, n, size):
-        end = off + size
-        if end > n:
-            end = n
-        if head is not None:
-            # A continuation?  Checked on the raw bytes: BTH, length, ICRC.
-            length = end - off
-            q, w2 = _BTH_Q.unpack_from(mv, off) if length >= BTH_SIZE else (-1, -1)
-            t_end = end - ICRC_SIZE
-            if q == mid_q and w2 == psn and length == mid_len:  # a MIDDLE asking for no ACK
-                # its ICRC, for IPv4 ID 0 (diff 0) or the next ID of a GSO send
-                diff = crc32(mv[off + 5 : t_end], mid_seed) ^ _ICRC.unpack_from(mv, t_end)[0]
-                if not diff or diff == mid_deltas[next_id]:
-                    next_id = next_id + 1 if diff else 1
-                    tail.append(mv[off + hlen : t_end])
+
+    def __init__(self) -> None:
+        self.flow: tuple[bytes, bytes, int, int] | None = None  #: of the open burst
+        self.head: Packet | None = None  #: the open burst's first packet
+        self.tail: list[memoryview] = []  #: the payloads of the packets after it
+        # of the open burst: its MIDDLE's BTH bytes 0..7 as one integer, its length,
+        # the CRC of its pseudo header, the ICRC changes of IPv4 IDs 0..63 for it
+        # (and of 64, which never matches); its LAST opcode and BTH bytes but SE and
+        # pad, the MIDDLE's header length, the next PSN, the message's opcodes
+        self.run: _Run = (0, 0, 0, (-1,) * 65, 0, 0, 0, 0, (0, 0, 0, 0))
+        self.next_id = 1  #: the IPv4 ID the next segment of a GSO send has
+
+    def flush(self) -> list[Packet]:
+        """The open burst, if any, ended."""
+        head, self.head = self.head, None
+        return [] if head is None else [_merged(head, self.tail, self.run[8], False, False,
+                                                False)]  # fmt: skip
+
+    def feed(self, data: BytesLike, size: int, src_ip: bytes, dst_ip: bytes, sport: int,
+             dport: int = ROCEV2_PORT) -> list[Packet | WireError]:  # fmt: skip
+        """The packets and errors one receive completes (see the class)."""
+        mv = data if type(data) is memoryview else memoryview(data)
+        if mv.format != "B" or mv.ndim != 1:
+            mv = mv.cast("B")
+        n = len(mv)
+        if size <= 0:
+            size = max(n, 1)
+        v4 = len(src_ip) == 4
+        flow = (src_ip, dst_ip, sport, dport)
+        out: list[Packet | WireError] = []
+        if self.head is not None and flow != self.flow:
+            out.extend(self.flush())
+        head, tail, next_id = self.head, self.tail, self.next_id
+        mid_q, mid_len, mid_seed, mid_deltas, last, last_q, hlen, psn, ops = self.run
+        for off in range(0, n or 1, size):  # an empty datagram is one, and truncated
+            end = off + size
+            if end > n:
+                end = n
+            if head is not None:
+                # A continuation?  Checked on the raw bytes: BTH, length, ICRC.
+                length = end - off
+                q, w2 = _BTH_Q.unpack_from(mv, off) if length >= BTH_SIZE else (-1, -1)
+                t_end = end - ICRC_SIZE
+                if q == mid_q and w2 == psn and length == mid_len:  # a MIDDLE asking no ACK
+                    # its ICRC, for IPv4 ID 0 (diff 0) or the next ID of a GSO send
+                    diff = crc32(mv[off + 5 : t_end], mid_seed) ^ _ICRC.unpack_from(mv, t_end)[0]
+                    if not diff or diff == mid_deltas[next_id]:
+                        next_id = next_id + 1 if diff else 1
+                        tail.append(mv[off + hlen : t_end])
+                        psn = (psn + 1) & _M24
+                        continue
+                seed = None  # the rest, and every case the lines above do not expect
+                if w2 & _M24 == psn:
+                    if q == mid_q and length == mid_len:
+                        seed = mid_seed
+                    elif q >> 56 == last and q & _NOT_OP_SE_PAD == last_q:
+                        room = length - ICRC_SIZE - ((q >> 52) & 3)  # less the pad
+                        if hlen < room <= mid_len - ICRC_SIZE:
+                            seed = _pseudo_crc(t_end - off, q >> 32, *flow)
+                ip_id = None if seed is None else _icrc_id(mv, off, end, seed, v4)
+                if ip_id is not None:
+                    next_id = min(ip_id + 1, 64)
+                    tail.append(mv[off + hlen : t_end - ((q >> 52) & 3)])
                     psn = (psn + 1) & _M24
+                    if w2 >> 31 or q >> 56 == last:  # it asks for an ACK, or ends the message
+                        out.append(_merged(head, tail, ops, q >> 56 == last, w2 >> 31 == 1,
+                                           (q >> 55) & 1 == 1))  # fmt: skip
+                        head = None
                     continue
-            seed = None  # the rest, and every case the line above does not expect
-            if w2 & _M24 == psn:
-                if q == mid_q and length == mid_len:
-                    seed = mid_seed
-                elif q >> 56 == last and q & _NOT_OP_SE_PAD == last_q:
-                    room = length - ICRC_SIZE - ((q >> 52) & 3)  # less the pad
-                    if hlen < room <= mid_len - ICRC_SIZE:
-                        seed = _pseudo_crc(t_end - off, q >> 32, src_ip, dst_ip, sport, dport)
-            ip_id = None if seed is None else _icrc_id(mv, off, end, seed, v4)
-            if ip_id is not None:
-                next_id = min(ip_id + 1, 64)
-                tail.append(mv[off + hlen : t_end - ((q >> 52) & 3)])
-                psn = (psn + 1) & _M24
-                if w2 >> 31 or q >> 56 == last:  # it asks for an ACK, or ends the message
-                    out.append(_merged(head, tail, ops, q >> 56 == last, w2 >> 31 == 1,
-                                       (q >> 55) & 1 == 1))  # fmt: skip
-                    head = None
+                out.append(_merged(head, tail, ops, False, False, False))
+                head = None
+            try:
+                pkt = decode_udp_payload(mv[off:end], src_ip, dst_ip, sport, dport)
+            except WireError as exc:
+                out.append(exc)
                 continue
-            out.append(_merged(head, tail, ops, False, False, False))
-            head = None
-        try:
-            pkt = decode_udp_payload(mv[off:end], src_ip, dst_ip, sport, dport)
-        except WireError as exc:
-            out.append(exc)
-            continue
-        cont = _CONTINUE.get(pkt.opcode)
-        if cont is None or pkt.ackreq or pkt.pad or not len(pkt.payload) or end - off != size:
-            out.append(pkt)
-            continue
-        middle, last, hlen, ops = cont
-        head, tail = pkt, []
-        q = _BTH_Q.unpack_from(mv, off)[0]
-        mid_q = (q & ~(0xFF << 56)) | (middle << 56)
-        last_q = mid_q & _NOT_OP_SE_PAD
-        mid_len = hlen + len(pkt.payload) + ICRC_SIZE
-        mid_seed = _pseudo_crc(mid_len - ICRC_SIZE, mid_q >> 32, src_ip, dst_ip, sport, dport)
-        # the ICRC changes of IPv4 IDs 0..63 (IPv6: none), and 64, which never matches
-        mid_deltas = (*(_id_deltas(mid_len - ICRC_SIZE + 22) if v4 else (0,) * 64), -1)
-        psn = (pkt.psn + 1) & _M24
-        next_id = min(next_id + 1, 64)  # the first packet had the ID expected for it, likely
-    if head is not None:
-        out.append(_merged(head, tail, ops, False, False, False))
-    return out
+            cont = _CONTINUE.get(pkt.opcode)
+            if cont is None or pkt.ackreq or pkt.pad or not len(pkt.payload):
+                out.append(pkt)
+                continue
+            middle, last, hlen, ops = cont
+            head, tail = pkt, []
+            q = _BTH_Q.unpack_from(mv, off)[0]
+            mid_q = (q & ~(0xFF << 56)) | (middle << 56)
+            last_q = mid_q & _NOT_OP_SE_PAD
+            mid_len = hlen + len(pkt.payload) + ICRC_SIZE
+            mid_seed = _pseudo_crc(mid_len - ICRC_SIZE, mid_q >> 32, *flow)
+            mid_deltas = (*(_id_deltas(mid_len - ICRC_SIZE + 22) if v4 else (0,) * 64), -1)
+            psn = (pkt.psn + 1) & _M24
+            next_id = min(next_id + 1, 64)  # the first packet had the ID expected for it, likely
+        self.head, self.tail, self.next_id, self.flow = head, tail, next_id, flow
+        self.run = (mid_q, mid_len, mid_seed, mid_deltas, last, last_q, hlen, psn, ops)
+        return out
 
 
 def _icrc_id(mv: memoryview, off: int, end: int, seed: int, v4: bool) -> int | None:
@@ -761,7 +795,7 @@ def _icrc_id(mv: memoryview, off: int, end: int, seed: int, v4: bool) -> int | N
 def _merged(head: Packet, tail: list[memoryview], ops: tuple[int, int, int, int], ended: bool,
             asked: bool, se: bool) -> Packet:  # fmt: skip
     """``head`` and the packets whose payloads are ``tail`` as one burst (see
-    :func:`decode_udp_segments`): ``ended`` if the last is the message's LAST,
+    :class:`BurstMerger`): ``ended`` if the last is the message's LAST,
     ``asked`` if it asks for an ACK, ``se`` its solicited-event bit."""
     if not tail:
         return head

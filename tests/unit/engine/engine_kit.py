@@ -50,7 +50,7 @@ from softverbs.enums import (
     IBV_QPT_RC,
 )
 from softverbs.errors import WireError
-from softverbs.wire.codec import decode_udp_segments, encode_udp_payload
+from softverbs.wire.codec import BurstMerger, encode_udp_payload
 from softverbs.wire.opcodes import (
     AETH_ACK,
     AETH_NAK,
@@ -487,17 +487,22 @@ GRO_MAX = 65000  #: bytes of one coalesced receive (the kernel stops below 64 Ki
 def _through_gro(batch: list[tuple[HCA, Packet]]) -> list[tuple[HCA, Packet]]:
     """``batch`` as a UDP_GRO receiver would hand it to its engine (see
     Bench.gro): every packet encoded; consecutive datagrams to one device, all
-    of one size but the last (not longer), coalesced; each buffer decoded."""
+    of one size but the last (not longer), coalesced; the buffers to one device
+    decoded by one BurstMerger, so bursts merge across buffers too."""
     out: list[tuple[HCA, Packet]] = []
     run: list[bytearray] = []
     run_dst: HCA | None = None
     ips = (b"", b"", 0)
+    merger = BurstMerger()
+
+    def take(items: list[Packet | WireError]) -> None:
+        for item in items:
+            assert not isinstance(item, WireError), item  # nothing on this wire corrupts
+            out.append((run_dst, item))  # type: ignore[arg-type]
 
     def flush() -> None:
-        if run_dst is not None and run:
-            for item in decode_udp_segments(b"".join(run), len(run[0]), *ips):
-                assert not isinstance(item, WireError), item  # nothing on this wire corrupts
-                out.append((run_dst, item))
+        if run:
+            take(merger.feed(b"".join(run), len(run[0]), *ips))
         run.clear()
 
     for dst, pkt in batch:
@@ -508,7 +513,10 @@ def _through_gro(batch: list[tuple[HCA, Packet]]) -> list[tuple[HCA, Packet]]:
                 and sum(map(len, run)) + len(data) <= GRO_MAX)  # fmt: skip
         if not fits:
             flush()
+            if dst is not run_dst:
+                take(list(merger.flush()))
             run_dst, ips = dst, (src_ip, dst_ip, pkt.sport)
         run.append(data)
     flush()
+    take(list(merger.flush()))
     return out
