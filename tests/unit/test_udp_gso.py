@@ -296,6 +296,24 @@ def test_a_message_merges_across_receives_until_another_flow_comes() -> None:
     assert m.flush() == []
 
 
+def test_a_burst_holds_at_most_merge_max_packets() -> None:
+    """UC asks for no ACK: a long message's packets merge into bursts of at
+    most MERGE_MAX, however many receives they span."""
+    from softverbs.wire.codec import MERGE_MAX, BurstMerger
+
+    frames = []
+    for i in range(200):
+        pkt = Packet(Transport.UC | Op.RDMA_WRITE_MIDDLE, 0x11, i, bytes([i]) * 64)
+        frames.append(encode_udp_payload(pkt, SRC, DST, SPORT))
+    m = BurstMerger()
+    got = []
+    for k in range(0, 200, 10):  # receives of 10 datagrams
+        got += m.feed(b"".join(frames[k : k + 10]), len(frames[0]), SRC, DST, SPORT)
+    got += m.flush()
+    assert [p.count for p in got] == [MERGE_MAX] * 3 + [200 - 3 * MERGE_MAX]
+    assert [s.psn for p in got for s in p.segments()] == list(range(200))
+
+
 # --- end to end: two UDP devices on loopback, in this process ------------------------------
 @pytest.fixture(params=["gso", "no-gso"])
 def pair_env(request: pytest.FixtureRequest, tmp_path: Path,

@@ -662,6 +662,9 @@ def decode_udp_segments(
     return [*merger.feed(data, size, src_ip, dst_ip, sport, dport), *merger.flush()]
 
 
+#: the most packets BurstMerger merges into one burst (RC asks for an ACK every 64
+#: packets, which ends a burst anyway; UC asks for none)
+MERGE_MAX = 64
 #: what BurstMerger keeps of its open burst (see its __init__)
 _Run = tuple[int, int, int, tuple[int, ...], int, int, int, int, tuple[int, int, int, int]]
 
@@ -678,8 +681,8 @@ class BurstMerger:
     whose :meth:`~softverbs.wire.packet.Burst.segments` are exactly the
     packets received, also across receives: the burst still open at the end
     of one is continued by the next, or handed out by :meth:`flush`.  A burst
-    ends at a packet that asks for an ACK, or when another flow's datagrams
-    come.
+    ends at a packet that asks for an ACK, at :data:`MERGE_MAX` packets, or
+    when another flow's datagrams come.
 
     Every datagram keeps its own check: one that is truncated, malformed or
     fails its ICRC is a :class:`WireError` in the output, in its place, and
@@ -735,6 +738,9 @@ class BurstMerger:
                         next_id = next_id + 1 if diff else 1
                         tail.append(mv[off + hlen : t_end])
                         psn = (psn + 1) & _M24
+                        if len(tail) >= MERGE_MAX - 1:  # UC asks for no ACK: bound it
+                            out.append(_merged(head, tail, ops, False, False, False))
+                            head = None
                         continue
                 seed = None  # the rest, and every case the lines above do not expect
                 if w2 & _M24 == psn:
@@ -749,7 +755,8 @@ class BurstMerger:
                     next_id = min(ip_id + 1, 64)
                     tail.append(mv[off + hlen : t_end - ((q >> 52) & 3)])
                     psn = (psn + 1) & _M24
-                    if w2 >> 31 or q >> 56 == last:  # it asks for an ACK, or ends the message
+                    # it asks for an ACK, ends the message, or makes the burst full
+                    if w2 >> 31 or q >> 56 == last or len(tail) >= MERGE_MAX - 1:
                         out.append(_merged(head, tail, ops, q >> 56 == last, w2 >> 31 == 1,
                                            (q >> 55) & 1 == 1))  # fmt: skip
                         head = None
