@@ -166,27 +166,35 @@ def _run(bursts: bool, qp_type: int, op: int, size: int, recv_len: int, rkey_ok:
     }
 
 
-@settings(max_examples=150, deadline=None)
-@given(
-    qp_type=st.sampled_from([IBV_QPT_RC, IBV_QPT_UC]),
-    op=st.sampled_from(
+#: the cases both equivalence tests below draw: the QP type, the operation,
+#: the message size, how much shorter the receive buffer is, the window
+CASE = {
+    "qp_type": st.sampled_from([IBV_QPT_RC, IBV_QPT_UC]),
+    "op": st.sampled_from(
         [IBV_WR_SEND, IBV_WR_RDMA_WRITE, IBV_WR_RDMA_WRITE_WITH_IMM, IBV_WR_RDMA_READ]
     ),
-    size=st.integers(0, 40 * PMTU),
-    recv_short=st.integers(0, 3),
-    rkey_ok=st.booleans(),
-    recv_posted=st.booleans(),
-    window=st.sampled_from([4, 16, 512]),
-    b_pmtu=st.sampled_from([PMTU, PMTU // 2]),
-)
+    "size": st.integers(0, 40 * PMTU),
+    "recv_short": st.integers(0, 3),
+    "rkey_ok": st.booleans(),
+    "window": st.sampled_from([4, 16, 512]),
+}
+
+
+def _case(qp_type: int, op: int, size: int, recv_short: int) -> tuple[int, int]:
+    """The operation (UC has no READ: a WRITE instead) and the receive buffer's
+    length: the message's, shorter by one or two half MTUs, or one byte longer."""
+    if qp_type == IBV_QPT_UC and op == IBV_WR_RDMA_READ:
+        op = IBV_WR_RDMA_WRITE
+    return op, max(0, size - recv_short * PMTU // 2) if recv_short < 3 else size + 1
+
+
+@settings(max_examples=150, deadline=None)
+@given(**CASE, recv_posted=st.booleans(), b_pmtu=st.sampled_from([PMTU, PMTU // 2]))
 def test_whole_bursts_and_split_bursts_end_alike(qp_type: int, op: int, size: int,
                                                  recv_short: int, rkey_ok: bool,
                                                  recv_posted: bool, window: int,
                                                  b_pmtu: int) -> None:  # fmt: skip
-    if qp_type == IBV_QPT_UC and op == IBV_WR_RDMA_READ:
-        op = IBV_WR_RDMA_WRITE  # UC has no READ
-    # a receive buffer shorter than the message by a few MTUs (or exactly as long)
-    recv_len = max(0, size - recv_short * PMTU // 2) if recv_short < 3 else size + 1
+    op, recv_len = _case(qp_type, op, size, recv_short)
     args = (qp_type, op, size, recv_len, rkey_ok, recv_posted, window, b_pmtu)
     whole = _run(True, *args)
     split = _run(False, *args)
@@ -194,26 +202,14 @@ def test_whole_bursts_and_split_bursts_end_alike(qp_type: int, op: int, size: in
 
 
 @settings(max_examples=100, deadline=None)
-@given(
-    qp_type=st.sampled_from([IBV_QPT_RC, IBV_QPT_UC]),
-    op=st.sampled_from(
-        [IBV_WR_SEND, IBV_WR_RDMA_WRITE, IBV_WR_RDMA_WRITE_WITH_IMM, IBV_WR_RDMA_READ]
-    ),
-    size=st.integers(0, 40 * PMTU),
-    recv_short=st.integers(0, 3),
-    rkey_ok=st.booleans(),
-    window=st.sampled_from([4, 16, 512]),
-    faults=st.one_of(st.none(), st.integers(0, 2**16)),
-)
+@given(**CASE, faults=st.one_of(st.none(), st.integers(0, 2**16)))
 def test_gro_merged_and_one_by_one_end_alike(qp_type: int, op: int, size: int,
                                             recv_short: int, rkey_ok: bool, window: int,
                                             faults: int | None) -> None:  # fmt: skip
     """The packets on the wire, encoded, coalesced as UDP_GRO coalesces them and
-    merged into bursts by decode_udp_segments, end exactly as the same packets
+    merged into bursts by a BurstMerger, end exactly as the same packets
     delivered one by one -- under seeded loss, duplication and reordering too."""
-    if qp_type == IBV_QPT_UC and op == IBV_WR_RDMA_READ:
-        op = IBV_WR_RDMA_WRITE
-    recv_len = max(0, size - recv_short * PMTU // 2) if recv_short < 3 else size + 1
+    op, recv_len = _case(qp_type, op, size, recv_short)
     args = (qp_type, op, size, recv_len, rkey_ok, True, window, PMTU)
     merged = _run(False, *args, gro=True, faults=faults)
     single = _run(False, *args, faults=faults)
