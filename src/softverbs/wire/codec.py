@@ -474,15 +474,16 @@ def seal_udp_payload(buf: bytearray, src_ip: bytes, dst_ip: bytes, sport: int,
 
 def seal_udp_datagrams(buf: bytearray, start: int, sizes: list[int], src_ip: bytes,
                        dst_ip: bytes, sport: int, dport: int = ROCEV2_PORT, *,
-                       ip_id: int = 0, numbered: bool = False) -> None:  # fmt: skip
+                       ip_id: int = 0) -> None:  # fmt: skip
     """Write the ICRCs of datagrams of ``sizes`` bytes lying back to back in
-    ``buf`` from ``start``: each for IPv4 ID ``ip_id``, or, if ``numbered``,
-    datagram k for ID ``ip_id + k`` (a GSO run's segments)."""
+    ``buf`` from ``start``, each for IPv4 ID ``ip_id`` (a GSO run is sealed by
+    :func:`encode_udp_burst`, which numbers its segments)."""
     mv = memoryview(buf)
     v4 = len(src_ip) == 4
+    ip_id &= 0xFFFF
     seeds: dict[int, int] = {}  # BTH word 0 and length -> the pseudo header's CRC (ID 0)
     off = start
-    for k, size in enumerate(sizes):
+    for size in sizes:
         end = off + size - ICRC_SIZE
         w0 = _U32.unpack_from(buf, off)[0]
         key = w0 | (size << 32)
@@ -490,9 +491,8 @@ def seal_udp_datagrams(buf: bytearray, start: int, sizes: list[int], src_ip: byt
         if seed is None:
             seed = seeds[key] = _pseudo_crc(end - off, w0, src_ip, dst_ip, sport, dport)
         crc = crc32(mv[off + 5 : end], seed)
-        this_id = (ip_id + k if numbered else ip_id) & 0xFFFF
-        if v4 and this_id:
-            crc ^= _id_delta(end - off + 22, this_id)  # CRC-32 is affine in the ID's bits
+        if v4 and ip_id:
+            crc ^= _id_delta(end - off + 22, ip_id)  # CRC-32 is affine in the ID's bits
         _ICRC.pack_into(buf, end, crc)
         off += size
 
