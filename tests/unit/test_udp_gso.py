@@ -426,3 +426,34 @@ def test_a_refused_gso_send_falls_back_to_one_datagram_at_a_time() -> None:
     assert src.counters["gso_fallback"] == 1 and not runtime.gso and not runtime.bursts
     assert len(sock.sent) == 4
     assert [decode_udp_payload(d, SRC, DST, SPORT, ip_id=0).psn for d in sock.sent] == [0, 1, 2, 3]
+
+
+def test_a_long_drain_sends_the_acks_it_owes_every_64_packets() -> None:
+    """A receiver draining a backlog sends what it owes (its coalesced ACKs) after
+    every ACK_FLUSH_PACKETS datagrams, not only when the socket is empty."""
+    from collections import Counter
+
+    from softverbs.fabric.runtime import MonotonicClock
+
+    datagrams = [encode_udp_payload(Packet(Transport.RC | Op.RDMA_WRITE_ONLY, 0x11, i,
+                                           b"x" * 64), SRC, DST, SPORT)
+                 for i in range(200)]  # fmt: skip
+
+    class Backlog:
+        def recvmsg(self, *args: object) -> tuple[bytes, list[object], int, tuple[str, int]]:
+            if not datagrams:
+                raise BlockingIOError
+            return bytes(datagrams.pop(0)), [], 0, ("127.0.0.1", SPORT)
+
+    runtime = udp.UdpRuntime.__new__(udp.UdpRuntime)
+    runtime.taps = []
+    runtime.clock = MonotonicClock()
+    sink = _Sink()
+    sink.counters = Counter()
+    runtime.hcas = [sink]  # type: ignore[list-item]
+    runtime._rx = {Backlog(): udp.LocalAddr("127.0.0.2", DST)}  # type: ignore[dict-item]
+    flushed_at: list[int] = []
+    runtime.send_outboxes = lambda now: flushed_at.append(len(sink.got)) or False  # type: ignore[method-assign]
+    assert runtime._drain()
+    assert len(sink.got) == 200
+    assert flushed_at == [64, 128, 192] and udp.ACK_FLUSH_PACKETS == 64
