@@ -17,7 +17,7 @@ and connect one RC QP each.  In the same run, three stacks are measured:
 (2) softverbs 8-byte RC SEND ping-pong: the client times each round trip and
     reports half of it (one-way, as perftest and ucx_perftest report
     latency): median and p99.  Both sides busy-poll their CQs, dropping the
-    GIL with ``sleep(0)`` after an empty poll unless ``--spin`` (see idle()).
+    GIL with ``os.sched_yield()`` after an empty poll unless ``--spin`` (see idle()).
 (3) ``ucx_perftest`` (Debian ``ucx-utils``) over TCP on loopback
     (``UCX_TLS=tcp UCX_NET_DEVICES=lo``), server and client processes:
     ``ucp_put_bw`` at the same sizes (at most ``WINDOW`` puts and 4 MiB
@@ -272,10 +272,12 @@ def idle(spin: bool) -> None:
     could also deadlock: it wrote a wake-up byte per poll into a blocking
     socketpair the starved thread never drained, and blocked in send() with
     the lock held (fixed in da22929: the pair is non-blocking).
-    ``sleep(0)`` lets the thread in; ``--spin`` measures without it.
+    ``os.sched_yield()`` lets the thread in; ``--spin`` measures without it.
+    Not ``time.sleep(0)``: Linux rounds that sleep up by the thread's timer
+    slack (50 us by default), 76 us a call on the benchmark's VM.
     """
     if not spin:
-        time.sleep(0)
+        os.sched_yield()
 
 
 def _deadline() -> float:
@@ -1006,7 +1008,7 @@ def main() -> int:
     ap.add_argument(
         "--spin",
         action="store_true",
-        help="softverbs pollers never pause (default: sleep(0) after an empty poll)",
+        help="softverbs pollers never pause (default: sched_yield() after an empty poll)",
     )
     ap.add_argument("--loss", type=float, default=0.0, metavar="P",
                     help="drop this fraction of the packets each softverbs process sends "
