@@ -42,8 +42,10 @@ from softverbs import (
     QPInitAttr,
     RecvWR,
     SendWR,
+    counters,
 )
 from softverbs.enums import IBV_ACCESS_LOCAL_WRITE, IBV_QPT_UD, IBV_WC_SUCCESS
+from softverbs.fabric import udp
 from softverbs.fabric.udp import UdpRuntime, explicit_addresses
 
 QKEY = 0x11111111
@@ -114,3 +116,69 @@ def test_wake_never_blocks() -> None:
         stopper = threading.Thread(target=runtime.stop, daemon=True)
         stopper.start()
         stopper.join(timeout=10)
+
+
+def _ud_pair(tx: Context, rx: Context, channel: CompChannel | None = None) -> tuple[
+        CQ, QP, CQ, QP, SendWR, list[RecvWR]]:  # fmt: skip
+    """A UD QP on ``tx`` that sends 64 bytes to a UD QP on ``rx`` with two receives ready."""
+    pd_tx, pd_rx = PD(tx), PD(rx)
+    cq_tx = CQ(tx, 8)
+    cq_rx = CQ(rx, 8, None, channel, 0) if channel is not None else CQ(rx, 8)
+    qp_tx, qp_rx = _ud_qp(pd_tx, cq_tx), _ud_qp(pd_rx, cq_rx)
+    mr_tx = MR(pd_tx, 64, IBV_ACCESS_LOCAL_WRITE)
+    mr_rx = MR(pd_rx, 2 * 104, IBV_ACCESS_LOCAL_WRITE)
+    mr_tx.write(b"x" * 64, 64)
+    recvs = [RecvWR(i, 1, [SGE(mr_rx.buf + 104 * i, 104, mr_rx.lkey)]) for i in range(2)]
+    route = GlobalRoute(dgid=rx.query_gid(1, 0), sgid_index=0)
+    ah = AH(pd_tx, attr=AHAttr(is_global=1, port_num=1, gr=route))
+    wr = SendWR(2, num_sge=1, sg=[SGE(mr_tx.buf, 64, mr_tx.lkey)])
+    wr.set_wr_ud(ah, qp_rx.qp_num, QKEY)
+    return cq_tx, qp_tx, cq_rx, qp_rx, wr, recvs
+
+
+def test_posts_leave_datagrams_to_the_poller(two_udp_devices: tuple[str, str],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """A post sends what it made and takes no datagram: the poll does (a receive
+    system call in every post cost the ping-pong two per message and side), and
+    the progress thread stands back for a busy poller."""
+    monkeypatch.setattr(udp, "POLLER_STANDS_BACK", 60.0)  # the poller stays "busy"
+    name_tx, name_rx = two_udp_devices
+    with Context(name=name_tx) as tx, Context(name=name_rx) as rx:
+        _, qp_tx, cq_rx, qp_rx, wr, recvs = _ud_pair(tx, rx)
+        qp_rx.post_recv(recvs[0])
+        assert cq_rx.poll(1)[0] == 0  # an empty poll: a busy poller from now on
+        qp_tx.post_send(wr)
+        time.sleep(0.3)  # the datagram waits in rx's socket
+        assert counters(rx)["rcvd_pkts"] == 0, "the progress thread took the datagram"
+        qp_rx.post_recv(recvs[1])
+        assert counters(rx)["rcvd_pkts"] == 0, "post_recv took the datagram"
+        n, wcs = cq_rx.poll(1)
+        assert n == 1 and wcs[0].status == IBV_WC_SUCCESS and wcs[0].byte_len == 104
+        assert counters(rx)["rcvd_pkts"] == 1
+
+
+def test_a_poller_that_blocks_ends_the_standing_back(
+        two_udp_devices: tuple[str, str], monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """A thread that polled its CQ empty and then blocks in get_cq_event is no
+    longer polling: the progress thread takes the sockets at once, not when its
+    standing back (here made a minute long) ends."""
+    monkeypatch.setattr(udp, "POLLER_STANDS_BACK", 60.0)
+    monkeypatch.setattr(udp, "STAND_BACK_SLEEP", 60.0)
+    name_tx, name_rx = two_udp_devices
+    with Context(name=name_tx) as tx, Context(name=name_rx) as rx:
+        channel = CompChannel(rx)
+        _, qp_tx, cq_rx, qp_rx, wr, recvs = _ud_pair(tx, rx, channel)
+        qp_rx.post_recv(recvs[0])
+        assert cq_rx.poll(1)[0] == 0  # a busy poller: the thread stands back
+        time.sleep(0.05)  # and is asleep
+        cq_rx.req_notify()
+        sender = threading.Timer(0.3, qp_tx.post_send, args=(wr,))
+        sender.start()
+        t0 = time.monotonic()
+        channel.get_cq_event(cq_rx, timeout=5.0)
+        waited = time.monotonic() - t0
+        sender.join()
+        assert waited < 2.5, f"get_cq_event returned after {waited:.2f} s: the thread stood back"
+        n, wcs = cq_rx.poll(1)
+        assert n == 1 and wcs[0].status == IBV_WC_SUCCESS
+        cq_rx.ack_events(1)

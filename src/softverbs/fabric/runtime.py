@@ -89,6 +89,7 @@ class DeviceRuntime(Protocol):
     clock: Clock
 
     def progress(self) -> bool: ...
+    def posted(self) -> bool: ...
     def idle_step(self) -> bool: ...
     def next_deadline(self) -> float | None: ...
     def wait_for(self, ready: Callable[[], bool], timeout: float | None = None) -> bool: ...
@@ -202,6 +203,13 @@ class Runtime:
             self.generation += 1
             self.cond.notify_all()
         return did
+
+    def posted(self) -> bool:
+        """A verb queued work (a post rang a doorbell): run the devices until
+        what it made has left; True if anything happened.  The same as
+        :meth:`progress` here; a fabric whose packets arrive on sockets leaves
+        those to the next poll or to its thread.  Call with :attr:`lock` held."""
+        return self.progress()
 
     def idle_step(self) -> bool:
         """Virtual clock only: jump to the next timer and run; False if none."""

@@ -61,6 +61,7 @@ import functools
 import ipaddress
 import json
 import logging
+import math
 import os
 import selectors
 import socket
@@ -68,7 +69,7 @@ import struct
 import subprocess
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -289,9 +290,12 @@ def _gro_size(ancdata: list[tuple[int, int, bytes]]) -> int:
     return 0
 
 
-#: seconds the progress thread leaves the sockets to an application thread whose
-#: poll last found its CQ empty (a busy poller), before it looks again
+#: an application thread whose poll found its CQ empty less than this long ago
+#: is a busy poller: its polls drain the sockets and run the timers
 POLLER_STANDS_BACK = 0.0005
+#: how long the progress thread then sleeps, away from the sockets, before it
+#: looks again (a poller that blocks in a wait wakes it at once: wait_for)
+STAND_BACK_SLEEP = 0.005
 
 
 class UdpRuntime(Runtime):
@@ -314,6 +318,7 @@ class UdpRuntime(Runtime):
         self._wake_w.setblocking(False)
         self._sel.register(self._wake_r, selectors.EVENT_READ)
         self._stop = threading.Event()
+        self._resume = threading.Event()  #: ends the thread's standing back early
         self._thread: threading.Thread | None = None
         self._sleep_until: float | None = None
         self._poller_seen = 0.0  #: when a poll last found its CQ empty
@@ -546,20 +551,38 @@ class UdpRuntime(Runtime):
             # blocked in wait_for (get_cq_event, get_async_event): wake them here.
             self.generation += 1
             self.cond.notify_all()
-        did = did or got
+        self._timers_moved()
+        return did or got
+
+    def posted(self) -> bool:
+        """Send what a post made, without looking for datagrams: a poll or the
+        progress thread takes those (a receive system call on every post cost
+        the ping-pong two per message and side)."""
+        did = super().progress()
+        self._timers_moved()
+        return did
+
+    def _timers_moved(self) -> None:
         if self._thread is not None and threading.current_thread() is not self._thread:
             # A verb may have armed a timer earlier than the thread sleeps on.
             nxt = self.next_deadline()
             if nxt is not None and (self._sleep_until is None or nxt < self._sleep_until):
                 self.wake()
                 self._sleep_until = nxt  # one wakeup per earlier deadline, not one per poll
-        return did
 
     def idle_step(self) -> bool:
         """A poll found nothing: an application thread is busy-polling (the
         progress thread stands back while it does)."""
         self._poller_seen = time.monotonic()
         return super().idle_step()
+
+    def wait_for(self, ready: Callable[[], bool], timeout: float | None = None) -> bool:
+        if self._poller_seen:
+            # A thread that blocks is no longer busy-polling: the progress thread
+            # must take the sockets now, not when its standing back ends.
+            self._poller_seen = 0.0
+            self._resume.set()
+        return super().wait_for(ready, timeout)
 
     # --- the progress thread ----------------------------------------------------------
     def start(self) -> None:
@@ -570,6 +593,17 @@ class UdpRuntime(Runtime):
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            if time.monotonic() - self._poller_seen < POLLER_STANDS_BACK:
+                # An application thread is busy-polling its CQ, and its polls drain
+                # the sockets and run the timers (idle_step).  Waking here for each
+                # datagram would only hand the GIL and the lock between threads,
+                # which cost a busy poller a third of its one-way latency
+                # (docs/performance.md): look again later, without the sockets.
+                # Nor does a verb's earlier timer need to wake it (progress()).
+                self._sleep_until = -math.inf
+                self._resume.wait(STAND_BACK_SLEEP)
+                self._resume.clear()
+                continue
             with self.lock:
                 nxt = self.next_deadline()
                 now = self.clock.now()
@@ -586,12 +620,7 @@ class UdpRuntime(Runtime):
             if self._stop.is_set():
                 break
             if time.monotonic() - self._poller_seen < POLLER_STANDS_BACK:
-                # An application thread is busy-polling its CQ, and its polls drain
-                # the sockets and run the engine (idle_step): taking the datagram
-                # here would only hand it over between threads (the GIL, the lock),
-                # which doubled the one-way latency (docs/performance.md).
-                time.sleep(POLLER_STANDS_BACK)
-                continue
+                continue  # the poller takes it (above)
             with self.lock:
                 try:
                     self.progress()
@@ -605,6 +634,7 @@ class UdpRuntime(Runtime):
     def stop(self) -> None:
         """Stop the thread, send what is queued, close the sockets."""
         self._stop.set()
+        self._resume.set()
         self.wake()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)

@@ -268,6 +268,10 @@ class ClientRuntime:
                 self.cond.notify_all()
         return got
 
+    def posted(self) -> bool:
+        """A post's doorbell is already on its way to the service: nothing to run."""
+        return False
+
     def idle_step(self) -> bool:
         return False
 

@@ -156,12 +156,12 @@ class EmbeddedProvider:
         return res
 
     def doorbell(self, qp: int, queue: int) -> None:
-        """No message to send: the engine reads the ring in this process."""
+        """No message to send: the engine reads the ring in this process (the
+        verb that rang runs the devices next: ``runtime.posted()``)."""
         rec = self.host.obj(self.owner, qp, api.KIND_QP)
         rt = self.runtime
         with rt.lock:
             ring_doorbell(rec.engine, queue, rt.clock.now())
-            rt.progress()
 
     # --- rings and memory --------------------------------------------------------------------
     def work_ring(self, size: int, send: bool, max_sge: int, max_inline: int,

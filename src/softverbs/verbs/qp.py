@@ -630,12 +630,12 @@ class QP(PyverbsCM):
             except PyverbsRDMAError:
                 if sq is not None:
                     self._ring(sq.pi)  # never strand deferred WQEs (seed 003)
-                rt.progress()
+                rt.posted()
                 if bad_wr is not None and w is not None:
                     _copy_send_wr(w, bad_wr)
                 raise
             self._ring(ring_to)
-            rt.progress()
+            rt.posted()
 
     def _build_send(self, w: SendWR, n: int, type1_bind: bool = False) -> SendWQE:
         qp_type = self.qp_type
@@ -810,12 +810,12 @@ class QP(PyverbsCM):
                 wqe = self._build_send(wr, 0, type1_bind=True)
             except PyverbsRDMAError:
                 self._ring(sq.pi)  # never strand deferred WQEs (seed 003)
-                rt.progress()
+                rt.posted()
                 raise
             sq.push(wqe)
             self._unsignaled_run = 0 if wqe.signaled else self._unsignaled_run + 1
             self._ring(sq.pi)
-            rt.progress()
+            rt.posted()
 
     def post_recv(self, wr: RecvWR, bad_wr: RecvWR | None = None) -> None:
         """Post a list of receive WRs."""
@@ -858,7 +858,7 @@ class QP(PyverbsCM):
             finally:
                 if posted and self.rq is not None and self.rq.ring(self.rq.pi):
                     self._ctx.provider.doorbell(self.dev_handle, api.DB_RQ)
-                    rt.progress()
+                    rt.posted()
 
     def _release(self) -> None:
         ctx = self._ctx
@@ -951,14 +951,14 @@ class QPEx(QP):
                 wqes = [self._build_send(w, i) for i, w in enumerate(batch)]
             except PyverbsRDMAError:
                 self._ring(sq.pi)  # never strand WQEs deferred before the batch (seed 003)
-                rt.progress()
+                rt.posted()
                 raise
             for w, wqe in zip(batch, wqes, strict=True):
                 sq.push(wqe)
                 self._unsignaled_run = 0 if wqe.signaled else self._unsignaled_run + 1
                 del w
             self._ring(sq.pi)
-            rt.progress()
+            rt.posted()
 
     # builders
     def wr_send(self) -> None:

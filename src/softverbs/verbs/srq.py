@@ -231,7 +231,7 @@ class SRQ(PyverbsCM):
                     bad_wr.__dict__.update(w.__dict__)  # ibv_post_srq_recv's bad_wr
                 raise
             finally:
-                self._ctx.runtime.progress()
+                self._ctx.runtime.posted()
 
     def post_srq_ops(self, wr: OpsWr, bad_wr: OpsWr | None = None) -> None:
         """``ibv_post_srq_ops``: tag-matching SRQs only, which softverbs has not."""
