@@ -25,7 +25,7 @@ from scenario_kit import (
     write_wr,
 )
 
-from softverbs import SGE
+from softverbs import SGE, counters
 from softverbs.enums import (
     IBV_QPS_ERR,
     IBV_QPS_RTS,
@@ -95,9 +95,15 @@ def _fill_unsignaled(p):
     for i in range(N):
         a.write(bytes([0x41 + i]) * 8, 8 * i)
         a.qp.post_send(write_wr(i, a, b, 8, 8 * i, 8 * i, flags=0))
-    # every WR was executed on the wire ...
+    # every WR was executed on the wire and acknowledged (both QPs are on one
+    # device: nothing is in flight once it has received every packet it sent) ...
     want = b"".join(bytes([0x41 + i]) * 8 for i in range(N))
-    wait_until(lambda: b.read(8 * N, 0) == want, p.ctx, what="every WRITE landing")
+
+    def done() -> bool:
+        c = counters(p.ctx)
+        return b.read(8 * N, 0) == want and c["rcvd_pkts"] == c["sent_pkts"]
+
+    wait_until(done, p.ctx, what="every WRITE landing and acknowledged")
 
 
 def test_full_sq_of_unsignaled_wrs_never_recovers_in_rts(ctx):
