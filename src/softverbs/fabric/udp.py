@@ -44,9 +44,11 @@ Receiving and progress
     malformed datagram is dropped and counted under ``drop_<reason>``; it
     never raises.  A progress thread waits on the sockets and the next timer
     deadline, so ACKs, READ responses and atomics are answered while the
-    application is busy elsewhere; application calls drain the sockets too,
-    so a polling loop sees its completions without a thread hop.  Both run
-    the same loop under the runtime's one lock.
+    application is busy elsewhere.  A poll drains the sockets too, so a
+    polling loop sees its completions without a thread hop, and while an
+    application thread busy-polls the progress thread stands back, away
+    from the sockets.  A post does not drain them: it only sends what it
+    made (``posted``).  All run the same loop under the runtime's one lock.
 
 Path MTU
     ``active_mtu`` follows the interface MTU as in rxe: the largest IB MTU
