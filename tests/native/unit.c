@@ -163,6 +163,15 @@ static int cmd_recv(char **a)
 	int err = post_recv(&qp.qpx.qp_base, w, &bad);
 	printf("post %d bad %lu doorbells %d pi %lu\n", err, bad ? (unsigned long)bad->wr_id : 0UL,
 	       doorbells, (unsigned long)sv_load(&qp.rq, SV_RING_SQ_PI));
+	/* the device reads an RQ's doorbell record itself, but flushes a QP in ERR
+	 * only when told: a post to one rings (the state lives in the send ring) */
+	qp.sq = qp.rq;
+	qp.has_sq = 1;
+	sv_store(&qp.sq, SV_RING_SQ_STATE, IBV_QPS_ERR + 1);
+	w[2].next = NULL;
+	err = post_recv(&qp.qpx.qp_base, &w[2], &bad);
+	printf("in-err %d doorbells %d db %lu\n", err, doorbells,
+	       (unsigned long)sv_load(&qp.rq, SV_RING_SQ_DB));
 	return 0;
 }
 

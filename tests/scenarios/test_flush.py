@@ -420,3 +420,25 @@ def test_srq_qp_reset_returns_taken_wqe(ctx):
     _srq_recv(srq, mr, 102, 2)  # the taken WQE's slot was given back
     with raises_errno(errno.ENOMEM):
         _srq_recv(srq, mr, 103, 3)
+
+
+def test_receives_posted_without_a_doorbell_message(ctx, monkeypatch):
+    """The C library stores a receive queue's doorbell record without sending the
+    message (docs/rings.md), as mlx5's RQ has no MMIO doorbell: a SEND finds such
+    a receive, and a move to ERR flushes the others."""
+    inproc_only(ctx, "the Python provider's doorbell is replaced")
+    from softverbs.device.api import DB_RQ
+
+    provider = ctx.provider
+    ring = provider.doorbell
+    monkeypatch.setattr(provider, "doorbell",
+                        lambda qp, queue: None if queue == DB_RQ else ring(qp, queue))  # fmt: skip
+    p = make_pair(ctx, IBV_QPT_RC)
+    a, b = p.a, p.b
+    b.qp.post_recv(recv_wr(1, b, 64))
+    a.qp.post_send(send_wr(10, a, 64))
+    check_wc(poll_exact(a.scq, 1)[0], 10, IBV_WC_SUCCESS, IBV_WC_SEND)
+    check_wc(poll_exact(b.rcq, 1)[0], 1, IBV_WC_SUCCESS, IBV_WC_RECV)
+    b.qp.post_recv(recv_wr(2, b, 64))  # after the SEND: only the flush reads it
+    modify_state(b.qp, IBV_QPS_ERR)
+    check_wc(poll_exact(b.rcq, 1)[0], 2, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV)

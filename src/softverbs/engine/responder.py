@@ -681,6 +681,9 @@ class Responder:
         rq = qp.rq
         if rq is None or qp.srq is not None:
             return
+        # Receive WQEs posted without a doorbell message (docs/rings.md) are
+        # flushed too: read the doorbell record, as a NIC entering ERR does.
+        rq.latch()
         while self.rq_next < rq.db:
             self._flush_rqe(rq.get(self.rq_next))
             self.rq_next += 1

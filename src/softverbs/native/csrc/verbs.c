@@ -935,7 +935,15 @@ static int post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr, struct ibv_rec
 		*bad_wr = wr;
 	if (pi > sv_load(&qp->rq, SV_RING_SQ_DB)) {
 		sv_store(&qp->rq, SV_RING_SQ_DB, pi);
-		sv_doorbell(ibqp->handle, SV_DB_RQ);
+		/* As a NIC reads an RQ's doorbell record when a message finds no receive
+		 * WQE fetched (mlx5's RQ has no MMIO doorbell), the device reads this one;
+		 * a doorbell message is sent only where it must act now: to flush what is
+		 * posted to a QP in ERR (the device publishes ERR before it flushes, and
+		 * the flush reads the record: the fence orders our store before our load,
+		 * so one side sees the other), and for the sanitizer's checks. */
+		__atomic_thread_fence(__ATOMIC_SEQ_CST);
+		if (published_state(qp) == IBV_QPS_ERR || sv_sanitizing())
+			sv_doorbell(ibqp->handle, SV_DB_RQ);
 	}
 	pthread_spin_unlock(&qp->rq_lock);
 	return err;
