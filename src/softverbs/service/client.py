@@ -110,6 +110,7 @@ class Connection:
         self.service_pid: int = reply.service_pid
         self.token: int = reply.token
         value = sanitizer.from_environment()
+        self.sanitized = value is not None
         if value is not None:  # reports go to this process's stderr (docs/sanitizer.md)
             self.call(api.SANITIZE, api.Empty(), [2], sanitizer.for_python(value).encode())
 
@@ -333,6 +334,9 @@ class ServiceProvider:
         self.features = Features()
         #: in a forked child: the rings are the parent's; the verbs refuse to touch them
         self.forked = False
+        #: a receive doorbell is a message: sent only where the device must act at
+        #: once, and for the sanitizer's checks (docs/rings.md)
+        self.rings_rq = conn.sanitized
         self._regions: dict[int, SharedRegion] = {}  #: id(ring) -> its shared memory
         self._sockets: dict[tuple[int, int], socket.socket] = {}  #: (kind, handle) -> events
         # a context of the registry's own, for the device's GIDs and MTU

@@ -71,6 +71,10 @@ class Provider(Protocol):
     features: Features
     #: this process is a fork of the one that made the rings: they are not its to use
     forked: bool
+    #: every receive post rings the doorbell; else only where the device must act at
+    #: once (a QP in ERR), as it reads a receive queue's doorbell record itself
+    #: (docs/rings.md)
+    rings_rq: bool
 
     @property
     def runtime(self) -> DeviceRuntime: ...
@@ -121,6 +125,7 @@ class EmbeddedProvider:
         self.name = device.name
         self.features = device.info.features
         self.forked = False  #: a forked child has its own copy of an in-process device
+        self.rings_rq = True  #: a doorbell is a call here; the engine's view stays current
         self._dm_pool: DmPool | None = None
 
     @property

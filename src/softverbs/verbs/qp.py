@@ -856,8 +856,10 @@ class QP(PyverbsCM):
                     _copy_wr(w, bad_wr)
                 raise
             finally:
-                if posted and self.rq is not None and self.rq.ring(self.rq.pi):
-                    self._ctx.provider.doorbell(self.dev_handle, api.DB_RQ)
+                provider = self._ctx.provider
+                if posted and self.rq is not None and self.rq.ring(self.rq.pi) and (
+                        provider.rings_rq or self._state() == IBV_QPS_ERR):  # fmt: skip
+                    provider.doorbell(self.dev_handle, api.DB_RQ)
                     rt.posted()
 
     def _release(self) -> None:
