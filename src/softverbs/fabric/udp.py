@@ -323,7 +323,7 @@ class UdpRuntime(Runtime):
         self._resume = threading.Event()  #: ends the thread's standing back early
         self._thread: threading.Thread | None = None
         self._sleep_until: float | None = None
-        self._poller_seen = 0.0  #: when a poll last found its CQ empty
+        self._poller_seen = -math.inf  #: when a poll last found its CQ empty
         #: segmentation offload: bursts whole, runs of datagrams per sendmsg
         self.gso = gso_wanted()
         self.bursts = self.gso
@@ -579,10 +579,10 @@ class UdpRuntime(Runtime):
         return super().idle_step()
 
     def wait_for(self, ready: Callable[[], bool], timeout: float | None = None) -> bool:
-        if self._poller_seen:
+        if self._poller_seen != -math.inf:
             # A thread that blocks is no longer busy-polling: the progress thread
             # must take the sockets now, not when its standing back ends.
-            self._poller_seen = 0.0
+            self._poller_seen = -math.inf
             self._resume.set()
         return super().wait_for(ready, timeout)
 
