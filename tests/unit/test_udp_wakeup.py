@@ -14,6 +14,11 @@ call does it when a timer is due sooner than the thread sleeps).  It writes
 to a socket pair the progress thread drains -- after taking that same lock.
 A blocking write into a full pair therefore deadlocked a busy-polling RC
 program against rxe; the write must not block.
+
+While an application thread busy-polls, the progress thread stands back
+away from the sockets, and posts take no datagrams: the polls do.  A poller
+that then blocks in ``get_cq_event`` must not wait for the standing back to
+end.
 """
 
 from __future__ import annotations
@@ -70,35 +75,49 @@ def _ud_qp(pd: PD, cq: CQ) -> QP:
     return QP(pd, init, attr)  # pyverbs moves a UD QP to RTS when given a QPAttr
 
 
+def _ud_pair(tx: Context, rx: Context, channel: CompChannel | None = None) -> tuple[
+        CQ, QP, CQ, QP, SendWR, list[RecvWR]]:  # fmt: skip
+    """A UD QP on ``tx`` that sends 64 bytes to a UD QP on ``rx`` with two receives ready."""
+    pd_tx, pd_rx = PD(tx), PD(rx)
+    cq_tx = CQ(tx, 8)
+    cq_rx = CQ(rx, 8, None, channel, 0) if channel is not None else CQ(rx, 8)
+    qp_tx, qp_rx = _ud_qp(pd_tx, cq_tx), _ud_qp(pd_rx, cq_rx)
+    mr_tx = MR(pd_tx, 64, IBV_ACCESS_LOCAL_WRITE)
+    mr_rx = MR(pd_rx, 2 * 104, IBV_ACCESS_LOCAL_WRITE)
+    mr_tx.write(b"x" * 64, 64)
+    recvs = [RecvWR(i, 1, [SGE(mr_rx.buf + 104 * i, 104, mr_rx.lkey)]) for i in range(2)]
+    route = GlobalRoute(dgid=rx.query_gid(1, 0), sgid_index=0)
+    ah = AH(pd_tx, attr=AHAttr(is_global=1, port_num=1, gr=route))
+    wr = SendWR(2, num_sge=1, sg=[SGE(mr_tx.buf, 64, mr_tx.lkey)])
+    wr.set_wr_ud(ah, qp_rx.qp_num, QKEY)
+    return cq_tx, qp_tx, cq_rx, qp_rx, wr, recvs
+
+
+def _waited_for_delivery(qp_tx: QP, wr: SendWR, channel: CompChannel, cq_rx: CQ) -> float:
+    """Seconds get_cq_event waited for a send posted 0.3 s after it began
+    (from another thread: the waiter certainly sleeps first)."""
+    cq_rx.req_notify()
+    sender = threading.Timer(0.3, qp_tx.post_send, args=(wr,))
+    sender.start()
+    t0 = time.monotonic()
+    channel.get_cq_event(cq_rx, timeout=5.0)
+    waited = time.monotonic() - t0
+    sender.join()
+    cq_rx.ack_events(1)
+    return waited
+
+
 def test_ud_receive_wakes_get_cq_event(two_udp_devices: tuple[str, str]) -> None:
     name_tx, name_rx = two_udp_devices
     with Context(name=name_tx) as tx, Context(name=name_rx) as rx:
-        pd_tx, pd_rx = PD(tx), PD(rx)
-        cq_tx = CQ(tx, 8)
         channel = CompChannel(rx)
-        cq_rx = CQ(rx, 8, None, channel, 0)
-        qp_tx, qp_rx = _ud_qp(pd_tx, cq_tx), _ud_qp(pd_rx, cq_rx)
-        mr_tx = MR(pd_tx, 64, IBV_ACCESS_LOCAL_WRITE)
-        mr_rx = MR(pd_rx, 64 + 40, IBV_ACCESS_LOCAL_WRITE)
-        mr_tx.write(b"x" * 64, 64)
-        qp_rx.post_recv(RecvWR(1, 1, [SGE(mr_rx.buf, 104, mr_rx.lkey)]))
-        route = GlobalRoute(dgid=rx.query_gid(1, 0), sgid_index=0)
-        ah = AH(pd_tx, attr=AHAttr(is_global=1, port_num=1, gr=route))
-        wr = SendWR(2, num_sge=1, sg=[SGE(mr_tx.buf, 64, mr_tx.lkey)])
-        wr.set_wr_ud(ah, qp_rx.qp_num, QKEY)
-        cq_rx.req_notify()
-
-        sender = threading.Timer(0.3, qp_tx.post_send, args=(wr,))
-        sender.start()
-        t0 = time.monotonic()
-        channel.get_cq_event(cq_rx, timeout=5.0)
-        waited = time.monotonic() - t0
-        sender.join()
+        _, qp_tx, cq_rx, qp_rx, wr, recvs = _ud_pair(tx, rx, channel)
+        qp_rx.post_recv(recvs[0])
+        waited = _waited_for_delivery(qp_tx, wr, channel, cq_rx)
         # Woken by the delivery (about 0.3 s), not by the 5 s timeout.
         assert waited < 2.5, f"get_cq_event returned after {waited:.2f} s: not woken"
         n, wcs = cq_rx.poll(1)
         assert n == 1 and wcs[0].status == IBV_WC_SUCCESS and wcs[0].byte_len == 104
-        cq_rx.ack_events(1)
 
 
 def test_wake_never_blocks() -> None:
@@ -116,24 +135,6 @@ def test_wake_never_blocks() -> None:
         stopper = threading.Thread(target=runtime.stop, daemon=True)
         stopper.start()
         stopper.join(timeout=10)
-
-
-def _ud_pair(tx: Context, rx: Context, channel: CompChannel | None = None) -> tuple[
-        CQ, QP, CQ, QP, SendWR, list[RecvWR]]:  # fmt: skip
-    """A UD QP on ``tx`` that sends 64 bytes to a UD QP on ``rx`` with two receives ready."""
-    pd_tx, pd_rx = PD(tx), PD(rx)
-    cq_tx = CQ(tx, 8)
-    cq_rx = CQ(rx, 8, None, channel, 0) if channel is not None else CQ(rx, 8)
-    qp_tx, qp_rx = _ud_qp(pd_tx, cq_tx), _ud_qp(pd_rx, cq_rx)
-    mr_tx = MR(pd_tx, 64, IBV_ACCESS_LOCAL_WRITE)
-    mr_rx = MR(pd_rx, 2 * 104, IBV_ACCESS_LOCAL_WRITE)
-    mr_tx.write(b"x" * 64, 64)
-    recvs = [RecvWR(i, 1, [SGE(mr_rx.buf + 104 * i, 104, mr_rx.lkey)]) for i in range(2)]
-    route = GlobalRoute(dgid=rx.query_gid(1, 0), sgid_index=0)
-    ah = AH(pd_tx, attr=AHAttr(is_global=1, port_num=1, gr=route))
-    wr = SendWR(2, num_sge=1, sg=[SGE(mr_tx.buf, 64, mr_tx.lkey)])
-    wr.set_wr_ud(ah, qp_rx.qp_num, QKEY)
-    return cq_tx, qp_tx, cq_rx, qp_rx, wr, recvs
 
 
 def test_posts_leave_datagrams_to_the_poller(two_udp_devices: tuple[str, str],
@@ -171,14 +172,7 @@ def test_a_poller_that_blocks_ends_the_standing_back(
         qp_rx.post_recv(recvs[0])
         assert cq_rx.poll(1)[0] == 0  # a busy poller: the thread stands back
         time.sleep(0.05)  # and is asleep
-        cq_rx.req_notify()
-        sender = threading.Timer(0.3, qp_tx.post_send, args=(wr,))
-        sender.start()
-        t0 = time.monotonic()
-        channel.get_cq_event(cq_rx, timeout=5.0)
-        waited = time.monotonic() - t0
-        sender.join()
+        waited = _waited_for_delivery(qp_tx, wr, channel, cq_rx)
         assert waited < 2.5, f"get_cq_event returned after {waited:.2f} s: the thread stood back"
         n, wcs = cq_rx.poll(1)
         assert n == 1 and wcs[0].status == IBV_WC_SUCCESS
-        cq_rx.ack_events(1)
