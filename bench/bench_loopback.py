@@ -202,7 +202,7 @@ class SvEnd:
     """One side: a UDP device, an RC QP, a big MR for WRITEs and slots for ping-pong."""
 
     def __init__(self, device: str, buf_size: int) -> None:
-        from softverbs import CQ, MR, PD, QP, Context, QPAttr, QPCap, QPInitAttr
+        from softverbs import CQ, MR, PD, QP, CompChannel, Context, QPAttr, QPCap, QPInitAttr
         from softverbs.enums import (
             IBV_ACCESS_LOCAL_WRITE,
             IBV_ACCESS_REMOTE_WRITE,
@@ -212,7 +212,8 @@ class SvEnd:
         access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE
         self.ctx = Context(name=device)
         self.pd = PD(self.ctx)
-        self.cq = CQ(self.ctx, 4 * QUEUE)
+        self.channel = CompChannel(self.ctx)  #: for the ping-pong that sleeps (events)
+        self.cq = CQ(self.ctx, 4 * QUEUE, None, self.channel, 0)
         cap = QPCap(max_send_wr=QUEUE, max_recv_wr=QUEUE, max_send_sge=1, max_recv_sge=1)
         init = QPInitAttr(qp_type=IBV_QPT_RC, scq=self.cq, rcq=self.cq, cap=cap, sq_sig_all=0)
         attr = QPAttr()
@@ -321,7 +322,10 @@ def write_run(end: SvEnd, peer: dict[str, Any], size: int, count: int, spin: boo
 
 
 class PingPong:
-    """8-byte SEND ping-pong on a connected SvEnd (receives are kept posted)."""
+    """8-byte SEND ping-pong on a connected SvEnd (receives are kept posted).
+
+    With :attr:`events`, an empty CQ is armed and the side sleeps in
+    ``get_cq_event``, as ``ibv_rc_pingpong -e`` does, instead of polling."""
 
     def __init__(self, end: SvEnd, spin: bool) -> None:
         from softverbs import SGE, SendWR
@@ -334,6 +338,8 @@ class PingPong:
         sge = SGE(end.msg.buf + self.send_off, LAT_SIZE, end.msg.lkey)
         self.wr = SendWR(0, IBV_WR_SEND, 1, sg=[sge], send_flags=IBV_SEND_SIGNALED)
         self.sends_out = 0
+        self.events = False
+        self._armed = False
 
     def send(self, payload: bytes | memoryview) -> None:
         while self.sends_out >= QUEUE - 1:
@@ -362,9 +368,28 @@ class PingPong:
                     if block_on_send:
                         return out
             if not wcs:
+                if self.events:
+                    self._sleep(cq)
+                    continue
                 idle(self.spin)
                 if time.monotonic() > deadline:
                     raise BenchError(f"ping-pong: no completion for {STALL_TIMEOUT} s")
+
+    def _sleep(self, cq: Any) -> None:
+        """The CQ was empty: arm it and poll once more (a completion written
+        before the arming is not announced), or sleep until its event."""
+        if not self._armed:
+            cq.req_notify()
+            self._armed = True
+            return
+        from softverbs import PyverbsError
+
+        try:
+            self.end.channel.get_cq_event(cq, timeout=STALL_TIMEOUT)
+        except PyverbsError as e:
+            raise BenchError(f"ping-pong: no completion event for {STALL_TIMEOUT} s: {e}") from e
+        cq.ack_events(1)
+        self._armed = False
 
 
 def _install_profiler(prefix: str) -> Callable[[], None]:
@@ -420,6 +445,7 @@ def role_sv_server(args: argparse.Namespace, s: Settings) -> None:
             elif cmd == "hash":
                 ctl.send(sha256=hashlib.sha256(end.mr.view[: msg["size"]]).hexdigest())
             elif cmd == "pingpong":
+                pp.events = bool(msg.get("events"))
                 ctl.send(ok=True)
                 for _ in range(msg["iters"]):
                     pp.send(pp.wait_recv())
@@ -477,22 +503,9 @@ def role_sv_client(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
             }  # fmt: skip
         if s.lat_iters:
             pp = PingPong(end, s.spin)
-            total = s.lat_warmup + s.lat_iters
-            ctl.send(cmd="pingpong", iters=total)
-            ctl.recv()
-            samples: list[float] = []
-            for i in range(total):
-                ping = i.to_bytes(LAT_SIZE, "little")
-                t0 = time.perf_counter()
-                pp.send(ping)
-                pong = pp.wait_recv()
-                dt = time.perf_counter() - t0
-                if pong != ping:
-                    raise BenchError(f"ping-pong {i}: got {pong!r} back, sent {ping!r}")
-                if i >= s.lat_warmup:
-                    samples.append(dt / 2 * 1e6)
-            ctl.recv()
-            result["latency_us"] = samples
+            for key, events in (("latency_us", False), ("latency_events_us", True)):
+                pp.events = events
+                result[key] = _pingpong(ctl, pp, s)
         result["counters"] = {k: v for k, v in counters(end.ctx).items() if v}
         ctl.send(cmd="counters")
         result["server_counters"] = ctl.recv()
@@ -503,6 +516,27 @@ def role_sv_client(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
             dump()
         ctl.close()
     return result
+
+
+def _pingpong(ctl: Control, pp: PingPong, s: Settings) -> list[float]:
+    """One-way latencies (half of each timed round trip, usec) of a ping-pong
+    with the server, both sides in ``pp.events``' mode."""
+    total = s.lat_warmup + s.lat_iters
+    ctl.send(cmd="pingpong", iters=total, events=pp.events)
+    ctl.recv()
+    samples: list[float] = []
+    for i in range(total):
+        ping = i.to_bytes(LAT_SIZE, "little")
+        t0 = time.perf_counter()
+        pp.send(ping)
+        pong = pp.wait_recv()
+        dt = time.perf_counter() - t0
+        if pong != ping:
+            raise BenchError(f"ping-pong {i}: got {pong!r} back, sent {ping!r}")
+        if i >= s.lat_warmup:
+            samples.append(dt / 2 * 1e6)
+    ctl.recv()
+    return samples
 
 
 # --- Python UDP roles ------------------------------------------------------------------------
@@ -879,9 +913,10 @@ def summarize(sv: dict[str, Any], ucx: dict[str, Any] | None, udp: dict[str, Any
             "server_cpu_us_per_packet": w["server_cpu_us_per_packet"],
         })  # fmt: skip
     lat: dict[str, Any] = {}
-    if sv.get("latency_us"):
-        v = sv["latency_us"]
-        lat["softverbs"] = {"median": statistics.median(v), "p99": percentile(v, 99), "n": len(v)}
+    for key, name in (("latency_us", "softverbs"), ("latency_events_us", "softverbs_events")):
+        if sv.get(key):
+            v = sv[key]
+            lat[name] = {"median": statistics.median(v), "p99": percentile(v, 99), "n": len(v)}
     if ucx is not None:
         lat["ucx"] = {"median": ucx["tag_lat_us"]["p50"], "p99": ucx["tag_lat_us"]["p99"]}
     if udp is not None and udp["latency_us"]:
@@ -926,6 +961,7 @@ def print_tables(r: dict[str, Any], s: Settings, ucx_note: str) -> None:
     print(f"(2) one-way latency (round trip / 2), {LAT_SIZE}-byte messages, usec")
     print(" {:<34}  {:>8}  {:>8}".format("stack", "median", "p99"))
     names = {"softverbs": f"softverbs RC SEND {LAT_SIZE} B (busy poll)",
+             "softverbs_events": f"softverbs RC SEND {LAT_SIZE} B (events)",
              "ucx": f"UCX tag_lat {LAT_SIZE} B, TCP",
              "python_udp": f"Python UDP {LAT_DATAGRAM} B datagram"}  # fmt: skip
     for key, name in names.items():
@@ -965,7 +1001,7 @@ def plot(path: str, r: dict[str, Any], out: IO[str]) -> None:
             yscale="log")  # fmt: skip
     ax1.legend(fontsize=8)
     lat = r["latency_us"]
-    names = [k for k in ("softverbs", "ucx", "python_udp") if k in lat]
+    names = [k for k in ("softverbs", "softverbs_events", "ucx", "python_udp") if k in lat]
     ax2.bar(names, [lat[k]["median"] for k in names], label="median")
     ax2.scatter(names, [lat[k]["p99"] for k in names], color="k", marker="_", s=400, label="p99")
     ax2.set(title=f"one-way latency, {LAT_SIZE} B", ylabel="usec (log)", yscale="log")

@@ -38,8 +38,10 @@ def test_quick_run_prints_tables() -> None:
         row = rf"^\s+{size}\s+{NUM}\s+n/a\s+n/a\s+{NUM}\s+\d+\.\d{{4}}$"
         assert re.search(row, out, re.M), out
 
-    # (2) latency: softverbs and Python UDP measured, UCX n/a
-    assert re.search(rf"^\s+softverbs RC SEND 8 B.*\s{NUM}\s+{NUM}$", out, re.M), out
+    # (2) latency: softverbs (busy-polling and sleeping in get_cq_event) and Python
+    # UDP measured, UCX n/a
+    for mode in ("busy poll", "events"):
+        assert re.search(rf"^\s+softverbs RC SEND 8 B \({mode}\)\s+{NUM}\s+{NUM}$", out, re.M), out
     assert re.search(r"^\s+UCX tag_lat 8 B.*\sn/a\s+n/a$", out, re.M), out
     assert re.search(rf"^\s+Python UDP 24 B datagram\s+{NUM}\s+{NUM}$", out, re.M), out
     assert re.search(r"^Python UDP ceiling: [\d,]+ packets/s", out, re.M), out

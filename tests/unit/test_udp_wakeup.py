@@ -176,3 +176,20 @@ def test_a_poller_that_blocks_ends_the_standing_back(
         assert waited < 2.5, f"get_cq_event returned after {waited:.2f} s: the thread stood back"
         n, wcs = cq_rx.poll(1)
         assert n == 1 and wcs[0].status == IBV_WC_SUCCESS
+
+
+def test_a_blocking_wait_drives_the_device_itself(two_udp_devices: tuple[str, str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Issue 11: a blocking get_cq_event on a device with nothing else to do runs
+    the device itself, with no hop through a progress thread -- here there is
+    none at all, and the completion still arrives."""
+    monkeypatch.setattr(UdpRuntime, "start", lambda self: None)  # no progress threads
+    name_tx, name_rx = two_udp_devices
+    with Context(name=name_tx) as tx, Context(name=name_rx) as rx:
+        channel = CompChannel(rx)
+        _, qp_tx, cq_rx, qp_rx, wr, recvs = _ud_pair(tx, rx, channel)
+        qp_rx.post_recv(recvs[0])
+        waited = _waited_for_delivery(qp_tx, wr, channel, cq_rx)
+        assert waited < 2.5, f"get_cq_event returned after {waited:.2f} s: nobody drove it"
+        n, wcs = cq_rx.poll(1)
+        assert n == 1 and wcs[0].status == IBV_WC_SUCCESS and wcs[0].byte_len == 104

@@ -298,6 +298,9 @@ POLLER_STANDS_BACK = 0.0005
 #: how long the progress thread then sleeps, away from the sockets, before it
 #: looks again (a poller that blocks in a wait wakes it at once: wait_for)
 STAND_BACK_SLEEP = 0.005
+#: the longest a thread that drives the device from wait_for sleeps in select
+#: before it looks at the timers again
+DRIVE_SLICE = 0.05
 
 
 class UdpRuntime(Runtime):
@@ -321,6 +324,8 @@ class UdpRuntime(Runtime):
         self._sel.register(self._wake_r, selectors.EVENT_READ)
         self._stop = threading.Event()
         self._resume = threading.Event()  #: ends the thread's standing back early
+        #: the thread blocked in wait_for that drives the device (see there)
+        self._driver: threading.Thread | None = None
         self._thread: threading.Thread | None = None
         self._sleep_until: float | None = None
         self._poller_seen = -math.inf  #: when a poll last found its CQ empty
@@ -579,12 +584,59 @@ class UdpRuntime(Runtime):
         return super().idle_step()
 
     def wait_for(self, ready: Callable[[], bool], timeout: float | None = None) -> bool:
+        """Block until ``ready()``; False on timeout.  Called without the lock held.
+
+        The first thread to block drives the device itself: it waits in
+        ``select`` on the sockets and runs the progress loop when a datagram
+        arrives, so ``get_cq_event`` sees its completion without a hop through
+        the progress thread, which stands back meanwhile.  Other threads that
+        block at the same time wait to be notified, as before.
+        """
         if self._poller_seen != -math.inf:
-            # A thread that blocks is no longer busy-polling: the progress thread
-            # must take the sockets now, not when its standing back ends.
+            # A thread that blocks is no longer busy-polling.
             self._poller_seen = -math.inf
             self._resume.set()
-        return super().wait_for(ready, timeout)
+        with self.lock:
+            driving = self._driver is None and not self.clock.virtual and not self._stop.is_set()
+            if driving:
+                self._driver = threading.current_thread()
+        if not driving:
+            return super().wait_for(ready, timeout)
+        try:
+            return self._drive(ready, timeout)
+        finally:
+            with self.lock:
+                self._driver = None
+            self._resume.set()  # the progress thread takes the sockets again
+
+    def _drive(self, ready: Callable[[], bool], timeout: float | None) -> bool:
+        end = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self.lock:
+                self.progress()
+                if ready():
+                    return True
+                now = time.monotonic()
+                if end is not None and now >= end:
+                    return False
+                nxt = self.next_deadline()
+                wait = DRIVE_SLICE
+                if nxt is not None:
+                    wait = min(wait, max(0.0, nxt - self.clock.now()))
+                if end is not None:
+                    wait = min(wait, end - now)
+                # A verb of another thread that arms an earlier timer wakes us (and
+                # should the progress thread take that wakeup, the slice bounds it).
+                self._sleep_until = nxt
+            try:
+                events = self._sel.select(wait)
+            except (OSError, ValueError):  # the device was closed under us
+                left = None if end is None else max(0.0, end - time.monotonic())
+                return Runtime.wait_for(self, ready, left)
+            for key, _ in events:
+                if key.fileobj is self._wake_r:
+                    with contextlib.suppress(OSError):
+                        self._wake_r.recv(4096)
 
     # --- the progress thread ----------------------------------------------------------
     def start(self) -> None:
@@ -595,14 +647,7 @@ class UdpRuntime(Runtime):
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            if time.monotonic() - self._poller_seen < POLLER_STANDS_BACK:
-                # An application thread is busy-polling its CQ, and its polls drain
-                # the sockets and run the timers (idle_step).  Waking here for each
-                # datagram would only hand the GIL and the lock between threads,
-                # which cost a busy poller a third of its one-way latency
-                # (docs/performance.md): look again later, without the sockets.
-                # Nor does a verb's earlier timer need to wake it (progress()).
-                self._sleep_until = -math.inf
+            if self._standing_back():
                 self._resume.wait(STAND_BACK_SLEEP)
                 self._resume.clear()
                 continue
@@ -621,13 +666,28 @@ class UdpRuntime(Runtime):
                         self._wake_r.recv(4096)
             if self._stop.is_set():
                 break
-            if time.monotonic() - self._poller_seen < POLLER_STANDS_BACK:
-                continue  # the poller takes it (above)
+            if self._standing_back():
+                continue  # the poller or the driver takes it
             with self.lock:
                 try:
                     self.progress()
                 except Exception:
                     log.exception("softverbs progress loop error")
+
+    def _standing_back(self) -> bool:
+        """Whether an application thread runs the device now: a busy poller, or
+        a thread blocked in :meth:`wait_for`.  Both drain the sockets and run
+        the timers.  Waking here for each datagram would only hand the GIL and
+        the lock between threads, which cost a busy poller a third of its
+        one-way latency (docs/performance.md)."""
+        with self.lock:
+            if self._driver is not None:
+                return True  # it waits on the sockets, and on the wake pipe
+            if time.monotonic() - self._poller_seen < POLLER_STANDS_BACK:
+                # Nor does a verb's earlier timer need to wake this thread.
+                self._sleep_until = -math.inf
+                return True
+            return False
 
     def wake(self) -> None:
         with contextlib.suppress(OSError):
