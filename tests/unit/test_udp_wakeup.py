@@ -178,8 +178,8 @@ def test_a_poller_that_blocks_ends_the_standing_back(
         assert n == 1 and wcs[0].status == IBV_WC_SUCCESS
 
 
-def test_a_blocking_wait_drives_the_device_itself(two_udp_devices: tuple[str, str],
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_a_blocking_wait_drives_the_device_itself(
+        two_udp_devices: tuple[str, str], monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     """Issue 11: a blocking get_cq_event on a device with nothing else to do runs
     the device itself, with no hop through a progress thread -- here there is
     none at all, and the completion still arrives."""
