@@ -45,10 +45,11 @@ Receiving and progress
     never raises.  A progress thread waits on the sockets and the next timer
     deadline, so ACKs, READ responses and atomics are answered while the
     application is busy elsewhere.  A poll drains the sockets too, so a
-    polling loop sees its completions without a thread hop, and while an
-    application thread busy-polls the progress thread stands back, away
-    from the sockets.  A post does not drain them: it only sends what it
-    made (``posted``).  All run the same loop under the runtime's one lock.
+    polling loop sees its completions without a thread hop, and so does a
+    thread blocked in ``get_cq_event`` (it waits on the sockets itself);
+    meanwhile the progress thread stands back, away from the sockets.  A
+    post does not drain them: it only sends what it made (``posted``).  All
+    run the same loop under the runtime's one lock.
 
 Path MTU
     ``active_mtu`` follows the interface MTU as in rxe: the largest IB MTU
