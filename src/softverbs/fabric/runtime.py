@@ -251,13 +251,18 @@ class Runtime:
                 now = time.monotonic()
                 if end is not None and now >= end:
                     return False
-                wait: float | None = None
-                nxt = self.next_deadline()
-                if nxt is not None:
-                    wait = max(0.0, nxt - self.clock.now())
-                if end is not None:
-                    wait = end - now if wait is None else min(wait, end - now)
-                self.cond.wait(wait)
+                self.cond.wait(self.wait_time(now, end))
+
+    def wait_time(self, now: float, end: float | None) -> float | None:
+        """How long a wait may sleep: until the next timer, or ``end`` (both
+        monotonic seconds; ``now`` is one too); None for ever."""
+        wait: float | None = None
+        nxt = self.next_deadline()
+        if nxt is not None:
+            wait = max(0.0, nxt - self.clock.now())
+        if end is not None:
+            wait = end - now if wait is None else min(wait, end - now)
+        return wait
 
     def _wait_virtual(self, ready: Callable[[], bool], timeout: float | None) -> bool:
         """wait_for on a virtual clock: ``timeout`` is in simulated seconds."""

@@ -620,15 +620,11 @@ class UdpRuntime(Runtime):
                 now = time.monotonic()
                 if end is not None and now >= end:
                     return False
-                nxt = self.next_deadline()
-                wait = DRIVE_SLICE
-                if nxt is not None:
-                    wait = min(wait, max(0.0, nxt - self.clock.now()))
-                if end is not None:
-                    wait = min(wait, end - now)
+                wait = self.wait_time(now, end)
+                wait = DRIVE_SLICE if wait is None else min(wait, DRIVE_SLICE)
                 # A verb of another thread that arms an earlier timer wakes us (and
                 # should the progress thread take that wakeup, the slice bounds it).
-                self._sleep_until = nxt
+                self._sleep_until = self.next_deadline()
             try:
                 events = self._sel.select(wait)
             except (OSError, ValueError):  # the device was closed under us
