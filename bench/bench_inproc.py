@@ -12,6 +12,12 @@ Two RC QPs on the embedded device ``sv0`` talk to each other in this process.
     last signaled), each beside a plain memoryview copy (``dst[:] = src``)
     of the same bytes, measured in the same run.  The ratio
     softverbs/memcpy is the number to compare across machines.
+(c) What issue 11's two in-process targets leave for the device's own
+    Python, in the same run: the time per message that 400,000 SENDs/s allow,
+    less the benchmark's own Python per message in (a) (a RecvWR to repost, a
+    WC from the poll), timed alone; and the time per 1 MiB WRITE that 0.8 of a
+    memoryview copy allows, less the one copy the responder makes (between the
+    two MRs, timed alone).  Beside each: what the device's Python takes now.
 
 Every completion must be IBV_WC_SUCCESS and every payload is checked; any
 failure stops the script with a non-zero exit.  Each figure is the median
@@ -54,6 +60,7 @@ from softverbs import (
     SendWR,
     wc_status_str,
 )
+from softverbs.engine.rings import CQE
 from softverbs.enums import (
     IBV_ACCESS_LOCAL_WRITE,
     IBV_ACCESS_REMOTE_WRITE,
@@ -65,11 +72,15 @@ from softverbs.enums import (
     IBV_WR_RDMA_WRITE,
     IBV_WR_SEND,
 )
+from softverbs.verbs.cq import WC
 
 MSG_SIZE = 64
 BATCHES = (1, 16, 64)
 WRITE_SIZES = (4 << 10, 64 << 10, 1 << 20)
 WRITE_CHAIN = 8  #: WRITEs per post_send; the last one is signaled
+TARGET_RATE = 400_000  #: issue 11: in-process 64-byte SENDs per second, batched
+TARGET_COPY_RATIO = 0.8  #: issue 11: in-process 1 MiB WRITE against a memoryview copy
+FLOOR_BATCH = 64  #: (c) times the application's work for batches of this size
 QUEUE_DEPTH = 256  #: send and receive queue slots (>= 2 * the largest batch)
 STALL_TIMEOUT = 10.0  #: seconds without an expected completion before failing
 ACCESS = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE
@@ -234,6 +245,77 @@ def write_bandwidth(ctx: Context, size: int, s: Settings) -> tuple[float, float]
     return sv, mc
 
 
+# --- (c) what the targets leave for the device ----------------------------------------------------
+@dataclass(frozen=True)
+class Floors:
+    app_us: float  #: (a)'s own Python per message, outside the device
+    copy_us: float  #: one 1 MiB copy between two MRs, as the responder makes it
+    memcpy_us: float  #: the plain memoryview copy of (b), same size
+
+
+def floors(ctx: Context, s: Settings) -> Floors:
+    """Time, alone, what no device can take off (a) and (b): the application's
+    per-message Python in (a) -- building the RecvWR chain that reposts a batch,
+    and a WC per completion with the checks poll_n makes -- and the copy a
+    1 MiB WRITE needs, between the two MRs of a pair."""
+    sge = [SGE(0x1000 + i * MSG_SIZE, MSG_SIZE, 1) for i in range(FLOOR_BATCH)]
+    cqes = [CQE(i, IBV_WC_SUCCESS, IBV_WC_RECV, 1, MSG_SIZE) for i in range(FLOOR_BATCH)]
+    rounds = max(1, s.messages // FLOOR_BATCH)
+
+    def app() -> float:
+        t0 = time.perf_counter()
+        for _ in range(rounds):
+            wrs = [RecvWR(i, 1, [sge[i]]) for i in range(FLOOR_BATCH)]
+            for w, nxt in itertools.pairwise(wrs):
+                w.next_wr = nxt
+            out: list[int] = []
+            for wc in [WC.from_cqe(c) for c in cqes]:
+                if wc.status != IBV_WC_SUCCESS:
+                    raise BenchError("unreachable")
+                out.append(wc.byte_len if wc.opcode == IBV_WC_RECV else -1)
+        return time.perf_counter() - t0
+
+    size = 1 << 20
+    p = Pair(ctx, size)
+    src, dst = p.mr_a.view, p.mr_b.view
+    plain_src, plain_dst = memoryview(bytearray(size)), memoryview(bytearray(size))
+    copies = max(1, s.write_bytes // size)
+
+    def copy(d: memoryview, sv: memoryview) -> Callable[[], float]:
+        def run() -> float:
+            t0 = time.perf_counter()
+            for _ in range(copies):
+                d[:] = sv
+            return time.perf_counter() - t0
+
+        return run
+
+    per_message = 1e6 / median_rate(app, rounds * FLOOR_BATCH, s)
+    mr_copy = 1e6 / median_rate(copy(dst, src), copies, s)
+    plain = 1e6 / median_rate(copy(plain_dst, plain_src), copies, s)
+    p.close()
+    return Floors(per_message, mr_copy, plain)
+
+
+def print_floors(f: Floors, rate64: float, write_1m: float) -> None:
+    """One row per target: the usec it allows per message or WRITE, what is
+    spent outside the device's own Python, what that leaves, and what the
+    device's Python takes now -- (a)'s batch-64 time, or (b)'s 1 MiB time,
+    less the part outside it."""
+    rows = (
+        (f"64 B SEND ({TARGET_RATE:,}/s)", 1e6 / TARGET_RATE, f.app_us, 1e6 / rate64),
+        (f"1 MiB WRITE ({TARGET_COPY_RATIO} x memcpy)", f.memcpy_us / TARGET_COPY_RATIO,
+         f.copy_us, (1 << 20) * 1e6 / write_1m),
+    )  # fmt: skip
+    print(f" {'':28}  {'allowed':>8}  {'outside':>8}  {'left':>8}  {'device now':>10}")
+    for name, allowed, outside, total in rows:
+        print(f" {name:28}  {allowed:>8.2f}  {outside:>8.2f}  {allowed - outside:>8.2f}  "
+              f"{total - outside:>10.2f}")  # fmt: skip
+    print(f"   outside, SEND: the benchmark's RecvWR and WC for each message (batches of "
+          f"{FLOOR_BATCH})")  # fmt: skip
+    print(f"   outside, WRITE: the responder's one copy, MR to MR (memcpy: {f.memcpy_us:.2f})")
+
+
 # --- output -----------------------------------------------------------------------------------
 def human(size: int) -> str:
     return f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB"
@@ -283,7 +365,7 @@ def main() -> int:
     ap.add_argument("--plot", metavar="FILE", help="also write a PNG plot (needs matplotlib)")
     add_quiet(ap)
     args = ap.parse_args()
-    progress = Progress(len(BATCHES) + len(WRITE_SIZES), args.quiet)
+    progress = Progress(len(BATCHES) + len(WRITE_SIZES) + 1, args.quiet)
     s = QUICK if args.quick else FULL
     if args.runs:
         s = replace(s, runs=args.runs)
@@ -311,6 +393,12 @@ def main() -> int:
                 print(
                     f" {human(size):>7}  {sv / 1e6:>14,.1f}  {mc / 1e6:>12,.1f}  {sv / mc:>16.4f}"
                 )
+            print()
+            progress.step("what the targets leave")
+            fl = floors(ctx, s)
+            print("(c) usec per message that issue 11's in-process targets allow, and what is")
+            print("    left of that for the device's own Python")
+            print_floors(fl, rates[BATCHES[-1]], bw[1 << 20][0])
     except (BenchError, softverbs.PyverbsError) as e:
         print(f"bench_inproc: FAILED: {e}", file=sys.stderr)
         return 1

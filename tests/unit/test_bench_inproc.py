@@ -33,13 +33,18 @@ def test_quick_run_prints_tables(tmp_path: Path) -> None:
     for size in ("4 KiB", "64 KiB", "1 MiB"):
         assert re.search(rf"^\s+{size}\s+[\d,]+\.\d\s+[\d,]+\.\d\s+\d+\.\d+$", out, re.M), out
 
+    # (c) one row per in-process target: allowed, outside the device, left, device now
+    for row in (r"64 B SEND \(400,000/s\)", r"1 MiB WRITE \(0\.8 x memcpy\)"):
+        assert re.search(rf"^\s+{row}(\s+-?\d+\.\d\d){{4}}$", out, re.M), out
+
     # the plot is written when matplotlib is importable, skipped (and said so) if not
     assert (tmp_path / "p.png").exists() or "skipping the plot" in out
 
     # progress on stderr: one line per figure, before it is measured
-    steps = re.findall(r"^\[(\d)/6\] (.*) \(\d+ s\)$", r.stderr, re.M)
-    assert [n for n, _ in steps] == ["1", "2", "3", "4", "5", "6"], r.stderr
-    assert steps[-1][1] == "RDMA WRITE 1 MiB"
+    steps = re.findall(r"^\[(\d)/7\] (.*) \(\d+ s\)$", r.stderr, re.M)
+    assert [n for n, _ in steps] == ["1", "2", "3", "4", "5", "6", "7"], r.stderr
+    assert steps[-2][1] == "RDMA WRITE 1 MiB"
+    assert steps[-1][1] == "what the targets leave"
 
 
 def test_quiet_run_prints_no_progress() -> None:
