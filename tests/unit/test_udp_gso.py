@@ -389,12 +389,13 @@ def test_rc_write_and_send_bursts_arrive_intact(pair_env: str) -> None:
 def test_a_refused_gso_send_falls_back_to_one_datagram_at_a_time() -> None:
     """A kernel (or device) that refuses UDP_SEGMENT: the run goes out datagram by
     datagram, each sealed again for IPv4 ID 0, the device stops using GSO, and
-    ``gso_fallback`` counts it."""
+    ``gso_fallback`` counts it.  The burst's later runs, sealed for GSO too, go
+    the same way."""
     import errno
     from collections import Counter
     from types import SimpleNamespace
 
-    from softverbs.wire.codec import decode_udp_payload, seal_udp_payload
+    from softverbs.wire.codec import Parts, decode_udp_payload, seal_udp_payload
 
     class RefusingSocket:
         family = socket.AF_INET
@@ -416,16 +417,19 @@ def test_a_refused_gso_send_falls_back_to_one_datagram_at_a_time() -> None:
     runtime.gso = runtime.bursts = True
     runtime._checksummed = set()
     src = SimpleNamespace(counters=Counter())
-    run = _frames(4)
-    for k, data in enumerate(run):
-        seal_udp_payload(data, SRC, DST, SPORT, ip_id=k)  # as a GSO run is sealed
+    dest, addr = ("127.0.0.2", 4791), (SRC, DST, SPORT)
+    runs = [_frames(4), _frames(3)]  # two runs of one burst: the kernel refuses the first
+    for run in runs:
+        for k, data in enumerate(run):
+            seal_udp_payload(data, SRC, DST, SPORT, ip_id=k)  # as a GSO run is sealed
     sock = RefusingSocket()
-    buf = bytearray(b"".join(run))
-    runtime._send_run(src, sock, buf, 0, [len(d) for d in run], ("127.0.0.2", 4791),
-                      (SRC, DST, SPORT))  # fmt: skip
+    for run in runs:  # each datagram as its header, payload and ICRC, as the encoder gives it
+        parts: list[Parts] = [[d[:12], memoryview(d)[12:-4], d[-4:]] for d in run]
+        runtime._send_run(src, sock, parts, len(run[0]), dest, addr)
     assert src.counters["gso_fallback"] == 1 and not runtime.gso and not runtime.bursts
-    assert len(sock.sent) == 4
-    assert [decode_udp_payload(d, SRC, DST, SPORT, ip_id=0).psn for d in sock.sent] == [0, 1, 2, 3]
+    assert len(sock.sent) == 7  # the later run too, each datagram sealed again for ID 0
+    assert [decode_udp_payload(d, SRC, DST, SPORT, ip_id=0).psn
+            for d in sock.sent] == [0, 1, 2, 3, 0, 1, 2]  # fmt: skip
 
 
 def test_a_long_drain_sends_the_acks_it_owes_every_64_packets() -> None:

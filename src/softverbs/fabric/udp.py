@@ -81,6 +81,7 @@ from softverbs.errors import PyverbsRDMAError, WireError
 from softverbs.fabric.runtime import Clock, Runtime, flip_bit
 from softverbs.wire.codec import (
     BurstMerger,
+    Parts,
     encode_udp_burst,
     encode_udp_payload,
     seal_udp_datagrams,
@@ -145,6 +146,14 @@ def gso_runs(sizes: list[int]) -> list[tuple[int, int]]:
         runs.append((i, j - i))
         i = j
     return runs
+
+
+def _alone(parts: Parts, addr: tuple[bytes, bytes, int]) -> bytearray:
+    """A datagram of a GSO run, to be sent alone: joined, and sealed again for
+    IPv4 ID 0 (``addr``: source IP, destination IP, source port)."""
+    data = bytearray(b"".join(parts))
+    seal_udp_datagrams(data, 0, [len(data)], *addr)
+    return data
 
 
 def ib_mtu_for(netdev_mtu: int) -> int:
@@ -411,61 +420,64 @@ class UdpRuntime(Runtime):
         else:
             dest = (dst_text, ROCEV2_PORT, 0, local.scope_id)
         if pkt.count > 1:  # a burst (only when self.bursts): GSO runs
-            buf, sizes, runs = encode_udp_burst(pkt, src_ip, dst_ip, sport,
-                                                runs=gso_runs if self.gso else None)  # fmt: skip
-            off = 0
+            datagrams, sizes, runs = encode_udp_burst(pkt, src_ip, dst_ip, sport,
+                                                      runs=gso_runs if self.gso else None)
             for first, count in runs:
-                run = sizes[first : first + count]
-                self._send_run(src, sock, buf, off, run, dest, (src_ip, dst_ip, sport))
-                off += sum(run)
+                self._send_run(src, sock, datagrams[first : first + count], sizes[first], dest,
+                               (src_ip, dst_ip, sport))  # fmt: skip
             return
         data = encode_udp_payload(pkt, src_ip, dst_ip, sport)
         if pkt.corrupt_bit >= 0:
             flip_bit(data, pkt.corrupt_bit)
-        self._sendto(src, sock, data, dest)
+        self._sendto(src, sock, [data], dest)
 
     @staticmethod
-    def _sendto(src: HCA, sock: socket.socket, data: bytes | bytearray | memoryview,
+    def _sendto(src: HCA, sock: socket.socket, parts: Parts,
                 dest: tuple[str, int] | tuple[str, int, int, int]) -> None:  # fmt: skip
+        """One datagram, from the buffers of ``parts``."""
         try:
-            sock.sendto(data, dest)
+            if len(parts) == 1:
+                sock.sendto(parts[0], dest)
+            else:
+                sock.sendmsg(parts, (), 0, dest)
         except BlockingIOError:
             src.counters["drop_tx_busy"] += 1  # like a full NIC queue: RC recovers
         except OSError as exc:
             src.counters["drop_tx_error"] += 1
             log.debug("sendto %s failed: %s", dest, exc)
 
-    def _send_run(self, src: HCA, sock: socket.socket, buf: bytearray, off: int,
-                  sizes: list[int], dest: tuple[str, int] | tuple[str, int, int, int],
+    def _send_run(self, src: HCA, sock: socket.socket, run: list[Parts], seg: int,
+                  dest: tuple[str, int] | tuple[str, int, int, int],
                   addr: tuple[bytes, bytes, int]) -> None:  # fmt: skip
-        """Datagrams of ``sizes`` (all one size, the last maybe shorter) lying in
-        ``buf`` from ``off``, with one GSO send.  ``addr`` (source IP, destination
-        IP, source port) seals their ICRCs again for IPv4 ID 0 if they must go
-        one by one after all."""
-        view = memoryview(buf)
-        if len(sizes) == 1 or not self.gso:
-            for size in sizes:
-                self._sendto(src, sock, view[off : off + size], dest)
-                off += size
+        """Datagrams of ``seg`` bytes (the last maybe shorter), sealed for IPv4
+        IDs 0, 1, 2 ..., with one GSO send: the kernel gathers their parts, so
+        a payload is copied once, from registered memory into the socket.  Where
+        GSO is refused they go one by one, each sealed again for ID 0 (``addr``:
+        source IP, destination IP, source port)."""
+        if len(run) == 1:
+            self._sendto(src, sock, run[0], dest)
+            return
+        if not self.gso:  # refused earlier in this burst
+            for parts in run:
+                self._sendto(src, sock, [_alone(parts, addr)], dest)
             return
         if sock not in self._checksummed:
             self._checksum_on(sock)
-        cmsg = [(SOL_UDP, UDP_SEGMENT, struct.pack("=H", sizes[0]))]
+        cmsg = [(SOL_UDP, UDP_SEGMENT, struct.pack("=H", seg))]
         try:
-            sock.sendmsg([view[off : off + sum(sizes)]], cmsg, 0, dest)
+            sock.sendmsg([part for parts in run for part in parts], cmsg, 0, dest)
             src.counters["gso_sends"] += 1
         except BlockingIOError:
-            src.counters["drop_tx_busy"] += len(sizes)
+            src.counters["drop_tx_busy"] += len(run)
         except OSError as exc:
             if exc.errno in (errno.EINVAL, errno.EIO, errno.ENOPROTOOPT, errno.EOPNOTSUPP):
                 # the kernel (or the device under it) refuses GSO: a datagram at a time
                 self.gso = self.bursts = False
                 src.counters["gso_fallback"] += 1
                 log.info("UDP GSO refused (%s): sending a datagram at a time", exc)
-                seal_udp_datagrams(buf, off, sizes, *addr)  # each sent alone: ID 0
-                self._send_run(src, sock, buf, off, sizes, dest, addr)
+                self._send_run(src, sock, run, seg, dest, addr)
             else:
-                src.counters["drop_tx_error"] += len(sizes)
+                src.counters["drop_tx_error"] += len(run)
                 log.debug("sendmsg %s failed: %s", dest, exc)
 
     def _checksum_on(self, sock: socket.socket) -> None:

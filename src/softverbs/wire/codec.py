@@ -108,6 +108,7 @@ from softverbs.wire.packet import IPV4_MAPPED_PREFIX, Burst, Packet, ackreq_inde
 __all__ = [
     "BurstMerger",
     "BytesLike",
+    "Parts",
     "decode_frame",
     "decode_transport",
     "decode_udp_payload",
@@ -498,25 +499,29 @@ def seal_udp_datagrams(buf: bytearray, start: int, sizes: list[int], src_ip: byt
 
 
 Runs = list[tuple[int, int]]  #: datagrams cut into GSO sends: (first, count) each
+#: one datagram as the buffers a gathering send (``sendmsg``) takes, in order
+Parts = list[BytesLike]
 
 
 def encode_udp_burst(pkt: Packet, src_ip: bytes, dst_ip: bytes, sport: int,
                      dport: int = ROCEV2_PORT, *,
                      runs: Callable[[list[int]], Runs] | None = None,
-                     ) -> tuple[bytearray, list[int], Runs]:  # fmt: skip
+                     ) -> tuple[list[Parts], list[int], Runs]:  # fmt: skip
     """The datagrams of ``pkt.segments()`` (a burst, or one packet), each as
-    :func:`encode_udp_payload` makes it, back to back in one buffer; their
-    sizes; and how they go out: ``runs(sizes)``, GSO sends of several
-    datagrams each, or without ``runs`` one datagram at a time.  The kernel
-    numbers a GSO send's segments' IPv4 IDs 0, 1, 2 ..., so datagram k of a
-    run is sealed for ID k (see :func:`seal_udp_datagrams`).
+    :func:`encode_udp_payload` makes it, given as the parts a gathering send
+    takes; their sizes; and how they go out: ``runs(sizes)``, GSO sends of
+    several datagrams each, or without ``runs`` one datagram at a time.  The
+    kernel numbers a GSO send's segments' IPv4 IDs 0, 1, 2 ..., so datagram k
+    of a run is sealed for ID k (see :func:`seal_udp_datagrams`).
 
     The packets between a burst's first and last differ only in PSN and
-    AckReq: they are written from one encoded header, with no packet objects."""
+    AckReq: each is its header, made from one encoded header with no packet
+    object, a view of its payload, and its ICRC.  The payload is not copied
+    here: the kernel copies it once, from the registered memory, when it is sent."""
     if pkt.count == 1:
         one = _encode(pkt, 0, ICRC_SIZE)[0]
         seal_udp_datagrams(one, 0, [len(one)], src_ip, dst_ip, sport, dport)
-        return one, [len(one)], [(0, 1)]
+        return [[one]], [len(one)], [(0, 1)]
     b = cast(Burst, pkt)
     count = b.count
     head = _encode(b.segment(0), 0, ICRC_SIZE)[0]
@@ -529,10 +534,8 @@ def encode_udp_burst(pkt: Packet, src_ip: bytes, dst_ip: bytes, sport: int,
     ids = [0] * count  # each datagram's IPv4 ID: its place in its run
     for first, n in cuts:
         ids[first : first + n] = range(n)
-    buf = bytearray(sum(sizes))
-    buf[: len(head)] = head
-    seal_udp_datagrams(buf, 0, sizes[:1], src_ip, dst_ip, sport, dport)
-    off = len(head)
+    seal_udp_datagrams(head, 0, sizes[:1], src_ip, dst_ip, sport, dport)
+    out: list[Parts] = [[head]]
     if mids:
         seg = b.seg
         hlen = mid - seg - ICRC_SIZE
@@ -548,19 +551,15 @@ def encode_udp_burst(pkt: Packet, src_ip: bytes, dst_ip: bytes, sport: int,
             words[j] |= 0x80000000
         k = mid - ICRC_SIZE + 22  # bytes after the ID
         xors = [_id_delta(k, i) for i in ids] if len(src_ip) == 4 else [0] * count
-        mv = memoryview(buf)
+        header, icrc = _BTH_Q.pack, _ICRC.pack
         for j in range(1, count - 1):
-            _BTH_Q.pack_into(buf, off, q, words[j])
-            if ext:
-                buf[off + BTH_SIZE : off + hlen] = ext
-            end = off + mid - ICRC_SIZE
-            buf[off + hlen : end] = payload[j * seg : (j + 1) * seg]
-            _ICRC.pack_into(buf, end, crc32(mv[off + 5 : end], seed) ^ xors[j])
-            off = end + ICRC_SIZE
-    buf[off:] = tail
-    seal_udp_datagrams(buf, off, sizes[-1:], src_ip, dst_ip, sport, dport, ip_id=ids[-1])
-    return buf, sizes, cuts
-
+            hdr = header(q, words[j]) + ext
+            body = payload[j * seg : (j + 1) * seg]
+            # the seed covers the pseudo header, with the BTH's bytes 0..4
+            out.append([hdr, body, icrc(crc32(body, crc32(hdr[5:], seed)) ^ xors[j])])
+    seal_udp_datagrams(tail, 0, sizes[-1:], src_ip, dst_ip, sport, dport, ip_id=ids[-1])
+    out.append([tail])
+    return out, sizes, cuts
 
 def decode_udp_payload(
     data: BytesLike,

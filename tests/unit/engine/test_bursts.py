@@ -37,6 +37,7 @@ from softverbs.enums import (
 )
 from softverbs.fabric.udp import gso_runs
 from softverbs.wire.codec import (
+    Parts,
     decode_udp_payload,
     encode_udp_burst,
     encode_udp_payload,
@@ -96,21 +97,28 @@ def test_segments_are_the_packets_of_the_message(npkts: int, first: int, count: 
         assert out.ackreq == any(p.ackreq for p in segs)
     # the UDP fabric's encoder writes the same datagrams without packet objects
     one_by_one = [encode_udp_payload(p, IP_A, IP_B, 0xC000) for p in segs]  # IPv4 ID 0 each
-    buf, sizes, runs = encode_udp_burst(out, IP_A, IP_B, 0xC000)
-    assert sizes == [len(d) for d in one_by_one] and buf == b"".join(one_by_one)
+    datagrams, sizes, runs = encode_udp_burst(out, IP_A, IP_B, 0xC000)
+    assert sizes == [len(d) for d in one_by_one] and _joined(datagrams) == one_by_one
     assert runs == [(i, 1) for i in range(count)]
     # GSO sends: datagram k of each is sealed for IPv4 ID k, as the kernel numbers it
-    buf, sizes, runs = encode_udp_burst(out, IP_A, IP_B, 0xC000, runs=gso_runs)
+    datagrams, sizes, runs = encode_udp_burst(out, IP_A, IP_B, 0xC000, runs=gso_runs)
     assert runs == gso_runs(sizes)
     for first, n in runs:
         for k in range(n):
             seal_udp_payload(one_by_one[first + k], IP_A, IP_B, 0xC000, ip_id=k)
-    assert buf == b"".join(one_by_one)
+    assert _joined(datagrams) == one_by_one
+    # the MIDDLEs' payloads are views of the message, not copies: the kernel copies once
+    assert all(len(d) == 3 and isinstance(d[1], memoryview) for d in datagrams[1:-1])
+    buf = bytearray(b"".join(_joined(datagrams)))
     seal_udp_datagrams(buf, 0, sizes, IP_A, IP_B, 0xC000)  # sealed again to go one by one
     assert [decode_udp_payload(bytes(d), IP_A, IP_B, 0xC000, ip_id=0).psn
             for d in _cut(buf, sizes)] == [p.psn for p in segs]  # fmt: skip
     v6 = [encode_udp_payload(p, IP6_A, IP6_B, 0xC000) for p in segs]  # IPv6: no IDs
-    assert encode_udp_burst(out, IP6_A, IP6_B, 0xC000, runs=gso_runs)[0] == b"".join(v6)
+    assert _joined(encode_udp_burst(out, IP6_A, IP6_B, 0xC000, runs=gso_runs)[0]) == v6
+
+
+def _joined(datagrams: list[Parts]) -> list[bytes]:
+    return [b"".join(parts) for parts in datagrams]
 
 
 def _cut(buf: bytearray, sizes: list[int]) -> list[bytearray]:
