@@ -498,6 +498,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
 # --- two processes: the rendezvous over TCP -------------------------------------------------
 
 _conn: socket.socket | None = None  #: the rendezvous connection, open for the whole run
+_rx = bytearray()  #: what it received past the last whole line taken
 
 
 def _rendezvous(args: argparse.Namespace, local: Dest, me: Peer) -> Dest:
@@ -515,6 +516,7 @@ def _rendezvous(args: argparse.Namespace, local: Dest, me: Peer) -> Dest:
             _conn, _ = listener.accept()
     else:
         _conn = _connect(args.host, args.port)
+    _rx.clear()
     _send(dict(settings, dest=asdict(local)))
     theirs = _recv()
     mismatch = [f"{k} {theirs.get(k)} here {v}" for k, v in settings.items() if theirs.get(k) != v]
@@ -548,15 +550,19 @@ def _send(msg: dict[str, Any]) -> None:
 
 
 def _recv() -> dict[str, Any]:
+    """The next message: one line.  A receive may hold more than one (the other side
+    may send its next before this side reads), or part of one."""
     assert _conn is not None
-    data = b""
-    while not data.endswith(b"\n"):
+    while b"\n" not in _rx:
         part = _conn.recv(4096)
         if not part:
             raise DemoError("the other side closed the rendezvous connection")
-        data += part
+        _rx.extend(part)
+    end = _rx.index(b"\n") + 1
+    line = bytes(_rx[:end])
+    del _rx[:end]
     try:
-        msg = json.loads(data)
+        msg = json.loads(line)
     except ValueError:
         raise DemoError("the other side is not a softverbs demo") from None
     if not isinstance(msg, dict):
