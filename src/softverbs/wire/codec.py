@@ -561,6 +561,7 @@ def encode_udp_burst(pkt: Packet, src_ip: bytes, dst_ip: bytes, sport: int,
     out.append([tail])
     return out, sizes, cuts
 
+
 def decode_udp_payload(
     data: BytesLike,
     src_ip: bytes,
