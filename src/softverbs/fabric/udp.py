@@ -420,8 +420,9 @@ class UdpRuntime(Runtime):
         else:
             dest = (dst_text, ROCEV2_PORT, 0, local.scope_id)
         if pkt.count > 1:  # a burst (only when self.bursts): GSO runs
-            datagrams, sizes, runs = encode_udp_burst(pkt, src_ip, dst_ip, sport,
-                                                      runs=gso_runs if self.gso else None)
+            datagrams, sizes, runs = encode_udp_burst(
+                pkt, src_ip, dst_ip, sport, runs=gso_runs if self.gso else None
+            )
             for first, count in runs:
                 self._send_run(src, sock, datagrams[first : first + count], sizes[first], dest,
                                (src_ip, dst_ip, sport))  # fmt: skip
