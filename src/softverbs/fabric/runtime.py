@@ -244,14 +244,20 @@ class Runtime:
             if self.clock.virtual:
                 return self._wait_virtual(ready, timeout)
             end = None if timeout is None else time.monotonic() + timeout
-            while True:
-                self.progress()
-                if ready():
-                    return True
-                now = time.monotonic()
-                if end is not None and now >= end:
-                    return False
-                self.cond.wait(self.wait_time(now, end))
+            while (done := self.wait_pass(ready, end)) is None:
+                self.cond.wait(self.wait_time(time.monotonic(), end))
+            return done
+
+    def wait_pass(self, ready: Callable[[], bool], end: float | None) -> bool | None:
+        """One pass of a wait, with :attr:`lock` held: run the devices; True if
+        ``ready()``, False if ``end`` (monotonic seconds) has passed, else None
+        (sleep for :meth:`wait_time`, then pass again)."""
+        self.progress()
+        if ready():
+            return True
+        if end is not None and time.monotonic() >= end:
+            return False
+        return None
 
     def wait_time(self, now: float, end: float | None) -> float | None:
         """How long a wait may sleep: until the next timer, or ``end`` (both

@@ -627,13 +627,10 @@ class UdpRuntime(Runtime):
         end = None if timeout is None else time.monotonic() + timeout
         while True:
             with self.lock:
-                self.progress()
-                if ready():
-                    return True
-                now = time.monotonic()
-                if end is not None and now >= end:
-                    return False
-                wait = self.wait_time(now, end)
+                done = self.wait_pass(ready, end)
+                if done is not None:
+                    return done
+                wait = self.wait_time(time.monotonic(), end)
                 wait = DRIVE_SLICE if wait is None else min(wait, DRIVE_SLICE)
                 # A verb of another thread that arms an earlier timer wakes us (and
                 # should the progress thread take that wakeup, the slice bounds it).
