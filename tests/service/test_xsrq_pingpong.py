@@ -16,10 +16,12 @@ import re
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from svkit import WAIT, ServiceProc
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "interop"))  # the C tools' listen wait
+from pingpong_kit import wait_listening
 
 CMD = [sys.executable, "-m", "softverbs", "xsrq-pingpong"]
 LINE = re.compile(
@@ -34,25 +36,6 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _start_client(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
-    """A client, retried while the server is not listening yet (the C tool
-    does not retry: it says it could not connect and exits)."""
-    deadline = time.monotonic() + WAIT
-    while True:
-        p = subprocess.Popen([*CMD, *args], env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)  # fmt: skip
-        try:
-            p.wait(0.3)
-        except subprocess.TimeoutExpired:
-            return p  # connected: it waits for the ping-pong
-        if p.returncode == 0:
-            return p
-        out = p.stdout.read() if p.stdout else ""
-        if "Couldn't connect" not in out or time.monotonic() > deadline:
-            raise AssertionError(f"client failed: {out}")
-        time.sleep(0.1)
-
-
 def _run(server_args: list[str], clients: list[list[str]], env: dict[str, str]
          ) -> tuple[str, list[str]]:  # fmt: skip
     """Start the server, then the clients; every one must print success."""
@@ -61,12 +44,17 @@ def _run(server_args: list[str], clients: list[list[str]], env: dict[str, str]
 
 def _run_split(server_args: list[str], server_env: dict[str, str], clients: list[list[str]],
                client_env: dict[str, str]) -> tuple[str, list[str]]:  # fmt: skip
+    """The clients start once the server listens: like the C tool, a client does
+    not retry a refused connect, and its server waits for all ``-c`` of them."""
     srv = subprocess.Popen([*CMD, *server_args], env=server_env, stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
     procs: list[subprocess.Popen[str]] = []
     try:
+        wait_listening(int(server_args[server_args.index("-p") + 1]), srv, WAIT)
         for args in clients:
-            procs.append(_start_client(args, client_env))
+            procs.append(subprocess.Popen([*CMD, *args], env=client_env,
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                          text=True))  # fmt: skip
         outs = [p.communicate(timeout=WAIT)[0] for p in procs]
         srv_out = srv.communicate(timeout=WAIT)[0]
     finally:
