@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import shutil
 import signal
 import socket
@@ -327,14 +328,30 @@ def test_devices_and_devinfo(env: dict[str, str]) -> None:
 
 
 def test_asyncwatch_waits_for_events(env: dict[str, str]) -> None:
+    """ibv_asyncwatch names the async event FD, then blocks in ibv_get_async_event (as on
+    rxe) until Ctrl-C.  The signal goes once it has printed: sent earlier, it could reach
+    ``softverbs exec`` before its exec, not the C program."""
     _need("ibv_asyncwatch")
     p = subprocess.Popen(exec_cmd("ibv_asyncwatch"), env=env, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True)  # fmt: skip
-    time.sleep(2)
-    assert p.poll() is None, p.communicate()  # blocked in ibv_get_async_event, as on rxe
-    p.send_signal(signal.SIGINT)
-    out = p.communicate(timeout=30)[0]
-    assert "sv0: async event FD" in out, out
+    try:
+        assert p.stdout is not None
+        assert select.select([p.stdout], [], [], TIMEOUT)[0], "ibv_asyncwatch printed nothing"
+        line = p.stdout.readline()
+        assert line.startswith("sv0: async event FD"), line + p.stdout.read()
+        time.sleep(1)
+        assert p.poll() is None, p.communicate()  # blocked in ibv_get_async_event
+        status = Path(f"/proc/{p.pid}/status").read_text()
+        p.send_signal(signal.SIGINT)
+        try:
+            p.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"SIGINT did not end it; it was:\n{status}") from None
+        assert p.returncode == -signal.SIGINT, p.returncode
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
 
 
 def _status(env: dict[str, str]) -> dict[str, object]:
