@@ -330,10 +330,16 @@ def test_devices_and_devinfo(env: dict[str, str]) -> None:
 def test_asyncwatch_waits_for_events(env: dict[str, str]) -> None:
     """ibv_asyncwatch names the async event FD, then blocks in ibv_get_async_event (as on
     rxe) until Ctrl-C.  The signal goes once it has printed: sent earlier, it could reach
-    ``softverbs exec`` before its exec, not the C program."""
+    ``softverbs exec`` before its exec, not the C program.  The program starts with
+    SIGINT handled here, so not ignored: a test run started as a shell's background job
+    has it ignored, and exec keeps an ignored signal ignored (a fresh-clone run hung so)."""
     _need("ibv_asyncwatch")
-    p = subprocess.Popen(exec_cmd("ibv_asyncwatch"), env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        p = subprocess.Popen(exec_cmd("ibv_asyncwatch"), env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    finally:
+        signal.signal(signal.SIGINT, before)
     try:
         assert p.stdout is not None
         assert select.select([p.stdout], [], [], TIMEOUT)[0], "ibv_asyncwatch printed nothing"
