@@ -107,7 +107,11 @@ def test_ucx_perftest(ucx_env: dict[str, str], tls: str, test: str, iters: int, 
     final = re.search(rf"^Final:\s+{iters}((?:\s+[\d.]+){{7}})\s*$", client, re.M)
     assert final, client
     _, lat_avg, _, _, bw_all, _, rate_all = map(float, final[1].split())
-    assert lat_avg > 0 and bw_all > 0 and rate_all > 0, client
+    assert lat_avg > 0 and rate_all > 0, client
+    # MB/s to two decimals (MB: 2**20 bytes): 8-byte messages at under 655 a second
+    # (a host busy with other work) print 0.00
+    size = int(args[args.index("-s") + 1]) if "-s" in args else 8
+    assert bw_all > 0 or size * rate_all / 2**20 < 0.005, client
     assert "Accepted connection from 127.0.0.1" in server, server
     for out in (server, client):
         assert not re.search(r"UCX\s+(ERROR|WARN)|Fatal|Caught signal", out), out
