@@ -19,11 +19,13 @@ import json
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from clikit import cli_env, softverbs_cli
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "interop"))  # pingpong_kit: port helpers
+from pingpong_kit import free_tcp_port, wait_listening
 
 DEFAULT_PORT = 18515
 #: tool -> the line both sides print last
@@ -44,24 +46,7 @@ def _port_args() -> list[str]:
             return []
         except OSError:
             pass
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return ["-p", str(s.getsockname()[1])]
-
-
-def _listening(port: int) -> bool:
-    """A TCP socket listens on ``port`` (read from /proc: connecting would take
-    the server's one accept)."""
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            cols = line.split()
-            if int(cols[1].rsplit(":", 1)[1], 16) == port and cols[3] == "0A":
-                return True
-    return False
+    return ["-p", str(free_tcp_port())]
 
 
 @pytest.mark.parametrize("tool", list(TOOLS))
@@ -76,11 +61,7 @@ def test_two_terminals_with_default_arguments(tool: str, tmp_path: Path) -> None
     server = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True, stdin=subprocess.DEVNULL)  # fmt: skip
     try:
-        deadline = time.monotonic() + 60
-        while not _listening(port):
-            assert server.poll() is None, f"the server exited: {server.communicate()}"
-            assert time.monotonic() < deadline, "the server never listened"
-            time.sleep(0.05)
+        wait_listening(port, server, 60)
         client = subprocess.run([*cmd, "127.0.0.1"], env=env, capture_output=True, text=True,
                                 timeout=120, stdin=subprocess.DEVNULL, check=False)  # fmt: skip
         out, err = server.communicate(timeout=120)

@@ -17,7 +17,6 @@ import re
 import select
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -31,6 +30,9 @@ from softverbs import native
 from softverbs.fabric.pcap import read_pcap
 from softverbs.wire.codec import decode_frame
 from softverbs.wire.opcodes import Op, Transport, opcode
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "interop"))  # pingpong_kit: port helpers
+from pingpong_kit import free_tcp_port, wait_listening
 
 UD_SEND_IMM = opcode(Transport.UD, Op.SEND_ONLY_WITH_IMMEDIATE)
 
@@ -52,24 +54,6 @@ def env(host_service: str) -> dict[str, str]:
     return e
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
-
-
-def _listening(port: int) -> bool:
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            rows = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        if any(int(r.split()[1].rsplit(":", 1)[1], 16) == port and r.split()[3] == "0A"
-               for r in rows):  # fmt: skip
-            return True
-    return False
-
-
 def exec_cmd(*argv: str) -> list[str]:
     return [sys.executable, "-m", "softverbs", "exec", "--", *argv]
 
@@ -77,18 +61,13 @@ def exec_cmd(*argv: str) -> list[str]:
 def pair(env: dict[str, str], tool: str, args: list[str], port_flag: str,
          launch: Callable[..., list[str]] = exec_cmd) -> tuple[str, str]:  # fmt: skip
     """Run ``tool`` as server and client; both outputs (each must exit 0)."""
-    port = _free_port()
+    port = free_tcp_port()
     argv = [tool, *args, port_flag, str(port)]
     server = subprocess.Popen(launch(*argv), env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True,
                               stdin=subprocess.DEVNULL)  # fmt: skip
     try:
-        deadline = time.monotonic() + 60
-        while not _listening(port):
-            if server.poll() is not None:
-                raise AssertionError(f"{tool} server exited: {server.communicate()[0]}")
-            assert time.monotonic() < deadline, f"{tool} server never listened"
-            time.sleep(0.05)
+        wait_listening(port, server, 60)
         client = subprocess.run(launch(*argv, "127.0.0.1"), env=env, capture_output=True,
                                 text=True, timeout=TIMEOUT, check=False,
                                 stdin=subprocess.DEVNULL)  # fmt: skip
@@ -222,7 +201,7 @@ def cm_pair(env: dict[str, str], server_argv: list[str], client_argv: list[str],
 
 def test_rping(env: dict[str, str]) -> None:
     _need("rping")
-    port = str(_free_port())
+    port = str(free_tcp_port())
     server, client = cm_pair(env, ["rping", "-s", "-v", "-C", "5", "-a", "127.0.0.1", "-p", port],
                              ["rping", "-c", "-v", "-C", "5", "-a", "127.0.0.1", "-p", port],
                              port=int(port))
@@ -234,7 +213,7 @@ def test_rping(env: dict[str, str]) -> None:
 
 def test_ucmatose(env: dict[str, str]) -> None:
     _need("ucmatose")
-    port = str(_free_port())
+    port = str(free_tcp_port())
     server, client = cm_pair(env, ["ucmatose", "-b", "127.0.0.1", "-p", port, "-c", "2"],
                              ["ucmatose", "-s", "127.0.0.1", "-p", port, "-c", "2"],
                              port=int(port))
@@ -267,7 +246,7 @@ def test_rdma_server_and_client(env: dict[str, str]) -> None:
     """rdma_create_ep's synchronous IDs and librdmacm's inline verbs."""
     _need("rdma_server")
     _need("rdma_client")
-    port = str(_free_port())
+    port = str(free_tcp_port())
     server, client = cm_pair(env, ["rdma_server", "-s", "127.0.0.1", "-p", port],
                              ["rdma_client", "-s", "127.0.0.1", "-p", port],
                              port=int(port))  # fmt: skip
@@ -296,7 +275,7 @@ def test_perftest_over_rdma_cm(env: dict[str, str], tool: str, args: list[str]) 
     """perftest's -R: the connection made by the RDMA CM (librdmacm.so.1)."""
     _need(tool)
     for attempt in range(ATTEMPTS):
-        port = _free_port()
+        port = free_tcp_port()
         argv = [tool, "-d", "sv0", "-x", "1", "-R", "-n", "100", *args, "-p", str(port)]
         try:
             server, client = cm_pair(env, argv, [*argv, "127.0.0.1"], port=port)
@@ -371,13 +350,11 @@ def _status(env: dict[str, str]) -> dict[str, object]:
 def test_a_killed_c_program_leaves_nothing(env: dict[str, str]) -> None:
     """SIGKILL in the middle of a run: the service destroys all it held."""
     _need("ibv_rc_pingpong")
-    port = _free_port()
+    port = free_tcp_port()
     p = subprocess.Popen(exec_cmd("ibv_rc_pingpong", "-g", "1", "-p", str(port)), env=env,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    deadline = time.monotonic() + 60
-    while not _listening(port):  # its QP, CQ, MR and PD exist by now
-        assert p.poll() is None and time.monotonic() < deadline
-        time.sleep(0.05)
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         text=True)  # fmt: skip
+    wait_listening(port, p, 60)  # its QP, CQ, MR and PD exist by now
     assert any(proc["pid"] == p.pid for proc in _status(env)["processes"])  # type: ignore[attr-defined,index]
     p.kill()
     p.wait()

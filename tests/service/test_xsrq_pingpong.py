@@ -13,27 +13,20 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 from svkit import WAIT, ServiceProc
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "interop"))  # the C tools' listen wait
-from pingpong_kit import wait_listening
+sys.path.insert(0, str(Path(__file__).parents[1] / "interop"))  # pingpong_kit: port helpers
+from pingpong_kit import free_tcp_port, wait_listening
 
 CMD = [sys.executable, "-m", "softverbs", "xsrq-pingpong"]
 LINE = re.compile(
     r"^ *(local|remote): LID [0-9a-f]{4}, QPN RECV (8[0-9a-f]{5}) "
     r"SEND ([0-9a-f]{6}), PSN [0-9a-f]{6}, SRQN ([0-9a-f]{6}), GID (\S+)$"
 )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _run(server_args: list[str], clients: list[list[str]], env: dict[str, str]
@@ -78,7 +71,7 @@ def _check(out: str, pairs: int) -> list[re.Match[str]]:
 
 def test_through_the_service(service: ServiceProc, workdir: Path) -> None:
     env = {**os.environ, "SOFTVERBS_SERVICE": service.path}
-    port = str(_free_port())
+    port = str(free_tcp_port())
     xrcd = str(workdir / "xrc_domain")
     common = ["-g", "1", "-p", port, "--xrcd-file", xrcd, "-n", "20", "-s", "2000"]
     srv, clients = _run([*common, "-c", "2"],
@@ -108,7 +101,7 @@ def test_over_udp_devices(workdir: Path) -> None:
                            env=env, capture_output=True, text=True, timeout=WAIT)  # fmt: skip
         assert r.returncode == 0, r.stderr
     try:
-        port = str(_free_port())
+        port = str(free_tcp_port())
         common = ["-g", "0", "-p", port, "-n", "10"]
         env_a = {**env, "SOFTVERBS_SERVICE": socks["a"]}
         env_b = {**env, "SOFTVERBS_SERVICE": socks["b"]}
