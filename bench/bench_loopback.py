@@ -836,8 +836,8 @@ def ucx_outstanding(size: int) -> int:
     """UCX's ``-O``: WINDOW puts, but no more than UCX_MAX_OUTSTANDING bytes of them.
 
     UCX 1.13's TCP transport slows to tens of MB/s (sometimes) when tens of
-    MiB of puts are queued; softverbs' engine itself never has more than 512
-    packets (2 MiB) unacknowledged, so a byte cap keeps the comparison fair.
+    MiB of puts are queued; softverbs' engine itself never has more than 1024
+    packets (4 MiB) unacknowledged, so a byte cap keeps the comparison fair.
     """
     return max(1, min(WINDOW, UCX_MAX_OUTSTANDING // size))
 

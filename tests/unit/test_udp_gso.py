@@ -386,6 +386,86 @@ def test_rc_write_and_send_bursts_arrive_intact(pair_env: str) -> None:
         reg.shutdown()
 
 
+def test_a_small_receive_buffer_makes_a_window_that_loses_nothing(
+        pair_env: str, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """A QP's window fits in the receive buffer the kernel granted (HCA.window_for).
+
+    Here the buffer is 256 KiB (as on a host whose net.core.rmem_max is below
+    Linux's default), where a 512-packet window of 1 KiB packets overflowed it:
+    every drop was a go-back-N round.  A 4 MiB WRITE now goes through with every
+    packet sent once."""
+    from softverbs.verbs import registry
+
+    monkeypatch.setattr(udp, "RECV_BUFFER", 128 << 10)  # the kernel doubles it
+    reg = registry.Registry()
+    registry.push(reg)
+    try:
+        a, b = Context(name="gso1"), Context(name="gso2")
+        pda, pdb = PD(a), PD(b)
+        cqa, cqb = CQ(a, 32), CQ(b, 32)
+        qa, qb = _rc(a, pda, cqa), _rc(b, pdb, cqb)
+        size = 4 << 20
+        access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE
+        ma, mb = MR(pda, size, access), MR(pdb, size, access)
+        for qp, peer, ctx in ((qa, qb, b), (qb, qa, a)):
+            attr = QPAttr()
+            attr.qp_access_flags = access
+            attr.dest_qp_num = peer.qp_num
+            attr.path_mtu = IBV_MTU_1024
+            attr.max_rd_atomic = attr.max_dest_rd_atomic = 1
+            attr.timeout, attr.retry_cnt = 14, 7
+            attr.ah_attr = AHAttr(is_global=1, gr=GlobalRoute(dgid=ctx.query_gid(1, 0),
+                                                              sgid_index=0))  # fmt: skip
+            qp.to_rts(attr)
+        pattern = os.urandom(size)
+        ma.write(pattern, size)
+        w = SendWR(2, IBV_WR_RDMA_WRITE, 1, sg=[SGE(ma.buf, size, ma.lkey)])
+        w.set_wr_rdma(mb.rkey, mb.buf)
+        qa.post_send(w)
+        import time
+
+        got: list[object] = []
+        end = time.monotonic() + 60
+        while not got and time.monotonic() < end:
+            got += cqa.poll(1)[1]
+            cqb.poll(1)  # drives the receiving device too
+        assert len(got) == 1 and all(wc.status == IBV_WC_SUCCESS for wc in got), got
+        assert bytes(mb.read(size, 0)) == pattern
+        ca, cb = counters(a), counters(b)
+        assert cb.get("out_of_seq_request", 0) == 0, cb  # nothing was lost on the way
+        assert ca.get("rcvd_seq_err", 0) == 0 and ca.get("local_ack_timeout_err", 0) == 0, ca
+        assert ca["sent_pkts"] == size // 1024, ca  # each packet sent once
+        for ctx in (a, b):
+            ctx.close()
+    finally:
+        registry.pop(reg)
+        reg.shutdown()
+
+
+def test_the_window_is_what_the_receive_buffer_holds() -> None:
+    """HCA.window_for: a datagram takes its data rounded up to a power of two
+    (headers and skb_shared_info included) and an sk_buff: 2304 bytes for a 1024-byte
+    MTU, 8448 for 4096."""
+    from softverbs.engine.core import DEFAULT_WINDOW, MIN_WINDOW
+    from softverbs.engine.hca import HCA
+
+    hca = HCA("t", [bytes(16)])
+    assert hca.window_for(4096) == DEFAULT_WINDOW  # in process: nothing buffered
+    hca.rx_buffer = 425984  # what SO_RCVBUF grants under Linux's default rmem_max
+    assert [hca.window_for(m) for m in (256, 512, 1024, 2048, 4096)] == [
+        425984 // 1280,
+        425984 // 1280,
+        425984 // 2304,
+        425984 // 4352,
+        425984 // 8448,
+    ]
+    assert hca.window_for(4096) == 50
+    hca.rx_buffer = 16 << 20
+    assert hca.window_for(4096) == DEFAULT_WINDOW  # a big buffer: the usual window
+    hca.rx_buffer = 4096
+    assert hca.window_for(4096) == MIN_WINDOW
+
+
 def test_a_refused_gso_send_falls_back_to_one_datagram_at_a_time() -> None:
     """A kernel (or device) that refuses UDP_SEGMENT: the run goes out datagram by
     datagram, each sealed again for IPv4 ID 0, the device stops using GSO, and

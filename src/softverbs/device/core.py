@@ -1253,7 +1253,7 @@ class Host:
             eng = QPEngine(hca, qpn, qp_type, _engine(pd), _engine(scq), _engine(rcq), sq, rq,
                            _engine(srq), bool(req.sq_sig_all))
             eng.xrcd = xrcd.engine if xrcd is not None else None
-            eng.pmtu = pmtu
+            eng.set_attrs({"pmtu": pmtu})
             eng.sig_pipelining = bool(req.dv_flags & api.DV_SIG_PIPELINING)
             rec = self._new(owner, KIND_QP, dev, eng, ctx, (pd, scq, rcq, srq, xrcd))
             rec.release = res.release
@@ -1405,7 +1405,7 @@ class Host:
             eng = QPEngine(hca, hca.alloc_qpn(xrc_recv=True), IBV_QPT_XRC_RECV, None, None,
                            None, None, None, None, False)  # fmt: skip
             eng.xrcd = xrcd.engine
-            eng.pmtu = min(1024, dev.info.mtu)
+            eng.set_attrs({"pmtu": min(1024, dev.info.mtu)})
             hca.qps[eng.qpn] = eng
             try:
                 for attrs, mask in ((req.init, req.init_mask), (req.rtr, req.rtr_mask)):

@@ -61,6 +61,7 @@ class HCAPort(Protocol):
     def outbox(self) -> deque[Packet]: ...
 
     def schedule(self, qp: QPCore, deadline: float) -> None: ...
+    def window_for(self, pmtu: int) -> int: ...
     def defer_ack(self, qp: QPCore) -> None: ...
     def post_event(self, event_type: int, element: Any) -> None: ...
     def cq_overrun(self, cq: CompletionRing) -> None: ...
@@ -76,10 +77,22 @@ TRANSPORT_OF: dict[int, Transport] = {
     IBV_QPT_XRC_RECV: Transport.XRC,
 }
 
-#: Messages per ACK request when a message is longer than this many packets.
-ACKREQ_EVERY = 64
-#: Unacknowledged packets a requester keeps in flight (a pacing window).
-DEFAULT_WINDOW = 512
+#: Unacknowledged packets a requester keeps in flight at most (a pacing window).  A
+#: UDP device keeps fewer where its socket's receive buffer would overflow
+#: (:meth:`HCA.window_for <softverbs.engine.hca.HCA.window_for>`).
+DEFAULT_WINDOW = 1024
+#: The smallest window a receive buffer makes: below it, a message crawls anyway.
+MIN_WINDOW = 4
+#: A long message asks for an ACK this many times per window, besides on its last
+#: packet, so that an ACK is on its way back long before the window closes.
+ACKS_PER_WINDOW = 4
+
+
+def ack_every(window: int) -> int:
+    """Every how many packets a long message asks for an ACK, for this window."""
+    return max(1, window // ACKS_PER_WINDOW)
+
+
 #: What each QP counts of itself (``rdma statistic qp``), by rxe's device-wide names:
 #: its packets (a burst counts each of its packets), then the rare events.
 QP_COUNTERS = (
@@ -142,7 +155,7 @@ class QPCore:
         self.max_dest_rd_atomic = 1
         self.en_sqd_async_notify = False
         self.sport = qp_sport(qpn)  #: rxe's; RC/UC get udp_sport() with their peer
-        self.window = DEFAULT_WINDOW
+        self.window = hca.window_for(self.pmtu)  #: set again with the path MTU
         self.comm_established = False
         #: stop the SQ in SQD after a transfer fails its signature check (mlx5dv
         #: MLX5DV_QP_CREATE_SIG_PIPELINING; see Requester.pump_sq)

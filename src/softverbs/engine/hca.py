@@ -20,7 +20,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
-from softverbs.engine.core import QPCore
+from softverbs.engine.core import DEFAULT_WINDOW, MIN_WINDOW, QPCore
 from softverbs.engine.memory import KeyTable
 from softverbs.engine.observe import Observer
 from softverbs.engine.rings import CompletionRing, SharedRecvRing
@@ -80,8 +80,32 @@ class HCA:
         self.on_event: EventSink = self._queue_event
         #: a trace or a sanitizer watching the engine (:mod:`.observe`), or None
         self.observer: Observer | None = None
+        #: the most packets a requester keeps unacknowledged (see :meth:`window_for`)
+        self.max_window = DEFAULT_WINDOW
+        #: bytes of datagrams a receive socket of this device holds (SO_RCVBUF, as
+        #: the kernel grants it), or None where nothing is buffered (in process)
+        self.rx_buffer: int | None = None
 
     # --- numbers ----------------------------------------------------------------
+    def window_for(self, pmtu: int) -> int:
+        """The window of a QP with this path MTU: :attr:`max_window`, or as many
+        packets as :attr:`rx_buffer` holds if that is fewer.
+
+        A datagram is dropped when it finds the receiving socket's buffer full,
+        and under go-back-N one drop costs everything sent after it: on a host
+        with Linux's default ``net.core.rmem_max`` (212992, so a 416 KiB
+        buffer) a 512-packet window of 4 KiB packets overflowed it, and 1 MiB
+        WRITEs between two processes ran at 17-19 MB/s instead of about 2 GB/s.
+        The device knows its own buffer, not its peer's; it takes the peer's to
+        be the same (on one host it is).  A datagram takes its data rounded up
+        to a power of two, with 512 bytes of headers and ``skb_shared_info``,
+        and 256 more for its ``sk_buff`` (the kernel's ``truesize``).
+        """
+        if self.rx_buffer is None:
+            return self.max_window
+        truesize = (1 << (pmtu + 512 - 1).bit_length()) + 256
+        return max(MIN_WINDOW, min(self.max_window, self.rx_buffer // truesize))
+
     def alloc_qpn(self, xrc_recv: bool = False) -> int:
         """A fresh QP number.
 

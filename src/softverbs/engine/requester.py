@@ -21,8 +21,8 @@ Its :class:`~.rings.WqeState` moves as :data:`~.rings.WQE_MOVES` allows:
 3. *Transmitted*: packets go out while fewer than ``window`` PSNs are
    unacknowledged, as bursts (:mod:`softverbs.wire.packet`: segmentation
    offload).  The last packet of a message, and every
-   :data:`~.core.ACKREQ_EVERY`-th packet, asks for an ACK.  A long RDMA READ
-   is asked for in pieces of at most ``window`` responses.
+   :func:`~.core.ack_every`-th packet (a quarter window), asks for an ACK.  A
+   long RDMA READ is asked for in pieces of at most ``window`` responses.
 4. *Acknowledged* (:class:`Completer`; ``DONE``): ACKs are cumulative.  READ
    and atomic WQEs are done when their responses arrive; an ACK beyond an
    unanswered READ means its responses were lost, and the READ is retried
@@ -51,7 +51,7 @@ from enum import IntEnum
 from typing import TYPE_CHECKING
 
 from softverbs.engine import psn as P
-from softverbs.engine.core import ACKREQ_EVERY
+from softverbs.engine.core import ack_every
 from softverbs.engine.observe import SQ
 from softverbs.engine.rings import CQE, WQE_MOVES, WR_DRIVER1, SendWQE, WqeState, scatter
 from softverbs.enums import (
@@ -444,7 +444,7 @@ class Requester:
         pkt.inv_rkey = wqe.inv_rkey
         pkt.se = wqe.se
         ops = _msg_opcodes(qp.transport, info.klass, info.imm, info.inv)
-        qp.send(burst(pkt, ops, i, count, n, pmtu, ACKREQ_EVERY if qp.reliable else 0))
+        qp.send(burst(pkt, ops, i, count, n, pmtu, ack_every(qp.window) if qp.reliable else 0))
         wqe.tx = i + count
         return wqe.tx >= n
 

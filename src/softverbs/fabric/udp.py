@@ -105,7 +105,8 @@ IPV6_MTU_DISCOVER = getattr(socket, "IPV6_MTU_DISCOVER", 23)
 IPV6_PMTUDISC_DO = 2
 IPV6_FREEBIND = 78
 
-RECV_BUFFER = 8 << 20
+RECV_BUFFER = 8 << 20  #: asked for; the kernel grants it up to net.core.rmem_max
+SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
 MAX_DATAGRAM = 65536
 
 # UDP segmentation offload (linux/udp.h)
@@ -118,6 +119,15 @@ _GRO_CMSG = socket.CMSG_SPACE(4)
 GSO_ENV = "SOFTVERBS_UDP_GSO"
 #: A drain sends the ACKs it owes after this many packets, not only at its end.
 ACK_FLUSH_PACKETS = 64
+
+
+def _set_rcvbuf(sock: socket.socket, size: int) -> None:
+    """Ask for a receive buffer of ``size`` bytes: beyond net.core.rmem_max where
+    the process may (SO_RCVBUFFORCE, CAP_NET_ADMIN), else up to it."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, size)
+    except OSError:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, size)
 
 
 def gso_wanted() -> bool:
@@ -346,7 +356,7 @@ class UdpRuntime(Runtime):
         self._checksummed: set[socket.socket] = set()  #: sockets that have sent a GSO run
         for addr in addrs:
             sock = self._socket(addr, ROCEV2_PORT)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECV_BUFFER)
+            _set_rcvbuf(sock, RECV_BUFFER)
             if self.gso:
                 try:
                     sock.setsockopt(SOL_UDP, UDP_GRO, 1)
@@ -361,6 +371,14 @@ class UdpRuntime(Runtime):
     @property
     def gids(self) -> list[bytes]:
         return [a.gid for a in self.addrs]
+
+    def attach(self, hca: HCA) -> None:
+        # what the kernel granted (SO_RCVBUF is capped by net.core.rmem_max): the
+        # QPs' windows must fit in it (HCA.window_for)
+        hca.rx_buffer = min(
+            (s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) for s in self._rx), default=None
+        )
+        super().attach(hca)
 
     @staticmethod
     def _socket(addr: LocalAddr, port: int) -> socket.socket:

@@ -209,6 +209,10 @@ class SeededFaults:
 
 # --- a device with one QP ----------------------------------------------------------------------
 
+#: the requester's window in these tests (packets); their message lengths are chosen
+#: against it (the device's own default, DEFAULT_WINDOW, is larger)
+WINDOW = 512
+
 
 class Node:
     """One HCA with one QP engine, two CQs and one memory region."""
@@ -228,6 +232,7 @@ class Node:
         self.name = name
         self.gid = gid
         self.hca = HCA(name, [gid])
+        self.hca.max_window = WINDOW
         self.pd = object()
         self.scq = local_cq(cq_size)
         self.rcq = local_cq(cq_size)

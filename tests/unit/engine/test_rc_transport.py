@@ -16,6 +16,7 @@ from engine_kit import (
     BASE_B,
     DROP,
     SWAP,
+    WINDOW,
     Bench,
     act_if,
     drop_if,
@@ -27,7 +28,7 @@ from engine_kit import (
 )
 
 from softverbs.engine import psn as P
-from softverbs.engine.core import ACKREQ_EVERY
+from softverbs.engine.core import ack_every
 from softverbs.enums import (
     IBV_QPS_ERR,
     IBV_QPS_RTS,
@@ -65,13 +66,13 @@ def npkts(length: int) -> int:
 
 def acks_for(length: int) -> int:
     """AckReq'd packets in one SEND/WRITE of ``length`` bytes: the most ACKs it can draw."""
-    return (npkts(length) - 1) // ACKREQ_EVERY + 1
+    return (npkts(length) - 1) // ack_every(WINDOW) + 1
 
 
 def ackreq_psns(length: int) -> set[int]:
-    """The PSNs of a message's packets that ask for an ACK (every ACKREQ_EVERY-th, and the last)."""
+    """The PSNs of a message's packets that ask for an ACK (every ack_every-th, and the last)."""
     n = npkts(length)
-    return {i for i in range(n) if (i + 1) % ACKREQ_EVERY == 0} | {n - 1}
+    return {i for i in range(n) if (i + 1) % ack_every(WINDOW) == 0} | {n - 1}
 
 
 def check_coalesced_acks(acks: list[Any], length: int) -> None:
