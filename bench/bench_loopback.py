@@ -38,7 +38,7 @@ Every subprocess has a timeout and is killed with its process group if it
 overstays.  Not a test: nothing asserts a speed.
 
     python bench/bench_loopback.py [--quick] [--runs N] [--no-ucx] [--sizes 4K,1M]
-                                   [--spin] [--plot FILE.png] [--json]
+                                   [--spin] [--loss P] [--no-latency] [--plot FILE.png] [--json]
                                    [--profile DIR [--profiler cprofile|py-spy]]
 
 ``--profile DIR`` runs only the softverbs WRITE bandwidth (1 MiB unless
@@ -501,6 +501,8 @@ def role_sv_client(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
                 "client_cpu_us_per_packet": client_cpu / packets * 1e6,
                 "server_cpu_us_per_packet": server_cpu / packets * 1e6,
             }  # fmt: skip
+        # the WRITE runs' own (under --loss, the ping-pong adds a timeout per lost packet)
+        result["write_counters"] = {k: v for k, v in counters(end.ctx).items() if v}
         if s.lat_iters:
             pp = PingPong(end, s.spin)
             for key, events in (("latency_us", False), ("latency_events_us", True)):
@@ -926,6 +928,7 @@ def summarize(sv: dict[str, Any], ucx: dict[str, Any] | None, udp: dict[str, Any
     out["latency_us"] = lat
     out["softverbs_client_counters"] = sv.get("counters", {})
     out["softverbs_server_counters"] = sv.get("server_counters", {})
+    out["softverbs_client_write_counters"] = sv.get("write_counters", {})
     return out
 
 
@@ -977,6 +980,9 @@ def print_tables(r: dict[str, Any], s: Settings, ucx_note: str) -> None:
     for side in ("client", "server"):
         c = r[f"softverbs_{side}_counters"]
         print(f"softverbs {side} counters: " + (", ".join(f"{k} {v}" for k, v in c.items()) or "-"))
+    if s.loss:
+        c = r["softverbs_client_write_counters"]
+        print("softverbs client counters after (1): " + ", ".join(f"{k} {v}" for k, v in c.items()))
 
 
 def plot(path: str, r: dict[str, Any], out: IO[str]) -> None:
@@ -1049,6 +1055,9 @@ def main() -> int:
     ap.add_argument("--loss", type=float, default=0.0, metavar="P",
                     help="drop this fraction of the packets each softverbs process sends "
                     "(seeded: SOFTVERBS_FAULTS=seed=1;drop=P)")  # fmt: skip
+    ap.add_argument("--no-latency", action="store_true",
+                    help="leave out softverbs' ping-pong (under --loss, each packet it "
+                    "loses waits out the ACK timeout)")  # fmt: skip
     ap.add_argument("--plot", metavar="FILE", help="also write a PNG plot (needs matplotlib)")
     ap.add_argument("--json", action="store_true", help="print one JSON object, not tables")
     ap.add_argument("-q", "--quiet", action="store_true",
@@ -1081,6 +1090,8 @@ def main() -> int:
             print("bench_loopback: --loss must be between 0 and 1", file=sys.stderr)
             return 2
         s = replace(s, loss=args.loss)
+    if args.no_latency:
+        s = replace(s, lat_iters=0)
     try:
         if args.profile:
             os.makedirs(args.profile, exist_ok=True)

@@ -150,7 +150,7 @@ class QPEngine(QPCore):
             elif name == "rnr_retry":
                 self.comp.rnr_left = value
             elif name == "pmtu":
-                self.window = self.hca.window_for(value)
+                self.window = self.comp.cwnd = self.hca.window_for(value)
         if "dest_qpn" in attrs or "route" in attrs:
             # rxe: rdma_get_udp_sport(the AV's flow label, qpn, dest qpn)
             fl = self.route.flow_label if self.route is not None else 0

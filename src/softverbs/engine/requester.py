@@ -37,10 +37,19 @@ end of an RNR back-off, transmission restarts from the first missing PSN.
 Timeouts and sequence NAKs spend ``retry_cnt``; RNR NAKs spend
 ``rnr_retry`` (7 = forever).  Any forward progress refills both.
 
+A loss also halves the Completer's ``cwnd``, the part of the window the
+requester may use (a slow restart; ConnectX NICs list one, with a transmit
+window, among their lossy-RoCE accelerations): go-back-N resends everything
+after a lost packet, so the fewer packets are in flight when one is lost,
+the less is sent twice.  Each window's worth of acknowledged packets then
+gives back :data:`CWND_GROWTH` packets, up to the whole ``window``.  Without
+loss ``cwnd`` is the window.
+
 The :class:`Requester` owns what starting needs: the next WQE and PSN, the
 count of outstanding READs and atomics, the SQ's flow (:class:`SqFlow`).
 The :class:`Completer` owns what finishing needs: the started WQEs in
-order, the oldest unacknowledged PSN, the retry budgets and the timers.
+order, the oldest unacknowledged PSN, the retry budgets, ``cwnd`` and the
+timers.
 """
 
 from __future__ import annotations
@@ -51,7 +60,7 @@ from enum import IntEnum
 from typing import TYPE_CHECKING
 
 from softverbs.engine import psn as P
-from softverbs.engine.core import ack_every
+from softverbs.engine.core import MIN_WINDOW, ack_every
 from softverbs.engine.observe import SQ
 from softverbs.engine.rings import CQE, WQE_MOVES, WR_DRIVER1, SendWQE, WqeState, scatter
 from softverbs.enums import (
@@ -113,6 +122,8 @@ if TYPE_CHECKING:
 
 #: Atomics act on host-endian 64-bit words, as a NIC's DMA does on this host.
 NATIVE = sys.byteorder
+#: Packets a congestion window grows by per window of acknowledged packets, after a loss.
+CWND_GROWTH = 16
 
 
 class WrClass(IntEnum):
@@ -196,7 +207,6 @@ def _msg_opcodes(transport: Transport, klass: WrClass, imm: bool,
     return transport | first, transport | middle, transport | last, transport | only
 
 
-
 class SigStop(IntEnum):
     """Signature pipelining (MLX5DV_QP_CREATE_SIG_PIPELINING): where the SQ is."""
 
@@ -277,7 +287,7 @@ class Requester:
                 break
             if rd and self.rd_out >= max(1, qp.max_rd_atomic):
                 break
-            if qp.reliable and P.diff(self.npsn, comp.una) >= qp.window:
+            if qp.reliable and P.diff(self.npsn, comp.una) >= min(comp.cwnd, qp.window):
                 break
             self.sq_next += 1
             self._start(wqe, info, now)
@@ -418,11 +428,14 @@ class Requester:
             return True
         psn = P.add(wqe.psn, i)
         count = n - i
+        ack = 0
         if qp.reliable:
-            room = qp.window - P.diff(psn, self.comp.una)
+            window = min(self.comp.cwnd, qp.window)
+            room = window - P.diff(psn, self.comp.una)
             if room <= 0:
                 return False
             count = min(count, room)
+            ack = ack_every(window)
         pmtu = qp.pmtu
         data = wqe.data
         payload = data if n == 1 else data[i * pmtu : (i + count) * pmtu]
@@ -444,7 +457,7 @@ class Requester:
         pkt.inv_rkey = wqe.inv_rkey
         pkt.se = wqe.se
         ops = _msg_opcodes(qp.transport, info.klass, info.imm, info.inv)
-        qp.send(burst(pkt, ops, i, count, n, pmtu, ack_every(qp.window) if qp.reliable else 0))
+        qp.send(burst(pkt, ops, i, count, n, pmtu, ack))
         wqe.tx = i + count
         return wqe.tx >= n
 
@@ -613,6 +626,8 @@ class Completer:
         self.rnr_until: float | None = None  #: the end of an RNR back-off
         self.rnr_psn = 0
         self.resending = False  #: a go-back-N episode is under way: spend no more retries
+        self.cwnd = qp.window  #: packets the requester may have unacknowledged (<= window)
+        self.cwnd_credit = 0  #: acknowledged packets times CWND_GROWTH, toward growing it
 
     def next_deadline(self) -> float | None:
         if self.rnr_until is not None:
@@ -744,6 +759,10 @@ class Completer:
         if P.diff(una, self.una) <= 0:
             return
         qp = self.qp
+        if self.cwnd < qp.window:  # recovering from a loss: grow back
+            credit = self.cwnd_credit + P.diff(una, self.una) * CWND_GROWTH
+            step, self.cwnd_credit = divmod(credit, self.cwnd)
+            self.cwnd = min(qp.window, self.cwnd + step)
         self.una = una
         self.retry_left = qp.retry_cnt
         self.rnr_left = qp.rnr_retry
@@ -887,6 +906,8 @@ class Completer:
             return
         self.retry_left -= 1
         self.resending = True
+        self.cwnd = max(MIN_WINDOW, min(self.cwnd, qp.window) // 2)
+        self.cwnd_credit = 0
         qp.count("completer_retry_err")
         obs = qp.hca.observer
         if obs is not None:
