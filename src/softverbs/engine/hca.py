@@ -95,7 +95,7 @@ class HCA:
         and under go-back-N one drop costs everything sent after it: on a host
         with Linux's default ``net.core.rmem_max`` (212992, so a 416 KiB
         buffer) a 512-packet window of 4 KiB packets overflowed it, and 1 MiB
-        WRITEs between two processes ran at 17-19 MB/s instead of about 2 GB/s.
+        WRITEs between two processes ran at about 20 MB/s instead of 2 GB/s.
         The device knows its own buffer, not its peer's; it takes the peer's to
         be the same (on one host it is).  A datagram takes its data rounded up
         to a power of two, with 512 bytes of headers and ``skb_shared_info``,
