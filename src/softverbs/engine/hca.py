@@ -99,12 +99,15 @@ class HCA:
         The device knows its own buffer, not its peer's; it takes the peer's to
         be the same (on one host it is).  A datagram takes its data rounded up
         to a power of two, with 512 bytes of headers and ``skb_shared_info``,
-        and 256 more for its ``sk_buff`` (the kernel's ``truesize``).
+        and 256 more for its ``sk_buff`` (the kernel's ``truesize``).  Only
+        three quarters of the buffer count: Linux gives back what a reader took
+        in batches of a quarter of the buffer (``udp_rmem_release``), so that
+        much may still be charged for datagrams already read.
         """
         if self.rx_buffer is None:
             return self.max_window
         truesize = (1 << (pmtu + 512 - 1).bit_length()) + 256
-        return max(MIN_WINDOW, min(self.max_window, self.rx_buffer // truesize))
+        return max(MIN_WINDOW, min(self.max_window, self.rx_buffer * 3 // 4 // truesize))
 
     def alloc_qpn(self, xrc_recv: bool = False) -> int:
         """A fresh QP number.
