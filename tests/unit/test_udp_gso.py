@@ -10,9 +10,13 @@ are delivered.  ``SOFTVERBS_UDP_GSO=0`` is the datagram-at-a-time path.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -336,7 +340,25 @@ def _rc(ctx: Context, pd: PD, cq: CQ) -> QP:
     return QP(pd, init, attr)
 
 
-def test_rc_write_and_send_bursts_arrive_intact(pair_env: str) -> None:
+@dataclass
+class _Pair:
+    """Devices gso1 (a) and gso2 (b), an RC QP on each connected to the other (IB MTU
+    1024), their CQs, and an MR of ``size`` bytes on each."""
+
+    a: Context
+    b: Context
+    qa: QP
+    qb: QP
+    cqa: CQ
+    cqb: CQ
+    ma: MR
+    mb: MR
+
+
+@contextlib.contextmanager
+def _connected_pair(size: int, **rts: int) -> Iterator[_Pair]:
+    """A :class:`_Pair` in a registry of its own; ``rts``: further QPAttr members for
+    INIT->RTR->RTS (timeout, retry_cnt)."""
     from softverbs.verbs import registry
 
     reg = registry.Registry()
@@ -346,7 +368,6 @@ def test_rc_write_and_send_bursts_arrive_intact(pair_env: str) -> None:
         pda, pdb = PD(a), PD(b)
         cqa, cqb = CQ(a, 32), CQ(b, 32)
         qa, qb = _rc(a, pda, cqa), _rc(b, pdb, cqb)
-        size = 256 * 1024
         access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE
         ma, mb = MR(pda, size, access), MR(pdb, size, access)
         for qp, peer, ctx in ((qa, qb, b), (qb, qa, a)):
@@ -355,35 +376,41 @@ def test_rc_write_and_send_bursts_arrive_intact(pair_env: str) -> None:
             attr.dest_qp_num = peer.qp_num
             attr.path_mtu = IBV_MTU_1024
             attr.max_rd_atomic = attr.max_dest_rd_atomic = 1
+            for name, value in rts.items():
+                setattr(attr, name, value)
             attr.ah_attr = AHAttr(is_global=1, gr=GlobalRoute(dgid=ctx.query_gid(1, 0),
                                                               sgid_index=0))  # fmt: skip
             qp.to_rts(attr)
-        pattern = bytes(range(256)) * (size // 256)
-        ma.write(pattern, size)
-        qb.post_recv(RecvWR(1, 1, [SGE(mb.buf, 3000, mb.lkey)]))
-        w = SendWR(2, IBV_WR_RDMA_WRITE, 1, sg=[SGE(ma.buf, size, ma.lkey)])
-        w.set_wr_rdma(mb.rkey, mb.buf)
-        qa.post_send(w)
-        qa.post_send(SendWR(3, IBV_WR_SEND, 1, sg=[SGE(ma.buf, 3000, ma.lkey)]))
-        got: list[object] = []
-        import time
-
-        end = time.monotonic() + 30
-        while len(got) < 3 and time.monotonic() < end:
-            got += cqa.poll(4)[1] + cqb.poll(4)[1]
-        assert len(got) == 3 and all(wc.status == IBV_WC_SUCCESS for wc in got), got
-        # the WRITE overwrote the receive buffer's first 3000 bytes, then the SEND landed
-        assert bytes(mb.read(3000, 0)) == pattern[:3000]
-        assert bytes(mb.read(size - 3000, 3000)) == pattern[3000:]
-        ca = counters(a)
-        assert ca.get("gso_fallback", 0) == 0
-        # the WRITE's 256 packets went as GSO runs, or (SOFTVERBS_UDP_GSO=0) one by one
-        assert (ca.get("gso_sends", 0) > 0) == (pair_env == "gso"), ca
+        yield _Pair(a, b, qa, qb, cqa, cqb, ma, mb)
         for ctx in (a, b):
             ctx.close()
     finally:
         registry.pop(reg)
         reg.shutdown()
+
+
+def test_rc_write_and_send_bursts_arrive_intact(pair_env: str) -> None:
+    size = 256 * 1024
+    with _connected_pair(size) as p:
+        pattern = bytes(range(256)) * (size // 256)
+        p.ma.write(pattern, size)
+        p.qb.post_recv(RecvWR(1, 1, [SGE(p.mb.buf, 3000, p.mb.lkey)]))
+        w = SendWR(2, IBV_WR_RDMA_WRITE, 1, sg=[SGE(p.ma.buf, size, p.ma.lkey)])
+        w.set_wr_rdma(p.mb.rkey, p.mb.buf)
+        p.qa.post_send(w)
+        p.qa.post_send(SendWR(3, IBV_WR_SEND, 1, sg=[SGE(p.ma.buf, 3000, p.ma.lkey)]))
+        got: list[object] = []
+        end = time.monotonic() + 30
+        while len(got) < 3 and time.monotonic() < end:
+            got += p.cqa.poll(4)[1] + p.cqb.poll(4)[1]
+        assert len(got) == 3 and all(wc.status == IBV_WC_SUCCESS for wc in got), got
+        # the WRITE overwrote the receive buffer's first 3000 bytes, then the SEND landed
+        assert bytes(p.mb.read(3000, 0)) == pattern[:3000]
+        assert bytes(p.mb.read(size - 3000, 3000)) == pattern[3000:]
+        ca = counters(p.a)
+        assert ca.get("gso_fallback", 0) == 0
+        # the WRITE's 256 packets went as GSO runs, or (SOFTVERBS_UDP_GSO=0) one by one
+        assert (ca.get("gso_sends", 0) > 0) == (pair_env == "gso"), ca
 
 
 def test_a_small_receive_buffer_makes_a_window_that_loses_nothing(
@@ -394,54 +421,27 @@ def test_a_small_receive_buffer_makes_a_window_that_loses_nothing(
     Linux's default), where a 512-packet window of 1 KiB packets overflowed it:
     every drop was a go-back-N round.  A 4 MiB WRITE now goes through with every
     packet sent once."""
-    from softverbs.verbs import registry
-
     monkeypatch.setattr(udp, "RECV_BUFFER", 128 << 10)  # the kernel doubles it
-    reg = registry.Registry()
-    registry.push(reg)
-    try:
-        a, b = Context(name="gso1"), Context(name="gso2")
-        pda, pdb = PD(a), PD(b)
-        cqa, cqb = CQ(a, 32), CQ(b, 32)
-        qa, qb = _rc(a, pda, cqa), _rc(b, pdb, cqb)
-        size = 4 << 20
-        access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE
-        ma, mb = MR(pda, size, access), MR(pdb, size, access)
-        for qp, peer, ctx in ((qa, qb, b), (qb, qa, a)):
-            attr = QPAttr()
-            attr.qp_access_flags = access
-            attr.dest_qp_num = peer.qp_num
-            attr.path_mtu = IBV_MTU_1024
-            attr.max_rd_atomic = attr.max_dest_rd_atomic = 1
-            # 4.3 s: an ACK timer that fires because the process was not run for 67 ms
-            # (the default 14) resends a window onto one still in the receiver's buffer
-            attr.timeout, attr.retry_cnt = 20, 7
-            attr.ah_attr = AHAttr(is_global=1, gr=GlobalRoute(dgid=ctx.query_gid(1, 0),
-                                                              sgid_index=0))  # fmt: skip
-            qp.to_rts(attr)
+    size = 4 << 20
+    # 4.3 s: an ACK timer that fires because the process was not run for 67 ms
+    # (the default 14) resends a window onto one still in the receiver's buffer
+    with _connected_pair(size, timeout=20, retry_cnt=7) as p:
         pattern = os.urandom(size)
-        ma.write(pattern, size)
-        w = SendWR(2, IBV_WR_RDMA_WRITE, 1, sg=[SGE(ma.buf, size, ma.lkey)])
-        w.set_wr_rdma(mb.rkey, mb.buf)
-        qa.post_send(w)
-        import time
-
+        p.ma.write(pattern, size)
+        w = SendWR(2, IBV_WR_RDMA_WRITE, 1, sg=[SGE(p.ma.buf, size, p.ma.lkey)])
+        w.set_wr_rdma(p.mb.rkey, p.mb.buf)
+        p.qa.post_send(w)
         got: list[object] = []
         end = time.monotonic() + 60
         while not got and time.monotonic() < end:
-            got += cqa.poll(1)[1]
-            cqb.poll(1)  # drives the receiving device too
+            got += p.cqa.poll(1)[1]
+            p.cqb.poll(1)  # drives the receiving device too
         assert len(got) == 1 and all(wc.status == IBV_WC_SUCCESS for wc in got), got
-        assert bytes(mb.read(size, 0)) == pattern
-        ca, cb = counters(a), counters(b)
+        assert bytes(p.mb.read(size, 0)) == pattern
+        ca, cb = counters(p.a), counters(p.b)
         assert cb.get("out_of_seq_request", 0) == 0, cb  # nothing was lost on the way
         assert ca.get("rcvd_seq_err", 0) == 0 and ca.get("local_ack_timeout_err", 0) == 0, ca
         assert ca["sent_pkts"] == size // 1024, ca  # each packet sent once
-        for ctx in (a, b):
-            ctx.close()
-    finally:
-        registry.pop(reg)
-        reg.shutdown()
 
 
 def test_the_window_is_what_the_receive_buffer_holds() -> None:

@@ -9,25 +9,12 @@ it back, CWND_GROWTH packets per window of them, up to the window.
 from __future__ import annotations
 
 import pytest
-from engine_kit import DELIVER, DROP, WINDOW, Bench, Policy, SeededFaults, is_request, is_seq_nak
+from engine_kit import WINDOW, Bench, SeededFaults, drop_if, is_request, is_seq_nak
 
 from softverbs.engine import requester
 from softverbs.enums import IBV_WC_SUCCESS, IBV_WR_SEND
-from softverbs.wire.packet import Packet
 
 PMTU = 256
-
-
-def lose_once(psn: int) -> Policy:
-    lost = {"n": 0}
-
-    def policy(seq: int, src: str, pkt: Packet) -> str:
-        if src == "a" and is_request(pkt) and pkt.psn == psn and not lost["n"]:
-            lost["n"] += 1
-            return DROP
-        return DELIVER
-
-    return policy
 
 
 def send(b: Bench, n: int) -> None:
@@ -51,7 +38,8 @@ def test_without_loss_the_whole_window_is_used() -> None:
 
 def test_a_loss_halves_what_the_retransmission_keeps_in_flight() -> None:
     n = 2000
-    b = Bench(pmtu=PMTU, mem_size=2 * n * PMTU, timeout=10, policy=lose_once(100))
+    lost = drop_if(lambda src, pkt: src == "a" and is_request(pkt) and pkt.psn == 100)
+    b = Bench(pmtu=PMTU, mem_size=2 * n * PMTU, timeout=10, policy=lost)
     send(b, n)
     naks = [i for i, s in enumerate(b.log) if s.src == "b" and is_seq_nak(s.pkt)]
     assert len(naks) == 1
