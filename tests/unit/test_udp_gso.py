@@ -444,6 +444,22 @@ def test_a_small_receive_buffer_makes_a_window_that_loses_nothing(
         assert ca["sent_pkts"] == size // 1024, ca  # each packet sent once
 
 
+@pytest.mark.parametrize("may_force", [True, False])
+def test_the_receive_buffer_is_forced_where_the_process_may(may_force: bool) -> None:
+    """SO_RCVBUFFORCE (CAP_NET_ADMIN) first, to pass net.core.rmem_max; SO_RCVBUF else."""
+    calls: list[int] = []
+
+    class Sock:
+        def setsockopt(self, level: int, name: int, value: int) -> None:
+            calls.append(name)
+            if name == udp.SO_RCVBUFFORCE and not may_force:
+                raise PermissionError("EPERM")
+
+    udp._set_rcvbuf(Sock(), 8 << 20)  # type: ignore[arg-type]
+    assert calls == ([udp.SO_RCVBUFFORCE] if may_force
+                     else [udp.SO_RCVBUFFORCE, socket.SO_RCVBUF])  # fmt: skip
+
+
 def test_the_window_is_what_the_receive_buffer_holds() -> None:
     """HCA.window_for: a datagram takes its data rounded up to a power of two
     (headers and skb_shared_info included) and an sk_buff: 2304 bytes for a 1024-byte
