@@ -45,3 +45,23 @@ def test_quick_run_prints_tables() -> None:
     assert re.search(r"^\s+UCX tag_lat 8 B.*\sn/a\s+n/a$", out, re.M), out
     assert re.search(rf"^\s+Python UDP 24 B datagram\s+{NUM}\s+{NUM}$", out, re.M), out
     assert re.search(r"^Python UDP ceiling: [\d,]+ packets/s", out, re.M), out
+
+
+def test_loss_run_without_latency_prints_the_write_counters() -> None:
+    """``--loss`` with ``--no-latency``: no softverbs ping-pong, and the client's
+    counters after the WRITE runs on their own line (the loss table's source)."""
+    r = subprocess.run(
+        [sys.executable, "bench/bench_loopback.py", "--quick", "--no-ucx", "--sizes", "1M",
+         "--no-latency", "--loss", "0.01"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = r.stdout
+    assert re.search(rf"^\s+1 MiB\s+{NUM}\s+n/a", out, re.M), out
+    for mode in ("busy poll", "events"):
+        assert re.search(rf"^\s+softverbs RC SEND 8 B \({mode}\)\s+n/a\s+n/a$", out, re.M), out
+    assert re.search(r"^softverbs client counters after \(1\): sent_pkts \d+", out, re.M), out
