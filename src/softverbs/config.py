@@ -7,6 +7,12 @@ The table lives in a small JSON file:
 * ``$SOFTVERBS_CONFIG`` if set, else
 * ``$XDG_CONFIG_HOME/softverbs/links.json`` (``~/.config/softverbs/links.json``).
 
+Devices belong to a network namespace, as rxe devices do: a process in
+another namespace (a container, ``ip netns exec``) has a table and a host
+device of its own, ``links-net<INODE>.json`` and ``softverbsd-net<INODE>.sock``,
+keyed by the inode of its ``/proc/self/ns/net`` (:func:`netns_suffix`).  The
+initial namespace keeps the plain names.
+
 With no configured link there is one device, the in-process ``sv0``.
 ``SOFTVERBS_INPROC_DEVICES=sv0,sv1`` names several in-process devices.
 """
@@ -32,12 +38,30 @@ class LinkSpec:
     mtu: int = 0  #: active path MTU in bytes; 0 = derived from the netdev
 
 
+#: the initial network namespace's inode (the kernel's PROC_NET_INIT_INO)
+INIT_NETNS_INO = 0xEFFFFFF9
+
+
+def netns_suffix() -> str:
+    """``""`` in the initial network namespace (or where ``/proc`` cannot say),
+    else ``-net<INODE>``: what names this namespace's link table and socket.
+
+    A network namespace is named by the inode of ``/proc/self/ns/net``, which
+    any process can stat for itself; the initial one's is a constant of the
+    kernel, so its names stay the same across boots."""
+    try:
+        ino = os.stat("/proc/self/ns/net").st_ino
+    except OSError:
+        return ""
+    return "" if ino == INIT_NETNS_INO else f"-net{ino}"
+
+
 def config_path() -> Path:
     env = os.environ.get("SOFTVERBS_CONFIG")
     if env:
         return Path(env)
     base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
-    return Path(base) / "softverbs" / "links.json"
+    return Path(base) / "softverbs" / f"links{netns_suffix()}.json"
 
 
 def load_links() -> list[LinkSpec]:
@@ -97,12 +121,19 @@ def service_disabled() -> bool:
     return os.environ.get("SOFTVERBS_SERVICE", "").strip().lower() in ("0", "off", "no", "false")
 
 
+#: what --socket options say of the default
+SOCKET_HELP = ("the service's socket (default: $SOFTVERBS_SERVICE if it is a path, else "
+               "softverbsd.sock in $XDG_RUNTIME_DIR, softverbsd-netINODE.sock in another "
+               "network namespace)")  # fmt: skip
+
+
 def default_socket_path(ignore_env: bool = False) -> str:
-    """``$SOFTVERBS_SERVICE`` if it is a path, else one per user in the runtime dir."""
+    """``$SOFTVERBS_SERVICE`` if it is a path, else one per user and network
+    namespace in the runtime dir (:func:`netns_suffix`)."""
     env = "" if ignore_env else os.environ.get("SOFTVERBS_SERVICE", "")
     if env and env.lower() not in ("1", "yes", "on") and not service_disabled():
         return env
-    return os.path.join(default_socket_dir(), "softverbsd.sock")
+    return os.path.join(default_socket_dir(), f"softverbsd{netns_suffix()}.sock")
 
 
 def default_socket_dir() -> str:

@@ -14,7 +14,17 @@ opened on demand by any process that uses them.
 fails here and not later in some program's ``Context()``: the name must be
 one an RDMA device can have (at most 63 bytes, no ``/``, no white space, not
 taken), the netdev must exist, and each address must be one the kernel lets
-this host bind (a test bind on an ephemeral port).
+this host bind (a test bind on an ephemeral port).  Then the new device is
+opened where it will be served -- this network namespace's softverbsd, or
+this process with ``SOFTVERBS_SERVICE=0`` -- which binds UDP port 4791 on its
+addresses at once; if that fails (the port is held, the address is not
+there) the table is left as it was and the reason is printed.
+
+Each network namespace has a table of its own (:func:`softverbs.config.netns_suffix`).
+A device whose netdev is gone or down, or whose address is no longer on this
+host, is listed with ``state DOWN physical_state DISABLED``, as ``rdma link``
+shows a port whose netdev is down; opening it fails with the reason, and
+every other device keeps working.
 
 ``show`` prints the rows ``rdma link show`` prints under ``softverbs exec``
 (:func:`softverbs.cli.rdma.link_rows`), in the same text and JSON shapes,
@@ -87,9 +97,26 @@ def _add(args: argparse.Namespace) -> int:
             raise UserError(f"--addr {addr}: device {used[addr]!r} is already bound to it")
     if args.mtu and args.mtu not in MTUS:
         raise UserError(f"--mtu must be one of {', '.join(map(str, MTUS))}, not {args.mtu}")
-    links.append(LinkSpec(args.name, "udp", args.netdev or "", list(args.addr or []), args.mtu))
-    save_links(links)
+    save_links([*links, LinkSpec(args.name, "udp", args.netdev or "", list(args.addr or []),
+                                 args.mtu)])  # fmt: skip
+    problem = open_error(args.name)
+    if problem:
+        save_links(links)
+        raise UserError(f"cannot add device {args.name!r}: {problem}")
     return 0
+
+
+def open_error(name: str) -> str | None:
+    """Open device ``name`` where it is served and close it again: None if it
+    opened, else why not (a UDP device binds its addresses when it opens)."""
+    from softverbs.errors import PyverbsError
+    from softverbs.verbs.device import Context
+
+    try:
+        Context(name=name).close()
+    except PyverbsError as exc:
+        return str(exc)
+    return None
 
 
 def rows(name: str | None = None) -> list[dict[str, Any]]:

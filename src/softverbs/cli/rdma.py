@@ -8,8 +8,9 @@ runs this module.  It answers from softverbs' own state, in iproute2's
 shapes (text, and JSON with ``-j``):
 
 * ``rdma link [show] [DEV[/PORT]]`` -- one row per port: ``ifindex`` (the
-  device index), ``ifname``, ``port``, ``state`` and ``physical_state`` (a
-  softverbs port is always ACTIVE / LINK_UP), and for a UDP device its
+  device index), ``ifname``, ``port``, ``state`` and ``physical_state`` (ACTIVE /
+  LINK_UP, or DOWN / DISABLED for a UDP device whose netdev is down or gone
+  or whose address this host no longer has: :func:`port_up`), and for a UDP device its
   ``netdev`` and ``netdev_index``: the interface it is bound to (``softverbs
   link add --netdev``), or the one that carries its address.  In-process
   devices have no netdev, as an InfiniBand port has none, so the key is
@@ -29,6 +30,7 @@ import socket
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 USAGE = "Usage: rdma [ -j ] [ -p ] { link | dev } [ show ] [ DEV[/PORT] ]"
@@ -86,13 +88,32 @@ def _link_specs() -> Sequence[Any]:
     return configured_specs()
 
 
+def port_up(spec: Any, netdev: str) -> bool:
+    """Whether a device's port is up, as rxe's follows its netdev: an in-process
+    port always is; a UDP device's is down when its netdev is gone or down, or
+    when one of its addresses is no longer this host's."""
+    if spec.kind != "udp":
+        return True
+    if spec.netdev:
+        try:
+            state = Path(f"/sys/class/net/{spec.netdev}/operstate").read_text().strip()
+        except OSError:
+            return False
+        return state not in ("down", "lowerlayerdown", "notpresent")
+    from softverbs.fabric.udp import address_error
+
+    return bool(netdev) and not any(address_error(a) for a in spec.addrs)
+
+
 def link_rows(specs: Sequence[Any]) -> list[dict[str, Any]]:
     """``rdma link show -j`` rows for ``specs`` (softverbs device specs)."""
     rows: list[dict[str, Any]] = []
     for index, spec in enumerate(specs):
-        row: dict[str, Any] = {"ifindex": index, "ifname": spec.name, "port": 1,
-                               "state": "ACTIVE", "physical_state": "LINK_UP"}  # fmt: skip
         netdev = _netdev(spec)
+        up = port_up(spec, netdev)
+        row: dict[str, Any] = {"ifindex": index, "ifname": spec.name, "port": 1,
+                               "state": "ACTIVE" if up else "DOWN",
+                               "physical_state": "LINK_UP" if up else "DISABLED"}  # fmt: skip
         if netdev:
             row["netdev"] = netdev
             with contextlib.suppress(OSError):

@@ -43,6 +43,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from softverbs.cli.main import UserError
+from softverbs.config import SOCKET_HELP
 
 #: the objects rdma's summary counts, in its order
 SUMMARY = ("pd", "cq", "qp", "cm_id", "mr", "ctx", "srq")
@@ -71,9 +72,7 @@ def add_common(parser: argparse.ArgumentParser) -> None:
     """The options ``res`` and ``stat qp`` share."""
     parser.add_argument("-j", "--json", action="store_true", help="JSON output, as rdma -j")
     parser.add_argument("-p", "--pretty", action="store_true", help="indent the JSON output")
-    parser.add_argument("--socket", metavar="PATH",
-                        help="the service's socket (default: $SOFTVERBS_SERVICE if it is a "
-                             "path, else softverbsd.sock in $XDG_RUNTIME_DIR)")  # fmt: skip
+    parser.add_argument("--socket", metavar="PATH", help=SOCKET_HELP)
 
 
 # --- the service's state --------------------------------------------------------------------

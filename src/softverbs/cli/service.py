@@ -53,9 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     stop = sub.add_parser("stop", help="stop softverbsd")
     status = sub.add_parser("status", help="show softverbsd's clients and live objects")
     for p in (start, stop, status):
-        p.add_argument("--socket", metavar="PATH",
-                       help="the service's socket (default: $SOFTVERBS_SERVICE if it is a "
-                            "path, else softverbsd.sock in $XDG_RUNTIME_DIR)")  # fmt: skip
+        p.add_argument("--socket", metavar="PATH", help=config.SOCKET_HELP)
     start.add_argument("--foreground", action="store_true",
                        help="serve in this process instead of daemonizing")  # fmt: skip
     start.add_argument("-v", "--verbose", action="store_true", help="log every request")

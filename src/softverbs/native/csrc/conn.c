@@ -57,6 +57,19 @@ static int off_value(const char *v)
 	       !strcasecmp(v, "false");
 }
 
+/* The initial network namespace's inode (the kernel's PROC_NET_INIT_INO). */
+#define INIT_NETNS_INO 0xEFFFFFF9u
+
+/* "" in the initial network namespace, else "-net<inode>", as
+ * softverbs.config.netns_suffix(): each namespace has a host device of its own. */
+static void netns_suffix(char *out, size_t len)
+{
+	struct stat st;
+	out[0] = 0;
+	if (!stat("/proc/self/ns/net", &st) && st.st_ino != INIT_NETNS_INO)
+		snprintf(out, len, "-net%llu", (unsigned long long)st.st_ino);
+}
+
 /* The socket path, as softverbs.config.default_socket_path(); 0 or an errno. */
 static int socket_path(char *out, size_t len, int *is_default)
 {
@@ -73,9 +86,11 @@ static int socket_path(char *out, size_t len, int *is_default)
 		return 0;
 	}
 	*is_default = 1;
+	char ns[32];
+	netns_suffix(ns, sizeof(ns));
 	const char *run = getenv("XDG_RUNTIME_DIR");
-	int n = run && *run ? snprintf(out, len, "%s/softverbsd.sock", run)
-			    : snprintf(out, len, "/tmp/softverbs-%u/softverbsd.sock", getuid());
+	int n = run && *run ? snprintf(out, len, "%s/softverbsd%s.sock", run, ns)
+			    : snprintf(out, len, "/tmp/softverbs-%u/softverbsd%s.sock", getuid(), ns);
 	return n >= (int)len ? ENAMETOOLONG : 0;
 }
 
