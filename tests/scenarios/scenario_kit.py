@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import errno
 import itertools
-import json
-import os
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -46,6 +44,7 @@ from softverbs import (
     RecvWR,
     SendWR,
     counters,
+    testing,
     wc_status_str,
 )
 from softverbs.enums import (
@@ -80,49 +79,19 @@ RECV_OFF = MR_SIZE // 2
 DEVICE_KINDS = ("inproc", "udp", "host")
 
 
-def _udp_world(tmp: str) -> Any:
-    """A world whose ``sv0`` is a UDP link on a loopback address of its own."""
-    import random
-
-    addr = f"127.{random.randint(1, 254)}.{random.randint(0, 255)}.{random.randint(1, 254)}"
-    table = os.path.join(tmp, "links.json")
-    with open(table, "w") as f:
-        json.dump({"links": [{"name": "sv0", "addrs": [addr], "mtu": 4096}]}, f)
-    return table
-
-
 @pytest.fixture(params=DEVICE_KINDS)
-def ctx(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch,
-        tmp_path: Any) -> Iterator[Context]:  # fmt: skip
+def ctx(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[Context]:
     """``Context(name='sv0')`` on an in-process device, a UDP link on loopback,
-    or the host device served by softverbsd."""
-    from softverbs.verbs import registry
-
+    or the host device served by softverbsd (:func:`softverbs.testing.world`)."""
     kind = request.param
-    world: Any
-    if kind == "host":
-        from softverbs.service.client import ServiceRegistry
-
-        path = request.getfixturevalue("host_service")
-        monkeypatch.setenv("SOFTVERBS_SERVICE", path)
-        world = ServiceRegistry(path)
-    else:
-        monkeypatch.setenv("SOFTVERBS_SERVICE", "0")
-        if kind == "udp":
-            monkeypatch.setenv("SOFTVERBS_CONFIG", _udp_world(str(tmp_path)))
-            monkeypatch.setenv("SOFTVERBS_INPROC_DEVICES", "")
-        world = registry.Registry()
-    registry.push(world)
-    try:
-        c = Context(name="sv0")
+    socket = request.getfixturevalue("host_service") if kind == "host" else None
+    monkeypatch.setenv("SOFTVERBS_SERVICE", socket or "0")
+    with testing.world(kind, socket=socket) as w:
+        c = w.context(0)
         c.kind = kind  # type: ignore[attr-defined]
         yield c
         if kind != "host":
             c.runtime.faults = None  # type: ignore[attr-defined]
-        c.close()
-    finally:
-        registry.pop(world)
-        world.shutdown()
 
 
 def inproc_only(ctx: Context,

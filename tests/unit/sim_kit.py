@@ -1,7 +1,7 @@
 """Helpers for tests that run pyverbs-style programs inside a Simulation.
 
-:func:`rc_pair` connects an RC QP on device ``a`` to one on device ``b`` with
-the pyverbs calls a program makes; :func:`stream` sends ``n`` numbered SENDs
+:func:`rc_pair` connects an RC QP on device ``a`` to one on device ``b``
+(:mod:`softverbs.testing`'s endpoints, with these tests' timers); :func:`stream` sends ``n`` numbered SENDs
 from ``a`` to ``b`` and checks that every one arrives exactly once, in order,
 with its bytes; :class:`Trace` is a tap that records what leaves each device.
 """
@@ -10,42 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from softverbs import (
-    CQ,
-    MR,
-    PD,
-    QP,
-    SGE,
-    AHAttr,
-    Context,
-    GlobalRoute,
-    QPAttr,
-    QPCap,
-    QPInitAttr,
-    RecvWR,
-    SendWR,
-)
-from softverbs.enums import (
-    IBV_ACCESS_LOCAL_WRITE,
-    IBV_ACCESS_REMOTE_READ,
-    IBV_ACCESS_REMOTE_WRITE,
-    IBV_MTU_1024,
-    IBV_QPT_RC,
-    IBV_WC_SUCCESS,
-    IBV_WR_SEND,
-)
+from softverbs import SGE, Context, RecvWR, SendWR, testing
+from softverbs.enums import IBV_QPT_RC, IBV_WC_SUCCESS, IBV_WR_SEND
 from softverbs.wire.packet import Packet
 
-ACCESS = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ
+ACCESS = testing.ACCESS
 
 
-@dataclass
-class Side:
-    ctx: Context
-    pd: PD
-    cq: CQ
-    qp: QP
-    mr: MR
+Side = testing.Endpoint
 
 
 @dataclass
@@ -55,26 +27,12 @@ class Pair:
 
 
 def side(ctx: Context, mr_size: int, depth: int = 256) -> Side:
-    pd = PD(ctx)
-    cq = CQ(ctx, 4 * depth)
-    init = QPInitAttr(qp_type=IBV_QPT_RC, scq=cq, rcq=cq, cap=QPCap(depth, depth, 1, 1),
-                      sq_sig_all=1)  # fmt: skip
-    qp = QP(pd, init, QPAttr())
-    return Side(ctx, pd, cq, qp, MR(pd, mr_size, ACCESS))
+    return testing.endpoint(ctx, IBV_QPT_RC, depth, mr_size)
 
 
 def connect(me: Side, peer: Side, **attrs: int) -> None:
-    attr = QPAttr()
-    attr.qp_access_flags = ACCESS
-    attr.dest_qp_num = peer.qp.qp_num
-    attr.path_mtu = IBV_MTU_1024
-    attr.max_rd_atomic = attr.max_dest_rd_atomic = 4
-    attr.timeout, attr.retry_cnt, attr.rnr_retry, attr.min_rnr_timer = 14, 7, 7, 12
-    for name, value in attrs.items():
-        setattr(attr, name, value)
-    attr.ah_attr = AHAttr(is_global=1, gr=GlobalRoute(dgid=peer.ctx.query_gid(1, 1),
-                                                      sgid_index=1))  # fmt: skip
-    me.qp.to_rts(attr)
+    """RTS towards ``peer`` with these tests' timers (min_rnr_timer 12), over GID 1."""
+    testing.connect(me, peer, **{"min_rnr_timer": 12, **attrs})
 
 
 def rc_pair(mr_size: int = 1 << 16, **attrs: int) -> Pair:
