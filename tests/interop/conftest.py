@@ -8,10 +8,14 @@ other tests here (softverbs against itself on loopback) always run.
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from rxe_kit import DEV, GUEST, GUEST_IP, OUT, PEER, Peer, _skip_unless_possible
 
 HERE = Path(__file__).resolve().parent
 
@@ -33,3 +37,33 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:  # this directory's tests only (others decide for themselves)
         if item.get_closest_marker("interop") is not None and HERE in item.path.parents:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def peer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Peer]:
+    _skip_unless_possible()
+    if not (OUT / "vmlinuz").exists() or not (OUT / "initramfs.cpio.gz").exists():
+        r = subprocess.run(["bash", str(PEER / "build.sh")], capture_output=True, text=True,
+                           timeout=1200, check=False)  # fmt: skip
+        assert r.returncode == 0, f"build.sh failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    cfg = tmp_path_factory.mktemp("peer") / "links.json"
+    cfg.write_text(json.dumps({"links": [{"name": DEV, "netdev": "br-peer"}]}))
+    env = {**os.environ, "SOFTVERBS_CONFIG": str(cfg), "PYTHONUNBUFFERED": "1"}
+    for var in ("SOFTVERBS_FAULTS", "SOFTVERBS_PCAP"):
+        env.pop(var, None)
+    p = Peer(PEER / "boot.sh", env)
+    p.sh("stop", GUEST)
+    try:
+        r = p.sh("start", GUEST, GUEST_IP)
+        assert r.returncode == 0, f"boot.sh start failed:\n{r.stdout}\n{r.stderr}"
+        r = p.sh("wait", GUEST, "PEER: READY", "300", timeout=330)
+        assert r.returncode == 0, f"the guest did not become ready:\n{r.stdout}\n{r.stderr}"
+        yield p
+    finally:
+        p.sh("down")
+
+
+@pytest.fixture
+def clean(peer: Peer) -> Peer:
+    peer.clean_guest()
+    return peer
