@@ -125,7 +125,7 @@ def finish(proc: subprocess.Popen[str], timeout: float) -> Run:
     except subprocess.TimeoutExpired:
         proc.kill()
         out, err = proc.communicate()
-        err += f"\n[test: killed after {timeout:.0f} s]"
+        err = (err or "") + f"\n[test: killed after {timeout:.0f} s]"
     return Run(proc.returncode, out, err)
 
 
