@@ -1,9 +1,10 @@
 """Helpers for tests that run pyverbs-style programs inside a Simulation.
 
 :func:`rc_pair` connects an RC QP on device ``a`` to one on device ``b``
-(:mod:`softverbs.testing`'s endpoints, with these tests' timers); :func:`stream` sends ``n`` numbered SENDs
-from ``a`` to ``b`` and checks that every one arrives exactly once, in order,
-with its bytes; :class:`Trace` is a tap that records what leaves each device.
+(:mod:`softverbs.testing`'s endpoints, with these tests' timers); :func:`stream`
+sends ``n`` numbered SENDs from ``a`` to ``b`` and checks that every one arrives
+exactly once, in order, with its bytes; :class:`Trace` is a tap that records what
+leaves each device.
 """
 
 from __future__ import annotations
