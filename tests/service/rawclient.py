@@ -32,6 +32,7 @@ from __future__ import annotations
 import array
 import dataclasses
 import errno
+import fcntl
 import json
 import mmap
 import os
@@ -324,14 +325,27 @@ def send_slot_size(max_sge: int, max_inline: int) -> int:
     return (128 + 16 * max(max_sge, 1) + max_inline + 63) & ~63
 
 
+#: the seals the service requires on every memfd it maps (docs/rings.md): with
+#: F_SEAL_SHRINK the file never becomes shorter than the service's mapping
+SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
+
+
+def _memfd(nbytes: int, name: str = "rawclient", seal: bool = True) -> int:
+    """A memfd of ``nbytes``, sealed as the service requires unless ``seal`` is False."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, nbytes)
+    if seal:
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS)
+    return fd
+
+
 class Ring:
     """A ring's memfd, mapped: a 64-byte header of eight words, then ``size`` slots."""
 
-    def __init__(self, size: int, slot: int) -> None:
+    def __init__(self, size: int, slot: int, seal: bool = True) -> None:
         self.size, self.slot = size, slot
         self.nbytes = RING_HEADER + size * slot
-        self.fd = os.memfd_create("rawclient-ring", os.MFD_CLOEXEC)
-        os.ftruncate(self.fd, self.nbytes)
+        self.fd = _memfd(self.nbytes, "rawclient-ring", seal)
         self.map = mmap.mmap(self.fd, self.nbytes)
         self.words = memoryview(self.map).cast("Q")
 
@@ -606,10 +620,8 @@ class RawClient:
     ) -> dict[str, Any]:
         """REG_MR of ``length`` bytes of a memfd (a new one unless given) at offset 0."""
         own = memfd is None
-        fd = os.memfd_create("rawclient-mr", os.MFD_CLOEXEC) if memfd is None else memfd
+        fd = _memfd(length, "rawclient-mr") if memfd is None else memfd
         try:
-            if own:
-                os.ftruncate(fd, length)
             body = RegMR.pack(
                 addr=addr, length=length, iova=addr, pd=pd, access=access, flags=REG_MR_HAS_FD
             )
