@@ -15,14 +15,20 @@ and docs/rings.md alone, acting as a hostile program would:
   ``mem``, the service's own ``mem`` and a HELLO whose pid is not the
   ``SO_PEERCRED`` pid are each refused with EINVAL, and the connection stays
   for a correct HELLO.
+* **munmap.**  A region registered by address, unmapped -- and maybe
+  replaced by another mapping at the same address -- is never written
+  through its old rkey: the peer's WRITE fails ``IBV_WC_REM_ACCESS_ERR``,
+  the new mapping is untouched, and ``mr_unmapped`` counts it.
 * **A bystander.**  A client that truncates every memfd it ever passed does
   not stop two other processes' ping-pong on the same service.
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import fcntl
+import mmap
 import os
 import subprocess
 import tempfile
@@ -51,6 +57,7 @@ from softverbs.enums import (
     IBV_QPS_INIT,
     IBV_QPS_RTR,
     IBV_QPT_RC,
+    IBV_WC_REM_ACCESS_ERR,
     IBV_WC_SUCCESS,
 )
 
@@ -343,4 +350,70 @@ def test_a_truncating_client_cannot_stop_a_bystanders_ping_pong(
         ping_pong(2)
         h.close()
     ping_pong(4)
+    _serves(service)
+
+
+# --- registered memory behaves as if pinned ------------------------------------------------
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                       ctypes.c_int, ctypes.c_long]  # fmt: skip
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+MAP_FIXED = 0x10
+
+
+def _map_at(addr: int, length: int, fd: int = -1) -> int:
+    """mmap(2): anonymous private memory (fd -1) or ``fd`` shared, at ``addr`` if nonzero."""
+    flags = (mmap.MAP_SHARED if fd >= 0 else mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS) | \
+        (MAP_FIXED if addr else 0)  # fmt: skip
+    got = _libc.mmap(addr or None, length, mmap.PROT_READ | mmap.PROT_WRITE, flags, fd, 0)
+    assert got not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
+    return int(got)
+
+
+@pytest.mark.parametrize("then", ["unmapped", "replaced by a memfd mapping"])
+def test_a_write_never_reaches_what_is_mapped_after_munmap(service: ServiceProc, peer: Worker,
+                                                           then: str) -> None:  # fmt: skip
+    raw = rc.RawClient(service.path)
+    raw.hello(memory=True)  # regions by address, through this process's /proc/self/mem
+    h = Hostile.__new__(Hostile)  # the same objects, on a connection that passed its memory
+    h.raw, h.ctx = raw, raw.open_device()
+    h.pd = raw.alloc_pd(h.ctx)
+    h.cq_ring = rc.Ring(16, rc.CQE_SIZE)
+    raw.keep.append(h.cq_ring)
+    h.cq = int(raw.call(rc.CREATE_CQ, rc.CreateCQ.pack(ctx=h.ctx, cqe=16),
+                        [h.cq_ring.fd]).body(rc.CreateCQReply)["cq"])  # fmt: skip
+    h.sq, h.rq = rc.Ring(4, rc.send_slot_size(1, 0)), rc.Ring(4, rc.recv_slot_size(1))
+    raw.keep += [h.sq, h.rq]
+    caps = {"max_send_wr": 4, "max_recv_wr": 4, "max_send_sge": 1, "max_recv_sge": 1}
+    body = rc.CreateQP.pack(caps=caps, ctx=h.ctx, pd=h.pd, qp_type=IBV_QPT_RC, send_cq=h.cq,
+                            recv_cq=h.cq, sq_slot=h.sq.slot, rq_slot=h.rq.slot)  # fmt: skip
+    reply = raw.call(rc.CREATE_QP, body, [h.sq.fd, h.rq.fd]).body(rc.CreateQPReply)
+    h.qp, h.qpn = int(reply["qp"]), int(reply["qpn"])
+    h.to_rtr(peer.info["qpn"])
+    peer.call("connect", qpn=h.qpn)
+
+    addr = _map_at(0, MR_LEN)
+    body = rc.RegMR.pack(addr=addr, length=MR_LEN, iova=addr, pd=h.pd,
+                         access=IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE)  # fmt: skip
+    rkey = raw.call(rc.REG_MR, body).body(rc.RegMRReply)["rkey"]
+    peer.call("write", rkey=rkey, addr=addr, data=b"registered")
+    assert [w[0] for w in peer.call("poll", n=1)] == [IBV_WC_SUCCESS]
+    assert ctypes.string_at(addr, 10) == b"registered"
+
+    _libc.munmap(addr, MR_LEN)
+    fresh = -1
+    if then != "unmapped":
+        fresh = rc._memfd(MR_LEN, "fresh")
+        assert _map_at(addr, MR_LEN, fresh) == addr
+    before = service.counters().get("mr_unmapped", 0)
+    peer.call("write", rkey=rkey, addr=addr, data=b"stale rkey")
+    assert [w[0] for w in peer.call("poll", n=1)] == [IBV_WC_REM_ACCESS_ERR]
+    if fresh >= 0:
+        assert os.pread(fresh, 10, 0) == bytes(10), "the write landed in the new mapping"
+        _libc.munmap(addr, MR_LEN)
+        os.close(fresh)
+    assert service.counters().get("mr_unmapped", 0) > before
+    raw.close()
     _serves(service)
