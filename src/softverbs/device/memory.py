@@ -85,10 +85,15 @@ def mapped(addr: int, length: int, pid: int | str = "self", writable: bool = Fal
 _PROCMAP_QUERY_FMT = struct.Struct("<9Q4I2Q")
 #: ``PROCMAP_QUERY``: ``_IOWR('f', 17, struct procmap_query)``
 _PROCMAP_QUERY = (3 << 30) | (_PROCMAP_QUERY_FMT.size << 16) | (ord("f") << 8) | 17
+#: the answer's fields, at offset 24: vma_start, vma_end, vma_flags, vma_page_size,
+#: vma_offset, inode, dev_major, dev_minor
+_PROCMAP_VMA = struct.Struct("<6Q2I")
 _VMA_SHARED = 0x08  #: PROCMAP_QUERY_VMA_SHARED in vma_flags
+_ADDR = struct.Struct("<Q")
 
-#: What backs an address: (shared, device major, minor, inode, file offset);
-#: for anonymous memory (inode 0) the offset is 0.
+#: What backs a mapping: (shared, device major, minor, inode, file offset minus
+#: address) -- the same for every address the mapping covers; for anonymous
+#: memory (inode 0) the last is 0.
 Backing = tuple[int, int, int, int, int]
 
 
@@ -108,19 +113,14 @@ class Pin:
     __slots__ = ("segments",)
 
     def __init__(self, segments: list[tuple[int, int, Backing]]) -> None:
-        #: (start, end, backing at start) of each mapping the region lay in
+        #: (start, end, backing) of each mapping the region lay in
         self.segments = segments
-
-    @staticmethod
-    def expected(seg: tuple[int, int, Backing], addr: int) -> Backing:
-        shared, major, minor, inode, offset = seg[2]
-        return shared, major, minor, inode, offset + (addr - seg[0]) if inode else 0
 
 
 class ProcessMemory:
     """One process's address space, through its ``/proc/<pid>/mem`` descriptor."""
 
-    __slots__ = ("closed", "faults", "fd", "maps", "pid")
+    __slots__ = ("_query", "closed", "faults", "fd", "maps", "pid")
 
     def __init__(self, fd: int, pid: int = 0) -> None:
         self.fd = fd
@@ -129,6 +129,9 @@ class ProcessMemory:
         self.closed = False
         #: the process's /proc/<pid>/maps, for PROCMAP_QUERY (-1: none, no checks)
         self.maps = -1
+        #: one PROCMAP_QUERY argument, reused: only the address changes between calls
+        self._query = bytearray(_PROCMAP_QUERY_FMT.pack(_PROCMAP_QUERY_FMT.size, 0, 0,
+                                                        *[0] * 12))  # fmt: skip
         if pid:
             with contextlib.suppress(OSError):
                 self.maps = os.open(f"/proc/{pid}/maps", os.O_RDONLY | os.O_CLOEXEC)
@@ -150,15 +153,15 @@ class ProcessMemory:
         nothing is mapped there (or it cannot be asked)."""
         if self.maps < 0:
             return None
-        buf = bytearray(_PROCMAP_QUERY_FMT.pack(_PROCMAP_QUERY_FMT.size, 0, addr, *[0] * 12))
+        buf = self._query
+        _ADDR.pack_into(buf, 16, addr)
         try:
             fcntl.ioctl(self.maps, _PROCMAP_QUERY, buf)
         except OSError:
             return None
-        (_, _, _, start, end, flags, _, offset, inode, major, minor, *_) = \
-            _PROCMAP_QUERY_FMT.unpack(buf)  # fmt: skip
-        file_offset = offset + (addr - start) if inode else 0
-        return start, end, (flags & _VMA_SHARED, major, minor, inode, file_offset)
+        start, end, flags, _, offset, inode, major, minor = _PROCMAP_VMA.unpack_from(buf, 24)
+        return start, end, (flags & _VMA_SHARED, major, minor, inode,
+                            offset - start if inode else 0)  # fmt: skip
 
     def pin(self, addr: int, length: int) -> Pin | None:
         """What backs ``[addr, addr + length)`` now (None: no checks on this kernel,
@@ -181,7 +184,7 @@ class ProcessMemory:
         for seg in pin.segments:
             while seg[0] <= pos < min(end, seg[1]):
                 got = self.backing(pos)
-                if got is None or got[2] != Pin.expected(seg, pos):
+                if got is None or got[2] != seg[2]:
                     return False
                 pos = min(got[1], seg[1])
             if pos >= end:
