@@ -90,9 +90,9 @@ def _refused(call: Callable[[], Any]) -> rc.Refused | None:
 class Hostile:
     """A raw client with a context, a PD, a CQ and an RC QP with both rings."""
 
-    def __init__(self, path: str, seal: bool = True) -> None:
+    def __init__(self, path: str, seal: bool = True, memory: bool = False) -> None:
         self.raw = rc.RawClient(path)
-        self.raw.hello()
+        self.raw.hello(memory=memory)  # memory: regions by address, through /proc/self/mem
         self.ctx = self.raw.open_device()
         self.pd = self.raw.alloc_pd(self.ctx)
         self.cq_ring = rc.Ring(16, rc.CQE_SIZE, seal=seal)
@@ -375,22 +375,8 @@ def _map_at(addr: int, length: int, fd: int = -1) -> int:
 @pytest.mark.parametrize("then", ["unmapped", "replaced by a memfd mapping"])
 def test_a_write_never_reaches_what_is_mapped_after_munmap(service: ServiceProc, peer: Worker,
                                                            then: str) -> None:  # fmt: skip
-    raw = rc.RawClient(service.path)
-    raw.hello(memory=True)  # regions by address, through this process's /proc/self/mem
-    h = Hostile.__new__(Hostile)  # the same objects, on a connection that passed its memory
-    h.raw, h.ctx = raw, raw.open_device()
-    h.pd = raw.alloc_pd(h.ctx)
-    h.cq_ring = rc.Ring(16, rc.CQE_SIZE)
-    raw.keep.append(h.cq_ring)
-    h.cq = int(raw.call(rc.CREATE_CQ, rc.CreateCQ.pack(ctx=h.ctx, cqe=16),
-                        [h.cq_ring.fd]).body(rc.CreateCQReply)["cq"])  # fmt: skip
-    h.sq, h.rq = rc.Ring(4, rc.send_slot_size(1, 0)), rc.Ring(4, rc.recv_slot_size(1))
-    raw.keep += [h.sq, h.rq]
-    caps = {"max_send_wr": 4, "max_recv_wr": 4, "max_send_sge": 1, "max_recv_sge": 1}
-    body = rc.CreateQP.pack(caps=caps, ctx=h.ctx, pd=h.pd, qp_type=IBV_QPT_RC, send_cq=h.cq,
-                            recv_cq=h.cq, sq_slot=h.sq.slot, rq_slot=h.rq.slot)  # fmt: skip
-    reply = raw.call(rc.CREATE_QP, body, [h.sq.fd, h.rq.fd]).body(rc.CreateQPReply)
-    h.qp, h.qpn = int(reply["qp"]), int(reply["qpn"])
+    h = Hostile(service.path, memory=True)
+    raw = h.raw
     h.to_rtr(peer.info["qpn"])
     peer.call("connect", qpn=h.qpn)
 

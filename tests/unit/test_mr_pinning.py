@@ -139,3 +139,46 @@ def test_a_file_region_fails_when_mapped_at_another_offset(own_memory: Any) -> N
     assert span.still_mapped()  # the same pages of the same file again: what a pin keeps
     hostmem.munmap(addr, PAGE)
     os.close(fd)
+
+
+def test_a_key_whose_memory_went_stays_invalid_and_counts() -> None:
+    """KeyTable: a span that reports its memory gone fails the access -- local
+    (the requester's LOC_PROT_ERR) and remote (REM_ACCESS_ERR) alike -- counts
+    ``mr_unmapped`` and tells ``on_unmapped`` once; the key stays invalid."""
+    from collections import Counter
+
+    from softverbs.engine.memory import KeyTable, MemKind
+    from softverbs.enums import IBV_ACCESS_REMOTE_WRITE
+
+    class Span:
+        mapped = True
+
+        def __len__(self) -> int:
+            return 4096
+
+        def __getitem__(self, index: slice) -> Span:
+            return self
+
+        def __setitem__(self, index: slice, data: object) -> None:
+            raise AssertionError("written after its memory went")
+
+        def read(self) -> memoryview:
+            return memoryview(bytes(4096))
+
+        def still_mapped(self) -> bool:
+            return self.mapped
+
+    counters: Counter[str] = Counter()
+    keys = KeyTable(counters)
+    told: list[str] = []
+    keys.on_unmapped = lambda mk, why: told.append(why)
+    pd, span = object(), Span()
+    access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE
+    mk = keys.register(MemKind.MR, pd, span, 0x1000, access)
+    assert keys.local(mk.key, pd, 0x1000, 64, True) is span
+    span.mapped = False
+    why = keys.local(mk.key, pd, 0x1000, 64, True)
+    assert isinstance(why, str) and "mr-unmapped" in why
+    span.mapped = True  # what is mapped there now is not what was registered
+    assert isinstance(keys.remote(mk.key, pd, 1, 0x1000, 64, IBV_ACCESS_REMOTE_WRITE), str)
+    assert counters["mr_unmapped"] == 2 and len(told) == 1
