@@ -8,6 +8,13 @@ The table gives perftest's own figures (its ``BW average`` and its
 ``t_typical`` and 99% latency columns) and each as a ratio to UCX's.
 
     python bench/bench_perftest.py [--sizes 4096,65536,1048576] [--plot FILE.png] [--cpu]
+    python bench/bench_perftest.py --baseline DIR [--rounds 3] [--sizes ...]
+
+``--baseline DIR`` compares this tree with another checkout of softverbs (DIR
+holds its ``src/``; e.g. ``git archive main | tar -x -C DIR``) instead of UCX: each
+round runs every figure once with each tree, in alternating order, each tree
+on a service of its own started from its own sources, and the table gives the
+median of the rounds for both and their ratio.
 
 A benchmark, never a test: the machine is shared and noisy, so compare the
 ratios within one run.
@@ -92,6 +99,51 @@ def row(out: str, size: int) -> list[float]:
     return [float(x) for x in m.group(1).split()]
 
 
+def compare(args: argparse.Namespace, sizes: list[int]) -> int:
+    """``--baseline``: this tree beside another checkout, interleaved (module docstring)."""
+    import statistics
+
+    trees = {"baseline": str(Path(args.baseline).resolve() / "src"),
+             "this tree": str(Path(__file__).resolve().parents[1] / "src")}  # fmt: skip
+    envs: dict[str, dict[str, str]] = {}
+    for name, src in trees.items():
+        if not (Path(src) / "softverbs").is_dir():
+            raise SystemExit(f"--baseline: no softverbs sources in {src}")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SOFTVERBS_")}
+        env["PYTHONPATH"] = src  # before the installed (editable) softverbs
+        env["SOFTVERBS_SERVICE"] = os.path.join(tempfile.mkdtemp(prefix="svpt", dir="/tmp"),
+                                                "sv.sock")  # fmt: skip
+        envs[name] = env
+    figures: dict[str, dict[str, list[float]]] = {}
+    progress = Progress(args.rounds * 2 * (len(sizes) + 1), args.quiet)
+    for r in range(args.rounds):
+        order = list(envs) if r % 2 == 0 else list(reversed(envs))
+        for name in order:
+            env = envs[name]
+            for size in sizes:
+                n = args.iters or max(100, min(5000, (64 << 20) // size))
+                progress.step(f"round {r + 1}: ib_write_bw {size} B, {name}")
+                bw = row(perftest("ib_write_bw", ["-s", str(size), "-n", str(n)], env), size)[1]
+                label = f"ib_write_bw {size} B, MB/s"
+                figures.setdefault(label, {}).setdefault(name, []).append(bw)
+            progress.step(f"round {r + 1}: ib_send_lat {LAT_SIZE} B, {name}")
+            lat = row(perftest("ib_send_lat", ["-s", str(LAT_SIZE), "-n", str(args.lat_iters)],
+                               env), LAT_SIZE)  # fmt: skip
+            for label, value in ((f"ib_send_lat {LAT_SIZE} B typical, us", lat[2]),
+                                 (f"ib_send_lat {LAT_SIZE} B 99%, us", lat[5])):  # fmt: skip
+                figures.setdefault(label, {}).setdefault(name, []).append(value)
+    for env in envs.values():
+        subprocess.run([sys.executable, "-m", "softverbs", "service", "stop"], env=env,
+                       capture_output=True, check=False, timeout=60)  # fmt: skip
+    print(f"this tree beside the baseline {args.baseline}: median of {args.rounds} "
+          f"interleaved rounds")  # fmt: skip
+    print(f"{'figure':<34}{'baseline':>12}{'this tree':>12}{'ratio':>8}")
+    for label, by in figures.items():
+        base, ours = statistics.median(by["baseline"]), statistics.median(by["this tree"])
+        print(f"{label:<34}{base:>12.1f}{ours:>12.1f}{ours / base:>8.3f}")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="4096,65536,1048576")
@@ -101,9 +153,14 @@ def main() -> int:
     ap.add_argument("--cpu", action="store_true",
                     help="also print the cores the service and the two perftest processes "
                          "use during ib_write_bw at the largest size")  # fmt: skip
+    ap.add_argument("--baseline", metavar="DIR",
+                    help="compare with the softverbs checkout in DIR instead of UCX")
+    ap.add_argument("--rounds", type=int, default=3, help="--baseline: interleaved rounds")
     add_quiet(ap)
     args = ap.parse_args()
     sizes = [int(x) for x in args.sizes.split(",")]
+    if args.baseline:
+        return compare(args, sizes)
     progress = Progress(2 * len(sizes) + 2, args.quiet)
     run_dir = tempfile.mkdtemp(prefix="svpt", dir="/tmp")
     env = {k: v for k, v in os.environ.items() if not k.startswith("SOFTVERBS_")}

@@ -12,13 +12,16 @@ out (``python sanitizer_misuse.py CHECK --correct``) they produce no report.
 
 from __future__ import annotations
 
+import mmap
+import os
 import sys
 import time
 
-from verbs_kit import GID, QKEY, Side, close, connect, pair, state_attr
+from verbs_kit import ACCESS, GID, QKEY, Side, close, connect, pair, state_attr
 
 from softverbs import (
     AH,
+    MR,
     MW,
     PD,
     SGE,
@@ -31,6 +34,7 @@ from softverbs import (
     SendWR,
     SrqAttr,
     SrqInitAttr,
+    hostmem,
 )
 from softverbs.enums import (
     IBV_ACCESS_REMOTE_WRITE,
@@ -116,6 +120,37 @@ def mw_in_use(correct: bool) -> None:
     a.wait(2)
     if correct:
         mw.close()
+    close(a, b)
+
+
+def mr_unmapped(correct: bool) -> None:
+    """A region registered by address is unmapped and a file mapped at the same
+    address; the peer's RDMA WRITE through the old rkey fails (the host device
+    checks a region's mapping before each access).  Correct: deregister first."""
+    a, b = pair()
+    length = 8192
+    addr = hostmem.mmap(length=length)
+    mr = MR(b.pd, length, ACCESS, address=addr)
+    rkey = mr.rkey
+    if correct:
+        mr.close()  # the region goes before its memory does
+        rkey, target = b.mr.rkey, b.mr.buf
+    else:
+        target = addr
+    hostmem.munmap(addr, length)  # misuse (unless deregistered): the memory of a region
+    fd = os.memfd_create("other", os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, length)
+    hostmem.mmap(addr, length, flags=mmap.MAP_SHARED | hostmem.MAP_FIXED_, fd=fd)
+    write = SendWR(1, IBV_WR_RDMA_WRITE, 1, sg=[SGE(a.mr.buf, 64, a.mr.lkey)])
+    write.set_wr_rdma(rkey, target)
+    a.qp.post_send(write)
+    status = [wc.status for wc in a.wait(1)]  # type: ignore[attr-defined]
+    assert os.pread(fd, 64, 0) == bytes(64), "the WRITE reached the new mapping"
+    assert status == [0 if correct else 10], status  # IBV_WC_REM_ACCESS_ERR
+    hostmem.munmap(addr, length)
+    os.close(fd)
+    if not correct:
+        mr.close()
     close(a, b)
 
 

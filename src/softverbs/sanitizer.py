@@ -61,6 +61,11 @@ CHECKS: dict[str, str] = {
     "mr-in-use": (
         "an MR must not be deregistered while WRs that use it are outstanding (seed 000)"
     ),
+    "mr-unmapped": (
+        "the memory of a registered region must stay mapped, as registered, until the "
+        "region is deregistered: a NIC pins the pages at registration (ib_umem_get) and "
+        "never reaches whatever is mapped at those addresses later"
+    ),
     "mw-in-use": (
         "a memory window must not be deallocated or invalidated while WRs that use it are "
         "outstanding: a BIND_MW WR that names it, or a peer's RDMA WRITE in progress "
@@ -484,6 +489,20 @@ class Sanitizer:
             if eng.rq is not None:
                 for i in range(eng.resp.rq_next, eng.rq.db):
                     yield eng, eng.rq.get(i), "receive"
+
+    def unmapped(self, key: Any, why: str) -> None:
+        """A region's memory was found unmapped or replaced (the key table saw it at an
+        access, which failed): told to the process that registered it."""
+        rec = key.owner
+        w = self.watches.get(getattr(rec, "owner", None))
+        if w is None or not w.once("mr-unmapped", key.key):
+            return
+        w.report("mr-unmapped", [
+            ("object", f"MR lkey {key.key:#x} [{key.iova:#x}, {key.iova + key.length:#x})"),
+            ("access", why),
+            ("fix", "deregister the region (ibv_dereg_mr) before unmapping its memory, or "
+                    "register it with IBV_ACCESS_ON_DEMAND to follow the mapping"),
+        ])  # fmt: skip
 
     def destroying(self, rec: Any) -> None:
         """An object is about to be destroyed (or a QP moved to RESET: ``reset``)."""

@@ -48,7 +48,12 @@ EXPECTED: dict[str, tuple[list[str], list[str]]] = {
                                ["1 WR(s) written to the send queue and never handed",
                                 "wr_ids: 0x1"]),
     "leak": (["leak"], ["objects: 7 never destroyed", "qp: handle"]),
+    "mr-unmapped": (["mr-unmapped"], ["object: MR lkey", "was unmapped or replaced by its owner",
+                                      "fix: deregister the region"]),
 }
+#: checks only the host device makes: the in-process device reaches a region's
+#: memory directly, and does not check its mapping (docs/architecture.md)
+HOST_ONLY = {"mr-unmapped"}
 
 
 @pytest.fixture(params=["inproc", "host"])
@@ -91,6 +96,8 @@ def test_every_check_has_a_program_and_a_rule() -> None:
 
 @pytest.mark.parametrize("check", sorted(EXPECTED))
 def test_misuse_is_reported(kind_env: dict[str, str], check: str) -> None:
+    if check in HOST_ONLY and kind_env.get("SOFTVERBS_SERVICE") == "0":
+        pytest.skip(f"{check} is the host device's check (the in-process device has none)")
     r = run(kind_env, check)
     assert r.returncode == 0 and "done" in r.stdout, r.stdout + r.stderr
     got = reports(r.stderr)
@@ -107,6 +114,8 @@ def test_misuse_is_reported(kind_env: dict[str, str], check: str) -> None:
 
 @pytest.mark.parametrize("check", sorted(EXPECTED))
 def test_correct_program_has_no_report(kind_env: dict[str, str], check: str) -> None:
+    if check in HOST_ONLY and kind_env.get("SOFTVERBS_SERVICE") == "0":
+        pytest.skip(f"{check} is the host device's check (the in-process device has none)")
     r = run(kind_env, check, "--correct")
     assert r.returncode == 0 and "done" in r.stdout, r.stdout + r.stderr
     assert HEADER not in r.stderr, r.stderr

@@ -3,9 +3,18 @@
 The service is driven in this process (no socket round trip per input), as
 a client that is not ours would drive it: every message is bytes -- random,
 or a real operation's record with random field values -- with random file
-descriptors.  After each input the service must not have raised, must not
-have logged an internal error, and must still serve; at the end, once the
-fuzzing client is gone, nothing it made may be left.
+descriptors of every kind a hostile client could pass (memfds sealed as the
+doc says, unsealed, too small, or cut after the request; a regular file, a
+pipe, stream and seqpacket sockets, ``/dev/null``, another process's
+``/proc/PID/mem``, its own), and with any of them as the ``HELLO_MEMORY``
+descriptor.  Every memfd is then cut to nothing and each queue of each QP
+the input made gets a doorbell, so a ring the service mapped unsealed would
+fault it (SIGBUS kills this process: the test fails loudly).  A second
+test makes *valid* creates (a CQ, a QP's two rings, an SRQ, a region) with
+descriptors of those kinds: only a sealed memfd of the right size is taken.
+After each input the service must not have raised, must not have logged
+an internal error, and must still serve; at the end, once the fuzzing
+client is gone, nothing it made may be left.
 
 The ring-index fuzz writes random words into the header of a real shared
 send queue, receive queue and CQ -- pi, db, ci, arm -- and rings doorbells:
@@ -13,11 +22,13 @@ the device clamps what it reads, so the engine never fails and the QP's
 completions come out in order or the QP goes to ERR, never anything else.
 
 ``SOFTVERBS_FUZZ_EXAMPLES`` sets the number of inputs per test (default
-6,000 for the protocol, 4,000 for the rings: 10,000 in all).
+6,000 for the protocol, 2,000 creates with hostile descriptors, 4,000 for
+the rings: 12,000 in all).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import struct
@@ -36,6 +47,7 @@ from softverbs.service import protocol
 from softverbs.service.server import Client, Service
 
 PROTOCOL_EXAMPLES = int(os.environ.get("SOFTVERBS_FUZZ_EXAMPLES", "6000"))
+DESCRIPTOR_EXAMPLES = max(1, PROTOCOL_EXAMPLES // 3)
 RING_EXAMPLES = max(1, PROTOCOL_EXAMPLES * 2 // 3)
 
 
@@ -51,7 +63,7 @@ def service() -> Iterator[Service]:
 class Peer:
     """A client of ``service`` driven by hand: its socket's other end is ours."""
 
-    def __init__(self, service: Service) -> None:
+    def __init__(self, service: Service, memory: int | None = None) -> None:
         self.service = service
         a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         a.setblocking(False)
@@ -61,12 +73,25 @@ class Peer:
         owner = service.host.add_owner(Owner("fuzz", os.getpid(), os.getuid()))
         self.client = Client(a, os.getpid(), os.getuid(), owner, lambda c: None)
         service.clients[a] = self.client
-        self.feed(protocol.encode(api.HELLO, 1, api.Hello(0, protocol.PROTOCOL_VERSION, 0, 0, 0)))
+        # HELLO, with ``memory`` (any descriptor) as the process's /proc/self/mem
+        flags = 0 if memory is None else api.HELLO_MEMORY
+        self.feed(protocol.encode(api.HELLO, 1, api.Hello(0, protocol.PROTOCOL_VERSION, flags,
+                                                          os.getpid(), 0)),
+                  [] if memory is None else [memory])  # fmt: skip
+        if not self.client.greeted:  # a descriptor that was refused: greet as a plain client
+            self.feed(protocol.encode(api.HELLO, 1, api.Hello(0, protocol.PROTOCOL_VERSION, 0,
+                                                              os.getpid(), 0)))  # fmt: skip
         self.open()
         self.ctx = self._reply_body().ctx
 
     def feed(self, data: bytes, fds: list[int] | None = None) -> None:
         self.service.handle(self.client, data, list(fds or []))
+
+    def request(self, op: Any, body: Any, fds: list[int] | None = None) -> protocol.Message:
+        """One request; its reply."""
+        self.drain()
+        self.feed(protocol.encode(op, 77, body), fds)
+        return protocol.decode(self.mine.recv(protocol.MAX_MESSAGE))
 
     def _reply_body(self) -> Any:
         while True:
@@ -130,39 +155,156 @@ _message = st.one_of(
         lambda t: protocol.Header(16 + len(t[1]) + len(t[2]), t[0].code, 0, 7, 0).pack()
         + t[1] + t[2]),
 )  # fmt: skip
-_fd_kinds = st.lists(st.sampled_from(["memfd", "small", "pipe", "sock", "none"]), max_size=3)
+#: what a hostile client may pass where the service expects a memfd, a socket or
+#: /proc/self/mem: memfds sealed as the doc says, unsealed, too small, or cut after
+#: the request ("resized"); other files; other processes' memory
+FD_KINDS = ["memfd", "unsealed", "resized", "small", "file", "pipe", "sock", "stream",
+            "null", "other_mem", "own_mem", "none"]  # fmt: skip
+_fd_kinds = st.lists(st.sampled_from(FD_KINDS), max_size=3)
+_STRANGER: list[int] = []  #: the pid of another process of this user (module fixture)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def stranger() -> Iterator[None]:
+    import subprocess
+
+    proc = subprocess.Popen(["sleep", "3600"])
+    _STRANGER[:] = [proc.pid]
+    yield
+    proc.kill()
+    proc.wait()
+
+
+def _memfd(nbytes: int, seal: bool) -> int:
+    import fcntl
+
+    fd = os.memfd_create("fz", os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, nbytes)
+    if seal:
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+    return fd
 
 
 def _make_fd(kind: str) -> int | None:
     if kind in ("memfd", "small"):
-        fd = os.memfd_create("fz")
-        os.ftruncate(fd, 1 << 16 if kind == "memfd" else 8)
-        return fd
+        return _memfd(1 << 16 if kind == "memfd" else 8, seal=True)
+    if kind in ("unsealed", "resized"):
+        return _memfd(1 << 16, seal=False)
+    if kind == "file":
+        with tempfile.TemporaryFile() as f:
+            os.ftruncate(f.fileno(), 1 << 16)
+            return os.dup(f.fileno())
     if kind == "pipe":
         r, w = os.pipe()
         os.close(w)
         return r
-    if kind == "sock":
-        a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    if kind in ("sock", "stream"):
+        kind_ = socket.SOCK_SEQPACKET if kind == "sock" else socket.SOCK_STREAM
+        a, b = socket.socketpair(socket.AF_UNIX, kind_)
         a.close()
         return b.detach()
+    if kind == "null":
+        return os.open("/dev/null", os.O_RDWR)
+    if kind == "other_mem":
+        return os.open(f"/proc/{_STRANGER[0]}/mem", os.O_RDWR)
+    if kind == "own_mem":
+        return os.open("/proc/self/mem", os.O_RDWR)
     return None
+
+
+def _touch_everything(peer: Peer) -> None:
+    """Make the device use every ring the peer's objects hold: a doorbell on each
+    queue of each QP (the drop that follows writes every CQ ring's error word)."""
+    from softverbs.device.api import DB_RQ, DB_SQ, KIND_QP
+
+    for rec in list(peer.client.owner.objects.values()):
+        if rec.kind == KIND_QP:
+            for queue in (DB_SQ, DB_RQ):
+                peer.feed(protocol.encode(api.DOORBELL, 8, api.Doorbell(rec.handle, queue)))
 
 
 @settings(max_examples=PROTOCOL_EXAMPLES, deadline=None, database=None,
           suppress_health_check=list(HealthCheck))  # fmt: skip
-@given(data=_message, fd_kinds=_fd_kinds)
-def test_no_message_breaks_the_service(service: Service, data: bytes, fd_kinds: list[str]) -> None:
-    peer = Peer(service)
+@given(data=_message, fd_kinds=_fd_kinds, hello_fd=st.sampled_from(FD_KINDS))
+def test_no_message_breaks_the_service(service: Service, data: bytes, fd_kinds: list[str],
+                                       hello_fd: str) -> None:  # fmt: skip
+    peer = Peer(service, _make_fd(hello_fd))
     fds = [fd for fd in (_make_fd(k) for k in fd_kinds) if fd is not None]
+    # The client keeps its own descriptor of every memfd, and cuts each one once
+    # the service had its chance to map it.
+    cut = [os.dup(fd) for fd, k in zip(fds, [k for k in fd_kinds if k != "none"], strict=True)
+           if k in ("memfd", "unsealed", "resized", "small")]  # fmt: skip
     try:
         peer.feed(data, fds)  # every descriptor is the service's to close now
+        for fd in cut:
+            with contextlib.suppress(OSError):  # EPERM: sealed, as it should be
+                os.ftruncate(fd, 0)
+        _touch_everything(peer)
     finally:
+        for fd in cut:
+            os.close(fd)
         peer.close()
     assert not service.stats["internal_errors"], "softverbsd logged a bug"
     assert not service.stats["engine_errors"]
     leftover = [o for o in service.host.owners if o.label == "fuzz"]
     assert not leftover, "the fuzzing client's objects outlived it"
+
+
+_CREATES = ["cq", "qp", "srq", "mr"]
+_CREATE_KINDS = [k for k in FD_KINDS if k != "none"]
+
+
+@settings(max_examples=DESCRIPTOR_EXAMPLES, deadline=None, database=None,
+          suppress_health_check=list(HealthCheck))  # fmt: skip
+@given(what=st.sampled_from(_CREATES), kinds=st.tuples(*[st.sampled_from(_CREATE_KINDS)] * 2),
+       depth=st.integers(1, 64))  # fmt: skip
+def test_no_descriptor_breaks_a_create(service: Service, what: str, kinds: tuple[str, str],
+                                       depth: int) -> None:  # fmt: skip
+    """A valid create with any descriptor: taken only if it is a sealed memfd large
+    enough; whatever was taken is then cut (if it can be) and used by the device."""
+    from softverbs.device.api import DB_RQ, DB_SQ, REG_MR_HAS_FD
+    from softverbs.engine.rings import recv_slot_size, send_slot_size
+    from softverbs.enums import IBV_QP_STATE, IBV_QPS_ERR, IBV_QPT_RC
+
+    peer = Peer(service)
+    try:
+        pd = peer.request(api.ALLOC_PD, api.Ctx(peer.ctx, 0)).body.handle
+        good = _make_fd("memfd")
+        assert good is not None
+        cq = peer.request(api.CREATE_CQ, api.CreateCQ(peer.ctx, 64, 0, 0), [good]).body.cq
+        used = kinds[:2] if what == "qp" else kinds[:1]
+        fds = [_make_fd(k) for k in used]
+        cut = [os.dup(fd) for fd in fds if fd is not None]
+        if what == "cq":
+            req: tuple[Any, Any] = (api.CREATE_CQ, api.CreateCQ(peer.ctx, depth, 0, 0))
+        elif what == "qp":
+            req = (api.CREATE_QP, api.CreateQP(0, api.QPCaps(depth, depth, 1, 1, 0, 0), peer.ctx,
+                                               pd, IBV_QPT_RC, cq, cq, 0, 0, 1, 0,
+                                               send_slot_size(1, 0), recv_slot_size(1),
+                                               0))  # fmt: skip
+        elif what == "srq":
+            req = (api.CREATE_SRQ, api.CreateSRQ(peer.ctx, pd, 0, depth, 1, 0, 0, 0,
+                                                 recv_slot_size(1), 0))  # fmt: skip
+        else:
+            req = (api.REG_MR, api.RegMR(0x10000, 4096, 0x10000, 0, pd, 3, REG_MR_HAS_FD, 0))
+        reply = peer.request(*req, [fd for fd in fds if fd is not None])
+        taken = all(k == "memfd" for k in used)
+        assert (reply.header.status == 0) == taken, (what, used, reply.header.status)
+        for fd in cut:
+            with contextlib.suppress(OSError):  # EPERM: sealed, as it should be
+                os.ftruncate(fd, 0)
+            os.close(fd)
+        if what == "qp" and taken:
+            qp = reply.body.qp
+            for queue in (DB_SQ, DB_RQ):
+                peer.feed(protocol.encode(api.DOORBELL, 8, api.Doorbell(qp, queue)))
+            attr = api.QPAttrs.unpack(bytes(api.QPAttrs.size()))
+            attr.qp_state = IBV_QPS_ERR
+            peer.request(api.MODIFY_QP, api.ModifyQP(attr, qp, IBV_QP_STATE))
+    finally:
+        peer.close()  # destroying the CQs writes their rings' error words
+    assert not service.stats["internal_errors"], "softverbsd logged a bug"
+    assert not [o for o in service.host.owners if o.label == "fuzz"]
 
 
 def test_the_service_serves_after_the_fuzz(service: Service) -> None:

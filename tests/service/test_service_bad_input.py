@@ -22,6 +22,7 @@ key and no file descriptor more than before.  Cases:
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import socket
 import time
@@ -184,8 +185,7 @@ def test_disconnect_mid_call(service: ServiceProc) -> None:
     # without reading a single reply.
     for _ in range(5):
         raw = Raw(service.path)
-        mem = os.memfd_create("mr")
-        os.ftruncate(mem, 8192)
+        mem = _memfd(8192)
         raw.send(protocol.encode(api.ALLOC_PD, 10, api.Ctx(1, 0)))
         raw.send(protocol.encode(api.REG_MR, 11, api.RegMR(0, 8192, 0, 0, 2, 1,
                                                              api.REG_MR_HAS_FD, 0)), [mem])
@@ -216,8 +216,10 @@ def test_a_process_killed_in_a_blocking_call(service: ServiceProc,
 
 
 def _memfd(size: int) -> int:
-    fd = os.memfd_create("ring")
+    """A memfd sealed as the service requires (docs/rings.md)."""
+    fd = os.memfd_create("ring", os.MFD_ALLOW_SEALING)
     os.ftruncate(fd, size)
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
     return fd
 
 

@@ -3,13 +3,18 @@ pages that are not mapped are EFAULT, and so are read-only pages when the access
 lets anything write them (LOCAL_WRITE, REMOTE_WRITE, REMOTE_ATOMIC, MW_BIND).
 Without the check, a RECV or an RDMA WRITE into such memory would crash the
 process that holds an in-process device (C programs on the served device are
-checked by tests/native/resize.c)."""
+checked by tests/native/resize.c).
+
+The served device also checks, before each access to a region registered by
+address, that the range is still backed as registered (``device/memory.py``'s
+``Pin``): what keeps the pages passes, an unmapped or replaced range fails."""
 
 from __future__ import annotations
 
 import errno
 import mmap
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -64,3 +69,116 @@ def test_rereg_to_read_only_pages_for_writing_is_efault(pd: PD, read_only: int) 
         mr.rereg(IBV_REREG_MR_CHANGE_TRANSLATION, addr=read_only, length=PAGE)
     assert exc.value.error_code == errno.EFAULT
     mr.close()
+
+
+# --- the served device's check that a region is still mapped as registered ----------------
+
+
+def _own_memory() -> Iterator[object]:
+    import os
+
+    from softverbs.device.memory import ProcessMemory
+
+    mem = ProcessMemory(os.open("/proc/self/mem", os.O_RDWR), os.getpid())
+    if mem.maps < 0:
+        mem.close()
+        pytest.skip("no PROCMAP_QUERY on this kernel (Linux 6.11+): the check is off")
+    yield mem
+    mem.close()
+
+
+own_memory = pytest.fixture(_own_memory)
+
+
+def _memfd(length: int) -> int:
+    import os
+
+    fd = os.memfd_create("pin", os.MFD_CLOEXEC)
+    os.ftruncate(fd, length)
+    return fd
+
+
+def test_a_pinned_span_survives_what_keeps_its_pages(own_memory: Any) -> None:
+    """mprotect splitting the mapping, a neighbour mapped next to it: same backing."""
+    import ctypes
+
+    addr = hostmem.mmap(length=3 * PAGE)
+    span = own_memory.span(addr, 3 * PAGE, pinned=True)
+    assert span.still_mapped()
+    libc = ctypes.CDLL(None)
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    assert libc.mprotect(addr + PAGE, PAGE, mmap.PROT_READ) == 0  # three mappings now
+    assert span.still_mapped() and span[PAGE : 2 * PAGE].still_mapped()
+    hostmem.munmap(addr, 3 * PAGE)
+
+
+def test_a_pinned_span_fails_once_unmapped_or_replaced(own_memory: Any) -> None:
+    import os
+
+    addr = hostmem.mmap(length=2 * PAGE)
+    span = own_memory.span(addr, 2 * PAGE, pinned=True)
+    hostmem.munmap(addr + PAGE, PAGE)  # half of it
+    assert span[:PAGE].still_mapped() and not span.still_mapped()
+    fd = _memfd(PAGE)
+    hostmem.mmap(addr + PAGE, PAGE, flags=mmap.MAP_SHARED | hostmem.MAP_FIXED_, fd=fd)
+    assert not span.still_mapped() and not span[PAGE:].still_mapped()
+    hostmem.munmap(addr, 2 * PAGE)
+    os.close(fd)
+
+
+def test_a_file_region_fails_when_mapped_at_another_offset(own_memory: Any) -> None:
+    import os
+
+    fd = _memfd(4 * PAGE)
+    addr = hostmem.mmap(length=PAGE, flags=mmap.MAP_SHARED, fd=fd)
+    span = own_memory.span(addr, PAGE, pinned=True)
+    assert span.still_mapped()
+    hostmem.mmap(addr, PAGE, flags=mmap.MAP_SHARED | hostmem.MAP_FIXED_, fd=fd, offset=PAGE)
+    assert not span.still_mapped()
+    hostmem.mmap(addr, PAGE, flags=mmap.MAP_SHARED | hostmem.MAP_FIXED_, fd=fd)
+    assert span.still_mapped()  # the same pages of the same file again: what a pin keeps
+    hostmem.munmap(addr, PAGE)
+    os.close(fd)
+
+
+def test_a_key_whose_memory_went_stays_invalid_and_counts() -> None:
+    """KeyTable: a span that reports its memory gone fails the access -- local
+    (the requester's LOC_PROT_ERR) and remote (REM_ACCESS_ERR) alike -- counts
+    ``mr_unmapped`` and tells ``on_unmapped`` once; the key stays invalid."""
+    from collections import Counter
+
+    from softverbs.engine.memory import KeyTable, MemKind
+    from softverbs.enums import IBV_ACCESS_REMOTE_WRITE
+
+    class Span:
+        mapped = True
+
+        def __len__(self) -> int:
+            return 4096
+
+        def __getitem__(self, index: slice) -> Span:
+            return self
+
+        def __setitem__(self, index: slice, data: object) -> None:
+            raise AssertionError("written after its memory went")
+
+        def read(self) -> memoryview:
+            return memoryview(bytes(4096))
+
+        def still_mapped(self) -> bool:
+            return self.mapped
+
+    counters: Counter[str] = Counter()
+    keys = KeyTable(counters)
+    told: list[str] = []
+    keys.on_unmapped = lambda mk, why: told.append(why)
+    pd, span = object(), Span()
+    access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE
+    mk = keys.register(MemKind.MR, pd, span, 0x1000, access)
+    assert keys.local(mk.key, pd, 0x1000, 64, True) is span
+    span.mapped = False
+    why = keys.local(mk.key, pd, 0x1000, 64, True)
+    assert isinstance(why, str) and "mr-unmapped" in why
+    span.mapped = True  # what is mapped there now is not what was registered
+    assert isinstance(keys.remote(mk.key, pd, 1, 0x1000, 64, IBV_ACCESS_REMOTE_WRITE), str)
+    assert counters["mr_unmapped"] == 2 and len(told) == 1

@@ -211,7 +211,7 @@ STANDARD_COUNTERS = (
     "sent_pkts", "rcvd_pkts", "duplicate_request", "out_of_seq_request", "rcvd_rnr_err",
     "send_rnr_err", "rcvd_seq_err", "retry_exceeded_err", "retry_rnr_exceeded_err",
     "completer_retry_err", "send_err", "rdma_sends", "rdma_recvs", "ack_deferred",
-    "link_downed", "doorbells",
+    "link_downed", "doorbells", "mr_unmapped",
 )  # fmt: skip
 
 MAX_DM_SIZE = 256 * 1024
@@ -634,6 +634,7 @@ class Host:
                 self.devices[name] = dev
                 if self.sanitizer is not None:
                     observe.attach_once(dev.hca, self.sanitizer)
+                    dev.hca.keys.on_unmapped = self.sanitizer.unmapped
             return dev
 
     # --- requests ------------------------------------------------------------------------------
@@ -876,6 +877,7 @@ class Host:
             self.sanitizer = Sanitizer()
         for dev in self.devices.values():
             observe.attach_once(dev.hca, self.sanitizer)
+            dev.hca.keys.on_unmapped = self.sanitizer.unmapped
         local = owner.pid == os.getpid()
         self.sanitizer.watches[owner] = Watch(res.file, options, owner.pid, local)
         owner.release.extend(res.release)  # the file stays open while the owner lives
@@ -951,7 +953,12 @@ class Host:
             what = "mapped writable" if writable else "mapped"
             raise PyverbsRDMAError(f"Failed to register memory: [{addr:#x}, +{length}) is not "
                                    f"{what} in process {pid}", errno.EFAULT)  # fmt: skip
-        span: Bytes = owner.memory.span(addr, length)
+        if not pid:
+            mine: Bytes = owner.memory.span(addr, length)
+            return mine
+        # As ib_umem_get pins a region: every access first checks that the range is
+        # still backed as it was registered.  An ODP region follows the mapping instead.
+        span: Bytes = owner.memory.span(addr, length, pinned=not access & IBV_ACCESS_ON_DEMAND)
         return span
 
     def reg_mr(self, owner: Owner, req: api.RegMR, res: Resources) -> api.RegMRReply:

@@ -33,7 +33,10 @@ the service never raises, and never touches another process.
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import os
+import struct
 
 from softverbs.enums import (
     IBV_ACCESS_LOCAL_WRITE,
@@ -78,16 +81,115 @@ def mapped(addr: int, length: int, pid: int | str = "self", writable: bool = Fal
     return pos >= end
 
 
+#: ``struct procmap_query`` (Linux 6.11+, ``<linux/fs.h>``): 9 u64, 4 u32, 2 u64
+_PROCMAP_QUERY_FMT = struct.Struct("<9Q4I2Q")
+#: ``PROCMAP_QUERY``: ``_IOWR('f', 17, struct procmap_query)``
+_PROCMAP_QUERY = (3 << 30) | (_PROCMAP_QUERY_FMT.size << 16) | (ord("f") << 8) | 17
+#: the answer's fields, at offset 24: vma_start, vma_end, vma_flags, vma_page_size,
+#: vma_offset, inode, dev_major, dev_minor
+_PROCMAP_VMA = struct.Struct("<6Q2I")
+_VMA_SHARED = 0x08  #: PROCMAP_QUERY_VMA_SHARED in vma_flags
+_ADDR = struct.Struct("<Q")
+
+#: What backs a mapping: (shared, device major, minor, inode, file offset minus
+#: address) -- the same for every address the mapping covers; for anonymous
+#: memory (inode 0) the last is 0.
+Backing = tuple[int, int, int, int, int]
+
+
+class Pin:
+    """What backed a region when it was registered, and the check that it still does.
+
+    A NIC pins a region's pages (``ib_umem_get``); the service cannot pin
+    another process's pages, so it records what the region's address range
+    was mapped to and, before every access, asks the kernel (one
+    ``PROCMAP_QUERY`` ioctl on the process's ``/proc/<pid>/maps``) whether it
+    still is.  A range that was unmapped, or mapped to another file or another
+    offset of it, or from shared to private, no longer is: the access fails
+    and the region stays invalid.  An anonymous mapping replaced by another
+    anonymous one with the same sharing cannot be told apart from outside the
+    process (docs/architecture.md, *Registered memory and munmap*)."""
+
+    __slots__ = ("segments",)
+
+    def __init__(self, segments: list[tuple[int, int, Backing]]) -> None:
+        #: (start, end, backing) of each mapping the region lay in
+        self.segments = segments
+
+
 class ProcessMemory:
     """One process's address space, through its ``/proc/<pid>/mem`` descriptor."""
 
-    __slots__ = ("closed", "faults", "fd", "pid")
+    __slots__ = ("_query", "closed", "faults", "fd", "maps", "pid")
 
     def __init__(self, fd: int, pid: int = 0) -> None:
         self.fd = fd
         self.pid = pid
         self.faults = 0  #: accesses the kernel refused (unmapped pages, process gone)
         self.closed = False
+        #: the process's /proc/<pid>/maps, for PROCMAP_QUERY (-1: none, no checks)
+        self.maps = -1
+        #: one PROCMAP_QUERY argument, reused: only the address changes between calls
+        self._query = bytearray(_PROCMAP_QUERY_FMT.pack(_PROCMAP_QUERY_FMT.size, 0, 0,
+                                                        *[0] * 12))  # fmt: skip
+        if pid:
+            with contextlib.suppress(OSError):
+                self.maps = os.open(f"/proc/{pid}/maps", os.O_RDONLY | os.O_CLOEXEC)
+            if self.maps >= 0 and not self._query_works():
+                os.close(self.maps)
+                self.maps = -1
+
+    def _query_works(self) -> bool:
+        """False on a kernel without PROCMAP_QUERY (before 6.11): no checks there."""
+        buf = bytearray(_PROCMAP_QUERY_FMT.pack(_PROCMAP_QUERY_FMT.size, 0x10, 0, *[0] * 12))
+        try:
+            fcntl.ioctl(self.maps, _PROCMAP_QUERY, buf)
+        except OSError as exc:
+            return exc.errno not in (errno.ENOTTY, errno.EINVAL)
+        return True
+
+    def backing(self, addr: int) -> tuple[int, int, Backing] | None:
+        """(start, end, backing at ``addr``) of the mapping covering ``addr``; None if
+        nothing is mapped there (or it cannot be asked)."""
+        if self.maps < 0:
+            return None
+        buf = self._query
+        _ADDR.pack_into(buf, 16, addr)
+        try:
+            fcntl.ioctl(self.maps, _PROCMAP_QUERY, buf)
+        except OSError:
+            return None
+        start, end, flags, _, offset, inode, major, minor = _PROCMAP_VMA.unpack_from(buf, 24)
+        return start, end, (flags & _VMA_SHARED, major, minor, inode,
+                            offset - start if inode else 0)  # fmt: skip
+
+    def pin(self, addr: int, length: int) -> Pin | None:
+        """What backs ``[addr, addr + length)`` now (None: no checks on this kernel,
+        or the range is not mapped -- registration refuses that itself)."""
+        if self.maps < 0 or length <= 0:
+            return None
+        segments: list[tuple[int, int, Backing]] = []
+        pos, end = addr, addr + length
+        while pos < end:
+            got = self.backing(pos)
+            if got is None:
+                return None
+            segments.append((pos, min(got[1], end), got[2]))
+            pos = got[1]
+        return Pin(segments)
+
+    def still_pinned(self, pin: Pin, addr: int, length: int) -> bool:
+        """Is ``[addr, addr + length)`` (inside ``pin``'s range) backed as it was?"""
+        pos, end = addr, addr + length
+        for seg in pin.segments:
+            while seg[0] <= pos < min(end, seg[1]):
+                got = self.backing(pos)
+                if got is None or got[2] != seg[2]:
+                    return False
+                pos = min(got[1], seg[1])
+            if pos >= end:
+                break
+        return True
 
     def read(self, addr: int, length: int) -> bytearray:
         buf = bytearray(length)
@@ -117,25 +219,32 @@ class ProcessMemory:
         if done < len(view):
             self.faults += 1
 
-    def span(self, addr: int, length: int) -> ProcessSpan:
-        return ProcessSpan(self, addr, length)
+    def span(self, addr: int, length: int, pinned: bool = False) -> ProcessSpan:
+        """``length`` bytes at ``addr``; with ``pinned``, checked before every access
+        to be backed as they are now (a registered region: :class:`Pin`)."""
+        return ProcessSpan(self, addr, length, self.pin(addr, length) if pinned else None)
 
     def close(self) -> None:
         if not self.closed:
             self.closed = True
             with contextlib.suppress(OSError):
                 os.close(self.fd)
+            if self.maps >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(self.maps)
+                self.maps = -1
 
 
 class ProcessSpan:
     """``length`` bytes at ``addr`` of a process (see the module docstring)."""
 
-    __slots__ = ("addr", "length", "mem")
+    __slots__ = ("addr", "length", "mem", "pin")
 
-    def __init__(self, mem: ProcessMemory, addr: int, length: int) -> None:
+    def __init__(self, mem: ProcessMemory, addr: int, length: int, pin: Pin | None = None) -> None:
         self.mem = mem
         self.addr = addr
         self.length = length
+        self.pin = pin  #: a registered region's backing, checked by :meth:`still_mapped`
 
     def __len__(self) -> int:
         return self.length
@@ -144,7 +253,7 @@ class ProcessSpan:
         start, stop, step = index.indices(self.length)
         if step != 1:
             raise ValueError("a memory span is sliced with step 1")
-        return ProcessSpan(self.mem, self.addr + start, max(0, stop - start))
+        return ProcessSpan(self.mem, self.addr + start, max(0, stop - start), self.pin)
 
     def __setitem__(self, index: slice, data: Buffer) -> None:
         start, stop, step = index.indices(self.length)
@@ -156,6 +265,10 @@ class ProcessSpan:
     def read(self) -> memoryview:
         """The bytes as they are now (a copy)."""
         return memoryview(self.mem.read(self.addr, self.length))
+
+    def still_mapped(self) -> bool:
+        """Is this span still backed as when its region was registered (:class:`Pin`)?"""
+        return self.pin is None or self.mem.still_pinned(self.pin, self.addr, self.length)
 
     def __repr__(self) -> str:
         return f"<ProcessSpan pid={self.mem.pid} [{self.addr:#x}, +{self.length})>"

@@ -58,8 +58,8 @@ class HCA:
     def __init__(self, name: str, gids: list[bytes]) -> None:
         self.name = name
         self.gids = gids
-        self.keys = KeyTable()
         self.counters: Counter[str] = Counter()
+        self.keys = KeyTable(self.counters)
         self._outbox: deque[Packet] = deque()
         #: responders with a coalesced ACK to send (see :attr:`outbox`)
         self._acks: list[QPEngine] = []

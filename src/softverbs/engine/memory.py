@@ -18,6 +18,7 @@ slice of the region's own buffer, bounds-checked first.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from enum import IntEnum
 from typing import Any, Protocol
@@ -62,6 +63,7 @@ class Span(Protocol):
     def __getitem__(self, index: slice) -> Span: ...
     def __setitem__(self, index: slice, data: bytes | bytearray | memoryview) -> None: ...
     def read(self) -> memoryview: ...
+    def still_mapped(self) -> bool: ...
 
 
 #: What a memory key covers: this process's bytes, or another process's.
@@ -113,6 +115,7 @@ class MemKey:
         "pd",
         "qpn",
         "resolver",
+        "unmapped",
         "valid",
         "view",
         "xform",
@@ -128,6 +131,8 @@ class MemKey:
         self.access = 0
         self.view: Bytes | None = None
         self.valid = kind is MemKind.MR
+        #: its owner unmapped or replaced the memory (:meth:`KeyTable.unmapped`)
+        self.unmapped = False
         self.qpn = -1  #: type 2 windows: the QP they are bound to
         self.mr: MemKey | None = None  #: windows: the region they are bound to
         self.binds = 0  #: regions: number of windows bound to them
@@ -155,7 +160,11 @@ class MemKey:
 class KeyTable:
     """All keys of one device, by index."""
 
-    def __init__(self) -> None:
+    def __init__(self, counters: Counter[str] | None = None) -> None:
+        #: the device's counters (``mr_unmapped``)
+        self.counters: Counter[str] = Counter() if counters is None else counters
+        #: told of each key whose memory was found unmapped (the sanitizer's mr-unmapped)
+        self.on_unmapped: Callable[[MemKey, str], None] | None = None
         self._keys: dict[int, MemKey] = {}
         self._next_index = 1
         self._seed = 0
@@ -235,9 +244,11 @@ class KeyTable:
         if mk.xform is not None:
             return mk.xform.view(addr, length, write, False)
         view = mk.slice(addr, length)
-        if write or isinstance(view, (str, memoryview)):
+        if isinstance(view, (str, memoryview)):
             return view
-        return view.read()
+        if mk.unmapped or not view.still_mapped():
+            return self.unmapped(mk, f"lkey {lkey:#x}")
+        return view if write else view.read()
 
     def remote(self, rkey: int, pd: object, qpn: int, va: int, length: int, right: int) -> Any:
         """Resolve a remote access with ``right`` (one IBV_ACCESS_REMOTE_* bit):
@@ -261,9 +272,25 @@ class KeyTable:
         view = mk.slice(va, length)
         if isinstance(view, (str, memoryview)):
             return view
+        if mk.unmapped or not view.still_mapped():
+            return self.unmapped(mk, f"rkey {rkey:#x}")
         if right == REMOTE_READ:
             return view.read()
         return WriteBack(view) if right == REMOTE_ATOMIC else view
+
+    def unmapped(self, mk: MemKey, what: str) -> str:
+        """``mk``'s memory is no longer what was registered (its owner unmapped or
+        replaced it): the key stays invalid for every later access, and each
+        refused access counts (``mr_unmapped``).  Why, for the failed WR."""
+        region = mk.mr if mk.mr is not None else mk
+        first = not region.unmapped
+        region.unmapped = mk.unmapped = True
+        self.counters["mr_unmapped"] += 1
+        why = (f"{what}: the memory of region [{region.iova:#x}, +{region.length}) was "
+               f"unmapped or replaced by its owner after registration (mr-unmapped)")
+        if first and self.on_unmapped is not None:
+            self.on_unmapped(region, why)
+        return why
 
     # --- windows -----------------------------------------------------------
     def bind(

@@ -64,6 +64,7 @@ little-endian.  ``docs/rings.md`` gives every layout byte by byte.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import mmap
 import os
 import struct
@@ -83,6 +84,9 @@ if __debug__:
 Sge = tuple[int, int, int]
 
 HEADER_SIZE = 64  #: bytes of a ring header: eight 64-bit words
+#: the seals of every memfd a process makes for the device (docs/rings.md): never
+#: shorter (the service requires it), never longer, and no seal may be changed
+SIZE_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 
 #: Which ring a CQE gives a slot back to when it is polled (CQE field ``wq_kind``).
 WQ_NONE, WQ_SQ, WQ_RQ, WQ_SRQ = 0, 1, 2, 3
@@ -318,14 +322,18 @@ class SharedRegion:
     """An anonymous shared file (a memfd), mapped here.
 
     The application creates it and passes ``fd`` to the device service,
-    which maps the same pages (``SharedRegion(size, fd=...)``).
+    which maps the same pages (``SharedRegion(size, fd=...)``).  A region
+    made here is sealed (:data:`SIZE_SEALS`): its size never changes.
     """
 
     def __init__(self, size: int, fd: int | None = None, name: str = "softverbs") -> None:
         self.size = max(size, 1)
         if fd is None:
-            fd = os.memfd_create(name, os.MFD_CLOEXEC)
+            fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
             os.ftruncate(fd, self.size)
+            # The device service maps only sealed memfds (a shorter file would
+            # make its accesses fault): the size is fixed for the region's life.
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SIZE_SEALS)
         else:
             st = os.fstat(fd)
             if st.st_size < self.size:

@@ -232,17 +232,55 @@ def _event_socket(fd: int, client: Client) -> EventSocket:
     return EventSocket(sock, client)
 
 
-def _map(fd: int, size: int) -> SharedRegion:
-    """A client's shared-memory fd, mapped (``size`` bytes); EINVAL if it is not one."""
+#: the seals every memfd a client passes must carry before the service maps it:
+#: a file sealed against shrinking can never become shorter than the mapping, so
+#: no access through the mapping can fault (SIGBUS) whatever the client does later
+REQUIRED_SEALS = fcntl.F_SEAL_SHRINK
+
+
+def _map(fd: int, size: int, what: str) -> SharedRegion:
+    """A client's shared-memory fd, mapped (``size`` bytes); EINVAL if it is not one.
+
+    The order matters: the seals are read first (they are never removed), then
+    the size -- a file sealed against shrinking keeps the size it has now."""
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise ValueError("not a memory file (memfd)")
+        try:
+            seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+        except OSError:
+            raise ValueError("not a memfd: it cannot be sealed") from None
+        if seals & REQUIRED_SEALS != REQUIRED_SEALS:
+            raise ValueError("the memfd is not sealed against shrinking: create it with "
+                             "MFD_ALLOW_SEALING and add F_SEAL_SHRINK (fcntl F_ADD_SEALS) "
+                             "before passing it")  # fmt: skip
         return SharedRegion(size, fd=fd)
     except (OSError, ValueError) as exc:
         with contextlib.suppress(OSError):
             os.close(fd)
-        raise einval(f"the file descriptor passed is not {size} bytes of shared memory "
-                     f"({exc})") from None  # fmt: skip
+        raise einval(f"{what}: the file descriptor passed is not {size} bytes of sealed "
+                     f"shared memory ({exc})") from None  # fmt: skip
+
+
+def _own_memory(fd: int, client: Client, pid: int) -> None:
+    """EINVAL unless ``fd`` is the connecting process's own ``/proc/<pid>/mem``.
+
+    The peer is who ``SO_PEERCRED`` says; the descriptor must be that process's
+    ``mem`` file (same device and inode as the service's own look-up of
+    ``/proc/<peer pid>/mem``), so a region is only ever read or written in the
+    process that registered it -- never in another process, nor in the service."""
+    if pid != client.pid:
+        raise einval(f"HELLO: pid {pid} is not the connecting process (SO_PEERCRED: pid "
+                     f"{client.pid})")  # fmt: skip
+    try:
+        st = os.fstat(fd)
+        own = os.stat(f"/proc/{client.pid}/mem")
+    except OSError as exc:
+        raise einval(f"HELLO: the memory descriptor cannot be checked: {exc.strerror}") from None
+    if (st.st_dev, st.st_ino) != (own.st_dev, own.st_ino):
+        raise einval(f"HELLO: the descriptor passed with HELLO_MEMORY is not /proc/{client.pid}"
+                     f"/mem, the connecting process's own memory (open /proc/self/mem and "
+                     f"pass that)")  # fmt: skip
 
 
 def _fds(fds: list[int], want: int, what: str) -> list[int]:
@@ -539,7 +577,7 @@ class Service:
                     os.close(fd)
                     raise einval(f"{op.name}: a region of {body.length} bytes at offset "
                                  f"{body.offset} is larger than the device maps")  # fmt: skip
-                region = _map(fd, body.offset + body.length)
+                region = _map(fd, body.offset + body.length, op.name)
                 res.span = region.view[body.offset : body.offset + body.length]
                 res.release.append(region.close)
             else:
@@ -550,7 +588,7 @@ class Service:
             if not 1 <= cqe <= 1 << 20:
                 os.close(fd)
                 raise einval(f"{op.name}: cqe {cqe} is out of range")
-            region = _map(fd, HEADER_SIZE + cqe * CQE_SIZE)
+            region = _map(fd, HEADER_SIZE + cqe * CQE_SIZE, op.name)
             res.cq = shared_cq(region, cqe)
             res.release.append(region.close)
         elif code in (api.CREATE_SRQ.code, api.MODIFY_SRQ.code):
@@ -566,7 +604,7 @@ class Service:
             if not 1 <= size <= 1 << 20:
                 os.close(fd)
                 raise einval(f"{op.name}: max_wr {size} is out of range")
-            region = _map(fd, HEADER_SIZE + size * slot)
+            region = _map(fd, HEADER_SIZE + size * slot, op.name)
             res.srq = shared_srq(region, size, slot, max_sge)
             res.release.append(region.close)
         elif code == api.CREATE_QP.code:
@@ -590,7 +628,7 @@ class Service:
                     for other in [fd, *taken]:
                         os.close(other)
                     raise
-                region = _map(fd, HEADER_SIZE + size * slot)
+                region = _map(fd, HEADER_SIZE + size * slot, op.name)
                 ring = shared_work_ring(region, size, slot, is_send, frozenset(opcodes))
                 res.release.append(region.close)
                 if is_send:
@@ -655,18 +693,14 @@ class Service:
         if req.flags & api.HELLO_MEMORY:
             (fd,) = _fds(fds, 1, "HELLO")
             try:
-                st = os.fstat(fd)
-            except OSError:
+                _own_memory(fd, client, req.pid)
+            except BaseException:
                 os.close(fd)
                 raise
-            if stat.S_ISREG(st.st_mode) and st.st_size == 0 and st.st_uid == client.uid:
-                if client.owner.memory is not None:  # joined: the memory is the first process's
-                    os.close(fd)
-                else:
-                    client.owner.memory = ProcessMemory(fd, client.pid)
-            else:
+            if client.owner.memory is not None:  # joined: the memory is the first process's
                 os.close(fd)
-                raise einval("HELLO: the descriptor passed is not the process's /proc/self/mem")
+            else:
+                client.owner.memory = ProcessMemory(fd, client.pid)
         client.greeted = True
         return api.HelloReply(client.owner.token, protocol.PROTOCOL_VERSION, os.getpid(),
                               len(self.registry.entries()), 0), b""  # fmt: skip

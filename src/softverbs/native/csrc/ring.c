@@ -2,6 +2,7 @@
  * (docs/rings.md gives the layout and who writes which word). */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -31,10 +32,13 @@ int sv_ring_create(struct sv_ring *ring, uint32_t nslots, uint32_t slot, const c
 	if (!nslots || !slot)
 		return EINVAL;
 	size_t bytes = SV_RING_HEADER_SIZE + (size_t)nslots * slot;
-	int fd = memfd_create(name, MFD_CLOEXEC);
+	int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	if (fd < 0)
 		return errno;
-	if (ftruncate(fd, (off_t)bytes)) {
+	/* The service maps only memfds sealed against shrinking: a shorter file
+	 * would make its accesses fault.  The size is fixed for the ring's life. */
+	if (ftruncate(fd, (off_t)bytes) ||
+	    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)) {
 		int err = errno;
 		close(fd);
 		return err;
