@@ -668,9 +668,11 @@ class Responder:
                            src_qp=pkt.src_qp, solicited=pkt.se)  # fmt: skip
 
     # --- flushing -------------------------------------------------------------------------
-    def flush(self) -> None:
+    def flush(self, fetch: bool = True) -> None:
         """Complete the receive WQE in progress and every fetched one with
-        WR_FLUSH_ERR, in order (ERR)."""
+        WR_FLUSH_ERR, in order (ERR).  With ``fetch``, first read the doorbell
+        record (entering ERR); a doorbell has fetched already, and one doorbell
+        fetches -- so flushes -- at most one ring's worth (docs/rings.md)."""
         qp = self.qp
         rqe = self.rqe
         self.rqe = None
@@ -683,7 +685,8 @@ class Responder:
             return
         # Receive WQEs posted without a doorbell message (docs/rings.md) are
         # flushed too: read the doorbell record, as a NIC entering ERR does.
-        rq.latch()
+        if fetch:
+            rq.latch()
         while self.rq_next < rq.db:
             self._flush_rqe(rq.get(self.rq_next))
             self.rq_next += 1
