@@ -46,6 +46,7 @@ MAX_MESSAGE = 65536
 MAX_FDS = 4
 PROTOCOL_VERSION = 2
 FLAG_REPLY = 1  # Header.flags bit 0
+FLAG_TAIL_FD = 2  # Header.flags bit 1 (replies): the tail is the memfd passed with the reply
 
 # --- operation codes (the operations table) ----------------------------------------------
 
@@ -393,6 +394,15 @@ class Reply:
         return rec.unpack(self.payload)
 
     def tail(self, rec: Rec) -> bytes:
+        """What follows the body ``rec``: in the message, or (FLAG_TAIL_FD) the
+        whole memfd passed with it (which is then closed)."""
+        if self.flags & FLAG_TAIL_FD:
+            assert len(self.fds) == 1, f"FLAG_TAIL_FD with {len(self.fds)} descriptors"
+            fd = self.fds.pop()
+            try:
+                return os.pread(fd, os.fstat(fd).st_size, 0)
+            finally:
+                os.close(fd)
         return self.payload[rec.size :]
 
 

@@ -11,6 +11,12 @@ error).
 from __future__ import annotations
 
 import errno
+import json
+import os
+import shutil
+import subprocess
+import sys
+from typing import Any
 
 import pytest
 import rawclient as rc
@@ -62,3 +68,173 @@ def test_doorbell_in_err_flushes_one_ring(service: ServiceProc) -> None:
             wr_ids += [e["wr_id"] for e in cqes]
         assert counts == [16, 16, 16], f"flushed per doorbell: {counts}"
         assert wr_ids == list(range(48)), "flushed out of order or twice"
+
+
+# --- the protocol is as strict as its document -------------------------------------------
+
+
+def test_body_longer_than_its_record_is_eproto(service: ServiceProc) -> None:
+    c = _client(service)
+    ctx = c.open_device()
+    why = _expect_eproto(c, rc.ALLOC_PD, rc.Ctx.pack(ctx=ctx) + b"\0" * 8)
+    assert "ALLOC_PD" in why and "8 bytes" in why, why
+
+
+def test_hello_longer_than_its_record_is_eproto(service: ServiceProc) -> None:
+    c = rc.RawClient(service.path)
+    body = rc.Hello.pack(version=rc.PROTOCOL_VERSION, pid=os.getpid()) + b"junk"
+    _expect_eproto(c, rc.HELLO, body)
+
+
+@pytest.mark.parametrize("flags", [2, 4, 0x8000])
+def test_unknown_header_flags_are_eproto(service: ServiceProc, flags: int) -> None:
+    c = _client(service)
+    why = _expect_eproto(c, rc.STATUS, b"", flags=flags)
+    assert "flags" in why, why
+
+
+def test_request_with_a_status_is_eproto(service: ServiceProc) -> None:
+    c = _client(service)
+    why = _expect_eproto(c, rc.STATUS, b"", status=errno.EIO)
+    assert "status" in why, why
+
+
+@pytest.mark.parametrize("flags", [4, 1 << 31])
+def test_unknown_hello_flags_are_eproto(service: ServiceProc, flags: int) -> None:
+    c = rc.RawClient(service.path)
+    body = rc.Hello.pack(version=rc.PROTOCOL_VERSION, flags=flags, pid=os.getpid())
+    why = _expect_eproto(c, rc.HELLO, body)
+    assert "HELLO flags" in why, why
+
+
+def test_failed_hello_leaves_the_connection_open(service: ServiceProc) -> None:
+    """A HELLO with bad fields (HELLO_JOIN with a token nobody has) is an errno
+    reply, not a protocol error: the connection stays and may HELLO again."""
+    c = rc.RawClient(service.path)
+    with pytest.raises(rc.Refused) as refused:
+        c.hello(flags=rc.HELLO_JOIN, token=12345)
+    assert refused.value.errno == errno.EPERM
+    assert c.hello()["version"] == rc.PROTOCOL_VERSION
+    c.close()
+
+
+# --- replies of any size --------------------------------------------------------------------
+
+MANY = 100_000
+
+
+def _hold_many_pds(c: rc.RawClient, ctx: int, n: int) -> None:
+    """``n`` PDs, requested in windows (the service queues at most so many unread replies)."""
+    window = 1000
+    for start in range(0, n, window):
+        count = min(window, n - start)
+        for _ in range(count):
+            c.send(rc.ALLOC_PD, rc.Ctx.pack(ctx=ctx))
+        for _ in range(count):
+            r = c.recv()
+            assert not r.status, r.message
+
+
+def test_status_with_100000_objects(service: ServiceProc) -> None:
+    """STATUS with 100,000 objects: the JSON (megabytes) is larger than a message,
+    so the reply carries it in a memfd (FLAG_TAIL_FD) -- and `softverbs service
+    status`, `softverbs res` and `softverbs stat qp` read it."""
+    holder = _client(service)
+    ctx = holder.open_device()
+    _hold_many_pds(holder, ctx, MANY)
+    with _client(service) as c:
+        seq = c.send(rc.STATUS)
+        r = c.recv()
+        assert r.seq == seq and not r.status, r.message
+        assert r.flags == rc.FLAG_REPLY | rc.FLAG_TAIL_FD, f"flags {r.flags:#x}"
+        assert len(r.fds) == 1 and r.payload == b"", "the body is Empty; the tail is the memfd"
+        size = os.fstat(r.fds[0]).st_size
+        assert size > rc.MAX_MESSAGE
+        doc = json.loads(os.pread(r.fds[0], size, 0))
+        os.close(r.fds[0])
+        assert doc["objects"]["pd"] == MANY, doc["objects"]
+        assert doc["clients"] == 1
+    env = {**os.environ, "SOFTVERBS_SERVICE": service.path}
+    out = _cli(env, "service", "status")
+    assert out.returncode == 0, out.stderr
+    assert f"pd {MANY}" in out.stdout, out.stdout
+    out = _cli(env, "res", "pd", "-j")
+    assert out.returncode == 0, out.stderr
+    assert len(json.loads(out.stdout)) == MANY, "softverbs res pd lists every PD"
+    out = _cli(env, "stat", "qp", "-j")
+    assert out.returncode == 0, out.stderr
+    holder.close()
+
+
+def _cli(env: dict[str, str], *args: str, prefix: tuple[str, ...] = ()) -> Any:
+    return subprocess.run([*prefix, sys.executable, "-m", "softverbs", *args], env=env,
+                          capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+
+
+# --- another uid is told why, before the close --------------------------------------------
+
+_AS_OTHER_UID = r"""
+import json, os, socket, struct, sys
+sys.path.insert(0, sys.argv[2])
+import rawclient as rc
+c = rc.RawClient(sys.argv[1])
+out = {"uid": os.getuid()}
+try:
+    c.send(rc.HELLO, rc.Hello.pack(version=rc.PROTOCOL_VERSION, pid=os.getpid()))
+except OSError as exc:  # the service may have shut the connection already
+    out["send"] = exc.errno
+try:
+    r = c.recv()
+    out["reply"] = {"op": r.op, "flags": r.flags, "seq": r.seq, "status": r.status,
+                    "message": r.message}
+    out["then"] = "closed" if c.closed() else "open"
+except rc.Closed as exc:
+    out["error"] = str(exc)
+print(json.dumps(out))
+"""
+
+
+def _as_nobody(service: ServiceProc) -> tuple[str, ...]:
+    """setpriv to uid nobody; the service's socket (owner-only) opened to it, as a
+    permission mistake or an ACL would."""
+    if shutil.which("setpriv") is None:
+        pytest.skip("setpriv is not installed (util-linux, scripts/apt-packages.txt)")
+    if os.getuid() != 0:
+        pytest.skip("changing uid needs root")
+    os.chmod(os.path.dirname(service.path), 0o755)
+    os.chmod(service.path, 0o666)
+    return ("setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups")
+
+
+def test_other_uid_reads_eperm_before_the_close(service: ServiceProc) -> None:
+    """A client of another uid whose HELLO is already queued reads the EPERM reply
+    (seq 0: unsolicited), then an orderly end of file -- not ECONNRESET."""
+    prefix = _as_nobody(service)
+    here = os.path.dirname(os.path.abspath(__file__))
+    for _ in range(5):  # the HELLO races the service's accept: try both orders
+        r = subprocess.run([*prefix, sys.executable, "-c", _AS_OTHER_UID, service.path, here],
+                           capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout)
+        assert out["uid"] == 65534
+        assert "error" not in out, f"the refused client read {out['error']}, not the reason"
+        reply = out["reply"]
+        assert (reply["flags"], reply["seq"], reply["status"]) == (
+            rc.FLAG_REPLY, 0, errno.EPERM), reply  # fmt: skip
+        assert "serves only its own user" in reply["message"], reply
+        assert out["then"] == "closed"
+    assert service.stats()["stats"]["clients_refused"] == 5
+
+
+def test_cli_of_other_uid_prints_the_reason(service: ServiceProc) -> None:
+    """`softverbs service status` and `softverbs res` run as another user say
+    that the running service refused them -- never "not running", never
+    "Connection reset by peer"."""
+    prefix = _as_nobody(service)
+    env = {**os.environ, "SOFTVERBS_SERVICE": service.path, "HOME": "/tmp"}
+    for args in (("service", "status"), ("res",)):
+        out = _cli(env, *args, prefix=prefix)
+        assert out.returncode != 0, out.stdout
+        assert "serves only its own user, not uid 65534" in out.stderr, out.stderr
+        assert "EPERM" in out.stderr, out.stderr
+        assert "not running" not in out.stderr and "reset" not in out.stderr, out.stderr

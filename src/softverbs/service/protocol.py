@@ -34,6 +34,7 @@ from __future__ import annotations
 import array
 import contextlib
 import dataclasses
+import fcntl
 import os
 import socket
 from typing import Any
@@ -92,9 +93,10 @@ class Header(Record):
     DOCS = {
         "length": "bytes of the whole message, header included",
         "op": "the operation (table below)",
-        "flags": "bit 0: a reply",
+        "flags": "bit 0 (FLAG_REPLY): a reply; bit 1 (FLAG_TAIL_FD): the reply's tail is in "
+        "the memfd passed with it; requests: 0",
         "seq": "chosen by the requester; the reply repeats it",
-        "status": "replies: 0, or an errno (the body is then a UTF-8 message)",
+        "status": "replies: 0, or an errno (the body is then a UTF-8 message); requests: 0",
     }
     length: U32
     op: U16
@@ -104,6 +106,11 @@ class Header(Record):
 
 
 FLAG_REPLY = 1
+#: a reply whose tail does not fit a message: the tail is the whole content of
+#: the memfd passed with the reply (sealed), not in the message
+FLAG_TAIL_FD = 2
+#: what a reply's flags may hold; a request's flags are 0
+REPLY_FLAGS = FLAG_REPLY | FLAG_TAIL_FD
 
 
 # --- messages ----------------------------------------------------------------------------------
@@ -118,6 +125,52 @@ def encode(op: Op[Any, Any], seq: int, body: Record, tail: bytes = b"", status: 
         raise ProtocolError(f"a {op.name} message of {length} bytes is too long")
     hdr = Header(length, op.code, FLAG_REPLY if reply else 0, seq & 0xFFFFFFFF, status)
     return hdr.pack() + data + tail
+
+
+#: the largest tail a reply carries in a memfd (FLAG_TAIL_FD)
+MAX_TAIL_FD = 1 << 30
+
+
+def encode_reply(op: Op[Any, Any], seq: int, body: Record,
+                 tail: bytes = b"") -> tuple[bytes, list[int]]:  # fmt: skip
+    """A reply and the descriptors it passes.  A reply that does not fit one
+    message carries its tail in a sealed memfd instead (FLAG_TAIL_FD): a
+    client reads the whole file as the tail."""
+    data = body.pack()
+    if Header.size() + len(data) + len(tail) <= MAX_MESSAGE:
+        return encode(op, seq, body, tail, reply=True), []
+    if len(tail) > MAX_TAIL_FD:
+        raise ProtocolError(f"a {op.name} reply of {len(tail)} bytes is too long")
+    fd = os.memfd_create(f"softverbs-{op.name.lower()}-reply",
+                         os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)  # fmt: skip
+    try:
+        view = memoryview(tail)
+        while view:
+            view = view[os.write(fd, view) :]
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
+                    | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL)  # fmt: skip
+    except BaseException:
+        os.close(fd)
+        raise
+    hdr = Header(Header.size() + len(data), op.code, FLAG_REPLY | FLAG_TAIL_FD,
+                 seq & 0xFFFFFFFF, 0)  # fmt: skip
+    return hdr.pack() + data, [fd]
+
+
+def read_tail_fd(fds: list[int]) -> bytes:
+    """The tail of a FLAG_TAIL_FD reply: the whole memfd passed with it."""
+    if len(fds) != 1:
+        raise ProtocolError(f"a reply with its tail in a memfd passes 1 descriptor, not {len(fds)}")
+    size = os.fstat(fds[0]).st_size
+    if size > MAX_TAIL_FD:
+        raise ProtocolError(f"a reply tail of {size} bytes is too long")
+    out = bytearray()
+    while len(out) < size:
+        chunk = os.pread(fds[0], size - len(out), len(out))
+        if not chunk:
+            break
+        out += chunk
+    return bytes(out)
 
 
 def encode_error(op_code: int, seq: int, errno_: int, message: str) -> bytes:
@@ -153,12 +206,16 @@ def decode(data: bytes) -> Message:
     if hdr.length != len(data):
         raise ProtocolError(f"the header says {hdr.length} bytes, the message has {len(data)}")
     is_reply = bool(hdr.flags & FLAG_REPLY)
+    if hdr.flags & ~(REPLY_FLAGS if is_reply else FLAG_REPLY):
+        raise ProtocolError(f"unknown header flags {hdr.flags:#x}")
     rest = memoryview(data)[Header.size() :]
     if is_reply and hdr.status:
         return Message(hdr, BY_CODE.get(hdr.op, UNKNOWN), None, bytes(rest))
     op = BY_CODE.get(hdr.op)
     if op is None:
         raise ProtocolError(f"unknown operation {hdr.op}")
+    if not is_reply and hdr.status:
+        raise ProtocolError(f"a request's status is 0, not {hdr.status}")
     kind = op.reply if is_reply else op.request
     if kind is None:
         raise ProtocolError(f"{op.name} has no reply")
@@ -166,6 +223,9 @@ def decode(data: bytes) -> Message:
         body = kind.unpack(rest)
     except LayoutError as exc:
         raise ProtocolError(f"{op.name}: {exc}") from None
+    if not is_reply and not op.request_tail and len(rest) != kind.size():
+        raise ProtocolError(f"a {op.name} request is its {kind.__name__} record of "
+                            f"{kind.size()} bytes, not {len(rest)}")  # fmt: skip
     return Message(hdr, op, body, bytes(rest[kind.size() :]))
 
 

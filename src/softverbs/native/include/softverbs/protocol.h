@@ -180,9 +180,9 @@ _Static_assert(sizeof(struct sv_cq_entry) == 128, "sv_cq_entry");
 struct sv_header {
 	uint32_t length;                        /* @0 */ /* bytes of the whole message, header included */
 	uint16_t op;                            /* @4 */ /* the operation (table below) */
-	uint16_t flags;                         /* @6 */ /* bit 0: a reply */
+	uint16_t flags;                         /* @6 */ /* bit 0 (FLAG_REPLY): a reply; bit 1 (FLAG_TAIL_FD): the reply's tail is in the memfd passed with it; requests: 0 */
 	uint32_t seq;                           /* @8 */ /* chosen by the requester; the reply repeats it */
-	int32_t status;                         /* @12 */ /* replies: 0, or an errno (the body is then a UTF-8 message) */
+	int32_t status;                         /* @12 */ /* replies: 0, or an errno (the body is then a UTF-8 message); requests: 0 */
 };
 _Static_assert(sizeof(struct sv_header) == 16, "sv_header");
 
