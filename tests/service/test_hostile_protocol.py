@@ -11,6 +11,7 @@ error).
 from __future__ import annotations
 
 import errno
+import itertools
 import json
 import os
 import shutil
@@ -22,7 +23,19 @@ import pytest
 import rawclient as rc
 from svkit import ServiceProc
 
-from softverbs.enums import IBV_QP_STATE, IBV_QPS_ERR, IBV_QPT_RC, IBV_WC_WR_FLUSH_ERR
+from softverbs.enums import (
+    IBV_ACCESS_LOCAL_WRITE,
+    IBV_ACCESS_REMOTE_READ,
+    IBV_ACCESS_REMOTE_WRITE,
+    IBV_QP_STATE,
+    IBV_QPS_ERR,
+    IBV_QPT_RC,
+    IBV_REREG_MR_CHANGE_ACCESS,
+    IBV_WC_LOC_QP_OP_ERR,
+    IBV_WC_REM_OP_ERR,
+    IBV_WC_WR_FLUSH_ERR,
+    IBV_WR_SEND,
+)
 
 
 def _client(service: ServiceProc, **hello: object) -> rc.RawClient:
@@ -238,3 +251,72 @@ def test_cli_of_other_uid_prints_the_reason(service: ServiceProc) -> None:
         assert "serves only its own user, not uid 65534" in out.stderr, out.stderr
         assert "EPERM" in out.stderr, out.stderr
         assert "not running" not in out.stderr and "reset" not in out.stderr, out.stderr
+
+
+# --- memory keys carry an unpredictable key byte ------------------------------------------
+
+
+def test_memory_keys_carry_a_random_key_byte(service: ServiceProc) -> None:
+    """key = index << 8 | byte, the byte drawn at random: 64 regions get many
+    different bytes in no arithmetic progression (they were multiples of 0x3B)."""
+    with _client(service) as c:
+        pd = c.alloc_pd(c.open_device())
+        keys = [c.reg_mr(pd, 4096, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE)
+                for _ in range(64)]  # fmt: skip
+        assert all(k["lkey"] == k["rkey"] for k in keys)
+        indexes = [k["lkey"] >> 8 for k in keys]
+        assert len(set(indexes)) == 64, "each region has its own index"
+        key_bytes = [k["lkey"] & 0xFF for k in keys]
+        steps = {(b - a) & 0xFF for a, b in itertools.pairwise(key_bytes)}
+        assert len(steps) > 8, f"key bytes step predictably: {key_bytes}"
+        # 64 draws of 256 values: about 56 distinct; fewer than 32 has odds below 1e-12
+        assert len(set(key_bytes)) >= 32, key_bytes
+
+
+def test_rereg_changes_the_key_byte(service: ServiceProc) -> None:
+    """Every re-registration gives new keys with the same index (IBA 10.6.3.1: the
+    old keys no longer match)."""
+    with _client(service) as c:
+        pd = c.alloc_pd(c.open_device())
+        mr = c.reg_mr(pd, 4096, IBV_ACCESS_LOCAL_WRITE)
+        seen = [mr["lkey"]]
+        for access in (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ,
+                       IBV_ACCESS_LOCAL_WRITE) * 4:  # fmt: skip
+            keys = c.rereg_mr(mr["mr"], IBV_REREG_MR_CHANGE_ACCESS, access=access)
+            assert keys["lkey"] == keys["rkey"]
+            assert keys["lkey"] >> 8 == mr["lkey"] >> 8, "the index stays"
+            assert keys["lkey"] != seen[-1], f"rereg kept key {keys['lkey']:#x}"
+            seen.append(keys["lkey"])
+
+
+# --- a malformed receive WQE ---------------------------------------------------------------
+
+
+def test_receive_wqe_overflowing_its_slot_fails_loc_qp_op_err(service: ServiceProc) -> None:
+    """rings.md: a slot that does not hold a WQE the driver could have written (here:
+    a receive WQE whose SGEs overflow its 32-byte slot) runs as a WQE that fails
+    IBV_WC_LOC_QP_OP_ERR -- a malformed WQE, the QP's own error (IBA's Local QP
+    Operation Error), not a protection error -- and the QP goes to ERR."""
+    with _client(service) as c:
+        ctx = c.open_device()
+        pd = c.alloc_pd(ctx)
+        cq, cring = c.create_cq(ctx, 64)
+        a, sq, _ = c.create_qp(ctx, pd, cq, IBV_QPT_RC, max_send_wr=4, max_recv_wr=1)
+        b, _, rq = c.create_qp(ctx, pd, cq, IBV_QPT_RC, max_send_wr=1, max_recv_wr=4)
+        assert sq is not None and rq is not None and rq.slot == 32
+        gid = c.query_gid(ctx, 1)
+        c.connect_rc(a["qp"], b["qpn"], gid)
+        c.connect_rc(b["qp"], a["qpn"], gid)
+        rq.write(0, rc.RecvWQEHeader.pack(wr_id=0xBAD, num_sge=5))  # 16 + 80 > 32 bytes
+        rq.set(rc.RQ_PI, 1)
+        rq.set(rc.RQ_DB, 1)
+        c.doorbell(b["qp"], rc.DB_RQ)
+        sq.write(0, rc.SendWQEHeader.pack(wr_id=0x5E9D, opcode=IBV_WR_SEND,
+                                          flags=rc.F_SIGNALED))  # fmt: skip
+        sq.set(rc.SQ_PI, 1)
+        sq.set(rc.SQ_DB, 1)
+        c.doorbell(a["qp"], rc.DB_SQ)
+        cqes = {e["wr_id"]: e for e in rc.wait_cq(c, cring, 2)}
+        assert 0xBAD in cqes, cqes
+        assert cqes[0xBAD]["status"] == IBV_WC_LOC_QP_OP_ERR, cqes[0xBAD]
+        assert cqes[0x5E9D]["status"] == IBV_WC_REM_OP_ERR, cqes[0x5E9D]

@@ -1018,6 +1018,8 @@ class Host:
                 new_pd.users += 1
                 rec.parents[0] = new_pd
                 key.pd = new_pd.engine
+            # a new key byte on every re-registration: the old keys match no more
+            dev.hca.keys.rekey(key)
         return api.Keys(key.key, key.key)
 
     def alloc_mw(self, owner: Owner, req: api.AllocMW, res: Resources) -> api.AllocMWReply:

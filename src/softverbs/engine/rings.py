@@ -220,7 +220,7 @@ class SendWQE:
 class RecvWQE:
     """A receive-queue or SRQ entry."""
 
-    __slots__ = ("index", "length", "sges", "srq", "wr_id")
+    __slots__ = ("bad", "index", "length", "sges", "srq", "wr_id")
 
     def __init__(self, wr_id: int, sges: list[Sge], length: int) -> None:
         self.wr_id = wr_id
@@ -228,6 +228,8 @@ class RecvWQE:
         self.length = length
         self.index = 0
         self.srq: SharedRecvRing | None = None
+        #: why the slot did not hold a WQE the driver could have written ("": it did)
+        self.bad = ""
 
 
 class CQE:
@@ -591,9 +593,11 @@ class RecvSlots(PackedSlots):
         off = self.offset(index)
         wr_id, nsge, _ = RECV_HEADER.unpack_from(self.buf, off)
         if RECV_HEADER.size + nsge * SGE.size > self.slot:
-            # more SGEs than the slot holds: a WQE whose memory check fails
-            # (lkey 0 never exists), completing in error under its wr_id
-            return RecvWQE(wr_id, [(0, 1, 0)], 1)
+            # more SGEs than the slot holds: a malformed WQE, which completes
+            # with LOC_QP_OP_ERR under its wr_id (see poisoned())
+            bad = RecvWQE(wr_id, [], 0)
+            bad.bad = f"{nsge} SGEs overflow the {self.slot}-byte slot"
+            return bad
         pos = off + RECV_HEADER.size
         sges = [SGE.unpack_from(self.buf, pos + i * SGE.size) for i in range(nsge)]
         return RecvWQE(wr_id, sges, sum(s[1] for s in sges))
@@ -1005,14 +1009,18 @@ def poisoned(wqe: Any, why: str) -> Any:
     """What the device runs instead of a WQE it cannot run: for a send WQE, a
     driver WQE with no operation, which completes with ``IBV_WC_LOC_QP_OP_ERR``
     and ``why`` as its reason, in order, and moves the QP to error; for a
-    receive WQE, one that fails its memory check.  The application's ring is
-    its own business; the device goes on."""
+    receive WQE, one marked bad, which the message that takes it completes
+    with ``IBV_WC_LOC_QP_OP_ERR`` (a malformed WQE: the QP's own error, not a
+    protection one) and the QP goes to error.  The application's ring is its
+    own business; the device goes on."""
     wr_id = getattr(wqe, "wr_id", 0)
     if wqe is None or isinstance(wqe, SendWQE):
         bad = SendWQE(wr_id, WR_DRIVER1, True, [], 0)
         bad.reason = why
         return bad
-    return RecvWQE(wr_id, [(0, 1, 0)], 1)
+    rbad = RecvWQE(wr_id, [], 0)
+    rbad.bad = why
+    return rbad
 
 
 # --- construction ------------------------------------------------------------------------------
