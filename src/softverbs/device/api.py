@@ -433,6 +433,14 @@ class OpenXRCD(Record):
     reserved: U32
 
 
+#: CreateQP.sq_slot / rq_slot, CreateSRQ.slot: a slot is a multiple of 16 bytes, at
+#: least what the queue's SGEs (and inline data) need, at most this
+MAX_SLOT = 1 << 16
+
+#: DeviceEntry.kind
+DEVICE_HOST, DEVICE_UDP, DEVICE_INPROC = 0, 1, 2
+
+
 class CreateQP(Record):
     send_ops_flags: U64
     caps: QPCaps

@@ -1003,6 +1003,35 @@ C_CONSTANTS.update(
     SQ_PI=0, SQ_DB=1, SQ_STATE=2, SRQ_PI=0, SRQ_TAKEN=1, SRQ_LIMIT=2, SRQ_DISCARDED=3,
     CQ_PI=0, CQ_CI=1, CQ_ARM=2, CQ_FIRED=3, CQ_ERROR=4,
 )
+#: what each of :data:`C_CONSTANTS` is (docs/rings.md's table)
+C_CONSTANT_DOCS: dict[str, str] = {
+    "HEADER_SIZE": "bytes of a ring's header (eight 64-bit words)",
+    "WQ_NONE": "CQEntry.wq_kind: the CQE frees no slot",
+    "WQ_SQ": "CQEntry.wq_kind: it frees a slot of QP `wq_handle`'s send queue",
+    "WQ_RQ": "CQEntry.wq_kind: it frees a slot of QP `wq_handle`'s receive queue",
+    "WQ_SRQ": "CQEntry.wq_kind: it releases one WQE of SRQ `wq_handle`",
+    "F_SIGNALED": "SendWQEHeader.flags: IBV_SEND_SIGNALED",
+    "F_FENCE": "SendWQEHeader.flags: IBV_SEND_FENCE",
+    "F_SOLICITED": "SendWQEHeader.flags: IBV_SEND_SOLICITED",
+    "F_INLINE": "SendWQEHeader.flags: IBV_SEND_INLINE (`inline_len` bytes follow the header)",
+    "CQE_DEAD": "CQEntry.flags: skip this CQE (its QP was reset)",
+    "CQE_SOLICITED": "CQEntry.flags: a solicited completion",
+    "CQE_SIZE": "bytes of a CQ slot",
+    "REASON_BYTES": "bytes of CQEntry.reason",
+    "WR_DRIVER1": "SendWQEHeader.opcode IBV_WR_DRIVER1: a provider's WQE (`driver_op`)",
+    "SQ_PI": "send/receive queue header word: `pi`",
+    "SQ_DB": "send/receive queue header word: `db`",
+    "SQ_STATE": "send queue header word: the QP's state + 1 (0: not published)",
+    "SRQ_PI": "SRQ header word: `pi`",
+    "SRQ_TAKEN": "SRQ header word: `taken`",
+    "SRQ_LIMIT": "SRQ header word: `limit`",
+    "SRQ_DISCARDED": "SRQ header word: `discarded`",
+    "CQ_PI": "CQ header word: `pi`",
+    "CQ_CI": "CQ header word: `ci`",
+    "CQ_ARM": "CQ header word: `arm`",
+    "CQ_FIRED": "CQ header word: `fired`",
+    "CQ_ERROR": "CQ header word: `error`",
+}
 
 
 def poisoned(wqe: Any, why: str) -> Any:

@@ -42,18 +42,7 @@ from typing import Any
 from softverbs import config
 from softverbs.device.api import (
     BY_CODE,
-    CAPTURE_APPEND,
-    DB_RQ,
-    DB_SQ,
-    KIND_NAMES,
-    MKEY_BLOCK_SIGNATURE,
-    MKEY_CONF_ACCESS,
-    MKEY_CONF_AUTO_COPY,
-    MKEY_CONF_LAYOUT,
-    MKEY_CONF_SIG,
-    OPEN_XRCD_HAS_FD,
     OPS,
-    REG_MR_HAS_FD,
     AsyncEventRecord,
     CompEventRecord,
     DeviceEntry,
@@ -274,6 +263,80 @@ default_socket_path = config.default_socket_path
 service_disabled = config.service_disabled
 
 
+# --- constants ---------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Constant:
+    """A value of the protocol: its C name (``SV_`` + name), the field it goes in."""
+
+    name: str
+    value: int
+    field: str
+    meaning: str
+
+
+def _constants() -> tuple[Constant, ...]:
+    from softverbs.device import api
+
+    out = [
+        Constant("PROTOCOL_VERSION", PROTOCOL_VERSION, "Hello.version",
+                 "the version this page describes; HELLO with another is EPROTO"),
+        Constant("MAX_MESSAGE", MAX_MESSAGE, "Header.length", "bytes of the longest message"),
+        Constant("MAX_FDS", MAX_FDS, "SCM_RIGHTS", "descriptors one message may pass"),
+        Constant("FLAG_REPLY", FLAG_REPLY, "Header.flags", "the message is a reply"),
+        Constant("FLAG_TAIL_FD", FLAG_TAIL_FD, "Header.flags",
+                 "replies: the tail is the whole memfd passed with the reply"),
+        Constant("HELLO_MEMORY", api.HELLO_MEMORY, "Hello.flags",
+                 "the request passes the process's own /proc/self/mem"),
+        Constant("HELLO_JOIN", api.HELLO_JOIN, "Hello.flags",
+                 "join the owner `token` names (a forked child uses its parent's objects)"),
+        Constant("DESTROY_CASCADE", api.DESTROY_CASCADE, "Destroy.flags",
+                 "destroy what still uses the object first (else EBUSY)"),
+        Constant("REG_MR_HAS_FD", api.REG_MR_HAS_FD, "RegMR.flags, ReregMR.flags",
+                 "a memfd holding the region is passed; the region starts `offset` bytes in"),
+        Constant("REG_MR_IMPLICIT", api.REG_MR_IMPLICIT, "RegMR.flags",
+                 "an implicit on-demand-paging region: the whole address space"),
+        Constant("OPEN_XRCD_HAS_FD", api.OPEN_XRCD_HAS_FD, "OpenXRCD.flags",
+                 "a file naming the domain is passed (shared by every opener of it)"),
+        Constant("DB_SQ", api.DB_SQ, "Doorbell.queue", "the send queue's db moved"),
+        Constant("DB_RQ", api.DB_RQ, "Doorbell.queue", "the receive queue's db moved"),
+        Constant("CAPTURE_APPEND", api.CAPTURE_APPEND, "CaptureReq.flags",
+                 "the file already holds a pcap header"),
+        Constant("DV_SIG_PIPELINING", api.DV_SIG_PIPELINING, "CreateQP.dv_flags",
+                 "MLX5DV_QP_CREATE_SIG_PIPELINING"),
+        Constant("MKEY_BLOCK_SIGNATURE", api.MKEY_BLOCK_SIGNATURE, "CreateMkey.flags",
+                 "the mkey checks and generates block signatures"),
+        Constant("MKEY_CONF_ACCESS", api.MKEY_CONF_ACCESS, "MkeyConf.flags", "set `access`"),
+        Constant("MKEY_CONF_LAYOUT", api.MKEY_CONF_LAYOUT, "MkeyConf.flags",
+                 "the entries follow"),
+        Constant("MKEY_CONF_SIG", api.MKEY_CONF_SIG, "MkeyConf.flags",
+                 "two MkeySigDomain (memory, wire) follow the entries"),
+        Constant("MKEY_CONF_AUTO_COPY", api.MKEY_CONF_AUTO_COPY, "MkeyConf.flags",
+                 "the device works out the copy mask"),
+        Constant("MAX_SLOT", api.MAX_SLOT, "CreateQP.sq_slot/rq_slot, CreateSRQ.slot",
+                 "the largest ring slot (bytes)"),
+    ]  # fmt: skip
+    out += [Constant(f"KIND_{name.upper()}", code, "Destroy.kind, AsyncEventRecord.kind",
+                     f"object kind: {name}") for code, name in api.KIND_NAMES.items()]  # fmt: skip
+    out += [Constant(f"DEVICE_{name}", value, "DeviceEntry.kind", meaning)
+            for name, value, meaning in (
+                ("HOST", api.DEVICE_HOST, "the host device (sv0)"),
+                ("UDP", api.DEVICE_UDP, "a UDP link (softverbs link)"),
+                ("INPROC", api.DEVICE_INPROC, "in-process"))]  # fmt: skip
+    return tuple(out)
+
+
+CONSTANTS = _constants()
+
+
+def constants_markdown() -> str:
+    """The constants table of docs/service-protocol.md."""
+    lines = ["| name (C: `SV_` + name) | value | field | meaning |", "|---|---:|---|---|"]
+    lines += [f"| `{c.name}` | {c.value} | {c.field} | {c.meaning} |" for c in CONSTANTS]
+    return "\n".join(lines)
+
+
 # --- generated artefacts -------------------------------------------------------------------------
 
 #: with the records of the operations: the inline data of an mkey-configuring driver WQE
@@ -301,21 +364,8 @@ def c_header() -> str:
         " * `python -m softverbs.service.protocol --c-header`; do not edit. */",
         "#ifndef SOFTVERBS_PROTOCOL_H", "#define SOFTVERBS_PROTOCOL_H", "",
         "#include <stdint.h>", "",
-        f"#define SV_PROTOCOL_VERSION {PROTOCOL_VERSION}",
-        f"#define SV_MAX_MESSAGE {MAX_MESSAGE}",
-        f"#define SV_MAX_FDS {MAX_FDS}",
-        f"#define SV_FLAG_REPLY {FLAG_REPLY}",
-        f"#define SV_REG_MR_HAS_FD {REG_MR_HAS_FD}",
-        f"#define SV_OPEN_XRCD_HAS_FD {OPEN_XRCD_HAS_FD}",
-        f"#define SV_DB_SQ {DB_SQ}", f"#define SV_DB_RQ {DB_RQ}",
-        f"#define SV_CAPTURE_APPEND {CAPTURE_APPEND}",
-        f"#define SV_MKEY_BLOCK_SIGNATURE {MKEY_BLOCK_SIGNATURE}",
-        f"#define SV_MKEY_CONF_ACCESS {MKEY_CONF_ACCESS}",
-        f"#define SV_MKEY_CONF_LAYOUT {MKEY_CONF_LAYOUT}",
-        f"#define SV_MKEY_CONF_SIG {MKEY_CONF_SIG}",
-        f"#define SV_MKEY_CONF_AUTO_COPY {MKEY_CONF_AUTO_COPY}", "",
     ]  # fmt: skip
-    out += [f"#define SV_KIND_{name.upper()} {code}" for code, name in KIND_NAMES.items()]
+    out += [f"#define SV_{c.name} {c.value}" for c in CONSTANTS]
     out.append("")
     out += [f"#define SV_OP_{op.name} {op.code}" for op in OPS]
     out += ["", "/* rings (docs/rings.md) */"]
@@ -342,6 +392,16 @@ def markdown() -> str:
     return "\n".join(lines)
 
 
+def rings_constants_markdown() -> str:
+    """The constants table of docs/rings.md."""
+    from softverbs.engine import rings
+
+    lines = ["| name (C: `SV_RING_` + name) | value | meaning |", "|---|---:|---|"]
+    for name, value in rings.C_CONSTANTS.items():
+        lines.append(f"| `{name}` | {value} | {rings.C_CONSTANT_DOCS[name]} |")
+    return "\n".join(lines)
+
+
 def rings_markdown() -> str:
     """The ring entry tables of docs/rings.md."""
     from softverbs.engine import rings
@@ -358,6 +418,11 @@ GENERATED = {
     "docs/service-protocol.md": ("protocol", markdown),
     "docs/rings.md": ("rings", rings_markdown),
 }
+#: more blocks: (file, block name, generator)
+GENERATED_MORE = (
+    ("docs/service-protocol.md", "constants", constants_markdown),
+    ("docs/rings.md", "ring-constants", lambda: rings_constants_markdown()),
+)
 C_HEADER = "src/softverbs/native/include/softverbs/protocol.h"
 
 
@@ -373,7 +438,8 @@ def update(root: str) -> list[str]:
     """Rewrite the generated docs blocks and the C header under ``root``; the
     files that changed."""
     changed = []
-    for rel, (name, make) in GENERATED.items():
+    blocks = [(rel, name, make) for rel, (name, make) in GENERATED.items()] + list(GENERATED_MORE)
+    for rel, name, make in blocks:
         path = os.path.join(root, rel)
         with open(path) as f:
             old = f.read()

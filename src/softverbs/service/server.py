@@ -88,7 +88,7 @@ MAX_BACKLOG = 4096
 #: messages read from one client before the loop serves the others
 READ_BATCH = 64
 #: the largest ring slot a client may ask for
-MAX_SLOT = 1 << 16
+MAX_SLOT = api.MAX_SLOT
 #: the largest memory region a client may pass as a memfd
 MAX_MAPPED = 1 << 40
 #: RDMA CM event channels (sockets) one process may register

@@ -285,7 +285,7 @@ static int connect_locked(void)
 	int mem = open("/proc/self/mem", O_RDWR | O_CLOEXEC);
 	struct sv_hello hello = {.version = SV_PROTOCOL_VERSION, .pid = (uint32_t)getpid()};
 	if (mem >= 0)
-		hello.flags = 1;	/* HELLO_MEMORY */
+		hello.flags = SV_HELLO_MEMORY;
 	struct sv_hello_reply rep;
 	err = exchange(SV_OP_HELLO, &hello, sizeof(hello), &mem, mem >= 0 ? 1 : 0, &rep,
 		       sizeof(rep), NULL, NULL);
