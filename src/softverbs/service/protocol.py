@@ -25,8 +25,15 @@ decoder, the Python client's encoder, ``softverbs/native/include/softverbs/proto
 Requests carry ``seq``; the reply carries the same ``seq`` and ``status``
 0 with the reply body, or ``status`` = an errno and a UTF-8 message as its
 body.  ``DOORBELL`` has no reply.  A message that is not a softverbs message
-(too short, wrong length, unknown operation, before ``HELLO``) is answered
-with ``EPROTO`` and the connection is closed.
+(too short, wrong length, a body longer or shorter than its record, unknown
+flags, a request with a status, unknown operation, before ``HELLO``) is
+answered with ``EPROTO`` and the connection is closed.
+
+A reply is never refused for its size: one whose tail does not fit a
+message carries the tail in a sealed memfd passed with it
+(:data:`FLAG_TAIL_FD`, :func:`encode_reply`, :func:`read_tail_fd`) -- one
+copy into a file the client reads once, paid only by the administrative
+replies that grow with the number of objects (``STATUS``).
 """
 
 from __future__ import annotations
