@@ -641,7 +641,7 @@ class RawClient:
             IBV_QP_SQ_PSN,
             IBV_QP_STATE,
             IBV_QP_TIMEOUT,
-            IBV_QPS_INIT,  # fmt: skip
+            IBV_QPS_INIT,
             IBV_QPS_RTR,
             IBV_QPS_RTS,
         )
@@ -679,11 +679,21 @@ class RawClient:
             if own:
                 os.close(fd)
 
-    def rereg_mr(self, mr: int, change: int, *, access: int = 0, pd: int = 0) -> dict[str, Any]:
-        """REREG_MR without a new translation (``change``: IBV_REREG_MR_CHANGE_* bits):
-        the new keys."""
-        body = ReregMR.pack(mr=mr, change=change, pd=pd, access=access)
-        return self.call(REREG_MR, body).body(Keys)
+    def rereg_mr(self, mr: int, change: int, *, access: int = 0, pd: int = 0, addr: int = 0,
+                 length: int = 0, memfd: int | None = None) -> dict[str, Any]:  # fmt: skip
+        """REREG_MR (``change``: IBV_REREG_MR_CHANGE_* bits); with ``memfd``, the new
+        translation is ``length`` bytes of it at offset 0, mapped at ``addr``.  The keys."""
+        body = ReregMR.pack(
+            mr=mr,
+            change=change,
+            pd=pd,
+            access=access,
+            addr=addr,
+            length=length,
+            flags=REG_MR_HAS_FD if memfd is not None else 0,
+        )
+        fds = [memfd] if memfd is not None else []
+        return self.call(REREG_MR, body, fds).body(Keys)
 
     def status(self) -> dict[str, Any]:
         """STATUS, as the JSON document its reply carries."""

@@ -4,7 +4,7 @@ Every memory region (MR) and memory window (MW) is a :class:`MemKey` in the
 device's :class:`KeyTable`.  A key is 32 bits, as on ConnectX: a 24-bit table
 index and an 8-bit *key byte* (``key = index << 8 | byte``).  The device draws
 the byte at random when it registers a region or allocates a window, and draws
-a different one when a region is re-registered; a window's bind carries the
+a different one when a region is re-registered onto new memory; a window's bind carries the
 byte the driver chose (``ibv_inc_rkey`` for a type 1 bind, the application's
 for a type 2 bind, IBA 10.6.7).  So a stale key never matches, and a key of
 another process's region cannot be guessed from its neighbours' (a guessable
