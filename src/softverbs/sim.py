@@ -17,6 +17,10 @@ and the same faults give the same packets, at the same virtual times.
 
 Each simulated device has one address (10.0.0.N), so its GID table is
 ``[fe80::..., ::ffff:10.0.0.N]`` like any rxe device: use GID index 1.
+
+Memory keys carry a random key byte (engine/memory.py); in a simulation the
+bytes come from ``seed`` (else the faults' seed, else 0), so the same seed
+gives the same lkeys and rkeys.
 """
 
 from __future__ import annotations
@@ -39,8 +43,14 @@ class Simulation:
         *,
         faults: str | FaultInjector | None = None,
         mtu: int = 4096,
+        seed: int | None = None,
     ) -> None:
         self.clock = VirtualClock()
+        if isinstance(faults, str):
+            faults = parse_faults(faults)
+        #: what the simulation's randomness comes from (memory key bytes): ``seed``,
+        #: else the faults' seed, else 0 -- a simulation is reproducible
+        self.seed = seed if seed is not None else (faults.seed if faults is not None else 0)
         specs = [
             registry.DeviceSpec(
                 name=name,
@@ -51,10 +61,8 @@ class Simulation:
             )
             for i, name in enumerate(devices)
         ]
-        self.registry = registry.Registry(specs, clock=self.clock)
+        self.registry = registry.Registry(specs, clock=self.clock, key_seed=self.seed)
         self.runtime: InprocRuntime = self.registry.inproc_runtime()
-        if isinstance(faults, str):
-            faults = parse_faults(faults)
         if faults is not None:
             self.runtime.faults = faults
 

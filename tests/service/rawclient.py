@@ -47,6 +47,7 @@ MAX_MESSAGE = 65536
 MAX_FDS = 4
 PROTOCOL_VERSION = 2
 FLAG_REPLY = 1  # Header.flags bit 0
+FLAG_TAIL_FD = 2  # Header.flags bit 1 (replies): the tail is the memfd passed with the reply
 
 # --- operation codes (the operations table) ----------------------------------------------
 
@@ -265,6 +266,8 @@ QPAttrs = Rec(
 ModifyQP = Rec("ModifyQP", [("attr", QPAttrs), *_u32("qp", "mask")])
 ModifyQPReply = Rec("ModifyQPReply", _u32("state", "reserved"))
 Doorbell = Rec("Doorbell", _u32("qp", "queue"))
+QueryGid = Rec("QueryGid", _u32("ctx", "port", "index", "reserved"))
+QueryGidReply = Rec("QueryGidReply", [("gid", "16s"), *_u32("gid_type", "ifindex")])
 AsyncEventRecord = Rec("AsyncEventRecord", _u32("event_type", "kind", "handle", "qpn"))
 CompEventRecord = Rec("CompEventRecord", _u32("cq", "reserved"))
 
@@ -308,6 +311,13 @@ CQEntry = Rec(
         ("reason", "72s"),
     ],
 )
+SendWQEHeader = Rec("SendWQEHeader", [("wr_id", "Q"), ("opcode", "B"), ("flags", "B"),
+    ("num_sge", "H"), *_u32("inline_len", "imm_data", "invalidate_rkey", "rkey",
+    "remote_srqn"), ("remote_addr", "Q"), ("compare_add", "Q"), ("swap", "Q"), *_u32(
+    "ah", "remote_qpn", "remote_qkey", "bind_mw", "bind_mr", "bind_rkey"), ("bind_addr", "Q"),
+    ("bind_length", "Q"), *_u32("bind_access", "driver_op"), ("caller", "Q"),
+    ("reserved0", "Q"), ("reserved1", "Q")])  # fmt: skip
+F_SIGNALED, F_FENCE, F_SOLICITED, F_INLINE = 1, 2, 4, 8  # SendWQEHeader.flags
 CQE_SIZE = 128
 # header words
 SQ_PI, SQ_DB, SQ_STATE = 0, 1, 2
@@ -407,6 +417,15 @@ class Reply:
         return rec.unpack(self.payload)
 
     def tail(self, rec: Rec) -> bytes:
+        """What follows the body ``rec``: in the message, or (FLAG_TAIL_FD) the
+        whole memfd passed with it (which is then closed)."""
+        if self.flags & FLAG_TAIL_FD:
+            assert len(self.fds) == 1, f"FLAG_TAIL_FD with {len(self.fds)} descriptors"
+            fd = self.fds.pop()
+            try:
+                return os.pread(fd, os.fstat(fd).st_size, 0)
+            finally:
+                os.close(fd)
         return self.payload[rec.size :]
 
 
@@ -612,6 +631,48 @@ class RawClient:
         body = ModifyQP.pack(attr=attr, qp=qp, mask=mask)
         return int(self.call(MODIFY_QP, body).body(ModifyQPReply)["state"])
 
+    def query_gid(self, ctx: int, index: int, port: int = 1) -> bytes:
+        r = self.call(QUERY_GID, QueryGid.pack(ctx=ctx, port=port, index=index))
+        return bytes(r.body(QueryGidReply)["gid"])
+
+    def connect_rc(self, qp: int, remote_qpn: int, dgid: bytes, sgid_index: int = 1,
+                   access: int = 0) -> None:  # fmt: skip
+        """RESET -> INIT -> RTR -> RTS toward ``remote_qpn`` at ``dgid`` (rdma-core masks)."""
+        from softverbs.enums import (
+            IBV_MTU_1024,
+            IBV_QP_ACCESS_FLAGS,
+            IBV_QP_AV,
+            IBV_QP_DEST_QPN,
+            IBV_QP_MAX_DEST_RD_ATOMIC,
+            IBV_QP_MAX_QP_RD_ATOMIC,
+            IBV_QP_MIN_RNR_TIMER,
+            IBV_QP_PATH_MTU,
+            IBV_QP_PKEY_INDEX,
+            IBV_QP_PORT,
+            IBV_QP_RETRY_CNT,
+            IBV_QP_RNR_RETRY,
+            IBV_QP_RQ_PSN,
+            IBV_QP_SQ_PSN,
+            IBV_QP_STATE,
+            IBV_QP_TIMEOUT,
+            IBV_QPS_INIT,
+            IBV_QPS_RTR,
+            IBV_QPS_RTS,
+        )
+
+        self.modify_qp(qp, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS,
+                       qp_state=IBV_QPS_INIT, port_num=1, qp_access_flags=access)  # fmt: skip
+        av = {"dgid": dgid, "is_global": 1, "port_num": 1, "sgid_index": sgid_index,
+              "hop_limit": 64}  # fmt: skip
+        self.modify_qp(qp, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN
+                       | IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER,
+                       qp_state=IBV_QPS_RTR, ah=av, path_mtu=IBV_MTU_1024,
+                       dest_qp_num=remote_qpn, max_dest_rd_atomic=1,
+                       min_rnr_timer=1)  # fmt: skip
+        self.modify_qp(qp, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY
+                       | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC, qp_state=IBV_QPS_RTS,
+                       timeout=14, retry_cnt=7, rnr_retry=7, max_rd_atomic=1)  # fmt: skip
+
     def doorbell(self, qp: int, queue: int) -> None:
         self.send(DOORBELL, Doorbell.pack(qp=qp, queue=queue))
 
@@ -630,11 +691,41 @@ class RawClient:
             if own:
                 os.close(fd)
 
+    def rereg_mr(self, mr: int, change: int, *, access: int = 0, pd: int = 0, addr: int = 0,
+                 length: int = 0, memfd: int | None = None) -> dict[str, Any]:  # fmt: skip
+        """REREG_MR (``change``: IBV_REREG_MR_CHANGE_* bits); with ``memfd``, the new
+        translation is ``length`` bytes of it at offset 0, mapped at ``addr``.  The keys."""
+        body = ReregMR.pack(
+            mr=mr,
+            change=change,
+            pd=pd,
+            access=access,
+            addr=addr,
+            length=length,
+            flags=REG_MR_HAS_FD if memfd is not None else 0,
+        )
+        fds = [memfd] if memfd is not None else []
+        return self.call(REREG_MR, body, fds).body(Keys)
+
     def status(self) -> dict[str, Any]:
         """STATUS, as the JSON document its reply carries."""
         r = self.call(STATUS)
         doc: dict[str, Any] = json.loads(r.tail(Empty))
         return doc
+
+
+def wait_cq(client: RawClient, ring: Ring, n: int, timeout: float = 10.0) -> list[dict[str, Any]]:
+    """Poll until ``n`` CQEs came (round trips to the service between polls)."""
+    import time
+
+    got: list[dict[str, Any]] = []
+    deadline = time.monotonic() + timeout
+    while len(got) < n and time.monotonic() < deadline:
+        got += poll_cq(ring)
+        if len(got) < n:
+            client.call(LIST_DEVICES)  # lets the service run its engine a turn
+            time.sleep(0.01)
+    return got
 
 
 def poll_cq(ring: Ring) -> list[dict[str, Any]]:

@@ -9,6 +9,7 @@ domain is ``[block][field(block, j)]...`` plus an unsigned tail.
 
 from __future__ import annotations
 
+import functools
 import random
 
 import pytest
@@ -54,7 +55,7 @@ class Rig:
     scrambled slices (so every transfer also crosses layout pieces)."""
 
     def __init__(self, mem_len: int, sig: SigBlock | None, pieces: int = 3, seed: int = 0):
-        self.keys = KeyTable()
+        self.keys = KeyTable(functools.partial(random.Random(0).getrandbits, 8))
         self.pd = object()
         self.buf = bytearray(mem_len + 64)
         self.mr = self.keys.register(MemKind.MR, self.pd, memoryview(self.buf), ADDR, RW)
@@ -273,7 +274,7 @@ def test_writer_restarts_from_zero() -> None:
 
 def test_plain_layouts() -> None:
     """Without a signature a key is a layout: list or interleaved (the man page's example)."""
-    keys = KeyTable()
+    keys = KeyTable(functools.partial(random.Random(0).getrandbits, 8))
     pd = object()
     b1, b2 = bytearray(2048), bytearray(64)
     mr1 = keys.register(MemKind.MR, pd, memoryview(b1), 0x1000, RW | IBV_ACCESS_REMOTE_ATOMIC)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,20 @@ def test_docs_blocks_are_current(rel: str) -> None:
     assert protocol.refreshed(text, name, make()) == text, (
         f"{rel} is stale: run python -m softverbs.service.protocol --update ."
     )
+
+
+@pytest.mark.parametrize(("rel", "name", "make"), protocol.GENERATED_MORE)
+def test_more_docs_blocks_are_current(rel: str, name: str, make: Callable[[], str]) -> None:
+    text = (ROOT / rel).read_text()
+    assert protocol.refreshed(text, name, make()) == text, (
+        f"{rel} ({name}) is stale: run python -m softverbs.service.protocol --update ."
+    )
+
+
+def test_every_ring_constant_is_documented() -> None:
+    from softverbs.engine import rings
+
+    assert set(rings.C_CONSTANT_DOCS) == set(rings.C_CONSTANTS)
 
 
 def test_c_header_is_current() -> None:

@@ -10,7 +10,9 @@ next drain longer still -- until a 64 MiB WRITE failed with RETRY_EXC_ERR.
 
 from __future__ import annotations
 
+import functools
 import os
+import random
 import socket
 import time
 from typing import Any
@@ -40,7 +42,7 @@ def test_every_datagram_gets_its_own_time() -> None:
     local, peer = f"127.{x}.9.1", f"127.{x}.9.2"
     rt = UdpRuntime(explicit_addresses([local]), TickingClock())
     seen: list[float] = []
-    hca = HCA("drain", rt.gids)
+    hca = HCA("drain", rt.gids, functools.partial(random.Random(0).getrandbits, 8))
 
     def receive(pkt: Packet, now: float) -> None:
         seen.append(now)

@@ -11,8 +11,10 @@ are delivered.  ``SOFTVERBS_UDP_GSO=0`` is the datagram-at-a-time path.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
+import random
 import socket
 import time
 from collections.abc import Iterator
@@ -467,7 +469,7 @@ def test_the_window_is_what_the_receive_buffer_holds() -> None:
     from softverbs.engine.core import DEFAULT_WINDOW, MIN_WINDOW
     from softverbs.engine.hca import HCA
 
-    hca = HCA("t", [bytes(16)])
+    hca = HCA("t", [bytes(16)], functools.partial(random.Random(0).getrandbits, 8))
     assert hca.window_for(4096) == DEFAULT_WINDOW  # in process: nothing buffered
     hca.rx_buffer = 425984  # what SO_RCVBUF grants under Linux's default rmem_max
     usable = 425984 * 3 // 4  # a quarter may be charged for datagrams already read

@@ -79,12 +79,16 @@ def add_common(parser: argparse.ArgumentParser) -> None:
 
 
 def fetch(socket: str | None) -> dict[str, Any] | None:
-    """The service's STATUS, or None (said on stderr) if it is not running."""
-    from softverbs.cli.service import fetch_status
+    """The service's STATUS, or None (said on stderr) if it is not running;
+    UserError (the real reason) if it runs but did not answer."""
+    from softverbs.cli.service import ServiceError, fetch_status
     from softverbs.service import protocol
 
     path = os.path.abspath(socket or protocol.default_socket_path())
-    status = fetch_status(path)
+    try:
+        status = fetch_status(path)
+    except ServiceError as exc:
+        raise UserError(str(exc)) from None
     if status is None:
         print(f"softverbs: softverbsd is not running on {path}, so no process holds resources "
               "on the host device (in-process devices are their process's own)",

@@ -100,17 +100,26 @@ def _locked_pid(path: str) -> int | None:
     return None
 
 
+class ServiceError(Exception):
+    """A service listens on the socket but the exchange failed (it refused
+    this user, or answered with an error): the message says what happened."""
+
+
 def fetch_status(path: str) -> dict[str, Any] | None:
     """The service's STATUS -- its clients, their objects, its counters -- if it
-    answers on ``path``, else None; never starts it.  `softverbs res` and
+    answers on ``path``; None if nothing listens there (no socket, or a socket
+    nobody accepts on); never starts it.  ServiceError for anything else: a
+    running service is never reported as not running.  `softverbs res` and
     `softverbs stat qp` read the same."""
     from softverbs.errors import PyverbsRDMAError
     from softverbs.service.client import Connection
 
     try:
         conn = Connection(path, spawn=False)
-    except PyverbsRDMAError:
-        return None
+    except PyverbsRDMAError as exc:
+        if exc.error_code == errno.ECONNREFUSED:
+            return None
+        raise ServiceError(f"softverbsd on {path}: {_reason(exc)}") from None
     try:
         from softverbs.device import api
 
@@ -118,10 +127,20 @@ def fetch_status(path: str) -> dict[str, Any] | None:
         stats: dict[str, Any] = json.loads(tail)
         stats.setdefault("pid", conn.service_pid)
         return stats
-    except PyverbsRDMAError:
-        return None
+    except PyverbsRDMAError as exc:
+        raise ServiceError(f"softverbsd on {path} (pid {conn.service_pid}) did not give its "
+                           f"status: {_reason(exc)}") from None  # fmt: skip
+    except ValueError as exc:
+        raise ServiceError(f"softverbsd on {path} sent a status that is not JSON: {exc}") from None
     finally:
         conn.close()
+
+
+def _reason(exc: Exception) -> str:
+    """An error's message with its errno name (pyverbs' '. Errno: N, text' dropped)."""
+    code = getattr(exc, "error_code", 0)
+    text = str(exc).split(". Errno:")[0]
+    return f"{text} ({errno.errorcode.get(code, code)})" if code else text
 
 
 def _alive(pid: int) -> bool:
@@ -162,7 +181,11 @@ def _remove_leftovers(path: str) -> None:
 def _start(path: str, foreground: bool, verbose: bool) -> int:
     pid = _locked_pid(path)
     if pid is None:
-        stats = fetch_status(path)
+        try:
+            stats = fetch_status(path)
+        except ServiceError as exc:
+            _say(f"a service already answers on {path}: {exc}")
+            return 1
         pid = int(stats["pid"]) if stats else None
     if pid is not None:
         _say(f"softverbsd is already running on {path} (pid {pid}); "
@@ -186,7 +209,11 @@ def _start(path: str, foreground: bool, verbose: bool) -> int:
         if rc is not None:
             _say(f"softverbsd exited with status {rc}: {_last_line(log_path)}")
             return 1
-        stats = fetch_status(path) if os.path.exists(path) else None
+        try:
+            stats = fetch_status(path) if os.path.exists(path) else None
+        except ServiceError as exc:
+            _say(f"softverbsd (pid {child.pid}) started but {exc}")
+            return 1
         if stats is not None:
             print(f"softverbsd started on {path} (pid {stats['pid']}), log in {log_path}")
             return 0
@@ -211,7 +238,11 @@ def _last_line(log_path: str) -> str:
 def _stop(path: str, timeout: float) -> int:
     pid = _locked_pid(path)
     if pid is None:
-        stats = fetch_status(path)
+        try:
+            stats = fetch_status(path)
+        except ServiceError as exc:
+            _say(f"cannot stop it: {exc}")
+            return 1
         pid = int(stats["pid"]) if stats else None
     if pid is None or pid < 0:
         stale = os.path.exists(path) or os.path.exists(_pidfile(path))
@@ -254,7 +285,11 @@ def _wait_gone(pid: int, path: str, timeout: float) -> bool:
 
 
 def _status(path: str, as_json: bool) -> int:
-    stats = fetch_status(path)
+    try:
+        stats = fetch_status(path)
+    except ServiceError as exc:
+        _say(str(exc))
+        return 1
     if stats is None:
         _say(f"softverbsd is not running on {path}")
         return 1

@@ -217,6 +217,9 @@ class Op(Generic[Req, Rep]):
     fds: str = ""  #: what descriptors the request passes, in words
     tail: str = ""  #: what follows the reply body, if anything
     doc: str = ""
+    #: the request may carry a tail after its record; every other request is
+    #: exactly its record (a longer one is EPROTO)
+    request_tail: bool = False
 
 
 class Empty(Record):
@@ -428,6 +431,14 @@ class OpenXRCD(Record):
     oflags: U32
     flags: U32
     reserved: U32
+
+
+#: CreateQP.sq_slot / rq_slot, CreateSRQ.slot: a slot is a multiple of 16 bytes, at
+#: least what the queue's SGEs (and inline data) need, at most this
+MAX_SLOT = 1 << 16
+
+#: DeviceEntry.kind
+DEVICE_HOST, DEVICE_UDP, DEVICE_INPROC = 0, 1, 2
 
 
 class CreateQP(Record):
@@ -686,6 +697,7 @@ CAPTURE = Op(
 FAULTS = Op(
     43, "FAULTS", Ctx, Empty, tail="request: the rules, as SOFTVERBS_FAULTS (empty: none)",
     doc="seeded faults on the packets this process's QPs send on the context's device",
+    request_tail=True,
 )
 class CreateMkey(Record):
     pd: U32
@@ -785,10 +797,12 @@ SANITIZE = Op(
     47, "SANITIZE", Empty, Empty, "the program's stderr, where reports go",
     tail="request: the options, as SOFTVERBS_SANITIZE",
     doc="turn the verbs sanitizer on for this process (docs/sanitizer.md)",
+    request_tail=True,
 )
 CM = Op(
     50, "CM", Empty, Empty, tail="JSON: {cmd, args} -> {result}",
     doc="an RDMA CM command for the service's CM agent (docs/service-protocol.md, The RDMA CM)",
+    request_tail=True,
 )
 CM_EVENTS = Op(
     51, "CM_EVENTS", Handle, Empty, "an event channel's socket (SOCK_SEQPACKET)",

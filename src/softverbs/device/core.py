@@ -1025,6 +1025,12 @@ class Host:
                 new_pd.users += 1
                 rec.parents[0] = new_pd
                 key.pd = new_pd.engine
+            if change & IBV_REREG_MR_CHANGE_TRANSLATION:
+                # new memory behind the region: a new key byte, so a peer holding
+                # the old rkey never reaches it.  An access or PD change keeps the
+                # keys, as on mlx5 (UMR) and rxe, and as rdma-core's tests expect
+                # (test_mr_rereg_access uses the rkey exchanged before).
+                dev.hca.keys.rekey(key)
         return api.Keys(key.key, key.key)
 
     def alloc_mw(self, owner: Owner, req: api.AllocMW, res: Resources) -> api.AllocMWReply:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 from softverbs.engine.core import DEFAULT_WINDOW, MIN_WINDOW, QPCore
-from softverbs.engine.memory import KeyTable
+from softverbs.engine.memory import KeyByteSource, KeyTable
 from softverbs.engine.observe import Observer
 from softverbs.engine.rings import CompletionRing, SharedRecvRing
 from softverbs.enums import IBV_EVENT_CQ_ERR, IBV_EVENT_QP_FATAL
@@ -55,11 +55,12 @@ class XrcDomain:
 class HCA:
     """One device's engine state (see the module docstring)."""
 
-    def __init__(self, name: str, gids: list[bytes]) -> None:
+    def __init__(self, name: str, gids: list[bytes], key_byte: KeyByteSource) -> None:
         self.name = name
         self.gids = gids
         self.counters: Counter[str] = Counter()
-        self.keys = KeyTable(self.counters)
+        #: memory keys; ``key_byte`` draws their random key bytes (engine/memory.py)
+        self.keys = KeyTable(key_byte, self.counters)
         self._outbox: deque[Packet] = deque()
         #: responders with a coalesced ACK to send (see :attr:`outbox`)
         self._acks: list[QPEngine] = []

@@ -1,9 +1,18 @@
 """Memory keys: the only way the engine touches memory.
 
 Every memory region (MR) and memory window (MW) is a :class:`MemKey` in the
-device's :class:`KeyTable`.  A key is 32 bits: a 24-bit table index and an
-8-bit "key byte" that changes when a window is re-bound or a key is
-re-registered, so a stale key never matches (IBA 10.6.3).
+device's :class:`KeyTable`.  A key is 32 bits, as on ConnectX: a 24-bit table
+index and an 8-bit *key byte* (``key = index << 8 | byte``).  The device draws
+the byte at random when it registers a region or allocates a window, and draws
+a different one when a region is re-registered onto new memory; a window's bind carries the
+byte the driver chose (``ibv_inc_rkey`` for a type 1 bind, the application's
+for a type 2 bind, IBA 10.6.7).  So a stale key never matches, and a key of
+another process's region cannot be guessed from its neighbours' (a guessable
+rkey would let any host that can send RoCE packets to the device write into
+memory).  The random bytes come from a source the device injects (the engine
+does no I/O and imports no randomness): an ``os.urandom``-seeded generator,
+or in a :class:`~softverbs.sim.Simulation` one seeded from the simulation's
+seed, so a seeded run stays reproducible.
 
 The engine asks two questions, and gets either a ``memoryview`` of exactly
 the requested bytes or a short string saying why not:
@@ -35,6 +44,10 @@ from softverbs.enums import (
 KEY_INDEX_SHIFT = 8
 KEY_BYTE_MASK = 0xFF
 MAX_KEYS = 1 << 24
+
+#: Where key bytes come from: each call returns a random integer (its low 8 bits
+#: are used).  Injected by whoever builds the device.
+KeyByteSource = Callable[[], int]
 
 # Plain ints for the checks made on every access (IntFlag arithmetic builds an
 # enum member per operation).
@@ -160,14 +173,14 @@ class MemKey:
 class KeyTable:
     """All keys of one device, by index."""
 
-    def __init__(self, counters: Counter[str] | None = None) -> None:
+    def __init__(self, key_byte: KeyByteSource, counters: Counter[str] | None = None) -> None:
         #: the device's counters (``mr_unmapped``)
         self.counters: Counter[str] = Counter() if counters is None else counters
         #: told of each key whose memory was found unmapped (the sanitizer's mr-unmapped)
         self.on_unmapped: Callable[[MemKey, str], None] | None = None
         self._keys: dict[int, MemKey] = {}
         self._next_index = 1
-        self._seed = 0
+        self._key_byte = key_byte
         #: data integrity (signature) errors seen by transforming keys; a requester
         #: whose data movement raised it knows that WQE failed its check
         self.integrity_errors = 0
@@ -194,10 +207,8 @@ class KeyTable:
     ) -> MemKey:
         """Add a region (``view`` of real memory at ``addr``) or an unbound window."""
         index = self._alloc_index()
-        # Vary the key byte so that keys of different objects rarely collide
-        # even when indexes are reused.
-        self._seed = (self._seed + 0x3B) & KEY_BYTE_MASK
-        mk = MemKey(kind, (index << KEY_INDEX_SHIFT) | self._seed, pd, owner)
+        mk = MemKey(kind, (index << KEY_INDEX_SHIFT) | (self._key_byte() & KEY_BYTE_MASK), pd,
+                    owner)  # fmt: skip
         if view is not None:
             mk.view = view
             mk.length = len(view)
@@ -218,6 +229,15 @@ class KeyTable:
         mk.resolver = resolver
         mk.length = 1 << 64
         return mk
+
+    def rekey(self, mk: MemKey) -> int:
+        """A new key byte for ``mk`` (re-registration): same index, another byte,
+        so the old key no longer matches.  The new key."""
+        byte = self._key_byte() & KEY_BYTE_MASK
+        if byte == mk.key & KEY_BYTE_MASK:
+            byte = (byte + 1) & KEY_BYTE_MASK
+        mk.key = (mk.key & ~KEY_BYTE_MASK) | byte
+        return mk.key
 
     def unregister(self, mk: MemKey) -> None:
         mk.valid = False
@@ -315,11 +335,10 @@ class KeyTable:
             mr.access & LOCAL_WRITE
         ):
             return "remote write/atomic rights need a region with IBV_ACCESS_LOCAL_WRITE"
-        if mw.kind is MemKind.MW2:
-            if mw.valid:
-                return "a type 2 window must be invalidated before it is bound again"
-            if (new_key >> KEY_INDEX_SHIFT) != (mw.key >> KEY_INDEX_SHIFT):
-                return "a bind may change only the key byte of the window's rkey"
+        if mw.kind is MemKind.MW2 and mw.valid:
+            return "a type 2 window must be invalidated before it is bound again"
+        if (new_key >> KEY_INDEX_SHIFT) != (mw.key >> KEY_INDEX_SHIFT):
+            return "a bind may change only the key byte of the window's rkey"
         view = mr.slice(addr, length)
         if isinstance(view, str):
             return view

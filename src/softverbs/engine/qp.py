@@ -119,7 +119,7 @@ class QPEngine(QPCore):
             if obs is not None:
                 obs.doorbell(self, RQ, self.rq.db)
         if self.state == IBV_QPS_ERR:
-            self.resp.flush()
+            self.resp.flush(fetch=False)  # the latch above fetched this doorbell's WQEs
 
     def handle_timer(self, now: float) -> None:
         self.comp.handle_timer(now)

@@ -53,6 +53,7 @@ from softverbs.enums import (
     IBV_WC_GRH,
     IBV_WC_LOC_LEN_ERR,
     IBV_WC_LOC_PROT_ERR,
+    IBV_WC_LOC_QP_OP_ERR,
     IBV_WC_RECV,
     IBV_WC_RECV_RDMA_WITH_IMM,
     IBV_WC_REM_INV_REQ_ERR,
@@ -353,6 +354,9 @@ class Responder:
         return qp.pd
 
     def _rqe_views(self, rqe: RecvWQE, pd: object) -> list[memoryview] | str:
+        """Where the message goes, or why it cannot (see :meth:`_rqe_status`)."""
+        if rqe.bad:
+            return f"a malformed receive WQE: {rqe.bad}"
         views: list[memoryview] = []
         keys = self.qp.hca.keys
         for addr, length, lkey in rqe.sges:
@@ -411,7 +415,7 @@ class Responder:
         views = self._rqe_views(rqe, self._rqe_pd(pkt))
         if isinstance(views, str):
             self.rqe = rqe
-            self._fail(pkt, NAK_REMOTE_OPERATIONAL_ERROR, now, views, IBV_WC_LOC_PROT_ERR)
+            self._fail(pkt, NAK_REMOTE_OPERATIONAL_ERROR, now, views, _rqe_status(rqe))
             return False
         self.rqe = rqe
         self.views = views
@@ -646,7 +650,7 @@ class Responder:
         total = _GRH_LEN + len(payload)
         views = self._rqe_views(rqe, qp.pd)
         if isinstance(views, str):
-            self._complete_rqe(rqe, IBV_WC_LOC_PROT_ERR, 0, reason=views)
+            self._complete_rqe(rqe, _rqe_status(rqe), 0, reason=views)
             qp.to_error(now)
             return
         if total > rqe.length:
@@ -668,9 +672,11 @@ class Responder:
                            src_qp=pkt.src_qp, solicited=pkt.se)  # fmt: skip
 
     # --- flushing -------------------------------------------------------------------------
-    def flush(self) -> None:
+    def flush(self, fetch: bool = True) -> None:
         """Complete the receive WQE in progress and every fetched one with
-        WR_FLUSH_ERR, in order (ERR)."""
+        WR_FLUSH_ERR, in order (ERR).  With ``fetch``, first read the doorbell
+        record (entering ERR); a doorbell has fetched already, and one doorbell
+        fetches -- so flushes -- at most one ring's worth (docs/rings.md)."""
         qp = self.qp
         rqe = self.rqe
         self.rqe = None
@@ -683,7 +689,8 @@ class Responder:
             return
         # Receive WQEs posted without a doorbell message (docs/rings.md) are
         # flushed too: read the doorbell record, as a NIC entering ERR does.
-        rq.latch()
+        if fetch:
+            rq.latch()
         while self.rq_next < rq.db:
             self._flush_rqe(rq.get(self.rq_next))
             self.rq_next += 1
@@ -712,3 +719,10 @@ _FAIL_EVENT = {
     NAK_REMOTE_ACCESS_ERROR: IBV_EVENT_QP_ACCESS_ERR,
     NAK_INVALID_REQUEST: IBV_EVENT_QP_REQ_ERR,
 }
+
+
+def _rqe_status(rqe: RecvWQE) -> int:
+    """The status of a receive WQE the message cannot use: a malformed slot is
+    the QP's own error (LOC_QP_OP_ERR, as a send WQE's); an SGE the keys refuse
+    is a protection error (LOC_PROT_ERR)."""
+    return IBV_WC_LOC_QP_OP_ERR if rqe.bad else IBV_WC_LOC_PROT_ERR

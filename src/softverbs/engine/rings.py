@@ -224,7 +224,7 @@ class SendWQE:
 class RecvWQE:
     """A receive-queue or SRQ entry."""
 
-    __slots__ = ("index", "length", "sges", "srq", "wr_id")
+    __slots__ = ("bad", "index", "length", "sges", "srq", "wr_id")
 
     def __init__(self, wr_id: int, sges: list[Sge], length: int) -> None:
         self.wr_id = wr_id
@@ -232,6 +232,8 @@ class RecvWQE:
         self.length = length
         self.index = 0
         self.srq: SharedRecvRing | None = None
+        #: why the slot did not hold a WQE the driver could have written ("": it did)
+        self.bad = ""
 
 
 class CQE:
@@ -599,9 +601,11 @@ class RecvSlots(PackedSlots):
         off = self.offset(index)
         wr_id, nsge, _ = RECV_HEADER.unpack_from(self.buf, off)
         if RECV_HEADER.size + nsge * SGE.size > self.slot:
-            # more SGEs than the slot holds: a WQE whose memory check fails
-            # (lkey 0 never exists), completing in error under its wr_id
-            return RecvWQE(wr_id, [(0, 1, 0)], 1)
+            # more SGEs than the slot holds: a malformed WQE, which completes
+            # with LOC_QP_OP_ERR under its wr_id (see poisoned())
+            bad = RecvWQE(wr_id, [], 0)
+            bad.bad = f"{nsge} SGEs overflow the {self.slot}-byte slot"
+            return bad
         pos = off + RECV_HEADER.size
         sges = [SGE.unpack_from(self.buf, pos + i * SGE.size) for i in range(nsge)]
         return RecvWQE(wr_id, sges, sum(s[1] for s in sges))
@@ -1007,20 +1011,53 @@ C_CONSTANTS.update(
     SQ_PI=0, SQ_DB=1, SQ_STATE=2, SRQ_PI=0, SRQ_TAKEN=1, SRQ_LIMIT=2, SRQ_DISCARDED=3,
     CQ_PI=0, CQ_CI=1, CQ_ARM=2, CQ_FIRED=3, CQ_ERROR=4,
 )
+#: what each of :data:`C_CONSTANTS` is (docs/rings.md's table)
+C_CONSTANT_DOCS: dict[str, str] = {
+    "HEADER_SIZE": "bytes of a ring's header (eight 64-bit words)",
+    "WQ_NONE": "CQEntry.wq_kind: the CQE frees no slot",
+    "WQ_SQ": "CQEntry.wq_kind: it frees a slot of QP `wq_handle`'s send queue",
+    "WQ_RQ": "CQEntry.wq_kind: it frees a slot of QP `wq_handle`'s receive queue",
+    "WQ_SRQ": "CQEntry.wq_kind: it releases one WQE of SRQ `wq_handle`",
+    "F_SIGNALED": "SendWQEHeader.flags: IBV_SEND_SIGNALED",
+    "F_FENCE": "SendWQEHeader.flags: IBV_SEND_FENCE",
+    "F_SOLICITED": "SendWQEHeader.flags: IBV_SEND_SOLICITED",
+    "F_INLINE": "SendWQEHeader.flags: IBV_SEND_INLINE (`inline_len` bytes follow the header)",
+    "CQE_DEAD": "CQEntry.flags: skip this CQE (its QP was reset)",
+    "CQE_SOLICITED": "CQEntry.flags: a solicited completion",
+    "CQE_SIZE": "bytes of a CQ slot",
+    "REASON_BYTES": "bytes of CQEntry.reason",
+    "WR_DRIVER1": "SendWQEHeader.opcode IBV_WR_DRIVER1: a provider's WQE (`driver_op`)",
+    "SQ_PI": "send/receive queue header word: `pi`",
+    "SQ_DB": "send/receive queue header word: `db`",
+    "SQ_STATE": "send queue header word: the QP's state + 1 (0: not published)",
+    "SRQ_PI": "SRQ header word: `pi`",
+    "SRQ_TAKEN": "SRQ header word: `taken`",
+    "SRQ_LIMIT": "SRQ header word: `limit`",
+    "SRQ_DISCARDED": "SRQ header word: `discarded`",
+    "CQ_PI": "CQ header word: `pi`",
+    "CQ_CI": "CQ header word: `ci`",
+    "CQ_ARM": "CQ header word: `arm`",
+    "CQ_FIRED": "CQ header word: `fired`",
+    "CQ_ERROR": "CQ header word: `error`",
+}
 
 
 def poisoned(wqe: Any, why: str) -> Any:
     """What the device runs instead of a WQE it cannot run: for a send WQE, a
     driver WQE with no operation, which completes with ``IBV_WC_LOC_QP_OP_ERR``
     and ``why`` as its reason, in order, and moves the QP to error; for a
-    receive WQE, one that fails its memory check.  The application's ring is
-    its own business; the device goes on."""
+    receive WQE, one marked bad, which the message that takes it completes
+    with ``IBV_WC_LOC_QP_OP_ERR`` (a malformed WQE: the QP's own error, not a
+    protection one) and the QP goes to error.  The application's ring is its
+    own business; the device goes on."""
     wr_id = getattr(wqe, "wr_id", 0)
     if wqe is None or isinstance(wqe, SendWQE):
         bad = SendWQE(wr_id, WR_DRIVER1, True, [], 0)
         bad.reason = why
         return bad
-    return RecvWQE(wr_id, [(0, 1, 0)], 1)
+    rbad = RecvWQE(wr_id, [], 0)
+    rbad.bad = why
+    return rbad
 
 
 # --- construction ------------------------------------------------------------------------------

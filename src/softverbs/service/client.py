@@ -148,19 +148,38 @@ class Connection:
             seq = self._seq
             self._seq = (seq + 1) & 0xFFFFFFFF or 1
             try:
-                protocol.send(self.sock, protocol.encode(op, seq, body, tail), fds)
-                while True:
-                    data, got = protocol.recv(self.sock)
-                    for fd in got:
-                        os.close(fd)
-                    msg = protocol.decode(data)
-                    if msg.header.seq == seq:
-                        break
+                try:
+                    protocol.send(self.sock, protocol.encode(op, seq, body, tail), fds)
+                except (BrokenPipeError, ConnectionResetError) as exc:
+                    # refused at once (another uid): the reason waits to be read
+                    msg = self._reply(seq, socket.MSG_DONTWAIT, exc)
+                else:
+                    msg = self._reply(seq, 0, None)
             except (OSError, EOFError, protocol.ProtocolError) as exc:
                 raise _lost(exc) from None
         if msg.header.status:
             raise PyverbsRDMAError(msg.error, msg.header.status)
         return msg.body, msg.tail
+
+    def _reply(self, seq: int, flags: int, failed: OSError | None) -> protocol.Message:
+        """The reply to request ``seq``, or the unsolicited error (seq 0) that
+        refuses this connection.  A tail passed as a memfd (FLAG_TAIL_FD) is read."""
+        while True:
+            try:
+                data, got = protocol.recv(self.sock, flags)
+            except (BlockingIOError, EOFError):
+                if failed is not None:
+                    raise failed from None
+                raise
+            try:
+                msg = protocol.decode(data)
+                if msg.header.flags & protocol.FLAG_TAIL_FD:
+                    msg.tail = protocol.read_tail_fd(got)
+            finally:
+                for fd in got:
+                    os.close(fd)
+            if msg.header.seq == seq or (msg.header.seq == 0 and msg.header.status):
+                return msg
 
     def post(self, op: api.Op[Any, Any], body: Record) -> None:
         """A one-way message (a doorbell)."""

@@ -25,8 +25,15 @@ decoder, the Python client's encoder, ``softverbs/native/include/softverbs/proto
 Requests carry ``seq``; the reply carries the same ``seq`` and ``status``
 0 with the reply body, or ``status`` = an errno and a UTF-8 message as its
 body.  ``DOORBELL`` has no reply.  A message that is not a softverbs message
-(too short, wrong length, unknown operation, before ``HELLO``) is answered
-with ``EPROTO`` and the connection is closed.
+(too short, wrong length, a body longer or shorter than its record, unknown
+flags, a request with a status, unknown operation, before ``HELLO``) is
+answered with ``EPROTO`` and the connection is closed.
+
+A reply is never refused for its size: one whose tail does not fit a
+message carries the tail in a sealed memfd passed with it
+(:data:`FLAG_TAIL_FD`, :func:`encode_reply`, :func:`read_tail_fd`) -- one
+copy into a file the client reads once, paid only by the administrative
+replies that grow with the number of objects (``STATUS``).
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from __future__ import annotations
 import array
 import contextlib
 import dataclasses
+import fcntl
 import os
 import socket
 from typing import Any
@@ -41,18 +49,7 @@ from typing import Any
 from softverbs import config
 from softverbs.device.api import (
     BY_CODE,
-    CAPTURE_APPEND,
-    DB_RQ,
-    DB_SQ,
-    KIND_NAMES,
-    MKEY_BLOCK_SIGNATURE,
-    MKEY_CONF_ACCESS,
-    MKEY_CONF_AUTO_COPY,
-    MKEY_CONF_LAYOUT,
-    MKEY_CONF_SIG,
-    OPEN_XRCD_HAS_FD,
     OPS,
-    REG_MR_HAS_FD,
     AsyncEventRecord,
     CompEventRecord,
     DeviceEntry,
@@ -92,9 +89,10 @@ class Header(Record):
     DOCS = {
         "length": "bytes of the whole message, header included",
         "op": "the operation (table below)",
-        "flags": "bit 0: a reply",
+        "flags": "bit 0 (FLAG_REPLY): a reply; bit 1 (FLAG_TAIL_FD): the reply's tail is in "
+        "the memfd passed with it; requests: 0",
         "seq": "chosen by the requester; the reply repeats it",
-        "status": "replies: 0, or an errno (the body is then a UTF-8 message)",
+        "status": "replies: 0, or an errno (the body is then a UTF-8 message); requests: 0",
     }
     length: U32
     op: U16
@@ -104,6 +102,11 @@ class Header(Record):
 
 
 FLAG_REPLY = 1
+#: a reply whose tail does not fit a message: the tail is the whole content of
+#: the memfd passed with the reply (sealed), not in the message
+FLAG_TAIL_FD = 2
+#: what a reply's flags may hold; a request's flags are 0
+REPLY_FLAGS = FLAG_REPLY | FLAG_TAIL_FD
 
 
 # --- messages ----------------------------------------------------------------------------------
@@ -118,6 +121,52 @@ def encode(op: Op[Any, Any], seq: int, body: Record, tail: bytes = b"", status: 
         raise ProtocolError(f"a {op.name} message of {length} bytes is too long")
     hdr = Header(length, op.code, FLAG_REPLY if reply else 0, seq & 0xFFFFFFFF, status)
     return hdr.pack() + data + tail
+
+
+#: the largest tail a reply carries in a memfd (FLAG_TAIL_FD)
+MAX_TAIL_FD = 1 << 30
+
+
+def encode_reply(op: Op[Any, Any], seq: int, body: Record,
+                 tail: bytes = b"") -> tuple[bytes, list[int]]:  # fmt: skip
+    """A reply and the descriptors it passes.  A reply that does not fit one
+    message carries its tail in a sealed memfd instead (FLAG_TAIL_FD): a
+    client reads the whole file as the tail."""
+    data = body.pack()
+    if Header.size() + len(data) + len(tail) <= MAX_MESSAGE:
+        return encode(op, seq, body, tail, reply=True), []
+    if len(tail) > MAX_TAIL_FD:
+        raise ProtocolError(f"a {op.name} reply of {len(tail)} bytes is too long")
+    fd = os.memfd_create(f"softverbs-{op.name.lower()}-reply",
+                         os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)  # fmt: skip
+    try:
+        view = memoryview(tail)
+        while view:
+            view = view[os.write(fd, view) :]
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
+                    | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL)  # fmt: skip
+    except BaseException:
+        os.close(fd)
+        raise
+    hdr = Header(Header.size() + len(data), op.code, FLAG_REPLY | FLAG_TAIL_FD,
+                 seq & 0xFFFFFFFF, 0)  # fmt: skip
+    return hdr.pack() + data, [fd]
+
+
+def read_tail_fd(fds: list[int]) -> bytes:
+    """The tail of a FLAG_TAIL_FD reply: the whole memfd passed with it."""
+    if len(fds) != 1:
+        raise ProtocolError(f"a reply with its tail in a memfd passes 1 descriptor, not {len(fds)}")
+    size = os.fstat(fds[0]).st_size
+    if size > MAX_TAIL_FD:
+        raise ProtocolError(f"a reply tail of {size} bytes is too long")
+    out = bytearray()
+    while len(out) < size:
+        chunk = os.pread(fds[0], size - len(out), len(out))
+        if not chunk:
+            break
+        out += chunk
+    return bytes(out)
 
 
 def encode_error(op_code: int, seq: int, errno_: int, message: str) -> bytes:
@@ -153,12 +202,16 @@ def decode(data: bytes) -> Message:
     if hdr.length != len(data):
         raise ProtocolError(f"the header says {hdr.length} bytes, the message has {len(data)}")
     is_reply = bool(hdr.flags & FLAG_REPLY)
+    if hdr.flags & ~(REPLY_FLAGS if is_reply else FLAG_REPLY):
+        raise ProtocolError(f"unknown header flags {hdr.flags:#x}")
     rest = memoryview(data)[Header.size() :]
     if is_reply and hdr.status:
         return Message(hdr, BY_CODE.get(hdr.op, UNKNOWN), None, bytes(rest))
     op = BY_CODE.get(hdr.op)
     if op is None:
         raise ProtocolError(f"unknown operation {hdr.op}")
+    if not is_reply and hdr.status:
+        raise ProtocolError(f"a request's status is 0, not {hdr.status}")
     kind = op.reply if is_reply else op.request
     if kind is None:
         raise ProtocolError(f"{op.name} has no reply")
@@ -166,6 +219,9 @@ def decode(data: bytes) -> Message:
         body = kind.unpack(rest)
     except LayoutError as exc:
         raise ProtocolError(f"{op.name}: {exc}") from None
+    if not is_reply and not op.request_tail and len(rest) != kind.size():
+        raise ProtocolError(f"a {op.name} request is its {kind.__name__} record of "
+                            f"{kind.size()} bytes, not {len(rest)}")  # fmt: skip
     return Message(hdr, op, body, bytes(rest[kind.size() :]))
 
 
@@ -214,6 +270,80 @@ default_socket_path = config.default_socket_path
 service_disabled = config.service_disabled
 
 
+# --- constants ---------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Constant:
+    """A value of the protocol: its C name (``SV_`` + name), the field it goes in."""
+
+    name: str
+    value: int
+    field: str
+    meaning: str
+
+
+def _constants() -> tuple[Constant, ...]:
+    from softverbs.device import api
+
+    out = [
+        Constant("PROTOCOL_VERSION", PROTOCOL_VERSION, "Hello.version",
+                 "the version this page describes; HELLO with another is EPROTO"),
+        Constant("MAX_MESSAGE", MAX_MESSAGE, "Header.length", "bytes of the longest message"),
+        Constant("MAX_FDS", MAX_FDS, "SCM_RIGHTS", "descriptors one message may pass"),
+        Constant("FLAG_REPLY", FLAG_REPLY, "Header.flags", "the message is a reply"),
+        Constant("FLAG_TAIL_FD", FLAG_TAIL_FD, "Header.flags",
+                 "replies: the tail is the whole memfd passed with the reply"),
+        Constant("HELLO_MEMORY", api.HELLO_MEMORY, "Hello.flags",
+                 "the request passes the process's own /proc/self/mem"),
+        Constant("HELLO_JOIN", api.HELLO_JOIN, "Hello.flags",
+                 "join the owner `token` names (a forked child uses its parent's objects)"),
+        Constant("DESTROY_CASCADE", api.DESTROY_CASCADE, "Destroy.flags",
+                 "destroy what still uses the object first (else EBUSY)"),
+        Constant("REG_MR_HAS_FD", api.REG_MR_HAS_FD, "RegMR.flags, ReregMR.flags",
+                 "a memfd holding the region is passed; the region starts `offset` bytes in"),
+        Constant("REG_MR_IMPLICIT", api.REG_MR_IMPLICIT, "RegMR.flags",
+                 "an implicit on-demand-paging region: the whole address space"),
+        Constant("OPEN_XRCD_HAS_FD", api.OPEN_XRCD_HAS_FD, "OpenXRCD.flags",
+                 "a file naming the domain is passed (shared by every opener of it)"),
+        Constant("DB_SQ", api.DB_SQ, "Doorbell.queue", "the send queue's db moved"),
+        Constant("DB_RQ", api.DB_RQ, "Doorbell.queue", "the receive queue's db moved"),
+        Constant("CAPTURE_APPEND", api.CAPTURE_APPEND, "CaptureReq.flags",
+                 "the file already holds a pcap header"),
+        Constant("DV_SIG_PIPELINING", api.DV_SIG_PIPELINING, "CreateQP.dv_flags",
+                 "MLX5DV_QP_CREATE_SIG_PIPELINING"),
+        Constant("MKEY_BLOCK_SIGNATURE", api.MKEY_BLOCK_SIGNATURE, "CreateMkey.flags",
+                 "the mkey checks and generates block signatures"),
+        Constant("MKEY_CONF_ACCESS", api.MKEY_CONF_ACCESS, "MkeyConf.flags", "set `access`"),
+        Constant("MKEY_CONF_LAYOUT", api.MKEY_CONF_LAYOUT, "MkeyConf.flags",
+                 "the entries follow"),
+        Constant("MKEY_CONF_SIG", api.MKEY_CONF_SIG, "MkeyConf.flags",
+                 "two MkeySigDomain (memory, wire) follow the entries"),
+        Constant("MKEY_CONF_AUTO_COPY", api.MKEY_CONF_AUTO_COPY, "MkeyConf.flags",
+                 "the device works out the copy mask"),
+        Constant("MAX_SLOT", api.MAX_SLOT, "CreateQP.sq_slot/rq_slot, CreateSRQ.slot",
+                 "the largest ring slot (bytes)"),
+    ]  # fmt: skip
+    out += [Constant(f"KIND_{name.upper()}", code, "Destroy.kind, AsyncEventRecord.kind",
+                     f"object kind: {name}") for code, name in api.KIND_NAMES.items()]  # fmt: skip
+    out += [Constant(f"DEVICE_{name}", value, "DeviceEntry.kind", meaning)
+            for name, value, meaning in (
+                ("HOST", api.DEVICE_HOST, "the host device (sv0)"),
+                ("UDP", api.DEVICE_UDP, "a UDP link (softverbs link)"),
+                ("INPROC", api.DEVICE_INPROC, "in-process"))]  # fmt: skip
+    return tuple(out)
+
+
+CONSTANTS = _constants()
+
+
+def constants_markdown() -> str:
+    """The constants table of docs/service-protocol.md."""
+    lines = ["| name (C: `SV_` + name) | value | field | meaning |", "|---|---:|---|---|"]
+    lines += [f"| `{c.name}` | {c.value} | {c.field} | {c.meaning} |" for c in CONSTANTS]
+    return "\n".join(lines)
+
+
 # --- generated artefacts -------------------------------------------------------------------------
 
 #: with the records of the operations: the inline data of an mkey-configuring driver WQE
@@ -241,21 +371,8 @@ def c_header() -> str:
         " * `python -m softverbs.service.protocol --c-header`; do not edit. */",
         "#ifndef SOFTVERBS_PROTOCOL_H", "#define SOFTVERBS_PROTOCOL_H", "",
         "#include <stdint.h>", "",
-        f"#define SV_PROTOCOL_VERSION {PROTOCOL_VERSION}",
-        f"#define SV_MAX_MESSAGE {MAX_MESSAGE}",
-        f"#define SV_MAX_FDS {MAX_FDS}",
-        f"#define SV_FLAG_REPLY {FLAG_REPLY}",
-        f"#define SV_REG_MR_HAS_FD {REG_MR_HAS_FD}",
-        f"#define SV_OPEN_XRCD_HAS_FD {OPEN_XRCD_HAS_FD}",
-        f"#define SV_DB_SQ {DB_SQ}", f"#define SV_DB_RQ {DB_RQ}",
-        f"#define SV_CAPTURE_APPEND {CAPTURE_APPEND}",
-        f"#define SV_MKEY_BLOCK_SIGNATURE {MKEY_BLOCK_SIGNATURE}",
-        f"#define SV_MKEY_CONF_ACCESS {MKEY_CONF_ACCESS}",
-        f"#define SV_MKEY_CONF_LAYOUT {MKEY_CONF_LAYOUT}",
-        f"#define SV_MKEY_CONF_SIG {MKEY_CONF_SIG}",
-        f"#define SV_MKEY_CONF_AUTO_COPY {MKEY_CONF_AUTO_COPY}", "",
     ]  # fmt: skip
-    out += [f"#define SV_KIND_{name.upper()} {code}" for code, name in KIND_NAMES.items()]
+    out += [f"#define SV_{c.name} {c.value}" for c in CONSTANTS]
     out.append("")
     out += [f"#define SV_OP_{op.name} {op.code}" for op in OPS]
     out += ["", "/* rings (docs/rings.md) */"]
@@ -282,6 +399,16 @@ def markdown() -> str:
     return "\n".join(lines)
 
 
+def rings_constants_markdown() -> str:
+    """The constants table of docs/rings.md."""
+    from softverbs.engine import rings
+
+    lines = ["| name (C: `SV_RING_` + name) | value | meaning |", "|---|---:|---|"]
+    for name, value in rings.C_CONSTANTS.items():
+        lines.append(f"| `{name}` | {value} | {rings.C_CONSTANT_DOCS[name]} |")
+    return "\n".join(lines)
+
+
 def rings_markdown() -> str:
     """The ring entry tables of docs/rings.md."""
     from softverbs.engine import rings
@@ -298,6 +425,11 @@ GENERATED = {
     "docs/service-protocol.md": ("protocol", markdown),
     "docs/rings.md": ("rings", rings_markdown),
 }
+#: more blocks: (file, block name, generator)
+GENERATED_MORE = (
+    ("docs/service-protocol.md", "constants", constants_markdown),
+    ("docs/rings.md", "ring-constants", lambda: rings_constants_markdown()),
+)
 C_HEADER = "src/softverbs/native/include/softverbs/protocol.h"
 
 
@@ -313,7 +445,8 @@ def update(root: str) -> list[str]:
     """Rewrite the generated docs blocks and the C header under ``root``; the
     files that changed."""
     changed = []
-    for rel, (name, make) in GENERATED.items():
+    blocks = [(rel, name, make) for rel, (name, make) in GENERATED.items()] + list(GENERATED_MORE)
+    for rel, name, make in blocks:
         path = os.path.join(root, rel)
         with open(path) as f:
             old = f.read()

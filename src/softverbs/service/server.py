@@ -88,7 +88,7 @@ MAX_BACKLOG = 4096
 #: messages read from one client before the loop serves the others
 READ_BATCH = 64
 #: the largest ring slot a client may ask for
-MAX_SLOT = 1 << 16
+MAX_SLOT = api.MAX_SLOT
 #: the largest memory region a client may pass as a memfd
 MAX_MAPPED = 1 << 40
 #: RDMA CM event channels (sockets) one process may register
@@ -153,52 +153,72 @@ class Client:
         self.alive = True
         self.greeted = False
         self.kicked = False  #: disconnect once the error reply is out
-        self.outq: deque[bytes] = deque()
+        #: replies not sent yet, with the descriptors they pass (closed once sent)
+        self.outq: deque[tuple[bytes, list[int]]] = deque()
         self.events_dropped = 0
         #: RDMA CM event channel number -> the socket its events go to
         self.cm_events: dict[int, EventSocket] = {}
         self._want_write = want_write
         self._send_lock = threading.Lock()
 
-    def send(self, data: bytes) -> None:
-        """Send without blocking; what does not fit waits in :attr:`outq`."""
+    def send(self, data: bytes, fds: list[int] | None = None) -> None:
+        """Send without blocking; what does not fit waits in :attr:`outq`.
+        The descriptors ``fds`` are the client's to close once sent (or dropped)."""
+        fds = fds or []
         if not self.alive:
+            _close_all(fds)
             return
         with self._send_lock:
             if not self.outq:
                 try:
-                    self.sock.send(data)
+                    protocol.send(self.sock, data, fds)
+                    _close_all(fds)
                     return
                 except BlockingIOError:
                     pass
                 except OSError:
                     self.alive = False
+                    _close_all(fds)
                     return
             if len(self.outq) >= MAX_BACKLOG:
                 log.warning("pid %d left %d replies unread: disconnecting it", self.pid,
                             len(self.outq))  # fmt: skip
                 self.alive = False
+                _close_all(fds)
                 return
-            self.outq.append(data)
+            self.outq.append((data, fds))
         self._want_write(self)
 
     def flush(self) -> bool:
         """Send what waits; True when nothing is left."""
         with self._send_lock:
             while self.outq:
+                data, fds = self.outq[0]
                 try:
-                    self.sock.send(self.outq[0])
+                    protocol.send(self.sock, data, fds)
                 except BlockingIOError:
                     return False
                 except OSError:
                     self.alive = False
-                    self.outq.clear()
+                    self.discard()
                     return True
                 self.outq.popleft()
+                _close_all(fds)
             return True
+
+    def discard(self) -> None:
+        """Drop what waits to be sent, closing its descriptors."""
+        while self.outq:
+            _close_all(self.outq.popleft()[1])
 
     def __repr__(self) -> str:
         return f"<Client pid={self.pid} objects={len(self.owner.objects)}>"
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 class EventSocket:
@@ -281,6 +301,31 @@ def _own_memory(fd: int, client: Client, pid: int) -> None:
         raise einval(f"HELLO: the descriptor passed with HELLO_MEMORY is not /proc/{client.pid}"
                      f"/mem, the connecting process's own memory (open /proc/self/mem and "
                      f"pass that)")  # fmt: skip
+
+
+def _refuse(sock: socket.socket, reply: bytes) -> None:
+    """Send ``reply`` (seq 0: it answers whatever the peer sent first) and close
+    so that the peer reads it.  A Unix socket closed with unread messages
+    resets its peer (ECONNRESET) before the peer reads what was sent to it, so:
+    send, shut both directions (the peer's further sends fail with EPIPE, and
+    nothing new arrives), drop what it had queued (closing any descriptors it
+    passed), then close -- an orderly end of file after the reply."""
+    with contextlib.suppress(OSError):
+        sock.setblocking(False)
+        sock.send(reply)
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    for _ in range(MAX_BACKLOG):  # bounded: the peer can no longer add any
+        try:
+            _data, fds = protocol.recv(sock)
+        except ProtocolError:  # consumed all the same (and its descriptors closed)
+            continue
+        except (OSError, EOFError):
+            break
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+    sock.close()
 
 
 def _fds(fds: list[int], want: int, what: str) -> list[int]:
@@ -433,12 +478,10 @@ class Service:
         creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
         pid, uid, _gid = struct.unpack("3i", creds)
         if uid != os.getuid() and uid != 0:
-            with contextlib.suppress(OSError):
-                protocol.send(sock, protocol.encode_error(
-                    api.HELLO.code, 0, errno.EPERM,
-                    f"softverbsd of uid {os.getuid()} serves only its own user, not uid {uid}"))
-            sock.close()
             self.stats["clients_refused"] += 1
+            _refuse(sock, protocol.encode_error(
+                api.HELLO.code, 0, errno.EPERM,
+                f"softverbsd of uid {os.getuid()} serves only its own user, not uid {uid}"))
             return
         sock.setblocking(False)
         owner = self.host.add_owner(Owner(f"pid {pid}", pid, uid))
@@ -507,8 +550,8 @@ class Service:
                 self.stats["doorbell_errors"] += 1
                 log.debug("doorbell of pid %d: %s", client.pid, exc)
             return
-        reply = self._dispatch(client, op, msg, fds)
-        client.send(reply)
+        reply, passed = self._dispatch(client, op, msg, fds)
+        client.send(reply, passed)
         if client.kicked:
             client.alive = False
 
@@ -520,8 +563,19 @@ class Service:
         fds.clear()
 
     def _dispatch(self, client: Client, op: api.Op[Any, Any], msg: protocol.Message,
-                  fds: list[int]) -> bytes:  # fmt: skip
-        """The reply to one request.  Descriptors nobody took are closed."""
+                  fds: list[int]) -> tuple[bytes, list[int]]:  # fmt: skip
+        """The reply to one request, and the descriptors it passes (a reply too
+        long for a message passes its tail as a memfd).  Descriptors nobody took
+        are closed."""
+        try:
+            out = self._serve(client, op, msg, fds)
+        finally:
+            self._close(fds)
+        return (out, []) if isinstance(out, bytes) else out
+
+    def _serve(self, client: Client, op: api.Op[Any, Any], msg: protocol.Message,
+               fds: list[int]) -> bytes | tuple[bytes, list[int]]:  # fmt: skip
+        """A reply (and what it passes), or an error reply."""
         seq = msg.header.seq
         try:
             local = _LOCAL.get(op.code)
@@ -535,7 +589,7 @@ class Service:
                     for close in res.release:
                         close()
                     raise
-            return protocol.encode(op, seq, body, tail, reply=True)
+            return protocol.encode_reply(op, seq, body, tail)
         except PyverbsRDMAError as exc:
             code = exc.error_code if exc.error_code > 0 else errno.EINVAL
             return protocol.encode_error(op.code, seq, code, _bare(exc))
@@ -556,8 +610,6 @@ class Service:
             return protocol.encode_error(op.code, seq, errno.EIO,
                                          f"internal error in softverbsd serving {op.name}: "
                                          f"{exc!r}")  # fmt: skip
-        finally:
-            self._close(fds)
 
     # --- what descriptors become -------------------------------------------------------------
     def resources(self, client: Client, op: api.Op[Any, Any], body: Any, fds: list[int],
@@ -682,6 +734,8 @@ class Service:
                                 f"{protocol.PROTOCOL_VERSION}")  # fmt: skip
         if client.greeted:
             raise ProtocolError("HELLO twice")
+        if req.flags & ~(api.HELLO_MEMORY | api.HELLO_JOIN):
+            raise ProtocolError(f"unknown HELLO flags {req.flags:#x}")
         if req.flags & api.HELLO_JOIN:
             parent = self.host.owner_by_token(req.token)
             if parent is None or parent.uid != client.uid:
@@ -775,7 +829,7 @@ class Service:
         with contextlib.suppress(Exception):
             self.sel.unregister(client.sock)
         client.alive = False
-        client.outq.clear()
+        client.discard()
         with contextlib.suppress(OSError):
             client.sock.close()
         try:  # its RDMA CM IDs first: their peers get a DREQ or REJ

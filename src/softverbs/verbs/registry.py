@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import os
+import random
 import threading
 import weakref
 from dataclasses import dataclass, field
@@ -38,6 +40,7 @@ from softverbs import config
 from softverbs.device import api
 from softverbs.device.core import Device, DeviceInfo, Features, Host, Owner, Resources
 from softverbs.engine.hca import HCA
+from softverbs.engine.memory import KeyByteSource
 from softverbs.errors import ConfigError, PyverbsRDMAError
 from softverbs.fabric.runtime import Clock, DeviceRuntime, InprocRuntime, Runtime
 from softverbs.trace import environment_trace, trace_device
@@ -126,9 +129,11 @@ class Registry:
     """The devices of one world: the process, or one simulation."""
 
     def __init__(self, specs: list[DeviceSpec] | None = None, clock: Clock | None = None,
-                 host_device: bool = False) -> None:  # fmt: skip
+                 host_device: bool = False, key_seed: int | None = None) -> None:  # fmt: skip
         self._fixed_specs = specs
         self._clock = clock
+        #: None: memory key bytes from os.urandom; else a seeded, reproducible world
+        self._key_seed = key_seed
         #: the device service's world: its in-process devices are the host's devices
         self.host_device = host_device
         self._lock = threading.RLock()
@@ -178,11 +183,19 @@ class Registry:
 
         addrs = explicit_addresses(list(spec.addrs))
         gids = [eui64_gid(spec.mac)] + [a.gid for a in addrs]
-        hca = HCA(spec.name, gids)
+        hca = HCA(spec.name, gids, self._key_bytes(spec.name))
         runtime = self.inproc_runtime()
         trace_device(hca, runtime.clock)
         runtime.attach(hca)
         return self._device(spec, index, hca, runtime, spec.mtu or 4096)
+
+    def _key_bytes(self, name: str) -> KeyByteSource:
+        """The random source of a device's memory key bytes (engine/memory.py):
+        unpredictable, or -- in a seeded world -- the same for the same seed and
+        device."""
+        seed: int | str = (os.urandom(16).hex() if self._key_seed is None
+                           else f"{self._key_seed}:{name}")  # fmt: skip
+        return functools.partial(random.Random(seed).getrandbits, 8)
 
     def _device(self, spec: DeviceSpec, index: int, hca: HCA, runtime: Runtime,
                 mtu: int) -> SoftDevice:  # fmt: skip
@@ -219,7 +232,7 @@ class Registry:
                 exc.errno or 0,
             ) from None
         _apply_environment(runtime)
-        hca = HCA(spec.name, runtime.gids)
+        hca = HCA(spec.name, runtime.gids, self._key_bytes(spec.name))
         trace_device(hca, runtime.clock)  # checked above: cannot fail now
         runtime.attach(hca)
         runtime.start()

@@ -20,6 +20,7 @@ and read the exact time of each retransmission.
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -231,7 +232,7 @@ class Node:
     ) -> None:
         self.name = name
         self.gid = gid
-        self.hca = HCA(name, [gid])
+        self.hca = HCA(name, [gid], functools.partial(random.Random(name).getrandbits, 8))
         self.hca.max_window = WINDOW
         self.pd = object()
         self.scq = local_cq(cq_size)

@@ -7,6 +7,9 @@ that a returned view covers exactly the requested bytes.
 
 from __future__ import annotations
 
+import functools
+import random
+
 import pytest
 
 from softverbs.engine.memory import KEY_BYTE_MASK, KEY_INDEX_SHIFT, KeyTable, MemKey, MemKind
@@ -29,7 +32,7 @@ QPN, OTHER_QPN = 0x11, 0x12
 
 class Env:
     def __init__(self, access: int = ALL, size: int = SIZE) -> None:
-        self.keys = KeyTable()
+        self.keys = KeyTable(functools.partial(random.Random(0).getrandbits, 8))
         self.pd = object()
         self.other_pd = object()
         # guard bytes on both sides: the region is mem[16:16+size]
@@ -135,7 +138,7 @@ def test_unregister_kills_the_key_and_a_new_registration_gets_a_new_one() -> Non
 
 
 def test_keys_are_distinct() -> None:
-    keys = KeyTable()
+    keys = KeyTable(functools.partial(random.Random(0).getrandbits, 8))
     pd = object()
     buf = memoryview(bytearray(16))
     got = {keys.register(MemKind.MR, pd, buf, 0, 0).key for _ in range(600)}
@@ -143,7 +146,7 @@ def test_keys_are_distinct() -> None:
 
 
 def test_zero_based_region() -> None:
-    keys = KeyTable()
+    keys = KeyTable(functools.partial(random.Random(0).getrandbits, 8))
     pd = object()
     mem = bytearray(SIZE)
     mr = keys.register(MemKind.MR, pd, memoryview(mem), ADDR, ALL | IBV_ACCESS_ZERO_BASED)

@@ -190,18 +190,21 @@ static int exchange(uint16_t op, const void *req, size_t req_len, const int *fds
 	if (req_len)
 		memcpy(buf + sizeof(*h), req, req_len);
 	int err = send_msg(conn_fd, buf, len, fds, nfds);
-	if (err)
-		return err == EPIPE ? ECONNRESET : err;
+	/* A service that refuses this connection (another uid) sends its reason
+	 * and shuts the connection: read the reason even if our send failed. */
+	if (err && err != EPIPE && err != ECONNRESET)
+		return err;
 	ssize_t n;
 	do
-		n = recv(conn_fd, buf, sizeof(buf), 0);
+		n = recv(conn_fd, buf, sizeof(buf), err ? MSG_DONTWAIT : 0);
 	while (n < 0 && errno == EINTR);
 	if (n <= 0) {
 		set_error_s("the softverbs device service closed the connection");
 		return ECONNRESET;
 	}
+	/* seq 0 with an errno: unsolicited, the service refuses the connection */
 	if ((size_t)n < sizeof(*h) || h->length != (uint32_t)n || !(h->flags & SV_FLAG_REPLY) ||
-	    h->seq != conn_seq) {
+	    (h->seq != conn_seq && !(h->seq == 0 && h->status))) {
 		set_error_s("a reply that is not a softverbs reply");
 		return EPROTO;
 	}
@@ -297,7 +300,7 @@ static int connect_locked(void)
 	int mem = open("/proc/self/mem", O_RDWR | O_CLOEXEC);
 	struct sv_hello hello = {.version = SV_PROTOCOL_VERSION, .pid = (uint32_t)getpid()};
 	if (mem >= 0)
-		hello.flags = 1;	/* HELLO_MEMORY */
+		hello.flags = SV_HELLO_MEMORY;
 	struct sv_hello_reply rep;
 	err = exchange(SV_OP_HELLO, &hello, sizeof(hello), &mem, mem >= 0 ? 1 : 0, &rep,
 		       sizeof(rep), NULL, NULL);

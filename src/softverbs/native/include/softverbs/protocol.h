@@ -9,17 +9,23 @@
 #define SV_MAX_MESSAGE 65536
 #define SV_MAX_FDS 4
 #define SV_FLAG_REPLY 1
+#define SV_FLAG_TAIL_FD 2
+#define SV_HELLO_MEMORY 1
+#define SV_HELLO_JOIN 2
+#define SV_DESTROY_CASCADE 1
 #define SV_REG_MR_HAS_FD 1
+#define SV_REG_MR_IMPLICIT 2
 #define SV_OPEN_XRCD_HAS_FD 1
 #define SV_DB_SQ 1
 #define SV_DB_RQ 2
 #define SV_CAPTURE_APPEND 1
+#define SV_DV_SIG_PIPELINING 64
 #define SV_MKEY_BLOCK_SIGNATURE 1
 #define SV_MKEY_CONF_ACCESS 1
 #define SV_MKEY_CONF_LAYOUT 2
 #define SV_MKEY_CONF_SIG 4
 #define SV_MKEY_CONF_AUTO_COPY 8
-
+#define SV_MAX_SLOT 65536
 #define SV_KIND_CTX 1
 #define SV_KIND_PD 2
 #define SV_KIND_MR 3
@@ -32,6 +38,9 @@
 #define SV_KIND_XRCD 10
 #define SV_KIND_CAPTURE 11
 #define SV_KIND_MKEY 12
+#define SV_DEVICE_HOST 0
+#define SV_DEVICE_UDP 1
+#define SV_DEVICE_INPROC 2
 
 #define SV_OP_HELLO 1
 #define SV_OP_LIST_DEVICES 2
@@ -180,9 +189,9 @@ _Static_assert(sizeof(struct sv_cq_entry) == 128, "sv_cq_entry");
 struct sv_header {
 	uint32_t length;                        /* @0 */ /* bytes of the whole message, header included */
 	uint16_t op;                            /* @4 */ /* the operation (table below) */
-	uint16_t flags;                         /* @6 */ /* bit 0: a reply */
+	uint16_t flags;                         /* @6 */ /* bit 0 (FLAG_REPLY): a reply; bit 1 (FLAG_TAIL_FD): the reply's tail is in the memfd passed with it; requests: 0 */
 	uint32_t seq;                           /* @8 */ /* chosen by the requester; the reply repeats it */
-	int32_t status;                         /* @12 */ /* replies: 0, or an errno (the body is then a UTF-8 message) */
+	int32_t status;                         /* @12 */ /* replies: 0, or an errno (the body is then a UTF-8 message); requests: 0 */
 };
 _Static_assert(sizeof(struct sv_header) == 16, "sv_header");
 
