@@ -1744,6 +1744,12 @@ void ibv_copy_path_rec_from_kern(void *dst, void *src)
 	(void)src;
 }
 
+void ibv_copy_path_rec_to_kern(void *dst, void *src)
+{
+	(void)dst;
+	(void)src;
+}
+
 void ibv_copy_ah_attr_from_kern(struct ibv_ah_attr *dst, void *src)
 {
 	(void)src;
