@@ -81,7 +81,7 @@ def exports(path: Path) -> set[tuple[str, str, bool, str]]:
             if defined and not v.startswith(OWN) and v != n}  # fmt: skip
 
 
-# --- the Debian packages, fetched into the cache ---------------------------------------------------
+# --- the Debian packages, fetched into the cache -------------------------------------------------
 
 
 def cache_dir() -> Path:
@@ -178,8 +178,10 @@ def reference() -> Iterator[dict[str, set[tuple[str, str, bool, str]]]]:
         yield {lib: exports(Path(tmp) / MULTIARCH / lib) for lib in LIBS}
 
 
-def test_exports_are_rdma_core_44s(ours: dict[str, set[tuple[str, str, bool, str]]],
-                                   reference: dict[str, set[tuple[str, str, bool, str]]]) -> None:  # fmt: skip
+Exports = dict[str, set[tuple[str, str, bool, str]]]
+
+
+def test_exports_are_rdma_core_44s(ours: Exports, reference: Exports) -> None:
     report = []
     for lib in LIBS:
         assert len(reference[lib]) > 0, f"readelf found no versioned symbols in Debian's {lib}"
@@ -190,9 +192,7 @@ def test_exports_are_rdma_core_44s(ours: dict[str, set[tuple[str, str, bool, str
     assert not report, "\n".join(report)
 
 
-def test_every_debian_program_finds_its_symbols(
-    ours: dict[str, set[tuple[str, str, bool, str]]],
-) -> None:
+def test_every_debian_program_finds_its_symbols(ours: Exports) -> None:
     have = {f"{n}@{v}" for syms in ours.values() for n, v, _, _ in syms}
     packages = fetch(rdepends())
     checked: dict[str, int] = {}
