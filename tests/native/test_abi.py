@@ -210,3 +210,25 @@ def test_every_debian_program_finds_its_symbols(ours: Exports) -> None:
     assert not missing, f"{total} versioned symbols missing:\n" + "\n".join(
         f"{k}: {' '.join(v)}" for k, v in sorted(missing.items())
     )
+
+
+def test_getaddrinfo_and_unsupported_calls_answer_as_rdma_core(tmp_path: Path) -> None:
+    """abi.c, linked -z now against the four libraries: rdma_getaddrinfo with the
+    addresses in the hints (libfabric's verbs provider), with a node, and with
+    nothing; and what the unsupported tables answer (ENOSYS for rsockets,
+    EOPNOTSUPP for multicast and the vendor calls)."""
+    cc = shutil.which(os.environ.get("CC", "gcc"))
+    if cc is None:
+        pytest.skip("no C compiler")
+    d = native.library_dir()
+    exe = tmp_path / "abi"
+    build = subprocess.run([cc, "-std=gnu11", "-Wall", "-Wextra", "-Werror",
+                            str(Path(__file__).with_name("abi.c")), "-o", str(exe), f"-L{d}",
+                            *(f"-l:{lib}" for lib in LIBS), "-Wl,-z,now"],
+                           capture_output=True, text=True, check=False)  # fmt: skip
+    assert build.returncode == 0, build.stderr
+    env = {**os.environ, "LD_LIBRARY_PATH": str(d)}
+    r = subprocess.run([str(exe)], capture_output=True, text=True, env=env, timeout=60,
+                       check=False)  # fmt: skip
+    assert r.returncode == 0 and r.stdout.rstrip().endswith("ok"), r.stdout + r.stderr
+    assert "all 28 ok" in r.stdout, r.stdout
