@@ -172,6 +172,9 @@ SV_HIDDEN int sv_destroy(uint32_t kind, uint32_t handle);
 /* The context's verbs (verbs.c): fills the ops tables. */
 SV_HIDDEN void sv_set_ops(struct sv_context *ctx);
 /* verbs_context.query_port (device.c) */
+SV_HIDDEN int sv_query_device_ex(struct ibv_context *context,
+				 const struct ibv_query_device_ex_input *input,
+				 struct ibv_device_attr_ex *attr, size_t attr_size);
 SV_HIDDEN int sv_query_port(struct ibv_context *context, uint8_t port,
 			    struct ibv_port_attr *attr, size_t len);
 

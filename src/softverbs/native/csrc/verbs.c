@@ -136,6 +136,10 @@ struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length, ui
 		return sv_fail_null(EINVAL);
 	struct sv_reg_mr req = {.addr = (uintptr_t)addr, .length = length, .iova = iova,
 				.pd = pd->handle, .access = access};
+	/* rdma-core's implicit on-demand paging MR: no address, SIZE_MAX bytes, the
+	 * whole address space (the device pages it in as it is used) */
+	if (!addr && length == SIZE_MAX && (access & IBV_ACCESS_ON_DEMAND))
+		req.flags = SV_REG_MR_IMPLICIT;
 	struct sv_reg_mr_reply rep;
 	int err = sv_call(SV_OP_REG_MR, &req, sizeof(req), NULL, 0, &rep, sizeof(rep), NULL, NULL);
 	if (err)
@@ -1768,6 +1772,7 @@ void sv_set_ops(struct sv_context *ctx)
 	ops->post_srq_recv = post_srq_recv;
 	struct verbs_context *v = &ctx->vctx;
 	v->query_port = sv_query_port;
+	v->query_device_ex = sv_query_device_ex;
 	v->create_qp_ex = create_qp_ex;
 	v->create_srq_ex = create_srq_ex;
 	v->get_srq_num = get_srq_num;

@@ -10,6 +10,7 @@
 #define SV_MAX_FDS 4
 #define SV_FLAG_REPLY 1
 #define SV_REG_MR_HAS_FD 1
+#define SV_REG_MR_IMPLICIT 2
 #define SV_OPEN_XRCD_HAS_FD 1
 #define SV_DB_SQ 1
 #define SV_DB_RQ 2
