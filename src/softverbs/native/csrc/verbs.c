@@ -129,6 +129,44 @@ int ibv_dealloc_pd(struct ibv_pd *pd)
 	return err;
 }
 
+/* --- memory windows ------------------------------------------------------------------
+ *
+ * The device keeps the window (type, binding, key); this side holds its
+ * handle.  A type 1 window is bound with ibv_bind_mw, a type 2 window with an
+ * IBV_WR_BIND_MW WR (encode_send); either way the bind is a send WQE whose
+ * new rkey the library writes into ibv_mw.rkey once it is posted, as the key
+ * the program hands to its peer. */
+
+static struct ibv_mw *alloc_mw(struct ibv_pd *pd, enum ibv_mw_type type)
+{
+	if (!pd)
+		return sv_fail_null(EINVAL);
+	struct sv_alloc_mw req = {.pd = pd->handle, .type = (uint32_t)type};
+	struct sv_alloc_mw_reply rep;
+	int err = sv_call(SV_OP_ALLOC_MW, &req, sizeof(req), NULL, 0, &rep, sizeof(rep), NULL, NULL);
+	if (err)
+		return sv_fail_null(err);
+	struct ibv_mw *mw = calloc(1, sizeof(*mw));
+	if (!mw) {
+		sv_destroy(SV_KIND_MW, rep.mw);
+		return sv_fail_null(ENOMEM);
+	}
+	mw->context = pd->context;
+	mw->pd = pd;
+	mw->rkey = rep.rkey;
+	mw->handle = rep.mw;
+	mw->type = type;
+	return mw;
+}
+
+static int dealloc_mw(struct ibv_mw *mw)
+{
+	int err = sv_destroy(SV_KIND_MW, mw->handle);
+	if (!err)
+		free(mw);
+	return err;
+}
+
 struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova,
 				unsigned int access)
 {
@@ -457,6 +495,10 @@ static int poll_cq(struct ibv_cq *ibcq, int num_entries, struct ibv_wc *wc)
 }
 
 /* --- QPs: creation and state --------------------------------------------------------- */
+
+/* a send flag of this library's own, on the WR ibv_bind_mw posts: "this binds
+ * a type 1 window" (IBV_WR_BIND_MW WRs of the program bind type 2 ones) */
+#define SV_SEND_TYPE1_BIND (1u << 31)
 
 static int send_flags_of(unsigned flags)
 {
@@ -800,6 +842,21 @@ static int encode_send(struct sv_qp *qp, const struct ibv_send_wr *wr, uint64_t 
 	default:
 		break;
 	}
+	if (wr->opcode == IBV_WR_BIND_MW) {
+		/* a WR binds type 2 windows; type 1 ones are bound with ibv_bind_mw,
+		 * which marks its WR with IBV_SEND_RESERVED_TYPE1 (below) */
+		const struct ibv_mw *mw = wr->bind_mw.mw;
+		const struct ibv_mw_bind_info *b = &wr->bind_mw.bind_info;
+		int type1 = (wr->send_flags & SV_SEND_TYPE1_BIND) != 0;
+		if (!mw || mw->type != (type1 ? IBV_MW_TYPE_1 : IBV_MW_TYPE_2))
+			return EINVAL;
+		h->bind_mw = mw->handle;
+		h->bind_mr = b->mr ? b->mr->handle : 0;
+		h->bind_rkey = wr->bind_mw.rkey;
+		h->bind_addr = b->addr;
+		h->bind_length = b->length;
+		h->bind_access = b->mw_access_flags;
+	}
 	if (qp->qpx.qp_base.qp_type == IBV_QPT_UD) {
 		if (!wr->wr.ud.ah)
 			return EINVAL;
@@ -884,6 +941,8 @@ static int post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_sen
 		err = encode_send(qp, wr, pi, caller);
 		if (err)
 			break;
+		if (wr->opcode == IBV_WR_BIND_MW)
+			wr->bind_mw.mw->rkey = wr->bind_mw.rkey;
 		pi++;
 		sv_store(&qp->sq, SV_RING_SQ_PI, pi);
 	}
@@ -896,6 +955,18 @@ static int post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_sen
 	}
 	pthread_spin_unlock(&qp->sq_lock);
 	return err;
+}
+
+/* ibv_bind_mw (type 1 windows): a BIND_MW WR with the window's next key */
+static int bind_mw(struct ibv_qp *qp, struct ibv_mw *mw, struct ibv_mw_bind *bind)
+{
+	struct ibv_send_wr wr = {
+		.wr_id = bind->wr_id, .opcode = IBV_WR_BIND_MW,
+		.send_flags = bind->send_flags | SV_SEND_TYPE1_BIND,
+		.bind_mw = {.mw = mw, .rkey = ibv_inc_rkey(mw->rkey), .bind_info = bind->bind_info},
+	};
+	struct ibv_send_wr *bad;
+	return post_send(qp, &wr, &bad);
 }
 
 static int encode_recv(struct sv_ring *ring, uint32_t max_sge, const struct ibv_recv_wr *wr,
@@ -921,6 +992,12 @@ static int post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr, struct ibv_rec
 	if (!qp->has_rq || sv_foreign(qp->ctx)) {
 		*bad_wr = wr;
 		return qp->has_rq ? EPERM : EINVAL;
+	}
+	/* as rdma-core's providers: no receive WR before INIT (the state is the
+	 * device's, published on the send ring, so only a QP with one can tell) */
+	if (qp->has_sq && published_state(qp) == IBV_QPS_RESET) {
+		*bad_wr = wr;
+		return EINVAL;
 	}
 	pthread_spin_lock(&qp->rq_lock);
 	uint64_t pi = sv_load(&qp->rq, SV_RING_SQ_PI);
@@ -1070,6 +1147,25 @@ static void qpx_local_inv(struct ibv_qp_ex *x, uint32_t rkey)
 		h->invalidate_rkey = rkey;
 }
 
+static void qpx_bind_mw(struct ibv_qp_ex *x, struct ibv_mw *mw, uint32_t rkey,
+			const struct ibv_mw_bind_info *info)
+{
+	struct sv_send_wqe_header *h = qpx_new(x, IBV_WR_BIND_MW);
+	if (!h)
+		return;
+	if (!mw || !info) {
+		qpx_st.err = EINVAL;
+		return;
+	}
+	h->bind_mw = mw->handle;
+	h->bind_mr = info->mr ? info->mr->handle : 0;
+	h->bind_rkey = rkey;
+	h->bind_addr = info->addr;
+	h->bind_length = info->length;
+	h->bind_access = info->mw_access_flags;
+	mw->rkey = rkey;	/* the key the program hands to its peer, as after a posted bind */
+}
+
 static void qpx_ud(struct ibv_qp_ex *x, struct ibv_ah *ah, uint32_t qpn, uint32_t qkey)
 {
 	(void)x;
@@ -1169,6 +1265,7 @@ static void qpx_init(struct sv_qp *qp)
 	x->wr_atomic_cmp_swp = qpx_cas;
 	x->wr_atomic_fetch_add = qpx_faa;
 	x->wr_local_inv = qpx_local_inv;
+	x->wr_bind_mw = qpx_bind_mw;
 	x->wr_set_ud_addr = qpx_ud;
 	x->wr_set_xrc_srqn = qpx_xrc;
 	x->wr_set_sge = qpx_sge;
@@ -1770,6 +1867,9 @@ void sv_set_ops(struct sv_context *ctx)
 	ops->post_send = post_send;
 	ops->post_recv = post_recv;
 	ops->post_srq_recv = post_srq_recv;
+	ops->alloc_mw = alloc_mw;
+	ops->dealloc_mw = dealloc_mw;
+	ops->bind_mw = bind_mw;
 	struct verbs_context *v = &ctx->vctx;
 	v->query_port = sv_query_port;
 	v->query_device_ex = sv_query_device_ex;
