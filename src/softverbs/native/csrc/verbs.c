@@ -14,6 +14,7 @@
 #include <sched.h>
 #include <stdio.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "sv.h"
@@ -167,6 +168,61 @@ static int dealloc_mw(struct ibv_mw *mw)
 	return err;
 }
 
+/* --- on-demand paging MRs and ibv_advise_mr ----------------------------------------------
+ *
+ * The device reaches a process's memory through its page tables, so a
+ * prefetch (ibv_advise_mr) is done here, in the process: each page of the
+ * range is read once, which faults it in; PREFETCH_NO_FAULT leaves absent
+ * pages alone.  The reading goes through process_vm_readv on this process, so
+ * a page that is not mapped (an ODP MR may cover such) is an error skipped,
+ * not a SIGSEGV.  advise_mr needs each SGE's MR from its lkey: the ODP MRs are
+ * in the context's handle map under a kind of their own, keyed by lkey. */
+
+#define SV_MAP_ODP_MR 0x100	/* not a device kind: this library's lkey -> struct sv_mr */
+
+struct sv_mr {
+	struct ibv_mr mr;	/* first: the program's */
+	uint64_t iova;
+	unsigned access;
+	int implicit;
+};
+
+static void touch_pages(uint64_t addr, uint64_t length)
+{
+	const uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+	char byte;
+	for (uint64_t p = addr & ~(page - 1); p < addr + length; p += page) {
+		struct iovec local = {&byte, 1}, remote = {(void *)(uintptr_t)p, 1};
+		(void)process_vm_readv(getpid(), &local, 1, &remote, 1, 0);
+	}
+}
+
+static int advise_mr(struct ibv_pd *pd, enum ibv_advise_mr_advice advice, uint32_t flags,
+		     struct ibv_sge *sg_list, uint32_t num_sge)
+{
+	if (advice != IBV_ADVISE_MR_ADVICE_PREFETCH &&
+	    advice != IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE &&
+	    advice != IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT)
+		return EOPNOTSUPP;
+	if (flags & ~(uint32_t)IBV_ADVISE_MR_FLAG_FLUSH)
+		return EOPNOTSUPP;
+	if (!sg_list || !num_sge)
+		return EINVAL;
+	struct sv_context *ctx = sv_ctx(pd->context);
+	for (uint32_t i = 0; i < num_sge; i++) {	/* every SGE checked before any is touched */
+		const struct sv_mr *m = sv_map_get(ctx, SV_MAP_ODP_MR, sg_list[i].lkey);
+		if (!m || m->mr.pd != pd)
+			return EINVAL;	/* not an on-demand paging MR of this PD */
+		if (!m->implicit && (sg_list[i].addr < m->iova ||
+				     sg_list[i].addr + sg_list[i].length > m->iova + m->mr.length))
+			return EINVAL;
+	}
+	if (advice != IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT)
+		for (uint32_t i = 0; i < num_sge; i++)
+			touch_pages(sg_list[i].addr, sg_list[i].length);
+	return 0;
+}
+
 struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova,
 				unsigned int access)
 {
@@ -182,11 +238,12 @@ struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length, ui
 	int err = sv_call(SV_OP_REG_MR, &req, sizeof(req), NULL, 0, &rep, sizeof(rep), NULL, NULL);
 	if (err)
 		return sv_fail_null(err);
-	struct ibv_mr *mr = calloc(1, sizeof(*mr));
-	if (!mr) {
+	struct sv_mr *m = calloc(1, sizeof(*m));
+	if (!m) {
 		sv_destroy(SV_KIND_MR, rep.mr);
 		return sv_fail_null(ENOMEM);
 	}
+	struct ibv_mr *mr = &m->mr;
 	mr->context = pd->context;
 	mr->pd = pd;
 	mr->addr = addr;
@@ -194,6 +251,11 @@ struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length, ui
 	mr->handle = rep.mr;
 	mr->lkey = rep.lkey;
 	mr->rkey = rep.rkey;
+	m->iova = iova;
+	m->access = access;
+	m->implicit = req.flags == SV_REG_MR_IMPLICIT;
+	if (access & IBV_ACCESS_ON_DEMAND)
+		sv_map_put(sv_ctx(pd->context), SV_MAP_ODP_MR, mr->lkey, m);
 	return mr;
 }
 
@@ -233,6 +295,17 @@ int ibv_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd, void *addr, si
 	struct sv_keys rep;
 	if (sv_call(SV_OP_REREG_MR, &req, sizeof(req), NULL, 0, &rep, sizeof(rep), NULL, NULL))
 		return IBV_REREG_MR_ERR_CMD;
+	struct sv_context *ctx = sv_ctx(mr->context);
+	struct sv_mr *odp = sv_map_get(ctx, SV_MAP_ODP_MR, mr->lkey);
+	if (odp) {	/* re-keyed, and perhaps no longer on demand */
+		sv_map_del(ctx, SV_MAP_ODP_MR, mr->lkey, NULL, NULL);
+		if (flags & IBV_REREG_MR_CHANGE_ACCESS)
+			odp->access = (unsigned)access;
+		if (flags & IBV_REREG_MR_CHANGE_TRANSLATION)
+			odp->iova = (uintptr_t)addr;
+		if (odp->access & IBV_ACCESS_ON_DEMAND)
+			sv_map_put(ctx, SV_MAP_ODP_MR, rep.lkey, odp);
+	}
 	mr->lkey = rep.lkey;
 	mr->rkey = rep.rkey;
 	if (flags & IBV_REREG_MR_CHANGE_PD)
@@ -249,8 +322,10 @@ int ibv_dereg_mr(struct ibv_mr *mr)
 	if (!mr)
 		return EINVAL;
 	int err = sv_destroy(SV_KIND_MR, mr->handle);
-	if (!err)
+	if (!err) {
+		sv_map_del(sv_ctx(mr->context), SV_MAP_ODP_MR, mr->lkey, NULL, NULL);
 		free(mr);
+	}
 	return err;
 }
 
@@ -1873,6 +1948,7 @@ void sv_set_ops(struct sv_context *ctx)
 	struct verbs_context *v = &ctx->vctx;
 	v->query_port = sv_query_port;
 	v->query_device_ex = sv_query_device_ex;
+	v->advise_mr = advise_mr;
 	v->create_qp_ex = create_qp_ex;
 	v->create_srq_ex = create_srq_ex;
 	v->get_srq_num = get_srq_num;
