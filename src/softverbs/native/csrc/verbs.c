@@ -101,6 +101,25 @@ static void wait_acked(pthread_mutex_t *mutex, pthread_cond_t *cond, const uint3
 
 /* --- protection domains and memory regions ------------------------------------------- */
 
+/* A PD, or a parent domain (ibv_alloc_parent_domain): a PD of this library's
+ * own that stands for its protection domain -- its handle is that PD's, so
+ * whatever is created in it is the device's object of that PD -- and carries
+ * a thread domain and the program's pd_context.  softverbs' queues live in the
+ * device's shared memory, never in buffers the program allocates, so the
+ * parent domain's custom allocators are kept but never called (as on a
+ * provider whose buffers are not the program's to place). */
+struct sv_pd {
+	struct ibv_pd pd;		/* first: the program's */
+	struct sv_pd *protection;	/* a parent domain's PD; NULL for a PD */
+	struct ibv_td *td;
+	unsigned parents;		/* parent domains made on this PD */
+};
+
+struct sv_td {
+	struct ibv_td td;		/* first: the program's */
+	unsigned parents;
+};
+
 struct ibv_pd *ibv_alloc_pd(struct ibv_context *context)
 {
 	if (!context)
@@ -110,24 +129,83 @@ struct ibv_pd *ibv_alloc_pd(struct ibv_context *context)
 	int err = sv_call(SV_OP_ALLOC_PD, &req, sizeof(req), NULL, 0, &rep, sizeof(rep), NULL, NULL);
 	if (err)
 		return sv_fail_null(err);
-	struct ibv_pd *pd = calloc(1, sizeof(*pd));
-	if (!pd) {
+	struct sv_pd *p = calloc(1, sizeof(*p));
+	if (!p) {
 		sv_destroy(SV_KIND_PD, rep.handle);
 		return sv_fail_null(ENOMEM);
 	}
-	pd->context = context;
-	pd->handle = rep.handle;
-	return pd;
+	p->pd.context = context;
+	p->pd.handle = rep.handle;
+	return &p->pd;
 }
 
 int ibv_dealloc_pd(struct ibv_pd *pd)
 {
 	if (!pd)
 		return EINVAL;
+	struct sv_pd *p = (struct sv_pd *)pd;
+	if (p->protection) {	/* a parent domain: the device never saw it */
+		__atomic_sub_fetch(&p->protection->parents, 1, __ATOMIC_RELAXED);
+		if (p->td)
+			__atomic_sub_fetch(&((struct sv_td *)p->td)->parents, 1, __ATOMIC_RELAXED);
+		free(p);
+		return 0;
+	}
+	if (__atomic_load_n(&p->parents, __ATOMIC_RELAXED))
+		return EBUSY;	/* as rdma-core's providers: a parent domain still uses it */
 	int err = sv_destroy(SV_KIND_PD, pd->handle);
 	if (!err)
-		free(pd);
+		free(p);
 	return err;
+}
+
+static struct ibv_pd *alloc_parent_domain(struct ibv_context *context,
+					  struct ibv_parent_domain_init_attr *attr)
+{
+	const uint32_t known = IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS |
+			       IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT;
+	if (!attr || !attr->pd || attr->pd->context != context || (attr->comp_mask & ~known) ||
+	    (attr->td && attr->td->context != context))
+		return sv_fail_null(EINVAL);
+	struct sv_pd *protection = (struct sv_pd *)attr->pd;
+	if (protection->protection)	/* a parent domain of a parent domain */
+		return sv_fail_null(EINVAL);
+	if ((attr->comp_mask & IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS) &&
+	    (!attr->alloc || !attr->free))
+		return sv_fail_null(EINVAL);
+	struct sv_pd *p = calloc(1, sizeof(*p));
+	if (!p)
+		return sv_fail_null(ENOMEM);
+	p->pd.context = context;
+	p->pd.handle = protection->pd.handle;
+	p->protection = protection;
+	p->td = attr->td;
+	__atomic_add_fetch(&protection->parents, 1, __ATOMIC_RELAXED);
+	if (attr->td)
+		__atomic_add_fetch(&((struct sv_td *)attr->td)->parents, 1, __ATOMIC_RELAXED);
+	return &p->pd;
+}
+
+/* A thread domain: a promise that one thread uses the objects of its parent
+ * domains, which lets a provider drop locks.  softverbs keeps its locks. */
+static struct ibv_td *alloc_td(struct ibv_context *context, struct ibv_td_init_attr *attr)
+{
+	if (!attr || attr->comp_mask)
+		return sv_fail_null(EINVAL);
+	struct sv_td *t = calloc(1, sizeof(*t));
+	if (!t)
+		return sv_fail_null(ENOMEM);
+	t->td.context = context;
+	return &t->td;
+}
+
+static int dealloc_td(struct ibv_td *td)
+{
+	struct sv_td *t = (struct sv_td *)td;
+	if (__atomic_load_n(&t->parents, __ATOMIC_RELAXED))
+		return EBUSY;
+	free(t);
+	return 0;
 }
 
 /* --- memory windows ------------------------------------------------------------------
@@ -1949,6 +2027,9 @@ void sv_set_ops(struct sv_context *ctx)
 	v->query_port = sv_query_port;
 	v->query_device_ex = sv_query_device_ex;
 	v->advise_mr = advise_mr;
+	v->alloc_parent_domain = alloc_parent_domain;
+	v->alloc_td = alloc_td;
+	v->dealloc_td = dealloc_td;
 	v->create_qp_ex = create_qp_ex;
 	v->create_srq_ex = create_srq_ex;
 	v->get_srq_num = get_srq_num;
