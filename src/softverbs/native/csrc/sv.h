@@ -79,10 +79,16 @@ static inline void *sv_slot(const struct sv_ring *ring, uint64_t index)
 struct sv_context;
 
 struct sv_cq {
-	struct ibv_cq cq;
+	union {			/* ibv_cq_ex begins with ibv_cq's fields (ibv_cq_ex_to_cq) */
+		struct ibv_cq cq;
+		struct ibv_cq_ex cqx;	/* a CQ of ibv_create_cq_ex */
+	};
 	struct sv_ring ring;
 	struct sv_context *ctx;
 	unsigned empty_polls;	/* consecutive polls that found nothing */
+	/* ibv_start_poll .. ibv_end_poll: the CQE being read, and the next index */
+	const struct sv_cq_entry *cur;
+	uint64_t ci;
 };
 
 struct sv_qp {

@@ -450,8 +450,11 @@ int ibv_destroy_comp_channel(struct ibv_comp_channel *channel)
 	return 0;
 }
 
-struct ibv_cq *ibv_create_cq(struct ibv_context *context, int cqe, void *cq_context,
-			     struct ibv_comp_channel *channel, int comp_vector)
+static void cqx_init(struct sv_cq *cq, uint64_t wc_flags);
+static void release(struct sv_context *ctx, const struct sv_cq_entry *e);
+
+static struct sv_cq *create_cq(struct ibv_context *context, int cqe, void *cq_context,
+			       struct ibv_comp_channel *channel, int comp_vector)
 {
 	if (!context || cqe < 1)
 		return sv_fail_null(EINVAL);
@@ -488,7 +491,185 @@ struct ibv_cq *ibv_create_cq(struct ibv_context *context, int cqe, void *cq_cont
 	if (channel)
 		__atomic_add_fetch(&channel->refcnt, 1, __ATOMIC_RELAXED);
 	sv_map_put(ctx, SV_KIND_CQ, rep.cq, &cq->cq);
-	return &cq->cq;
+	return cq;
+}
+
+struct ibv_cq *ibv_create_cq(struct ibv_context *context, int cqe, void *cq_context,
+			     struct ibv_comp_channel *channel, int comp_vector)
+{
+	struct sv_cq *cq = create_cq(context, cqe, cq_context, channel, comp_vector);
+	return cq ? &cq->cq : NULL;
+}
+
+/* --- extended CQs (ibv_create_cq_ex): the same CQ, read one field at a time ---------- */
+
+/* the work completion fields softverbs' CQEs carry; a timestamp, flow tag,
+ * tag matching or VLAN field cannot be asked for */
+#define SV_CQX_WC_FLAGS IBV_WC_STANDARD_FLAGS
+
+static struct ibv_cq_ex *create_cq_ex(struct ibv_context *context,
+				      struct ibv_cq_init_attr_ex *attr)
+{
+	const uint32_t known = IBV_CQ_INIT_ATTR_MASK_FLAGS | IBV_CQ_INIT_ATTR_MASK_PD;
+	if (!attr || (attr->comp_mask & ~known) || attr->cqe > INT32_MAX)
+		return sv_fail_null(EINVAL);
+	if (attr->wc_flags & ~(uint64_t)SV_CQX_WC_FLAGS)
+		return sv_fail_null(EOPNOTSUPP);
+	if ((attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS) &&
+	    (attr->flags & ~(uint32_t)IBV_CREATE_CQ_ATTR_SINGLE_THREADED))
+		return sv_fail_null(EOPNOTSUPP);
+	/* a CQ's PD must be a parent domain (of this context) */
+	if ((attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_PD) &&
+	    (!attr->parent_domain || attr->parent_domain->context != context ||
+	     !((struct sv_pd *)attr->parent_domain)->protection))
+		return sv_fail_null(EINVAL);
+	struct sv_cq *cq = create_cq(context, (int)attr->cqe, attr->cq_context, attr->channel,
+				     (int)attr->comp_vector);
+	if (!cq)
+		return NULL;
+	cqx_init(cq, attr->wc_flags);
+	return &cq->cqx;
+}
+
+/* The next live CQE at cq->ci, as cq->cur, and the program's wr_id and status;
+ * ENOENT when there is none. */
+static int cqx_fetch(struct sv_cq *cq)
+{
+	struct sv_ring *r = &cq->ring;
+	uint64_t pi = sv_load(r, SV_RING_CQ_PI);
+	while (cq->ci < pi) {
+		const struct sv_cq_entry *e = sv_slot(r, cq->ci++);
+		if (e->flags & SV_RING_CQE_DEAD)
+			continue;
+		cq->cur = e;
+		cq->cqx.wr_id = e->wr_id;
+		cq->cqx.status = (enum ibv_wc_status)e->status;
+		return 0;
+	}
+	cq->cur = NULL;
+	return ENOENT;
+}
+
+static int cqx_start_poll(struct ibv_cq_ex *x, struct ibv_poll_cq_attr *attr)
+{
+	struct sv_cq *cq = (struct sv_cq *)x;
+	if (attr && attr->comp_mask)
+		return EINVAL;
+	if (sv_foreign(cq->ctx))
+		return EPERM;
+	pthread_mutex_lock(&x->mutex);
+	cq->ci = sv_load(&cq->ring, SV_RING_CQ_CI);
+	int err = cqx_fetch(cq);
+	if (err) {	/* the program does not call end_poll after ENOENT */
+		if (++cq->empty_polls >= 64)
+			sched_yield();	/* as poll_cq: let the device run */
+		pthread_mutex_unlock(&x->mutex);
+		return err;
+	}
+	cq->empty_polls = 0;
+	return 0;
+}
+
+static int cqx_next_poll(struct ibv_cq_ex *x)
+{
+	struct sv_cq *cq = (struct sv_cq *)x;
+	if (cq->cur)
+		release(cq->ctx, cq->cur);
+	return cqx_fetch(cq);
+}
+
+static void cqx_end_poll(struct ibv_cq_ex *x)
+{
+	struct sv_cq *cq = (struct sv_cq *)x;
+	if (cq->cur)
+		release(cq->ctx, cq->cur);
+	cq->cur = NULL;
+	sv_store(&cq->ring, SV_RING_CQ_CI, cq->ci);
+	pthread_mutex_unlock(&x->mutex);
+}
+
+static const struct sv_cq_entry *cqx_cur(struct ibv_cq_ex *x)
+{
+	return ((struct sv_cq *)x)->cur;
+}
+
+static enum ibv_wc_opcode cqx_opcode(struct ibv_cq_ex *x)
+{
+	return (enum ibv_wc_opcode)cqx_cur(x)->opcode;
+}
+
+static uint32_t cqx_vendor_err(struct ibv_cq_ex *x)
+{
+	return cqx_cur(x)->vendor_err;
+}
+
+static uint32_t cqx_byte_len(struct ibv_cq_ex *x)
+{
+	return cqx_cur(x)->byte_len;
+}
+
+/* the immediate data, or the invalidated rkey: the CQE's one field for both
+ * (protocol.h), and ibv_wc_read_invalidated_rkey is be32toh of this */
+static __be32 cqx_imm_data(struct ibv_cq_ex *x)
+{
+	return htobe32(cqx_cur(x)->imm_data);
+}
+
+static uint32_t cqx_qp_num(struct ibv_cq_ex *x)
+{
+	return cqx_cur(x)->qp_num;
+}
+
+static uint32_t cqx_src_qp(struct ibv_cq_ex *x)
+{
+	return cqx_cur(x)->src_qp;
+}
+
+static unsigned int cqx_wc_flags(struct ibv_cq_ex *x)
+{
+	return cqx_cur(x)->wc_flags;
+}
+
+static uint32_t cqx_slid(struct ibv_cq_ex *x)
+{
+	return cqx_cur(x)->slid;
+}
+
+static uint8_t cqx_sl(struct ibv_cq_ex *x)
+{
+	return cqx_cur(x)->sl;
+}
+
+static uint8_t cqx_dlid_path_bits(struct ibv_cq_ex *x)
+{
+	return cqx_cur(x)->dlid_path_bits;
+}
+
+static void cqx_init(struct sv_cq *cq, uint64_t wc_flags)
+{
+	struct ibv_cq_ex *x = &cq->cqx;
+	x->comp_mask = 0;
+	x->start_poll = cqx_start_poll;
+	x->next_poll = cqx_next_poll;
+	x->end_poll = cqx_end_poll;
+	x->read_opcode = cqx_opcode;
+	x->read_vendor_err = cqx_vendor_err;
+	x->read_wc_flags = cqx_wc_flags;
+	/* the readers of fields not asked for stay NULL, as rdma-core's providers leave them */
+	if (wc_flags & IBV_WC_EX_WITH_BYTE_LEN)
+		x->read_byte_len = cqx_byte_len;
+	if (wc_flags & IBV_WC_EX_WITH_IMM)
+		x->read_imm_data = cqx_imm_data;
+	if (wc_flags & IBV_WC_EX_WITH_QP_NUM)
+		x->read_qp_num = cqx_qp_num;
+	if (wc_flags & IBV_WC_EX_WITH_SRC_QP)
+		x->read_src_qp = cqx_src_qp;
+	if (wc_flags & IBV_WC_EX_WITH_SLID)
+		x->read_slid = cqx_slid;
+	if (wc_flags & IBV_WC_EX_WITH_SL)
+		x->read_sl = cqx_sl;
+	if (wc_flags & IBV_WC_EX_WITH_DLID_PATH_BITS)
+		x->read_dlid_path_bits = cqx_dlid_path_bits;
 }
 
 int ibv_destroy_cq(struct ibv_cq *ibcq)
@@ -2029,6 +2210,7 @@ void sv_set_ops(struct sv_context *ctx)
 	v->advise_mr = advise_mr;
 	v->alloc_parent_domain = alloc_parent_domain;
 	v->alloc_td = alloc_td;
+	v->create_cq_ex = create_cq_ex;
 	v->dealloc_td = dealloc_td;
 	v->create_qp_ex = create_qp_ex;
 	v->create_srq_ex = create_srq_ex;
