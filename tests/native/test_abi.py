@@ -47,7 +47,8 @@ LIBS = tuple(lib for libs in REFERENCE.values() for lib in libs)
 #: the version nodes of each library (a symbol's version names its library)
 VERSION_PREFIX = {"IBVERBS_": "libibverbs.so.1", "RDMACM_": "librdmacm.so.1",
                   "MLX5_": "libmlx5.so.1", "EFA_": "libefa.so.1"}  # fmt: skip
-OWN = "SOFTVERBS_PRIVATE_"
+#: softverbs' own version nodes (libibverbs.map), which rdma-core has not
+OWN = "SOFTVERBS" + "_PRIVATE_"
 MULTIARCH = "usr/lib/x86_64-linux-gnu"
 #: a readelf --dyn-syms -W line: Num Value Size Type Bind Vis Ndx Name
 _SYM = re.compile(r"^\s*\d+:\s+\S+\s+\d+\s+(\w+)\s+\w+\s+\w+\s+(\w+)\s+(\S+?)(?:\s+\(\d+\))?$")
