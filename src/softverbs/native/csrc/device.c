@@ -235,6 +235,7 @@ int ibv_close_device(struct ibv_context *context)
 	char none[1];
 	sv_call(SV_OP_DESTROY, &d, sizeof(d), NULL, 0, none, 0, NULL, NULL);
 	close(context->async_fd);
+	sv_dm_pool_free(ctx->dm_pool);
 	free(ctx->map);
 	free(ctx);
 	return 0;
@@ -303,10 +304,10 @@ int ibv_query_device(struct ibv_context *context, struct ibv_device_attr *attr)
 }
 
 /* ibv_query_device_ex's provider half: the legacy attributes and the extended
- * ones the device reports (on-demand paging, the 64-bit capability flags, the
- * port count).  The rest -- TSO, RSS, packet pacing, tag
- * matching, CQ moderation, PCI atomics, a completion timestamp clock, device
- * memory -- are features this library does not offer: 0, as rdma-core reports them for
+ * ones the device reports (on-demand paging, device memory, the 64-bit
+ * capability flags, the port count).  The rest -- TSO, RSS, packet pacing, tag
+ * matching, CQ moderation, PCI atomics, a completion timestamp clock -- are
+ * features this library does not offer: 0, as rdma-core reports them for
  * such a device.  Like rdma-core, fills at most ``attr_size`` bytes (a program
  * built against an older, shorter struct). */
 int sv_query_device_ex(struct ibv_context *context, const struct ibv_query_device_ex_input *input,
@@ -328,8 +329,7 @@ int sv_query_device_ex(struct ibv_context *context, const struct ibv_query_devic
 	ex.odp_caps.per_transport_caps.ud_odp_caps = a.odp_ud_caps;
 	ex.xrc_odp_caps = a.odp_xrc_caps;
 	ex.device_cap_flags_ex = a.device_cap_flags_ex;
-	/* max_dm_size stays 0: this library has no ibv_alloc_dm (device memory is
-	 * softverbs' Python verbs' only) */
+	ex.max_dm_size = a.max_dm_size;
 	ex.phys_port_cnt_ex = a.phys_port_cnt;
 	memcpy(attr, &ex, attr_size < sizeof(ex) ? attr_size : sizeof(ex));
 	return 0;

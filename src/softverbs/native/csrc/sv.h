@@ -143,7 +143,10 @@ struct sv_context {
 	struct sv_map_entry *map;
 	size_t map_len, map_cap;
 	unsigned forks;			/* sv_forks when it was opened */
+	struct sv_dm_pool *dm_pool;	/* device memory (ibv_alloc_dm), made on first use */
 };
+
+SV_HIDDEN void sv_dm_pool_free(struct sv_dm_pool *pool);
 
 /* How many fork()s this process is from the one that opened a context (conn.c
  * counts them in the child).  A context, and so every ring of it, belongs to

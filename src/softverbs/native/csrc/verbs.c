@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sched.h>
 #include <stdio.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -208,6 +209,208 @@ static int dealloc_td(struct ibv_td *td)
 	return 0;
 }
 
+/* --- device memory (ibv_alloc_dm) ----------------------------------------------------------
+ *
+ * As softverbs' Python verbs have it (softverbs/verbs/dm.py): each context has
+ * the device's max_dm_size bytes of device memory, a memfd mapped here and,
+ * once registered (ibv_reg_dm_mr), by the device, which is handed the memfd
+ * (SV_REG_MR_HAS_FD) as for any region it cannot reach by address.  Allocations
+ * are first-fit with the requested alignment (at least a word); copies move
+ * whole 32-bit words (EINVAL otherwise) inside the allocation (EFAULT); a DM MR
+ * is zero-based (IBV_ACCESS_ZERO_BASED, else EINVAL) and fits in its DM. */
+
+#define SV_DM_WORD 4
+#define SV_MAP_DM_MR 0x101	/* not a device kind: this library's lkey -> struct sv_dm */
+
+struct sv_dm_pool {
+	pthread_mutex_t lock;
+	int fd;
+	char *base;
+	uint64_t size;
+	struct { uint64_t start, length; } *used;
+	size_t nused, cap;
+};
+
+struct sv_dm {
+	struct ibv_dm dm;	/* first: the program's */
+	uint64_t start, length;
+	unsigned mrs;		/* DM MRs registered on it */
+};
+
+void sv_dm_pool_free(struct sv_dm_pool *pool)
+{
+	if (!pool)
+		return;
+	munmap(pool->base, pool->size);
+	close(pool->fd);
+	free(pool->used);
+	free(pool);
+}
+
+static struct sv_dm_pool *dm_pool(struct sv_context *ctx, uint64_t size)
+{
+	pthread_mutex_lock(&ctx->map_lock);
+	struct sv_dm_pool *pool = ctx->dm_pool;
+	if (!pool && (pool = calloc(1, sizeof(*pool)))) {
+		pool->fd = memfd_create("softverbs-dm", MFD_CLOEXEC);
+		pool->size = size;
+		pool->base = pool->fd < 0 || ftruncate(pool->fd, (off_t)size) ? MAP_FAILED
+			     : mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, pool->fd, 0);
+		if (pool->base == MAP_FAILED) {
+			if (pool->fd >= 0)
+				close(pool->fd);
+			free(pool);
+			pool = NULL;
+		} else {
+			pthread_mutex_init(&pool->lock, NULL);
+			ctx->dm_pool = pool;
+		}
+	}
+	pthread_mutex_unlock(&ctx->map_lock);
+	return pool;
+}
+
+static int dm_reserve(struct sv_dm_pool *pool, uint64_t length, uint32_t log_align,
+		      uint64_t *start)
+{
+	uint64_t align = 1ull << (log_align > 2 ? log_align : 2), pos = 0;
+	pthread_mutex_lock(&pool->lock);
+	for (int moved = 1; moved;) {	/* first fit: past every allocation it overlaps */
+		moved = 0;
+		pos = (pos + align - 1) & ~(align - 1);
+		for (size_t i = 0; i < pool->nused; i++)
+			if (pos < pool->used[i].start + pool->used[i].length &&
+			    pool->used[i].start < pos + length) {
+				pos = pool->used[i].start + pool->used[i].length;
+				moved = 1;
+			}
+	}
+	int err = pos + length > pool->size ? ENOMEM : 0;
+	if (!err && pool->nused == pool->cap) {
+		size_t cap = pool->cap ? pool->cap * 2 : 8;
+		void *grown = realloc(pool->used, cap * sizeof(*pool->used));
+		if (grown) {
+			pool->used = grown;
+			pool->cap = cap;
+		} else {
+			err = ENOMEM;
+		}
+	}
+	if (!err) {
+		pool->used[pool->nused].start = pos;
+		pool->used[pool->nused++].length = length;
+		memset(pool->base + pos, 0, length);
+		*start = pos;
+	}
+	pthread_mutex_unlock(&pool->lock);
+	return err;
+}
+
+static int dm_range(const struct sv_dm *d, uint64_t offset, size_t length)
+{
+	if (offset > d->length || length > d->length - offset)
+		return EFAULT;
+	if (offset % SV_DM_WORD || length % SV_DM_WORD)
+		return EINVAL;
+	return 0;
+}
+
+static int memcpy_to_dm(struct ibv_dm *dm, uint64_t offset, const void *host, size_t length)
+{
+	struct sv_dm *d = (struct sv_dm *)dm;
+	int err = dm_range(d, offset, length);
+	if (!err)
+		memcpy(sv_ctx(dm->context)->dm_pool->base + d->start + offset, host, length);
+	return err;
+}
+
+static int memcpy_from_dm(void *host, struct ibv_dm *dm, uint64_t offset, size_t length)
+{
+	struct sv_dm *d = (struct sv_dm *)dm;
+	int err = dm_range(d, offset, length);
+	if (!err)
+		memcpy(host, sv_ctx(dm->context)->dm_pool->base + d->start + offset, length);
+	return err;
+}
+
+static struct ibv_dm *alloc_dm(struct ibv_context *context, struct ibv_alloc_dm_attr *attr)
+{
+	struct ibv_device_attr_ex ex;
+	int err = sv_query_device_ex(context, NULL, &ex, sizeof(ex));
+	if (err)
+		return sv_fail_null(err);
+	if (!ex.max_dm_size)
+		return sv_fail_null(EOPNOTSUPP);
+	if (!attr || attr->comp_mask || attr->log_align_req >= 32 || !attr->length)
+		return sv_fail_null(EINVAL);
+	if (attr->length > ex.max_dm_size)
+		return sv_fail_null(ENOMEM);
+	struct sv_dm_pool *pool = dm_pool(sv_ctx(context), ex.max_dm_size);
+	struct sv_dm *d = pool ? calloc(1, sizeof(*d)) : NULL;
+	if (!d)
+		return sv_fail_null(ENOMEM);
+	err = dm_reserve(pool, attr->length, attr->log_align_req, &d->start);
+	if (err) {
+		free(d);
+		return sv_fail_null(err);
+	}
+	d->length = attr->length;
+	d->dm.context = context;
+	d->dm.memcpy_to_dm = memcpy_to_dm;
+	d->dm.memcpy_from_dm = memcpy_from_dm;
+	return &d->dm;
+}
+
+static int free_dm(struct ibv_dm *dm)
+{
+	struct sv_dm *d = (struct sv_dm *)dm;
+	struct sv_dm_pool *pool = sv_ctx(dm->context)->dm_pool;
+	if (__atomic_load_n(&d->mrs, __ATOMIC_RELAXED))
+		return EBUSY;	/* an MR still uses it */
+	pthread_mutex_lock(&pool->lock);
+	for (size_t i = 0; i < pool->nused; i++)
+		if (pool->used[i].start == d->start) {
+			pool->used[i] = pool->used[--pool->nused];
+			break;
+		}
+	pthread_mutex_unlock(&pool->lock);
+	free(d);
+	return 0;
+}
+
+static struct ibv_mr *reg_dm_mr(struct ibv_pd *pd, struct ibv_dm *dm, uint64_t offset,
+				size_t length, unsigned int access)
+{
+	if (!pd || !dm || dm->context != pd->context)
+		return sv_fail_null(EINVAL);
+	struct sv_dm *d = (struct sv_dm *)dm;
+	if (!(access & IBV_ACCESS_ZERO_BASED) || offset > d->length || length > d->length - offset)
+		return sv_fail_null(EINVAL);
+	struct sv_dm_pool *pool = sv_ctx(dm->context)->dm_pool;
+	struct sv_reg_mr req = {.length = length, .offset = d->start + offset, .pd = pd->handle,
+				.access = access, .flags = SV_REG_MR_HAS_FD};
+	struct sv_reg_mr_reply rep;
+	int err = sv_call(SV_OP_REG_MR, &req, sizeof(req), &pool->fd, 1, &rep, sizeof(rep), NULL,
+			  NULL);
+	if (err)
+		return sv_fail_null(err);
+	struct ibv_mr *mr = calloc(1, sizeof(*mr));
+	if (!mr) {
+		sv_destroy(SV_KIND_MR, rep.mr);
+		return sv_fail_null(ENOMEM);
+	}
+	mr->context = pd->context;
+	mr->pd = pd;
+	mr->addr = NULL;	/* zero-based: work requests address it from 0 */
+	mr->length = length;
+	mr->handle = rep.mr;
+	mr->lkey = rep.lkey;
+	mr->rkey = rep.rkey;
+	__atomic_add_fetch(&d->mrs, 1, __ATOMIC_RELAXED);
+	sv_map_put(sv_ctx(pd->context), SV_MAP_DM_MR, mr->lkey, d);
+	return mr;
+}
+
 /* --- memory windows ------------------------------------------------------------------
  *
  * The device keeps the window (type, binding, key); this side holds its
@@ -401,7 +604,13 @@ int ibv_dereg_mr(struct ibv_mr *mr)
 		return EINVAL;
 	int err = sv_destroy(SV_KIND_MR, mr->handle);
 	if (!err) {
-		sv_map_del(sv_ctx(mr->context), SV_MAP_ODP_MR, mr->lkey, NULL, NULL);
+		struct sv_context *ctx = sv_ctx(mr->context);
+		struct sv_dm *d = sv_map_get(ctx, SV_MAP_DM_MR, mr->lkey);
+		if (d) {
+			__atomic_sub_fetch(&d->mrs, 1, __ATOMIC_RELAXED);
+			sv_map_del(ctx, SV_MAP_DM_MR, mr->lkey, NULL, NULL);
+		}
+		sv_map_del(ctx, SV_MAP_ODP_MR, mr->lkey, NULL, NULL);
 		free(mr);
 	}
 	return err;
@@ -2211,6 +2420,9 @@ void sv_set_ops(struct sv_context *ctx)
 	v->alloc_parent_domain = alloc_parent_domain;
 	v->alloc_td = alloc_td;
 	v->create_cq_ex = create_cq_ex;
+	v->alloc_dm = alloc_dm;
+	v->free_dm = free_dm;
+	v->reg_dm_mr = reg_dm_mr;
 	v->dealloc_td = dealloc_td;
 	v->create_qp_ex = create_qp_ex;
 	v->create_srq_ex = create_srq_ex;
