@@ -9,9 +9,10 @@ goes through softverbs' C ABI.  The test runs the suite the package ships
 count -- and fails below the committed floor (``pyverbs_floor.json``).  The
 floor only rises (compared with every earlier version in git history).
 
-softverbs' own pyverbs passes more of the same suite (``softverbs_pyverbs`` in
-the floor file; docs/conformance.md says which tests and why): the C
-libraries have no device memory (``ibv_alloc_dm``) and no ``ibv_import_*``.
+softverbs' own pyverbs passes two more of the same suite (``softverbs_pyverbs``
+in the floor file; docs/conformance.md says which and why): the C libraries
+have no ``ibv_import_device``, and a forked child gets EPERM on its parent's
+context.
 """
 
 from __future__ import annotations
