@@ -55,6 +55,13 @@ int sv_query_port(struct ibv_context *c, uint8_t p, struct ibv_port_attr *a, siz
 	return ENOSYS;
 }
 
+int sv_query_device_ex(struct ibv_context *c, const struct ibv_query_device_ex_input *i,
+		       struct ibv_device_attr_ex *a, size_t l)
+{
+	(void)c, (void)i, (void)a, (void)l;
+	return ENOSYS;
+}
+
 int ibv_query_gid(struct ibv_context *c, uint8_t p, int i, union ibv_gid *g)
 {
 	(void)c, (void)p, (void)i, (void)g;

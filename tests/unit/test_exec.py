@@ -408,3 +408,15 @@ def test_pyverbs_except_clause_catches_softverbs_errors() -> None:
         raise einval("bad")
     assert isinstance(info.value, PyverbsRDMAError)
     assert info.value.error_code == 22
+
+
+def test_system_pyverbs_leaves_softverbs_pyverbs_off_the_path() -> None:
+    """``exec --system-pyverbs``: the child imports the machine's pyverbs, so the
+    compat directory is not added, and one inherited from an outer exec is taken off."""
+    compat = exec_.compat_dir()
+    env = exec_.child_env({"PYTHONPATH": os.pathsep.join([compat, "/x"]), "PATH": "/bin"},
+                          "/lib/sv", compat_pyverbs=False)  # fmt: skip
+    assert env["PYTHONPATH"] == "/x"
+    assert env["LD_LIBRARY_PATH"].split(os.pathsep)[0] == "/lib/sv"
+    assert "PYTHONPATH" not in exec_.child_env({"PYTHONPATH": compat}, None, compat_pyverbs=False)
+    assert exec_.child_env({}, None)["PYTHONPATH"].split(os.pathsep)[0] == compat

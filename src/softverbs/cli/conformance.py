@@ -31,6 +31,18 @@ PyPI, which also holds pyverbs' sources.  This command:
    never counts as passed, and a test the output does not account for (the
    run timed out, or the output could not be read) counts as an error.
 
+Two switches choose what runs, for comparing pyverbs implementations on one suite:
+
+* ``--suite debian`` runs the suite Debian's ``python3-pyverbs`` ships
+  (``/usr/share/doc/rdma-core/tests``, rdma-core 44 on bookworm; some files
+  gzipped), unpacked into the cache as the PyPI one is, instead of the PyPI
+  sdist's;
+* ``--pyverbs system`` runs it with the machine's pyverbs (Debian's, the real
+  Cython pyverbs, under ``/usr/bin/python3``: ``--python``) through
+  ``softverbs exec --system-pyverbs``, so every verb goes through softverbs' C
+  libraries; it needs ``--config service`` (the C libraries reach devices only
+  through softverbsd).  The default is softverbs' own pyverbs.
+
 ``--json FILE`` writes the same numbers, with each failure's and skip's
 reason, for tools (``tests/conformance/test_conformance.py`` compares the
 passed count with ``tests/conformance/floor.json``); ``--floor N`` makes the
@@ -64,6 +76,12 @@ STATUSES = ("passed", "failed", "errors", "skipped", "xfailed")
 #: offload ...): cleared, so the generic count is the generic device's
 VENDOR_OPT_INS = ("SOFTVERBS_MLX5",)  #: prefixes; a new vendor opt-in variable goes here too
 DEFAULT_TIMEOUT = 3600.0
+SUITES = ("pypi", "debian")
+#: where Debian's python3-pyverbs puts rdma-core's tests/
+DEBIAN_SUITE = Path("/usr/share/doc/rdma-core/tests")
+PYVERBS = ("softverbs", "system")
+#: the interpreter Debian's python3-pyverbs is built for
+SYSTEM_PYTHON = "/usr/bin/python3"
 
 
 # --- fetching the suite ---------------------------------------------------------------------------
@@ -121,6 +139,48 @@ def unpack_suite(sdist: Path, cache: Path, version: str) -> Path:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return root
+
+
+def debian_version(package: str = "python3-pyverbs") -> str:
+    """The installed version of Debian's ``package``; RuntimeError if it is not installed."""
+    try:
+        proc = subprocess.run(["dpkg-query", "-W", "-f=${Status} ${Version}", package],
+                              capture_output=True, text=True, check=False)  # fmt: skip
+    except OSError:
+        raise RuntimeError(f"no dpkg-query: {package} cannot be found here") from None
+    words = proc.stdout.split()
+    if proc.returncode or len(words) < 4 or words[2] != "installed":
+        raise RuntimeError(f"Debian's {package} is not installed (apt-get install {package})")
+    return words[3]
+
+
+def unpack_debian_suite(cache: Path, source: Path = DEBIAN_SUITE) -> tuple[Path, str]:
+    """(the directory containing ``tests``, the package version) of the suite Debian's
+    python3-pyverbs ships, copied once into ``cache`` with its gzipped files unpacked."""
+    import gzip
+
+    version = debian_version()
+    root = cache / f"suite-debian-{version}"
+    if (root / "tests" / "run_tests.py").exists():
+        return root, version
+    if not (source / "run_tests.py").exists():
+        raise RuntimeError(f"{source} holds no rdma-core tests (is python3-pyverbs installed?)")
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="suite-", dir=cache))
+    try:
+        (tmp / "tests").mkdir()
+        for f in sorted(source.iterdir()):
+            if f.name.endswith(".gz"):
+                (tmp / "tests" / f.name[:-3]).write_bytes(gzip.decompress(f.read_bytes()))
+            elif f.is_file():
+                shutil.copyfile(f, tmp / "tests" / f.name)
+        if root.exists():
+            shutil.rmtree(root)
+        tmp.rename(root)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return root, version
 
 
 # --- parsing unittest's verbose output ------------------------------------------------------------
@@ -418,16 +478,26 @@ class Progress:
 
 def run_suite(root: Path, config: str, version: str, timeout: float,
               tests: Sequence[str] = (), log: Path | None = None,
-              quiet: bool = True, vendor_opt_ins: bool = False) -> Summary:  # fmt: skip
+              quiet: bool = True, vendor_opt_ins: bool = False,
+              pyverbs: str = "softverbs", python: str = SYSTEM_PYTHON) -> Summary:  # fmt: skip
     """Run the unpacked suite under ``root`` on ``config``; parse and summarize.
-    Unless ``quiet``, report each test file's counts on stderr as it finishes."""
+    Unless ``quiet``, report each test file's counts on stderr as it finishes.
+    ``pyverbs="system"`` runs it with ``python`` and the pyverbs installed there."""
+    if pyverbs not in PYVERBS:
+        raise ValueError(f"unknown pyverbs {pyverbs!r}; choose from {', '.join(PYVERBS)}")
+    if pyverbs == "system" and config != "service":
+        raise RuntimeError("the system pyverbs reaches softverbs through its C libraries, "
+                           "which need softverbsd: use --config service")  # fmt: skip
+    system = pyverbs == "system"
     parser = OutputParser()
     progress = Progress(len(list((root / "tests").glob("test_*.py"))), quiet)
     with (
         tempfile.TemporaryDirectory(prefix="softverbs-conformance-") as tmp,
         configured(config, Path(tmp), vendor_opt_ins) as (env, dev),
     ):
-        cmd = [sys.executable, "-m", "softverbs", "exec", "--", sys.executable,
+        cmd = [sys.executable, "-m", "softverbs", "exec",
+               *(["--system-pyverbs"] if system else []), "--",
+               python if system else sys.executable,
                str(root / "tests" / "run_tests.py"), "-v", "--dev", dev, *tests]  # fmt: skip
         start = time.monotonic()
         proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE,
@@ -468,6 +538,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "$SOFTVERBS_CACHE or ~/.cache/softverbs/conformance)")  # fmt: skip
     parser.add_argument("--pyverbs-version", default=DEFAULT_VERSION, dest="suite_version",
                         help=f"the pyverbs/rdma-core release (default: {DEFAULT_VERSION})")
+    parser.add_argument("--suite", choices=SUITES, default="pypi",
+                        help="the suite: PyPI's pyverbs sdist (--pyverbs-version), or the one "
+                             "Debian's python3-pyverbs ships (default: pypi)")  # fmt: skip
+    parser.add_argument("--pyverbs", choices=PYVERBS, default="softverbs",
+                        help="the pyverbs the suite imports: softverbs' own, or the machine's "
+                             "(rdma-core's Cython one) over softverbs' C libraries, which "
+                             "needs --config service (default: softverbs)")  # fmt: skip
+    parser.add_argument("--python", default=SYSTEM_PYTHON,
+                        help=f"the interpreter of --pyverbs system (default: {SYSTEM_PYTHON})")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
                         help="stop the run after this many seconds")  # fmt: skip
     parser.add_argument("--json", metavar="FILE", help="write the results as JSON to FILE")
@@ -489,21 +568,26 @@ def run(args: argparse.Namespace) -> int:
     from softverbs.cli.main import UserError
 
     cache = cache_dir(args.cache)
+    version = args.suite_version
     try:
-        sdist = fetch_sdist(cache, args.suite_version)
-        root = unpack_suite(sdist, cache, args.suite_version)
+        if args.suite == "debian":
+            root, version = unpack_debian_suite(cache)
+        else:
+            sdist = fetch_sdist(cache, version)
+            root = unpack_suite(sdist, cache, version)
     except (RuntimeError, OSError, tarfile.TarError) as exc:
         raise UserError(str(exc)) from None
-    print(f"rdma-core {args.suite_version} tests ({root / 'tests'}) on the {args.config} "
-          "configuration ...", flush=True)  # fmt: skip
+    print(f"rdma-core {version} tests ({root / 'tests'}) with {args.pyverbs} pyverbs on the "
+          f"{args.config} configuration ...", flush=True)  # fmt: skip
     cleared = sorted(k for k in os.environ if k.startswith(VENDOR_OPT_INS))
     if cleared and not args.vendor_opt_ins:
         print(f"softverbs conformance: {', '.join(cleared)} cleared for the generic count "
               "(--vendor-opt-ins keeps them)", file=sys.stderr)  # fmt: skip
     try:
-        s = run_suite(root, args.config, args.suite_version, args.timeout, args.tests,
+        s = run_suite(root, args.config, version, args.timeout, args.tests,
                       Path(args.log) if args.log else None, quiet=args.quiet,
-                      vendor_opt_ins=args.vendor_opt_ins)  # fmt: skip
+                      vendor_opt_ins=args.vendor_opt_ins, pyverbs=args.pyverbs,
+                      python=args.python)  # fmt: skip
     except RuntimeError as exc:
         raise UserError(str(exc)) from None
     print(format_table(s, include_vendor=not args.generic_only))

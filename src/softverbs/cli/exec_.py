@@ -33,6 +33,12 @@ machine keeps working. For a single child process, ``exec`` does three things:
 The soft device needs no setup. In the child, ``get_device_list()`` shows
 the host device ``sv0`` (softverbsd, started on first use).
 
+``--system-pyverbs`` leaves step 1 out (and takes the compat directory off an
+inherited ``PYTHONPATH``): the program imports the pyverbs installed on the
+machine -- rdma-core's Cython one, Debian's ``python3-pyverbs`` -- which is a
+C extension over ``libibverbs.so.1`` and so reaches softverbs through the C
+libraries of step 4, as any C program does.
+
 Limits. An interpreter started with ``-E`` or ``-I`` ignores
 ``PYTHONPATH``. A directory named ``pyverbs`` next to the script (or in the
 current directory, for ``python -m``) comes before ``PYTHONPATH`` and wins.
@@ -84,12 +90,19 @@ def _prepend(value: str, first: str) -> str:
     return os.pathsep.join([first, *rest])
 
 
-def child_env(environ: Mapping[str, str], libdir: str | None = None) -> dict[str, str]:
-    """``environ`` changed for the child: compat dir first on PYTHONPATH, compat
-    commands first on PATH, the C libraries (``libdir``) first on
-    LD_LIBRARY_PATH, marker set."""
+def child_env(environ: Mapping[str, str], libdir: str | None = None,
+              compat_pyverbs: bool = True) -> dict[str, str]:  # fmt: skip
+    """``environ`` changed for the child: compat dir first on PYTHONPATH (or, without
+    ``compat_pyverbs``, not on it at all), compat commands first on PATH, the C
+    libraries (``libdir``) first on LD_LIBRARY_PATH, marker set."""
     env = dict(environ)
-    env["PYTHONPATH"] = _prepend(env.get("PYTHONPATH", ""), compat_dir())
+    if compat_pyverbs:
+        env["PYTHONPATH"] = _prepend(env.get("PYTHONPATH", ""), compat_dir())
+    else:
+        rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != compat_dir()]
+        env["PYTHONPATH"] = os.pathsep.join(rest)
+        if not rest:
+            del env["PYTHONPATH"]
     env["PATH"] = _prepend(env.get("PATH", os.defpath), bin_dir())
     if libdir is not None:
         env["LD_LIBRARY_PATH"] = _prepend(env.get("LD_LIBRARY_PATH", ""), libdir)
@@ -111,7 +124,8 @@ def is_native(command: str, path: str | None) -> bool:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.usage = "%(prog)s [-h] [--trace FILE] [--sanitize[=OPTIONS]] [--] CMD [ARGS...]"
+    parser.usage = ("%(prog)s [-h] [--trace FILE] [--sanitize[=OPTIONS]] [--system-pyverbs] "
+                    "[--] CMD [ARGS...]")  # fmt: skip
     parser.add_argument(
         "--trace",
         metavar="FILE",
@@ -125,6 +139,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         const="1",
         help="turn on the verbs sanitizer for CMD: sets SOFTVERBS_SANITIZE=OPTIONS "
         "(default 1; e.g. json, 1:halt_on_error=1; see docs/sanitizer.md)",
+    )
+    parser.add_argument(
+        "--system-pyverbs",
+        action="store_true",
+        help="let CMD import the pyverbs installed on the machine (rdma-core's, e.g. "
+        "Debian's python3-pyverbs), which then runs on softverbs' C libraries, instead "
+        "of softverbs' own pyverbs",
     )
     parser.add_argument(
         "argv",
@@ -160,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
         if is_native(argv[0], os.environ.get("PATH")):
             print(f"softverbs exec: {argv[0]} is a C program, and {exc}", file=sys.stderr)
             return 1
-    env = child_env(os.environ, libdir)
+    env = child_env(os.environ, libdir, compat_pyverbs=not args.system_pyverbs)
     if args.trace:
         env[TRACE_ENV] = os.path.abspath(args.trace)  # CMD may change directory
     if args.sanitize is not None:

@@ -31,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/select.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -66,6 +67,7 @@ struct cma_id {
 	struct cma_device *dev;
 	struct ibv_qp_init_attr *qp_init;	/* rdma_create_ep's passive IDs: for get_request */
 	struct ibv_sa_path_rec path;
+	struct ibv_ece local_ece;	/* rdma_set_local_ece's; the CM does not carry it */
 	struct cma_id *next;
 };
 
@@ -1042,49 +1044,98 @@ static struct sockaddr *copy_addr(const struct sockaddr *sa, socklen_t len)
 	return out;
 }
 
+static int copy_into(struct sockaddr **dst, socklen_t *dst_len, const struct sockaddr *src,
+		     socklen_t len)
+{
+	*dst = copy_addr(src, len);
+	if (!*dst)
+		return fail(ENOMEM);
+	*dst_len = len;
+	return 0;
+}
+
+/* The hints as getaddrinfo(3)'s: the QP type chooses the socket type, the port
+ * space the protocol, and the family is passed on unless it is AF_IB (which
+ * softverbs does not speak). */
+static void to_ai_hints(const struct rdma_addrinfo *h, struct addrinfo *ai)
+{
+	memset(ai, 0, sizeof(*ai));
+	if (h->ai_flags & RAI_PASSIVE)
+		ai->ai_flags |= AI_PASSIVE;
+	if (h->ai_flags & RAI_NUMERICHOST)
+		ai->ai_flags |= AI_NUMERICHOST;
+	if (h->ai_family != AF_IB)
+		ai->ai_family = h->ai_family;
+	if (h->ai_qp_type == IBV_QPT_UD)
+		ai->ai_socktype = SOCK_DGRAM;
+	else if (h->ai_qp_type == IBV_QPT_RC || h->ai_qp_type == IBV_QPT_UC ||
+		 h->ai_qp_type == IBV_QPT_XRC_SEND || h->ai_qp_type == IBV_QPT_XRC_RECV)
+		ai->ai_socktype = SOCK_STREAM;
+	if (h->ai_port_space == RDMA_PS_TCP)
+		ai->ai_protocol = IPPROTO_TCP;
+	else if (h->ai_port_space == RDMA_PS_UDP || h->ai_port_space == RDMA_PS_IPOIB)
+		ai->ai_protocol = IPPROTO_UDP;
+	else if (h->ai_port_space == RDMA_PS_IB && ai->ai_socktype)
+		ai->ai_protocol = ai->ai_socktype == SOCK_STREAM ? IPPROTO_TCP : IPPROTO_UDP;
+}
+
+/* rdma_getaddrinfo, by librdmacm's rules.  With a node or a service, getaddrinfo(3)
+ * resolves them with the hints translated (to_ai_hints) and its first answer is the
+ * destination -- the source, with RAI_PASSIVE; a QP type or port space the hints
+ * leave 0 follows from the answer's socket type and protocol.  With neither, the
+ * hints alone are the answer (libfabric's verbs provider asks so): their flags,
+ * family, QP type and port space, and their destination address.  Either way a
+ * source address in the hints is the answer's when it has none.  EINVAL when
+ * there is no node, no service and no hints. */
 int rdma_getaddrinfo(const char *node, const char *service, const struct rdma_addrinfo *hints,
 		     struct rdma_addrinfo **res)
 {
-	if (!res || (!node && !service))
+	static const struct rdma_addrinfo none;
+	if (!res || (!node && !service && !hints))
 		return fail(EINVAL);
-	struct addrinfo ai_hints = {.ai_socktype = SOCK_STREAM};
-	int passive = hints && (hints->ai_flags & RAI_PASSIVE);
-	if (passive)
-		ai_hints.ai_flags |= AI_PASSIVE;
-	if (hints && (hints->ai_flags & RAI_NUMERICHOST))
-		ai_hints.ai_flags |= AI_NUMERICHOST;
-	if (hints && (hints->ai_flags & RAI_FAMILY))
-		ai_hints.ai_family = hints->ai_family;
-	struct addrinfo *ai = NULL;
-	int rc = getaddrinfo(node, service, &ai_hints, &ai);
-	if (rc)
-		return rc == EAI_SYSTEM ? -1 : fail(ENOENT);
 	struct rdma_addrinfo *r = calloc(1, sizeof(*r));
-	if (!r) {
-		freeaddrinfo(ai);
+	if (!r)
 		return fail(ENOMEM);
-	}
-	r->ai_flags = hints ? hints->ai_flags : 0;
-	r->ai_family = ai->ai_family;
-	r->ai_port_space = hints && hints->ai_port_space ? hints->ai_port_space : RDMA_PS_TCP;
-	r->ai_qp_type = hints && hints->ai_qp_type ? hints->ai_qp_type
-			: ps_qp_type((enum rdma_port_space)r->ai_port_space);
-	struct sockaddr *sa = copy_addr(ai->ai_addr, ai->ai_addrlen);
-	if (passive) {
-		r->ai_src_addr = sa;
-		r->ai_src_len = ai->ai_addrlen;
-	} else {
-		r->ai_dst_addr = sa;
-		r->ai_dst_len = ai->ai_addrlen;
-		if (hints && hints->ai_src_addr) {
-			r->ai_src_addr = copy_addr(hints->ai_src_addr, hints->ai_src_len);
-			r->ai_src_len = hints->ai_src_len;
+	const struct rdma_addrinfo *h = hints ? hints : &none;
+	int rc = 0;
+	if (node || service) {
+		struct addrinfo ai_hints, *ai = NULL;
+		if (hints)
+			to_ai_hints(hints, &ai_hints);
+		int gai = getaddrinfo(node, service, hints ? &ai_hints : NULL, &ai);
+		if (gai) {
+			int err = gai == EAI_SYSTEM ? errno : ENOENT;
+			free(r);
+			return fail(err);
 		}
+		r->ai_qp_type = h->ai_qp_type ? h->ai_qp_type
+			: ai->ai_socktype == SOCK_DGRAM ? IBV_QPT_UD
+			: ai->ai_socktype == SOCK_STREAM ? IBV_QPT_RC : 0;
+		r->ai_port_space = h->ai_port_space ? h->ai_port_space
+			: ai->ai_protocol == IPPROTO_UDP ? RDMA_PS_UDP
+			: ai->ai_protocol == IPPROTO_TCP ? RDMA_PS_TCP : 0;
+		r->ai_family = ai->ai_family;
+		if (ai->ai_flags & AI_PASSIVE) {
+			r->ai_flags = RAI_PASSIVE;
+			rc = copy_into(&r->ai_src_addr, &r->ai_src_len, ai->ai_addr, ai->ai_addrlen);
+		} else {
+			rc = copy_into(&r->ai_dst_addr, &r->ai_dst_len, ai->ai_addr, ai->ai_addrlen);
+		}
+		freeaddrinfo(ai);
+	} else {
+		r->ai_flags = h->ai_flags;
+		r->ai_family = h->ai_family;
+		r->ai_qp_type = h->ai_qp_type;
+		r->ai_port_space = h->ai_port_space;
+		if (h->ai_dst_len && h->ai_dst_addr)
+			rc = copy_into(&r->ai_dst_addr, &r->ai_dst_len, h->ai_dst_addr, h->ai_dst_len);
 	}
-	freeaddrinfo(ai);
-	if (!sa) {
+	if (!rc && !r->ai_src_len && h->ai_src_len && h->ai_src_addr)
+		rc = copy_into(&r->ai_src_addr, &r->ai_src_len, h->ai_src_addr, h->ai_src_len);
+	if (rc) {
+		int err = errno;
 		rdma_freeaddrinfo(r);
-		return fail(ENOMEM);
+		return fail(err);
 	}
 	*res = r;
 	return 0;
@@ -1183,9 +1234,46 @@ int rdma_get_request(struct rdma_cm_id *listen, struct rdma_cm_id **out)
 	return 0;
 }
 
-/* rsockets' poll, which rdma-core's tools link: softverbs has no rsockets,
- * so every descriptor is an ordinary one. */
+/* --- Enhanced Connection Establishment ---------------------------------------------------------
+ *
+ * ECE lets two ends negotiate vendor options in the REQ/REP.  softverbs' CM
+ * carries none, so each end sees a peer without ECE: rdma_set_local_ece keeps
+ * the options (checked as librdmacm checks them), rdma_get_remote_ece reports
+ * vendor_id 0 and no options -- what librdmacm reports when the peer sent no
+ * ECE -- and rdma_reject_ece is a reject.  (librdmacm sends reject reason 35,
+ * "vendor option not supported"; softverbs' agent sends its one reason, 28,
+ * "consumer defined", so the peer's REJECTED event's status differs.) */
+
+int rdma_set_local_ece(struct rdma_cm_id *id, struct ibv_ece *ece)
+{
+	if (!id || id->qp || !ece || !ece->vendor_id || ece->comp_mask)
+		return fail(EINVAL);
+	cma(id)->local_ece = *ece;
+	return 0;
+}
+
+int rdma_get_remote_ece(struct rdma_cm_id *id, struct ibv_ece *ece)
+{
+	if (!id || id->qp || !ece)
+		return fail(EINVAL);
+	*ece = (struct ibv_ece){0};
+	return 0;
+}
+
+int rdma_reject_ece(struct rdma_cm_id *id, const void *private_data, uint8_t private_data_len)
+{
+	return rdma_reject(id, private_data, private_data_len);
+}
+
+/* rsockets' poll and select, which rdma-core's tools link: softverbs has no
+ * rsockets (unsupported_rdmacm.c), so every descriptor is an ordinary one. */
 int rpoll(struct pollfd *fds, nfds_t nfds, int timeout)
 {
 	return poll(fds, nfds, timeout);
+}
+
+int rselect(int nfds, fd_set *readfds, fd_set *writefds, fd_set *exceptfds,
+	    struct timeval *timeout)
+{
+	return select(nfds, readfds, writefds, exceptfds, timeout);
 }

@@ -235,6 +235,7 @@ int ibv_close_device(struct ibv_context *context)
 	char none[1];
 	sv_call(SV_OP_DESTROY, &d, sizeof(d), NULL, 0, none, 0, NULL, NULL);
 	close(context->async_fd);
+	sv_dm_pool_free(ctx->dm_pool);
 	free(ctx->map);
 	free(ctx);
 	return 0;
@@ -242,13 +243,16 @@ int ibv_close_device(struct ibv_context *context)
 
 /* --- queries ------------------------------------------------------------------------- */
 
-int ibv_query_device(struct ibv_context *context, struct ibv_device_attr *attr)
+static int query_device(struct ibv_context *context, struct ibv_device_attr *attr,
+			struct sv_device_attrs *out)
 {
 	struct sv_ctx req = {.ctx = sv_ctx(context)->handle};
 	struct sv_device_attrs a;
 	int err = sv_call(SV_OP_QUERY_DEVICE, &req, sizeof(req), NULL, 0, &a, sizeof(a), NULL, NULL);
 	if (err)
 		return err;
+	if (out)
+		*out = a;
 	memset(attr, 0, sizeof(*attr));
 	memcpy(attr->fw_ver, a.fw_ver, sizeof(attr->fw_ver));
 	attr->fw_ver[sizeof(attr->fw_ver) - 1] = 0;
@@ -291,6 +295,43 @@ int ibv_query_device(struct ibv_context *context, struct ibv_device_attr *attr)
 	attr->max_pkeys = (uint16_t)a.max_pkeys;
 	attr->local_ca_ack_delay = (uint8_t)a.local_ca_ack_delay;
 	attr->phys_port_cnt = (uint8_t)a.phys_port_cnt;
+	return 0;
+}
+
+int ibv_query_device(struct ibv_context *context, struct ibv_device_attr *attr)
+{
+	return query_device(context, attr, NULL);
+}
+
+/* ibv_query_device_ex's provider half: the legacy attributes and the extended
+ * ones the device reports (on-demand paging, device memory, the 64-bit
+ * capability flags, the port count).  The rest -- TSO, RSS, packet pacing, tag
+ * matching, CQ moderation, PCI atomics, a completion timestamp clock -- are
+ * features this library does not offer: 0, as rdma-core reports them for
+ * such a device.  Like rdma-core, fills at most ``attr_size`` bytes (a program
+ * built against an older, shorter struct). */
+int sv_query_device_ex(struct ibv_context *context, const struct ibv_query_device_ex_input *input,
+		       struct ibv_device_attr_ex *attr, size_t attr_size)
+{
+	if (input && input->comp_mask)
+		return EINVAL;
+	if (attr_size < sizeof(attr->orig_attr) + sizeof(attr->comp_mask))
+		return EINVAL;
+	struct ibv_device_attr_ex ex;
+	struct sv_device_attrs a;
+	memset(&ex, 0, sizeof(ex));
+	int err = query_device(context, &ex.orig_attr, &a);
+	if (err)
+		return err;
+	ex.odp_caps.general_caps = a.odp_general_caps;
+	ex.odp_caps.per_transport_caps.rc_odp_caps = a.odp_rc_caps;
+	ex.odp_caps.per_transport_caps.uc_odp_caps = a.odp_uc_caps;
+	ex.odp_caps.per_transport_caps.ud_odp_caps = a.odp_ud_caps;
+	ex.xrc_odp_caps = a.odp_xrc_caps;
+	ex.device_cap_flags_ex = a.device_cap_flags_ex;
+	ex.max_dm_size = a.max_dm_size;
+	ex.phys_port_cnt_ex = a.phys_port_cnt;
+	memcpy(attr, &ex, attr_size < sizeof(ex) ? attr_size : sizeof(ex));
 	return 0;
 }
 

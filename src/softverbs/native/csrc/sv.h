@@ -79,10 +79,16 @@ static inline void *sv_slot(const struct sv_ring *ring, uint64_t index)
 struct sv_context;
 
 struct sv_cq {
-	struct ibv_cq cq;
+	union {			/* ibv_cq_ex begins with ibv_cq's fields (ibv_cq_ex_to_cq) */
+		struct ibv_cq cq;
+		struct ibv_cq_ex cqx;	/* a CQ of ibv_create_cq_ex */
+	};
 	struct sv_ring ring;
 	struct sv_context *ctx;
 	unsigned empty_polls;	/* consecutive polls that found nothing */
+	/* ibv_start_poll .. ibv_end_poll: the CQE being read, and the next index */
+	const struct sv_cq_entry *cur;
+	uint64_t ci;
 };
 
 struct sv_qp {
@@ -137,7 +143,10 @@ struct sv_context {
 	struct sv_map_entry *map;
 	size_t map_len, map_cap;
 	unsigned forks;			/* sv_forks when it was opened */
+	struct sv_dm_pool *dm_pool;	/* device memory (ibv_alloc_dm), made on first use */
 };
+
+SV_HIDDEN void sv_dm_pool_free(struct sv_dm_pool *pool);
 
 /* How many fork()s this process is from the one that opened a context (conn.c
  * counts them in the child).  A context, and so every ring of it, belongs to
@@ -172,6 +181,9 @@ SV_HIDDEN int sv_destroy(uint32_t kind, uint32_t handle);
 /* The context's verbs (verbs.c): fills the ops tables. */
 SV_HIDDEN void sv_set_ops(struct sv_context *ctx);
 /* verbs_context.query_port (device.c) */
+SV_HIDDEN int sv_query_device_ex(struct ibv_context *context,
+				 const struct ibv_query_device_ex_input *input,
+				 struct ibv_device_attr_ex *attr, size_t attr_size);
 SV_HIDDEN int sv_query_port(struct ibv_context *context, uint8_t port,
 			    struct ibv_port_attr *attr, size_t len);
 

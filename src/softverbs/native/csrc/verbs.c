@@ -13,7 +13,9 @@
 #include <string.h>
 #include <sched.h>
 #include <stdio.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "sv.h"
@@ -100,6 +102,25 @@ static void wait_acked(pthread_mutex_t *mutex, pthread_cond_t *cond, const uint3
 
 /* --- protection domains and memory regions ------------------------------------------- */
 
+/* A PD, or a parent domain (ibv_alloc_parent_domain): a PD of this library's
+ * own that stands for its protection domain -- its handle is that PD's, so
+ * whatever is created in it is the device's object of that PD -- and carries
+ * a thread domain and the program's pd_context.  softverbs' queues live in the
+ * device's shared memory, never in buffers the program allocates, so the
+ * parent domain's custom allocators are kept but never called (as on a
+ * provider whose buffers are not the program's to place). */
+struct sv_pd {
+	struct ibv_pd pd;		/* first: the program's */
+	struct sv_pd *protection;	/* a parent domain's PD; NULL for a PD */
+	struct ibv_td *td;
+	unsigned parents;		/* parent domains made on this PD */
+};
+
+struct sv_td {
+	struct ibv_td td;		/* first: the program's */
+	unsigned parents;
+};
+
 struct ibv_pd *ibv_alloc_pd(struct ibv_context *context)
 {
 	if (!context)
@@ -109,35 +130,268 @@ struct ibv_pd *ibv_alloc_pd(struct ibv_context *context)
 	int err = sv_call(SV_OP_ALLOC_PD, &req, sizeof(req), NULL, 0, &rep, sizeof(rep), NULL, NULL);
 	if (err)
 		return sv_fail_null(err);
-	struct ibv_pd *pd = calloc(1, sizeof(*pd));
-	if (!pd) {
+	struct sv_pd *p = calloc(1, sizeof(*p));
+	if (!p) {
 		sv_destroy(SV_KIND_PD, rep.handle);
 		return sv_fail_null(ENOMEM);
 	}
-	pd->context = context;
-	pd->handle = rep.handle;
-	return pd;
+	p->pd.context = context;
+	p->pd.handle = rep.handle;
+	return &p->pd;
 }
 
 int ibv_dealloc_pd(struct ibv_pd *pd)
 {
 	if (!pd)
 		return EINVAL;
+	struct sv_pd *p = (struct sv_pd *)pd;
+	if (p->protection) {	/* a parent domain: the device never saw it */
+		__atomic_sub_fetch(&p->protection->parents, 1, __ATOMIC_RELAXED);
+		if (p->td)
+			__atomic_sub_fetch(&((struct sv_td *)p->td)->parents, 1, __ATOMIC_RELAXED);
+		free(p);
+		return 0;
+	}
+	if (__atomic_load_n(&p->parents, __ATOMIC_RELAXED))
+		return EBUSY;	/* as rdma-core's providers: a parent domain still uses it */
 	int err = sv_destroy(SV_KIND_PD, pd->handle);
 	if (!err)
-		free(pd);
+		free(p);
 	return err;
 }
 
-struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova,
-				unsigned int access)
+static struct ibv_pd *alloc_parent_domain(struct ibv_context *context,
+					  struct ibv_parent_domain_init_attr *attr)
 {
-	if (!pd)
+	const uint32_t known = IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS |
+			       IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT;
+	if (!attr || !attr->pd || attr->pd->context != context || (attr->comp_mask & ~known) ||
+	    (attr->td && attr->td->context != context))
 		return sv_fail_null(EINVAL);
-	struct sv_reg_mr req = {.addr = (uintptr_t)addr, .length = length, .iova = iova,
-				.pd = pd->handle, .access = access};
+	struct sv_pd *protection = (struct sv_pd *)attr->pd;
+	if (protection->protection)	/* a parent domain of a parent domain */
+		return sv_fail_null(EINVAL);
+	if ((attr->comp_mask & IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS) &&
+	    (!attr->alloc || !attr->free))
+		return sv_fail_null(EINVAL);
+	struct sv_pd *p = calloc(1, sizeof(*p));
+	if (!p)
+		return sv_fail_null(ENOMEM);
+	p->pd.context = context;
+	p->pd.handle = protection->pd.handle;
+	p->protection = protection;
+	p->td = attr->td;
+	__atomic_add_fetch(&protection->parents, 1, __ATOMIC_RELAXED);
+	if (attr->td)
+		__atomic_add_fetch(&((struct sv_td *)attr->td)->parents, 1, __ATOMIC_RELAXED);
+	return &p->pd;
+}
+
+/* A thread domain: a promise that one thread uses the objects of its parent
+ * domains, which lets a provider drop locks.  softverbs keeps its locks. */
+static struct ibv_td *alloc_td(struct ibv_context *context, struct ibv_td_init_attr *attr)
+{
+	if (!attr || attr->comp_mask)
+		return sv_fail_null(EINVAL);
+	struct sv_td *t = calloc(1, sizeof(*t));
+	if (!t)
+		return sv_fail_null(ENOMEM);
+	t->td.context = context;
+	return &t->td;
+}
+
+static int dealloc_td(struct ibv_td *td)
+{
+	struct sv_td *t = (struct sv_td *)td;
+	if (__atomic_load_n(&t->parents, __ATOMIC_RELAXED))
+		return EBUSY;
+	free(t);
+	return 0;
+}
+
+/* --- device memory (ibv_alloc_dm) ----------------------------------------------------------
+ *
+ * As softverbs' Python verbs have it (softverbs/verbs/dm.py): each context has
+ * the device's max_dm_size bytes of device memory, a memfd mapped here and,
+ * once registered (ibv_reg_dm_mr), by the device, which is handed the memfd
+ * (SV_REG_MR_HAS_FD) as for any region it cannot reach by address.  Allocations
+ * are first-fit with the requested alignment (at least a word); copies move
+ * whole 32-bit words (EINVAL otherwise) inside the allocation (EFAULT); a DM MR
+ * is zero-based (IBV_ACCESS_ZERO_BASED, else EINVAL) and fits in its DM. */
+
+#define SV_DM_WORD 4
+#define SV_MAP_DM_MR 0x101	/* not a device kind: this library's lkey -> struct sv_dm */
+
+struct sv_dm_pool {
+	pthread_mutex_t lock;
+	int fd;
+	char *base;
+	uint64_t size;
+	struct { uint64_t start, length; } *used;
+	size_t nused, cap;
+};
+
+struct sv_dm {
+	struct ibv_dm dm;	/* first: the program's */
+	uint64_t start, length;
+	unsigned mrs;		/* DM MRs registered on it */
+};
+
+void sv_dm_pool_free(struct sv_dm_pool *pool)
+{
+	if (!pool)
+		return;
+	munmap(pool->base, pool->size);
+	close(pool->fd);
+	free(pool->used);
+	free(pool);
+}
+
+static struct sv_dm_pool *dm_pool(struct sv_context *ctx, uint64_t size)
+{
+	pthread_mutex_lock(&ctx->map_lock);
+	struct sv_dm_pool *pool = ctx->dm_pool;
+	if (!pool && (pool = calloc(1, sizeof(*pool)))) {
+		pool->fd = memfd_create("softverbs-dm", MFD_CLOEXEC);
+		pool->size = size;
+		pool->base = pool->fd < 0 || ftruncate(pool->fd, (off_t)size) ? MAP_FAILED
+			     : mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, pool->fd, 0);
+		if (pool->base == MAP_FAILED) {
+			if (pool->fd >= 0)
+				close(pool->fd);
+			free(pool);
+			pool = NULL;
+		} else {
+			pthread_mutex_init(&pool->lock, NULL);
+			ctx->dm_pool = pool;
+		}
+	}
+	pthread_mutex_unlock(&ctx->map_lock);
+	return pool;
+}
+
+static int dm_reserve(struct sv_dm_pool *pool, uint64_t length, uint32_t log_align,
+		      uint64_t *start)
+{
+	uint64_t align = 1ull << (log_align > 2 ? log_align : 2), pos = 0;
+	pthread_mutex_lock(&pool->lock);
+	for (int moved = 1; moved;) {	/* first fit: past every allocation it overlaps */
+		moved = 0;
+		pos = (pos + align - 1) & ~(align - 1);
+		for (size_t i = 0; i < pool->nused; i++)
+			if (pos < pool->used[i].start + pool->used[i].length &&
+			    pool->used[i].start < pos + length) {
+				pos = pool->used[i].start + pool->used[i].length;
+				moved = 1;
+			}
+	}
+	int err = pos + length > pool->size ? ENOMEM : 0;
+	if (!err && pool->nused == pool->cap) {
+		size_t cap = pool->cap ? pool->cap * 2 : 8;
+		void *grown = realloc(pool->used, cap * sizeof(*pool->used));
+		if (grown) {
+			pool->used = grown;
+			pool->cap = cap;
+		} else {
+			err = ENOMEM;
+		}
+	}
+	if (!err) {
+		pool->used[pool->nused].start = pos;
+		pool->used[pool->nused++].length = length;
+		memset(pool->base + pos, 0, length);
+		*start = pos;
+	}
+	pthread_mutex_unlock(&pool->lock);
+	return err;
+}
+
+static int dm_range(const struct sv_dm *d, uint64_t offset, size_t length)
+{
+	if (offset > d->length || length > d->length - offset)
+		return EFAULT;
+	if (offset % SV_DM_WORD || length % SV_DM_WORD)
+		return EINVAL;
+	return 0;
+}
+
+static int memcpy_to_dm(struct ibv_dm *dm, uint64_t offset, const void *host, size_t length)
+{
+	struct sv_dm *d = (struct sv_dm *)dm;
+	int err = dm_range(d, offset, length);
+	if (!err)
+		memcpy(sv_ctx(dm->context)->dm_pool->base + d->start + offset, host, length);
+	return err;
+}
+
+static int memcpy_from_dm(void *host, struct ibv_dm *dm, uint64_t offset, size_t length)
+{
+	struct sv_dm *d = (struct sv_dm *)dm;
+	int err = dm_range(d, offset, length);
+	if (!err)
+		memcpy(host, sv_ctx(dm->context)->dm_pool->base + d->start + offset, length);
+	return err;
+}
+
+static struct ibv_dm *alloc_dm(struct ibv_context *context, struct ibv_alloc_dm_attr *attr)
+{
+	struct ibv_device_attr_ex ex;
+	int err = sv_query_device_ex(context, NULL, &ex, sizeof(ex));
+	if (err)
+		return sv_fail_null(err);
+	if (!ex.max_dm_size)
+		return sv_fail_null(EOPNOTSUPP);
+	if (!attr || attr->comp_mask || attr->log_align_req >= 32 || !attr->length)
+		return sv_fail_null(EINVAL);
+	if (attr->length > ex.max_dm_size)
+		return sv_fail_null(ENOMEM);
+	struct sv_dm_pool *pool = dm_pool(sv_ctx(context), ex.max_dm_size);
+	struct sv_dm *d = pool ? calloc(1, sizeof(*d)) : NULL;
+	if (!d)
+		return sv_fail_null(ENOMEM);
+	err = dm_reserve(pool, attr->length, attr->log_align_req, &d->start);
+	if (err) {
+		free(d);
+		return sv_fail_null(err);
+	}
+	d->length = attr->length;
+	d->dm.context = context;
+	d->dm.memcpy_to_dm = memcpy_to_dm;
+	d->dm.memcpy_from_dm = memcpy_from_dm;
+	return &d->dm;
+}
+
+static int free_dm(struct ibv_dm *dm)
+{
+	struct sv_dm *d = (struct sv_dm *)dm;
+	struct sv_dm_pool *pool = sv_ctx(dm->context)->dm_pool;
+	if (__atomic_load_n(&d->mrs, __ATOMIC_RELAXED))
+		return EBUSY;	/* an MR still uses it */
+	pthread_mutex_lock(&pool->lock);
+	for (size_t i = 0; i < pool->nused; i++)
+		if (pool->used[i].start == d->start) {
+			pool->used[i] = pool->used[--pool->nused];
+			break;
+		}
+	pthread_mutex_unlock(&pool->lock);
+	free(d);
+	return 0;
+}
+
+static struct ibv_mr *reg_dm_mr(struct ibv_pd *pd, struct ibv_dm *dm, uint64_t offset,
+				size_t length, unsigned int access)
+{
+	if (!pd || !dm || dm->context != pd->context)
+		return sv_fail_null(EINVAL);
+	struct sv_dm *d = (struct sv_dm *)dm;
+	if (!(access & IBV_ACCESS_ZERO_BASED) || offset > d->length || length > d->length - offset)
+		return sv_fail_null(EINVAL);
+	struct sv_dm_pool *pool = sv_ctx(dm->context)->dm_pool;
+	struct sv_reg_mr req = {.length = length, .offset = d->start + offset, .pd = pd->handle,
+				.access = access, .flags = SV_REG_MR_HAS_FD};
 	struct sv_reg_mr_reply rep;
-	int err = sv_call(SV_OP_REG_MR, &req, sizeof(req), NULL, 0, &rep, sizeof(rep), NULL, NULL);
+	int err = sv_call(SV_OP_REG_MR, &req, sizeof(req), &pool->fd, 1, &rep, sizeof(rep), NULL,
+			  NULL);
 	if (err)
 		return sv_fail_null(err);
 	struct ibv_mr *mr = calloc(1, sizeof(*mr));
@@ -147,11 +401,142 @@ struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length, ui
 	}
 	mr->context = pd->context;
 	mr->pd = pd;
+	mr->addr = NULL;	/* zero-based: work requests address it from 0 */
+	mr->length = length;
+	mr->handle = rep.mr;
+	mr->lkey = rep.lkey;
+	mr->rkey = rep.rkey;
+	__atomic_add_fetch(&d->mrs, 1, __ATOMIC_RELAXED);
+	sv_map_put(sv_ctx(pd->context), SV_MAP_DM_MR, mr->lkey, d);
+	return mr;
+}
+
+/* --- memory windows ------------------------------------------------------------------
+ *
+ * The device keeps the window (type, binding, key); this side holds its
+ * handle.  A type 1 window is bound with ibv_bind_mw, a type 2 window with an
+ * IBV_WR_BIND_MW WR (encode_send); either way the bind is a send WQE whose
+ * new rkey the library writes into ibv_mw.rkey once it is posted, as the key
+ * the program hands to its peer. */
+
+static struct ibv_mw *alloc_mw(struct ibv_pd *pd, enum ibv_mw_type type)
+{
+	if (!pd)
+		return sv_fail_null(EINVAL);
+	struct sv_alloc_mw req = {.pd = pd->handle, .type = (uint32_t)type};
+	struct sv_alloc_mw_reply rep;
+	int err = sv_call(SV_OP_ALLOC_MW, &req, sizeof(req), NULL, 0, &rep, sizeof(rep), NULL, NULL);
+	if (err)
+		return sv_fail_null(err);
+	struct ibv_mw *mw = calloc(1, sizeof(*mw));
+	if (!mw) {
+		sv_destroy(SV_KIND_MW, rep.mw);
+		return sv_fail_null(ENOMEM);
+	}
+	mw->context = pd->context;
+	mw->pd = pd;
+	mw->rkey = rep.rkey;
+	mw->handle = rep.mw;
+	mw->type = type;
+	return mw;
+}
+
+static int dealloc_mw(struct ibv_mw *mw)
+{
+	int err = sv_destroy(SV_KIND_MW, mw->handle);
+	if (!err)
+		free(mw);
+	return err;
+}
+
+/* --- on-demand paging MRs and ibv_advise_mr ----------------------------------------------
+ *
+ * The device reaches a process's memory through its page tables, so a
+ * prefetch (ibv_advise_mr) is done here, in the process: each page of the
+ * range is read once, which faults it in; PREFETCH_NO_FAULT leaves absent
+ * pages alone.  The reading goes through process_vm_readv on this process, so
+ * a page that is not mapped (an ODP MR may cover such) is an error skipped,
+ * not a SIGSEGV.  advise_mr needs each SGE's MR from its lkey: the ODP MRs are
+ * in the context's handle map under a kind of their own, keyed by lkey. */
+
+#define SV_MAP_ODP_MR 0x100	/* not a device kind: this library's lkey -> struct sv_mr */
+
+struct sv_mr {
+	struct ibv_mr mr;	/* first: the program's */
+	uint64_t iova;
+	unsigned access;
+	int implicit;
+};
+
+static void touch_pages(uint64_t addr, uint64_t length)
+{
+	const uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+	char byte;
+	for (uint64_t p = addr & ~(page - 1); p < addr + length; p += page) {
+		struct iovec local = {&byte, 1}, remote = {(void *)(uintptr_t)p, 1};
+		(void)process_vm_readv(getpid(), &local, 1, &remote, 1, 0);
+	}
+}
+
+static int advise_mr(struct ibv_pd *pd, enum ibv_advise_mr_advice advice, uint32_t flags,
+		     struct ibv_sge *sg_list, uint32_t num_sge)
+{
+	if (advice != IBV_ADVISE_MR_ADVICE_PREFETCH &&
+	    advice != IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE &&
+	    advice != IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT)
+		return EOPNOTSUPP;
+	if (flags & ~(uint32_t)IBV_ADVISE_MR_FLAG_FLUSH)
+		return EOPNOTSUPP;
+	if (!sg_list || !num_sge)
+		return EINVAL;
+	struct sv_context *ctx = sv_ctx(pd->context);
+	for (uint32_t i = 0; i < num_sge; i++) {	/* every SGE checked before any is touched */
+		const struct sv_mr *m = sv_map_get(ctx, SV_MAP_ODP_MR, sg_list[i].lkey);
+		if (!m || m->mr.pd != pd)
+			return EINVAL;	/* not an on-demand paging MR of this PD */
+		if (!m->implicit && (sg_list[i].addr < m->iova ||
+				     sg_list[i].addr + sg_list[i].length > m->iova + m->mr.length))
+			return EINVAL;
+	}
+	if (advice != IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT)
+		for (uint32_t i = 0; i < num_sge; i++)
+			touch_pages(sg_list[i].addr, sg_list[i].length);
+	return 0;
+}
+
+struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova,
+				unsigned int access)
+{
+	if (!pd)
+		return sv_fail_null(EINVAL);
+	struct sv_reg_mr req = {.addr = (uintptr_t)addr, .length = length, .iova = iova,
+				.pd = pd->handle, .access = access};
+	/* rdma-core's implicit on-demand paging MR: no address, SIZE_MAX bytes, the
+	 * whole address space (the device pages it in as it is used) */
+	if (!addr && length == SIZE_MAX && (access & IBV_ACCESS_ON_DEMAND))
+		req.flags = SV_REG_MR_IMPLICIT;
+	struct sv_reg_mr_reply rep;
+	int err = sv_call(SV_OP_REG_MR, &req, sizeof(req), NULL, 0, &rep, sizeof(rep), NULL, NULL);
+	if (err)
+		return sv_fail_null(err);
+	struct sv_mr *m = calloc(1, sizeof(*m));
+	if (!m) {
+		sv_destroy(SV_KIND_MR, rep.mr);
+		return sv_fail_null(ENOMEM);
+	}
+	struct ibv_mr *mr = &m->mr;
+	mr->context = pd->context;
+	mr->pd = pd;
 	mr->addr = addr;
 	mr->length = length;
 	mr->handle = rep.mr;
 	mr->lkey = rep.lkey;
 	mr->rkey = rep.rkey;
+	m->iova = iova;
+	m->access = access;
+	m->implicit = req.flags == SV_REG_MR_IMPLICIT;
+	if (access & IBV_ACCESS_ON_DEMAND)
+		sv_map_put(sv_ctx(pd->context), SV_MAP_ODP_MR, mr->lkey, m);
 	return mr;
 }
 
@@ -191,6 +576,17 @@ int ibv_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd, void *addr, si
 	struct sv_keys rep;
 	if (sv_call(SV_OP_REREG_MR, &req, sizeof(req), NULL, 0, &rep, sizeof(rep), NULL, NULL))
 		return IBV_REREG_MR_ERR_CMD;
+	struct sv_context *ctx = sv_ctx(mr->context);
+	struct sv_mr *odp = sv_map_get(ctx, SV_MAP_ODP_MR, mr->lkey);
+	if (odp) {	/* re-keyed, and perhaps no longer on demand */
+		sv_map_del(ctx, SV_MAP_ODP_MR, mr->lkey, NULL, NULL);
+		if (flags & IBV_REREG_MR_CHANGE_ACCESS)
+			odp->access = (unsigned)access;
+		if (flags & IBV_REREG_MR_CHANGE_TRANSLATION)
+			odp->iova = (uintptr_t)addr;
+		if (odp->access & IBV_ACCESS_ON_DEMAND)
+			sv_map_put(ctx, SV_MAP_ODP_MR, rep.lkey, odp);
+	}
 	mr->lkey = rep.lkey;
 	mr->rkey = rep.rkey;
 	if (flags & IBV_REREG_MR_CHANGE_PD)
@@ -207,8 +603,16 @@ int ibv_dereg_mr(struct ibv_mr *mr)
 	if (!mr)
 		return EINVAL;
 	int err = sv_destroy(SV_KIND_MR, mr->handle);
-	if (!err)
+	if (!err) {
+		struct sv_context *ctx = sv_ctx(mr->context);
+		struct sv_dm *d = sv_map_get(ctx, SV_MAP_DM_MR, mr->lkey);
+		if (d) {
+			__atomic_sub_fetch(&d->mrs, 1, __ATOMIC_RELAXED);
+			sv_map_del(ctx, SV_MAP_DM_MR, mr->lkey, NULL, NULL);
+		}
+		sv_map_del(ctx, SV_MAP_ODP_MR, mr->lkey, NULL, NULL);
 		free(mr);
+	}
 	return err;
 }
 
@@ -255,8 +659,11 @@ int ibv_destroy_comp_channel(struct ibv_comp_channel *channel)
 	return 0;
 }
 
-struct ibv_cq *ibv_create_cq(struct ibv_context *context, int cqe, void *cq_context,
-			     struct ibv_comp_channel *channel, int comp_vector)
+static void cqx_init(struct sv_cq *cq, uint64_t wc_flags);
+static void release(struct sv_context *ctx, const struct sv_cq_entry *e);
+
+static struct sv_cq *create_cq(struct ibv_context *context, int cqe, void *cq_context,
+			       struct ibv_comp_channel *channel, int comp_vector)
 {
 	if (!context || cqe < 1)
 		return sv_fail_null(EINVAL);
@@ -293,7 +700,185 @@ struct ibv_cq *ibv_create_cq(struct ibv_context *context, int cqe, void *cq_cont
 	if (channel)
 		__atomic_add_fetch(&channel->refcnt, 1, __ATOMIC_RELAXED);
 	sv_map_put(ctx, SV_KIND_CQ, rep.cq, &cq->cq);
-	return &cq->cq;
+	return cq;
+}
+
+struct ibv_cq *ibv_create_cq(struct ibv_context *context, int cqe, void *cq_context,
+			     struct ibv_comp_channel *channel, int comp_vector)
+{
+	struct sv_cq *cq = create_cq(context, cqe, cq_context, channel, comp_vector);
+	return cq ? &cq->cq : NULL;
+}
+
+/* --- extended CQs (ibv_create_cq_ex): the same CQ, read one field at a time ---------- */
+
+/* the work completion fields softverbs' CQEs carry; a timestamp, flow tag,
+ * tag matching or VLAN field cannot be asked for */
+#define SV_CQX_WC_FLAGS IBV_WC_STANDARD_FLAGS
+
+static struct ibv_cq_ex *create_cq_ex(struct ibv_context *context,
+				      struct ibv_cq_init_attr_ex *attr)
+{
+	const uint32_t known = IBV_CQ_INIT_ATTR_MASK_FLAGS | IBV_CQ_INIT_ATTR_MASK_PD;
+	if (!attr || (attr->comp_mask & ~known) || attr->cqe > INT32_MAX)
+		return sv_fail_null(EINVAL);
+	if (attr->wc_flags & ~(uint64_t)SV_CQX_WC_FLAGS)
+		return sv_fail_null(EOPNOTSUPP);
+	if ((attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS) &&
+	    (attr->flags & ~(uint32_t)IBV_CREATE_CQ_ATTR_SINGLE_THREADED))
+		return sv_fail_null(EOPNOTSUPP);
+	/* a CQ's PD must be a parent domain (of this context) */
+	if ((attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_PD) &&
+	    (!attr->parent_domain || attr->parent_domain->context != context ||
+	     !((struct sv_pd *)attr->parent_domain)->protection))
+		return sv_fail_null(EINVAL);
+	struct sv_cq *cq = create_cq(context, (int)attr->cqe, attr->cq_context, attr->channel,
+				     (int)attr->comp_vector);
+	if (!cq)
+		return NULL;
+	cqx_init(cq, attr->wc_flags);
+	return &cq->cqx;
+}
+
+/* The next live CQE at cq->ci, as cq->cur, and the program's wr_id and status;
+ * ENOENT when there is none. */
+static int cqx_fetch(struct sv_cq *cq)
+{
+	struct sv_ring *r = &cq->ring;
+	uint64_t pi = sv_load(r, SV_RING_CQ_PI);
+	while (cq->ci < pi) {
+		const struct sv_cq_entry *e = sv_slot(r, cq->ci++);
+		if (e->flags & SV_RING_CQE_DEAD)
+			continue;
+		cq->cur = e;
+		cq->cqx.wr_id = e->wr_id;
+		cq->cqx.status = (enum ibv_wc_status)e->status;
+		return 0;
+	}
+	cq->cur = NULL;
+	return ENOENT;
+}
+
+static int cqx_start_poll(struct ibv_cq_ex *x, struct ibv_poll_cq_attr *attr)
+{
+	struct sv_cq *cq = (struct sv_cq *)x;
+	if (attr && attr->comp_mask)
+		return EINVAL;
+	if (sv_foreign(cq->ctx))
+		return EPERM;
+	pthread_mutex_lock(&x->mutex);
+	cq->ci = sv_load(&cq->ring, SV_RING_CQ_CI);
+	int err = cqx_fetch(cq);
+	if (err) {	/* the program does not call end_poll after ENOENT */
+		if (++cq->empty_polls >= 64)
+			sched_yield();	/* as poll_cq: let the device run */
+		pthread_mutex_unlock(&x->mutex);
+		return err;
+	}
+	cq->empty_polls = 0;
+	return 0;
+}
+
+static int cqx_next_poll(struct ibv_cq_ex *x)
+{
+	struct sv_cq *cq = (struct sv_cq *)x;
+	if (cq->cur)
+		release(cq->ctx, cq->cur);
+	return cqx_fetch(cq);
+}
+
+static void cqx_end_poll(struct ibv_cq_ex *x)
+{
+	struct sv_cq *cq = (struct sv_cq *)x;
+	if (cq->cur)
+		release(cq->ctx, cq->cur);
+	cq->cur = NULL;
+	sv_store(&cq->ring, SV_RING_CQ_CI, cq->ci);
+	pthread_mutex_unlock(&x->mutex);
+}
+
+static const struct sv_cq_entry *cqx_cur(struct ibv_cq_ex *x)
+{
+	return ((struct sv_cq *)x)->cur;
+}
+
+static enum ibv_wc_opcode cqx_opcode(struct ibv_cq_ex *x)
+{
+	return (enum ibv_wc_opcode)cqx_cur(x)->opcode;
+}
+
+static uint32_t cqx_vendor_err(struct ibv_cq_ex *x)
+{
+	return cqx_cur(x)->vendor_err;
+}
+
+static uint32_t cqx_byte_len(struct ibv_cq_ex *x)
+{
+	return cqx_cur(x)->byte_len;
+}
+
+/* the immediate data, or the invalidated rkey: the CQE's one field for both
+ * (protocol.h), and ibv_wc_read_invalidated_rkey is be32toh of this */
+static __be32 cqx_imm_data(struct ibv_cq_ex *x)
+{
+	return htobe32(cqx_cur(x)->imm_data);
+}
+
+static uint32_t cqx_qp_num(struct ibv_cq_ex *x)
+{
+	return cqx_cur(x)->qp_num;
+}
+
+static uint32_t cqx_src_qp(struct ibv_cq_ex *x)
+{
+	return cqx_cur(x)->src_qp;
+}
+
+static unsigned int cqx_wc_flags(struct ibv_cq_ex *x)
+{
+	return cqx_cur(x)->wc_flags;
+}
+
+static uint32_t cqx_slid(struct ibv_cq_ex *x)
+{
+	return cqx_cur(x)->slid;
+}
+
+static uint8_t cqx_sl(struct ibv_cq_ex *x)
+{
+	return cqx_cur(x)->sl;
+}
+
+static uint8_t cqx_dlid_path_bits(struct ibv_cq_ex *x)
+{
+	return cqx_cur(x)->dlid_path_bits;
+}
+
+static void cqx_init(struct sv_cq *cq, uint64_t wc_flags)
+{
+	struct ibv_cq_ex *x = &cq->cqx;
+	x->comp_mask = 0;
+	x->start_poll = cqx_start_poll;
+	x->next_poll = cqx_next_poll;
+	x->end_poll = cqx_end_poll;
+	x->read_opcode = cqx_opcode;
+	x->read_vendor_err = cqx_vendor_err;
+	x->read_wc_flags = cqx_wc_flags;
+	/* the readers of fields not asked for stay NULL, as rdma-core's providers leave them */
+	if (wc_flags & IBV_WC_EX_WITH_BYTE_LEN)
+		x->read_byte_len = cqx_byte_len;
+	if (wc_flags & IBV_WC_EX_WITH_IMM)
+		x->read_imm_data = cqx_imm_data;
+	if (wc_flags & IBV_WC_EX_WITH_QP_NUM)
+		x->read_qp_num = cqx_qp_num;
+	if (wc_flags & IBV_WC_EX_WITH_SRC_QP)
+		x->read_src_qp = cqx_src_qp;
+	if (wc_flags & IBV_WC_EX_WITH_SLID)
+		x->read_slid = cqx_slid;
+	if (wc_flags & IBV_WC_EX_WITH_SL)
+		x->read_sl = cqx_sl;
+	if (wc_flags & IBV_WC_EX_WITH_DLID_PATH_BITS)
+		x->read_dlid_path_bits = cqx_dlid_path_bits;
 }
 
 int ibv_destroy_cq(struct ibv_cq *ibcq)
@@ -453,6 +1038,10 @@ static int poll_cq(struct ibv_cq *ibcq, int num_entries, struct ibv_wc *wc)
 }
 
 /* --- QPs: creation and state --------------------------------------------------------- */
+
+/* a send flag of this library's own, on the WR ibv_bind_mw posts: "this binds
+ * a type 1 window" (IBV_WR_BIND_MW WRs of the program bind type 2 ones) */
+#define SV_SEND_TYPE1_BIND (1u << 31)
 
 static int send_flags_of(unsigned flags)
 {
@@ -796,6 +1385,21 @@ static int encode_send(struct sv_qp *qp, const struct ibv_send_wr *wr, uint64_t 
 	default:
 		break;
 	}
+	if (wr->opcode == IBV_WR_BIND_MW) {
+		/* a WR binds type 2 windows; type 1 ones are bound with ibv_bind_mw,
+		 * which marks its WR with IBV_SEND_RESERVED_TYPE1 (below) */
+		const struct ibv_mw *mw = wr->bind_mw.mw;
+		const struct ibv_mw_bind_info *b = &wr->bind_mw.bind_info;
+		int type1 = (wr->send_flags & SV_SEND_TYPE1_BIND) != 0;
+		if (!mw || mw->type != (type1 ? IBV_MW_TYPE_1 : IBV_MW_TYPE_2))
+			return EINVAL;
+		h->bind_mw = mw->handle;
+		h->bind_mr = b->mr ? b->mr->handle : 0;
+		h->bind_rkey = wr->bind_mw.rkey;
+		h->bind_addr = b->addr;
+		h->bind_length = b->length;
+		h->bind_access = b->mw_access_flags;
+	}
 	if (qp->qpx.qp_base.qp_type == IBV_QPT_UD) {
 		if (!wr->wr.ud.ah)
 			return EINVAL;
@@ -880,6 +1484,8 @@ static int post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_sen
 		err = encode_send(qp, wr, pi, caller);
 		if (err)
 			break;
+		if (wr->opcode == IBV_WR_BIND_MW)
+			wr->bind_mw.mw->rkey = wr->bind_mw.rkey;
 		pi++;
 		sv_store(&qp->sq, SV_RING_SQ_PI, pi);
 	}
@@ -892,6 +1498,18 @@ static int post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_sen
 	}
 	pthread_spin_unlock(&qp->sq_lock);
 	return err;
+}
+
+/* ibv_bind_mw (type 1 windows): a BIND_MW WR with the window's next key */
+static int bind_mw(struct ibv_qp *qp, struct ibv_mw *mw, struct ibv_mw_bind *bind)
+{
+	struct ibv_send_wr wr = {
+		.wr_id = bind->wr_id, .opcode = IBV_WR_BIND_MW,
+		.send_flags = bind->send_flags | SV_SEND_TYPE1_BIND,
+		.bind_mw = {.mw = mw, .rkey = ibv_inc_rkey(mw->rkey), .bind_info = bind->bind_info},
+	};
+	struct ibv_send_wr *bad;
+	return post_send(qp, &wr, &bad);
 }
 
 static int encode_recv(struct sv_ring *ring, uint32_t max_sge, const struct ibv_recv_wr *wr,
@@ -917,6 +1535,12 @@ static int post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr, struct ibv_rec
 	if (!qp->has_rq || sv_foreign(qp->ctx)) {
 		*bad_wr = wr;
 		return qp->has_rq ? EPERM : EINVAL;
+	}
+	/* as rdma-core's providers: no receive WR before INIT (the state is the
+	 * device's, published on the send ring, so only a QP with one can tell) */
+	if (qp->has_sq && published_state(qp) == IBV_QPS_RESET) {
+		*bad_wr = wr;
+		return EINVAL;
 	}
 	pthread_spin_lock(&qp->rq_lock);
 	uint64_t pi = sv_load(&qp->rq, SV_RING_SQ_PI);
@@ -1066,6 +1690,25 @@ static void qpx_local_inv(struct ibv_qp_ex *x, uint32_t rkey)
 		h->invalidate_rkey = rkey;
 }
 
+static void qpx_bind_mw(struct ibv_qp_ex *x, struct ibv_mw *mw, uint32_t rkey,
+			const struct ibv_mw_bind_info *info)
+{
+	struct sv_send_wqe_header *h = qpx_new(x, IBV_WR_BIND_MW);
+	if (!h)
+		return;
+	if (!mw || !info) {
+		qpx_st.err = EINVAL;
+		return;
+	}
+	h->bind_mw = mw->handle;
+	h->bind_mr = info->mr ? info->mr->handle : 0;
+	h->bind_rkey = rkey;
+	h->bind_addr = info->addr;
+	h->bind_length = info->length;
+	h->bind_access = info->mw_access_flags;
+	mw->rkey = rkey;	/* the key the program hands to its peer, as after a posted bind */
+}
+
 static void qpx_ud(struct ibv_qp_ex *x, struct ibv_ah *ah, uint32_t qpn, uint32_t qkey)
 {
 	(void)x;
@@ -1165,6 +1808,7 @@ static void qpx_init(struct sv_qp *qp)
 	x->wr_atomic_cmp_swp = qpx_cas;
 	x->wr_atomic_fetch_add = qpx_faa;
 	x->wr_local_inv = qpx_local_inv;
+	x->wr_bind_mw = qpx_bind_mw;
 	x->wr_set_ud_addr = qpx_ud;
 	x->wr_set_xrc_srqn = qpx_xrc;
 	x->wr_set_sge = qpx_sge;
@@ -1744,6 +2388,12 @@ void ibv_copy_path_rec_from_kern(void *dst, void *src)
 	(void)src;
 }
 
+void ibv_copy_path_rec_to_kern(void *dst, void *src)
+{
+	(void)dst;
+	(void)src;
+}
+
 void ibv_copy_ah_attr_from_kern(struct ibv_ah_attr *dst, void *src)
 {
 	(void)src;
@@ -1760,8 +2410,20 @@ void sv_set_ops(struct sv_context *ctx)
 	ops->post_send = post_send;
 	ops->post_recv = post_recv;
 	ops->post_srq_recv = post_srq_recv;
+	ops->alloc_mw = alloc_mw;
+	ops->dealloc_mw = dealloc_mw;
+	ops->bind_mw = bind_mw;
 	struct verbs_context *v = &ctx->vctx;
 	v->query_port = sv_query_port;
+	v->query_device_ex = sv_query_device_ex;
+	v->advise_mr = advise_mr;
+	v->alloc_parent_domain = alloc_parent_domain;
+	v->alloc_td = alloc_td;
+	v->create_cq_ex = create_cq_ex;
+	v->alloc_dm = alloc_dm;
+	v->free_dm = free_dm;
+	v->reg_dm_mr = reg_dm_mr;
+	v->dealloc_td = dealloc_td;
 	v->create_qp_ex = create_qp_ex;
 	v->create_srq_ex = create_srq_ex;
 	v->get_srq_num = get_srq_num;

@@ -1,17 +1,13 @@
-/* libefa.so.1 for programs linked against it (perftest): softverbs is not an
- * EFA device; every efadv entry point says so (NULL with errno, or EOPNOTSUPP). */
-#include <errno.h>
-#include <stddef.h>
+/* libefa.so.1 for programs linked against it (perftest, libfabric, pyverbs):
+ * softverbs is not an EFA device, and every efadv entry point says so, as
+ * rdma-core's libefa does for a device of another vendor -- NULL with errno
+ * EOPNOTSUPP, or EOPNOTSUPP returned.  The table of every rdma-core 44 libefa
+ * symbol, one line each (../unsupported.h). */
+#include "../unsupported.h"
 
-void *efadv_create_qp_ex(void);
-void *efadv_create_qp_ex(void)
-{
-	errno = EOPNOTSUPP;
-	return NULL;
-}
-
-int efadv_query_device(void);
-int efadv_query_device(void)
-{
-	return EOPNOTSUPP;
-}
+SV_UNSUP_NULL(efadv_cq_from_ibv_cq_ex, EOPNOTSUPP)
+SV_UNSUP_NULL(efadv_create_cq, EOPNOTSUPP)
+SV_UNSUP_NULL(efadv_create_driver_qp, EOPNOTSUPP)
+SV_UNSUP_NULL(efadv_create_qp_ex, EOPNOTSUPP)
+SV_UNSUP_ERRNO(efadv_query_ah, EOPNOTSUPP)
+SV_UNSUP_ERRNO(efadv_query_device, EOPNOTSUPP)

@@ -1,0 +1,105 @@
+"""libfabric (Debian's libfabric1 1.17 and libfabric-bin) on softverbs.
+
+libfabric's ``verbs`` provider is a plain rdma-core consumer: it finds
+devices with ``ibv_get_device_list``, resolves addresses and connects with
+librdmacm (``rdma_getaddrinfo`` with the addresses in the hints, then
+``rdma_create_ep``), and links ``libefa``/``libmlx5`` for its other
+providers, so it exercises the whole ABI at load (BIND_NOW).
+
+* ``fi_info -p verbs`` lists softverbs' device ``sv0`` (a ``FI_EP_MSG`` domain
+  and ``sv0-dgram``).
+* ``fi_pingpong`` runs as a server/client pair with ``-p verbs -e dgram``
+  (UD), ``-p verbs -e msg`` (RC through the RDMA CM) and ``-p "verbs;ofi_rxm"
+  -e rdm`` (RXM's reliable datagrams over RC), every message size of the
+  endpoint, with ``-c``: fi_pingpong checks each message's bytes and fails the
+  run on a mismatch.  The verdict is its own: both exit 0, and the client's
+  table has a row per size whose ``#ack`` equals ``#sent``.
+
+``ofi_rxm`` sizes its completion queue as (receive + send queue depth) times
+``FI_UNIVERSE_SIZE`` (default 256): 262144 entries, beyond the device's
+``max_cqe`` (32767), and libfabric does not clamp it, so ``ibv_create_cq``
+answers EINVAL (as it does on any device with a smaller ``max_cqe``).  The
+rdm test sets ``FI_UNIVERSE_SIZE=16``, the documented knob for it.  It runs on
+demand only (``pytest -m slow``; RDM_HANGS below says why).
+
+Debian packages no fabtests (``fi_msg_bw``, ``fi_rma_bw``): they are not run.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1] / "interop"))  # pingpong_kit: port helpers
+from pingpong_kit import free_tcp_port, wait_listening
+from thirdparty_kit import exec_cmd, need
+
+TIMEOUT = 120
+ITERS = 50
+
+
+def test_fi_info_lists_the_softverbs_device(service_env: dict[str, str]) -> None:
+    need("fi_info", "libfabric-bin")
+    r = subprocess.run(exec_cmd("fi_info", "-p", "verbs"), env=service_env, capture_output=True,
+                       text=True, timeout=TIMEOUT, check=False)  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    domains = set(re.findall(r"^\s*domain: (\S+)$", r.stdout, re.M))
+    types = set(re.findall(r"^\s*type: (\S+)$", r.stdout, re.M))
+    assert {"sv0", "sv0-dgram"} <= domains, r.stdout
+    assert {"FI_EP_MSG", "FI_EP_DGRAM"} <= types, r.stdout
+
+
+#: a result row: bytes #sent #ack total time MB/sec usec/xfer Mxfers/sec
+_ROW = re.compile(r"^(\d+[kmg]?)\s+(\d+)\s+=(\d+)\s+\S+\s+[\d.]+s\s+[\d.]+\s+[\d.]+\s+[\d.]+$")
+
+#: fi_pingpong's sizes: up to 4 KiB (the MTU) for UD, up to 1 MiB for the others
+UD_SIZES = ["64", "256", "1k", "4k"]
+SIZES = [*UD_SIZES, "64k", "1m"]
+#: Why rdm runs on demand only (``pytest -m slow``; docs/c-programs.md lists it).
+RDM_HANGS = ("about one run in four, after the client has passed and exited, the server "
+             "never sees the completion of its last operation and polls its CQ until "
+             "killed (gdb: in ibv_poll_cq); not yet understood")  # fmt: skip
+PINGPONG = [
+    ("verbs", "dgram", {}),
+    ("verbs", "msg", {}),
+    pytest.param("verbs;ofi_rxm", "rdm", {"FI_UNIVERSE_SIZE": "16"}, marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize(("provider", "ep", "extra"), PINGPONG,
+                         ids=["verbs-dgram", "verbs-msg", "verbs;ofi_rxm-rdm"])  # fmt: skip
+def test_fi_pingpong_pair(service_env: dict[str, str], provider: str, ep: str,
+                          extra: dict[str, str],
+                          request: pytest.FixtureRequest) -> None:  # fmt: skip
+    if ep == "rdm" and "slow" not in (request.config.getoption("markexpr") or ""):
+        pytest.skip(f"on demand (pytest -m slow): {RDM_HANGS}")
+    need("fi_pingpong", "libfabric-bin")
+    env = {**service_env, **extra}
+    port = free_tcp_port()
+    args = ["fi_pingpong", "-p", provider, "-e", ep, "-I", str(ITERS), "-c"]
+    server = subprocess.Popen(exec_cmd(*args, "-B", str(port)), env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              stdin=subprocess.DEVNULL)  # fmt: skip
+    try:
+        wait_listening(port, server, 60)
+        client = subprocess.run(exec_cmd(*args, "-P", str(port), "127.0.0.1"), env=env,
+                                capture_output=True, text=True, timeout=TIMEOUT,
+                                check=False, stdin=subprocess.DEVNULL)  # fmt: skip
+        out = server.communicate(timeout=TIMEOUT)[0]
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    text = client.stdout + client.stderr
+    assert client.returncode == 0, f"client:\n{text}\nserver:\n{out}"
+    assert server.returncode == 0, f"server:\n{out}\nclient:\n{text}"
+    rows = [m.groups() for m in map(_ROW.match, client.stdout.splitlines()) if m]
+    assert [size for size, _, _ in rows] == (UD_SIZES if ep == "dgram" else SIZES), text
+    for size, sent, acked in rows:
+        assert int(sent) == ITERS and int(acked) == ITERS, f"{size}: {sent} sent, {acked} acked"
+    assert "error" not in text.lower() and "error" not in out.lower(), text + out
