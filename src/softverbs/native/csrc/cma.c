@@ -939,9 +939,8 @@ int rdma_get_cm_event(struct rdma_event_channel *channel, struct rdma_cm_event *
 	if (!buf)
 		return fail(ENOMEM);
 	for (;;) {
+		/* a signal ends the wait with EINTR, as librdmacm's read() does */
 		ssize_t n = recv(channel->fd, buf, MSG - 1, 0);
-		if (n < 0 && errno == EINTR)
-			continue;
 		if (n <= 0) {
 			int err = n < 0 ? errno : ENODEV;	/* the service is gone */
 			free(buf);

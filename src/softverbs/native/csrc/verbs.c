@@ -349,14 +349,16 @@ int ibv_get_cq_event(struct ibv_comp_channel *channel, struct ibv_cq **cq, void 
 	struct sv_comp_event_record rec;
 	struct ibv_cq *c;
 	/* An event for a CQ destroyed since is dropped, as the kernel drops a
-	 * destroyed CQ's unread events: the next one is read instead. */
+	 * destroyed CQ's unread events: the next one is read instead.  A signal
+	 * ends the wait with EINTR, as rdma-core's plain read() does: programs
+	 * such as qperf break a blocked wait with SIGALRM. */
 	do {
-		ssize_t n;
-		do
-			n = recv(channel->fd, &rec, sizeof(rec), 0);
-		while (n < 0 && errno == EINTR);
-		if (n != (ssize_t)sizeof(rec))
+		ssize_t n = recv(channel->fd, &rec, sizeof(rec), 0);
+		if (n != (ssize_t)sizeof(rec)) {
+			if (n >= 0)
+				errno = n ? EPROTO : ENODEV;	/* the service is gone */
 			return -1;
+		}
 		c = sv_map_get_event(sv_ctx(channel->context), SV_KIND_CQ, rec.cq, 1);
 	} while (!c);
 	*cq = c;
