@@ -75,6 +75,7 @@ from softverbs.engine.rings import (
     SharedRecvRing,
     WorkRing,
     recv_slot_size,
+    ring_slots,
     send_slot_size,
 )
 from softverbs.enums import (
@@ -1241,10 +1242,10 @@ class Host:
         has_sq = qp_type != IBV_QPT_XRC_RECV
         has_rq = not xrc and srq is None
         sq, rq = res.sq, res.rq
-        self._check_ring(sq, has_sq, "send", max(caps.max_send_wr, 1),
+        self._check_ring(sq, has_sq, "send", ring_slots(caps.max_send_wr),
                          send_slot_size(caps.max_send_sge, caps.max_inline_data),
                          req.sq_slot)  # fmt: skip
-        self._check_ring(rq, has_rq, "receive", max(caps.max_recv_wr, 1),
+        self._check_ring(rq, has_rq, "receive", ring_slots(caps.max_recv_wr),
                          recv_slot_size(caps.max_recv_sge), req.rq_slot)  # fmt: skip
         hca = dev.hca
         with self._on(dev):
