@@ -266,11 +266,25 @@ def test_too_many_sges(ctx, qp_type):
 
 @pytest.mark.parametrize("qp_type", QP_TYPES)
 def test_inline_too_long(ctx, qp_type):
-    p = make_pair(ctx, qp_type, max_inline_data=32)
+    p = make_pair(ctx, qp_type, max_inline_data=32, max_send_sge=1)
     wr = _send_to(p, 1, 33, flags=IBV_SEND_SIGNALED | IBV_SEND_INLINE)
     with raises_errno(errno.EINVAL, "33 bytes of inline data", "max_inline_data=32"):
         p.a.qp.post_send(wr)
     assert_cq_empty(p.a.scq)
+
+
+def test_inline_capacity_is_at_least_the_sge_list(ctx):
+    """As rxe: a WQE holds its SGE list or inline data, so a QP reports (and
+    takes) max(max_inline_data, 16 * max_send_sge) inline bytes -- what
+    rdma_xclient, which asks for 0 and sends 16, relies on."""
+    p = make_pair(ctx, IBV_QPT_RC, max_inline_data=0, max_send_sge=1)
+    assert p.a.qp.query()[0].cap.max_inline_data == 16
+    p.b.qp.post_recv(recv_wr(1, p.b, 64))
+    p.a.write(b"sixteen bytes!!!")
+    p.a.qp.post_send(_send_to(p, 2, 16, flags=IBV_SEND_SIGNALED | IBV_SEND_INLINE))
+    check_wc(poll_exact(p.a.scq, 1)[0], 2, IBV_WC_SUCCESS)
+    check_wc(poll_exact(p.b.rcq, 1)[0], 1, IBV_WC_SUCCESS, IBV_WC_RECV)
+    assert p.b.read(16, RECV_OFF) == b"sixteen bytes!!!"
 
 
 @pytest.mark.parametrize(

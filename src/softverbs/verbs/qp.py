@@ -463,6 +463,7 @@ class QP(PyverbsCM):
             raise
         self.dev_handle: int = reply.qp
         self._qpn: int = reply.qpn
+        self.cap.max_inline_data = reply.caps.max_inline_data  # as the device rounds it
         self._adopt(ctx)
         for parent in (pd, self.scq, self.rcq, self.srq, self.xrcd, ctx if pd is None else None):
             if parent is not None:
