@@ -1368,8 +1368,13 @@ RDMA_MC_JOIN_FLAG_FULLMEMBER = rdma_cm_mc_join_flags.RDMA_MC_JOIN_FLAG_FULLMEMBE
 RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER = rdma_cm_mc_join_flags.RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER
 
 RDMA_OPTION_ID: Final[int] = 0  #: option level: the rdma_cm_id itself
+RDMA_OPTION_IB: Final[int] = 1  #: option level: InfiniBand paths
 
+RDMA_OPTION_ID_TOS: Final[int] = 0  #: option name: the type of service (uint8, RFC 2474)
+RDMA_OPTION_ID_REUSEADDR: Final[int] = 1  #: option name: share a bound port (int)
+RDMA_OPTION_ID_AFONLY: Final[int] = 2  #: option name: a wildcard bind is one family's (int)
 RDMA_OPTION_ID_ACK_TIMEOUT: Final[int] = 3  #: option name: QP ACK timeout exponent (uint8)
+RDMA_OPTION_IB_PATH: Final[int] = 1  #: option name (level IB): path records
 
 
 # -------------------------------------------------------------------------------------------------

@@ -88,6 +88,7 @@ static int cmd_send(char **a)
 	int fd = atoi(a[0]);
 	map_ring(&qp.sq, fd, (uint32_t)atoi(a[1]), (uint32_t)atoi(a[2]));
 	qp.has_sq = 1;
+	qp.cap.max_send_wr = qp.sq.nslots;	/* as create_qp sizes the ring */
 	qp.cap.max_send_sge = (uint32_t)atoi(a[3]);
 	qp.cap.max_inline_data = (uint32_t)atoi(a[4]);
 	qp.qpx.qp_base.qp_type = (enum ibv_qp_type)atoi(a[5]);
@@ -158,6 +159,7 @@ static int cmd_recv(char **a)
 	map_ring(&qp.rq, atoi(a[0]), (uint32_t)atoi(a[1]), (uint32_t)atoi(a[2]));
 	qp.has_rq = 1;
 	qp.ctx = &unit_ctx;
+	qp.cap.max_recv_wr = qp.rq.nslots;
 	qp.cap.max_recv_sge = (uint32_t)atoi(a[3]);
 	pthread_spin_init(&qp.rq_lock, 0);
 	struct ibv_sge sg[2] = {{0x3000, 64, 0x33}, {0x4000, 32, 0x44}};

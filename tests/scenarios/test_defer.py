@@ -132,11 +132,11 @@ def test_full_sq_failure_rings_for_earlier_deferred_wr(ctx):
 
 
 def test_inline_failure_inside_a_list_rings_for_deferred_ones(ctx):
-    p = make_pair(ctx, IBV_QPT_RC, max_inline_data=8)
+    p = make_pair(ctx, IBV_QPT_RC, max_inline_data=8, max_send_sge=1)  # holds 16 inline bytes
     a, b = p.a, p.b
-    bad = write_wr(3, a, b, 16, flags=SIG | softverbs.enums.IBV_SEND_INLINE)
+    bad = write_wr(3, a, b, 17, flags=SIG | softverbs.enums.IBV_SEND_INLINE)
     bad_wr = send_wr(0, a, 1)
-    with raises_errno(errno.EINVAL, "max_inline_data=8"):
+    with raises_errno(errno.EINVAL, "max_inline_data=16"):
         a.qp.post_send(chain(write_wr(1, a, b, 8, flags=SIG | DEFER),
                              write_wr(2, a, b, 8, flags=SIG | DEFER), bad), bad_wr)  # fmt: skip
     assert bad_wr.wr_id == 3

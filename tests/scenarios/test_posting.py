@@ -266,11 +266,25 @@ def test_too_many_sges(ctx, qp_type):
 
 @pytest.mark.parametrize("qp_type", QP_TYPES)
 def test_inline_too_long(ctx, qp_type):
-    p = make_pair(ctx, qp_type, max_inline_data=32)
+    p = make_pair(ctx, qp_type, max_inline_data=32, max_send_sge=1)
     wr = _send_to(p, 1, 33, flags=IBV_SEND_SIGNALED | IBV_SEND_INLINE)
     with raises_errno(errno.EINVAL, "33 bytes of inline data", "max_inline_data=32"):
         p.a.qp.post_send(wr)
     assert_cq_empty(p.a.scq)
+
+
+def test_inline_capacity_is_at_least_the_sge_list(ctx):
+    """As rxe: a WQE holds its SGE list or inline data, so a QP reports (and
+    takes) max(max_inline_data, 16 * max_send_sge) inline bytes -- what
+    rdma_xclient, which asks for 0 and sends 16, relies on."""
+    p = make_pair(ctx, IBV_QPT_RC, max_inline_data=0, max_send_sge=1)
+    assert p.a.qp.query()[0].cap.max_inline_data == 16
+    p.b.qp.post_recv(recv_wr(1, p.b, 64))
+    p.a.write(b"sixteen bytes!!!")
+    p.a.qp.post_send(_send_to(p, 2, 16, flags=IBV_SEND_SIGNALED | IBV_SEND_INLINE))
+    check_wc(poll_exact(p.a.scq, 1)[0], 2, IBV_WC_SUCCESS)
+    check_wc(poll_exact(p.b.rcq, 1)[0], 1, IBV_WC_SUCCESS, IBV_WC_RECV)
+    assert p.b.read(16, RECV_OFF) == b"sixteen bytes!!!"
 
 
 @pytest.mark.parametrize(
@@ -349,3 +363,37 @@ def test_ud_send_has_grh(ctx):
     p.a.qp.post_send(_send_to(p, 2, 16))
     wc = poll_exact(p.b.rcq, 1)[0]
     assert wc.wc_flags & IBV_WC_GRH
+
+
+# --- queues of 0 WRs ---------------------------------------------------------------------
+def test_zero_length_queues(ctx):
+    """max_send_wr=0 or max_recv_wr=0 is a valid QP (as on rxe, which reports
+    0 back): qperf's one-sided tests make them.  A post to such a queue fails
+    with ENOMEM, as to a full one; the other direction works."""
+    p = make_pair(ctx, IBV_QPT_RC, connected=False)
+    pd = p.pd
+    # a sends and never receives; b receives and never sends
+    a_qp = make_qp(pd, IBV_QPT_RC, p.a.scq, p.a.rcq, max_recv_wr=0)
+    b_qp = make_qp(pd, IBV_QPT_RC, p.b.scq, p.b.rcq, max_send_wr=0)
+    assert (a_qp.query()[0].cap.max_recv_wr, b_qp.query()[0].cap.max_send_wr) == (0, 0)
+    connect(a_qp, b_qp.qp_num)
+    connect(b_qp, a_qp.qp_num)
+    a, b = p.a, p.b
+    a.qp, b.qp = a_qp, b_qp
+    with raises_errno(errno.ENOMEM, "max_send_wr=0"):
+        b.qp.post_send(send_wr(1, b, 8))
+    with raises_errno(errno.ENOMEM, "max_recv_wr=0"):
+        a.qp.post_recv(recv_wr(2, a, 8))
+    a.write(b"written by a", 0)
+    b.qp.post_recv(recv_wr(3, b, 64))
+    a.qp.post_send(chain(write_wr(4, a, b, 12, 0, 256), send_wr(5, a, 12)))
+    assert [w.wr_id for w in poll_exact(a.scq, 2)] == [4, 5]
+    check_wc(poll_exact(b.rcq, 1)[0], 3, IBV_WC_SUCCESS, IBV_WC_RECV)
+    assert b.read(12, 256) == b.read(12, RECV_OFF) == b"written by a"
+    # b, with no send queue, still answers a's READ (the responder needs none)
+    b.write(b"read back", 512)
+    rd = write_wr(6, a, b, 9, 1024, 512, opcode=IBV_WR_RDMA_READ)
+    a.qp.post_send(rd)
+    check_wc(poll_exact(a.scq, 1)[0], 6, IBV_WC_SUCCESS)
+    assert a.read(9, 1024) == b"read back"
+    assert_cq_empty(b.scq)

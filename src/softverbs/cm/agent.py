@@ -101,6 +101,9 @@ from softverbs.enums import (
     RDMA_CM_EVENT_UNREACHABLE,
     RDMA_OPTION_ID,
     RDMA_OPTION_ID_ACK_TIMEOUT,
+    RDMA_OPTION_ID_AFONLY,
+    RDMA_OPTION_ID_REUSEADDR,
+    RDMA_OPTION_ID_TOS,
     RDMA_PS_TCP,
     RDMA_PS_UDP,
     bytes_to_mtu,
@@ -120,7 +123,19 @@ MRA_SERVICE_TIMEOUT = 24
 #: The local CA ACK delay softverbs devices report (query_device).
 LOCAL_CA_ACK_DELAY = 15
 EPHEMERAL_PORTS = (32768, 60999)
-RDMA_OPTION_ID_TOS = 0
+#: rdma_set_option's value sizes (ucma_set_option_id): any other optlen is EINVAL
+OPTION_LENGTHS = {RDMA_OPTION_ID_TOS: 1, RDMA_OPTION_ID_REUSEADDR: 4, RDMA_OPTION_ID_AFONLY: 4,
+                  RDMA_OPTION_ID_ACK_TIMEOUT: 1}  # fmt: skip
+
+
+def bindv6only() -> bool:
+    """``net.ipv6.bindv6only``: whether a wildcard IPv6 bind without
+    RDMA_OPTION_ID_AFONLY is IPv6 only (rdma_bind_addr reads the same)."""
+    try:
+        with open("/proc/sys/net/ipv6/bindv6only") as f:
+            return f.read().strip() == "1"
+    except OSError:
+        return False
 
 Addr = tuple[bytes, int]  #: (packed IP, port)
 Sink = Callable[[dict[str, Any]], None]
@@ -206,6 +221,9 @@ class CmId:
         self.timeout_set = False
         self.timeout_opt = 0
         self.tos = 0
+        self.reuseaddr = False  #: RDMA_OPTION_ID_REUSEADDR
+        self.afonly = False  #: a wildcard bind takes its own family only
+        self.afonly_set = False  #: RDMA_OPTION_ID_AFONLY was given (else bind decides)
         self.qkey = 0
         self.max_cm_retries = MAX_CM_RETRIES
         self.rep_timeout_ms = mad.ms_of(CM_RESPONSE_TIMEOUT)
@@ -359,6 +377,8 @@ class CmAgent:
         if cid.state != RdmaState.IDLE:
             raise cm_error(f"bind: the CM ID is in state {cid.state.name}", errno.EINVAL)
         ip, port = a
+        if not cid.afonly_set:  # rdma_bind_addr: IPv4 is always, IPv6 as the sysctl says
+            cid.afonly = len(ip) == 4 or bindv6only()
         port = self._take_port(cid, ip, port)
         cid.src = (ip, port)
         cid.dev = dev
@@ -380,17 +400,31 @@ class CmAgent:
                 raise cm_error("no free port in the ephemeral range", errno.EADDRNOTAVAIL)
             self._last_port = port
         else:
-            for other in self.binds.get((ps, port), []):
-                oip = other.src[0] if other.src else b""
-                if is_any(ip) or is_any(oip):
-                    raise cm_error(f"port {port} is already bound (a wildcard address is "
-                                   "involved)", errno.EADDRNOTAVAIL)  # fmt: skip
-                if oip == ip:
-                    raise cm_error(f"{ipaddress.ip_address(ip)}:{port} is already in use",
-                                   errno.EADDRINUSE)  # fmt: skip
+            self._check_port(cid, ip, port, self.binds.get((ps, port), []), cid.reuseaddr)
         self.binds.setdefault((ps, port), []).append(cid)
         cid.bound = (ps, port)
         return port
+
+    @staticmethod
+    def _check_port(cid: CmId, ip: bytes, port: int, owners: list[CmId], reuse: bool) -> None:
+        """``cma_check_port``: may ``cid`` hold ``ip``:``port`` next to its
+        other owners?  Two IDs that both set REUSEADDR share it; two AFONLY IDs
+        of different families never conflict; otherwise a wildcard address
+        on either side is EADDRNOTAVAIL and the same address EADDRINUSE."""
+        for other in owners:
+            if other is cid or other.src is None:
+                continue
+            if reuse and other.reuseaddr:
+                continue
+            oip = other.src[0]
+            if cid.afonly and other.afonly and len(ip) != len(oip):
+                continue
+            if is_any(ip) or is_any(oip):
+                raise cm_error(f"port {port} is already bound (a wildcard address is "
+                               "involved)", errno.EADDRNOTAVAIL)  # fmt: skip
+            if oip == ip:
+                raise cm_error(f"{ipaddress.ip_address(ip)}:{port} is already in use",
+                               errno.EADDRINUSE)  # fmt: skip
 
     def _release_port(self, cid: CmId) -> None:
         if cid.bound is None:
@@ -482,6 +516,9 @@ class CmAgent:
                 self.device(name)
         with self.lock:
             cid = self._get(handle, owner)
+            if cid.reuseaddr and cid.bound is not None and cid.src is not None:
+                # cma_bind_listen: a listener shares its port with no one
+                self._check_port(cid, cid.src[0], cid.src[1], self.binds[cid.bound], False)
             self._rdma(cid, "listen")
             cid.backlog = backlog
             self._cm(cid, "listen")
@@ -495,7 +532,10 @@ class CmAgent:
             if cid.dev is not None and cid.dev != dev:
                 continue
             ip = cid.src[0]
-            if not (is_any(ip) or ip == dst_ip):
+            # cma_match_private_data: a wildcard listener without AFONLY takes
+            # both families; otherwise the request's family must be its own
+            if not (is_any(ip) and not cid.afonly) and (
+                    len(ip) != len(dst_ip) or not (is_any(ip) or ip == dst_ip)):  # fmt: skip
                 continue
             if sidr != (cid.qp_type == IBV_QPT_UD):
                 continue
@@ -757,20 +797,40 @@ class CmAgent:
 
     # --- options and QP attributes -------------------------------------------------------
     def set_option(self, handle: int, level: int, name: int, value: int,
-                   owner: object = None) -> None:  # fmt: skip
+                   length: int | None = None, owner: object = None) -> None:  # fmt: skip
+        """``rdma_set_option`` at level RDMA_OPTION_ID, with the kernel's rules
+        (ucma_set_option_id): ``length`` is the caller's optlen (checked when
+        given), an unknown level or name is ENOSYS."""
         with self.lock:
             cid = self._get(handle, owner)
             if level != RDMA_OPTION_ID:
-                raise cm_error(f"option level {level} is not supported", errno.ENOSYS)
+                raise cm_error(f"option level {level} is not supported: softverbs' RDMA CM "
+                               "has RDMA_OPTION_ID only", errno.ENOSYS)  # fmt: skip
+            want = OPTION_LENGTHS.get(name)
+            if want is None:
+                raise cm_error(f"option {name} is not supported", errno.ENOSYS)
+            if length is not None and length != want:
+                raise cm_error(f"option {name} takes a value of {want} bytes, not {length}",
+                               errno.EINVAL)  # fmt: skip
+            value = int(value)
             if name == RDMA_OPTION_ID_ACK_TIMEOUT:
                 if cid.qp_type != IBV_QPT_RC:
                     raise cm_error("the ACK timeout applies to RC only", errno.EINVAL)
-                cid.timeout_opt = int(value) & 0xFF
+                cid.timeout_opt = value & 0xFF
                 cid.timeout_set = True
             elif name == RDMA_OPTION_ID_TOS:
-                cid.tos = int(value) & 0xFF
-            else:
-                raise cm_error(f"option {name} is not supported", errno.ENOSYS)
+                cid.tos = value & 0xFF
+            elif name == RDMA_OPTION_ID_REUSEADDR:
+                # rdma_set_reuseaddr: turned on in any state but LISTEN, off only in IDLE
+                if cid.state != RdmaState.IDLE and (not value or cid.state == RdmaState.LISTEN):
+                    raise cm_error(f"REUSEADDR={int(bool(value))} in state {cid.state.name}",
+                                   errno.EINVAL)  # fmt: skip
+                cid.reuseaddr = bool(value)
+            else:  # RDMA_OPTION_ID_AFONLY: rdma_set_afonly, before the ID is resolved
+                if cid.state not in (RdmaState.IDLE, RdmaState.ADDR_BOUND):
+                    raise cm_error(f"AFONLY in state {cid.state.name}", errno.EINVAL)
+                cid.afonly = bool(value)
+                cid.afonly_set = True
 
     def init_qp_attr(self, handle: int, qp_state: int,
                      owner: object = None) -> dict[str, Any]:  # fmt: skip

@@ -71,6 +71,9 @@ from softverbs.enums import (
     RDMA_CM_EVENT_ROUTE_RESOLVED,
     RDMA_CM_EVENT_UNREACHABLE,
     RDMA_OPTION_ID_ACK_TIMEOUT,
+    RDMA_OPTION_ID_AFONLY,
+    RDMA_OPTION_ID_REUSEADDR,
+    RDMA_OPTION_ID_TOS,
     RDMA_PS_IPOIB,
     RDMA_PS_TCP,
     RDMA_PS_UDP,
@@ -1044,12 +1047,20 @@ class CMID(PyverbsCM):
         return ECE(vendor_id=idr.remote_ece[0], options=idr.remote_ece[1])
 
     def set_option(self, level: int, optname: int, optval: int, optlen: int) -> None:
-        if optname != RDMA_OPTION_ID_ACK_TIMEOUT:
-            raise PyverbsUserError(
-                "Currently only RDMA_OPTION_ID_ACK_TIMEOUT is supported in Pyverbs."
-            )
+        """``rdma_set_option``: ``optlen`` bytes of the integer ``optval``, as
+        pyverbs copies them.  rdma-core 44's pyverbs takes ACK_TIMEOUT only;
+        this one also TOS, REUSEADDR and AFONLY, with the kernel's rules (a
+        uint8_t for TOS and ACK_TIMEOUT, an int for the others: EINVAL)."""
+        if optname not in (RDMA_OPTION_ID_ACK_TIMEOUT, RDMA_OPTION_ID_TOS,
+                           RDMA_OPTION_ID_REUSEADDR, RDMA_OPTION_ID_AFONLY):  # fmt: skip
+            raise PyverbsUserError("Currently only RDMA_OPTION_ID_ACK_TIMEOUT, _TOS, _REUSEADDR "
+                                   "and _AFONLY are supported in Pyverbs.")  # fmt: skip
+        length = _uint("optlen", optlen, 32)
+        if not 1 <= length <= 8:
+            raise PyverbsUserError(f"optlen must be 1..8 (bytes of optval), got {optlen!r}")
+        value = _uint("optval", optval, 64) & ((1 << (8 * length)) - 1)
         self._idr().call("set_option", "Failed to set option", level=_uint("level", level, 32),
-                         name=optname, value=_uint("optval", optval, 8))  # fmt: skip
+                         name=optname, value=value, length=length)  # fmt: skip
 
     def join_multicast(self, addr: AddrInfo | None = None, mc_attr: JoinMCAttrEx | None = None,
                        context: int = 0) -> None:  # fmt: skip

@@ -65,6 +65,7 @@ from softverbs.engine.hca import HCA, XrcDomain
 from softverbs.engine.memory import Bytes, MemKey, MemKind
 from softverbs.engine.qp import QPEngine
 from softverbs.engine.rings import (
+    SGE,
     WQ_RQ,
     WQ_SQ,
     WQ_SRQ,
@@ -75,6 +76,7 @@ from softverbs.engine.rings import (
     SharedRecvRing,
     WorkRing,
     recv_slot_size,
+    ring_slots,
     send_slot_size,
 )
 from softverbs.enums import (
@@ -286,6 +288,15 @@ def check_access(access: int, what: str = "MR") -> int:
             "IBV_ACCESS_LOCAL_WRITE (the device writes into the region)"
         )
     return access
+
+
+def inline_capacity(caps: api.QPCaps) -> int:
+    """The ``max_inline_data`` a QP reports: what was asked, or the bytes its
+    SGE list takes in the WQE if more -- as rxe does (the WQE holds either),
+    so a QP made with max_inline_data=0 still takes small inline sends
+    (librdmacm's rdma_xclient sends 16 inline bytes on such a QP).  The send
+    slot (``send_slot_size``) has room for both."""
+    return min(max(caps.max_inline_data, caps.max_send_sge * SGE.size), LIMITS["max_inline_data"])
 
 
 def _range(name: str, value: int, lo: int, hi: int) -> int:
@@ -1254,10 +1265,10 @@ class Host:
         has_sq = qp_type != IBV_QPT_XRC_RECV
         has_rq = not xrc and srq is None
         sq, rq = res.sq, res.rq
-        self._check_ring(sq, has_sq, "send", max(caps.max_send_wr, 1),
+        self._check_ring(sq, has_sq, "send", ring_slots(caps.max_send_wr),
                          send_slot_size(caps.max_send_sge, caps.max_inline_data),
                          req.sq_slot)  # fmt: skip
-        self._check_ring(rq, has_rq, "receive", max(caps.max_recv_wr, 1),
+        self._check_ring(rq, has_rq, "receive", ring_slots(caps.max_recv_wr),
                          recv_slot_size(caps.max_recv_sge), req.rq_slot)  # fmt: skip
         hca = dev.hca
         with self._on(dev):
@@ -1271,7 +1282,8 @@ class Host:
             rec = self._new(owner, KIND_QP, dev, eng, ctx, (pd, scq, rcq, srq, xrcd))
             rec.release = res.release
             rec.info = QPInfo(api.QPCaps(caps.max_send_wr, caps.max_recv_wr, caps.max_send_sge,
-                                         caps.max_recv_sge, caps.max_inline_data, 0),
+                                         caps.max_recv_sge,
+                                         inline_capacity(caps) if has_sq else 0, 0),
                               req.sq_sig_all)  # fmt: skip
             eng.owner = rec
             hca.qps[qpn] = eng

@@ -669,11 +669,14 @@ class WorkRing:
 
     PI, DB, STATE = 0, 1, 2
 
-    __slots__ = ("ci", "fetch", "fetched", "hdr", "seen_db", "size", "slots", "tag")
+    __slots__ = ("capacity", "ci", "fetch", "fetched", "hdr", "seen_db", "size", "slots", "tag")
 
     def __init__(self, size: int, slots: SlotStore[Any], hdr: memoryview,
                  tag: tuple[int, int] = (WQ_NONE, 0)) -> None:  # fmt: skip
         self.size = size
+        #: application: how many WQEs a post may hold -- the QP's max_*_wr,
+        #: which is below ``size`` only for a queue of 0 WRs (see ring_slots)
+        self.capacity = size
         self.slots = slots
         self.hdr = hdr
         self.tag = tag
@@ -1061,6 +1064,17 @@ def poisoned(wqe: Any, why: str) -> Any:
 
 
 # --- construction ------------------------------------------------------------------------------
+
+
+def ring_slots(max_wr: int) -> int:
+    """The slots of the ring of a send or receive queue of ``max_wr`` WRs.
+
+    A queue of 0 WRs is valid (as on rxe, which reports it back as 0: qperf
+    makes such QPs for one-sided tests); its ring still has one slot, never
+    used, because every post finds the queue full (ENOMEM) against the QP's
+    capability.  The C library, the service and the device all size rings
+    by this rule."""
+    return max(max_wr, 1)
 
 
 def local_work_ring(size: int) -> WorkRing:

@@ -71,6 +71,7 @@ from softverbs.engine.rings import (
     WR_DRIVER1,
     SharedRegion,
     recv_slot_size,
+    ring_slots,
     send_slot_size,
     shared_cq,
     shared_srq,
@@ -671,6 +672,7 @@ class Service:
             ):  # fmt: skip
                 if not slot:
                     continue
+                size = ring_slots(size)
                 fd = taken.pop(0)
                 try:
                     _slot(slot, least, op.name)

@@ -26,7 +26,7 @@ from softverbs.device import api
 from softverbs.device.core import ALLOWED_OPCODES
 from softverbs.engine import qpstate
 from softverbs.engine.requester import WR_INFO, WrClass
-from softverbs.engine.rings import WQ_RQ, WQ_SQ, SendWQE, Sge, WorkRing
+from softverbs.engine.rings import WQ_RQ, WQ_SQ, SendWQE, Sge, WorkRing, ring_slots
 from softverbs.enums import (
     IBV_MTU_1024,
     IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
@@ -436,11 +436,15 @@ class QP(PyverbsCM):
             if not isinstance(value, int) or not 0 <= value <= hi:
                 raise einval(f"cap.{name}={value!r} exceeds the device limit {hi}")
         self.sq: WorkRing | None = provider.work_ring(
-            cap.max_send_wr, True, cap.max_send_sge, cap.max_inline_data, qp_type
+            ring_slots(cap.max_send_wr), True, cap.max_send_sge, cap.max_inline_data, qp_type
         ) if has_sq else None  # fmt: skip
         self.rq: WorkRing | None = provider.work_ring(
-            cap.max_recv_wr, False, cap.max_recv_sge, 0, qp_type
+            ring_slots(cap.max_recv_wr), False, cap.max_recv_sge, 0, qp_type
         ) if has_rq else None  # fmt: skip
+        if self.sq is not None:
+            self.sq.capacity = cap.max_send_wr
+        if self.rq is not None:
+            self.rq.capacity = cap.max_recv_wr
         ops = getattr(init_attr, "send_ops_flags", 0) if getattr(
             init_attr, "comp_mask", 0) & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS else 0  # fmt: skip
         body = api.CreateQP(
@@ -459,6 +463,7 @@ class QP(PyverbsCM):
             raise
         self.dev_handle: int = reply.qp
         self._qpn: int = reply.qpn
+        self.cap.max_inline_data = reply.caps.max_inline_data  # as the device rounds it
         self._adopt(ctx)
         for parent in (pd, self.scq, self.rcq, self.srq, self.xrcd, ctx if pd is None else None):
             if parent is not None:
@@ -657,7 +662,7 @@ class QP(PyverbsCM):
         if flags & ~_ALLOWED_SEND_FLAGS:
             raise einval(f"{where}: unsupported send_flags bits "
                          f"{flags & ~_ALLOWED_SEND_FLAGS:#x}")  # fmt: skip
-        if sq.used >= sq.size:
+        if sq.used >= sq.capacity:
             raise self._sq_full(where)
         cap = self.cap
         if len(w.sg) > cap.max_send_sge:
@@ -706,9 +711,12 @@ class QP(PyverbsCM):
         """ENOMEM for a post to a full send queue (and the sanitizer's report)."""
         sq = self.sq
         assert sq is not None
+        if not sq.capacity:  # not the unsignaled trap: a queue made with no room
+            return enomem(f"{where}: the QP was created with max_send_wr=0: its send queue "
+                          "holds no WR")  # fmt: skip
         sanitizer.report_here("send-queue-full", [
             ("qp", f"{self.qp_num:#x}"),
-            ("send queue", f"{sq.used} of {sq.size} slots held by WRs whose completions "
+            ("send queue", f"{sq.used} of {sq.capacity} slots held by WRs whose completions "
                            f"have not been polled; {self._unsignaled_run} unsignaled WRs "
                            "posted since the last signaled one"),
             ("result", "post_send fails with ENOMEM" + (
@@ -720,7 +728,7 @@ class QP(PyverbsCM):
     def _sq_full_message(self, where: object) -> str:
         sq = self.sq
         assert sq is not None
-        size = sq.size
+        size = sq.capacity
         return (
             f"{where}: the send queue is full: {sq.used} of {size} slots are held by WRs "
             f"whose completions have not been polled, and {self._unsignaled_run} unsignaled "
@@ -842,9 +850,12 @@ class QP(PyverbsCM):
                                      "has no receive queue")  # fmt: skip
                     if self._state() == IBV_QPS_RESET:
                         raise einval(f"{where}: the QP is in RESET; move it to INIT first")
-                    if rq.used >= rq.size:
+                    if not rq.capacity:
+                        raise enomem(f"{where}: the QP was created with max_recv_wr=0: its "
+                                     "receive queue holds no WR")  # fmt: skip
+                    if rq.used >= rq.capacity:
                         raise enomem(
-                            f"{where}: the receive queue is full: {rq.used} of {rq.size} "
+                            f"{where}: the receive queue is full: {rq.used} of {rq.capacity} "
                             "receive WRs are posted and not yet completed and polled"
                         )
                     rq.push(recv_wqe(w, self.cap.max_recv_sge, where))
@@ -948,7 +959,7 @@ class QPEx(QP):
             sq = self.sq
             assert sq is not None
             try:
-                if sq.size - sq.used < len(batch):
+                if sq.capacity - sq.used < len(batch):
                     raise self._sq_full(f"wr_complete: batch of {len(batch)}")
                 wqes = [self._build_send(w, i) for i, w in enumerate(batch)]
             except PyverbsRDMAError:

@@ -24,6 +24,7 @@
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <poll.h>
 #include <pthread.h>
@@ -53,7 +54,8 @@ struct cma_channel {
 struct cma_device {
 	char name[64];
 	struct ibv_context *verbs;
-	struct ibv_pd *pd;		/* the default PD (rdma_create_qp with none) */
+	struct ibv_pd *pd;		/* the default PD: every ID's id->pd until it has a QP */
+	struct ibv_xrcd *xrcd;		/* the default XRC domain (XRC_RECV IDs) */
 	uint8_t max_responder, max_initiator;
 };
 
@@ -62,7 +64,6 @@ struct cma_id {
 	uint32_t handle;
 	int sync;			/* rdma_create_ep's: calls wait for their event */
 	int connect_error;		/* the REP could not be completed: hide what follows */
-	int own_cqs;			/* rdma_create_qp made the CQs: it destroys them */
 	uint8_t responder_resources, initiator_depth;
 	struct cma_device *dev;
 	struct ibv_qp_init_attr *qp_init;	/* rdma_create_ep's passive IDs: for get_request */
@@ -200,6 +201,21 @@ static struct ibv_pd *default_pd(struct cma_device *d)
 	return pd;
 }
 
+/* ucma_get_xrcd: the device's XRC domain, opened on first use. */
+static struct ibv_xrcd *default_xrcd(struct cma_device *d)
+{
+	pthread_mutex_lock(&lock);
+	if (!d->xrcd) {
+		struct ibv_xrcd_init_attr a = {.comp_mask = IBV_XRCD_INIT_ATTR_FD |
+							    IBV_XRCD_INIT_ATTR_OFLAGS,
+					       .fd = -1, .oflags = O_CREAT};
+		d->xrcd = ibv_open_xrcd(d->verbs, &a);
+	}
+	struct ibv_xrcd *x = d->xrcd;
+	pthread_mutex_unlock(&lock);
+	return x;
+}
+
 static struct cma_id *id_of(uint32_t handle)
 {
 	pthread_mutex_lock(&lock);
@@ -224,6 +240,8 @@ static void attach(struct cma_id *c, const char *info)
 		if (c->dev) {
 			c->id.verbs = c->dev->verbs;
 			c->id.port_num = 1;
+			if (!c->id.pd)	/* as ucma_get_device: the device's own PD */
+				c->id.pd = default_pd(c->dev);
 			if (!c->responder_resources)
 				c->responder_resources = c->dev->max_responder;
 			if (!c->initiator_depth)
@@ -545,64 +563,100 @@ static int init_qp(struct cma_id *c)
 	return modify(c, IBV_QPS_RTR, -1) || modify(c, IBV_QPS_RTS, -1) ? -1 : 0;
 }
 
+/* ucma_create_cqs: the CQs (each with its own completion channel) of a queue
+ * the caller gave none for, sized by its WRs; a queue of 0 WRs gets none.
+ * They are librdmacm's: ucma_destroy_cqs frees them. */
+static int create_cqs(struct rdma_cm_id *id, uint32_t send_size, uint32_t recv_size)
+{
+	if (recv_size) {
+		id->recv_cq_channel = ibv_create_comp_channel(id->verbs);
+		if (!id->recv_cq_channel)
+			return -1;
+		id->recv_cq = ibv_create_cq(id->verbs, (int)recv_size, id, id->recv_cq_channel, 0);
+		if (!id->recv_cq)
+			return -1;
+	}
+	if (send_size) {
+		id->send_cq_channel = ibv_create_comp_channel(id->verbs);
+		if (!id->send_cq_channel)
+			return -1;
+		id->send_cq = ibv_create_cq(id->verbs, (int)send_size, id, id->send_cq_channel, 0);
+		if (!id->send_cq)
+			return -1;
+	}
+	return 0;
+}
+
+static void destroy_cqs(struct rdma_cm_id *id)
+{
+	if (id->qp_type == IBV_QPT_XRC_RECV && id->srq)
+		return;	/* the XRC SRQ still uses its CQ */
+	if (id->recv_cq)
+		ibv_destroy_cq(id->recv_cq);
+	if (id->send_cq && id->send_cq != id->recv_cq)
+		ibv_destroy_cq(id->send_cq);
+	if (id->recv_cq_channel)
+		ibv_destroy_comp_channel(id->recv_cq_channel);
+	if (id->send_cq_channel && id->send_cq_channel != id->recv_cq_channel)
+		ibv_destroy_comp_channel(id->send_cq_channel);
+	id->send_cq = id->recv_cq = NULL;
+	id->send_cq_channel = id->recv_cq_channel = NULL;
+}
+
+/* As librdmacm: the ID's PD when none is given (its device's, or its QP's),
+ * CQs made for the queues that have none, the ID's SRQ, an XRC domain for
+ * XRC_RECV; then the QP is moved to INIT (UD: RTS) and becomes id->qp. */
 int rdma_create_qp_ex(struct rdma_cm_id *id, struct ibv_qp_init_attr_ex *attr)
 {
 	if (!id || !attr)
 		return fail(EINVAL);
 	struct cma_id *c = cma(id);
-	if (!c->dev || id->qp)
-		return fail(c->dev ? EINVAL : ENODEV);
-	if (!attr->pd)
-		attr->pd = id->pd ? id->pd : default_pd(c->dev);
-	if (!attr->pd || attr->pd->context != id->verbs)
+	if (id->qp)
 		return fail(EINVAL);
-	attr->comp_mask |= IBV_QP_INIT_ATTR_PD;
-	int own = 0;
-	if (!attr->send_cq && !attr->recv_cq) {	/* librdmacm makes them, with channels */
-		id->recv_cq_channel = ibv_create_comp_channel(id->verbs);
-		id->send_cq_channel = ibv_create_comp_channel(id->verbs);
-		if (id->recv_cq_channel)
-			id->recv_cq = ibv_create_cq(id->verbs, (int)attr->cap.max_recv_wr + 1, id,
-						    id->recv_cq_channel, 0);
-		if (id->send_cq_channel)
-			id->send_cq = ibv_create_cq(id->verbs, (int)attr->cap.max_send_wr + 1, id,
-						    id->send_cq_channel, 0);
-		attr->send_cq = id->send_cq;
-		attr->recv_cq = id->recv_cq;
-		own = 1;
-		if (!id->send_cq || !id->recv_cq)
-			goto fail_cqs;
+	if (!c->dev)
+		return fail(ENODEV);	/* no address yet: no device to make it on */
+	if (!(attr->comp_mask & IBV_QP_INIT_ATTR_PD) || !attr->pd) {
+		attr->comp_mask |= IBV_QP_INIT_ATTR_PD;
+		attr->pd = id->pd;
+	} else if (attr->pd->context != id->verbs) {
+		return fail(EINVAL);	/* a PD of another device */
 	}
-	attr->qp_type = (enum ibv_qp_type)id->qp_type;
-	if (attr->srq == NULL && id->srq)
-		attr->srq = id->srq;
-	id->qp = ibv_create_qp_ex(id->verbs, attr);
-	if (!id->qp)
+	if ((id->recv_cq && attr->recv_cq && id->recv_cq != attr->recv_cq) ||
+	    (id->send_cq && attr->send_cq && id->send_cq != attr->send_cq))
+		return fail(EINVAL);
+	if (id->qp_type == IBV_QPT_XRC_RECV &&
+	    (!(attr->comp_mask & IBV_QP_INIT_ATTR_XRCD) || !attr->xrcd)) {
+		attr->xrcd = default_xrcd(c->dev);
+		if (!attr->xrcd)
+			return -1;
+		attr->comp_mask |= IBV_QP_INIT_ATTR_XRCD;
+	}
+	if (create_cqs(id, attr->send_cq || id->send_cq ? 0 : attr->cap.max_send_wr,
+		       attr->recv_cq || id->recv_cq ? 0 : attr->cap.max_recv_wr))
 		goto fail_cqs;
+	if (!attr->send_cq)
+		attr->send_cq = id->send_cq;
+	if (!attr->recv_cq)
+		attr->recv_cq = id->recv_cq;
+	if (id->srq && !attr->srq)
+		attr->srq = id->srq;
+	attr->qp_type = id->qp_type;
+	struct ibv_qp *qp = ibv_create_qp_ex(id->verbs, attr);
+	if (!qp)
+		goto fail_cqs;
+	id->qp = qp;
 	if (init_qp(c)) {
 		int err = errno;
-		ibv_destroy_qp(id->qp);
 		id->qp = NULL;
+		ibv_destroy_qp(qp);
 		errno = err;
 		goto fail_cqs;
 	}
-	id->pd = attr->pd;
-	c->own_cqs = own;
+	id->pd = qp->pd;
 	return 0;
 fail_cqs: {
 		int err = errno ? errno : ENOMEM;
-		if (own) {
-			if (id->send_cq)
-				ibv_destroy_cq(id->send_cq);
-			if (id->recv_cq)
-				ibv_destroy_cq(id->recv_cq);
-			if (id->send_cq_channel)
-				ibv_destroy_comp_channel(id->send_cq_channel);
-			if (id->recv_cq_channel)
-				ibv_destroy_comp_channel(id->recv_cq_channel);
-			id->send_cq = id->recv_cq = NULL;
-			id->send_cq_channel = id->recv_cq_channel = NULL;
-		}
+		destroy_cqs(id);
 		return fail(err);
 	}
 }
@@ -614,30 +668,88 @@ int rdma_create_qp(struct rdma_cm_id *id, struct ibv_pd *pd, struct ibv_qp_init_
 	struct ibv_qp_init_attr_ex ex;
 	memset(&ex, 0, sizeof(ex));
 	memcpy(&ex, init, sizeof(*init));
-	ex.pd = pd;
-	if (rdma_create_qp_ex(id, &ex))
-		return -1;
-	init->cap = ex.cap;
-	init->send_cq = ex.send_cq;
-	init->recv_cq = ex.recv_cq;
-	return 0;
+	ex.comp_mask = IBV_QP_INIT_ATTR_PD;
+	ex.pd = pd ? pd : id->pd;
+	int ret = rdma_create_qp_ex(id, &ex);
+	memcpy(init, &ex, sizeof(*init));	/* the caps, CQs and SRQ used, as librdmacm */
+	return ret;
 }
 
 void rdma_destroy_qp(struct rdma_cm_id *id)
 {
-	if (!id || !id->qp)
+	if (!id)
 		return;
-	ibv_destroy_qp(id->qp);
+	if (id->qp)
+		ibv_destroy_qp(id->qp);
 	id->qp = NULL;
-	if (cma(id)->own_cqs) {
-		ibv_destroy_cq(id->send_cq);
-		ibv_destroy_cq(id->recv_cq);
-		ibv_destroy_comp_channel(id->send_cq_channel);
-		ibv_destroy_comp_channel(id->recv_cq_channel);
-		id->send_cq = id->recv_cq = NULL;
-		id->send_cq_channel = id->recv_cq_channel = NULL;
-		cma(id)->own_cqs = 0;
+	destroy_cqs(id);
+}
+
+/* --- shared receive queues ------------------------------------------------------------ */
+
+int rdma_create_srq_ex(struct rdma_cm_id *id, struct ibv_srq_init_attr_ex *attr)
+{
+	if (!id || !attr || !(attr->comp_mask & IBV_SRQ_INIT_ATTR_TYPE))
+		return fail(EINVAL);
+	struct cma_id *c = cma(id);
+	if (!c->dev)
+		return fail(ENODEV);
+	if (id->srq)
+		return fail(EINVAL);
+	if (!(attr->comp_mask & IBV_SRQ_INIT_ATTR_PD) || !attr->pd) {
+		attr->pd = id->pd;
+		attr->comp_mask |= IBV_SRQ_INIT_ATTR_PD;
 	}
+	if (attr->srq_type == IBV_SRQT_XRC) {
+		if (!(attr->comp_mask & IBV_SRQ_INIT_ATTR_XRCD) || !attr->xrcd) {
+			attr->xrcd = default_xrcd(c->dev);
+			if (!attr->xrcd)
+				return -1;
+		}
+		if (!(attr->comp_mask & IBV_SRQ_INIT_ATTR_CQ) || !attr->cq) {
+			if (create_cqs(id, 0, attr->attr.max_wr))
+				goto fail_cqs;
+			attr->cq = id->recv_cq;
+		}
+		attr->comp_mask |= IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ;
+	}
+	struct ibv_srq *srq = ibv_create_srq_ex(id->verbs, attr);
+	if (!srq)
+		goto fail_cqs;
+	if (!id->pd)
+		id->pd = attr->pd;
+	id->srq = srq;
+	return 0;
+fail_cqs: {
+		int err = errno ? errno : ENOMEM;
+		destroy_cqs(id);
+		return fail(err);
+	}
+}
+
+int rdma_create_srq(struct rdma_cm_id *id, struct ibv_pd *pd, struct ibv_srq_init_attr *attr)
+{
+	if (!id || !attr)
+		return fail(EINVAL);
+	struct ibv_srq_init_attr_ex ex;
+	memset(&ex, 0, sizeof(ex));
+	memcpy(&ex, attr, sizeof(*attr));
+	ex.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD;
+	ex.srq_type = id->qp_type == IBV_QPT_XRC_RECV ? IBV_SRQT_XRC : IBV_SRQT_BASIC;
+	ex.pd = pd;
+	int ret = rdma_create_srq_ex(id, &ex);
+	memcpy(attr, &ex, sizeof(*attr));
+	return ret;
+}
+
+void rdma_destroy_srq(struct rdma_cm_id *id)
+{
+	if (!id)
+		return;
+	if (id->srq)
+		ibv_destroy_srq(id->srq);
+	id->srq = NULL;
+	destroy_cqs(id);
 }
 
 /* --- connecting --------------------------------------------------------------------------- */
@@ -758,15 +870,17 @@ int rdma_notify(struct rdma_cm_id *id, enum ibv_event_type event)
 	return id ? 0 : fail(EINVAL);	/* the agent needs no help to see COMM_EST */
 }
 
+/* The agent checks the option and its length as the kernel's ucma does
+ * (TOS and ACK_TIMEOUT a uint8_t, REUSEADDR and AFONLY an int). */
 int rdma_set_option(struct rdma_cm_id *id, int level, int optname, void *optval, size_t optlen)
 {
 	if (!id || !optval || !optlen)
 		return fail(EINVAL);
 	long long value = optlen == 1 ? *(uint8_t *)optval
-			: optlen >= sizeof(int) ? *(int *)optval : 0;
-	char extra[128], reply[MSG];
-	snprintf(extra, sizeof(extra), ",\"level\":%d,\"name\":%d,\"value\":%lld", level, optname,
-		 value);
+			: optlen == sizeof(int) ? *(int *)optval : 0;
+	char extra[160], reply[MSG];
+	snprintf(extra, sizeof(extra), ",\"level\":%d,\"name\":%d,\"value\":%lld,\"length\":%zu",
+		 level, optname, value, optlen);
 	return simple(cma(id), "set_option", extra, reply, NULL);
 }
 
@@ -941,9 +1055,8 @@ int rdma_get_cm_event(struct rdma_event_channel *channel, struct rdma_cm_event *
 	if (!buf)
 		return fail(ENOMEM);
 	for (;;) {
+		/* a signal ends the wait with EINTR, as librdmacm's read() does */
 		ssize_t n = recv(channel->fd, buf, MSG - 1, 0);
-		if (n < 0 && errno == EINTR)
-			continue;
 		if (n <= 0) {
 			int err = n < 0 ? errno : ENODEV;	/* the service is gone */
 			free(buf);
@@ -1171,20 +1284,24 @@ int rdma_create_ep(struct rdma_cm_id **out, struct rdma_addrinfo *res, struct ib
 	int rc;
 	if (res->ai_flags & RAI_PASSIVE) {
 		rc = rdma_bind_addr(id, res->ai_src_addr);
+		if (!rc && pd)
+			id->pd = pd;
 		if (!rc && qp_init) {	/* for the requests rdma_get_request hands out */
 			c->qp_init = malloc(sizeof(*qp_init));
-			if (c->qp_init)
+			if (c->qp_init) {
 				*c->qp_init = *qp_init;
+				c->qp_init->qp_type = (enum ibv_qp_type)res->ai_qp_type;
+			}
 			rc = c->qp_init ? 0 : fail(ENOMEM);
 		}
-		if (!rc)
-			id->pd = pd;
 	} else {
 		rc = rdma_resolve_addr(id, res->ai_src_addr, res->ai_dst_addr, 2000);
 		if (!rc)
 			rc = rdma_resolve_route(id, 2000);
-		if (!rc && qp_init)
+		if (!rc && qp_init) {
+			qp_init->qp_type = (enum ibv_qp_type)res->ai_qp_type;
 			rc = rdma_create_qp(id, pd, qp_init);
+		}
 	}
 	if (rc) {
 		int err = errno;
@@ -1199,38 +1316,47 @@ void rdma_destroy_ep(struct rdma_cm_id *id)
 {
 	if (!id)
 		return;
-	rdma_destroy_qp(id);
+	if (id->qp)
+		rdma_destroy_qp(id);
+	if (id->srq)
+		rdma_destroy_srq(id);
 	rdma_destroy_id(id);
 }
 
+/* As librdmacm: the listener's previous event is acknowledged first; a
+ * failed request is kept in listen->event (acknowledged by the next call or
+ * rdma_destroy_id); the new ID gets a QP if rdma_create_ep was given its
+ * attributes, and its CONNECT_REQUEST event as id->event. */
 int rdma_get_request(struct rdma_cm_id *listen, struct rdma_cm_id **out)
 {
 	if (!listen || !out || !cma(listen)->sync)
 		return fail(EINVAL);
 	struct cma_id *l = cma(listen);
+	if (listen->event) {
+		rdma_ack_cm_event(listen->event);
+		listen->event = NULL;
+	}
 	struct rdma_cm_event *ev;
-	for (;;) {
-		if (rdma_get_cm_event(listen->channel, &ev))
-			return -1;
-		if (ev->event == RDMA_CM_EVENT_CONNECT_REQUEST && !ev->status)
-			break;
-		int status = ev->status;	/* not a request: librdmacm fails the call */
-		rdma_ack_cm_event(ev);
-		return fail(status ? (status < 0 ? -status : status) : EINVAL);
-	}
-	struct rdma_cm_id *id = ev->id;
-	if (l->qp_init) {
+	if (rdma_get_cm_event(listen->channel, &ev))
+		return -1;
+	int err = 0;
+	if (ev->event == RDMA_CM_EVENT_REJECTED)
+		err = ECONNREFUSED;
+	else if (ev->status)
+		err = ev->status < 0 ? -ev->status : ev->status;
+	else if (ev->event != RDMA_CM_EVENT_CONNECT_REQUEST)
+		err = EINVAL;
+	if (!err && l->qp_init) {
 		struct ibv_qp_init_attr attr = *l->qp_init;
-		if (rdma_create_qp(id, listen->pd, &attr)) {
-			int err = errno;
-			rdma_reject(id, NULL, 0);
-			rdma_ack_cm_event(ev);
-			rdma_destroy_id(id);
-			return fail(err);
-		}
+		if (rdma_create_qp(ev->id, listen->pd, &attr))
+			err = errno;
 	}
-	id->event = ev;	/* acked by the ID's next synchronous call */
-	*out = id;
+	if (err) {
+		listen->event = ev;
+		return fail(err);
+	}
+	*out = ev->id;
+	ev->id->event = ev;	/* acknowledged by the ID's next synchronous call */
 	return 0;
 }
 

@@ -511,12 +511,13 @@ int ibv_get_async_event(struct ibv_context *context, struct ibv_async_event *eve
 	 * a destroyed object's unread events: the next one is read instead (or
 	 * EAGAIN on a non-blocking fd). */
 	do {
-		ssize_t n;
-		do
-			n = recv(context->async_fd, buf, sizeof(buf), 0);
-		while (n < 0 && errno == EINTR);
-		if (n < (ssize_t)sizeof(struct sv_async_event_record))
+		/* no retry on EINTR: a signal ends the wait, as in rdma-core */
+		ssize_t n = recv(context->async_fd, buf, sizeof(buf), 0);
+		if (n < (ssize_t)sizeof(struct sv_async_event_record)) {
+			if (n >= 0)
+				errno = n ? EPROTO : ENODEV;	/* the service is gone */
 			return -1;
+		}
 		memcpy(&rec, buf, sizeof(rec));
 		obj = NULL;
 		if (rec.kind == SV_KIND_QP || rec.kind == SV_KIND_CQ || rec.kind == SV_KIND_SRQ)

@@ -934,14 +934,16 @@ int ibv_get_cq_event(struct ibv_comp_channel *channel, struct ibv_cq **cq, void 
 	struct sv_comp_event_record rec;
 	struct ibv_cq *c;
 	/* An event for a CQ destroyed since is dropped, as the kernel drops a
-	 * destroyed CQ's unread events: the next one is read instead. */
+	 * destroyed CQ's unread events: the next one is read instead.  A signal
+	 * ends the wait with EINTR, as rdma-core's plain read() does: programs
+	 * such as qperf break a blocked wait with SIGALRM. */
 	do {
-		ssize_t n;
-		do
-			n = recv(channel->fd, &rec, sizeof(rec), 0);
-		while (n < 0 && errno == EINTR);
-		if (n != (ssize_t)sizeof(rec))
+		ssize_t n = recv(channel->fd, &rec, sizeof(rec), 0);
+		if (n != (ssize_t)sizeof(rec)) {
+			if (n >= 0)
+				errno = n ? EPROTO : ENODEV;	/* the service is gone */
 			return -1;
+		}
 		c = sv_map_get_event(sv_ctx(channel->context), SV_KIND_CQ, rec.cq, 1);
 	} while (!c);
 	*cq = c;
@@ -1073,6 +1075,8 @@ static struct ibv_qp *create_qp(struct ibv_context *context, struct ibv_qp_init_
 	int fds[2], nfds = 0, err = 0;
 	qp->sq.fd = qp->rq.fd = -1;
 	if (qp->has_sq) {
+		/* a queue of 0 WRs still has a ring of one slot (rings.ring_slots);
+		 * every post to it finds it full */
 		err = sv_ring_create(&qp->sq, cap->max_send_wr ? cap->max_send_wr : 1, sq_slot,
 				     "softverbs-sq");
 		fds[nfds++] = qp->sq.fd;
@@ -1433,6 +1437,19 @@ static int encode_send(struct sv_qp *qp, const struct ibv_send_wr *wr, uint64_t 
 	return 0;
 }
 
+/* How many WRs the send (receive) queue holds: its capability, which is
+ * below the ring's slots only for a queue of 0 WRs (a post then fails with
+ * ENOMEM, as on rxe). */
+static uint64_t sq_room(const struct sv_qp *qp)
+{
+	return qp->cap.max_send_wr < qp->sq.nslots ? qp->cap.max_send_wr : qp->sq.nslots;
+}
+
+static uint64_t rq_room(const struct sv_qp *qp)
+{
+	return qp->cap.max_recv_wr < qp->rq.nslots ? qp->cap.max_recv_wr : qp->rq.nslots;
+}
+
 /* The sanitizer's report for a post refused with ENOMEM: the one check made
  * in the program's process, since only the driver sees a full queue.  The
  * format is the device's (softverbs/sanitizer.py). */
@@ -1449,13 +1466,13 @@ static void sanitize_sq_full(const struct sv_qp *qp, uint64_t used, uintptr_t ca
 			"\"%llu of %u slots held by WRs whose completions have not been polled\", "
 			"\"result\": \"post_send fails with ENOMEM\", \"where\": [\"%#lx\"]}\n",
 			rule, (int)getpid(), qp->qpx.qp_base.qp_num, (unsigned long long)used,
-			qp->sq.nslots, (unsigned long)caller);
+			(unsigned)sq_room(qp), (unsigned long)caller);
 	else
 		fprintf(stderr, "softverbs-sanitizer: send-queue-full\n    rule: %s\n    qp: %#x\n"
 			"    send queue: %llu of %u slots held by WRs whose completions have not "
 			"been polled\n    result: post_send fails with ENOMEM\n    where:\n"
 			"      %#lx\n", rule, qp->qpx.qp_base.qp_num, (unsigned long long)used,
-			qp->sq.nslots, (unsigned long)caller);
+			(unsigned)sq_room(qp), (unsigned long)caller);
 	const char *v = getenv("SOFTVERBS_SANITIZE");
 	if (strstr(v, "halt_on_error=1"))
 		abort();
@@ -1476,9 +1493,10 @@ static int post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_sen
 		err = EINVAL;
 	for (; wr && !err; wr = wr->next) {
 		uint64_t used = pi - __atomic_load_n(&qp->sq_ci, __ATOMIC_ACQUIRE);
-		if (used >= qp->sq.nslots) {
+		if (used >= sq_room(qp)) {
 			err = ENOMEM;
-			sanitize_sq_full(qp, used, caller);
+			if (qp->cap.max_send_wr)	/* not a trap: a queue of 0 WRs */
+				sanitize_sq_full(qp, used, caller);
 			break;
 		}
 		err = encode_send(qp, wr, pi, caller);
@@ -1545,7 +1563,7 @@ static int post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr, struct ibv_rec
 	pthread_spin_lock(&qp->rq_lock);
 	uint64_t pi = sv_load(&qp->rq, SV_RING_SQ_PI);
 	for (; wr; wr = wr->next) {
-		if (pi - __atomic_load_n(&qp->rq_ci, __ATOMIC_ACQUIRE) >= qp->rq.nslots) {
+		if (pi - __atomic_load_n(&qp->rq_ci, __ATOMIC_ACQUIRE) >= rq_room(qp)) {
 			err = ENOMEM;
 			break;
 		}
@@ -1606,7 +1624,7 @@ static struct sv_send_wqe_header *qpx_new(struct ibv_qp_ex *x, enum ibv_wr_opcod
 	qpx_st.cur = NULL;
 	if (qpx_st.err)
 		return NULL;
-	if (qpx_st.next - __atomic_load_n(&qp->sq_ci, __ATOMIC_ACQUIRE) >= qp->sq.nslots) {
+	if (qpx_st.next - __atomic_load_n(&qp->sq_ci, __ATOMIC_ACQUIRE) >= sq_room(qp)) {
 		qpx_st.err = ENOMEM;
 		return NULL;
 	}
