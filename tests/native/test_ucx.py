@@ -3,11 +3,11 @@
 UCX lists an IB device only if ``/dev/infiniband/<ibv_device.dev_name>`` is a
 character device it may read and write (``uct_ib_device_is_accessible`` in
 its ``ib_md.c``); nothing in UCX's configuration skips that check.  softverbs'
-dev_name is ``softverbs0``, so the node a user makes once, as root, is
-``/dev/infiniband/softverbs0`` -- a copy of ``/dev/null`` (1:3), which UCX
-never opens.  These tests make it themselves and remove it afterwards (a node
-that was there already is left alone).  They skip, saying why, when they are
-not root or the node cannot be made (a container without CAP_MKNOD).
+dev_name is ``softverbs0``, and ``softverbs exec`` preloads
+``libsoftverbs_preload.so``, which shows that path to the C library's stat,
+access and open calls as ``/dev/null`` -- so these tests make no node and need
+no root (tests/native/test_preload.py tests the library itself;
+tests/thirdparty/test_mpi.py runs UCX as a non-root user).
 
 ud_verbs (and rc_verbs, which makes its connections over ud_verbs) run with
 ``UCX_UD_ETH_DGID_CHECK=n`` on the IPv4 GID, or with the check on the IPv6
@@ -21,52 +21,17 @@ docs/c-programs.md, UCX.
 
 from __future__ import annotations
 
-import errno
 import os
 import re
-import stat
 import subprocess
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from test_c_tools import TIMEOUT, _need, exec_cmd, pair
 
-NODE = Path("/dev/infiniband/softverbs0")  # dev_name of the first device (sv0)
-
-
-@pytest.fixture(scope="module")
-def ucx_node() -> Iterator[Path]:
-    """``/dev/infiniband/softverbs0``, made for the tests if it is not there."""
-    _need("ucx_perftest")
-    if NODE.exists():
-        if not stat.S_ISCHR(NODE.stat().st_mode):
-            pytest.fail(f"{NODE} exists and is not a character device")
-        yield NODE
-        return
-    if os.geteuid() != 0:
-        pytest.skip(f"UCX needs {NODE}, a character device; making it takes root "
-                    f"(mknod -m 666 {NODE} c 1 3)")  # fmt: skip
-    made_dir = not NODE.parent.exists()
-    try:
-        NODE.parent.mkdir(exist_ok=True)
-        os.mknod(NODE, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
-    except OSError as exc:
-        if made_dir:
-            NODE.parent.rmdir()
-        reason = "no CAP_MKNOD" if exc.errno == errno.EPERM else exc.strerror
-        pytest.skip(f"cannot make {NODE} ({reason}): UCX lists no softverbs device without it")
-    try:
-        os.chmod(NODE, 0o666)  # past the umask: UCX wants read and write access
-        yield NODE
-    finally:
-        NODE.unlink()
-        if made_dir:
-            NODE.parent.rmdir()
-
 
 @pytest.fixture
-def ucx_env(host_service: str, ucx_node: Path) -> dict[str, str]:
+def ucx_env(host_service: str) -> dict[str, str]:
+    _need("ucx_perftest")
     e = {k: v for k, v in os.environ.items() if not k.startswith(("SOFTVERBS_", "UCX_"))}
     e["SOFTVERBS_SERVICE"] = host_service
     e["UCX_NET_DEVICES"] = "sv0:1"

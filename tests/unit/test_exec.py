@@ -26,6 +26,7 @@ import softverbs.compat
 from softverbs import enums
 from softverbs.cli import exec_
 from softverbs.errors import PyverbsRDMAError, einval
+from softverbs.native import PRELOAD
 from softverbs.verbs import addr, base, cq, device, mr, pd, qp, srq, strings, wr
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -210,6 +211,26 @@ def test_nested_exec_does_not_repeat_the_entry() -> None:
     env = exec_.child_env({"PYTHONPATH": os.pathsep.join([exec_.compat_dir(), "/x"])})
     assert env["PYTHONPATH"].split(os.pathsep) == [exec_.compat_dir(), "/x"]
     assert exec_.child_env({})["PYTHONPATH"] == exec_.compat_dir()
+
+
+def test_preload_library_goes_last_once() -> None:
+    """The caller's preloads (a sanitizer runtime) stay first; a nested exec
+    does not add the library twice; without C libraries nothing is preloaded."""
+    lib = os.path.join("/libs", PRELOAD)
+    env = exec_.child_env({"LD_PRELOAD": "/a.so:/b.so"}, "/libs")
+    assert env["LD_PRELOAD"].split() == ["/a.so", "/b.so", lib]
+    assert exec_.child_env(env, "/libs")["LD_PRELOAD"].split() == ["/a.so", "/b.so", lib]
+    assert "LD_PRELOAD" not in exec_.child_env({}, None)
+
+
+def test_links_asan_reads_the_needed_libraries(tmp_path: Path) -> None:
+    prog = tmp_path / "prog"
+    prog.write_bytes(b"\x7fELF" + b"\0" * 100 + b"libasan.so.8\0libc.so.6\0")
+    prog.chmod(0o755)
+    assert exec_.links_asan(str(prog), None)
+    prog.write_bytes(b"\x7fELF" + b"\0" * 100 + b"libc.so.6\0")
+    assert not exec_.links_asan(str(prog), None)
+    assert not exec_.links_asan(str(tmp_path / "absent"), None)
 
 
 # --- (c) exit status ------------------------------------------------------------------------------

@@ -26,7 +26,14 @@ machine keeps working. For a single child process, ``exec`` does three things:
    built on first use if the install did not build them; with no C compiler a
    C program (an ELF executable) is refused with the reason, and a Python
    program runs as before.
-5. It replaces itself with CMD (``os.execvpe``, which searches ``PATH``). No
+5. It adds ``libsoftverbs_preload.so`` to ``LD_PRELOAD`` (after any entries
+   already there).  For the C library's path calls (stat, access, open) it
+   makes ``/dev/infiniband/softverbsN`` -- the node UCX requires before it
+   lists a device -- the path ``/dev/null``, so UCX, and Open MPI and MPICH
+   over it, run without root (docs/c-programs.md, UCX).  A program built with
+   AddressSanitizer gets ``verify_asan_link_order=0`` added to
+   ``ASAN_OPTIONS``: a preloaded library comes before the runtime it links.
+6. It replaces itself with CMD (``os.execvpe``, which searches ``PATH``). No
    wrapper process stays behind, so signals go straight to CMD and CMD's
    exit status, or the signal that killed it, is what the caller sees.
 
@@ -56,6 +63,7 @@ import sys
 from collections.abc import Mapping
 
 import softverbs.compat
+from softverbs.native import PRELOAD
 from softverbs.trace import ENV as TRACE_ENV
 
 #: Set in the child's environment; "1" means "running under softverbs exec".
@@ -90,11 +98,18 @@ def _prepend(value: str, first: str) -> str:
     return os.pathsep.join([first, *rest])
 
 
+def _append(value: str, last: str) -> str:
+    # LD_PRELOAD: the caller's entries first (a sanitizer runtime must stay first)
+    rest = [p for p in value.replace(":", " ").split() if p != last]
+    return " ".join([*rest, last])
+
+
 def child_env(environ: Mapping[str, str], libdir: str | None = None,
               compat_pyverbs: bool = True) -> dict[str, str]:  # fmt: skip
     """``environ`` changed for the child: compat dir first on PYTHONPATH (or, without
     ``compat_pyverbs``, not on it at all), compat commands first on PATH, the C
-    libraries (``libdir``) first on LD_LIBRARY_PATH, marker set."""
+    libraries (``libdir``) first on LD_LIBRARY_PATH and the preload library last on
+    LD_PRELOAD, marker set."""
     env = dict(environ)
     if compat_pyverbs:
         env["PYTHONPATH"] = _prepend(env.get("PYTHONPATH", ""), compat_dir())
@@ -106,6 +121,7 @@ def child_env(environ: Mapping[str, str], libdir: str | None = None,
     env["PATH"] = _prepend(env.get("PATH", os.defpath), bin_dir())
     if libdir is not None:
         env["LD_LIBRARY_PATH"] = _prepend(env.get("LD_LIBRARY_PATH", ""), libdir)
+        env["LD_PRELOAD"] = _append(env.get("LD_PRELOAD", ""), os.path.join(libdir, PRELOAD))
     env.setdefault(PYTHON_ENV, sys.executable)
     env[EXEC_ENV] = "1"
     return env
@@ -121,6 +137,21 @@ def is_native(command: str, path: str | None) -> bool:
             return f.read(4) == b"\x7fELF"
     except OSError:
         return False
+
+
+def links_asan(command: str, path: str | None) -> bool:
+    """Does ``command`` (found on ``path``) name AddressSanitizer's runtime
+    among its libraries?  Its dynamic string table, which holds the names of
+    the libraries it needs, comes before the code: the first MiB holds it."""
+    found = shutil.which(command, path=path)
+    if found is None:
+        return False
+    try:
+        with open(found, "rb") as f:
+            head = f.read(1 << 20)
+    except OSError:
+        return False
+    return head[:4] == b"\x7fELF" and b"libasan.so" in head
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -182,6 +213,12 @@ def run(args: argparse.Namespace) -> int:
             print(f"softverbs exec: {argv[0]} is a C program, and {exc}", file=sys.stderr)
             return 1
     env = child_env(os.environ, libdir, compat_pyverbs=not args.system_pyverbs)
+    if libdir is not None and links_asan(argv[0], env.get("PATH")):
+        # ASan insists on coming first among the loaded libraries; the preload
+        # library only forwards calls, so the order is harmless here
+        opts = env.get("ASAN_OPTIONS", "")
+        env["ASAN_OPTIONS"] = f"{opts}:verify_asan_link_order=0" if opts else \
+            "verify_asan_link_order=0"  # fmt: skip
     if args.trace:
         env[TRACE_ENV] = os.path.abspath(args.trace)  # CMD may change directory
     if args.sanitize is not None:

@@ -688,7 +688,7 @@ class Completer:
             return False
         keys = qp.hca.keys
         seen = keys.integrity_errors
-        if not scatter(wqe.data, wqe.rxd * pmtu, b.payload):
+        if not scatter(wqe.data, wqe.rxd * pmtu, b.payload, last=final):
             return False
         if keys.integrity_errors != seen:
             self.req._sig_failed()  # scattering into a signature key found a bad block
@@ -861,7 +861,7 @@ class Completer:
             counters["drop_bad_read_response"] += 1
             return
         seen = qp.hca.keys.integrity_errors
-        if not scatter(wqe.data, wqe.rxd * pmtu, payload):
+        if not scatter(wqe.data, wqe.rxd * pmtu, payload, last=final):
             counters["drop_bad_read_response"] += 1
             return
         if qp.hca.keys.integrity_errors != seen:

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from softverbs.engine import psn as P
 from softverbs.engine.requester import NATIVE
-from softverbs.engine.rings import CQE, RecvWQE, scatter
+from softverbs.engine.rings import CQE, RecvWQE, place, scatter
 from softverbs.enums import (
     IBV_ACCESS_REMOTE_ATOMIC,
     IBV_ACCESS_REMOTE_READ,
@@ -433,7 +433,7 @@ class Responder:
         if n > qp.pmtu or (not info.last and n != qp.pmtu):
             self._fail(pkt, NAK_INVALID_REQUEST, now, f"packet payload of {n} bytes is illegal")
             return
-        if not scatter(self.views, self.off, payload):
+        if not scatter(self.views, self.off, payload, last=info.last):
             self._fail(
                 pkt, NAK_INVALID_REQUEST, now,
                 "the message is longer than the receive WQE", IBV_WC_LOC_LEN_ERR,
@@ -490,7 +490,10 @@ class Responder:
         if info.last and off + n != len(view):
             self._fail(pkt, NAK_INVALID_REQUEST, now, "RDMA WRITE ended before its DMA length")
             return
-        view[off : off + n] = payload
+        if info.last:
+            place(view, off, payload)
+        else:
+            view[off : off + n] = payload
         self.off = off + n
         if not info.last:
             self.msg = Msg.WRITE
@@ -664,7 +667,7 @@ class Responder:
         from softverbs.wire.codec import grh_bytes
 
         scatter(views, 0, grh_bytes(pkt))
-        scatter(views, _GRH_LEN, payload)
+        scatter(views, _GRH_LEN, payload, last=True)
         flags = IBV_WC_GRH
         if info.imm:
             flags |= IBV_WC_WITH_IMM

@@ -1104,20 +1104,51 @@ def shared_cq(region: SharedRegion, capacity: int) -> CompletionRing:
     return CompletionRing(capacity, CQESlots(region, capacity), region.words())
 
 
-def scatter(views: list[memoryview], offset: int, data: bytes | bytearray | memoryview) -> bool:
+#: The cache line: the unit a NIC's DMA writes make visible whole.  A
+#: message's bytes in its last line are stored after all of its others.
+CACHE_LINE = 64
+
+
+def scatter(views: list[memoryview], offset: int, data: bytes | bytearray | memoryview,
+            last: bool = False) -> bool:  # fmt: skip
     """Store ``data`` at byte ``offset`` of the concatenation of ``views``.
 
     Returns False, storing nothing, when the data does not fit.
-    """
+
+    ``last``: ``data`` ends a message (the last packet of a WRITE or SEND, the
+    last READ response, a UD datagram).  Its last :data:`CACHE_LINE` bytes
+    are then stored by a second copy, after the first has stored the rest, so
+    a program that polls a message's last byte (perftest's ``*_lat``, uDAPL's
+    ``dtest -W``) finds every byte before it in place -- as hardware, which
+    writes in increasing address order, guarantees.  One copy would not: the
+    kernel's copy behind a ``/proc/PID/mem`` ``pwrite`` (``rep movsb``), and
+    glibc's ``memcpy`` for a shared mapping, may make the end visible before
+    the beginning.  Two copies one after the other are ordered: on x86-64
+    string operations' stores are not reordered with a later copy's stores,
+    and the served path's copies are two system calls.  The earlier packets
+    of a message were stored by earlier calls, so they are in place too.
+    The last 64 bytes hold all of the last line whatever the alignment."""
     n = len(data)
-    if len(views) == 1:
-        view = views[0]
-        if offset + n > len(view):
+    if last and n > CACHE_LINE:
+        if offset + n > sum(len(v) for v in views):
             return False
-        view[offset : offset + n] = data
+        cut = n - CACHE_LINE
+        whole = memoryview(data)
+        _scatter(views, offset, whole[:cut])
+        _scatter(views, offset + cut, whole[cut:])
         return True
     if offset + n > sum(len(v) for v in views):
         return False
+    _scatter(views, offset, data)
+    return True
+
+
+def _scatter(views: list[memoryview], offset: int, data: bytes | bytearray | memoryview) -> None:
+    """``data`` at ``offset`` of the concatenation of ``views`` (it fits)."""
+    n = len(data)
+    if len(views) == 1:
+        views[0][offset : offset + n] = data
+        return
     pos = 0
     for view in views:
         size = len(view)
@@ -1130,4 +1161,17 @@ def scatter(views: list[memoryview], offset: int, data: bytes | bytearray | memo
         offset = 0
         if pos == n:
             break
-    return True
+
+
+def place(view: memoryview, offset: int, data: bytes | bytearray | memoryview) -> None:
+    """``view[offset : offset + len(data)] = data``, ending a message: the last
+    :data:`CACHE_LINE` bytes stored last (see :func:`scatter`).  ``view`` is a
+    memoryview or a memory span (:class:`softverbs.engine.memory.Span`)."""
+    n = len(data)
+    if n > CACHE_LINE:
+        cut = n - CACHE_LINE
+        whole = memoryview(data)
+        view[offset : offset + cut] = whole[:cut]
+        view[offset + cut : offset + n] = whole[cut:]
+    else:
+        view[offset : offset + n] = data

@@ -9,6 +9,9 @@ implementation of the device.  ``libmlx5.so.1`` and ``libefa.so.1`` are stubs
 with the symbols tools such as perftest link, each saying "not this vendor",
 so such programs start.  ``softverbs exec`` puts their directory first on
 ``LD_LIBRARY_PATH``; nothing of a real rdma-core on the machine is touched.
+``libsoftverbs_preload.so`` (on ``LD_PRELOAD`` under ``softverbs exec``)
+shows ``/dev/infiniband/softverbsN`` to programs that check for a device
+node (UCX), without root (docs/c-programs.md, UCX).
 
 Building.  ``pip install .`` compiles them into the package (``lib/``, see
 ``setup.py``) when a C compiler is there (``$CC``, else ``cc``).  An
@@ -40,6 +43,11 @@ SANITIZE = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer",
             "-fno-sanitize-recover=undefined"]  # fmt: skip
 
 
+#: the library ``softverbs exec`` puts on LD_PRELOAD (csrc/preload.c): the
+#: device node /dev/infiniband/softverbsN that UCX checks for, without root
+PRELOAD = "libsoftverbs_preload.so"
+
+
 @dataclass(frozen=True)
 class Library:
     """One shared object: its SONAME, sources and version script (under csrc/)."""
@@ -59,6 +67,7 @@ LIBRARIES = (
     Library("libmlx5.so.1", ("stubs/mlx5.c", "stubs/mlx5_sig.c"), "stubs/mlx5.map",
             ("-l:libibverbs.so.1",)),
     Library("libefa.so.1", ("stubs/efa.c",), "stubs/efa.map"),
+    Library(PRELOAD, ("preload.c",), "preload.map", ("-ldl",)),
 )  # fmt: skip
 
 
@@ -111,6 +120,9 @@ def build(outdir: str | os.PathLike[str], sanitize: bool = False, werror: bool =
         if r.returncode:
             partial.unlink(missing_ok=True)
             raise BuildError(f"{cc} failed to build {lib.soname}:\n{r.stderr.strip()}")
+        # the temporary file was made private (0600, so the compiler's output is
+        # 0711): a library other users' programs load must be readable by them
+        os.chmod(partial, 0o755)
         partial.replace(target)  # atomic: a concurrent user never sees half a library
     return out
 
