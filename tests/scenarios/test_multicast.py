@@ -170,3 +170,39 @@ def test_bad_arguments_are_user_errors(ctx, pd, bad):
     ud = make_qp(pd, IBV_QPT_UD, cq, cq)
     with pytest.raises((PyverbsUserError, TypeError)):
         ud.attach_mcast(bad)  # type: ignore[arg-type]
+
+
+def test_block_self_mcast_lb(ctx, pd):
+    """A member created with IBV_QP_CREATE_BLOCK_SELF_MCAST_LB does not get its
+    own sends (mckey -l); the group's other members do."""
+    from softverbs import QP, QPAttr, QPCap, QPInitAttrEx
+    from softverbs.enums import (
+        IBV_QP_CREATE_BLOCK_SELF_MCAST_LB,
+        IBV_QP_INIT_ATTR_CREATE_FLAGS,
+        IBV_QP_INIT_ATTR_PD,
+    )
+
+    _, mgid = _group()
+    cq = CQ(ctx, 64)
+    init = QPInitAttrEx(qp_type=IBV_QPT_UD, pd=pd, scq=cq, rcq=cq,
+                        cap=QPCap(max_send_wr=4, max_recv_wr=4),
+                        comp_mask=IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS,
+                        create_flags=IBV_QP_CREATE_BLOCK_SELF_MCAST_LB)  # fmt: skip
+    attr = QPAttr()
+    attr.qkey = QKEY
+    qp = QP(ctx, init, attr)
+    mr = MR(pd, 1 << 16, IBV_ACCESS_LOCAL_WRITE)
+    me = Side(qp, cq, cq, mr)
+    other = _third(ctx, pd)
+    for side in (me, other):
+        side.qp.attach_mcast(mgid)
+        side.qp.post_recv(recv_wr(7, side, 40 + 64))
+    wr = send_wr(1, me, 16)
+    wr.set_wr_ud(_mc_ah(ctx, pd, mgid), MCAST_QPN, QKEY)
+    me.qp.post_send(wr)
+    check_wc(poll_exact(other.rcq, 1)[0], 7, IBV_WC_SUCCESS, IBV_WC_RECV, byte_len=56)
+    wcs = poll_exact(cq, 1)  # the send's completion only
+    check_wc(wcs[0], 1, IBV_WC_SUCCESS, IBV_WC_SEND)
+    assert_cq_empty(cq, "its own send is not looped back", settle=0.1)
+    for side in (me, other):
+        side.qp.detach_mcast(mgid)

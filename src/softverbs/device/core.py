@@ -120,6 +120,7 @@ from softverbs.enums import (
     IBV_QP_ACCESS_FLAGS,
     IBV_QP_ALT_PATH,
     IBV_QP_AV,
+    IBV_QP_CREATE_BLOCK_SELF_MCAST_LB,
     IBV_QP_CUR_STATE,
     IBV_QP_DEST_QPN,
     IBV_QP_EN_SQD_ASYNC_NOTIFY,
@@ -1263,6 +1264,7 @@ class Host:
             eng.xrcd = xrcd.engine if xrcd is not None else None
             eng.set_attrs({"pmtu": pmtu})
             eng.sig_pipelining = bool(req.dv_flags & api.DV_SIG_PIPELINING)
+            eng.block_self_mcast_lb = bool(req.create_flags & IBV_QP_CREATE_BLOCK_SELF_MCAST_LB)
             rec = self._new(owner, KIND_QP, dev, eng, ctx, (pd, scq, rcq, srq, xrcd))
             rec.release = res.release
             rec.info = QPInfo(api.QPCaps(caps.max_send_wr, caps.max_recv_wr, caps.max_send_sge,

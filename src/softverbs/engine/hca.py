@@ -17,8 +17,9 @@ member of that group on this device: :attr:`HCA.mcast` maps each group to its
 members.  A packet whose BTH names QP :data:`MCAST_QPN` (0xFFFFFF) is
 delivered to every member of the group its destination GID names, each a copy
 with the GRH, as rxe's ``rxe_rcv_mcast_pkt`` does; the sending QP is a member
-like any other.  The fabric learns of the first join and the last leave of a
-group through :attr:`HCA.on_mcast` (a UDP fabric joins the IP group then).
+like any other, unless it was created with ``IBV_QP_CREATE_BLOCK_SELF_MCAST_LB``.
+The fabric learns of the first join and the last leave of a group through
+:attr:`HCA.on_mcast` (a UDP fabric joins the IP group then).
 """
 
 from __future__ import annotations
@@ -266,6 +267,9 @@ class HCA:
             return
         self.counters["mcast_rcvd_pkts"] += 1
         for qp in sorted(members, key=lambda q: q.qpn):
+            if qp.block_self_mcast_lb and qp.qpn == pkt.src_qp and pkt.sgid in self.gids:
+                self.counters["mcast_self_blocked"] += 1  # its own send, and it asked not to
+                continue
             qp.rcvd_pkts += 1
             if self.observer is not None:
                 self.observer.packet_in(qp, pkt)
