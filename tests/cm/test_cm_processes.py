@@ -125,7 +125,8 @@ def _suite() -> Path | None:
     if env:
         candidates.append(Path(env))
     cache = Path(os.environ.get("SOFTVERBS_CACHE") or "~/.cache/softverbs/conformance")
-    candidates += sorted(cache.expanduser().glob("suite-*"), reverse=True)
+    # softverbs conformance's suites (suite-VERSION), newest first
+    candidates += sorted(cache.expanduser().glob("suite-[0-9]*"), reverse=True)
     candidates += sorted(Path("/tmp/pvcache").glob("pyverbs-*/rdma-core"), reverse=True)
     for root in candidates:
         if (root / "tests" / "test_rdmacm.py").exists():
