@@ -1126,7 +1126,8 @@ class CMID(PyverbsCM):
             if not mc_attr.comp_mask & RDMA_CM_JOIN_MC_ATTR_ADDRESS:
                 raise einval("Failed to Join multicast: comp_mask lacks "
                              "RDMA_CM_JOIN_MC_ATTR_ADDRESS")  # fmt: skip
-            if not mc_attr.comp_mask & RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS or mc_attr.join_flags > 1:
+            flags_given = mc_attr.comp_mask & RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS
+            if not flags_given or mc_attr.join_flags > RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER:
                 raise einval("Failed to Join multicast: join flags must be given "
                              "(RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS) and be "
                              "RDMA_MC_JOIN_FLAG_FULLMEMBER or _SENDONLY_FULLMEMBER")  # fmt: skip

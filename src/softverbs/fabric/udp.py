@@ -101,7 +101,7 @@ from softverbs.wire.codec import (
     seal_udp_datagrams,
 )
 from softverbs.wire.opcodes import ROCEV2_PORT
-from softverbs.wire.packet import IPV4_MAPPED_PREFIX, Packet, gid_text, is_multicast_gid
+from softverbs.wire.packet import IPV4_MAPPED_PREFIX, Packet, is_multicast_gid
 
 log = logging.getLogger(__name__)
 
@@ -532,7 +532,6 @@ class UdpRuntime(Runtime):
         if is_multicast_gid(pkt.dgid):
             self._mc_sender(sock, local, pkt.hop_limit or 1)
             src.counters["mcast_sent_pkts"] += 1
-            log.debug("multicast to %s", gid_text(pkt.dgid))
         dst_text = _ip_text(dst_ip)
         dest: tuple[str, int] | tuple[str, int, int, int]
         if len(dst_ip) == 4:
