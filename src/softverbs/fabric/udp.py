@@ -314,15 +314,16 @@ def _ip_packed(text: str) -> bytes:
 
 
 def _ifindex_of(local: LocalAddr) -> int:
-    """The interface index of a local address (its scope for a link-local one)."""
+    """The index of the interface a local address is on (its scope for a
+    link-local one): the device the routing table delivers the address to."""
     if local.scope_id:
         return local.scope_id
     try:
-        out = subprocess.run(["ip", "-j", "addr", "show", "to", local.text], capture_output=True,
+        out = subprocess.run(["ip", "-j", "route", "get", local.text], capture_output=True,
                              text=True, timeout=5, check=False).stdout  # fmt: skip
-        entries = json.loads(out or "[]")
-        return int(entries[0]["ifindex"]) if entries else 0
-    except (OSError, ValueError, KeyError, IndexError, subprocess.SubprocessError):
+        routes = json.loads(out or "[]")
+        return socket.if_nametoindex(str(routes[0]["dev"])) if routes else 0
+    except (OSError, ValueError, KeyError, IndexError, TypeError, subprocess.SubprocessError):
         return 0
 
 
