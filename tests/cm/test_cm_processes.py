@@ -14,7 +14,6 @@ the conformance runner's cache, or /tmp/pvcache), on a link bound to ``lo``
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -126,7 +125,8 @@ def _suite() -> Path | None:
     if env:
         candidates.append(Path(env))
     cache = Path(os.environ.get("SOFTVERBS_CACHE") or "~/.cache/softverbs/conformance")
-    candidates += sorted(cache.expanduser().glob("suite-*"), reverse=True)
+    # softverbs conformance's suites (suite-VERSION), newest first
+    candidates += sorted(cache.expanduser().glob("suite-[0-9]*"), reverse=True)
     candidates += sorted(Path("/tmp/pvcache").glob("pyverbs-*/rdma-core"), reverse=True)
     for root in candidates:
         if (root / "tests" / "test_rdmacm.py").exists():
@@ -153,8 +153,6 @@ def test_rdma_core_test_rdmacm() -> None:
     results = dict(re.findall(r"^(test_\w+) \(.*?\) \.\.\. (ok|FAIL|ERROR|skipped)", text, re.M))
     assert len(results) == 10, text[-3000:]
     multicast = {t for t in results if "multicast" in t}
+    assert len(multicast) == 3, sorted(results)  # join, join_ex, join_ex + leave
     for test, status in results.items():
-        want = "skipped" if test in multicast else "ok"  # max_mcast_grp is 0
-        assert status == want, f"{test}: {status}\n{text[-3000:]}"
-    with contextlib.suppress(AssertionError):
-        assert "OK (skipped=3)" in text
+        assert status == "ok", f"{test}: {status}\n{text[-3000:]}"

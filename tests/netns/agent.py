@@ -1135,9 +1135,74 @@ def client_many(env: Env, ctl: Ctl) -> None:
     ctl.barrier("bye")
 
 
+# --- scenario: UD multicast across the link -------------------------------------------------
+MCAST_GROUP = "239.7.7.7"
+MCAST_QPN = 0xFFFFFF
+MCAST_SIZES = (64, 300, 1000)
+
+
+def _mcast_member(env: Env, n: int) -> tuple[CQ, QP, MR]:
+    """A UD QP attached to MCAST_GROUP with ``n`` receives posted."""
+    cq = make_cq(env)
+    qp = make_qp(env, IBV_QPT_UD, cq)
+    mr = make_mr(env, 1 << 16)
+    qp.attach_mcast(GID(f"::ffff:{MCAST_GROUP}"))
+    for i in range(n):
+        qp.post_recv(recv(i, mr, i * 0x2000, 0x2000))
+    return cq, qp, mr
+
+
+def _mcast_check(env: Env, cq: CQ, mr: MR, sender_qpn: int, what: str) -> list[str]:
+    """The received messages' SHA-256, after checking their GRH and source QP."""
+    shas = []
+    for w in poll(env, cq, len(MCAST_SIZES), what):
+        env.check(w.status == IBV_WC_SUCCESS and w.src_qp == sender_qpn, f"{what}: {wc_dict(w)}")
+        grh = mr.read(GRH_LEN, w.wr_id * 0x2000)
+        env.check(socket.inet_ntoa(grh[36:40]) == MCAST_GROUP, f"{what}: GRH {grh.hex()}")
+        shas.append(sha(mr.read(w.byte_len - GRH_LEN, w.wr_id * 0x2000 + GRH_LEN)))
+    return shas
+
+
+def server_mcast(env: Env, ctl: Ctl) -> None:
+    """A member on the other host: the group's datagrams cross the link."""
+    cq, _qp, mr = _mcast_member(env, len(MCAST_SIZES))
+    ctl.send("ready")
+    peer = ctl.recv("sender")
+    env.result["recv_sha"] = _mcast_check(env, cq, mr, peer["qpn"], "multicast receives")
+    ctl.barrier("bye")
+
+
+def client_mcast(env: Env, ctl: Ctl) -> None:
+    """The sender, with a member of its own on its device (the kernel loops the
+    group's datagrams back to it)."""
+    mcq, _member, mmr = _mcast_member(env, len(MCAST_SIZES))
+    cq = make_cq(env)
+    sender = make_qp(env, IBV_QPT_UD, cq)
+    mr = make_mr(env, 1 << 16)
+    ctl.recv("ready")
+    ctl.send("sender", qpn=sender.qp_num)
+    gr = GlobalRoute(dgid=GID(f"::ffff:{MCAST_GROUP}"), sgid_index=env.gid_index, hop_limit=1)
+    ah = AH(env.pd, attr=AHAttr(is_global=1, port_num=1, gr=gr))
+    env.keep.append(ah)
+    shas = []
+    for i, n in enumerate(MCAST_SIZES):
+        d = pattern(f"mcast{i}", n)
+        mr.write(d, n, i * 0x2000)
+        shas.append(sha(d))
+        w = wr(i, IBV_WR_SEND, mr, i * 0x2000, n)
+        w.set_wr_ud(ah, MCAST_QPN, QKEY)
+        sender.post_send(w)
+    env.result["send_wcs"] = [wc_dict(w) for w in poll(env, cq, len(MCAST_SIZES), "sends")]
+    env.result["sent_sha"] = shas
+    env.result["loop_sha"] = _mcast_check(env, mcq, mmr, sender.qp_num, "looped-back receives")
+    env.result["counters"] = {k: v for k, v in env.ctx.hca.counters.items() if "mcast" in k}
+    ctl.barrier("bye")
+
+
 SCENARIOS: dict[str, tuple[Callable[[Env, Ctl], None], Callable[[Env, Ctl], None]]] = {
     "rc_opcodes": (server_rc_opcodes, client_rc_opcodes),
     "uc_ud": (server_uc_ud, client_uc_ud),
+    "mcast": (server_mcast, client_mcast),
     "large": (server_large, client_large),
     "stream": (server_stream, client_stream),
     "kill": (server_kill, client_kill),

@@ -153,6 +153,19 @@ def test_uc_and_ud(make_topology: Any, gid: str) -> None:
         assert s["grh_src"]["10"].startswith("fe80:")
 
 
+def test_ud_multicast_over_the_link(make_topology: Any) -> None:
+    """A UD SEND to 239.7.7.7 (GID ::ffff:239.7.7.7, QP 0xFFFFFF) leaves as an IP
+    multicast datagram: the member on the other host gets it across the veth
+    (its device joined the IP group), and the sender's own device gets it
+    through the kernel's multicast loopback."""
+    topo = make_topology(hosts=2, mtu=1500)
+    s, c = run_pair(topo, "mcast")
+    assert statuses(c["send_wcs"]) == [IBV_WC_SUCCESS] * 3
+    assert s["recv_sha"] == c["sent_sha"], (s, c)
+    assert c["loop_sha"] == c["sent_sha"], c
+    assert c["counters"]["mcast_sent_pkts"] == 3, c["counters"]
+
+
 def test_device_opens_while_ipv6_addresses_are_tentative(make_topology: Any) -> None:
     """Devices opened right after the links come up, during IPv6 duplicate address
     detection: they open, with the link-local GID first, and IPv4 traffic flows."""

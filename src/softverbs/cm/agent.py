@@ -95,10 +95,13 @@ from softverbs.enums import (
     RDMA_CM_EVENT_CONNECT_RESPONSE,
     RDMA_CM_EVENT_DISCONNECTED,
     RDMA_CM_EVENT_ESTABLISHED,
+    RDMA_CM_EVENT_MULTICAST_JOIN,
     RDMA_CM_EVENT_REJECTED,
     RDMA_CM_EVENT_ROUTE_RESOLVED,
     RDMA_CM_EVENT_TIMEWAIT_EXIT,
     RDMA_CM_EVENT_UNREACHABLE,
+    RDMA_MC_JOIN_FLAG_FULLMEMBER,
+    RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER,
     RDMA_OPTION_ID,
     RDMA_OPTION_ID_ACK_TIMEOUT,
     RDMA_OPTION_ID_AFONLY,
@@ -109,6 +112,7 @@ from softverbs.enums import (
     bytes_to_mtu,
 )
 from softverbs.errors import PyverbsRDMAError
+from softverbs.wire.packet import IPV4_MAPPED_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -137,10 +141,14 @@ def bindv6only() -> bool:
     except OSError:
         return False
 
+
+#: the destination QP of a multicast group (``rdma_ud_param.qp_num`` of a join)
+MCAST_QPN = 0xFFFFFF
+#: the hop limit of an IPv4 group on RoCEv2 (the kernel's IPV6_DEFAULT_HOPLIMIT)
+MCAST_HOP_LIMIT = 64
+
 Addr = tuple[bytes, int]  #: (packed IP, port)
 Sink = Callable[[dict[str, Any]], None]
-
-
 
 
 @dataclass
@@ -234,6 +242,8 @@ class CmId:
         self.msg_timeout = 0.0
         self.deadline: float | None = None
         self.timer = ""  #: "mad" or "timewait"
+        #: multicast groups joined: (group address, join flags), in join order
+        self.mcast: list[tuple[Addr, int]] = []
 
     @property
     def family(self) -> int:
@@ -253,6 +263,11 @@ class CmId:
 
     def __repr__(self) -> str:
         return f"<CmId {self.handle} {self.state.name}/{self.cm.name} dev={self.dev}>"
+
+
+def _first_v4_index(gids: list[bytes]) -> int:
+    """The index of a device's first IPv4 (mapped) GID, else 0."""
+    return next((i for i, g in enumerate(gids) if g[:12] == IPV4_MAPPED_PREFIX), 0)
 
 
 def _addr_out(addr: Addr | None) -> list[Any] | None:
@@ -794,6 +809,70 @@ class CmAgent:
         key = (cid.remote_comm_id, cid.remote_ca_guid)
         if self.by_remote.get(key) is cid:
             del self.by_remote[key]
+
+    # --- multicast ------------------------------------------------------------------------
+    def join_multicast(self, handle: int, addr: Any, join_flags: int = 0,
+                       owner: object = None) -> dict[str, Any]:  # fmt: skip
+        """``rdma_join_multicast(_ex)``: what the kernel's rdma_cm does on RoCE
+        (``cma_iboe_join_multicast``) -- there is no SA: the join is local.
+
+        The group's GID is the IPv4-mapped group address (RoCEv2); the Q_Key
+        RDMA_UDP_QKEY; the hop limit 64.  MULTICAST_JOIN follows at once, its
+        ``ud`` the address vector of the group, QP 0xFFFFFF and the Q_Key; the
+        user's library attaches the ID's QP to the group when it sees it (as
+        librdmacm does), unless the join was send-only.  The UDP fabric joins
+        the IP group when the QP attaches (:mod:`softverbs.fabric.udp`)."""
+        a = addr_in(addr)
+        assert a is not None
+        ip = a[0]
+        with self.lock:
+            cid = self._get(handle, owner)
+            if cid.state not in (RdmaState.ADDR_BOUND, RdmaState.ADDR_RESOLVED) or cid.dev is None:
+                raise cm_error(f"join_multicast: the CM ID is in state {cid.state.name}; bind it "
+                               "to a local address or resolve one first", errno.EINVAL)  # fmt: skip
+            if cid.qp_type != IBV_QPT_UD:
+                raise cm_error("join_multicast: multicast needs a UD CM ID (RDMA_PS_UDP)",
+                               errno.EINVAL)  # fmt: skip
+            if join_flags not in (RDMA_MC_JOIN_FLAG_FULLMEMBER,
+                                  RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER):  # fmt: skip
+                raise cm_error(f"join_multicast: join flags {join_flags} are not a join "
+                               "state", errno.EINVAL)  # fmt: skip
+            if is_any(ip):
+                raise cm_error("join_multicast: the group address is the wildcard address",
+                               errno.EINVAL)  # fmt: skip
+            ipa = ipaddress.ip_address(ip)
+            if len(ip) != 4:
+                raise cm_error(f"join_multicast: {ipa}: IPv6 groups are not joined on RoCEv2 "
+                               "(the kernel's rdma_cm refuses them too); use an IPv4 group",
+                               errno.EOPNOTSUPP)  # fmt: skip
+            if not ipa.is_multicast:
+                raise cm_error(f"join_multicast: {ipa} is not a multicast address "
+                               "(224.0.0.0/4)", errno.EINVAL)  # fmt: skip
+            gids = self._gids_of(cid.dev) or []
+            src = cid.src[0] if cid.src is not None and not is_any(cid.src[0]) else None
+            sgid = gid_of(src) if src is not None else None
+            sgid_index = gids.index(sgid) if sgid in gids else _first_v4_index(gids)
+            cid.qkey = cid.qkey or RDMA_UDP_QKEY
+            cid.mcast.append((a, int(join_flags)))
+            ah = {"dgid": gid_of(ip).hex(), "sgid_index": sgid_index, "flow_label": 0,
+                  "hop_limit": MCAST_HOP_LIMIT, "traffic_class": cid.tos, "port_num": 1,
+                  "is_global": 1}  # fmt: skip
+            ud = {"qp_num": MCAST_QPN, "qkey": cid.qkey, "ah_attr": ah, "private_data": ""}
+            self._emit(cid, RDMA_CM_EVENT_MULTICAST_JOIN, 0, ud=ud, mc=_addr_out(a),
+                       join_flags=int(join_flags))  # fmt: skip
+            return {"mgid": gid_of(ip).hex(), "qkey": cid.qkey}
+
+    def leave_multicast(self, handle: int, addr: Any, owner: object = None) -> None:
+        """``rdma_leave_multicast``: forget the join (the user's library has
+        detached the QP).  EADDRNOTAVAIL if the ID did not join ``addr``."""
+        a = addr_in(addr)
+        with self.lock:
+            cid = self._get(handle, owner)
+            for i, (joined, _) in enumerate(cid.mcast):
+                if joined == a:
+                    del cid.mcast[i]
+                    return
+        raise cm_error("leave_multicast: the CM ID did not join that group", errno.EADDRNOTAVAIL)
 
     # --- options and QP attributes -------------------------------------------------------
     def set_option(self, handle: int, level: int, name: int, value: int,

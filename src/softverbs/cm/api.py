@@ -22,8 +22,13 @@ them this module does what librdmacm does in user space:
 
 The agent that sends and receives the CM MADs runs in the device -- in this
 process, or in ``softverbsd`` for served devices (:mod:`softverbs.cm.kernel`).
-Multicast is not supported: ``join_multicast`` raises EOPNOTSUPP, as on a
-device whose ``max_mcast_grp`` is 0.
+* Multicast: ``join_multicast`` asks the agent to join (a local join, as the
+  kernel's rdma_cm does on RoCE); the MULTICAST_JOIN event carries the
+  group's address vector, QP 0xFFFFFF and the Q_Key, and -- as librdmacm's
+  ``ucma_process_join`` does -- the ID's QP is attached to the group when the
+  event is read, unless the join was send-only (an attach that fails turns
+  the event into MULTICAST_ERROR).  ``leave_multicast`` detaches the QP and
+  leaves; leaving a group the ID did not join is EADDRNOTAVAIL.
 
 softverbs additions: ``CMEventChannel.get_event(timeout)``,
 ``CMEvent(channel, timeout=...)``, ``CMEvent.status``, ``CMEvent.id``,
@@ -67,9 +72,15 @@ from softverbs.enums import (
     RDMA_CM_EVENT_CONNECT_RESPONSE,
     RDMA_CM_EVENT_DISCONNECTED,
     RDMA_CM_EVENT_ESTABLISHED,
+    RDMA_CM_EVENT_MULTICAST_ERROR,
+    RDMA_CM_EVENT_MULTICAST_JOIN,
     RDMA_CM_EVENT_REJECTED,
     RDMA_CM_EVENT_ROUTE_RESOLVED,
     RDMA_CM_EVENT_UNREACHABLE,
+    RDMA_CM_JOIN_MC_ATTR_ADDRESS,
+    RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS,
+    RDMA_MC_JOIN_FLAG_FULLMEMBER,
+    RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER,
     RDMA_OPTION_ID_ACK_TIMEOUT,
     RDMA_OPTION_ID_AFONLY,
     RDMA_OPTION_ID_REUSEADDR,
@@ -79,7 +90,7 @@ from softverbs.enums import (
     RDMA_PS_UDP,
     rdma_cm_event_type,
 )
-from softverbs.errors import PyverbsError, PyverbsRDMAError, PyverbsUserError, eopnotsupp
+from softverbs.errors import PyverbsError, PyverbsRDMAError, PyverbsUserError, einval
 from softverbs.verbs.base import PyverbsCM, PyverbsObject
 
 RDMA_MAX_RESP_RES = 0xFF
@@ -330,6 +341,28 @@ class JoinMCAttrEx(PyverbsObject):
 # the librdmacm side of one CM ID
 
 
+class _Mcast:
+    """librdmacm's ``cma_multicast``: one group an ID joined."""
+
+    def __init__(self, addr: tuple[str, int], flags: int, context: int) -> None:
+        self.addr = addr
+        self.flags = flags
+        self.context = context
+        self.mgid: bytes | None = None  #: known from the MULTICAST_JOIN event
+        self.attached = False
+
+    def matches(self, raw: Any) -> bool:
+        try:
+            ip, port = raw
+        except (TypeError, ValueError):
+            return False
+        return _same_ip(str(ip), self.addr[0]) and int(port) == self.addr[1]
+
+
+def _same_ip(a: str, b: str) -> bool:
+    return ipaddress.ip_address(a) == ipaddress.ip_address(b)
+
+
 class _Id:
     """librdmacm's ``cma_id_private``: one CM ID and what user space holds for it."""
 
@@ -361,6 +394,8 @@ class _Id:
         self.destroyed = False
         self.max_responder = 128  #: the device's limits, known once the ID has one
         self.max_initiator = 128
+        #: librdmacm's ``cma_multicast`` list: the groups joined, in join order
+        self.mcast: list[_Mcast] = []
         channel._attach(self)
 
     # --- kernel calls ---------------------------------------------------------------
@@ -657,7 +692,30 @@ class CMEventChannel(PyverbsCM):
             idr.info = dict(raw.get("info") or idr.info)
         elif etype == RDMA_CM_EVENT_UNREACHABLE and idr.qp is not None:
             idr.modify_err()
+        elif etype == RDMA_CM_EVENT_MULTICAST_JOIN:
+            self._process_join(idr, ev, raw)
         return ev
+
+    @staticmethod
+    def _process_join(idr: _Id, ev: CMEvent, raw: dict[str, Any]) -> None:
+        """librdmacm's ``ucma_process_join``: remember the group's GID and attach
+        the ID's QP to it (not for a send-only join); a failed attach makes the
+        event MULTICAST_ERROR."""
+        from softverbs.verbs.addr import GID
+
+        mc = next((m for m in idr.mcast if m.matches(raw.get("mc"))), None)
+        if mc is None:
+            return
+        ah = (ev._ud or {}).get("ah_attr") or {}
+        mc.mgid = bytes.fromhex(str(ah.get("dgid", "")))
+        if idr.qp is None or mc.flags == RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER or mc.attached:
+            return
+        try:
+            idr.qp.attach_mcast(GID.from_raw(mc.mgid))
+            mc.attached = True
+        except PyverbsError as exc:
+            ev._event_type = RDMA_CM_EVENT_MULTICAST_ERROR
+            ev._status = -abs(getattr(exc, "error_code", 0) or errno.EINVAL)
 
     def _new_child(self, listen: _Id, info: dict[str, Any]) -> _Id:
         """``ucma_process_conn_req``: the new connection's ID (a synchronous
@@ -1064,15 +1122,61 @@ class CMID(PyverbsCM):
 
     def join_multicast(self, addr: AddrInfo | None = None, mc_attr: JoinMCAttrEx | None = None,
                        context: int = 0) -> None:  # fmt: skip
+        """``rdma_join_multicast`` (``addr``: its source address is the group) or
+        ``rdma_join_multicast_ex`` (``mc_attr``); MULTICAST_JOIN follows, and
+        reading it attaches the ID's QP to the group (module docstring)."""
         if addr is None and mc_attr is None:
-            raise PyverbsUserError(
-                "Join to multicast must have AddrInfo or JoinMCAttrEx arguments"
-            )
-        raise eopnotsupp("Failed to Join multicast: softverbs devices have no multicast "
-                         "(max_mcast_grp is 0)")  # fmt: skip
+            raise PyverbsUserError("Join to multicast must have AddrInfo or JoinMCAttrEx arguments")
+        flags = int(RDMA_MC_JOIN_FLAG_FULLMEMBER)
+        if mc_attr is not None:
+            reserved = RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS << 1  # RDMA_CM_JOIN_MC_ATTR_RESERVED
+            if mc_attr.comp_mask >= reserved:
+                raise PyverbsRDMAError("Failed to Join multicast: comp_mask "
+                                       f"{mc_attr.comp_mask:#x} has unknown bits",
+                                       errno.ENOTSUP)  # fmt: skip
+            if not mc_attr.comp_mask & RDMA_CM_JOIN_MC_ATTR_ADDRESS:
+                raise einval("Failed to Join multicast: comp_mask lacks "
+                             "RDMA_CM_JOIN_MC_ATTR_ADDRESS")  # fmt: skip
+            flags_given = mc_attr.comp_mask & RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS
+            if not flags_given or mc_attr.join_flags > RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER:
+                raise einval("Failed to Join multicast: join flags must be given "
+                             "(RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS) and be "
+                             "RDMA_MC_JOIN_FLAG_FULLMEMBER or _SENDONLY_FULLMEMBER")  # fmt: skip
+            addr = mc_attr.addr
+            flags = int(mc_attr.join_flags)
+        assert addr is not None
+        group = addr.src_addr or addr.dst_addr
+        if group is None:
+            raise einval("Failed to Join multicast: the AddrInfo has no address")
+        idr = self._idr()
+        mc = _Mcast(group, flags, _uint("context", context, 64))
+        idr.mcast.append(mc)
+        try:
+            idr.call("join_multicast", "Failed to Join multicast", addr=list(group),
+                     join_flags=flags)  # fmt: skip
+        except PyverbsRDMAError:
+            idr.mcast.remove(mc)
+            raise
+        idr.complete()
 
     def leave_multicast(self, addr: AddrInfo) -> None:
-        raise eopnotsupp("Failed to leave multicast: softverbs devices have no multicast")
+        """``rdma_leave_multicast``: detach the ID's QP from the group and leave it."""
+        from softverbs.verbs.addr import GID
+
+        if not isinstance(addr, AddrInfo):
+            raise PyverbsUserError(f"addr must be an AddrInfo, got {type(addr).__name__}")
+        idr = self._idr()
+        group = addr.src_addr or addr.dst_addr
+        mc = next((m for m in idr.mcast if group is not None and m.matches(group)), None)
+        if mc is None:
+            raise PyverbsRDMAError("Failed to leave multicast: the CM ID did not join "
+                                   f"{group[0] if group else 'that group'}",
+                                   errno.EADDRNOTAVAIL)  # fmt: skip
+        idr.mcast.remove(mc)
+        if mc.attached and idr.qp is not None and mc.mgid is not None:
+            idr.qp.detach_mcast(GID.from_raw(mc.mgid))
+            mc.attached = False
+        idr.call("leave_multicast", "Failed to leave multicast", addr=list(mc.addr))
 
     # --- the QP -------------------------------------------------------------------------
     def create_qp(self, qp_init: Any) -> None:

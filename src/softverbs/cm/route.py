@@ -124,8 +124,18 @@ class Router:
 
     def resolve(self, dev: str | None, src: bytes | None,
                  dst: bytes) -> tuple[int, str | None, bytes | None]:  # fmt: skip
-        """(status, device, source IP) for reaching ``dst``; status is -errno."""
-        if is_any(dst):  # rdma_cm's loopback: the device's own address
+        """(status, device, source IP) for reaching ``dst``; status is -errno.
+
+        A multicast ``dst`` (a group to join) is reached from the bound device
+        or, failing that, the device of the routing table's source address or
+        the first device; its source is that device's address of the family."""
+        group = not is_any(dst) and ipaddress.ip_address(dst).is_multicast
+        if group and dev is None:
+            prefsrc = route_source(dst)
+            dev = self.owner_of(prefsrc) if prefsrc is not None else None
+            if dev is not None and prefsrc is not None:
+                return 0, dev, src or prefsrc
+        if group or is_any(dst):  # a group, or rdma_cm's loopback: the device's own address
             if dev is None:
                 names = [s.name for s in self.world.specs()]
                 if not names:

@@ -22,7 +22,7 @@ from softverbs.errors import einval
 COMMANDS = frozenset({
     "create_id", "destroy_id", "bind_addr", "resolve_addr", "resolve_route", "listen",
     "connect", "accept", "reject", "disconnect", "init_qp_attr", "set_option", "query",
-    "migrate_id",
+    "migrate_id", "join_multicast", "leave_multicast",
 })  # fmt: skip
 
 _agents: weakref.WeakKeyDictionary[Any, CmAgent] = weakref.WeakKeyDictionary()

@@ -529,6 +529,15 @@ class QpnReply(Record):
     reserved: U32
 
 
+class Mcast(Record):
+    """``ibv_attach_mcast``/``ibv_detach_mcast``: a UD QP and a multicast group."""
+
+    DOCS = {"lid": "the multicast LID; RoCE has none, and the device ignores it"}
+    gid: Gid
+    qp: U32
+    lid: U32
+
+
 HELLO = Op(
     1,
     "HELLO",
@@ -672,6 +681,14 @@ XRC_RCV_QP_UNREGISTER = Op(
     XrcQpn,
     Empty,
     doc="seed 002's xrc_rcv_qp_unregister",
+)
+ATTACH_MCAST = Op(
+    31, "ATTACH_MCAST", Mcast, Empty,
+    doc="ibv_attach_mcast: the UD QP receives what is sent to the multicast GID",
+)
+DETACH_MCAST = Op(
+    32, "DETACH_MCAST", Mcast, Empty,
+    doc="ibv_detach_mcast (EINVAL if the QP is not attached to the group)",
 )
 COUNTERS = Op(
     40,
@@ -840,6 +857,8 @@ OPS: tuple[Op[Any, Any], ...] = (
     XRC_RCV_QP_ALLOC,
     XRC_RCV_QP_REGISTER,
     XRC_RCV_QP_UNREGISTER,
+    ATTACH_MCAST,
+    DETACH_MCAST,
     COUNTERS,
     STATUS,
     CAPTURE,

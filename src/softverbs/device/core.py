@@ -61,7 +61,13 @@ from softverbs.device.api import (
 )
 from softverbs.device.memory import WRITABLE_ACCESS, mapped
 from softverbs.engine import observe
-from softverbs.engine.hca import HCA, XrcDomain
+from softverbs.engine.hca import (
+    HCA,
+    MAX_MCAST_GRP,
+    MAX_MCAST_QP_ATTACH,
+    MAX_TOTAL_MCAST_QP_ATTACH,
+    XrcDomain,
+)
 from softverbs.engine.memory import Bytes, MemKey, MemKind
 from softverbs.engine.qp import QPEngine
 from softverbs.engine.rings import (
@@ -116,6 +122,7 @@ from softverbs.enums import (
     IBV_QP_ACCESS_FLAGS,
     IBV_QP_ALT_PATH,
     IBV_QP_AV,
+    IBV_QP_CREATE_BLOCK_SELF_MCAST_LB,
     IBV_QP_CUR_STATE,
     IBV_QP_DEST_QPN,
     IBV_QP_EN_SQD_ASYNC_NOTIFY,
@@ -168,6 +175,7 @@ from softverbs.enums import (
 from softverbs.errors import PyverbsRDMAError, ebusy, einval, eopnotsupp, eperm
 from softverbs.sanitizer import SanitizeError, Sanitizer, Watch
 from softverbs.sanitizer import parse as parse_sanitize
+from softverbs.wire.packet import gid_text, is_multicast_gid
 
 # --- what a softverbs device has -----------------------------------------------------------
 
@@ -197,8 +205,8 @@ LIMITS: dict[str, int] = {
     "max_srq_sge": 27,
     "max_pkeys": len(PKEY_TABLE),
     "max_inline_data": 0x400,
-    "max_mcast_grp": 0,
-    "max_mcast_qp_attach": 0,
+    "max_mcast_grp": MAX_MCAST_GRP,
+    "max_mcast_qp_attach": MAX_MCAST_QP_ATTACH,
 }
 
 DEVICE_CAP_FLAGS = int(
@@ -535,7 +543,8 @@ class Device:
             max_dm_size=MAX_DM_SIZE if f.device_memory else 0, device_cap_flags_ex=flags,
             vendor_id=VENDOR_ID, vendor_part_id=0, hw_ver=0, device_cap_flags=flags,
             max_ee_rd_atom=0, max_ee_init_rd_atom=0, atomic_cap=int(IBV_ATOMIC_HCA), max_ee=0,
-            max_rdd=0, max_raw_ipv6_qp=0, max_raw_ethy_qp=0, max_total_mcast_qp_attach=0,
+            max_rdd=0, max_raw_ipv6_qp=0, max_raw_ethy_qp=0,
+            max_total_mcast_qp_attach=MAX_TOTAL_MCAST_QP_ATTACH,
             max_fmr=0, max_map_per_fmr=0, local_ca_ack_delay=15, phys_port_cnt=1,
             max_inline_data=LIMITS["max_inline_data"],
             odp_general_caps=3 if f.on_demand_paging else 0,  # IBV_ODP_SUPPORT | IMPLICIT
@@ -1279,6 +1288,7 @@ class Host:
             eng.xrcd = xrcd.engine if xrcd is not None else None
             eng.set_attrs({"pmtu": pmtu})
             eng.sig_pipelining = bool(req.dv_flags & api.DV_SIG_PIPELINING)
+            eng.block_self_mcast_lb = bool(req.create_flags & IBV_QP_CREATE_BLOCK_SELF_MCAST_LB)
             rec = self._new(owner, KIND_QP, dev, eng, ctx, (pd, scq, rcq, srq, xrcd))
             rec.release = res.release
             rec.info = QPInfo(api.QPCaps(caps.max_send_wr, caps.max_recv_wr, caps.max_send_sge,
@@ -1477,6 +1487,39 @@ class Host:
             hca.xrc_refs.pop(eng.qpn, None)
 
     # --- the data path ----------------------------------------------------------------------------
+    # --- multicast -----------------------------------------------------------------------------
+    def _mcast(self, owner: Owner, req: api.Mcast, verb: str) -> tuple[Device, QPEngine, bytes]:
+        """The QP and group of an attach or detach, checked as the kernel's
+        ``ib_attach_mcast`` checks them (EINVAL)."""
+        rec = self.obj(owner, req.qp, KIND_QP)
+        dev = rec.device
+        assert dev is not None
+        eng: QPEngine = rec.engine
+        mgid = bytes(req.gid)
+        if eng.qp_type != IBV_QPT_UD:
+            raise einval(f"{verb}: QP {eng.qpn:#x} is {_name(ibv_qp_type, eng.qp_type)}; only UD "
+                         "QPs are members of multicast groups")  # fmt: skip
+        if not is_multicast_gid(mgid):
+            raise einval(f"{verb}: {gid_text(mgid)} is not a multicast GID (ff00::/8, or an "
+                         "IPv4-mapped 224.0.0.0/4 address)")  # fmt: skip
+        return dev, eng, mgid
+
+    def attach_mcast(self, owner: Owner, req: api.Mcast, res: Resources) -> api.Empty:
+        dev, eng, mgid = self._mcast(owner, req, "ibv_attach_mcast")
+        with self._on(dev):
+            err = dev.hca.attach_mcast(eng, mgid)
+        if err is not None:
+            raise PyverbsRDMAError(f"ibv_attach_mcast: {err}", errno.ENOMEM)
+        return api.Empty()
+
+    def detach_mcast(self, owner: Owner, req: api.Mcast, res: Resources) -> api.Empty:
+        dev, eng, mgid = self._mcast(owner, req, "ibv_detach_mcast")
+        with self._on(dev):
+            if not dev.hca.detach_mcast(eng, mgid):
+                raise einval(f"ibv_detach_mcast: QP {eng.qpn:#x} is not attached to "
+                             f"{gid_text(mgid)}")  # fmt: skip
+        return api.Empty()
+
     def doorbell(self, owner: Owner, req: api.Doorbell, res: Resources) -> None:
         rec = self.obj(owner, req.qp, KIND_QP)
         dev = rec.device
@@ -1499,6 +1542,12 @@ class Host:
         if rec.users:
             raise ebusy(f"Failed to destroy {rec.kind_name} {rec.handle}: {rec.users} object(s) "
                         "still use it; destroy them first")  # fmt: skip
+        if rec.kind == KIND_QP and not req.flags & api.DESTROY_CASCADE and rec.device is not None:
+            groups = rec.device.hca.mcast_groups(rec.engine)
+            if groups:  # the kernel's uverbs_free_qp: detach first
+                raise ebusy(f"Failed to destroy QP {rec.engine.qpn:#x}: it is attached to "
+                            f"{len(groups)} multicast group(s) ({gid_text(groups[0])} ...); "
+                            "detach it first (ibv_detach_mcast)")  # fmt: skip
         if san is not None:
             san.destroying(rec)
         self._destroy(rec)
@@ -1549,6 +1598,7 @@ class Host:
             if eng.qp_type == IBV_QPT_XRC_RECV and eng.qpn in hca.xrc_refs:
                 self._xrc_release(dev, eng, rec)
             else:
+                hca.detach_all(eng)
                 eng.reset()
                 hca.qps.pop(eng.qpn, None)
             if eng.owner is rec:
@@ -1720,6 +1770,7 @@ _HANDLED = (
     "ALLOC_PD", "DESTROY", "REG_MR", "REREG_MR", "ALLOC_MW", "CREATE_AH", "CREATE_COMP_CHANNEL",
     "CREATE_CQ", "RESIZE_CQ", "CREATE_SRQ", "MODIFY_SRQ", "QUERY_SRQ", "OPEN_XRCD",
     "CREATE_QP", "MODIFY_QP", "QUERY_QP", "OPEN_QP", "DOORBELL", "XRC_RCV_QP_ALLOC",
-    "XRC_RCV_QP_REGISTER", "XRC_RCV_QP_UNREGISTER", "COUNTERS", "STATUS", "CAPTURE", "FAULTS",
+    "XRC_RCV_QP_REGISTER", "XRC_RCV_QP_UNREGISTER", "ATTACH_MCAST", "DETACH_MCAST",
+    "COUNTERS", "STATUS", "CAPTURE", "FAULTS",
     "CREATE_MKEY", "MKEY_CHECK", "CANCEL_SEND", "SANITIZE",
 )  # fmt: skip

@@ -160,6 +160,8 @@ class QPCore:
         #: stop the SQ in SQD after a transfer fails its signature check (mlx5dv
         #: MLX5DV_QP_CREATE_SIG_PIPELINING; see Requester.pump_sq)
         self.sig_pipelining = False
+        #: IBV_QP_CREATE_BLOCK_SELF_MCAST_LB: not a receiver of its own multicast sends
+        self.block_self_mcast_lb = False
         self.last_error = ""  #: why the QP last left RTS by itself, in words
         self.timer_at: float | None = None  #: deadline of the live timer entry
         self.timer_token = 0

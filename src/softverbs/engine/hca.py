@@ -11,6 +11,15 @@ QP numbers come from a counter that only moves forward (wrapping at 2**24,
 skipping 0, 1 and numbers in use), so a destroyed QP's number is not handed
 out again until the whole space has been walked -- a stale peer cannot reach
 a new QP by accident (seed 002, note 1).  The first number is 0x11, as rxe's.
+
+Multicast.  A UD QP attached to a multicast GID (``ibv_attach_mcast``) is a
+member of that group on this device: :attr:`HCA.mcast` maps each group to its
+members.  A packet whose BTH names QP :data:`MCAST_QPN` (0xFFFFFF) is
+delivered to every member of the group its destination GID names, each a copy
+with the GRH, as rxe's ``rxe_rcv_mcast_pkt`` does; the sending QP is a member
+like any other, unless it was created with ``IBV_QP_CREATE_BLOCK_SELF_MCAST_LB``.
+The fabric learns of the first join and the last leave of a group through
+:attr:`HCA.on_mcast` (a UDP fabric joins the IP group then).
 """
 
 from __future__ import annotations
@@ -33,6 +42,12 @@ if TYPE_CHECKING:
 
 QPN_MASK = 0xFFFFFF
 FIRST_QPN = 0x11
+#: the destination QP number of a multicast packet (IBA 9.6.1.2; rxe's IB_MULTICAST_QPN)
+MCAST_QPN = 0xFFFFFF
+#: rxe's limits (rxe_param.h): groups per device, QPs per group, attachments in all
+MAX_MCAST_GRP = 8192
+MAX_MCAST_QP_ATTACH = 56
+MAX_TOTAL_MCAST_QP_ATTACH = 0x70000
 
 #: Signature of the async event sink: (event type, engine object).
 EventSink = Callable[[int, Any], None]
@@ -86,6 +101,53 @@ class HCA:
         #: bytes of datagrams a receive socket of this device holds (SO_RCVBUF, as
         #: the kernel grants it), or None where nothing is buffered (in process)
         self.rx_buffer: int | None = None
+        #: multicast groups: GID -> the QPs attached to it (see the module docstring)
+        self.mcast: dict[bytes, set[QPEngine]] = {}
+        #: told (group GID, True) on a group's first attach and (GID, False) on its last
+        #: detach here, so the fabric can join and leave it; None: nothing to tell
+        self.on_mcast: Callable[[bytes, bool], None] | None = None
+
+    # --- multicast -----------------------------------------------------------------
+    def attach_mcast(self, qp: QPEngine, mgid: bytes) -> str | None:
+        """Make ``qp`` a member of group ``mgid``; an error text (ENOMEM) if a limit
+        is reached.  Attaching a member again is no error, as in rxe."""
+        members = self.mcast.get(mgid)
+        if members is not None and qp in members:
+            return None
+        if members is None and len(self.mcast) >= MAX_MCAST_GRP:
+            return f"the device has {MAX_MCAST_GRP} multicast groups already (max_mcast_grp)"
+        if members is not None and len(members) >= MAX_MCAST_QP_ATTACH:
+            return (f"the group has {MAX_MCAST_QP_ATTACH} QPs attached already "
+                    "(max_mcast_qp_attach)")  # fmt: skip
+        if sum(len(m) for m in self.mcast.values()) >= MAX_TOTAL_MCAST_QP_ATTACH:
+            return "the device has max_total_mcast_qp_attach attachments already"
+        if members is None:
+            if self.on_mcast is not None:
+                self.on_mcast(mgid, True)  # may raise: then nothing changed
+            members = self.mcast[mgid] = set()
+        members.add(qp)
+        return None
+
+    def detach_mcast(self, qp: QPEngine, mgid: bytes) -> bool:
+        """Take ``qp`` out of group ``mgid``; False if it was not a member."""
+        members = self.mcast.get(mgid)
+        if members is None or qp not in members:
+            return False
+        members.discard(qp)
+        if not members:
+            del self.mcast[mgid]
+            if self.on_mcast is not None:
+                self.on_mcast(mgid, False)
+        return True
+
+    def mcast_groups(self, qp: QPEngine) -> list[bytes]:
+        """The groups ``qp`` is attached to."""
+        return [gid for gid, members in self.mcast.items() if qp in members]
+
+    def detach_all(self, qp: QPEngine) -> None:
+        """Take ``qp`` out of every group (it is being destroyed)."""
+        for gid in self.mcast_groups(qp):
+            self.detach_mcast(qp, gid)
 
     # --- numbers ----------------------------------------------------------------
     def window_for(self, pmtu: int) -> int:
@@ -185,6 +247,9 @@ class HCA:
         if info is None:
             counters["drop_bad_opcode"] += 1
             return
+        if pkt.dqpn == MCAST_QPN:
+            self._receive_mcast(pkt, info, now)
+            return
         qp = self.qps.get(pkt.dqpn)
         if qp is None:
             counters["drop_unknown_qp"] += 1
@@ -193,6 +258,23 @@ class HCA:
         if self.observer is not None:
             self.observer.packet_in(qp, pkt)
         qp.receive(pkt, info, now)
+
+    def _receive_mcast(self, pkt: Packet, info: Any, now: float) -> None:
+        """A multicast packet: a copy to each QP attached to its group, in QP
+        number order (each QP checks its state, transport and Q_Key itself)."""
+        members = self.mcast.get(pkt.dgid)
+        if not members:
+            self.counters["drop_mcast_no_group"] += 1
+            return
+        self.counters["mcast_rcvd_pkts"] += 1
+        for qp in sorted(members, key=lambda q: q.qpn):
+            if qp.block_self_mcast_lb and qp.qpn == pkt.src_qp and pkt.sgid in self.gids:
+                self.counters["mcast_self_blocked"] += 1  # its own send, and it asked not to
+                continue
+            qp.rcvd_pkts += 1
+            if self.observer is not None:
+                self.observer.packet_in(qp, pkt)
+            qp.receive(pkt, info, now)
 
     # --- timers ---------------------------------------------------------------------
     def schedule(self, qp: QPCore, deadline: float) -> None:

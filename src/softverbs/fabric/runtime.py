@@ -34,7 +34,7 @@ from typing import Protocol
 from softverbs.engine.hca import HCA
 from softverbs.errors import WireError
 from softverbs.wire.codec import decode_udp_payload, encode_udp_payload
-from softverbs.wire.packet import IPV4_MAPPED_PREFIX, Packet
+from softverbs.wire.packet import IPV4_MAPPED_PREFIX, Packet, is_multicast_gid
 
 
 class Clock(Protocol):
@@ -295,7 +295,10 @@ class InprocRuntime(Runtime):
     """The in-process fabric: every attached device is reachable by GID.
 
     Packets are handed over as objects, so bursts stay whole (segmentation
-    offload end to end) unless a fault layer or a tap needs single packets."""
+    offload end to end) unless a fault layer or a tap needs single packets.
+    A packet to a multicast GID goes to every device with a QP attached to
+    that group, the sender's own device included, as a switch floods a group
+    to its member ports."""
 
     bursts = True
 
@@ -317,6 +320,13 @@ class InprocRuntime(Runtime):
                     del self.by_gid[gid]
 
     def transmit(self, src: HCA, pkt: Packet, now: float) -> None:
+        if is_multicast_gid(pkt.dgid):
+            members = [h for h in self.hcas if pkt.dgid in h.mcast]
+            if not members:
+                src.counters["drop_mcast_no_member"] += 1
+            for hca in members:
+                self.inbox.append((hca, pkt))
+            return
         dst = self.by_gid.get(pkt.dgid)
         if dst is None:
             src.counters["drop_no_route"] += 1

@@ -51,6 +51,20 @@ Receiving and progress
     post does not drain them: it only sends what it made (``posted``).  All
     run the same loop under the runtime's one lock.
 
+Multicast
+    A UD SEND to a multicast GID (destination QP 0xFFFFFF) leaves as a
+    datagram to the group's IP address on port 4791, as rxe sends it: an
+    IPv4-mapped GID ``::ffff:224.0.0.0/100`` to the IPv4 group, an ``ff00::/8``
+    GID to the IPv6 group, from the device's own address
+    (``IP_MULTICAST_IF``), with the address vector's hop limit as its TTL.
+    When a QP of the device attaches to a group first, the device joins the
+    IP group on its interface (``IP_ADD_MEMBERSHIP``, ``IPV6_JOIN_GROUP``)
+    with a socket bound to the group address and port 4791 that receives
+    what is sent there; the last detach leaves it and closes the socket.
+    The kernel loops a group's datagrams back to the sockets of this host
+    that joined it (``IP_MULTICAST_LOOP``), so devices on one host -- the
+    sender's own included -- hear each other as rxe devices do.
+
 Path MTU
     ``active_mtu`` follows the interface MTU as in rxe: the largest IB MTU
     not above (netdev MTU - 80 bytes of headers).
@@ -87,7 +101,7 @@ from softverbs.wire.codec import (
     seal_udp_datagrams,
 )
 from softverbs.wire.opcodes import ROCEV2_PORT
-from softverbs.wire.packet import IPV4_MAPPED_PREFIX, Packet
+from softverbs.wire.packet import IPV4_MAPPED_PREFIX, Packet, is_multicast_gid
 
 log = logging.getLogger(__name__)
 
@@ -299,6 +313,20 @@ def _ip_packed(text: str) -> bytes:
     return ipaddress.ip_address(text.split("%")[0]).packed
 
 
+def _ifindex_of(local: LocalAddr) -> int:
+    """The index of the interface a local address is on (its scope for a
+    link-local one): the device the routing table delivers the address to."""
+    if local.scope_id:
+        return local.scope_id
+    try:
+        out = subprocess.run(["ip", "-j", "route", "get", local.text], capture_output=True,
+                             text=True, timeout=5, check=False).stdout  # fmt: skip
+        routes = json.loads(out or "[]")
+        return socket.if_nametoindex(str(routes[0]["dev"])) if routes else 0
+    except (OSError, ValueError, KeyError, IndexError, TypeError, subprocess.SubprocessError):
+        return 0
+
+
 def _ip_of_gid(gid: bytes) -> bytes:
     return gid[12:] if gid[:12] == IPV4_MAPPED_PREFIX else gid
 
@@ -354,6 +382,10 @@ class UdpRuntime(Runtime):
         self.bursts = self.gso
         self.gro = False
         self._checksummed: set[socket.socket] = set()  #: sockets that have sent a GSO run
+        #: multicast: the socket receiving each joined group, by the group's IP
+        self._groups: dict[bytes, socket.socket] = {}
+        #: sockets set up to send multicast (their IP_MULTICAST_IF is set), with their TTL
+        self._mc_senders: dict[socket.socket, int] = {}
         for addr in addrs:
             sock = self._socket(addr, ROCEV2_PORT)
             _set_rcvbuf(sock, RECV_BUFFER)
@@ -378,7 +410,74 @@ class UdpRuntime(Runtime):
         hca.rx_buffer = min(
             (s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) for s in self._rx), default=None
         )
+        hca.on_mcast = self._membership
         super().attach(hca)
+
+    # --- multicast -----------------------------------------------------------------
+    def _local_for(self, family: int) -> LocalAddr:
+        """The address a group of ``family`` is joined and sent from: the
+        device's first of that family, else its first (its interface)."""
+        return next((a for a in self.addrs if a.family == family), self.addrs[0])
+
+    def _membership(self, mgid: bytes, join: bool) -> None:
+        """Join (or leave) the IP group of ``mgid`` on the device's interface
+        (module docstring, Multicast); called under the lock by the engine."""
+        ip = _ip_of_gid(mgid)
+        if not join:
+            sock = self._groups.pop(ip, None)
+            if sock is not None:
+                with contextlib.suppress(KeyError, ValueError):
+                    self._sel.unregister(sock)
+                self._rx.pop(sock, None)
+                sock.close()  # closing leaves the group
+            return
+        if ip in self._groups:
+            return
+        family = socket.AF_INET if len(ip) == 4 else socket.AF_INET6
+        local = self._local_for(family)
+        group = LocalAddr(_ip_text(ip), ip, local.scope_id)
+        sock = socket.socket(family, socket.SOCK_DGRAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET:
+                sock.bind((group.text, ROCEV2_PORT))
+                if local.family == socket.AF_INET:
+                    mreq = struct.pack("4s4s", ip, local.packed)
+                else:  # ip_mreqn: the interface by index
+                    mreq = struct.pack("4s4si", ip, bytes(4), _ifindex_of(local))
+                sock.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP, mreq)
+            else:
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.IPPROTO_UDP, UDP_NO_CHECK6_RX, 1)
+                sock.bind((group.text, ROCEV2_PORT, 0, 0))
+                mreq6 = struct.pack("16sI", ip, _ifindex_of(local))
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_JOIN_GROUP, mreq6)
+        except OSError as exc:
+            sock.close()
+            raise PyverbsRDMAError(f"joining IP multicast group {group.text} from "
+                                   f"{local.text} failed: {exc}",
+                                   exc.errno or errno.EADDRNOTAVAIL) from None  # fmt: skip
+        _set_rcvbuf(sock, RECV_BUFFER)
+        sock.setblocking(False)
+        self._groups[ip] = sock
+        self._rx[sock] = group
+        self._sel.register(sock, selectors.EVENT_READ)
+
+    def _mc_sender(self, sock: socket.socket, local: LocalAddr, ttl: int) -> None:
+        """Make ``sock`` send multicast from ``local``'s interface with ``ttl``."""
+        if self._mc_senders.get(sock) == ttl:
+            return
+        with contextlib.suppress(OSError):
+            if local.family == socket.AF_INET:
+                if sock not in self._mc_senders:
+                    sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, local.packed)
+                sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, ttl)
+            else:
+                if sock not in self._mc_senders:
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_MULTICAST_IF,
+                                    _ifindex_of(local))  # fmt: skip
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_MULTICAST_HOPS, ttl)
+        self._mc_senders[sock] = ttl
 
     @staticmethod
     def _socket(addr: LocalAddr, port: int) -> socket.socket:
@@ -431,6 +530,9 @@ class UdpRuntime(Runtime):
             src.counters["drop_no_route"] += 1
             return
         sock, sport = self._sender(local, pkt.sport or ROCEV2_PORT)
+        if is_multicast_gid(pkt.dgid):
+            self._mc_sender(sock, local, pkt.hop_limit or 1)
+            src.counters["mcast_sent_pkts"] += 1
         dst_text = _ip_text(dst_ip)
         dest: tuple[str, int] | tuple[str, int, int, int]
         if len(dst_ip) == 4:

@@ -62,7 +62,7 @@ from softverbs.enums import (
     ibv_wr_opcode,
 )
 from softverbs.errors import PyverbsRDMAError, PyverbsUserError, einval, enomem, eopnotsupp
-from softverbs.verbs.addr import AH, AHAttr, ah_attr_of, av_of
+from softverbs.verbs.addr import AH, GID, AHAttr, ah_attr_of, av_of
 from softverbs.verbs.base import CStruct, PyverbsCM, PyverbsObject, as_uint, require
 from softverbs.verbs.cq import CQBase
 from softverbs.verbs.mr import MW, MWBind, MWBindInfo, inc_rkey
@@ -582,6 +582,22 @@ class QP(PyverbsCM):
 
     def _query(self) -> api.QueryQPReply:
         return self._ctx.provider.call(api.QUERY_QP, api.Handle(self.dev_handle, 0))
+
+    def attach_mcast(self, gid: GID, lid: int = 0) -> None:
+        """``ibv_attach_mcast``: this UD QP receives the SENDs made to the multicast
+        GID ``gid`` (destination QP 0xFFFFFF) on every device of the fabric.
+        ``lid`` is InfiniBand's multicast LID; RoCE has none."""
+        self._mcast(api.ATTACH_MCAST, gid, lid)
+
+    def detach_mcast(self, gid: GID, lid: int = 0) -> None:
+        """``ibv_detach_mcast``: EINVAL if the QP is not attached to ``gid``."""
+        self._mcast(api.DETACH_MCAST, gid, lid)
+
+    def _mcast(self, op: api.Op[api.Mcast, api.Empty], gid: GID, lid: int) -> None:
+        self._check_open()
+        require(gid, GID, "gid")
+        body = api.Mcast(gid.raw, self.dev_handle, as_uint(lid, 16, "lid"))
+        self._ctx.provider.call(op, body)
 
     def query(self, attr_mask: int = 0) -> tuple[QPAttr, QPInitAttr]:
         """``ibv_query_qp``: (QPAttr, QPInitAttr) with every attribute filled in."""

@@ -40,6 +40,23 @@ from typing import Any
 #: The GID prefix of an IPv4-mapped address (::ffff:0:0/96).
 IPV4_MAPPED_PREFIX = b"\x00" * 10 + b"\xff\xff"
 
+
+def is_multicast_gid(gid: bytes) -> bool:
+    """A multicast GID: ff00::/8, or an IPv4-mapped 224.0.0.0/4 address (the
+    kernel's ``rdma_is_multicast_addr``)."""
+    if len(gid) != 16:
+        return False
+    if gid[0] == 0xFF:
+        return True
+    return gid[:12] == IPV4_MAPPED_PREFIX and 224 <= gid[12] <= 239
+
+
+def gid_text(gid: bytes) -> str:
+    """A GID as an IPv6 address (an IPv4-mapped one as ``::ffff:a.b.c.d``)."""
+    import ipaddress
+
+    return str(ipaddress.IPv6Address(bytes(gid))) if len(gid) == 16 else gid.hex()
+
 DEFAULT_PKEY = 0xFFFF
 
 

@@ -18,8 +18,10 @@
  *  - IDs without a channel (rdma_create_ep) are synchronous: each call waits
  *    for its event on a private channel.
  *
- * Multicast is not offered: rdma_join_multicast reports EOPNOTSUPP, as on a
- * device whose max_mcast_grp is 0.
+ *  - a MULTICAST_JOIN attaches the ID's QP to the group (ucma_process_join),
+ *    unless the join was send-only; rdma_leave_multicast detaches it.  The
+ *    join itself is the agent's: a local join, as the kernel's rdma_cm does
+ *    on RoCE (docs/cm.md, Multicast).
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -59,8 +61,20 @@ struct cma_device {
 	uint8_t max_responder, max_initiator;
 };
 
+/* librdmacm's cma_multicast: one group an ID joined. */
+struct cma_mc {
+	struct sockaddr_storage addr;
+	void *context;
+	int flags;			/* enum rdma_cm_mc_join_flags */
+	int attached;			/* the ID's QP is attached to mgid */
+	union ibv_gid mgid;		/* from the MULTICAST_JOIN event */
+	uint16_t mlid;
+	struct cma_mc *next;
+};
+
 struct cma_id {
 	struct rdma_cm_id id;		/* first: the program's */
+	struct cma_mc *mc;		/* the groups joined (under ``lock``) */
 	uint32_t handle;
 	int sync;			/* rdma_create_ep's: calls wait for their event */
 	int connect_error;		/* the REP could not be completed: hide what follows */
@@ -383,6 +397,11 @@ int rdma_destroy_id(struct rdma_cm_id *id)
 		rdma_ack_cm_event(c->id.event);
 	if (c->sync)
 		rdma_destroy_event_channel(c->id.channel);
+	while (c->mc) {
+		struct cma_mc *mc = c->mc;
+		c->mc = mc->next;
+		free(mc);
+	}
 	free(c->qp_init);
 	free(c);
 	return 0;
@@ -907,16 +926,124 @@ int rdma_migrate_id(struct rdma_cm_id *id, struct rdma_event_channel *channel)
 	return 0;
 }
 
+/* --- multicast -------------------------------------------------------------------------- */
+
+static socklen_t addr_len(const struct sockaddr *sa)
+{
+	return sa->sa_family == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6);
+}
+
+static int same_addr(const struct sockaddr *a, const struct sockaddr *b)
+{
+	return a->sa_family == b->sa_family && !memcmp(a, b, addr_len(a));
+}
+
+static int join(struct rdma_cm_id *id, struct sockaddr *addr, int flags, void *context)
+{
+	if (!id || !valid_addr(addr))
+		return fail(EINVAL);
+	struct cma_id *c = cma(id);
+	struct cma_mc *mc = calloc(1, sizeof(*mc));
+	if (!mc)
+		return fail(ENOMEM);
+	memcpy(&mc->addr, addr, addr_len(addr));
+	mc->context = context;
+	mc->flags = flags;
+	pthread_mutex_lock(&lock);
+	mc->next = c->mc;
+	c->mc = mc;
+	pthread_mutex_unlock(&lock);
+	char args[256], reply[MSG];
+	struct jw w;
+	jw_init(&w, args, sizeof(args));
+	jw_raw(&w, "\"handle\":%u,\"join_flags\":%d,", c->handle, flags);
+	jw_addr(&w, "addr", addr);
+	if (call("join_multicast", &w, reply, NULL)) {
+		int err = errno;
+		pthread_mutex_lock(&lock);
+		for (struct cma_mc **p = &c->mc; *p; p = &(*p)->next)
+			if (*p == mc) {
+				*p = mc->next;
+				break;
+			}
+		pthread_mutex_unlock(&lock);
+		free(mc);
+		return fail(err);
+	}
+	return complete(c);
+}
+
 int rdma_join_multicast(struct rdma_cm_id *id, struct sockaddr *addr, void *context)
 {
-	(void)id, (void)addr, (void)context;
-	return fail(EOPNOTSUPP);
+	return join(id, addr, RDMA_MC_JOIN_FLAG_FULLMEMBER, context);
+}
+
+int rdma_join_multicast_ex(struct rdma_cm_id *id, struct rdma_cm_join_mc_attr_ex *attr,
+			   void *context)
+{
+	if (!id || !attr)
+		return fail(EINVAL);
+	if (attr->comp_mask >= RDMA_CM_JOIN_MC_ATTR_RESERVED)
+		return fail(ENOTSUP);
+	if (!(attr->comp_mask & RDMA_CM_JOIN_MC_ATTR_ADDRESS) || !attr->addr)
+		return fail(EINVAL);
+	if (!(attr->comp_mask & RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS) ||
+	    attr->join_flags >= RDMA_MC_JOIN_FLAG_RESERVED)
+		return fail(EINVAL);
+	return join(id, attr->addr, (int)attr->join_flags, context);
 }
 
 int rdma_leave_multicast(struct rdma_cm_id *id, struct sockaddr *addr)
 {
-	(void)id, (void)addr;
-	return fail(EOPNOTSUPP);
+	if (!id || !valid_addr(addr))
+		return fail(EINVAL);
+	struct cma_id *c = cma(id);
+	struct cma_mc *mc = NULL;
+	pthread_mutex_lock(&lock);
+	for (struct cma_mc **p = &c->mc; *p; p = &(*p)->next)
+		if (same_addr((struct sockaddr *)&(*p)->addr, addr)) {
+			mc = *p;
+			*p = mc->next;
+			break;
+		}
+	pthread_mutex_unlock(&lock);
+	if (!mc)
+		return fail(EADDRNOTAVAIL);
+	if (id->qp && mc->attached)
+		ibv_detach_mcast(id->qp, &mc->mgid, mc->mlid);
+	char args[256], reply[MSG];
+	struct jw w;
+	jw_init(&w, args, sizeof(args));
+	jw_raw(&w, "\"handle\":%u,", c->handle);
+	jw_addr(&w, "addr", (struct sockaddr *)&mc->addr);
+	int err = call("leave_multicast", &w, reply, NULL) ? errno : 0;
+	free(mc);
+	return err ? fail(err) : 0;
+}
+
+/* librdmacm's ucma_process_join: the group's GID, and the ID's QP attached to
+ * it unless the join was send-only; 0 or an errno. */
+static int process_join(struct cma_id *c, struct cma_event *e, const char *raw)
+{
+	struct sockaddr_storage group;
+	if (!addr_of(js_get(raw, "mc"), &group))
+		return 0;
+	pthread_mutex_lock(&lock);
+	struct cma_mc *mc = c->mc;
+	while (mc && !same_addr((struct sockaddr *)&mc->addr, (struct sockaddr *)&group))
+		mc = mc->next;
+	pthread_mutex_unlock(&lock);
+	if (!mc)
+		return 0;
+	e->event.param.ud.private_data = mc->context;
+	mc->mgid = e->event.param.ud.ah_attr.grh.dgid;
+	mc->mlid = e->event.param.ud.ah_attr.dlid;
+	if (!c->id.qp || mc->flags == RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER || mc->attached)
+		return 0;
+	int err = ibv_attach_mcast(c->id.qp, &mc->mgid, mc->mlid);
+	if (!err)
+		mc->attached = 1;
+	return err;
 }
 
 /* --- events -------------------------------------------------------------------------------- */
@@ -1041,6 +1168,14 @@ static struct cma_event *process(const char *raw)
 	case RDMA_CM_EVENT_UNREACHABLE:
 		modify_err(c);
 		break;
+	case RDMA_CM_EVENT_MULTICAST_JOIN: {
+		int err = process_join(c, e, raw);
+		if (err) {
+			ev->event = RDMA_CM_EVENT_MULTICAST_ERROR;
+			ev->status = -err;
+		}
+		break;
+	}
 	default:
 		break;
 	}

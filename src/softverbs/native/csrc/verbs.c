@@ -2265,23 +2265,34 @@ static struct ibv_qp *open_qp(struct ibv_context *context, struct ibv_qp_open_at
 	return q;
 }
 
-/* --- what softverbs does not offer ---------------------------------------------------- */
+/* --- multicast ------------------------------------------------------------------------ */
+
+/* The device checks the QP (UD only) and the GID (multicast only) and keeps
+ * the membership; on RoCE there is no multicast LID, and ``lid`` is ignored. */
+static int mcast(int op, struct ibv_qp *qp, const union ibv_gid *gid, uint16_t lid)
+{
+	if (!qp || !gid)
+		return EINVAL;
+	struct sv_mcast req;
+	memset(&req, 0, sizeof(req));
+	memcpy(req.gid, gid->raw, sizeof(req.gid));
+	req.qp = qp->handle;
+	req.lid = lid;
+	char none[1];
+	return sv_call((uint16_t)op, &req, sizeof(req), NULL, 0, none, 0, NULL, NULL);
+}
 
 int ibv_attach_mcast(struct ibv_qp *qp, const union ibv_gid *gid, uint16_t lid)
 {
-	(void)qp;
-	(void)gid;
-	(void)lid;
-	return EOPNOTSUPP;	/* no multicast (docs/status.md) */
+	return mcast(SV_OP_ATTACH_MCAST, qp, gid, lid);
 }
 
 int ibv_detach_mcast(struct ibv_qp *qp, const union ibv_gid *gid, uint16_t lid)
 {
-	(void)qp;
-	(void)gid;
-	(void)lid;
-	return EOPNOTSUPP;
+	return mcast(SV_OP_DETACH_MCAST, qp, gid, lid);
 }
+
+/* --- what softverbs does not offer ---------------------------------------------------- */
 
 /* Importing objects shares a kernel ucontext between processes (ibv_import_device
  * takes its command fd); softverbs has none. */

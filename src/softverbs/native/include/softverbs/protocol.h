@@ -70,6 +70,8 @@
 #define SV_OP_XRC_RCV_QP_ALLOC 28
 #define SV_OP_XRC_RCV_QP_REGISTER 29
 #define SV_OP_XRC_RCV_QP_UNREGISTER 30
+#define SV_OP_ATTACH_MCAST 31
+#define SV_OP_DETACH_MCAST 32
 #define SV_OP_COUNTERS 40
 #define SV_OP_STATUS 41
 #define SV_OP_CAPTURE 42
@@ -686,6 +688,13 @@ struct sv_xrc_qpn {
 	uint32_t qpn;                           /* @4 */
 };
 _Static_assert(sizeof(struct sv_xrc_qpn) == 8, "sv_xrc_qpn");
+
+struct sv_mcast {
+	char gid[16];                           /* @0 */
+	uint32_t qp;                            /* @16 */
+	uint32_t lid;                           /* @20 */ /* the multicast LID; RoCE has none, and the device ignores it */
+};
+_Static_assert(sizeof(struct sv_mcast) == 24, "sv_mcast");
 
 struct sv_capture_req {
 	uint32_t ctx;                           /* @0 */
