@@ -288,8 +288,7 @@ def test_rereg_of_the_translation_changes_the_key_byte(service: ServiceProc) -> 
         assert keys["lkey"] == mr["lkey"], "an access change keeps the keys"
         seen = [mr["lkey"]]
         for _ in range(8):
-            fd = os.memfd_create("rereg")
-            os.ftruncate(fd, 8192)
+            fd = rc._memfd(8192, "rereg")  # sealed, as the service requires
             try:
                 keys = c.rereg_mr(mr["mr"], IBV_REREG_MR_CHANGE_TRANSLATION, addr=0x20000,
                                   length=8192, memfd=fd)  # fmt: skip
