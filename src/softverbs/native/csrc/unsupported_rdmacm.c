@@ -11,7 +11,6 @@
  * cma.c: with no rsocket there, every descriptor is an ordinary one, and they
  * are poll and select.
  *
- * The rest: what librdmacm has that softverbs' does not do yet.
  */
 #include "unsupported.h"
 
@@ -42,13 +41,3 @@ SV_UNSUP_MINUS1(rshutdown, ENOSYS)
 SV_UNSUP_MINUS1(rsocket, ENOSYS)
 SV_UNSUP_MINUS1(rwrite, ENOSYS)
 SV_UNSUP_MINUS1(rwritev, ENOSYS)
-
-/* --- shared receive queues on an ID (rdma_verbs.h) ------------------------------------------- */
-
-SV_UNSUP_MINUS1(rdma_create_srq, ENOSYS)
-SV_UNSUP_MINUS1(rdma_create_srq_ex, ENOSYS)
-SV_UNSUP_VOID(rdma_destroy_srq)
-
-/* --- multicast: as rdma_join_multicast, EOPNOTSUPP (a device whose max_mcast_grp is 0) ------ */
-
-SV_UNSUP_MINUS1(rdma_join_multicast_ex, EOPNOTSUPP)
