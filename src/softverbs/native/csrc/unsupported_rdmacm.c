@@ -10,7 +10,6 @@
  * and print "rsocket: Function not implemented".  rpoll and rselect are in
  * cma.c: with no rsocket there, every descriptor is an ordinary one, and they
  * are poll and select.
- *
  */
 #include "unsupported.h"
 
