@@ -47,6 +47,7 @@ from softverbs.wire.opcodes import Transport
 from softverbs.wire.packet import Packet, qp_sport
 
 if TYPE_CHECKING:
+    from softverbs.engine.congestion import CCConfig
     from softverbs.engine.observe import Observer
 
 
@@ -56,6 +57,7 @@ class HCAPort(Protocol):
     keys: KeyTable
     counters: Counter[str]
     observer: Observer | None
+    cc: CCConfig
 
     @property
     def outbox(self) -> deque[Packet]: ...

@@ -20,6 +20,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
+from softverbs.engine.congestion import CCConfig
 from softverbs.engine.core import DEFAULT_WINDOW, MIN_WINDOW, QPCore
 from softverbs.engine.memory import KeyTable
 from softverbs.engine.observe import Observer
@@ -85,6 +86,8 @@ class HCA:
         #: bytes of datagrams a receive socket of this device holds (SO_RCVBUF, as
         #: the kernel grants it), or None where nothing is buffered (in process)
         self.rx_buffer: int | None = None
+        #: the congestion control each new (or reset) QP gets (:mod:`.congestion`)
+        self.cc = CCConfig()
 
     # --- numbers ----------------------------------------------------------------
     def window_for(self, pmtu: int) -> int:
