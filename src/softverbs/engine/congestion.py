@@ -51,7 +51,9 @@ The timers are evaluated lazily: each call first replays the alpha periods and
 timer stages that ended since the last one, in time order, so no timer events
 are needed for them -- only the pacing wake-up (:meth:`next_send_time`).
 Pacing sends at most :data:`PACE_QUANTUM` bytes at once and then waits until
-``rc`` has paid for them.
+``rc`` has paid for them -- at line rate too, as a NIC's rate limiter sits
+where packets leave it: nothing queues behind it that a later cut could not
+slow down.
 """
 
 from __future__ import annotations
@@ -111,6 +113,8 @@ DCQCN_PARAMS: tuple[Param, ...] = (
 )  # fmt: skip
 PARAMS_BY_NAME: dict[str, Param] = {p.name: p for p in DCQCN_PARAMS}
 
+#: The ECN codepoint ECN-capable packets carry (RFC 3168's ECT(0)).
+ECT0 = 2
 #: The congestion control kinds a device may run.
 KINDS = ("slow_restart", "none", "dcqcn")
 
@@ -135,7 +139,7 @@ def check_params(kind: str, params: Mapping[str, int]) -> str | None:
 class CCConfig:
     """A device's congestion control: the kind, its parameters, the line rate."""
 
-    __slots__ = ("kind", "line_rate", "params")
+    __slots__ = ("ect", "kind", "line_rate", "params")
 
     def __init__(self, kind: str = "slow_restart", params: Mapping[str, int] | None = None,
                  line_rate: float = 100e9) -> None:  # fmt: skip
@@ -146,6 +150,8 @@ class CCConfig:
         self.params = {p.name: p.default for p in DCQCN_PARAMS}
         self.params.update(params or {})
         self.line_rate = line_rate  #: bit/s: where a DCQCN flow starts and stops growing
+        #: the ECN field of every packet sent: ECT(0) with DCQCN, else not ECN-capable
+        self.ect = ECT0 if kind == "dcqcn" else 0
 
     @property
     def ecn(self) -> bool:
@@ -243,8 +249,8 @@ class Dcqcn(CongestionControl):
 
     __slots__ = (
         "a_ai", "a_hai", "alpha", "alpha_at", "byte_reset", "byte_stage", "bytes_left",
-        "cnp_in_period", "cut_at", "cuts", "events", "first_cnp", "first_rate", "g", "gd",
-        "initial_alpha", "line_rate", "min_dec", "min_rate", "monitor", "next_send", "period",
+        "cnp_in_period", "cut_at", "cuts", "debt", "events", "first_cnp", "first_rate", "g", "gd",
+        "initial_alpha", "line_rate", "min_dec", "min_rate", "monitor", "paid_at", "period",
         "rc", "rt", "threshold", "time_reset", "timer_at", "timer_stage",
     )  # fmt: skip
     kind = "dcqcn"
@@ -282,22 +288,34 @@ class Dcqcn(CongestionControl):
         self.timer_stage = 0
         self.byte_stage = 0
         self.bytes_left = self.byte_reset
-        self.next_send = 0.0
+        self.debt = 0.0  #: bits sent that the rate has not paid for yet
+        self.paid_at = 0.0  #: the time up to which ``debt`` is paid
 
     # --- lazily run timers ------------------------------------------------------
     def _advance(self, now: float) -> None:
-        """Replay the alpha periods and timer events that ended by ``now``."""
+        """Replay the alpha periods and timer events that ended by ``now``, in
+        time order, paying the pacing debt at the rate of each stretch."""
         while True:
             a = self.alpha_at
             t = self.timer_at
             if a is not None and a <= now and (t is None or a <= t):
+                self._pay(a)
                 self._alpha_update(a)
             elif t is not None and t <= now:
+                self._pay(t)
                 self.timer_stage += 1
                 self.timer_at = t + self.time_reset
                 self._increase()
             else:
+                self._pay(now)
                 return
+
+    def _pay(self, until: float) -> None:
+        """The link sent at ``rc`` from ``paid_at`` to ``until``: less owed."""
+        if until > self.paid_at:
+            debt = self.debt - (until - self.paid_at) * self.rc
+            self.debt = debt if debt >= 1.0 else 0.0
+            self.paid_at = until
 
     def _alpha_update(self, at: float) -> None:
         g = self.g
@@ -309,7 +327,6 @@ class Dcqcn(CongestionControl):
         if self.alpha < 1e-6 and self.rc >= self.line_rate:
             self.alpha_at = None  # nothing left to decay: stop until the next CNP
         else:
-            # Periods in which nothing happens only decay alpha: take them in one step.
             self.alpha_at = at + self.period
 
     def _increase(self) -> None:
@@ -334,18 +351,27 @@ class Dcqcn(CongestionControl):
         return self.rc
 
     def quantum(self, pmtu: int) -> int:
-        return 0 if self.rc >= self.line_rate else max(1, PACE_QUANTUM // pmtu)
+        return max(1, PACE_QUANTUM // pmtu)
 
     def can_send(self, now: float) -> bool:
-        return self.rc >= self.line_rate or now >= self.next_send
+        self._advance(now)
+        # Less than a bit owed is paid: floating-point rounding must not leave a
+        # wake-up that lands on ``now`` again and again.
+        return self.debt < 1.0
 
     def next_send_time(self) -> float | None:
-        return None if self.rc >= self.line_rate else self.next_send
+        """When the debt is paid at today's rate, or the next increase event if
+        that comes first (the rate it brings pays faster)."""
+        paid = self.paid_at + self.debt / self.rc
+        t = self.timer_at
+        return paid if t is None or paid <= t else t
 
     def on_packet_sent(self, nbytes: int, npkts: int, now: float) -> None:
         self._advance(now)
+        # Paced at rc even at line rate: the limiter is where packets leave the
+        # NIC, so nothing piles up behind it that a later cut could not slow.
+        self.debt += nbytes * 8
         if self.rc < self.line_rate:
-            self.next_send = max(self.next_send, now) + nbytes * 8 / self.rc
             self.bytes_left -= nbytes
             while self.bytes_left <= 0 and self.rc < self.line_rate:
                 self.bytes_left += self.byte_reset
@@ -379,4 +405,3 @@ class Dcqcn(CongestionControl):
         self.byte_stage = 0
         self.bytes_left = self.byte_reset
         self.timer_at = now + self.time_reset
-        self.next_send = max(self.next_send, now)

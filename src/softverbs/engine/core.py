@@ -101,6 +101,7 @@ QP_COUNTERS = (
     "sent_pkts", "rcvd_pkts", "out_of_seq_request", "duplicate_request", "send_rnr_err",
     "rcvd_rnr_err", "rcvd_seq_err", "implied_nak_seq_err", "completer_retry_err",
     "local_ack_timeout_err", "rnr_retries", "retry_exceeded_err", "retry_rnr_exceeded_err",
+    "rp_cnp_handled",
 )  # fmt: skip
 
 
@@ -163,6 +164,7 @@ class QPCore:
         #: MLX5DV_QP_CREATE_SIG_PIPELINING; see Requester.pump_sq)
         self.sig_pipelining = False
         self.last_error = ""  #: why the QP last left RTS by itself, in words
+        self.cnp_sent_at = -1.0  #: when this QP last sent a CNP (DCQCN's notification point)
         self.timer_at: float | None = None  #: deadline of the live timer entry
         self.timer_token = 0
         # --- per-QP counters (QP_COUNTERS): one integer add per packet or burst on
@@ -245,8 +247,10 @@ class QPCore:
             pkt.sgid = route.sgid
             pkt.dgid = route.dgid
             pkt.hop_limit = route.hop_limit
-            pkt.tclass = route.tclass
+            pkt.tclass = (route.tclass & 0xFC) | self.hca.cc.ect
             pkt.flow_label = route.flow_label
+        else:
+            pkt.tclass = self.hca.cc.ect
 
     def reply(self, req: Packet, opcode: int, psn: int, payload: Any = b"") -> Packet:
         """A response packet back to the sender of ``req``."""
@@ -257,6 +261,7 @@ class QPCore:
         pkt.sgid = req.dgid
         pkt.dgid = req.sgid
         pkt.hop_limit = 64
+        pkt.tclass = self.hca.cc.ect
         return pkt
 
     def success(self, cqe: CQE) -> bool:

@@ -251,6 +251,9 @@ class Requester:
         #: the congestion control (a fresh one of the device's kind at every RESET)
         self.cc: CongestionControl = self.qp.hca.cc.new(self.qp.window)
         self.paced_until: float | None = None  #: the pacing wake-up the QP's timer waits for
+        self.reported_rate = self.cc.rate()  #: the rate an observer last heard of
+        self.sent_end = self.npsn  #: the PSN after the highest request packet ever sent
+        self.resent_pkts = 0  #: request packets sent again (go-back-N)
 
     # --- entry points -------------------------------------------------------
     def doorbell(self, now: float) -> None:
@@ -479,10 +482,20 @@ class Requester:
         pkt.se = wqe.se
         ops = _msg_opcodes(qp.transport, info.klass, info.imm, info.inv)
         qp.send(burst(pkt, ops, i, count, n, pmtu, ack))
+        again = P.diff(self.sent_end, psn)
+        if again > 0:
+            self.resent_pkts += min(again, count)
+        if again < count:
+            self.sent_end = P.add(psn, count)
         cc.on_packet_sent(min(wqe.length, (i + count) * pmtu) - i * pmtu, count, now)
         wqe.tx = i + count
-        if quantum and wqe.tx < n:
-            self._may_send(now)  # paced: arm the wake-up for the rest
+        if quantum:
+            if wqe.tx < n:
+                self._may_send(now)  # paced: arm the wake-up for the rest
+            obs = qp.hca.observer
+            if obs is not None and cc.rate() != self.reported_rate:
+                self.reported_rate = cc.rate()
+                obs.rate(qp, self.reported_rate or 0.0, "increase")
         return wqe.tx >= n
 
     def _send_read(self, wqe: SendWQE) -> bool:

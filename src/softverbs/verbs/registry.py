@@ -126,14 +126,17 @@ class Registry:
     """The devices of one world: the process, or one simulation."""
 
     def __init__(self, specs: list[DeviceSpec] | None = None, clock: Clock | None = None,
-                 host_device: bool = False) -> None:  # fmt: skip
+                 host_device: bool = False,
+                 inproc: InprocRuntime | None = None) -> None:  # fmt: skip
         self._fixed_specs = specs
         self._clock = clock
         #: the device service's world: its in-process devices are the host's devices
         self.host_device = host_device
         self._lock = threading.RLock()
         self.devices: dict[str, SoftDevice] = {}
-        self._inproc: InprocRuntime | None = None
+        #: the runtime of the in-process devices (made on first use unless given)
+        self._inproc: InprocRuntime | None = inproc
+        self._inproc_ready = False
         #: the authority over this world's devices, and this process as their owner
         self.host = Host(self._open_core, self.entries)
         self.owner = self.host.add_owner(Owner(f"pid {os.getpid()}", os.getpid(), os.getuid(),
@@ -165,10 +168,13 @@ class Registry:
 
     # --- runtimes --------------------------------------------------------------
     def inproc_runtime(self) -> InprocRuntime:
-        if self._inproc is None:
-            self._inproc = InprocRuntime(self._clock)
+        if not self._inproc_ready:
+            if self._inproc is None:
+                self._inproc = InprocRuntime(self._clock)
+            self._inproc_ready = True
             _apply_environment(self._inproc)
             self._sanitize()
+        assert self._inproc is not None
         return self._inproc
 
     def _build(self, spec: DeviceSpec, index: int) -> SoftDevice:
