@@ -67,7 +67,7 @@ from softverbs.engine.core import MIN_WINDOW
 #: Packets a congestion window grows by per window of acknowledged packets, after a loss.
 CWND_GROWTH = 16
 #: The most bytes a paced QP sends in one go (then waits until its rate paid for them).
-PACE_QUANTUM = 16384
+PACE_QUANTUM = 4096
 
 
 class Param:

@@ -9,10 +9,15 @@ propagation delay.  A packet crosses two links:
 2. **the switch's egress port** toward the destination: a FIFO with a
    buffer of ``buffer`` bytes.  A packet that finds it full is dropped
    (tail drop, counted in :attr:`Port.drops`).  Otherwise RED decides on
-   the queue it finds (instantaneous, as datacenter switches do for ECN):
-   no mark below ``kmin`` bytes, probability rising linearly to ``pmax`` at
-   ``kmax``, certain above.  An ECN-capable packet (ECT) is marked CE; a
-   packet that is not ECN-capable is never dropped early, only by tail drop.
+   the instantaneous queue, as datacenter switches do for ECN: no mark below
+   ``kmin`` bytes, probability rising linearly to ``pmax`` at ``kmax``,
+   certain above.  An ECN-capable packet (ECT) is marked CE; a packet that
+   is not ECN-capable is never dropped early, only by tail drop.  By default
+   the queue is judged when the packet *leaves* it (``mark="dequeue"``, as
+   shared-buffer switch ASICs mark): the mark then tells of the queue as it
+   is, not as it was a queueing delay ago, and the control loop's delay
+   does not grow with the queue.  ``mark="enqueue"`` judges the queue the
+   packet found on arrival (classic RED).
 
 A FIFO link with a fixed rate needs no event per byte: a packet that arrives
 at ``t`` starts when the link is free (``max(t, free_at)``) and is gone
@@ -48,7 +53,7 @@ WIRE_OVERHEAD = 70
 NOT_ECT, CE = 0, 3
 
 # Events on the fabric's heap.
-_AT_SWITCH, _AT_HOST = 0, 1
+_AT_SWITCH, _AT_HOST, _DEQUEUE = 0, 1, 2
 
 
 def wire_bytes(pkt: Packet) -> int:
@@ -70,6 +75,7 @@ class Topology:
     kmax: int = 200_000  #: RED: marking certain above this queue (bytes)
     pmax: float = 0.01  #: RED: marking probability at kmax
     seed: int = 1  #: RED's coin
+    mark: str = "dequeue"  #: judge the queue when a packet leaves ("dequeue") or arrives
     record: bool = False  #: keep a time series of each port's queue and departures
 
     def check(self) -> str | None:
@@ -84,6 +90,8 @@ class Topology:
             return f"RED needs 0 <= kmin <= kmax, not kmin={self.kmin} kmax={self.kmax}"
         if not 0 <= self.pmax <= 1:
             return f"pmax is a probability (0..1), not {self.pmax}"
+        if self.mark not in ("dequeue", "enqueue"):
+            return f"mark is 'dequeue' or 'enqueue', not {self.mark!r}"
         return None
 
 
@@ -134,9 +142,17 @@ class Port:
         span = self.kmax - self.kmin
         return self.pmax if span <= 0 else self.pmax * (q - self.kmin) / span
 
-    def enqueue(self, pkt: Packet, now: float) -> float | None:
+    def maybe_mark(self, pkt: Packet, q: int) -> None:
+        """RED/ECN on a queue of ``q`` bytes: maybe mark ``pkt`` CE."""
+        rng = self.rng
+        ect = pkt.tclass & 3 != NOT_ECT
+        if rng is not None and ect and q > self.kmin and rng.random() < self.red(q):
+            pkt.tclass |= CE
+            self.marks += 1
+
+    def enqueue(self, pkt: Packet, now: float, mark: bool = True) -> float | None:
         """Queue ``pkt`` arriving at ``now``: when it reaches the far end, or
-        None if it was dropped.  May mark it CE."""
+        None if it was dropped.  With ``mark``, RED judges the queue it found."""
         size = wire_bytes(pkt)
         q = self.occupancy(now)
         if self.samples is not None:
@@ -144,11 +160,8 @@ class Port:
         if q + size > self.buffer:
             self.drops += 1
             return None
-        rng = self.rng
-        ect = pkt.tclass & 3 != NOT_ECT
-        if rng is not None and ect and q > self.kmin and rng.random() < self.red(q):
-            pkt.tclass |= CE
-            self.marks += 1
+        if mark:
+            self.maybe_mark(pkt, q)
         start = max(now, self.free_at)
         tx = size * 8 / self.bandwidth
         gone = start + tx
@@ -160,6 +173,11 @@ class Port:
         if self.departed is not None:
             self.departed.append((gone, pkt.sgid, size))
         return gone + self.delay
+
+    def starts(self, arrive: float, size: int) -> float:
+        """When a packet of ``size`` bytes that reaches the far end at ``arrive``
+        began to leave (its dequeue)."""
+        return arrive - self.delay - size * 8 / self.bandwidth
 
 
 class SwitchedRuntime(InprocRuntime):
@@ -217,10 +235,18 @@ class SwitchedRuntime(InprocRuntime):
             if stage == _AT_HOST:
                 self.inbox.append((dst, pkt))
                 continue
-            port = self.egress.get(dst.name)
-            arrive = None if port is None else port.enqueue(pkt, when)
+            port = self.egress[dst.name]
+            if stage == _DEQUEUE:  # it starts to leave: RED judges the queue now
+                port.maybe_mark(pkt, port.occupancy(when))
+                self._push(when + wire_bytes(pkt) * 8 / port.bandwidth + port.delay,
+                           _AT_HOST, dst, pkt)  # fmt: skip
+                continue
+            dequeue = self.topology.mark == "dequeue"
+            arrive = port.enqueue(pkt, when, mark=not dequeue)
             if arrive is None:
                 dst.counters["switch_drops"] += 1
+            elif dequeue:
+                self._push(port.starts(arrive, wire_bytes(pkt)), _DEQUEUE, dst, pkt)
             else:
                 self._push(arrive, _AT_HOST, dst, pkt)
         return moved
