@@ -77,6 +77,7 @@ class IncastResult:
     retransmits: int = 0
     cnps: int = 0
     cnps_handled: int = 0
+    ecn_marked: int = 0  #: CE-marked packets the receiver got (np_ecn_marked_roce_packets)
     sent_packets: int = 0
     completed: int = 0  #: WRITEs completed, all senders
     throughput: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
@@ -119,7 +120,7 @@ def run_incast(
     message: int = 1 << 20,
     depth: int = 2,
     step: float = 20e-6,
-    bin: float = 100e-6,
+    bin: float = 500e-6,
     timeout: int = 12,
 ) -> IncastResult:
     """Run one incast (see the module docstring); ``timeout`` is the QPs' ACK
@@ -208,6 +209,7 @@ def run_incast(
         rhca = hcas["r"]
         assert rhca is not None
         res.cnps = rhca.counters["np_cnp_sent"]
+        res.ecn_marked = rhca.counters["np_ecn_marked_roce_packets"]
     return res
 
 

@@ -150,7 +150,7 @@ class QPEngine(QPCore):
         for name, value in attrs.items():
             setattr(self, name, value)
             if name == "sq_psn":
-                self.req.npsn = self.comp.una = value
+                self.req.npsn = self.req.sent_end = self.comp.una = value
             elif name == "rq_psn":
                 self.resp.epsn = value
             elif name == "retry_cnt":

@@ -195,7 +195,7 @@ class SwitchedRuntime(InprocRuntime):
         self.rng = random.Random(topology.seed)
         self.nic: dict[str, Port] = {}  #: device name -> its link to the switch
         self.egress: dict[str, Port] = {}  #: device name -> the switch's port toward it
-        self._events: list[tuple[float, int, int, HCA, Packet]] = []
+        self._events: list[tuple[float, float, int, int, HCA, Packet]] = []
         self._event_seq = 0
 
     def attach(self, hca: HCA) -> None:
@@ -214,8 +214,13 @@ class SwitchedRuntime(InprocRuntime):
         return list(self.egress.values())
 
     def _push(self, when: float, stage: int, dst: HCA, pkt: Packet) -> None:
+        # Packets that reach the switch at the same instant (identical hosts send in
+        # lockstep) are taken in a seeded random order, as a real switch's arbiter
+        # has no fixed favourite: ordered by who sent first, one sender would win
+        # every free slot of a full queue and the others would lose every packet.
         self._event_seq += 1
-        heapq.heappush(self._events, (when, self._event_seq, stage, dst, pkt))
+        tie = self.rng.random() if stage == _AT_SWITCH else 0.0
+        heapq.heappush(self._events, (when, tie, self._event_seq, stage, dst, pkt))
 
     def transmit(self, src: HCA, pkt: Packet, now: float) -> None:
         dst = self.by_gid.get(pkt.dgid)
@@ -231,7 +236,7 @@ class SwitchedRuntime(InprocRuntime):
         events = self._events
         while events and events[0][0] <= now:
             moved = True
-            when, _, stage, dst, pkt = heapq.heappop(events)
+            when, _, _, stage, dst, pkt = heapq.heappop(events)
             if stage == _AT_HOST:
                 self.inbox.append((dst, pkt))
                 continue
