@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from softverbs import config
 from softverbs.device import api
 from softverbs.device.core import Device, DeviceInfo, Features, Host, Owner, Resources
+from softverbs.engine.congestion import CCConfig
 from softverbs.engine.hca import HCA
 from softverbs.errors import ConfigError, PyverbsRDMAError
 from softverbs.fabric.runtime import Clock, DeviceRuntime, InprocRuntime, Runtime
@@ -65,6 +66,8 @@ class DeviceSpec:
     netdev: str = ""
     mtu: int = 0  #: active IB MTU in bytes; 0 = derived from the netdev
     mac: bytes = b"\x02\x00\x00\x00\x00\x01"
+    cc: str = ""  #: congestion control (engine/congestion.py); "" = the default
+    cc_params: tuple[tuple[str, int], ...] = ()  #: its parameters, by mlx5's knob names
 
     @property
     def guid(self) -> int:
@@ -163,7 +166,8 @@ class Registry:
                 link.addrs[0] if link.addrs else "", 0x10 + i
             )
             specs.append(DeviceSpec(link.name, "udp", tuple(link.addrs), link.netdev,
-                                    link.mtu, mac))  # fmt: skip
+                                    link.mtu, mac, link.cc,
+                                    tuple(sorted(link.cc_params.items()))))  # fmt: skip
         return specs
 
     # --- runtimes --------------------------------------------------------------
@@ -210,6 +214,12 @@ class Registry:
         )
 
         environment_trace()  # a bad SOFTVERBS_TRACE fails before the port is bound
+        cc = None
+        if spec.cc:  # a bad congestion control fails before the port is bound too
+            try:
+                cc = CCConfig(spec.cc, dict(spec.cc_params))
+            except ValueError as exc:
+                raise ConfigError(f"device {spec.name}: {exc} (see 'softverbs link set')") from None
         if spec.netdev:
             netdev_mtu, addrs = netdev_addresses(spec.netdev)
         else:
@@ -226,6 +236,8 @@ class Registry:
             ) from None
         _apply_environment(runtime)
         hca = HCA(spec.name, runtime.gids)
+        if cc is not None:
+            hca.cc = cc
         trace_device(hca, runtime.clock)  # checked above: cannot fail now
         runtime.attach(hca)
         runtime.start()
