@@ -24,7 +24,8 @@ begins at line rate):
 
 The series for a plot: each sender's throughput through the bottleneck per
 ``bin`` seconds (:attr:`IncastResult.throughput`), each sender's DCQCN rate
-limit (:attr:`IncastResult.rates`) and the queue (:attr:`IncastResult.queue`).
+limit (:attr:`IncastResult.rates`) and the queue every ``step``
+(:attr:`IncastResult.queue`).
 """
 
 from __future__ import annotations
@@ -156,6 +157,7 @@ def run_incast(
             assert hca is not None
             engines[name] = hca.qps[qp.qp_num]
             res.rates[name] = []
+        bottleneck = sim.port("r")
         t = 0.0
         while t < duration:
             for name, _ctx, _cq, qp, mr, rmr in flows:
@@ -175,6 +177,7 @@ def run_incast(
                 res.completed += n
                 rate = engines[name].req.cc.rate()
                 res.rates[name].append((sim.now, topo.bandwidth if rate is None else rate))
+            res.queue.append((sim.now, bottleneck.occupancy(sim.now)))
         port = sim.port("r")
         half = duration / 2
         assert port.departed is not None and port.samples is not None
@@ -199,7 +202,6 @@ def run_incast(
         qs = [q for when, q in port.samples if half <= when <= duration]
         res.queue_p50 = percentile(qs, 0.5)
         res.queue_p99 = percentile(qs, 0.99)
-        res.queue = [(w, q) for w, q in port.samples if w <= duration]
         res.drops = sum(p.drops for p in sim.runtime.ports())  # type: ignore[attr-defined]
         res.marks = port.marks
         for e in engines.values():
