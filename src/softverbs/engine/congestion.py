@@ -50,10 +50,10 @@ at the line rate) and ``alpha`` (an estimate of how congested the path is).
 The timers are evaluated lazily: each call first replays the alpha periods and
 timer stages that ended since the last one, in time order, so no timer events
 are needed for them -- only the pacing wake-up (:meth:`next_send_time`).
-Pacing sends at most :data:`PACE_QUANTUM` bytes at once and then waits until
-``rc`` has paid for them -- at line rate too, as a NIC's rate limiter sits
-where packets leave it: nothing queues behind it that a later cut could not
-slow down.
+Pacing sends at most what ``rc`` pays for in :data:`PACE_QUANTUM` seconds (at
+least one packet) at once, and then waits until ``rc`` has paid for it -- at
+line rate too, as a NIC's rate limiter sits where packets leave it: nothing
+queues behind it that a later cut could not slow down.
 """
 
 from __future__ import annotations
@@ -66,8 +66,10 @@ from softverbs.engine.core import MIN_WINDOW
 
 #: Packets a congestion window grows by per window of acknowledged packets, after a loss.
 CWND_GROWTH = 16
-#: The most bytes a paced QP sends in one go (then waits until its rate paid for them).
-PACE_QUANTUM = 4096
+#: A paced QP sends in one go what its rate pays for in this long (at least one
+#: packet), then waits: one packet at a time at simulated rates, bursts a UDP
+#: device can hand to the kernel whole (GSO) at 100 Gb/s.
+PACE_QUANTUM = 5e-6
 
 
 class Param:
@@ -351,7 +353,7 @@ class Dcqcn(CongestionControl):
         return self.rc
 
     def quantum(self, pmtu: int) -> int:
-        return max(1, PACE_QUANTUM // pmtu)
+        return max(1, int(self.rc * PACE_QUANTUM / 8) // pmtu)
 
     def can_send(self, now: float) -> bool:
         self._advance(now)
