@@ -247,7 +247,8 @@ class QPCore:
             pkt.sgid = route.sgid
             pkt.dgid = route.dgid
             pkt.hop_limit = route.hop_limit
-            pkt.tclass = (route.tclass & 0xFC) | self.hca.cc.ect
+            ect = self.hca.cc.ect  # DCQCN: ECN-capable, whatever the AH's ECN bits
+            pkt.tclass = (route.tclass & 0xFC) | ect if ect else route.tclass
             pkt.flow_label = route.flow_label
         else:
             pkt.tclass = self.hca.cc.ect
