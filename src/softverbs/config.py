@@ -36,6 +36,8 @@ class LinkSpec:
     netdev: str = ""  #: interface name ("" with --addr only)
     addrs: list[str] = field(default_factory=list)  #: explicit addresses (--addr)
     mtu: int = 0  #: active path MTU in bytes; 0 = derived from the netdev
+    cc: str = ""  #: congestion control ("" = the default; 'softverbs link set NAME cc ...')
+    cc_params: dict[str, int] = field(default_factory=dict)  #: its parameters
 
 
 #: the initial network namespace's inode (the kernel's PROC_NET_INIT_INO)
@@ -80,6 +82,8 @@ def load_links() -> list[LinkSpec]:
                 netdev=str(entry.get("netdev", "")),
                 addrs=[str(a) for a in entry.get("addrs", [])],
                 mtu=int(entry.get("mtu", 0)),
+                cc=str(entry.get("cc", "")),
+                cc_params={str(k): int(v) for k, v in entry.get("cc_params", {}).items()},
             )
             for entry in raw.get("links", [])
         ]

@@ -400,6 +400,9 @@ class Sanitizer:
     def retransmit(self, qp: QPCore, psn: int, why: str) -> None:
         pass
 
+    def rate(self, qp: QPCore, bps: float, why: str) -> None:
+        pass
+
     def cqe(self, qp: QPCore, cq: CompletionRing, cqe: CQE) -> None:
         pass
 

@@ -21,6 +21,21 @@ Each simulated device has one address (10.0.0.N), so its GID table is
 Memory keys carry a random key byte (engine/memory.py); in a simulation the
 bytes come from ``seed`` (else the faults' seed, else 0), so the same seed
 gives the same lkeys and rkeys.
+
+Congestion
+----------
+By default the devices hand packets to each other directly.  With
+``topology=Topology(...)`` they sit around one switch
+(:mod:`softverbs.fabric.switch`): links with a bandwidth and a propagation
+delay, egress queues with a buffer, RED/ECN marking and tail drop.  Every
+device's congestion control is ``cc`` (``"slow_restart"``, ``"none"`` or
+``"dcqcn"``, with ``cc_params`` by mlx5's knob names), or per device with
+:meth:`Simulation.set_cc`::
+
+    topo = Topology(bandwidth=10e9, kmin=20_000, kmax=200_000, pmax=0.01)
+    with Simulation(devices=("s1", "s2", "r"), topology=topo, cc="dcqcn") as sim:
+        ...                          # both senders WRITE to r; the port to r is the bottleneck
+        sim.port("r").drops, sim.port("r").marks
 """
 
 from __future__ import annotations
@@ -29,8 +44,10 @@ from collections import Counter
 from collections.abc import Sequence
 from types import TracebackType
 
+from softverbs.engine.congestion import CCConfig
 from softverbs.fabric.faults import FaultInjector, parse_faults
 from softverbs.fabric.runtime import InprocRuntime, VirtualClock
+from softverbs.fabric.switch import Port, SwitchedRuntime, Topology
 from softverbs.verbs import registry
 
 
@@ -44,6 +61,9 @@ class Simulation:
         faults: str | FaultInjector | None = None,
         mtu: int = 4096,
         seed: int | None = None,
+        topology: Topology | None = None,
+        cc: str | None = None,
+        cc_params: dict[str, int] | None = None,
     ) -> None:
         self.clock = VirtualClock()
         if isinstance(faults, str):
@@ -61,10 +81,32 @@ class Simulation:
             )
             for i, name in enumerate(devices)
         ]
-        self.registry = registry.Registry(specs, clock=self.clock, key_seed=self.seed)
+        self.topology = topology
+        switched = None if topology is None else SwitchedRuntime(topology, self.clock)
+        self.registry = registry.Registry(specs, clock=self.clock, key_seed=self.seed,
+                                          inproc=switched)
         self.runtime: InprocRuntime = self.registry.inproc_runtime()
         if faults is not None:
             self.runtime.faults = faults
+        if topology is not None or cc is not None:
+            for name in devices:
+                self.registry.open(name)  # build them now: their links, their CC
+        if cc is not None:
+            for name in devices:
+                self.set_cc(name, cc, **(cc_params or {}))
+
+    def set_cc(self, device: str, kind: str, **params: int) -> None:
+        """Give ``device`` this congestion control (for the QPs it creates or
+        resets from now on).  ValueError says what is out of range."""
+        hca = self.registry.open(device).hca
+        assert hca is not None
+        hca.cc = CCConfig(kind, params, line_rate=hca.cc.line_rate)
+
+    def port(self, device: str) -> Port:
+        """The switch's egress port toward ``device`` (needs a topology)."""
+        if not isinstance(self.runtime, SwitchedRuntime):
+            raise ValueError("this simulation has no switch (give it a topology)")
+        return self.runtime.egress[device]
 
     def __enter__(self) -> Simulation:
         registry.push(self.registry)

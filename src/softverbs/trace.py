@@ -158,6 +158,9 @@ class Tracer:
     def retransmit(self, qp: QPCore, psn: int, why: str) -> None:
         self._write("retransmit", qp.qpn, psn=psn, why=why)
 
+    def rate(self, qp: QPCore, bps: float, why: str) -> None:
+        self._write("rate", qp.qpn, bps=bps, why=why)
+
     def cqe(self, qp: QPCore, cq: CompletionRing, cqe: CQE) -> None:
         fields: dict[str, Any] = {
             "wr_id": cqe.wr_id,

@@ -23,6 +23,8 @@ def test_text_and_json_rows(tmp_path: Path) -> None:
     rows = json.loads(j.stdout)
     assert [(r["ifindex"], r["ifname"], r["port"]) for r in rows] == [(1, "sv1", 1)]
     assert set(STANDARD_COUNTERS) <= set(rows[0])
+    dcqcn = {"np_ecn_marked_roce_packets", "np_cnp_sent", "rp_cnp_handled", "rp_cnp_ignored"}
+    assert dcqcn <= set(rows[0])  # mlx5's names, shown at zero too
 
 
 def test_a_served_device_shows_the_traffic_of_other_processes(tmp_path: Path) -> None:

@@ -366,3 +366,38 @@ def test_the_page_renders_in_a_real_browser(exchange: tuple[Path, int, int],
     # lanes, arrows and text: thousands of pixels off the background, in many colours
     assert drawn > 0.02 * len(pixels), f"only {drawn} pixels drawn"
     assert len(colours) > 50, f"{len(colours)} colours"
+
+
+def test_a_trace_shows_cnps_and_rate_changes(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """DCQCN through a switch that marks every packet: the trace holds the CNP
+    leaving the receiver and reaching the sender, and the sender's rate cuts
+    and increases; the page labels them."""
+    from softverbs.fabric.switch import Topology
+
+    sys.path.insert(0, str(UNIT))
+    from sim_kit import rc_pair, stream
+
+    path = tmp_path / "cc.jsonl"
+    monkeypatch.setenv("SOFTVERBS_TRACE", str(path))
+    mark_all = Topology(kmin=0, kmax=0, pmax=1.0)
+    with Simulation(devices=("a", "b"), topology=mark_all, cc="dcqcn",
+                    cc_params={"rpg_time_reset": 20}) as sim:  # fmt: skip
+        stream(rc_pair(mr_size=1 << 18), 30, size=4096)
+        sim.run(0.001)
+    from softverbs.trace import environment_trace
+
+    out = environment_trace()
+    assert out is not None
+    out.flush()
+    recs = _records(path)
+    cnps = [r for r in recs if r["kind"] in ("packet_out", "packet_in") and r["opcode"] == "CNP"]
+    # (the ACKs are ECN-capable and marked too, so a sends CNPs to b as well)
+    assert {("b", "packet_out"), ("a", "packet_in")} <= {(r["dev"], r["kind"]) for r in cnps}
+    rates = [r for r in recs if r["kind"] == "rate" and r["dev"] == "a"]
+    whys = {r["why"] for r in rates}
+    assert whys == {"CNP", "increase"}, whys
+    cut = next(r for r in rates if r["why"] == "CNP")
+    assert 0 < cut["bps"] < mark_all.bandwidth
+    page = trace_cli.render(recs)
+    assert "(CNP)" in page and "(increase)" in page and "CNP" in page

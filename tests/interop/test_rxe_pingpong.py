@@ -385,3 +385,49 @@ def test_rdma_cm_tools_against_rxe(clean: Peer, name: str, server: str, client: 
         assert text in run.stdout, run
     if name.endswith("-R"):
         assert re.search(r"^ \d+\s+100\s+[\d.]+", c.stdout, re.M), c  # perftest's result row
+
+
+#: Sends a RoCEv2 CNP (opcode 0x81, BECN, 16 reserved bytes, ICRC) from the host
+#: address to each of the guest's first QP numbers, every 2 ms, for argv[1] seconds.
+CNP_FLOOD = """
+import socket, sys, time
+from softverbs.wire.codec import encode_udp_payload
+from softverbs.wire.opcodes import CNP_OPCODE, ROCEV2_PORT
+from softverbs.wire.packet import Packet
+src, dst = socket.inet_aton(sys.argv[2]), socket.inet_aton(sys.argv[3])
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind((sys.argv[2], 0))
+sport = s.getsockname()[1]
+end, n = time.monotonic() + float(sys.argv[1]), 0
+while time.monotonic() < end:
+    for qpn in range(0x11, 0x19):
+        cnp = Packet(CNP_OPCODE, qpn, 0, bytes(16))
+        cnp.becn, cnp.pkey = True, 0xFFFF
+        s.sendto(encode_udp_payload(cnp, src, dst, sport), (sys.argv[3], ROCEV2_PORT))
+        n += 1
+    time.sleep(0.002)
+print("CNPS", n)
+"""
+
+
+def test_rxe_ignores_cnps_while_softverbs_runs_dcqcn(clean: Peer, tmp_path: Path) -> None:
+    """rxe has no congestion control: CNPs sent to its QPs while a ping-pong runs
+    against a softverbs device with DCQCN on (ECT(0) on every packet it sends)
+    change nothing -- the ping-pong completes intact both ways."""
+    cfg = tmp_path / "links.json"
+    cfg.write_text(json.dumps({"links": [{"name": DEV, "netdev": "br-peer", "cc": "dcqcn",
+                                          "cc_params": {"min_time_between_cnps": 0}}]}))
+    env = {**clean.env, "SOFTVERBS_CONFIG": str(cfg)}
+    flood = subprocess.Popen(["ip", "netns", "exec", NS, sys.executable, "-c", CNP_FLOOD, "20",
+                              HOST_IP, GUEST_IP], cwd=ROOT, env=env, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    try:
+        args = _args("rc", iters=200)
+        clean.guest_server("rc", " ".join(args))
+        ours = finish(clean.ours("rc", *args, GUEST_IP, env=env), RUN_TIMEOUT)
+        guest = clean.guest_server_result()
+        check_pair(guest, ours, SIZES["rc"], 200)
+    finally:
+        out, err = flood.communicate(timeout=60)
+    assert flood.returncode == 0, err
+    assert int(out.split()[-1]) > 0, out  # CNPs were sent to rxe throughout

@@ -5,6 +5,8 @@
     softverbs link add sv1 --netdev eth0          # bind to an interface
     softverbs link add lo2 --addr 127.0.0.2       # or to explicit addresses
     softverbs link show [-j] [NAME]
+    softverbs link set sv1 cc dcqcn rpg_ai_rate=10 min_time_between_cnps=50
+    softverbs link set sv1 cc slow_restart        # back to the default
     softverbs link del sv1
 
 The table is a JSON file (see :mod:`softverbs.config`); devices in it are
@@ -26,6 +28,13 @@ host, is listed with ``state DOWN physical_state DISABLED``, as ``rdma link``
 shows a port whose netdev is down; opening it fails with the reason, and
 every other device keeps working.
 
+``set NAME cc KIND [KEY=VALUE ...]`` chooses the device's congestion
+control (:mod:`softverbs.engine.congestion`): ``slow_restart`` (the
+default), ``none`` or ``dcqcn``, whose parameters are mlx5's ``roce_rp`` /
+``roce_np`` knobs with mlx5's defaults; a value out of range is refused with
+the range.  It applies to the QPs of every process that opens the device
+afterwards.
+
 ``show`` prints the rows ``rdma link show`` prints under ``softverbs exec``
 (:func:`softverbs.cli.rdma.link_rows`), in the same text and JSON shapes,
 with each UDP device's configured addresses added (``addrs``).  A UDP device
@@ -43,6 +52,7 @@ from typing import Any
 from softverbs.cli.main import UserError
 from softverbs.cli.rdma import configured_specs, link_rows, link_text
 from softverbs.config import LinkSpec, config_path, inproc_names, load_links, save_links
+from softverbs.engine.congestion import KINDS, check_params
 from softverbs.fabric.udp import address_error
 
 #: the longest RDMA device name (IB_DEVICE_NAME_MAX is 64 with the NUL)
@@ -66,6 +76,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     show.add_argument("-j", "--json", action="store_true", help="JSON output")
     delete = sub.add_parser("del", help="remove a device")
     delete.add_argument("name")
+    st = sub.add_parser("set", help="set a device's congestion control: cc KIND [KEY=VALUE ...]")
+    st.add_argument("name")
+    st.add_argument("what", choices=("cc",), help="what to set")
+    st.add_argument("kind", help=f"one of {', '.join(KINDS)}")
+    st.add_argument("params", nargs="*", metavar="KEY=VALUE",
+                    help="DCQCN parameters by mlx5's names (rpg_ai_rate=5 ...)")  # fmt: skip
 
 
 def name_error(name: str, taken: list[str]) -> str | None:
@@ -122,10 +138,15 @@ def open_error(name: str) -> str | None:
 def rows(name: str | None = None) -> list[dict[str, Any]]:
     """``rdma link show -j`` rows, and each UDP device's configured ``addrs``."""
     specs = configured_specs()
+    table = {link.name: link for link in load_links()}
     out = link_rows(specs)
     for row, spec in zip(out, specs, strict=True):
         if spec.addrs:
             row["addrs"] = list(spec.addrs)
+        link = table.get(spec.name)
+        if link is not None and link.cc:
+            row["cc"] = link.cc
+            row["cc_params"] = dict(sorted(link.cc_params.items()))
     return [r for r in out if name is None or r["ifname"] == name]
 
 
@@ -138,7 +159,10 @@ def _show(args: argparse.Namespace) -> int:
         return 0
     for r in selected:
         addrs = f" addrs {','.join(r['addrs'])}" if "addrs" in r else ""
-        print(link_text(r) + addrs)
+        cc = ""
+        if "cc" in r:
+            cc = " cc " + " ".join([r["cc"]] + [f"{k}={v}" for k, v in r["cc_params"].items()])
+        print(link_text(r) + addrs + cc)
     return 0
 
 
@@ -153,6 +177,38 @@ def _delete(args: argparse.Namespace) -> int:
     return 0
 
 
+def parse_params(items: list[str]) -> dict[str, int]:
+    """``KEY=VALUE`` words as a dict; UserError for a malformed one."""
+    out: dict[str, int] = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise UserError(f"{item!r}: parameters are KEY=VALUE (say rpg_ai_rate=5)")
+        try:
+            out[key] = int(value, 0)
+        except ValueError:
+            raise UserError(f"{key}: {value!r} is not an integer") from None
+    return out
+
+
+def _set(args: argparse.Namespace) -> int:
+    links = load_links()
+    link = next((x for x in links if x.name == args.name), None)
+    if link is None:
+        if args.name in inproc_names():
+            raise UserError(f"{args.name!r} is an in-process device: set its congestion control "
+                            "from Python (Simulation.set_cc, or the device's HCA)")  # fmt: skip
+        raise UserError(f"no device {args.name!r} (see 'softverbs link show')")
+    params = parse_params(args.params)
+    problem = check_params(args.kind, params)
+    if problem:
+        raise UserError(problem)
+    link.cc = args.kind
+    link.cc_params = params
+    save_links(links)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
-    action = {"add": _add, "show": _show, "del": _delete}[args.action]
+    action = {"add": _add, "show": _show, "del": _delete, "set": _set}[args.action]
     return action(args)

@@ -222,6 +222,8 @@ STANDARD_COUNTERS = (
     "send_rnr_err", "rcvd_seq_err", "retry_exceeded_err", "retry_rnr_exceeded_err",
     "completer_retry_err", "send_err", "rdma_sends", "rdma_recvs", "ack_deferred",
     "link_downed", "doorbells", "mr_unmapped",
+    # DCQCN, by mlx5's names: the notification point's, then the reaction point's
+    "np_ecn_marked_roce_packets", "np_cnp_sent", "rp_cnp_handled", "rp_cnp_ignored",
 )  # fmt: skip
 
 MAX_DM_SIZE = 256 * 1024

@@ -47,6 +47,7 @@ from softverbs.wire.opcodes import Transport
 from softverbs.wire.packet import Packet, qp_sport
 
 if TYPE_CHECKING:
+    from softverbs.engine.congestion import CCConfig
     from softverbs.engine.observe import Observer
 
 
@@ -56,6 +57,7 @@ class HCAPort(Protocol):
     keys: KeyTable
     counters: Counter[str]
     observer: Observer | None
+    cc: CCConfig
 
     @property
     def outbox(self) -> deque[Packet]: ...
@@ -99,6 +101,7 @@ QP_COUNTERS = (
     "sent_pkts", "rcvd_pkts", "out_of_seq_request", "duplicate_request", "send_rnr_err",
     "rcvd_rnr_err", "rcvd_seq_err", "implied_nak_seq_err", "completer_retry_err",
     "local_ack_timeout_err", "rnr_retries", "retry_exceeded_err", "retry_rnr_exceeded_err",
+    "rp_cnp_handled",
 )  # fmt: skip
 
 
@@ -163,6 +166,7 @@ class QPCore:
         #: IBV_QP_CREATE_BLOCK_SELF_MCAST_LB: not a receiver of its own multicast sends
         self.block_self_mcast_lb = False
         self.last_error = ""  #: why the QP last left RTS by itself, in words
+        self.cnp_sent_at = -1.0  #: when this QP last sent a CNP (DCQCN's notification point)
         self.timer_at: float | None = None  #: deadline of the live timer entry
         self.timer_token = 0
         # --- per-QP counters (QP_COUNTERS): one integer add per packet or burst on
@@ -245,8 +249,11 @@ class QPCore:
             pkt.sgid = route.sgid
             pkt.dgid = route.dgid
             pkt.hop_limit = route.hop_limit
-            pkt.tclass = route.tclass
+            ect = self.hca.cc.ect  # DCQCN: ECN-capable, whatever the AH's ECN bits
+            pkt.tclass = (route.tclass & 0xFC) | ect if ect else route.tclass
             pkt.flow_label = route.flow_label
+        else:
+            pkt.tclass = self.hca.cc.ect
 
     def reply(self, req: Packet, opcode: int, psn: int, payload: Any = b"") -> Packet:
         """A response packet back to the sender of ``req``."""
@@ -257,6 +264,7 @@ class QPCore:
         pkt.sgid = req.dgid
         pkt.dgid = req.sgid
         pkt.hop_limit = 64
+        pkt.tclass = self.hca.cc.ect
         return pkt
 
     def success(self, cqe: CQE) -> bool:

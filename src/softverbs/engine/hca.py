@@ -29,12 +29,19 @@ from collections import Counter, deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
+from softverbs.engine.congestion import CCConfig
 from softverbs.engine.core import DEFAULT_WINDOW, MIN_WINDOW, QPCore
 from softverbs.engine.memory import KeyByteSource, KeyTable
 from softverbs.engine.observe import Observer
 from softverbs.engine.rings import CompletionRing, SharedRecvRing
-from softverbs.enums import IBV_EVENT_CQ_ERR, IBV_EVENT_QP_FATAL
-from softverbs.wire.opcodes import OPINFO
+from softverbs.enums import (
+    IBV_EVENT_CQ_ERR,
+    IBV_EVENT_QP_FATAL,
+    IBV_QPS_RTS,
+    IBV_QPS_SQD,
+    IBV_QPT_UD,
+)
+from softverbs.wire.opcodes import CNP_OPCODE, CNP_RESERVED, OPINFO, Kind
 from softverbs.wire.packet import Packet
 
 if TYPE_CHECKING:
@@ -48,6 +55,11 @@ MCAST_QPN = 0xFFFFFF
 MAX_MCAST_GRP = 8192
 MAX_MCAST_QP_ATTACH = 56
 MAX_TOTAL_MCAST_QP_ATTACH = 0x70000
+#: The ECN field of the IP TOS / traffic class: Congestion Experienced (RFC 3168).
+ECN_CE = 3
+#: The reserved bytes of a CNP (they are sent as zeros and ignored on receipt).
+_CNP_BODY = bytes(CNP_RESERVED)
+_CNP_STATES = frozenset({IBV_QPS_RTS, IBV_QPS_SQD})
 
 #: Signature of the async event sink: (event type, engine object).
 EventSink = Callable[[int, Any], None]
@@ -148,6 +160,8 @@ class HCA:
         """Take ``qp`` out of every group (it is being destroyed)."""
         for gid in self.mcast_groups(qp):
             self.detach_mcast(qp, gid)
+        #: the congestion control each new (or reset) QP gets (:mod:`.congestion`)
+        self.cc = CCConfig()
 
     # --- numbers ----------------------------------------------------------------
     def window_for(self, pmtu: int) -> int:
@@ -247,10 +261,15 @@ class HCA:
         if info is None:
             counters["drop_bad_opcode"] += 1
             return
+        if info.kind is Kind.CNP:
+            self.receive_cnp(pkt, now)
+            return
         if pkt.dqpn == MCAST_QPN:
             self._receive_mcast(pkt, info, now)
             return
         qp = self.qps.get(pkt.dqpn)
+        if pkt.tclass & ECN_CE == ECN_CE:
+            self.ecn_marked(pkt, qp, now)
         if qp is None:
             counters["drop_unknown_qp"] += 1
             return
@@ -275,6 +294,62 @@ class HCA:
             if self.observer is not None:
                 self.observer.packet_in(qp, pkt)
             qp.receive(pkt, info, now)
+
+    # --- congestion: DCQCN's notification and reaction points ---------------------
+    def ecn_marked(self, pkt: Packet, qp: QPEngine | None, now: float) -> None:
+        """The notification point: a packet arrived with ECN CE.  With DCQCN on,
+        the QP it reached answers its sender with a CNP -- at most one per
+        ``min_time_between_cnps``, as mlx5's NP does."""
+        self.counters["np_ecn_marked_roce_packets"] += pkt.count
+        cc = self.cc
+        if qp is None or not cc.ecn:
+            return
+        if now - qp.cnp_sent_at < cc.params["min_time_between_cnps"] * 1e-6:
+            return
+        qp.cnp_sent_at = now
+        dqpn = pkt.src_qp if qp.qp_type == IBV_QPT_UD else qp.dest_qpn
+        cnp = Packet(CNP_OPCODE, dqpn, 0, _CNP_BODY)
+        cnp.becn = True
+        cnp.pkey = pkt.pkey
+        cnp.sqpn = qp.qpn
+        cnp.sgid = pkt.dgid
+        cnp.dgid = pkt.sgid
+        cnp.sport = qp.sport or pkt.sport
+        cnp.hop_limit = 64
+        cnp.tclass = cc.params["cnp_dscp"] << 2  # not ECN-capable
+        self.counters["np_cnp_sent"] += 1
+        self._outbox.append(cnp)
+        if self.observer is not None:
+            self.observer.packet_out(qp, cnp)
+
+    def receive_cnp(self, pkt: Packet, now: float) -> None:
+        """The reaction point: a CNP for one of our QPs cuts its rate.  One
+        that is malformed (not 16 reserved bytes), for no QP, from anyone but
+        the QP's peer, for a QP not sending (not RTS or SQD), or for a QP whose
+        congestion control ignores CNPs, changes nothing but ``rp_cnp_ignored``."""
+        counters = self.counters
+        qp = self.qps.get(pkt.dqpn)
+        if (
+            qp is None
+            or len(pkt.payload) != CNP_RESERVED
+            or qp.state not in _CNP_STATES
+            or (qp.route is not None and qp.qp_type != IBV_QPT_UD and pkt.sgid != qp.route.dgid)
+            or (pkt.pkey & 0x7FFF) != (qp.pkey & 0x7FFF)
+        ):
+            counters["rp_cnp_ignored"] += 1
+            return
+        cc = qp.req.cc
+        if not cc.on_cnp(now):
+            counters["rp_cnp_ignored"] += 1
+            return
+        qp.count("rp_cnp_handled")
+        obs = self.observer
+        if obs is not None:
+            obs.packet_in(qp, pkt)
+            rate = cc.rate()
+            if rate is not None:
+                obs.rate(qp, rate, "CNP")
+        qp.req.reported_rate = cc.rate()
 
     # --- timers ---------------------------------------------------------------------
     def schedule(self, qp: QPCore, deadline: float) -> None:

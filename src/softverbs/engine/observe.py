@@ -12,6 +12,7 @@ moments a NIC's own tracing would see:
 ``packet_out``       a packet (or a burst) leaves the QP for the fabric
 ``packet_in``        a packet (or a burst) reached its QP
 ``retransmit``       the requester goes back to a PSN (timeout, NAK, RNR)
+``rate``             the congestion control changed the QP's rate (a CNP, an increase)
 ``cqe``              a completion is written to a CQ
 ``state``            the QP changed state (by modify, or by itself)
 ``event``            an asynchronous event was posted
@@ -50,6 +51,7 @@ class Observer(Protocol):
     def packet_out(self, qp: QPCore, pkt: Packet) -> None: ...
     def packet_in(self, qp: QPCore, pkt: Packet) -> None: ...
     def retransmit(self, qp: QPCore, psn: int, why: str) -> None: ...
+    def rate(self, qp: QPCore, bps: float, why: str) -> None: ...
     def cqe(self, qp: QPCore, cq: CompletionRing, cqe: CQE) -> None: ...
     def state(self, qp: QPCore, old: int, new: int) -> None: ...
     def event(self, event_type: int, element: Any) -> None: ...
@@ -84,6 +86,10 @@ class Observers:
     def retransmit(self, qp: QPCore, psn: int, why: str) -> None:
         for o in self.observers:
             o.retransmit(qp, psn, why)
+
+    def rate(self, qp: QPCore, bps: float, why: str) -> None:
+        for o in self.observers:
+            o.rate(qp, bps, why)
 
     def cqe(self, qp: QPCore, cq: CompletionRing, cqe: CQE) -> None:
         for o in self.observers:

@@ -123,9 +123,17 @@ class QPEngine(QPCore):
 
     def handle_timer(self, now: float) -> None:
         self.comp.handle_timer(now)
+        req = self.req
+        if req.paced_until is not None and now >= req.paced_until:
+            req.paced_until = None  # the congestion control's pacing let packets go
+            req.pump_sq(now)
 
     def next_deadline(self) -> float | None:
-        return self.comp.next_deadline()
+        deadline = self.comp.next_deadline()
+        paced = self.req.paced_until
+        if paced is not None and (deadline is None or paced < deadline):
+            return paced
+        return deadline
 
     def emit_ack(self) -> None:
         self.resp.emit_ack()
@@ -142,7 +150,7 @@ class QPEngine(QPCore):
         for name, value in attrs.items():
             setattr(self, name, value)
             if name == "sq_psn":
-                self.req.npsn = self.comp.una = value
+                self.req.npsn = self.req.sent_end = self.comp.una = value
             elif name == "rq_psn":
                 self.resp.epsn = value
             elif name == "retry_cnt":
@@ -150,7 +158,8 @@ class QPEngine(QPCore):
             elif name == "rnr_retry":
                 self.comp.rnr_left = value
             elif name == "pmtu":
-                self.window = self.comp.cwnd = self.hca.window_for(value)
+                self.window = self.hca.window_for(value)
+                self.req.cc.reset(self.window)
         if "dest_qpn" in attrs or "route" in attrs:
             # rxe: rdma_get_udp_sport(the AV's flow label, qpn, dest qpn)
             fl = self.route.flow_label if self.route is not None else 0

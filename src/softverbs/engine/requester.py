@@ -37,19 +37,19 @@ end of an RNR back-off, transmission restarts from the first missing PSN.
 Timeouts and sequence NAKs spend ``retry_cnt``; RNR NAKs spend
 ``rnr_retry`` (7 = forever).  Any forward progress refills both.
 
-A loss also halves the Completer's ``cwnd``, the part of the window the
-requester may use (a slow restart; ConnectX NICs list one, with a transmit
-window, among their lossy-RoCE accelerations): go-back-N resends everything
-after a lost packet, so the fewer packets are in flight when one is lost,
-the less is sent twice.  Each window's worth of acknowledged packets then
-gives back :data:`CWND_GROWTH` packets, up to the whole ``window``.  Without
-loss ``cwnd`` is the window.
+How much may be in flight, and when a packet may leave, is the congestion
+control's to say (:mod:`.congestion`): a per-QP object the requester owns
+(``Requester.cc``) and asks before it starts or transmits anything
+(``window``, ``can_send``), tells what it sent (``on_packet_sent``), and
+that the completer feeds (``on_ack``, ``on_loss``).  The default, a slow
+restart, halves the usable window on a loss and gives it back as packets are
+acknowledged; DCQCN paces by rate instead.  A paced requester that may not
+send yet arms the QP's timer for the moment it may (``paced_until``).
 
 The :class:`Requester` owns what starting needs: the next WQE and PSN, the
 count of outstanding READs and atomics, the SQ's flow (:class:`SqFlow`).
 The :class:`Completer` owns what finishing needs: the started WQEs in
-order, the oldest unacknowledged PSN, the retry budgets, ``cwnd`` and the
-timers.
+order, the oldest unacknowledged PSN, the retry budgets and the timers.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ from enum import IntEnum
 from typing import TYPE_CHECKING
 
 from softverbs.engine import psn as P
-from softverbs.engine.core import MIN_WINDOW, ack_every
+from softverbs.engine.core import ack_every
 from softverbs.engine.observe import SQ
 from softverbs.engine.rings import CQE, WQE_MOVES, WR_DRIVER1, SendWQE, WqeState, scatter
 from softverbs.enums import (
@@ -118,12 +118,11 @@ from softverbs.wire.opcodes import (
 from softverbs.wire.packet import Burst, Packet, burst
 
 if TYPE_CHECKING:
+    from softverbs.engine.congestion import CongestionControl
     from softverbs.engine.qp import QPEngine
 
 #: Atomics act on host-endian 64-bit words, as a NIC's DMA does on this host.
 NATIVE = sys.byteorder
-#: Packets a congestion window grows by per window of acknowledged packets, after a loss.
-CWND_GROWTH = 16
 
 
 class WrClass(IntEnum):
@@ -249,6 +248,12 @@ class Requester:
         self.draining = False  #: SQD: the started WQEs are finishing
         self.sig = SigStop.NONE
         self.cancelled = []
+        #: the congestion control (a fresh one of the device's kind at every RESET)
+        self.cc: CongestionControl = self.qp.hca.cc.new(self.qp.window)
+        self.paced_until: float | None = None  #: the pacing wake-up the QP's timer waits for
+        self.reported_rate = self.cc.rate()  #: the rate an observer last heard of
+        self.sent_end = self.npsn  #: the PSN after the highest request packet ever sent
+        self.resent_pkts = 0  #: request packets sent again (go-back-N)
 
     # --- entry points -------------------------------------------------------
     def doorbell(self, now: float) -> None:
@@ -272,8 +277,9 @@ class Requester:
         if sq is None or qp.state not in (IBV_QPS_RTS, IBV_QPS_SQD) or comp.rnr_until is not None:
             return
         held = False  #: a WQE has packets left to send: later PSNs must wait for them
+        cc = self.cc
         for wqe in comp.inflight:
-            if _pending(wqe) and not self._transmit(wqe, now):
+            if _pending(wqe) and (not self._may_send(now) or not self._transmit(wqe, now)):
                 held = True
                 break
         while not held and self.sq_next < sq.db and qp.state == IBV_QPS_RTS and not self.blocked:
@@ -287,7 +293,9 @@ class Requester:
                 break
             if rd and self.rd_out >= max(1, qp.max_rd_atomic):
                 break
-            if qp.reliable and P.diff(self.npsn, comp.una) >= min(comp.cwnd, qp.window):
+            if qp.reliable and P.diff(self.npsn, comp.una) >= cc.window(qp.window):
+                break
+            if not self._may_send(now):
                 break
             self.sq_next += 1
             self._start(wqe, info, now)
@@ -297,6 +305,18 @@ class Requester:
         comp.complete(now)
         if qp.state == IBV_QPS_SQD and self.draining:
             self._check_drained()
+
+    def _may_send(self, now: float) -> bool:
+        """Whether the congestion control lets a packet leave now; if not, the
+        QP's timer is armed for when it will."""
+        cc = self.cc
+        if cc.can_send(now):
+            return True
+        wake = cc.next_send_time()
+        if wake is not None and self.paced_until != wake:
+            self.paced_until = wake
+            self.qp.arm(wake)
+        return False
 
     # --- starting and transmitting ------------------------------------------
     def _start(self, wqe: SendWQE, info: WrInfo, now: float) -> None:
@@ -429,14 +449,18 @@ class Requester:
         psn = P.add(wqe.psn, i)
         count = n - i
         ack = 0
+        cc = self.cc
         if qp.reliable:
-            window = min(self.comp.cwnd, qp.window)
+            window = cc.window(qp.window)
             room = window - P.diff(psn, self.comp.una)
             if room <= 0:
                 return False
             count = min(count, room)
             ack = ack_every(window)
         pmtu = qp.pmtu
+        quantum = cc.quantum(pmtu)
+        if quantum:
+            count = min(count, quantum)
         data = wqe.data
         payload = data if n == 1 else data[i * pmtu : (i + count) * pmtu]
         if qp.qp_type == IBV_QPT_UD:
@@ -458,7 +482,20 @@ class Requester:
         pkt.se = wqe.se
         ops = _msg_opcodes(qp.transport, info.klass, info.imm, info.inv)
         qp.send(burst(pkt, ops, i, count, n, pmtu, ack))
+        again = P.diff(self.sent_end, psn)
+        if again > 0:
+            self.resent_pkts += min(again, count)
+        if again < count:
+            self.sent_end = P.add(psn, count)
+        cc.on_packet_sent(min(wqe.length, (i + count) * pmtu) - i * pmtu, count, now)
         wqe.tx = i + count
+        if quantum:
+            if wqe.tx < n:
+                self._may_send(now)  # paced: arm the wake-up for the rest
+            obs = qp.hca.observer
+            if obs is not None and cc.rate() != self.reported_rate:
+                self.reported_rate = cc.rate()
+                obs.rate(qp, self.reported_rate or 0.0, "increase")
         return wqe.tx >= n
 
     def _send_read(self, wqe: SendWQE) -> bool:
@@ -626,8 +663,6 @@ class Completer:
         self.rnr_until: float | None = None  #: the end of an RNR back-off
         self.rnr_psn = 0
         self.resending = False  #: a go-back-N episode is under way: spend no more retries
-        self.cwnd = qp.window  #: packets the requester may have unacknowledged (<= window)
-        self.cwnd_credit = 0  #: acknowledged packets times CWND_GROWTH, toward growing it
 
     def next_deadline(self) -> float | None:
         if self.rnr_until is not None:
@@ -759,10 +794,7 @@ class Completer:
         if P.diff(una, self.una) <= 0:
             return
         qp = self.qp
-        if self.cwnd < qp.window:  # recovering from a loss: grow back
-            credit = self.cwnd_credit + P.diff(una, self.una) * CWND_GROWTH
-            step, self.cwnd_credit = divmod(credit, self.cwnd)
-            self.cwnd = min(qp.window, self.cwnd + step)
+        self.req.cc.on_ack(P.diff(una, self.una), now)
         self.una = una
         self.retry_left = qp.retry_cnt
         self.rnr_left = qp.rnr_retry
@@ -906,8 +938,7 @@ class Completer:
             return
         self.retry_left -= 1
         self.resending = True
-        self.cwnd = max(MIN_WINDOW, min(self.cwnd, qp.window) // 2)
-        self.cwnd_credit = 0
+        self.req.cc.on_loss(now)
         qp.count("completer_retry_err")
         obs = qp.hca.observer
         if obs is not None:

@@ -189,9 +189,8 @@ class Runtime:
                 moved = True
                 hca, pkt = inbox.popleft()
                 hca.receive(pkt, now)
-            if self._delayed and self._delayed[0][0] <= now:
+            if self.release_due(now):
                 moved = True
-                self._release_delayed(now)
             for hca in self.hcas:
                 deadline = hca.next_deadline()
                 if deadline is not None and deadline <= now and hca.run_timers(now):
@@ -222,6 +221,14 @@ class Runtime:
         clock.advance(nxt)
         self.progress()
         return True
+
+    def release_due(self, now: float) -> bool:
+        """Put on the wire what the fault layer held until ``now``; True if
+        anything was.  A fabric with its own events (a switch) adds them here."""
+        if self._delayed and self._delayed[0][0] <= now:
+            self._release_delayed(now)
+            return True
+        return False
 
     def _release_delayed(self, now: float) -> None:
         while self._delayed and self._delayed[0][0] <= now:

@@ -129,7 +129,14 @@ UDP_SEGMENT = 103  #: a GSO send's segment size (a cmsg of sendmsg)
 UDP_GRO = 104  #: coalesce received datagrams; a cmsg gives their size
 UDP_MAX_SEGMENTS = 64  #: the kernel's limit of segments per GSO send
 GSO_MAX_BYTES = 65000  #: one GSO send stays below 64 KiB of IP payload
-_GRO_CMSG = socket.CMSG_SPACE(4)
+#: room for the ancillary data a receive asks for: UDP_GRO's segment size and
+#: the TOS (IPv4, IP_RECVTOS) or traffic class (IPv6, IPV6_RECVTCLASS)
+_GRO_CMSG = socket.CMSG_SPACE(4) * 2
+IP_TOS = socket.IP_TOS
+IP_RECVTOS = getattr(socket, "IP_RECVTOS", 13)
+IPV6_TCLASS = getattr(socket, "IPV6_TCLASS", 67)
+IPV6_RECVTCLASS = getattr(socket, "IPV6_RECVTCLASS", 66)
+ECN_MASK, ECN_CE = 3, 3
 GSO_ENV = "SOFTVERBS_UDP_GSO"
 #: A drain sends the ACKs it owes after this many packets, not only at its end.
 ACK_FLUSH_PACKETS = 64
@@ -331,6 +338,24 @@ def _ip_of_gid(gid: bytes) -> bytes:
     return gid[12:] if gid[:12] == IPV4_MAPPED_PREFIX else gid
 
 
+def _set_tos(sock: socket.socket, tos: int) -> None:
+    """Send with this IPv4 TOS / IPv6 traffic class (its ECN bits too: UDP keeps them)."""
+    if sock.family == socket.AF_INET:
+        sock.setsockopt(socket.IPPROTO_IP, IP_TOS, tos)
+    else:
+        sock.setsockopt(socket.IPPROTO_IPV6, IPV6_TCLASS, tos)
+
+
+def _tos(ancdata: list[tuple[int, int, bytes]]) -> int:
+    """The received datagram's IPv4 TOS or IPv6 traffic class (0 if not reported)."""
+    for level, kind, value in ancdata:
+        if level == socket.IPPROTO_IP and kind == IP_TOS and value:
+            return value[0]
+        if level == socket.IPPROTO_IPV6 and kind == IPV6_TCLASS and len(value) >= 4:
+            return int(struct.unpack("=i", value[:4])[0]) & 0xFF
+    return 0
+
+
 def _gro_size(ancdata: list[tuple[int, int, bytes]]) -> int:
     """The segment size of a GRO-coalesced receive (0: one datagram)."""
     for level, kind, value in ancdata:
@@ -386,6 +411,7 @@ class UdpRuntime(Runtime):
         self._groups: dict[bytes, socket.socket] = {}
         #: sockets set up to send multicast (their IP_MULTICAST_IF is set), with their TTL
         self._mc_senders: dict[socket.socket, int] = {}
+        self.tos = 0  #: the TOS / traffic class the sockets send with (ECT(0) with DCQCN)
         for addr in addrs:
             sock = self._socket(addr, ROCEV2_PORT)
             _set_rcvbuf(sock, RECV_BUFFER)
@@ -395,6 +421,12 @@ class UdpRuntime(Runtime):
                     self.gro = True
                 except OSError:
                     pass  # an old kernel: a datagram per recvmsg
+            # ECN: the TOS / traffic class of each datagram comes with it, so a
+            # CE mark a router or qdisc set reaches DCQCN's notification point.
+            if addr.family == socket.AF_INET:
+                sock.setsockopt(socket.IPPROTO_IP, IP_RECVTOS, 1)
+            else:
+                sock.setsockopt(socket.IPPROTO_IPV6, IPV6_RECVTCLASS, 1)
             sock.setblocking(False)
             self._rx[sock] = addr
             self._main[addr.packed] = sock
@@ -411,6 +443,11 @@ class UdpRuntime(Runtime):
             (s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) for s in self._rx), default=None
         )
         hca.on_mcast = self._membership
+        # ECN: with DCQCN every packet is ECN-capable, ECT(0), set on the sockets
+        # once; a packet with another TOS (a CNP) says so per send.
+        self.tos = hca.cc.ect
+        for sock in [*self._rx, *self._tx.values()]:
+            _set_tos(sock, self.tos)
         super().attach(hca)
 
     # --- multicast -----------------------------------------------------------------
@@ -516,6 +553,7 @@ class UdpRuntime(Runtime):
             except OSError:
                 # Port taken: send from 4791 instead; the ICRC follows the port.
                 return self._main[local.packed], ROCEV2_PORT
+            _set_tos(sock, self.tos)
             self._tx[key] = sock
         return sock, sport
 
@@ -550,7 +588,26 @@ class UdpRuntime(Runtime):
         data = encode_udp_payload(pkt, src_ip, dst_ip, sport)
         if pkt.corrupt_bit >= 0:
             flip_bit(data, pkt.corrupt_bit)
+        if pkt.tclass != self.tos:
+            self._send_tos(src, sock, data, dest, pkt.tclass)
+            return
         self._sendto(src, sock, [data], dest)
+
+    @staticmethod
+    def _send_tos(src: HCA, sock: socket.socket, data: bytes | bytearray,
+                  dest: tuple[str, int] | tuple[str, int, int, int], tos: int) -> None:  # fmt: skip
+        """One datagram with its own TOS / traffic class (a CNP's DSCP, not ECN-capable)."""
+        if sock.family == socket.AF_INET:
+            cmsg = [(socket.IPPROTO_IP, IP_TOS, struct.pack("=i", tos))]
+        else:
+            cmsg = [(socket.IPPROTO_IPV6, IPV6_TCLASS, struct.pack("=i", tos))]
+        try:
+            sock.sendmsg([data], cmsg, 0, dest)
+        except BlockingIOError:
+            src.counters["drop_tx_busy"] += 1
+        except OSError as exc:
+            src.counters["drop_tx_error"] += 1
+            log.debug("sendmsg %s (tos %#x) failed: %s", dest, tos, exc)
 
     @staticmethod
     def _sendto(src: HCA, sock: socket.socket, parts: Parts,
@@ -637,6 +694,23 @@ class UdpRuntime(Runtime):
                 if hca is None:
                     continue
                 now = clock.now()
+                if _tos(anc) & ECN_MASK == ECN_CE:
+                    # Congestion experienced: these packets go alone, marked, to
+                    # DCQCN's notification point (the kernel never coalesces
+                    # datagrams whose TOS differs, so the whole buffer is marked).
+                    self._deliver(hca, merger.flush(), now)
+                    try:
+                        src_ip = _ip_packed(peer[0])
+                    except ValueError:
+                        hca.counters["drop_bad_source"] += 1
+                        continue
+                    marked = merger.feed(data, _gro_size(anc), src_ip, local.packed, peer[1])
+                    marked += merger.flush()
+                    for pkt in marked:
+                        if not isinstance(pkt, WireError):
+                            pkt.tclass |= ECN_CE
+                    unanswered += self._deliver(hca, marked, now)
+                    continue
                 unanswered += self._take(hca, merger, data, _gro_size(anc), peer, local, now)
                 if unanswered >= ACK_FLUSH_PACKETS:
                     # A long drain must not hold back the ACKs it owes: the peer's

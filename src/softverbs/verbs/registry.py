@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from softverbs import config
 from softverbs.device import api
 from softverbs.device.core import Device, DeviceInfo, Features, Host, Owner, Resources
+from softverbs.engine.congestion import CCConfig
 from softverbs.engine.hca import HCA
 from softverbs.engine.memory import KeyByteSource
 from softverbs.errors import ConfigError, PyverbsRDMAError
@@ -68,6 +69,8 @@ class DeviceSpec:
     netdev: str = ""
     mtu: int = 0  #: active IB MTU in bytes; 0 = derived from the netdev
     mac: bytes = b"\x02\x00\x00\x00\x00\x01"
+    cc: str = ""  #: congestion control (engine/congestion.py); "" = the default
+    cc_params: tuple[tuple[str, int], ...] = ()  #: its parameters, by mlx5's knob names
 
     @property
     def guid(self) -> int:
@@ -129,7 +132,8 @@ class Registry:
     """The devices of one world: the process, or one simulation."""
 
     def __init__(self, specs: list[DeviceSpec] | None = None, clock: Clock | None = None,
-                 host_device: bool = False, key_seed: int | None = None) -> None:  # fmt: skip
+                 host_device: bool = False, key_seed: int | None = None,
+                 inproc: InprocRuntime | None = None) -> None:  # fmt: skip
         self._fixed_specs = specs
         self._clock = clock
         #: None: memory key bytes from os.urandom; else a seeded, reproducible world
@@ -138,7 +142,9 @@ class Registry:
         self.host_device = host_device
         self._lock = threading.RLock()
         self.devices: dict[str, SoftDevice] = {}
-        self._inproc: InprocRuntime | None = None
+        #: the runtime of the in-process devices (made on first use unless given)
+        self._inproc: InprocRuntime | None = inproc
+        self._inproc_ready = False
         #: the authority over this world's devices, and this process as their owner
         self.host = Host(self._open_core, self.entries)
         self.owner = self.host.add_owner(Owner(f"pid {os.getpid()}", os.getpid(), os.getuid(),
@@ -165,15 +171,19 @@ class Registry:
                 link.addrs[0] if link.addrs else "", 0x10 + i
             )
             specs.append(DeviceSpec(link.name, "udp", tuple(link.addrs), link.netdev,
-                                    link.mtu, mac))  # fmt: skip
+                                    link.mtu, mac, link.cc,
+                                    tuple(sorted(link.cc_params.items()))))  # fmt: skip
         return specs
 
     # --- runtimes --------------------------------------------------------------
     def inproc_runtime(self) -> InprocRuntime:
-        if self._inproc is None:
-            self._inproc = InprocRuntime(self._clock)
+        if not self._inproc_ready:
+            if self._inproc is None:
+                self._inproc = InprocRuntime(self._clock)
+            self._inproc_ready = True
             _apply_environment(self._inproc)
             self._sanitize()
+        assert self._inproc is not None
         return self._inproc
 
     def _build(self, spec: DeviceSpec, index: int) -> SoftDevice:
@@ -217,6 +227,12 @@ class Registry:
         )
 
         environment_trace()  # a bad SOFTVERBS_TRACE fails before the port is bound
+        cc = None
+        if spec.cc:  # a bad congestion control fails before the port is bound too
+            try:
+                cc = CCConfig(spec.cc, dict(spec.cc_params))
+            except ValueError as exc:
+                raise ConfigError(f"device {spec.name}: {exc} (see 'softverbs link set')") from None
         if spec.netdev:
             netdev_mtu, addrs = netdev_addresses(spec.netdev)
         else:
@@ -233,6 +249,8 @@ class Registry:
             ) from None
         _apply_environment(runtime)
         hca = HCA(spec.name, runtime.gids, self._key_bytes(spec.name))
+        if cc is not None:
+            hca.cc = cc
         trace_device(hca, runtime.clock)  # checked above: cannot fail now
         runtime.attach(hca)
         runtime.start()

@@ -78,6 +78,7 @@ class Kind(IntEnum):
     ACK = 4
     ATOMIC = 5
     ATOMIC_ACK = 6
+    CNP = 7  #: a RoCEv2 congestion notification packet (annex A17.9.3)
 
 
 #: Position bits of a packet inside its message.
@@ -146,6 +147,11 @@ _TRANSPORT_OPS: dict[Transport, frozenset[Op]] = {
 }
 
 
+#: The CNP's opcode (RoCEv2 annex A17.9.3), and the size of its reserved field.
+CNP_OPCODE = 0x81
+CNP_RESERVED = 16
+
+
 def _build() -> tuple[OpInfo | None, ...]:
     table: list[OpInfo | None] = [None] * 256
     for transport, ops in _TRANSPORT_OPS.items():
@@ -164,6 +170,14 @@ def _build() -> tuple[OpInfo | None, ...]:
                 bool(position & FIRST), bool(position & LAST),
                 bool(hdrs & Hdr.IMMDT), bool(hdrs & Hdr.IETH),
             )  # fmt: skip
+    # The RoCEv2 annex's CNP: opcode 0x81, a BTH (DestQP the QP to slow down,
+    # BECN set, PSN 0) and 16 reserved bytes, then the ICRC.  It belongs to no
+    # transport's operation table; its 16 bytes travel as its payload, so a CNP of
+    # the wrong size reaches the device, which judges it (rp_cnp_ignored).
+    table[CNP_OPCODE] = OpInfo(
+        CNP_OPCODE, "CNP", Transport.CNP, Op(CNP_OPCODE & 0x1F), Kind.CNP, ONLY, Hdr(0), True,
+        False, True, True, False, False,
+    )  # fmt: skip
     return tuple(table)
 
 

@@ -1,4 +1,4 @@
-"""After a loss the requester keeps fewer packets in flight (Completer.cwnd).
+"""After a loss the requester keeps fewer packets in flight (congestion.SlowRestart).
 
 Go-back-N resends everything after a lost packet, so a requester that keeps
 its whole window in flight resends up to a window per loss.  A loss halves
@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from engine_kit import WINDOW, Bench, SeededFaults, drop_if, is_request, is_seq_nak
 
-from softverbs.engine import requester
+from softverbs.engine import congestion as requester
 from softverbs.enums import IBV_WC_SUCCESS, IBV_WR_SEND
 
 PMTU = 256
@@ -32,7 +32,7 @@ def test_without_loss_the_whole_window_is_used() -> None:
     n = 2000
     b = Bench(pmtu=PMTU, mem_size=2 * n * PMTU)
     send(b, n)
-    assert b.a.qp.comp.cwnd == WINDOW
+    assert b.a.qp.req.cc.cwnd == WINDOW
     assert [s.src for s in b.log[: WINDOW + 1]] == ["a"] * WINDOW + ["b"]
 
 
@@ -50,7 +50,7 @@ def test_a_loss_halves_what_the_retransmission_keeps_in_flight() -> None:
         resent.append(s.pkt.psn)
     assert resent == list(range(100, 100 + WINDOW // 2)), "half a window from the lost PSN"
     # 1900 packets acknowledged since: grown back by about 16 per window of them
-    assert WINDOW // 2 + 64 < b.a.qp.comp.cwnd < WINDOW
+    assert WINDOW // 2 + 64 < b.a.qp.req.cc.cwnd < WINDOW
     # sent once each, but for the window in flight when the loss was found
     assert len(b.sent("a", is_request)) == n + WINDOW - 100
 

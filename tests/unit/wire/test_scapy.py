@@ -28,7 +28,7 @@ from wire_strategies import (
 )
 
 from softverbs.wire.codec import decode_frame, decode_udp_payload, encode_frame, encode_transport
-from softverbs.wire.opcodes import OPINFO, Op, Transport, opcode
+from softverbs.wire.opcodes import CNP_OPCODE, OPINFO, Op, Transport, opcode
 from softverbs.wire.packet import IPV4_MAPPED_PREFIX, Packet
 
 scapy_all = pytest.importorskip("scapy.all")
@@ -59,6 +59,8 @@ def check_against_scapy(pkt: Packet, frame: bytes) -> None:
     after_bth = bytes(encode_transport(pkt))[12:]
     if pkt.opcode in ACKS:
         assert sp[AETH].syndrome == pkt.syndrome and sp[AETH].msn == pkt.msn
+    elif pkt.opcode == CNP_OPCODE:  # scapy's own CNP layer: 16 reserved bytes
+        assert sp.haslayer(roce.CNPPadding) and bytes(sp[roce.CNPPadding])[:16] == after_bth
     elif after_bth:
         assert sp[Raw].load == after_bth
     else:

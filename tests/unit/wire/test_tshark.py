@@ -10,7 +10,9 @@ Known limits of the dissector, not of our frames (checked on tshark 4.0):
 * It names the XRC opcodes (0xA0..0xB7) but has no XRCETH support: it stops
   after the BTH and shows the rest as "Unknown/Vendor Specific Data", with
   no ICRC field.  For XRC we check the BTH and that the rest is the vendor
-  blob.
+  blob.  It does not name the RoCEv2 CNP (opcode 0x81) either ("Unknown
+  (129)"): for it we check the BTH and that the rest is exactly the annex's
+  16 reserved zero bytes followed by our ICRC.
 * It hands SEND payloads to heuristic sub-dissectors (RPC-over-RDMA, SMB
   Direct, iSER, ...), which call random bytes malformed.  We disable the
   protocols of every heuristic registered on ``infiniband.payload``.
@@ -170,6 +172,11 @@ def test_every_opcode_decodes(tmp_path: Path) -> None:
         if info.transport is Transport.XRC:
             # No XRCETH in Wireshark 4.0: the rest is an opaque blob.
             assert row["infiniband.vendor"], where
+        elif info.transport is Transport.CNP:
+            # Wireshark 4.0 shows opcode 0x81 as "Unknown (129)" with its BTH
+            # fields; the 16 reserved bytes and the ICRC are the vendor blob.
+            blob = bytes(16) + frame[-4:]
+            assert blob.hex() in row["infiniband.vendor"], (where, row["infiniband.vendor"])
         else:
             for flag, fmap in HDR_FIELDS.items():
                 if info.hdrs & flag:

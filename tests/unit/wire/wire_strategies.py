@@ -11,7 +11,7 @@ from pathlib import Path
 
 from hypothesis import strategies as st
 
-from softverbs.wire.opcodes import OPINFO, Hdr
+from softverbs.wire.opcodes import CNP_RESERVED, OPINFO, Hdr, Kind
 from softverbs.wire.packet import IPV4_MAPPED_PREFIX, Packet
 
 #: Every opcode softverbs speaks.
@@ -62,6 +62,8 @@ def packets(draw: st.DrawFn, opcode: int | None = None, max_payload: int = 300) 
     info = OPINFO[opcode]
     assert info is not None
     payload = draw(st.binary(max_size=max_payload)) if info.payload else b""
+    if info.kind is Kind.CNP:
+        payload = bytes(CNP_RESERVED)  # the annex's CNP: 16 reserved bytes, zero
     pkt = Packet(opcode, draw(U24), draw(U24), payload)
     pkt.se = draw(st.booleans())
     pkt.mig = draw(st.booleans())
@@ -100,6 +102,8 @@ def sample_packet(opcode: int, seed: int = 0, max_payload: int = 40) -> Packet:
     info = OPINFO[opcode]
     assert info is not None
     payload = rng.randbytes(rng.randrange(max_payload + 1)) if info.payload else b""
+    if info.kind is Kind.CNP:
+        payload = bytes(CNP_RESERVED)  # the annex's CNP: 16 reserved bytes, zero
     pkt = Packet(opcode, rng.getrandbits(24), rng.getrandbits(24), payload)
     for name in ("se", "mig", "fecn", "becn", "ackreq"):
         setattr(pkt, name, bool(rng.getrandbits(1)))

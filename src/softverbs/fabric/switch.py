@@ -1,0 +1,264 @@
+"""A switched fabric on the virtual clock: links, egress queues, RED/ECN, tail drop.
+
+Topology: a star.  Every device (host) has a link to one switch and the
+switch a link back to every host; each link has a bandwidth (bit/s) and a
+propagation delay.  A packet crosses two links:
+
+1. **the host's link** (its NIC's egress): a FIFO with no drops -- a NIC
+   holds what it cannot send yet;
+2. **the switch's egress port** toward the destination: a FIFO with a
+   buffer of ``buffer`` bytes.  A packet that finds it full is dropped
+   (tail drop, counted in :attr:`Port.drops`).  Otherwise RED decides on
+   the instantaneous queue, as datacenter switches do for ECN: no mark below
+   ``kmin`` bytes, probability rising linearly to ``pmax`` at ``kmax``,
+   certain above.  An ECN-capable packet (ECT) is marked CE; a packet that
+   is not ECN-capable is never dropped early, only by tail drop.  By default
+   the queue is judged when the packet *leaves* it (``mark="dequeue"``, as
+   shared-buffer switch ASICs mark): the mark then tells of the queue as it
+   is, not as it was a queueing delay ago, and the control loop's delay
+   does not grow with the queue.  ``mark="enqueue"`` judges the queue the
+   packet found on arrival (classic RED).
+
+A FIFO link with a fixed rate needs no event per byte: a packet that arrives
+at ``t`` starts when the link is free (``max(t, free_at)``) and is gone
+``size * 8 / bandwidth`` later; the queue a newcomer finds is the bytes of
+packets not yet gone.  Each packet therefore costs two events on the
+virtual clock (reaching the switch, reaching the destination), kept in the
+runtime's heap in time order, so the switch sees arrivals from all hosts in
+the order they happen.  A packet's size on the wire counts its Ethernet, IP
+and UDP headers, ICRC, FCS, preamble and inter-frame gap
+(:data:`WIRE_OVERHEAD`).
+
+RED's coin is a seeded :class:`random.Random`: a run is reproducible.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from collections import deque
+from dataclasses import dataclass
+
+from softverbs.engine.hca import HCA
+from softverbs.fabric.runtime import Clock, InprocRuntime
+from softverbs.wire.opcodes import OPINFO, header_length
+from softverbs.wire.packet import Packet
+
+#: Bytes a RoCEv2 packet takes on an Ethernet link besides its transport headers
+#: and payload: Ethernet 14, IPv4 20, UDP 8, ICRC 4, FCS 4, preamble and gap 20.
+WIRE_OVERHEAD = 70
+
+#: The ECN field (RFC 3168): not ECN-capable, and Congestion Experienced.
+NOT_ECT, CE = 0, 3
+
+# Events on the fabric's heap.
+_AT_SWITCH, _AT_HOST, _DEQUEUE = 0, 1, 2
+
+
+def wire_bytes(pkt: Packet) -> int:
+    """What ``pkt`` occupies on a link, in bytes."""
+    info = OPINFO[pkt.opcode]
+    hdr = header_length(info.hdrs) if info is not None else 12
+    n = len(pkt.payload)
+    return hdr + n + (-n & 3) + WIRE_OVERHEAD
+
+
+@dataclass
+class Topology:
+    """A star of hosts around one switch (see the module docstring)."""
+
+    bandwidth: float = 10e9  #: bit/s of every link
+    delay: float = 1e-6  #: seconds of propagation on every link
+    buffer: int = 800_000  #: bytes of each switch egress queue
+    kmin: int = 20_000  #: RED: no marking at or below this queue (bytes)
+    kmax: int = 200_000  #: RED: marking certain above this queue (bytes)
+    pmax: float = 0.01  #: RED: marking probability at kmax
+    seed: int = 1  #: RED's coin
+    mark: str = "dequeue"  #: judge the queue when a packet leaves ("dequeue") or arrives
+    record: bool = False  #: keep a time series of each port's queue and departures
+
+    def check(self) -> str | None:
+        """Why this topology cannot be built, or None."""
+        if not (self.bandwidth > 0 and math.isfinite(self.bandwidth)):
+            return f"bandwidth must be a positive number of bit/s, not {self.bandwidth}"
+        if not (self.delay >= 0 and math.isfinite(self.delay)):
+            return f"delay must be >= 0 seconds, not {self.delay}"
+        if self.buffer <= 0:
+            return f"buffer must be a positive number of bytes, not {self.buffer}"
+        if not 0 <= self.kmin <= self.kmax:
+            return f"RED needs 0 <= kmin <= kmax, not kmin={self.kmin} kmax={self.kmax}"
+        if not 0 <= self.pmax <= 1:
+            return f"pmax is a probability (0..1), not {self.pmax}"
+        if self.mark not in ("dequeue", "enqueue"):
+            return f"mark is 'dequeue' or 'enqueue', not {self.mark!r}"
+        return None
+
+
+class Port:
+    """One egress queue and the link it feeds."""
+
+    __slots__ = (
+        "bandwidth", "buffer", "busy", "delay", "departed", "drops", "free_at", "kmax", "kmin",
+        "marks", "name", "pmax", "qbytes", "queue", "rng", "samples", "sent_bytes",
+    )  # fmt: skip
+
+    def __init__(self, name: str, bandwidth: float, delay: float, buffer: float,
+                 kmin: float, kmax: float, pmax: float, rng: random.Random | None,
+                 record: bool) -> None:  # fmt: skip
+        self.name = name
+        self.bandwidth = bandwidth
+        self.delay = delay
+        self.buffer = buffer  #: bytes; math.inf for a queue that never drops
+        self.kmin = kmin
+        self.kmax = kmax
+        self.pmax = pmax
+        self.rng = rng  #: None: no RED (a NIC's queue)
+        self.free_at = 0.0  #: when the link finishes what it has
+        self.queue: deque[tuple[float, int]] = deque()  #: (gone at, bytes), in order
+        self.qbytes = 0  #: bytes of the packets in ``queue``
+        self.drops = 0
+        self.marks = 0
+        self.sent_bytes = 0
+        self.busy = 0.0  #: seconds the link spent sending
+        #: (time, queue bytes found) per arrival, if recording
+        self.samples: list[tuple[float, int]] | None = [] if record else None
+        #: (time gone, source GID, bytes) per packet sent, if recording
+        self.departed: list[tuple[float, bytes, int]] | None = [] if record else None
+
+    def occupancy(self, now: float) -> int:
+        """Bytes queued (waiting or being sent) at ``now``."""
+        queue = self.queue
+        while queue and queue[0][0] <= now:
+            self.qbytes -= queue.popleft()[1]
+        return self.qbytes
+
+    def red(self, q: int) -> float:
+        """RED's marking probability for a queue of ``q`` bytes."""
+        if q <= self.kmin:
+            return 0.0
+        if q > self.kmax:
+            return 1.0
+        span = self.kmax - self.kmin
+        return self.pmax if span <= 0 else self.pmax * (q - self.kmin) / span
+
+    def maybe_mark(self, pkt: Packet, q: int) -> None:
+        """RED/ECN on a queue of ``q`` bytes: maybe mark ``pkt`` CE."""
+        rng = self.rng
+        ect = pkt.tclass & 3 != NOT_ECT
+        if rng is not None and ect and q > self.kmin and rng.random() < self.red(q):
+            pkt.tclass |= CE
+            self.marks += 1
+
+    def enqueue(self, pkt: Packet, now: float, mark: bool = True) -> float | None:
+        """Queue ``pkt`` arriving at ``now``: when it reaches the far end, or
+        None if it was dropped.  With ``mark``, RED judges the queue it found."""
+        size = wire_bytes(pkt)
+        q = self.occupancy(now)
+        if self.samples is not None:
+            self.samples.append((now, q))
+        if q + size > self.buffer:
+            self.drops += 1
+            return None
+        if mark:
+            self.maybe_mark(pkt, q)
+        start = max(now, self.free_at)
+        tx = size * 8 / self.bandwidth
+        gone = start + tx
+        self.free_at = gone
+        self.busy += tx
+        self.queue.append((gone, size))
+        self.qbytes += size
+        self.sent_bytes += size
+        if self.departed is not None:
+            self.departed.append((gone, pkt.sgid, size))
+        return gone + self.delay
+
+    def starts(self, arrive: float, size: int) -> float:
+        """When a packet of ``size`` bytes that reaches the far end at ``arrive``
+        began to leave (its dequeue)."""
+        return arrive - self.delay - size * 8 / self.bandwidth
+
+
+class SwitchedRuntime(InprocRuntime):
+    """The in-process fabric with a switch between the devices (see the module
+    docstring).  Packets go singly: the switch queues, marks and drops each."""
+
+    bursts = False
+
+    def __init__(self, topology: Topology, clock: Clock | None = None) -> None:
+        super().__init__(clock)
+        problem = topology.check()
+        if problem:
+            raise ValueError(f"topology: {problem}")
+        self.topology = topology
+        self.rng = random.Random(topology.seed)
+        self.nic: dict[str, Port] = {}  #: device name -> its link to the switch
+        self.egress: dict[str, Port] = {}  #: device name -> the switch's port toward it
+        self._events: list[tuple[float, float, int, int, HCA, Packet]] = []
+        self._event_seq = 0
+
+    def attach(self, hca: HCA) -> None:
+        with self.lock:
+            super().attach(hca)
+            t = self.topology
+            hca.cc.line_rate = t.bandwidth
+            self.nic[hca.name] = Port(f"{hca.name} NIC", t.bandwidth, t.delay, math.inf,
+                                      0, 0, 0.0, None, t.record)  # fmt: skip
+            self.egress[hca.name] = Port(f"switch -> {hca.name}", t.bandwidth, t.delay,
+                                         t.buffer, t.kmin, t.kmax, t.pmax, self.rng,
+                                         t.record)  # fmt: skip
+
+    def ports(self) -> list[Port]:
+        """Every switch egress port, in the order the devices were attached."""
+        return list(self.egress.values())
+
+    def _push(self, when: float, stage: int, dst: HCA, pkt: Packet) -> None:
+        # Packets that reach the switch at the same instant (identical hosts send in
+        # lockstep) are taken in a seeded random order, as a real switch's arbiter
+        # has no fixed favourite: ordered by who sent first, one sender would win
+        # every free slot of a full queue and the others would lose every packet.
+        self._event_seq += 1
+        tie = self.rng.random() if stage == _AT_SWITCH else 0.0
+        heapq.heappush(self._events, (when, tie, self._event_seq, stage, dst, pkt))
+
+    def transmit(self, src: HCA, pkt: Packet, now: float) -> None:
+        dst = self.by_gid.get(pkt.dgid)
+        if dst is None:
+            src.counters["drop_no_route"] += 1
+            return
+        arrive = self.nic[src.name].enqueue(pkt, now)
+        assert arrive is not None  # a NIC's queue does not drop
+        self._push(arrive, _AT_SWITCH, dst, pkt)
+
+    def release_due(self, now: float) -> bool:
+        moved = super().release_due(now)
+        events = self._events
+        while events and events[0][0] <= now:
+            moved = True
+            when, _, _, stage, dst, pkt = heapq.heappop(events)
+            if stage == _AT_HOST:
+                self.inbox.append((dst, pkt))
+                continue
+            port = self.egress[dst.name]
+            if stage == _DEQUEUE:  # it starts to leave: RED judges the queue now
+                port.maybe_mark(pkt, port.occupancy(when))
+                self._push(when + wire_bytes(pkt) * 8 / port.bandwidth + port.delay,
+                           _AT_HOST, dst, pkt)  # fmt: skip
+                continue
+            dequeue = self.topology.mark == "dequeue"
+            arrive = port.enqueue(pkt, when, mark=not dequeue)
+            if arrive is None:
+                dst.counters["switch_drops"] += 1
+            elif dequeue:
+                self._push(port.starts(arrive, wire_bytes(pkt)), _DEQUEUE, dst, pkt)
+            else:
+                self._push(arrive, _AT_HOST, dst, pkt)
+        return moved
+
+    def next_deadline(self) -> float | None:
+        deadline = super().next_deadline()
+        if self._events:
+            first = self._events[0][0]
+            return first if deadline is None else min(deadline, first)
+        return deadline

@@ -1,0 +1,37 @@
+"""``bench/bench_incast.py --json`` runs to the end: one object per configuration.
+
+A smoke test of the benchmark script on a short run, not a benchmark: nothing
+about speed is asserted, only the output's shape (the keys the issue names).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+KEYS = {"senders", "cc", "utilisation", "jain", "queue_p50", "queue_p99", "kmax", "drops",
+        "retransmits", "cnps"}  # fmt: skip
+
+
+def test_json_rows() -> None:
+    r = subprocess.run(
+        [sys.executable, "bench/bench_incast.py", "--senders", "2", "--duration", "0.002",
+         "--json"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [(row["senders"], row["cc"]) for row in rows] == [(2, "dcqcn"), (2, "none")]
+    for row in rows:
+        assert set(row) >= KEYS, row
+        assert 0 <= row["utilisation"] <= 1.0001 and row["kmax"] == 200_000
+    assert rows[0]["cnps"] > 0 and rows[1]["cnps"] == 0
+
+
+def test_bad_arguments_are_refused() -> None:
+    r = subprocess.run([sys.executable, "bench/bench_incast.py", "--senders", "two"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert r.returncode == 2 and "--senders" in r.stderr

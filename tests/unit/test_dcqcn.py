@@ -1,0 +1,183 @@
+"""DCQCN end to end on the virtual clock: the switch model, the notification
+point's CNPs, the reaction point, bad CNPs, and a small incast.
+
+Nothing here is timed: every run is on the Simulation's virtual clock, and
+the incast assertions are qualitative (fewer drops and retransmissions with
+DCQCN than without, the queue held near Kmax instead of at the buffer).
+"""
+
+from __future__ import annotations
+
+import pytest
+from sim_kit import rc_pair, stream
+
+from softverbs.engine.congestion import Dcqcn
+from softverbs.engine.hca import HCA
+from softverbs.fabric.switch import WIRE_OVERHEAD, Port, Topology, wire_bytes
+from softverbs.incast import run_incast
+from softverbs.sim import Simulation
+from softverbs.wire.codec import decode_udp_payload, encode_udp_payload
+from softverbs.wire.opcodes import CNP_OPCODE
+from softverbs.wire.packet import Packet
+
+PAPER = {
+    "min_time_between_cnps": 50, "rate_reduce_monitor_period": 50, "dce_tcp_rtt": 55,
+    "dce_tcp_g": 1020, "rpg_time_reset": 55, "rpg_byte_reset": 10_000_000,
+    "rpg_threshold": 5, "rpg_ai_rate": 40, "rpg_hai_rate": 100,
+}  # fmt: skip
+
+
+# --- the switch model ---------------------------------------------------------------------
+def _pkt(size: int, ect: bool = True) -> Packet:
+    pkt = Packet(0x04, 1, 0, bytes(size))  # RC SEND_ONLY
+    pkt.tclass = 2 if ect else 0
+    return pkt
+
+
+def _port(buffer: int = 10_000, kmin: int = 2_000, kmax: int = 6_000, pmax: float = 1.0) -> Port:
+    import random
+
+    return Port("p", 8e9, 1e-6, buffer, kmin, kmax, pmax, random.Random(1), True)
+
+
+def test_fifo_timing_and_tail_drop() -> None:
+    port = _port()
+    size = wire_bytes(_pkt(930))
+    assert size == 12 + 932 + WIRE_OVERHEAD  # BTH, payload padded to 4, framing
+    arrivals = [port.enqueue(_pkt(930, ect=False), 0.0) for _ in range(20)]
+    fits = 10_000 // size
+    assert all(a is not None for a in arrivals[:fits]) and arrivals[fits:] == [None] * (20 - fits)
+    assert port.drops == 20 - fits and port.marks == 0  # not ECN-capable: never marked
+    tx = size * 8 / 8e9
+    assert arrivals[0] == pytest.approx(tx + 1e-6) and arrivals[1] == pytest.approx(2 * tx + 1e-6)
+    assert port.occupancy(3 * tx) == (fits - 3) * size  # three have left
+    assert port.occupancy(1.0) == 0
+
+
+def test_red_marks_ect_packets_between_kmin_and_kmax() -> None:
+    port = _port(pmax=0.5)
+    assert port.red(2_000) == 0.0 and port.red(6_001) == 1.0
+    assert port.red(4_000) == pytest.approx(0.25)
+    marked = []
+    for _ in range(9):
+        pkt = _pkt(930)
+        port.enqueue(pkt, 0.0)
+        marked.append(pkt.tclass & 3 == 3)
+    # the first two found less than kmin; from 6 packets (> kmax) on every one is marked
+    assert marked[:2] == [False, False] and all(marked[6:])
+    assert port.marks == sum(marked)
+
+
+def test_topology_is_checked() -> None:
+    with pytest.raises(ValueError, match="kmin <= kmax"):
+        Simulation(devices=("a", "b"), topology=Topology(kmin=10, kmax=5))
+    with pytest.raises(ValueError, match="pmax is a probability"):
+        Simulation(devices=("a", "b"), topology=Topology(pmax=2))
+
+
+# --- the notification point --------------------------------------------------------------
+def test_every_marked_packet_makes_a_cnp_without_a_minimum_interval() -> None:
+    mark_all = Topology(kmin=0, kmax=0, pmax=1.0)
+    r = run_incast(2, "dcqcn", duration=0.001, topology=mark_all,
+                   cc_params={"min_time_between_cnps": 0})  # fmt: skip
+    assert r.marks > 10 and r.cnps == r.ecn_marked >= r.marks - 2  # (a last few in flight)
+    assert r.cnps_handled > 0
+
+
+def test_at_most_one_cnp_per_qp_per_interval() -> None:
+    mark_all = Topology(kmin=0, kmax=0, pmax=1.0)
+    r = run_incast(1, "dcqcn", duration=0.002, topology=mark_all,
+                   cc_params={"min_time_between_cnps": 100, "rpg_min_dec_fac": 100})  # fmt: skip
+    # one QP, 2 ms, at most one CNP per 100 us; every packet after the first was marked
+    assert 5 <= r.cnps <= 21 < r.marks
+    # rpg_min_dec_fac 100: CNPs are handled, but no cut is deeper than 0 %
+    assert r.cnps_handled == r.cnps and r.utilisation > 0.9
+
+
+def test_no_cnps_without_dcqcn() -> None:
+    mark_all = Topology(kmin=0, kmax=0, pmax=1.0)
+    r = run_incast(2, "none", duration=0.001, topology=mark_all)
+    assert r.marks == 0 and r.cnps == 0  # not ECN-capable: nothing to mark
+
+
+# --- the reaction point and bad CNPs ------------------------------------------------------
+def _cnp(to: HCA, frm: HCA, dqpn: int, body: bytes = bytes(16)) -> Packet:
+    cnp = Packet(CNP_OPCODE, dqpn, 0, body)
+    cnp.becn = True
+    cnp.pkey = 0xFFFF
+    cnp.sgid, cnp.dgid = frm.gids[1], to.gids[1]
+    cnp.sport = 0xC000
+    return cnp
+
+
+def test_bad_cnps_are_counted_and_change_nothing() -> None:
+    with Simulation(devices=("a", "b"), cc="dcqcn") as sim:
+        pair = rc_pair()
+        a, b = sim.registry.open("a").hca, sim.registry.open("b").hca
+        assert a is not None and b is not None
+        qpn = pair.a.qp.qp_num
+        engine = a.qps[qpn]
+        cc = engine.req.cc
+        assert isinstance(cc, Dcqcn)
+        before_counts = dict(a.counters)
+        before_rate = cc.rc
+        forged = _cnp(a, a, qpn)  # from a GID that is not the QP's peer
+        bad = [
+            _cnp(a, b, 0xABCDE),  # no such QP
+            _cnp(a, b, qpn, bytes(15)),  # malformed: 15 reserved bytes
+            _cnp(a, b, qpn, bytes(17)),  # malformed: 17
+            forged,
+        ]
+        wrong_pkey = _cnp(a, b, qpn)
+        wrong_pkey.pkey = 0x7F12
+        bad.append(wrong_pkey)
+        for pkt in bad:
+            a.receive(pkt, sim.now)
+        changed = {k: v - before_counts.get(k, 0) for k, v in a.counters.items()
+                   if v != before_counts.get(k, 0)}  # fmt: skip
+        assert changed == {"rcvd_pkts": len(bad), "rp_cnp_ignored": len(bad)}
+        assert cc.rc == before_rate and cc.cuts == 0 and not a.outbox
+        # and the good one is handled: the rate is cut
+        a.receive(_cnp(a, b, qpn), sim.now)
+        assert a.counters["rp_cnp_handled"] == 1 and cc.rc < before_rate
+        assert engine.qp_counters()["rp_cnp_handled"] == 1
+
+
+def test_cnp_on_the_wire_is_the_annex_format() -> None:
+    cnp = Packet(CNP_OPCODE, 0x000123, 0, bytes(16))
+    cnp.becn = True
+    cnp.pkey = 0xFFFF
+    src, dst = bytes([10, 0, 0, 2]), bytes([10, 0, 0, 1])
+    data = bytes(encode_udp_payload(cnp, src, dst, 0xC001))
+    # BTH: opcode 0x81, SE/M/pad/TVer 0, P_Key, BECN set + DestQP, AckReq 0 + PSN 0
+    assert data[:12] == bytes.fromhex("8100ffff" "40000123" "00000000")
+    assert data[12:28] == bytes(16) and len(data) == 32  # 16 reserved bytes, then the ICRC
+    back = decode_udp_payload(data, src, dst, 0xC001)
+    assert back.opcode == CNP_OPCODE and back.becn and bytes(back.payload) == bytes(16)
+
+
+def test_cnp_from_a_marked_packet_in_a_simulation_cuts_the_senders_rate() -> None:
+    mark_all = Topology(kmin=0, kmax=0, pmax=1.0)
+    with Simulation(devices=("a", "b"), topology=mark_all, cc="dcqcn") as sim:
+        pair = rc_pair(mr_size=1 << 18)
+        a, b = sim.registry.open("a").hca, sim.registry.open("b").hca
+        assert a is not None and b is not None
+        stream(pair, 40, size=4096)
+        assert b.counters["np_ecn_marked_roce_packets"] > 0 and b.counters["np_cnp_sent"] > 0
+        assert a.counters["rp_cnp_handled"] > 0
+        cc = a.qps[pair.a.qp.qp_num].req.cc
+        assert isinstance(cc, Dcqcn) and cc.rc < mark_all.bandwidth
+
+
+# --- a small incast -----------------------------------------------------------------------
+def test_small_incast_dcqcn_against_none() -> None:
+    topo = Topology(bandwidth=10e9, buffer=800_000, kmin=5_000, kmax=200_000, pmax=0.01)
+    on = run_incast(4, "dcqcn", duration=0.008, topology=topo, cc_params=PAPER)
+    topo = Topology(bandwidth=10e9, buffer=800_000, kmin=5_000, kmax=200_000, pmax=0.01)
+    off = run_incast(4, "none", duration=0.008, topology=topo)
+    assert on.cnps > 0 and off.cnps == 0
+    assert off.drops > 0 and off.retransmits > 0
+    assert on.drops < off.drops and on.retransmits < off.retransmits
+    assert off.queue_p50 > 4 * on.kmax * 0.9  # without CC the queue sits at the buffer
+    assert on.queue_p99 < 2 * on.kmax  # with DCQCN it is held near Kmax
+    assert on.utilisation > 0.8 and on.jain > off.jain
