@@ -118,6 +118,8 @@ class HCA:
         #: told (group GID, True) on a group's first attach and (GID, False) on its last
         #: detach here, so the fabric can join and leave it; None: nothing to tell
         self.on_mcast: Callable[[bytes, bool], None] | None = None
+        #: the congestion control each new (or reset) QP gets (:mod:`.congestion`)
+        self.cc = CCConfig()
 
     # --- multicast -----------------------------------------------------------------
     def attach_mcast(self, qp: QPEngine, mgid: bytes) -> str | None:
@@ -160,8 +162,6 @@ class HCA:
         """Take ``qp`` out of every group (it is being destroyed)."""
         for gid in self.mcast_groups(qp):
             self.detach_mcast(qp, gid)
-        #: the congestion control each new (or reset) QP gets (:mod:`.congestion`)
-        self.cc = CCConfig()
 
     # --- numbers ----------------------------------------------------------------
     def window_for(self, pmtu: int) -> int:
