@@ -636,6 +636,9 @@ class Host:
         self._handlers: dict[int, Callable[[Owner, Any, Resources], Any]] = {
             api.BY_NAME[name].code: getattr(self, name.lower()) for name in _HANDLED
         }
+        #: told of a device that no object uses any more (no context, no QP left in
+        #: its engine): the world may stop it (a UDP device frees its addresses)
+        self.on_idle: Callable[[Device], None] | None = None
 
     # --- owners ------------------------------------------------------------------------------
     def add_owner(self, owner: Owner) -> Owner:
@@ -1553,7 +1556,18 @@ class Host:
         if san is not None:
             san.destroying(rec)
         self._destroy(rec)
+        if rec.kind == KIND_CTX:
+            self._retire_idle()
         return api.Empty()
+
+    def _retire_idle(self) -> None:
+        """Tell :attr:`on_idle` of every device nothing uses any more."""
+        if self.on_idle is None:
+            return
+        used = {o.device for o in self._handles.values()}
+        for dev in list(self.devices.values()):
+            if dev not in used and not dev.hca.qps:
+                self.on_idle(dev)
 
     @staticmethod
     def _users_of(rec: Obj) -> list[Obj]:
@@ -1665,6 +1679,7 @@ class Host:
                 close()
             owner.release = []
             self.owners.discard(owner)
+            self._retire_idle()
 
 
 class OwnerFaults:

@@ -147,6 +147,7 @@ class Registry:
         self._inproc_ready = False
         #: the authority over this world's devices, and this process as their owner
         self.host = Host(self._open_core, self.entries)
+        self.host.on_idle = self._idle
         self.owner = self.host.add_owner(Owner(f"pid {os.getpid()}", os.getpid(), os.getuid(),
                                                SelfMemory()))  # fmt: skip
 
@@ -283,6 +284,17 @@ class Registry:
         """The last context of ``dev`` closed: stop a UDP device's runtime."""
         if dev.spec.kind != "udp" or any(not c.closed for c in dev.contexts):
             return
+        self._stop(dev)
+
+    def _idle(self, core: Device) -> None:
+        """The service's host says nothing uses ``core`` any more: a UDP device
+        stops and lets its addresses go (``softverbs link del``, then ``add`` on
+        the same address), and is built again by its next open."""
+        dev = self.devices.get(core.name)
+        if self.host_device and dev is not None and dev.core is core and dev.spec.kind == "udp":
+            self._stop(dev)
+
+    def _stop(self, dev: SoftDevice) -> None:
         with self._lock:
             if self.devices.get(dev.name) is dev:
                 del self.devices[dev.name]
