@@ -12,7 +12,9 @@ address, that the range is still backed as registered (``device/memory.py``'s
 from __future__ import annotations
 
 import errno
+import functools
 import mmap
+import random
 from collections.abc import Iterator
 from typing import Any
 
@@ -169,7 +171,7 @@ def test_a_key_whose_memory_went_stays_invalid_and_counts() -> None:
             return self.mapped
 
     counters: Counter[str] = Counter()
-    keys = KeyTable(counters)
+    keys = KeyTable(functools.partial(random.Random(0).getrandbits, 8), counters)
     told: list[str] = []
     keys.on_unmapped = lambda mk, why: told.append(why)
     pd, span = object(), Span()

@@ -54,6 +54,9 @@ class Recorder:
     def read(self) -> memoryview:
         return memoryview(bytes(self.buf[self.base : self.base + self.length]))
 
+    def still_mapped(self) -> bool:
+        return True  # a buffer of this process: never unmapped under the engine
+
 
 def check_order(log: list[tuple[int, int]], start: int, size: int) -> None:
     """The stores tile ``[start, start + size)`` in increasing order, and the
