@@ -117,10 +117,6 @@ static void unsupported(void)
 	errno = 0;
 	CHECK(riomap(3, NULL, 0, 0, 0, 0) == -1 && errno == ENOSYS);
 	errno = 0;
-	CHECK(rdma_create_srq(NULL, NULL, NULL) == -1 && errno == ENOSYS);
-	errno = 0;
-	CHECK(rdma_join_multicast_ex(NULL, NULL, NULL) == -1 && errno == EOPNOTSUPP);
-	errno = 0;
 	CHECK(rdma_set_local_ece(NULL, NULL) == -1 && errno == EINVAL);
 	errno = 0;
 	CHECK(efadv_create_cq(NULL, NULL, NULL, 0) == NULL && errno == EOPNOTSUPP);

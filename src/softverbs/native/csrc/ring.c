@@ -25,6 +25,23 @@ uint32_t sv_recv_slot_size(uint32_t max_sge)
 			(max_sge ? max_sge : 1) * sizeof(struct sv_sg_entry), 16);
 }
 
+int sv_sealed_memfd(const char *name, size_t bytes)
+{
+	int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (fd < 0)
+		return -1;
+	/* The service maps only memfds sealed against shrinking: a shorter file
+	 * would make its accesses fault.  The size is fixed for the memfd's life. */
+	if (ftruncate(fd, (off_t)bytes) ||
+	    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)) {
+		int err = errno;
+		close(fd);
+		errno = err;
+		return -1;
+	}
+	return fd;
+}
+
 int sv_ring_create(struct sv_ring *ring, uint32_t nslots, uint32_t slot, const char *name)
 {
 	ring->fd = -1;
@@ -32,17 +49,9 @@ int sv_ring_create(struct sv_ring *ring, uint32_t nslots, uint32_t slot, const c
 	if (!nslots || !slot)
 		return EINVAL;
 	size_t bytes = SV_RING_HEADER_SIZE + (size_t)nslots * slot;
-	int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	int fd = sv_sealed_memfd(name, bytes);
 	if (fd < 0)
 		return errno;
-	/* The service maps only memfds sealed against shrinking: a shorter file
-	 * would make its accesses fault.  The size is fixed for the ring's life. */
-	if (ftruncate(fd, (off_t)bytes) ||
-	    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)) {
-		int err = errno;
-		close(fd);
-		return err;
-	}
 	void *mem = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (mem == MAP_FAILED) {
 		int err = errno;

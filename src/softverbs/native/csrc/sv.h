@@ -48,6 +48,9 @@ struct sv_ring {
 	uint32_t slot;		/* bytes per slot */
 };
 
+/* A memfd of `bytes`, sealed SHRINK|GROW|SEAL as the service requires of every
+ * memfd it maps; -1 with errno on failure. */
+SV_HIDDEN int sv_sealed_memfd(const char *name, size_t bytes);
 SV_HIDDEN int sv_ring_create(struct sv_ring *ring, uint32_t nslots, uint32_t slot,
 			     const char *name);
 SV_HIDDEN void sv_ring_destroy(struct sv_ring *ring);

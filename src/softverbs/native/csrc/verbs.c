@@ -252,9 +252,9 @@ static struct sv_dm_pool *dm_pool(struct sv_context *ctx, uint64_t size)
 	pthread_mutex_lock(&ctx->map_lock);
 	struct sv_dm_pool *pool = ctx->dm_pool;
 	if (!pool && (pool = calloc(1, sizeof(*pool)))) {
-		pool->fd = memfd_create("softverbs-dm", MFD_CLOEXEC);
+		pool->fd = sv_sealed_memfd("softverbs-dm", size);
 		pool->size = size;
-		pool->base = pool->fd < 0 || ftruncate(pool->fd, (off_t)size) ? MAP_FAILED
+		pool->base = pool->fd < 0 ? MAP_FAILED
 			     : mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, pool->fd, 0);
 		if (pool->base == MAP_FAILED) {
 			if (pool->fd >= 0)
