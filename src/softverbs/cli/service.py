@@ -42,6 +42,7 @@ import time
 from typing import Any
 
 from softverbs import config
+from softverbs.service import command as service_command
 from softverbs.service import protocol
 
 START_TIMEOUT = 15.0
@@ -178,7 +179,7 @@ def _start(path: str, foreground: bool, verbose: bool) -> int:
     log_path = path + ".log"
     with open(log_path, "ab") as log:
         child = subprocess.Popen(
-            [sys.executable, "-m", "softverbs.service.server", *argv],
+            service_command(*argv),
             stdin=subprocess.DEVNULL, stdout=log, stderr=log,
             start_new_session=True, close_fds=True,
         )  # fmt: skip
