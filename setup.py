@@ -60,7 +60,12 @@ DIRECTIVES = {"language_level": 3, "annotation_typing": False}
 
 def _extensions() -> list[Extension]:
     modules = _import_from_src("compiled").MODULES
-    return [Extension(name, [os.path.join("src", *name.split(".")) + ".py"]) for name in modules]
+    # -g0: no debug information for the generated C (tens of thousands of lines a
+    # module), which would slow the build and make the files several times larger
+    return [
+        Extension(name, [os.path.join("src", *name.split(".")) + ".py"], extra_compile_args=["-g0"])
+        for name in modules
+    ]
 
 
 class BuildHotModules(build_ext):

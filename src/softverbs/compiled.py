@@ -49,6 +49,12 @@ MODULES: tuple[str, ...] = (
     "softverbs.device.memory",
     "softverbs.service.protocol",
     "softverbs.service.server",
+    "softverbs.fabric.runtime",
+    "softverbs.verbs.base",
+    "softverbs.verbs.cq",
+    "softverbs.verbs.provider",
+    "softverbs.verbs.qp",
+    "softverbs.verbs.wr",
 )
 
 #: the environment switch that runs the .py files even where compiled ones exist
