@@ -138,3 +138,16 @@ def test_install_without_a_compiler_runs_interpreted(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stdout + r.stderr
     assert json.loads(r.stdout)["iterations"] == 20
 
+
+
+def test_service_reports_its_mode(host_service: str) -> None:
+    """The service (started through ``python -m softverbs.service``, which works
+    compiled) runs in this process's mode and says so in its status."""
+    from softverbs.cli.service import fetch_status
+
+    stats = fetch_status(host_service)
+    assert stats is not None and stats["mode"] == compiled.mode()
+    r = subprocess.run([sys.executable, "-m", "softverbs", "service", "status", "--socket",
+                        host_service], capture_output=True, text=True, timeout=60,
+                       check=False)  # fmt: skip
+    assert r.returncode == 0 and f"mode: {compiled.mode()}\n" in r.stdout, r

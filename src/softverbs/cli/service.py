@@ -267,6 +267,7 @@ def _status(path: str, as_json: bool) -> int:
         print(json.dumps(stats, indent=2, sort_keys=True))
         return 0
     print(f"softverbsd: running on {path} (pid {stats['pid']})")
+    print(f"mode: {stats.get('mode', 'unknown')}")
     print(f"devices: {', '.join(stats.get('devices', [])) or 'none open'}")
     print(f"clients: {stats['clients']}")
     for proc in stats.get("processes", []):
