@@ -163,7 +163,9 @@ def main() -> int:
         return compare(args, sizes)
     progress = Progress(2 * len(sizes) + 2, args.quiet)
     run_dir = tempfile.mkdtemp(prefix="svpt", dir="/tmp")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SOFTVERBS_")}
+    # the service runs in the mode asked of this run (SOFTVERBS_PURE, bench_modes.py)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("SOFTVERBS_") or k == "SOFTVERBS_PURE"}  # fmt: skip
     env["SOFTVERBS_SERVICE"] = os.path.join(run_dir, "sv.sock")  # a fresh service, this run's
     bw: dict[int, tuple[float, float]] = {}
     cpu: dict[str, float] = {}

@@ -50,6 +50,7 @@ from progress import Progress, add_quiet
 
 import softverbs
 from softverbs import Context
+from softverbs.service import command as service_command
 from softverbs.verbs import registry
 
 
@@ -61,7 +62,7 @@ def served_device() -> Iterator[None]:
     d = tempfile.mkdtemp(prefix="svbench", dir="/tmp")  # a Unix socket path is short
     path = os.path.join(d, "sv.sock")
     env = {k: v for k, v in os.environ.items() if not k.startswith("SOFTVERBS_")}
-    proc = subprocess.Popen([sys.executable, "-m", "softverbs.service.server", "--socket", path],
+    proc = subprocess.Popen(service_command("--socket", path),
                             env=env, stdout=subprocess.DEVNULL)  # fmt: skip
     world = None
     try:

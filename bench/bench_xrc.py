@@ -299,7 +299,9 @@ def _device() -> dict[str, Any]:
 
 
 def _start_service(path: str) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen([sys.executable, "-m", "softverbs.service.server", "--socket", path],
+    from softverbs.service import command as service_command
+
+    proc = subprocess.Popen(service_command("--socket", path),
                             stdout=subprocess.DEVNULL)  # fmt: skip
     from softverbs.service.client import Connection
 

@@ -23,14 +23,15 @@ def host_service() -> Iterator[str]:
     the tests that run on every kind of device use as the 'host' kind."""
     import shutil
     import subprocess
-    import sys
     import tempfile
     import time
+
+    from softverbs.service import command as service_command
 
     d = tempfile.mkdtemp(prefix="svsc", dir="/tmp")  # a Unix socket path is short
     path = os.path.join(d, "sv.sock")
     env = {k: v for k, v in os.environ.items() if k != "SOFTVERBS_SERVICE"}
-    proc = subprocess.Popen([sys.executable, "-m", "softverbs.service.server", "--socket", path],
+    proc = subprocess.Popen(service_command("--socket", path),
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
     end = time.monotonic() + 20
     while not os.path.exists(path):

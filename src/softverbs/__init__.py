@@ -12,8 +12,17 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from softverbs import compiled as _compiled
+
+# SOFTVERBS_PURE=1: the hot modules load from their .py even where compiled
+# ones are installed (softverbs.compiled); this must run before any of them
+_compiled.install_pure_hook()
+
 if TYPE_CHECKING:
     from softverbs import enums
+
+    #: whether the hot modules run compiled (Cython); softverbs.compiled.mode() says more
+    COMPILED: bool
     from softverbs.enums import IBV_SEND_DEFER
     from softverbs.errors import PyverbsError, PyverbsRDMAError, PyverbsUserError, VerbsError
     from softverbs.sim import Simulation
@@ -60,6 +69,8 @@ _HOMES: dict[str, str] = {
 
 
 def __getattr__(name: str) -> Any:
+    if name == "COMPILED":  # not cached: SOFTVERBS_PURE is read at import
+        return bool(_compiled.compiled_modules())
     home = _HOMES.get(name)
     if home is not None:
         value = getattr(importlib.import_module(home), name)
@@ -82,6 +93,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AH",
+    "COMPILED",
     "CQ",
     "GID",
     "GRH",

@@ -70,9 +70,11 @@ class Parser(argparse.ArgumentParser):
 
 
 def version() -> str:
+    """The version, and whether the hot modules run compiled (softverbs.compiled)."""
     from softverbs import __version__
+    from softverbs.compiled import mode
 
-    return f"softverbs {__version__}"
+    return f"softverbs {__version__}, {mode()}"
 
 
 def _top_parser() -> Parser:

@@ -42,6 +42,7 @@ import time
 from typing import Any
 
 from softverbs import config
+from softverbs.service import command as service_command
 from softverbs.service import protocol
 
 START_TIMEOUT = 15.0
@@ -199,7 +200,7 @@ def _start(path: str, foreground: bool, verbose: bool) -> int:
     log_path = path + ".log"
     with open(log_path, "ab") as log:
         child = subprocess.Popen(
-            [sys.executable, "-m", "softverbs.service.server", *argv],
+            service_command(*argv),
             stdin=subprocess.DEVNULL, stdout=log, stderr=log,
             start_new_session=True, close_fds=True,
         )  # fmt: skip
@@ -299,6 +300,7 @@ def _status(path: str, as_json: bool) -> int:
         print(json.dumps(stats, indent=2, sort_keys=True))
         return 0
     print(f"softverbsd: running on {path} (pid {stats['pid']})")
+    print(f"mode: {stats.get('mode', 'unknown')}")
     print(f"devices: {', '.join(stats.get('devices', [])) or 'none open'}")
     print(f"clients: {stats['clients']}")
     for proc in stats.get("processes", []):

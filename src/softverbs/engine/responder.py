@@ -113,6 +113,17 @@ class Msg(IntEnum):
 #: the message kind -> the state inside such a message
 _INSIDE: dict[Kind, Msg] = {Kind.SEND: Msg.SEND, Kind.WRITE: Msg.WRITE}
 
+# Enum members as module constants: a class attribute lookup of an IntEnum
+# member costs several times a global's, on the path of every packet
+_K_ATOMIC = Kind.ATOMIC
+_K_READ_REQ = Kind.READ_REQ
+_K_SEND = Kind.SEND
+_K_WRITE = Kind.WRITE
+_MSG_DROPPING = Msg.DROPPING
+_MSG_IDLE = Msg.IDLE
+_MSG_SEND = Msg.SEND
+_MSG_WRITE = Msg.WRITE
+
 
 class Responder:
     """The receive side of a QP (see the module docstring)."""
@@ -128,7 +139,7 @@ class Responder:
         self.epsn = qp.rq_psn  #: the next PSN to execute
         self.msn = 0  #: messages completed (the AETH's MSN)
         self.rq_next = qp.rq.db if qp.rq is not None else 0  #: next receive WQE
-        self.msg = Msg.IDLE
+        self.msg = _MSG_IDLE
         self.nak_sent = False  #: RC: the current gap was NAKed; silent until it closes
         self.rqe: RecvWQE | None = None  #: the receive WQE of the message in progress
         self.views: list[memoryview] = []  #: its buffers
@@ -167,11 +178,11 @@ class Responder:
         if self._out_of_sequence(info):
             self._fail(pkt, NAK_INVALID_REQUEST, now, "unexpected opcode in the message sequence")
             return
-        if kind is Kind.SEND:
+        if kind is _K_SEND:
             self._recv_send(pkt, info, now)
-        elif kind is Kind.WRITE:
+        elif kind is _K_WRITE:
             self._recv_write(pkt, info, now)
-        elif kind is Kind.READ_REQ:
+        elif kind is _K_READ_REQ:
             self._recv_read(pkt, now)
         else:
             self._recv_atomic(pkt, info, now)
@@ -179,7 +190,7 @@ class Responder:
     def _out_of_sequence(self, info: OpInfo) -> bool:
         """A FIRST or ONLY inside a message, or a MIDDLE or LAST outside one or of
         another kind."""
-        inside = self.msg is Msg.SEND or self.msg is Msg.WRITE
+        inside = self.msg is _MSG_SEND or self.msg is _MSG_WRITE
         return inside == info.first or (inside and _INSIDE.get(info.kind) is not self.msg)
 
     def _accept(self, pkt: Packet, n: int = 1, asked: bool | None = None) -> None:
@@ -228,21 +239,21 @@ class Responder:
         info = OPINFO[b.opcode]
         assert info is not None
         kind = info.kind
-        if b.psn != self.epsn or kind not in (Kind.SEND, Kind.WRITE):
+        if b.psn != self.epsn or kind not in (_K_SEND, _K_WRITE):
             return 0
         if self.qp.reliable:
             if self._out_of_sequence(info):
                 return 0
-        elif self.msg is Msg.DROPPING or (
-            self.msg is not Msg.IDLE if info.first else _INSIDE[kind] is not self.msg
+        elif self.msg is _MSG_DROPPING or (
+            self.msg is not _MSG_IDLE if info.first else _INSIDE[kind] is not self.msg
         ):
             return 0  # UC: a resynchronisation, a dropped message: one by one
         size = k * b.seg
-        if kind is Kind.WRITE:
+        if kind is _K_WRITE:
             if info.first:
                 if size > b.dma_len:
                     return 0
-                view = self._remote(b, Kind.WRITE, b.va, b.dma_len, now)
+                view = self._remote(b, _K_WRITE, b.va, b.dma_len, now)
                 if view is None:
                     return 1  # the first packet failed (NAKed, or dropped on UC)
                 self.wview = view
@@ -410,7 +421,7 @@ class Responder:
                 self._rnr(pkt)
             else:
                 qp.hca.counters["drop_no_rqe"] += 1
-                self.msg = Msg.DROPPING
+                self.msg = _MSG_DROPPING
             return False
         views = self._rqe_views(rqe, self._rqe_pd(pkt))
         if isinstance(views, str):
@@ -441,7 +452,7 @@ class Responder:
             return
         self.off += n
         if not info.last:
-            self.msg = Msg.SEND
+            self.msg = _MSG_SEND
             self._accept(pkt)
             return
         rqe = self.rqe
@@ -459,7 +470,7 @@ class Responder:
             flags = IBV_WC_WITH_INV
             imm = pkt.inv_rkey
         self.rqe = None
-        self.msg = Msg.IDLE
+        self.msg = _MSG_IDLE
         self.msn = P.add(self.msn, 1)
         self._complete_rqe(rqe, IBV_WC_SUCCESS, self.off, IBV_WC_RECV, flags, imm,
                            solicited=pkt.se)  # fmt: skip
@@ -468,7 +479,7 @@ class Responder:
     # --- WRITE ---------------------------------------------------------------------
     def _recv_write(self, pkt: Packet, info: OpInfo, now: float) -> None:
         if info.first:
-            view = self._remote(pkt, Kind.WRITE, pkt.va, pkt.dma_len, now)
+            view = self._remote(pkt, _K_WRITE, pkt.va, pkt.dma_len, now)
             if view is None:
                 return
             self.wview = view
@@ -496,10 +507,10 @@ class Responder:
             view[off : off + n] = payload
         self.off = off + n
         if not info.last:
-            self.msg = Msg.WRITE
+            self.msg = _MSG_WRITE
             self._accept(pkt)
             return
-        self.msg = Msg.IDLE
+        self.msg = _MSG_IDLE
         self.wview = None
         self.msn = P.add(self.msn, 1)
         if info.imm:
@@ -516,7 +527,7 @@ class Responder:
         right = _REMOTE_RIGHT[kind]
         if not qp.access & right:
             reason = f"QP {qp.qpn:#x} does not allow remote {kind.name.lower()}s"
-        elif length == 0 and kind is not Kind.ATOMIC:
+        elif length == 0 and kind is not _K_ATOMIC:
             # zero-length: the R_Key is not checked; writable, as a WRITE stores into it
             return memoryview(bytearray())
         else:
@@ -528,16 +539,16 @@ class Responder:
             self._fail(pkt, NAK_REMOTE_ACCESS_ERROR, now, reason)
         else:
             qp.hca.counters["drop_uc_access"] += 1
-            self.msg = Msg.DROPPING
+            self.msg = _MSG_DROPPING
         return None
 
     # --- READ ----------------------------------------------------------------------
     def _recv_read(self, pkt: Packet, now: float) -> None:
-        view = self._remote(pkt, Kind.READ_REQ, pkt.va, pkt.dma_len, now)
+        view = self._remote(pkt, _K_READ_REQ, pkt.va, pkt.dma_len, now)
         if view is None:
             return
         n = max(1, -(-pkt.dma_len // self.qp.pmtu))
-        self._remember((pkt.psn, n, Kind.READ_REQ, pkt.va, pkt.rkey, pkt.dma_len, 0))
+        self._remember((pkt.psn, n, _K_READ_REQ, pkt.va, pkt.rkey, pkt.dma_len, 0))
         self.epsn = P.add(self.epsn, n)
         self.nak_sent = False
         self.msn = P.add(self.msn, 1)
@@ -563,7 +574,7 @@ class Responder:
                 pkt, NAK_INVALID_REQUEST, now, f"atomic address {pkt.va:#x} is not 8-byte aligned"
             )
             return
-        view = self._remote(pkt, Kind.ATOMIC, pkt.va, 8, now)
+        view = self._remote(pkt, _K_ATOMIC, pkt.va, 8, now)
         if view is None:
             return
         orig = int.from_bytes(view, NATIVE)
@@ -572,7 +583,7 @@ class Responder:
                 view[:] = (pkt.swap_add & _MASK64).to_bytes(8, NATIVE)
         else:
             view[:] = ((orig + pkt.swap_add) & _MASK64).to_bytes(8, NATIVE)
-        self._remember((pkt.psn, 1, Kind.ATOMIC, pkt.va, pkt.rkey, 8, orig))
+        self._remember((pkt.psn, 1, _K_ATOMIC, pkt.va, pkt.rkey, 8, orig))
         self.epsn = P.add(self.epsn, 1)
         self.nak_sent = False
         self.msn = P.add(self.msn, 1)
@@ -598,7 +609,7 @@ class Responder:
         counters = qp.hca.counters
         qp.count("duplicate_request")
         kind = info.kind
-        if kind is Kind.READ_REQ or kind is Kind.ATOMIC:
+        if kind is _K_READ_REQ or kind is _K_ATOMIC:
             for entry in self.replay:
                 off = P.diff(pkt.psn, entry[_R_PSN])
                 if entry[_R_KIND] == kind and 0 <= off < entry[_R_NPKTS]:
@@ -606,7 +617,7 @@ class Responder:
             else:
                 counters["drop_duplicate_too_old"] += 1
                 return
-            if kind is Kind.ATOMIC:
+            if kind is _K_ATOMIC:
                 self._send_atomic_ack(pkt, entry[_R_ORIG])
                 return
             # Execute the READ again from the requested PSN (IBA 9.7.5.1.2).
@@ -622,18 +633,18 @@ class Responder:
 
     # --- UC -------------------------------------------------------------------------------
     def _uc_receive(self, pkt: Packet, info: OpInfo, now: float) -> None:
-        in_order = pkt.psn == self.epsn and self.msg is not Msg.DROPPING
+        in_order = pkt.psn == self.epsn and self.msg is not _MSG_DROPPING
         if info.first:
-            if self.msg is not Msg.IDLE or not in_order:
+            if self.msg is not _MSG_IDLE or not in_order:
                 self.qp.hca.counters["uc_resync"] += 1
-            self.msg = Msg.IDLE
+            self.msg = _MSG_IDLE
             self.epsn = pkt.psn
         elif not in_order or _INSIDE.get(info.kind) is not self.msg:
             self.qp.hca.counters["drop_uc_missing_packet"] += 1
-            self.msg = Msg.DROPPING
+            self.msg = _MSG_DROPPING
             self.wview = None
             return
-        if info.kind is Kind.SEND:
+        if info.kind is _K_SEND:
             self._recv_send(pkt, info, now)
         else:
             self._recv_write(pkt, info, now)
@@ -683,7 +694,7 @@ class Responder:
         qp = self.qp
         rqe = self.rqe
         self.rqe = None
-        self.msg = Msg.IDLE
+        self.msg = _MSG_IDLE
         self.wview = None
         if rqe is not None:
             self._flush_rqe(rqe)

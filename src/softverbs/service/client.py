@@ -59,6 +59,7 @@ from softverbs.engine.rings import (
 from softverbs.errors import PyverbsRDMAError, eopnotsupp
 from softverbs.fabric.runtime import Clock, MonotonicClock
 from softverbs.layout import Record
+from softverbs.service import command as service_command
 from softverbs.service import protocol
 from softverbs.verbs.memory import Memory, address_of
 from softverbs.verbs.provider import Attach
@@ -228,8 +229,7 @@ def _spawn_service(path: str) -> None:
     # packets through the FAULTS and CAPTURE operations, not the service to all
     env = {k: v for k, v in os.environ.items() if k not in _PER_PROCESS}
     subprocess.Popen(
-        [sys.executable, "-m", "softverbs.service.server", "--socket", path,
-         "--idle-exit", str(idle_exit())],
+        service_command("--socket", path, "--idle-exit", str(idle_exit())),
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True, close_fds=True, env=env,
     )  # fmt: skip

@@ -61,7 +61,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any
 
-from softverbs import config
+from softverbs import compiled, config
 from softverbs.device import api
 from softverbs.device.core import ALLOWED_OPCODES, Owner, Resources
 from softverbs.device.memory import ProcessMemory
@@ -775,6 +775,7 @@ class Service:
         hcas = [d.hca for d in self._devices() if d.hca is not None]
         out = {
             "pid": os.getpid(), "socket": self.path, "uptime": time.monotonic() - self.started,
+            "mode": compiled.mode(),  # compiled with Cython, or interpreted
             "idle_exit": self.idle_exit, "clients": len(others), "processes": others,
             "objects": dict(live), "devices": sorted(d.name for d in self._devices()),
             "engine_qps": sum(len(h.qps) for h in hcas), "keys": sum(len(h.keys) for h in hcas),

@@ -84,6 +84,10 @@ _FENCE = int(IBV_SEND_FENCE)
 _SOLICITED = int(IBV_SEND_SOLICITED)
 _ALLOWED_SEND_FLAGS = SEND_FLAGS | _DEFER
 _INLINE_OK = (WrClass.SEND, WrClass.WRITE)
+#: WR classes that address remote memory; enum members as module constants,
+#: since a class attribute lookup of an IntEnum member costs several times a global's
+_REMOTE_CLASSES = (WrClass.WRITE, WrClass.READ, WrClass.ATOMIC)
+_ATOMIC = WrClass.ATOMIC
 _POST_SEND_STATES = (IBV_QPS_RTS, IBV_QPS_SQD, IBV_QPS_SQE, IBV_QPS_ERR)
 
 
@@ -704,10 +708,10 @@ class QP(PyverbsCM):
             wqe.imm = _htobe32(w.imm_data)
         if opcode in (IBV_WR_SEND_WITH_INV, IBV_WR_LOCAL_INV):
             wqe.inv_rkey = w.imm_data & 0xFFFFFFFF
-        if info.klass in (WrClass.WRITE, WrClass.READ, WrClass.ATOMIC):
+        if info.klass in _REMOTE_CLASSES:
             wqe.rkey = w.rkey_remote
             wqe.remote_addr = w.remote_addr
-        if info.klass is WrClass.ATOMIC:
+        if info.klass is _ATOMIC:
             wqe.compare_add = w.compare_add & 0xFFFFFFFFFFFFFFFF
             wqe.swap = w.swap & 0xFFFFFFFFFFFFFFFF
         if qp_type == IBV_QPT_UD:

@@ -31,6 +31,8 @@ def source_of(module: str) -> tuple[Path, ast.Module]:
     mod = importlib.import_module(module)
     assert mod.__file__ is not None
     path = Path(mod.__file__)
+    if path.suffix != ".py":  # compiled (softverbs.compiled): its source is beside it
+        path = path.with_name(module.rpartition(".")[2] + ".py")
     return path, ast.parse(path.read_text(), str(path))
 
 

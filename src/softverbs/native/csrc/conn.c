@@ -127,7 +127,7 @@ static int spawn_service(const char *path, int is_default)
 			mkdir(dir, 0700);
 	}
 	const char *idle = getenv("SOFTVERBS_IDLE_EXIT");
-	char *argv[] = {(char *)python, "-m", "softverbs.service.server", "--socket", (char *)path,
+	char *argv[] = {(char *)python, "-m", "softverbs.service", "--socket", (char *)path,
 			"--idle-exit", (char *)(idle && *idle ? idle : "60"), NULL};
 	posix_spawnattr_t attr;
 	posix_spawnattr_init(&attr);

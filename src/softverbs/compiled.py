@@ -1,0 +1,141 @@
+"""One source, two speeds: which of softverbs' modules run compiled.
+
+The hot modules (:data:`MODULES`) are ordinary ``.py`` files and the only
+implementation.  ``pip install`` compiles them with Cython in pure-Python mode
+when Cython and a C compiler are present (``setup.py``); the extension module
+is then installed beside its ``.py`` and Python's import system prefers it.
+Without a compiler nothing is compiled and the package runs interpreted: the
+behaviour is the same, only slower.  A few of the modules have a ``.pxd``
+beside them that makes their hottest classes C extension types with typed
+attributes; the ``.py`` stays valid Python for the interpreted mode.
+
+``SOFTVERBS_PURE=1`` runs the ``.py`` files even where the compiled modules
+are installed, so one install can be tested both ways: ``softverbs/__init__``
+calls :func:`install_pure_hook` before any of these modules is imported, and
+the hook finds each of them as source.  :func:`mode` says which is running
+(``softverbs --version``, ``softverbs devinfo``, ``softverbs.COMPILED``).
+
+This module is imported by ``setup.py`` from the source tree, so it imports
+nothing of softverbs.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+
+#: the modules compiled when a compiler is there (dotted names; never a package's __init__)
+MODULES: tuple[str, ...] = (
+    "softverbs.layout",
+    "softverbs.hostmem",
+    "softverbs.engine.core",
+    "softverbs.engine.hca",
+    "softverbs.engine.memory",
+    "softverbs.engine.psn",
+    "softverbs.engine.qp",
+    "softverbs.engine.qpstate",
+    "softverbs.engine.requester",
+    "softverbs.engine.responder",
+    "softverbs.engine.rings",
+    "softverbs.wire.codec",
+    "softverbs.wire.opcodes",
+    "softverbs.wire.packet",
+    "softverbs.device.core",
+    "softverbs.device.memory",
+    "softverbs.service.protocol",
+    "softverbs.service.server",
+    "softverbs.fabric.runtime",
+    "softverbs.verbs.base",
+    "softverbs.verbs.cq",
+    "softverbs.verbs.provider",
+    "softverbs.verbs.qp",
+    "softverbs.verbs.wr",
+)
+
+#: the environment switch that runs the .py files even where compiled ones exist
+PURE_ENV = "SOFTVERBS_PURE"
+
+
+def pure_requested() -> bool:
+    """Whether ``SOFTVERBS_PURE`` asks for the interpreted modules."""
+    return os.environ.get(PURE_ENV, "").strip().lower() not in ("", "0", "no", "false")
+
+
+#: a compiled module older than its .py by more than this (seconds) is stale
+#: (the .py was edited after the build); the margin covers an install that
+#: writes the .py just after the extension
+STALE_AFTER = 2.0
+
+#: the modules found stale and imported from source instead
+stale: set[str] = set()
+
+
+class _SourceFirst(importlib.abc.MetaPathFinder):
+    """Imports a module of :data:`MODULES` from its ``.py`` when interpreted
+    mode is asked for, or when its compiled module is stale; otherwise it
+    leaves the module to the ordinary finders (which prefer the extension)."""
+
+    def __init__(self, pure: bool) -> None:
+        self.pure = pure
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in MODULES or not path:
+            return None
+        leaf = fullname.rpartition(".")[2]
+        for entry in path:
+            source = os.path.join(entry, leaf + ".py")
+            if not os.path.isfile(source):
+                continue
+            if not self.pure:
+                built = [
+                    os.path.join(entry, leaf + s) for s in importlib.machinery.EXTENSION_SUFFIXES
+                ]
+                built = [b for b in built if os.path.isfile(b)]
+                if (
+                    not built
+                    or os.path.getmtime(source) <= os.path.getmtime(built[0]) + STALE_AFTER
+                ):
+                    return None
+                stale.add(fullname)
+            return importlib.util.spec_from_file_location(fullname, source)
+        return None
+
+
+def install_pure_hook() -> None:
+    """Import the listed modules from source under ``SOFTVERBS_PURE``, or where stale."""
+    if not any(isinstance(f, _SourceFirst) for f in sys.meta_path):
+        sys.meta_path.insert(0, _SourceFirst(pure_requested()))
+
+
+def _is_compiled(name: str) -> bool:
+    module = sys.modules.get(name)
+    spec = module.__spec__ if module is not None else None
+    if spec is None:
+        try:
+            spec = importlib.util.find_spec(name)
+        except ImportError:
+            return False
+    return isinstance(spec.loader if spec else None, importlib.machinery.ExtensionFileLoader)
+
+
+def compiled_modules() -> list[str]:
+    """The modules of :data:`MODULES` that import (or have imported) compiled."""
+    return [name for name in MODULES if _is_compiled(name)]
+
+
+def mode() -> str:
+    """``compiled (N of M modules)``, or ``interpreted`` with the reason."""
+    done = compiled_modules()
+    if done:
+        note = f"; stale, run from source: {', '.join(sorted(stale))}" if stale else ""
+        return f"compiled ({len(done)} of {len(MODULES)} modules, Cython{note})"
+    if pure_requested():
+        return f"interpreted ({PURE_ENV} is set)"
+    return "interpreted (no compiled modules installed)"
