@@ -254,7 +254,7 @@ def test_a_service_started_with_the_variable_traces_its_devices(tmp_path: Path) 
     service_trace, client_trace = tmp_path / "service.jsonl", tmp_path / "client.jsonl"
     env = cli_env(tmp_path, SOFTVERBS_INPROC_DEVICES="sv0,sv1",
                   SOFTVERBS_TRACE=str(service_trace))  # fmt: skip
-    proc = subprocess.Popen([sys.executable, "-m", "softverbs.service.server", "--socket",
+    proc = subprocess.Popen([sys.executable, "-m", "softverbs.service", "--socket",
                              str(sock)], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)  # fmt: skip
     try:
@@ -287,7 +287,7 @@ def test_a_service_started_with_the_variable_traces_its_devices(tmp_path: Path) 
 def test_a_service_with_an_unwritable_trace_file_does_not_start(tmp_path: Path) -> None:
     path = str(tmp_path / "no" / "such" / "t.jsonl")
     sock = str(tmp_path / "sv.sock")
-    r = subprocess.run([sys.executable, "-m", "softverbs.service.server", "--socket", sock],
+    r = subprocess.run([sys.executable, "-m", "softverbs.service", "--socket", sock],
                        env=cli_env(tmp_path, SOFTVERBS_TRACE=path), capture_output=True,
                        text=True, timeout=TIMEOUT, check=False)  # fmt: skip
     assert r.returncode == 1
