@@ -46,4 +46,30 @@ static inline int poll_n(struct ibv_cq *cq, struct ibv_wc *wc, int n)
 	return got;
 }
 
+/* Move an RC QP through INIT and RTR to RTS towards QP `dest` at `gid` (GID index 1 on
+ * both sides, port 1), granting `access`, with `mtu` and `rd_atomic` reads or atomics in
+ * flight each way; 0 or -1. */
+static inline int connect_rc(struct ibv_qp *qp, uint32_t dest, const union ibv_gid *gid,
+			     int access, enum ibv_mtu mtu, uint8_t rd_atomic)
+{
+	struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT, .port_num = 1,
+				.qp_access_flags = (unsigned)access};
+	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+			  IBV_QP_ACCESS_FLAGS))
+		return -1;
+	a = (struct ibv_qp_attr){
+		.qp_state = IBV_QPS_RTR, .path_mtu = mtu, .dest_qp_num = dest,
+		.max_dest_rd_atomic = rd_atomic, .min_rnr_timer = 1,
+		.ah_attr = {.is_global = 1, .port_num = 1,
+			    .grh = {.dgid = *gid, .sgid_index = 1, .hop_limit = 64}},
+	};
+	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+			  IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+		return -1;
+	a = (struct ibv_qp_attr){.qp_state = IBV_QPS_RTS, .timeout = 14, .retry_cnt = 7,
+				 .rnr_retry = 7, .max_rd_atomic = rd_atomic};
+	return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+			     IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+}
+
 #endif

@@ -31,36 +31,7 @@
 
 enum op { OP_WRITE, OP_READ, OP_SEND };
 
-static int connect_qp(struct ibv_qp *qp, uint32_t dest, const union ibv_gid *gid)
-{
-	struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT, .port_num = 1,
-				.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ};
-	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-				  IBV_QP_ACCESS_FLAGS))
-		return -1;
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IBV_QPS_RTR;
-	a.path_mtu = IBV_MTU_4096;
-	a.dest_qp_num = dest;
-	a.max_dest_rd_atomic = 1;
-	a.min_rnr_timer = 1;
-	a.ah_attr.is_global = 1;
-	a.ah_attr.port_num = 1;
-	a.ah_attr.grh.dgid = *gid;
-	a.ah_attr.grh.sgid_index = 1;
-	a.ah_attr.grh.hop_limit = 1;
-	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-				  IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-		return -1;
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IBV_QPS_RTS;
-	a.timeout = 14;
-	a.retry_cnt = 7;
-	a.rnr_retry = 7;
-	a.max_rd_atomic = 1;
-	return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-				     IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
-}
+#define RW (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ)
 
 /* the byte at offset i of iteration it's message: differs from one
  * iteration to the next at every offset */
@@ -113,8 +84,8 @@ int main(int argc, char **argv)
 	struct ibv_mr *smr = b && src ? ibv_reg_mr(pd, src, max, acc) : NULL;
 	struct ibv_mr *dmr = smr && dst ? ibv_reg_mr(pd, dst, max, acc) : NULL;
 	union ibv_gid gid;
-	if (!dmr || ibv_query_gid(ctx, 1, 1, &gid) || connect_qp(a, b->qp_num, &gid) ||
-	    connect_qp(b, a->qp_num, &gid)) {
+	if (!dmr || ibv_query_gid(ctx, 1, 1, &gid) || connect_rc(a, b->qp_num, &gid, RW, IBV_MTU_4096, 1) ||
+	    connect_rc(b, a->qp_num, &gid, RW, IBV_MTU_4096, 1)) {
 		printf("FAIL setup\n");
 		return 2;
 	}

@@ -78,28 +78,6 @@ static int make_end(struct ibv_context *ctx, struct ibv_pd *pd, struct end *e)
 	return e->mqp ? 0 : -1;
 }
 
-static int connect_qp(struct ibv_qp *qp, uint32_t remote_qpn, union ibv_gid *gid)
-{
-	struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT, .port_num = 1,
-				.qp_access_flags = RW};
-	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-			  IBV_QP_ACCESS_FLAGS))
-		return -1;
-	a = (struct ibv_qp_attr){
-		.qp_state = IBV_QPS_RTR, .path_mtu = IBV_MTU_1024, .dest_qp_num = remote_qpn,
-		.max_dest_rd_atomic = 4, .min_rnr_timer = 1,
-		.ah_attr = {.is_global = 1, .port_num = 1,
-			    .grh = {.dgid = *gid, .sgid_index = 1, .hop_limit = 64}},
-	};
-	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-			  IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-		return -1;
-	a = (struct ibv_qp_attr){.qp_state = IBV_QPS_RTS, .timeout = 14, .retry_cnt = 7,
-				 .rnr_retry = 7, .max_rd_atomic = 4};
-	return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-			     IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
-}
-
 static int qp_state(struct ibv_qp *qp)
 {
 	struct ibv_qp_attr a;
@@ -151,8 +129,8 @@ int main(void)
 	if (!pd || ibv_query_gid(ctx, 1, 1, &gid))
 		return printf("FAIL setup\n"), 2;
 	int made = make_end(ctx, pd, &t) == 0 && make_end(ctx, pd, &i) == 0;
-	check(made && connect_qp(t.qp, i.qp->qp_num, &gid) == 0 &&
-		      connect_qp(i.qp, t.qp->qp_num, &gid) == 0,
+	check(made && connect_rc(t.qp, i.qp->qp_num, &gid, RW, IBV_MTU_1024, 4) == 0 &&
+		      connect_rc(i.qp, t.qp->qp_num, &gid, RW, IBV_MTU_1024, 4) == 0,
 	      "mlx5dv_create_qp: two RC QPs with SIG_PIPELINING and MKEY_CONFIGURE, in RTS");
 	if (!made)
 		return 1;
