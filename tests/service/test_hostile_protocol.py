@@ -24,6 +24,7 @@ import pytest
 import rawclient as rc
 from svkit import ServiceProc
 
+import softverbs
 from softverbs.enums import (
     IBV_ACCESS_LOCAL_WRITE,
     IBV_ACCESS_REMOTE_READ,
@@ -246,7 +247,10 @@ def test_cli_of_other_uid_prints_the_reason(service: ServiceProc) -> None:
     that the running service refused them -- never "not running", never
     "Connection reset by peer"."""
     prefix = _as_nobody(service)
-    env = {**os.environ, "SOFTVERBS_SERVICE": service.path, "HOME": "/tmp"}
+    # this checkout on the path: an editable install's finder need not be
+    # usable by another uid (it was not in CI)
+    src = os.path.dirname(os.path.dirname(os.path.abspath(softverbs.__file__)))
+    env = {**os.environ, "SOFTVERBS_SERVICE": service.path, "HOME": "/tmp", "PYTHONPATH": src}
     for args in (("service", "status"), ("res",)):
         out = _cli(env, *args, prefix=prefix)
         assert out.returncode != 0, out.stdout
