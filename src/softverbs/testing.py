@@ -344,7 +344,7 @@ def endpoint(ctx: Any, qp_type: int = IBV_QPT_RC, depth: int = 64, mr_size: int 
 
 
 def _gid_index(ctx: Any) -> int:
-    from softverbs.cli.pingpong import default_gid_index
+    from softverbs.verbs.addr import default_gid_index
 
     return int(default_gid_index(ctx))
 

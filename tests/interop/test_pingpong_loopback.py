@@ -39,7 +39,7 @@ from pingpong_kit import (
     wait_listening,
 )
 
-from softverbs.cli.pingpong import Dest
+from softverbs.samples.pingpong import Dest
 
 GOLDEN = ROOT / "tests" / "data" / "golden"
 WIRE = re.compile(rb"[0-9a-f]{4}:[0-9a-f]{6}:[0-9a-f]{6}:[0-9a-f]{32}\0")

@@ -110,7 +110,7 @@ def pd(ctx: Context) -> PD:
 def gid_index(ctx: Context) -> int:
     """The device's IPv4 RoCEv2 GID: index 1 on an in-process or host device (0
     is the link-local one), 0 on a UDP link bound to one address."""
-    from softverbs.cli.pingpong import default_gid_index
+    from softverbs.verbs.addr import default_gid_index
 
     return default_gid_index(ctx)
 

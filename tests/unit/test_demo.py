@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from softverbs.cli.demo import LAT_MEASURE_TAIL, latency_stats
+from softverbs.samples.demo import LAT_MEASURE_TAIL, latency_stats
 
 ROOT = Path(__file__).resolve().parents[2]
 NUM = r"\d+\.\d\d"
@@ -185,7 +185,7 @@ def test_rendezvous_messages_are_lines_however_tcp_cuts_them(
     one receive then holds both, or a message and part of the next.  (The demo read
     until a receive ended with a newline, and took two messages for garbage: "the other
     side is not a softverbs demo", now and then, in the two-process test.)"""
-    from softverbs.cli import demo
+    from softverbs.samples import demo
 
     ours, theirs = socket.socketpair()
     with ours, theirs:

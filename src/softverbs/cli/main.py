@@ -1,7 +1,8 @@
 """``softverbs``: the command-line entry point.
 
-Each subcommand lives in its own module under :mod:`softverbs.cli` and
-exposes ``add_arguments(parser)`` and ``run(args) -> int``.  The table
+Each subcommand lives in its own module -- the tools under
+:mod:`softverbs.cli`, the sample programs under :mod:`softverbs.samples` --
+and exposes ``add_arguments(parser)`` and ``run(args) -> int``.  The table
 below is the only place that lists them.  A module is imported only when
 its subcommand runs, so ``softverbs --help`` is fast and one subcommand's
 import error cannot break the others.
@@ -31,25 +32,27 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from types import ModuleType
 from typing import NoReturn
 
-#: subcommand -> (module under softverbs.cli, one-line help)
+#: subcommand -> (module under softverbs.cli, or samples.MODULE, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "conformance": ("conformance", "run rdma-core's test suite on softverbs; per-file results"),
-    "demo": ("demo", "RC ping-pong with SEND, WRITE, READ or atomics; perftest-style summary"),
+    "demo": ("samples.demo",
+             "RC ping-pong with SEND, WRITE, READ or atomics; perftest-style summary"),
     "devinfo": ("devinfo", "show devices and ports in ibv_devinfo's format"),
     "exec": ("exec_", "run a program on softverbs: pyverbs, libibverbs and librdmacm"),
     "link": ("link", "add, show and delete UDP (RoCEv2) devices, like 'rdma link'"),
-    "rc-pingpong": ("pingpong", "RC SEND ping-pong, interoperable with ibv_rc_pingpong"),
-    "uc-pingpong": ("pingpong", "UC SEND ping-pong, interoperable with ibv_uc_pingpong"),
-    "ud-pingpong": ("pingpong", "UD SEND ping-pong, interoperable with ibv_ud_pingpong"),
+    "rc-pingpong": ("samples.pingpong", "RC SEND ping-pong, interoperable with ibv_rc_pingpong"),
+    "uc-pingpong": ("samples.pingpong", "UC SEND ping-pong, interoperable with ibv_uc_pingpong"),
+    "ud-pingpong": ("samples.pingpong", "UD SEND ping-pong, interoperable with ibv_ud_pingpong"),
     "res": ("res", "show QPs, CQs, MRs and PDs of every process, like 'rdma resource'"),
     "service": ("service", "start, stop and inspect the device service softverbsd"),
     "stat": ("statistic", "show device and port counters, like 'rdma statistic'"),
     "trace": ("trace", "draw a SOFTVERBS_TRACE file as an HTML ladder diagram of its QPs"),
-    "srq-pingpong": ("srq_pingpong", "RC SEND ping-pong over QPs sharing an SRQ, interoperable "
-                     "with ibv_srq_pingpong"),
-    "xsrq-pingpong": ("xsrq_pingpong", "XRC SRQ ping-pong, modelled on ibv_xsrq_pingpong"),
+    "srq-pingpong": ("samples.srq_pingpong", "RC SEND ping-pong over QPs sharing an SRQ, "
+                     "interoperable with ibv_srq_pingpong"),
+    "xsrq-pingpong": ("samples.xsrq_pingpong", "XRC SRQ ping-pong, modelled on ibv_xsrq_pingpong"),
 }
 
 #: exit statuses, as a shell reports a command killed by the signal
@@ -90,10 +93,15 @@ def _top_parser() -> Parser:
     return parser
 
 
+def _command_module(name: str) -> ModuleType:
+    """A subcommand's module: ``samples.X`` is a sample program, anything else a tool."""
+    return importlib.import_module(f"softverbs.{name}" if "." in name else f"softverbs.cli.{name}")
+
+
 def command_parser(name: str) -> Parser:
     """The parser of subcommand ``name``, with the module's arguments."""
     module_name, help_text = COMMANDS[name]
-    mod = importlib.import_module(f"softverbs.cli.{module_name}")
+    mod = _command_module(module_name)
     parser = Parser(prog=f"softverbs {name}", description=help_text)
     parser.set_defaults(command=name)  # a module serving several subcommands reads this
     mod.add_arguments(parser)
@@ -122,7 +130,7 @@ def _dispatch(args_list: list[str]) -> int:
         _top_parser().parse_args(args_list[:1])  # exits with argparse's message
         return 2
     args = command_parser(name).parse_args(args_list[1:])
-    mod = importlib.import_module(f"softverbs.cli.{COMMANDS[name][0]}")
+    mod = _command_module(COMMANDS[name][0])
     try:
         rc: int = mod.run(args)
     except (BrokenPipeError, KeyboardInterrupt):

@@ -15,7 +15,7 @@ import ipaddress
 from typing import TYPE_CHECKING, Any
 
 from softverbs.device import api
-from softverbs.errors import PyverbsUserError, einval
+from softverbs.errors import PyverbsError, PyverbsUserError, einval
 from softverbs.verbs.base import CStruct, PyverbsCM, PyverbsObject, require
 from softverbs.verbs.provider import destroy
 
@@ -46,6 +46,25 @@ def parse_gid(val: str) -> bytes:
     if ip.version == 4:
         return b"\x00" * 10 + b"\xff\xff" + ip.packed
     return ip.packed
+
+
+def default_gid_index(ctx: Any, port: int = 1) -> int:
+    """The GID index to use when none was asked for: RoCE needs a GID, so the
+    first IPv4-mapped one (RoCEv2 over IPv4, what rxe's ``-g 1`` usually is),
+    else the first one at all, else -1 (none).  ``ctx`` is an open Context."""
+    first = -1
+    for index in range(16):
+        try:
+            raw: bytes = ctx.query_gid(port, index).raw
+        except PyverbsError:
+            continue
+        if not any(raw):
+            continue
+        if raw[:12] == b"\x00" * 10 + b"\xff\xff":
+            return index
+        if first < 0:
+            first = index
+    return first
 
 
 class GID(PyverbsObject):

@@ -506,7 +506,7 @@ def _rendezvous(args: argparse.Namespace, local: Dest, me: Peer) -> Dest:
     global _conn
     settings = {"op": args.op, "size": me.size, "iters": args.iters, "mtu": args.mtu}
     if args.listen:
-        from softverbs.cli.pingpong import tcp_listener
+        from softverbs.samples.pingpong import tcp_listener
 
         listener = tcp_listener(args.port)
         if listener is None:

@@ -281,7 +281,7 @@ class XsrqPingPong:
         except PyverbsError:
             raise XsrqError(f"Couldn't get context for {name}\nFailed to open device") from None
         if self.gidx == -2:
-            from softverbs.cli.pingpong import default_gid_index
+            from softverbs.verbs.addr import default_gid_index
 
             self.gidx = default_gid_index(self.ctx, self.port)
         if args.odp:
@@ -600,7 +600,7 @@ def _side(args: argparse.Namespace, server: str | None, listener: socket.socket 
 
 
 def _listen(port: int) -> socket.socket:
-    from softverbs.cli.pingpong import tcp_listener
+    from softverbs.samples.pingpong import tcp_listener
 
     sock = tcp_listener(port)
     if sock is None:

@@ -126,6 +126,7 @@ from softverbs.enums import (
     bytes_to_mtu,
     mtu_to_bytes,
 )
+from softverbs.verbs.addr import default_gid_index
 
 DEFAULT_PORT = 18515  #: the TCP rendezvous port of every ibv_*_pingpong
 MSG_SIZE = 52  #: sizeof "0000:000000:000000:" + 32 hex digits + NUL
@@ -677,25 +678,6 @@ def _device_name(wanted: str | None) -> str:
 
 # --------------------------------------------------------------------------
 # main
-
-
-def default_gid_index(ctx: Context, port: int = 1) -> int:
-    """The GID index to use when none was asked for: RoCE needs a GID, so the
-    first IPv4-mapped one (RoCEv2 over IPv4, what rxe's ``-g 1`` usually is),
-    else the first one at all, else -1 (none)."""
-    first = -1
-    for index in range(16):
-        try:
-            raw = _gid_raw(ctx.query_gid(port, index))
-        except PyverbsError:
-            continue
-        if not any(raw):
-            continue
-        if raw[:12] == b"\x00" * 10 + b"\xff\xff":
-            return index
-        if first < 0:
-            first = index
-    return first
 
 
 def run(args: argparse.Namespace) -> int:

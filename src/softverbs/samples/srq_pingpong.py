@@ -66,24 +66,6 @@ from softverbs import (
     SrqInitAttr,
     wc_status_str,
 )
-from softverbs.cli.pingpong import (
-    DEFAULT_PORT,
-    DONE,
-    MSG_SIZE,
-    RECV_WRID,
-    SEND_WRID,
-    Dest,
-    PingPongError,
-    _device_name,
-    _div,
-    _gid_raw,
-    _int,
-    _recv_exact,
-    _uint,
-    _usage_error,
-    default_gid_index,
-    tcp_listener,
-)
 from softverbs.enums import (
     IBV_ACCESS_LOCAL_WRITE,
     IBV_LINK_LAYER_ETHERNET,
@@ -112,6 +94,24 @@ from softverbs.enums import (
     IBV_WR_SEND,
     bytes_to_mtu,
 )
+from softverbs.samples.pingpong import (
+    DEFAULT_PORT,
+    DONE,
+    MSG_SIZE,
+    RECV_WRID,
+    SEND_WRID,
+    Dest,
+    PingPongError,
+    _device_name,
+    _div,
+    _gid_raw,
+    _int,
+    _recv_exact,
+    _uint,
+    _usage_error,
+    tcp_listener,
+)
+from softverbs.verbs.addr import default_gid_index
 
 MAX_QP = 256  #: the C tool's MAX_QP: messages each side sends in the rendezvous
 PAGE = 4096
