@@ -30,6 +30,18 @@ from softverbs import (
     SendWR,
     wc_status_str,
 )
+from softverbs.compat.vendor_dv.mlx5_enums import (
+    mlx5dv_block_size,
+    mlx5dv_mkey_init_attr_flags,
+    mlx5dv_qp_create_flags,
+    mlx5dv_qp_create_send_ops_flags,
+    mlx5dv_qp_init_attr_mask,
+    mlx5dv_sig_crc_type,
+    mlx5dv_sig_mask,
+    mlx5dv_sig_t10dif_bg_type,
+    mlx5dv_sig_t10dif_flags,
+    mlx5dv_sig_type,
+)
 from softverbs.enums import (
     IBV_ACCESS_LOCAL_WRITE,
     IBV_ACCESS_REMOTE_READ,
@@ -61,18 +73,6 @@ from softverbs.ext.mlx5dv import (
     Mlx5SigBlockDomain,
     Mlx5SigCrc,
     Mlx5SigT10Dif,
-)
-from softverbs.vendor.mlx5_enums import (
-    mlx5dv_block_size,
-    mlx5dv_mkey_init_attr_flags,
-    mlx5dv_qp_create_flags,
-    mlx5dv_qp_create_send_ops_flags,
-    mlx5dv_qp_init_attr_mask,
-    mlx5dv_sig_crc_type,
-    mlx5dv_sig_mask,
-    mlx5dv_sig_t10dif_bg_type,
-    mlx5dv_sig_t10dif_flags,
-    mlx5dv_sig_type,
 )
 
 RW = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ

@@ -33,6 +33,13 @@ from sig_kit import (
 )
 
 from softverbs import PD, SGE, Context, PyverbsRDMAError, PyverbsUserError, QPAttr, RecvWR, SendWR
+from softverbs.compat.vendor_dv.mlx5_enums import (
+    mlx5dv_block_size,
+    mlx5dv_context_attr_flags,
+    mlx5dv_mkey_init_attr_flags,
+    mlx5dv_sig_crc_type,
+    mlx5dv_sig_t10dif_bg_type,
+)
 from softverbs.enums import (
     IBV_QP_STATE,
     IBV_QPS_RTS,
@@ -51,13 +58,6 @@ from softverbs.ext.mlx5dv import (
     Mlx5MrInterleaved,
     Mlx5SigBlockAttr,
     qp_cancel_posted_send_wrs,
-)
-from softverbs.vendor.mlx5_enums import (
-    mlx5dv_block_size,
-    mlx5dv_context_attr_flags,
-    mlx5dv_mkey_init_attr_flags,
-    mlx5dv_sig_crc_type,
-    mlx5dv_sig_t10dif_bg_type,
 )
 
 

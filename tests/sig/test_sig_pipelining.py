@@ -37,6 +37,7 @@ from sig_kit import (
 )
 
 from softverbs import QPAttr, counters
+from softverbs.compat.vendor_dv.mlx5_enums import mlx5dv_mkey_err_type as err_type
 from softverbs.enums import (
     IBV_EVENT_SQ_DRAINED,
     IBV_QP_CUR_STATE,
@@ -51,7 +52,6 @@ from softverbs.enums import (
     IBV_WC_WR_FLUSH_ERR,
 )
 from softverbs.ext.mlx5dv import Mlx5Context, Mlx5Mkey, Mlx5SigBlockAttr, sig_image
-from softverbs.vendor.mlx5_enums import mlx5dv_mkey_err_type as err_type
 
 DATA = 1024  #: bytes of data per transaction: two 512-byte blocks
 MEM = 2 * (512 + 4)  #: their memory image, each block followed by its CRC32

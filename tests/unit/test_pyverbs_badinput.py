@@ -341,8 +341,8 @@ def test_pyverbs_error_kinds() -> None:
 
 
 def _vendor_names() -> list[tuple[str, str]]:
-    from softverbs.vendor import efa as efa_vendor
-    from softverbs.vendor import mlx5 as mlx5_vendor
+    from softverbs.compat.vendor_dv import efa as efa_vendor
+    from softverbs.compat.vendor_dv import mlx5 as mlx5_vendor
 
     out = [(f"mlx5.{m}", n) for m in mlx5_vendor.MODULES for n in mlx5_vendor.module_names(m)]
     return out + [("efa.efadv", n) for n in efa_vendor.module_names()]
@@ -351,8 +351,8 @@ def _vendor_names() -> list[tuple[str, str]]:
 @pytest.mark.parametrize(("module", "name"), _vendor_names())
 def test_vendor_names_refuse_with_pyverbs_errors(module: str, name: str) -> None:
     """mlx5/EFA classes and helpers, fed anything: a pyverbs error or an attribute holder."""
-    from softverbs.vendor import efa as efa_vendor
-    from softverbs.vendor import mlx5 as mlx5_vendor
+    from softverbs.compat.vendor_dv import efa as efa_vendor
+    from softverbs.compat.vendor_dv import mlx5 as mlx5_vendor
 
     table = (efa_vendor.module_names() if module == "efa.efadv"
              else mlx5_vendor.module_names(module.split(".", 1)[1]))  # fmt: skip

@@ -10,4 +10,8 @@ Installed, the tree is only ``softverbs.compat.pyverbs``, so it can never
 shadow a real pyverbs. ``softverbs exec`` puts this directory first on the
 child's ``PYTHONPATH``. That makes the tree the top-level ``pyverbs`` for that
 one program (see :mod:`softverbs.cli.exec_`).
+
+``compat/vendor_dv`` backs pyverbs' vendor provider modules (mlx5, EFA): the
+direct verbs of other vendors' devices, which softverbs refuses as such a
+device would.
 """

@@ -57,6 +57,21 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
+from softverbs.compat.vendor_dv.mlx5_enums import (
+    mlx5dv_block_size,
+    mlx5dv_context_attr_flags,
+    mlx5dv_mkey_err_type,
+    mlx5dv_mkey_init_attr_flags,
+    mlx5dv_qp_create_flags,
+    mlx5dv_qp_create_send_ops_flags,
+    mlx5dv_qp_init_attr_mask,
+    mlx5dv_sig_block_attr_flags,
+    mlx5dv_sig_crc_type,
+    mlx5dv_sig_t10dif_bg_type,
+    mlx5dv_sig_t10dif_flags,
+    mlx5dv_sig_type,
+    mlx5dv_wc_opcode,
+)
 from softverbs.device import api
 from softverbs.engine.rings import WR_DRIVER1, SendWQE
 from softverbs.engine.signature import (
@@ -86,21 +101,6 @@ from softverbs.enums import (
     ibv_qp_state,
 )
 from softverbs.errors import PyverbsRDMAError, PyverbsUserError, einval, enomem, eopnotsupp
-from softverbs.vendor.mlx5_enums import (
-    mlx5dv_block_size,
-    mlx5dv_context_attr_flags,
-    mlx5dv_mkey_err_type,
-    mlx5dv_mkey_init_attr_flags,
-    mlx5dv_qp_create_flags,
-    mlx5dv_qp_create_send_ops_flags,
-    mlx5dv_qp_init_attr_mask,
-    mlx5dv_sig_block_attr_flags,
-    mlx5dv_sig_crc_type,
-    mlx5dv_sig_t10dif_bg_type,
-    mlx5dv_sig_t10dif_flags,
-    mlx5dv_sig_type,
-    mlx5dv_wc_opcode,
-)
 from softverbs.verbs.base import PyverbsCM, PyverbsObject, require
 from softverbs.verbs.device import Context
 from softverbs.verbs.pd import PD

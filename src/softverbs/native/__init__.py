@@ -64,9 +64,9 @@ LIBRARIES = (
             ("-lpthread",)),
     Library("librdmacm.so.1", ("cma.c", "json.c", "unsupported_rdmacm.c"), "librdmacm.map",
             ("-l:libibverbs.so.1", "-lpthread")),
-    Library("libmlx5.so.1", ("stubs/mlx5.c", "stubs/mlx5_sig.c"), "stubs/mlx5.map",
+    Library("libmlx5.so.1", ("providers/mlx5.c", "providers/mlx5_sig.c"), "providers/mlx5.map",
             ("-l:libibverbs.so.1",)),
-    Library("libefa.so.1", ("stubs/efa.c",), "stubs/efa.map"),
+    Library("libefa.so.1", ("providers/efa.c",), "providers/efa.map"),
     Library(PRELOAD, ("preload.c",), "preload.map", ("-ldl",)),
 )  # fmt: skip
 

@@ -1,6 +1,6 @@
 /* The entry points softverbs exports but does not implement, as one table per
- * library (unsupported_ibverbs.c, unsupported_rdmacm.c, stubs/mlx5.c,
- * stubs/efa.c): one line per symbol, so a program linked against rdma-core
+ * library (unsupported_ibverbs.c, unsupported_rdmacm.c, providers/mlx5.c,
+ * providers/efa.c): one line per symbol, so a program linked against rdma-core
  * loads (Debian links BIND_NOW: one missing symbol kills it at start) and the
  * call answers what rdma-core answers on a device without the feature.
  *

@@ -1,2 +1,2 @@
 """``pyverbs.providers``: vendor direct verbs, which softverbs devices do not have
-(see :mod:`softverbs.vendor`)."""
+(see :mod:`softverbs.compat.vendor_dv`)."""

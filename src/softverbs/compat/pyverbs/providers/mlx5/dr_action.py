@@ -1,6 +1,7 @@
-"""``pyverbs.providers.mlx5.dr_action``: refuses softverbs devices (see :mod:`softverbs.vendor`)."""
+"""``pyverbs.providers.mlx5.dr_action``: refuses softverbs devices (see
+:mod:`softverbs.compat.vendor_dv`)."""
 
-from softverbs.vendor import mlx5 as _mlx5
+from softverbs.compat.vendor_dv import mlx5 as _mlx5
 
 _names = _mlx5.module_names("dr_action")
 globals().update(_names)

@@ -1,9 +1,9 @@
 """``pyverbs.providers.mlx5.mlx5dv_mkey``:
-refuses softverbs devices (see :mod:`softverbs.vendor`).
+refuses softverbs devices (see :mod:`softverbs.compat.vendor_dv`).
 """
 
+from softverbs.compat.vendor_dv import mlx5 as _mlx5
 from softverbs.ext import mlx5dv as _sig
-from softverbs.vendor import mlx5 as _mlx5
 
 # With the opt-in (SOFTVERBS_MLX5=sig), the mkey and signature classes are
 # softverbs' signature offload (softverbs.ext.mlx5dv); without it, nothing changes.

@@ -1,8 +1,8 @@
 """``pyverbs.providers.mlx5.mlx5dv_objects``:
-refuses softverbs devices (see :mod:`softverbs.vendor`).
+refuses softverbs devices (see :mod:`softverbs.compat.vendor_dv`).
 """
 
-from softverbs.vendor import mlx5 as _mlx5
+from softverbs.compat.vendor_dv import mlx5 as _mlx5
 
 _names = _mlx5.module_names("mlx5dv_objects")
 globals().update(_names)

@@ -1,7 +1,7 @@
 """EFA direct-verbs enums, with the values of rdma-core's ``efadv.h``.
 
 softverbs is not an EFA device and implements none of EFA's direct verbs
-(see :mod:`softverbs.vendor`). These are the names pyverbs'
+(see :mod:`softverbs.compat.vendor_dv`). These are the names pyverbs'
 ``pyverbs.providers.efa.efa_enums`` exposes, with the ABI values of the
 C header, so that programs which merely spell them -- rdma-core's tests import
 them at module level -- load. Generated from the header; do not edit by hand.

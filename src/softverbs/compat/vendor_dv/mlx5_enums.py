@@ -1,7 +1,7 @@
 """mlx5 direct-verbs enums, with the values of rdma-core's ``mlx5dv.h``.
 
 softverbs is not an mlx5 device and implements none of mlx5's direct verbs
-(see :mod:`softverbs.vendor`). These are the names pyverbs'
+(see :mod:`softverbs.compat.vendor_dv`). These are the names pyverbs'
 ``pyverbs.providers.mlx5.mlx5_enums`` exposes, with the ABI values of the
 C header, so that programs which merely spell them -- rdma-core's tests import
 them at module level -- load. Generated from the header; do not edit by hand.

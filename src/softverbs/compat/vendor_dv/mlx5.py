@@ -1,6 +1,6 @@
 """The mlx5 direct-verbs classes of pyverbs, refusing softverbs devices.
 
-See :mod:`softverbs.vendor` for what each kind does.  :func:`module_names`
+See :mod:`softverbs.compat.vendor_dv` for what each kind does.  :func:`module_names`
 gives the names of one pyverbs module (``mlx5dv``, ``dr_action``, ...), for
 the compat tree under ``pyverbs.providers.mlx5``.
 """
@@ -9,7 +9,12 @@ from __future__ import annotations
 
 from functools import cache
 
-from softverbs.vendor import attr_class, object_class, unsupported_function, user_error_context
+from softverbs.compat.vendor_dv import (
+    attr_class,
+    object_class,
+    unsupported_function,
+    user_error_context,
+)
 from softverbs.verbs.base import PyverbsCM
 
 VENDOR = "mlx5"

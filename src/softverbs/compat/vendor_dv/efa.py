@@ -3,7 +3,7 @@
 As in pyverbs, :class:`EfaContext` opens any device (it is a plain context);
 what makes a device an EFA device is that ``efadv_query_device`` answers, and
 on softverbs it fails with EOPNOTSUPP.  Everything that needs the EFA driver
-(SRD QPs, EFA CQs, MRs, AHs) fails the same way.  See :mod:`softverbs.vendor`.
+(SRD QPs, EFA CQs, MRs, AHs) fails the same way.  See :mod:`softverbs.compat.vendor_dv`.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import errno
 from functools import cache
 from typing import Any
 
+from softverbs.compat.vendor_dv import attr_class, object_class, unsupported_function
 from softverbs.errors import PyverbsRDMAError
-from softverbs.vendor import attr_class, object_class, unsupported_function
 from softverbs.verbs.base import PyverbsObject
 
 VENDOR = "EFA"
