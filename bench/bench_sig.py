@@ -61,6 +61,17 @@ from softverbs import (
     SendWR,
     wc_status_str,
 )
+from softverbs.compat.vendor_dv.mlx5_enums import (
+    mlx5dv_block_size,
+    mlx5dv_mkey_err_type,
+    mlx5dv_mkey_init_attr_flags,
+    mlx5dv_qp_create_flags,
+    mlx5dv_qp_create_send_ops_flags,
+    mlx5dv_qp_init_attr_mask,
+    mlx5dv_sig_crc_type,
+    mlx5dv_sig_mask,
+    mlx5dv_sig_type,
+)
 from softverbs.enums import (
     IBV_ACCESS_LOCAL_WRITE,
     IBV_ACCESS_REMOTE_WRITE,
@@ -92,17 +103,6 @@ from softverbs.ext.mlx5dv import (
     sig_image,
 )
 from softverbs.fabric.faults import FaultInjector, FaultRule
-from softverbs.vendor.mlx5_enums import (
-    mlx5dv_block_size,
-    mlx5dv_mkey_err_type,
-    mlx5dv_mkey_init_attr_flags,
-    mlx5dv_qp_create_flags,
-    mlx5dv_qp_create_send_ops_flags,
-    mlx5dv_qp_init_attr_mask,
-    mlx5dv_sig_crc_type,
-    mlx5dv_sig_mask,
-    mlx5dv_sig_type,
-)
 
 ACCESS = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE
 RESP = 64

@@ -47,6 +47,15 @@ from softverbs import (
     RecvWR,
     SendWR,
 )
+from softverbs.compat.vendor_dv.mlx5_enums import mlx5dv_block_size as bs
+from softverbs.compat.vendor_dv.mlx5_enums import mlx5dv_mkey_err_type as err
+from softverbs.compat.vendor_dv.mlx5_enums import mlx5dv_mkey_init_attr_flags as mkflags
+from softverbs.compat.vendor_dv.mlx5_enums import mlx5dv_qp_create_flags as qpflags
+from softverbs.compat.vendor_dv.mlx5_enums import mlx5dv_qp_create_send_ops_flags as ops
+from softverbs.compat.vendor_dv.mlx5_enums import mlx5dv_qp_init_attr_mask as mask
+from softverbs.compat.vendor_dv.mlx5_enums import mlx5dv_sig_mask as sigmask
+from softverbs.compat.vendor_dv.mlx5_enums import mlx5dv_sig_t10dif_flags as difflags
+from softverbs.compat.vendor_dv.mlx5_enums import mlx5dv_sig_type as sigtype
 from softverbs.enums import (
     IBV_ACCESS_LOCAL_WRITE,
     IBV_ACCESS_REMOTE_WRITE,
@@ -79,15 +88,6 @@ from softverbs.ext.mlx5dv import (
     Mlx5SigT10Dif,
     sig_image,
 )
-from softverbs.compat.vendor_dv.mlx5_enums import mlx5dv_block_size as bs
-from softverbs.compat.vendor_dv.mlx5_enums import mlx5dv_mkey_err_type as err
-from softverbs.compat.vendor_dv.mlx5_enums import mlx5dv_mkey_init_attr_flags as mkflags
-from softverbs.compat.vendor_dv.mlx5_enums import mlx5dv_qp_create_flags as qpflags
-from softverbs.compat.vendor_dv.mlx5_enums import mlx5dv_qp_create_send_ops_flags as ops
-from softverbs.compat.vendor_dv.mlx5_enums import mlx5dv_qp_init_attr_mask as mask
-from softverbs.compat.vendor_dv.mlx5_enums import mlx5dv_sig_mask as sigmask
-from softverbs.compat.vendor_dv.mlx5_enums import mlx5dv_sig_t10dif_flags as difflags
-from softverbs.compat.vendor_dv.mlx5_enums import mlx5dv_sig_type as sigtype
 
 SECTOR = 512
 PI = 8  #: T10-DIF tuple per sector
