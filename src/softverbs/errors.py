@@ -118,6 +118,13 @@ class ConfigError(PyverbsRDMAError, ValueError):
         self._error_code = errno.EINVAL
 
 
+class UserError(Exception):
+    """A program's user asked for something that cannot be done (a command-line
+    tool's or a sample program's option); the message says what and names the
+    option, variable or file.  ``softverbs``'s :func:`~softverbs.cli.main.main`
+    prints it on one line, with no traceback."""
+
+
 class WireError(Exception):
     """A received packet is malformed; ``reason`` names the drop counter."""
 

@@ -35,6 +35,10 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import NoReturn
 
+from softverbs.errors import UserError
+
+__all__ = ["UserError", "main"]
+
 #: subcommand -> (module under softverbs.cli, or samples.MODULE, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "conformance": ("conformance", "run rdma-core's test suite on softverbs; per-file results"),
@@ -58,11 +62,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
 #: exit statuses, as a shell reports a command killed by the signal
 EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
 EXIT_INTERRUPTED = 128 + signal.SIGINT
-
-
-class UserError(Exception):
-    """The user asked for something that cannot be done; the message says what
-    and names the option, variable or file.  :func:`main` prints it on one line."""
 
 
 class Parser(argparse.ArgumentParser):

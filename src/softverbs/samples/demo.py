@@ -81,7 +81,6 @@ from softverbs import (
     SendWR,
     wc_status_str,
 )
-from softverbs.cli.main import UserError
 from softverbs.enums import (
     IBV_ACCESS_LOCAL_WRITE,
     IBV_ACCESS_REMOTE_ATOMIC,
@@ -102,6 +101,7 @@ from softverbs.enums import (
     IBV_WR_RDMA_WRITE,
     IBV_WR_SEND,
 )
+from softverbs.errors import UserError
 
 MTUS = {
     256: IBV_MTU_256,
