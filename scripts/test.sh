@@ -27,6 +27,6 @@ python3 -m pytest -q "$@"
 # with arguments (a selection of tests) only the compiled run happens.
 if [ $# -eq 0 ]; then
     SOFTVERBS_PURE=1 python3 -m pytest -q \
-        tests/scenarios tests/service tests/native tests/unit/engine tests/unit/verbs \
-        tests/unit/wire tests/unit/test_compiled.py
+        tests/scenarios tests/service tests/native tests/engine tests/verbs \
+        tests/wire tests/test_compiled.py
 fi

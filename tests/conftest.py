@@ -5,16 +5,28 @@ on demand on the user's socket.  The test suite must never touch a service
 the user runs, nor leave one behind, so every test process -- and every
 program it starts -- gets devices of its own (``SOFTVERBS_SERVICE=0``) unless
 a test asks for a private service of its own (the host-device tests do).
+
+The folders mirror ``src/softverbs`` (``tests/engine`` tests ``softverbs.engine``,
+``tests/test_sim.py`` tests ``softverbs/sim.py``), beside the folders of tests
+that cross the layers: scenarios, conformance, interop, thirdparty, netns,
+native (the C libraries), sig, sanitizer and fuzz.  Helpers that tests in
+several folders share live in ``tests/kits``, which is on ``sys.path``.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 os.environ["SOFTVERBS_SERVICE"] = "0"
+
+#: the helpers that tests in several folders share (sim_kit, engine_kit, svkit, ...)
+KITS = Path(__file__).resolve().parent / "kits"
+sys.path.insert(0, str(KITS))
 
 
 @pytest.fixture(scope="session")

@@ -27,7 +27,7 @@ from softverbs.cli import trace as trace_cli
 from softverbs.enums import IBV_QPT_RC, IBV_WR_SEND
 from softverbs.sim import Simulation
 
-UNIT = Path(__file__).resolve().parents[1] / "unit"
+UNIT = Path(__file__).resolve().parents[1] / "kits"
 
 #: SEND 16 bytes (one packet, PSN 0), then WRITE 3000 bytes (three 1024-byte packets,
 #: PSNs 1..3) from sv0 to sv1; prints the two QP numbers

@@ -23,8 +23,6 @@ from pathlib import Path
 
 import pytest
 from clikit import cli_env, softverbs_cli
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "interop"))  # pingpong_kit: port helpers
 from pingpong_kit import free_tcp_port, wait_listening
 
 DEFAULT_PORT = 18515

@@ -2,7 +2,7 @@
 """Coverage-guided fuzzing of the receive path with atheris (libFuzzer for Python).
 
 A plain script, not collected by pytest.  It drives the same rig as the CI
-fuzz test (``tests/unit/fuzz/receive_rig.py``: one simulated device with RC,
+fuzz test (``tests/kits/receive_rig.py``: one simulated device with RC,
 UC and UD QPs in every state, memory regions fenced by canaries, and every
 invariant of that rig checked), but the inputs come from libFuzzer, guided by
 the coverage of the ``softverbs`` package::
@@ -41,7 +41,7 @@ import random
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "fuzz"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kits"))
 
 BATCH = 200
 SPORT = 0xC0DE

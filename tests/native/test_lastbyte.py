@@ -9,7 +9,7 @@ message the kernel's copy can make the last byte visible before the ones
 before it (measured on a 2-core VM: 5 in 200,000 4 KiB writes; docs/c-programs.md).
 The race is rare, so a run without the fix passes most of the time: the
 deterministic half of the proof is ``test_scatter_stores_the_last_line_last``
-(tests/unit/test_last_line.py), which checks the order of the stores
+(tests/engine/test_last_line.py), which checks the order of the stores
 themselves on every kind of memory.
 
 The CI run is 20,000 WRITEs of 4 KiB to 16 KiB and 2,000 READs and SENDs; the

@@ -11,16 +11,12 @@ it is stopped with SIGTERM.
 from __future__ import annotations
 
 import shutil
-import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
-
 from svkit import ServiceProc, Worker
 
 

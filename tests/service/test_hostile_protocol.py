@@ -226,9 +226,9 @@ def test_other_uid_reads_eperm_before_the_close(service: ServiceProc) -> None:
     """A client of another uid whose HELLO is already queued reads the EPERM reply
     (seq 0: unsolicited), then an orderly end of file -- not ECONNRESET."""
     prefix = _as_nobody(service)
-    here = os.path.dirname(os.path.abspath(__file__))
+    kits = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "kits")
     for _ in range(5):  # the HELLO races the service's accept: try both orders
-        r = subprocess.run([*prefix, sys.executable, "-c", _AS_OTHER_UID, service.path, here],
+        r = subprocess.run([*prefix, sys.executable, "-c", _AS_OTHER_UID, service.path, kits],
                            capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
         assert r.returncode == 0, r.stderr
         out = json.loads(r.stdout)

@@ -17,10 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from svkit import WAIT, ServiceProc
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "interop"))  # pingpong_kit: port helpers
 from pingpong_kit import free_tcp_port, wait_listening
+from svkit import WAIT, ServiceProc
 
 CMD = [sys.executable, "-m", "softverbs", "xsrq-pingpong"]
 LINE = re.compile(

@@ -35,7 +35,6 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-sys.path.insert(0, str(Path(__file__).parents[1] / "interop"))  # pingpong_kit: port helpers
 from pingpong_kit import free_tcp_port, wait_listening
 from thirdparty_kit import exec_cmd, need
 

@@ -473,7 +473,7 @@ def test_docs_state_tables_are_generated_from_the_code() -> None:
 
     from softverbs.cm.states import cm_table_markdown
 
-    text = (Path(__file__).resolve().parents[3] / "docs" / "cm.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "cm.md").read_text()
     m = re.search(r"<!-- BEGIN GENERATED: cm-state-tables -->\n(.*?)\n"
                   r"<!-- END GENERATED: cm-state-tables -->", text, re.S)  # fmt: skip
     assert m, "docs/cm.md lost its generated block"

@@ -133,10 +133,16 @@ def _use_srq_attr(r: Res) -> Callable[[Any], Any]:
     return lambda attr: srq.SRQ(r.pd, srq.SrqInitAttr(attr))
 
 
+#: a descriptor the cases may pass where a verb takes one (opened once: each test
+#: builds the cases dozens of times, and a descriptor per build ran the test
+#: process past select()'s limit of 1024)
+_DEVNULL = os.open(os.devnull, os.O_RDONLY)
+
+
 # fmt: off
 def cases(r: Res) -> dict[str, Call]:
     gid = r.ctx.query_gid(1, 0)
-    fd = os.open(os.devnull, os.O_RDONLY)
+    fd = _DEVNULL
     return {
         # pyverbs.device
         "Context.query_port": Call(r.ctx.query_port, [1]),

@@ -148,8 +148,8 @@ def golden_dir() -> Path | None:
     """The golden rxe captures: the repo's copy, else ../shared beside the repo."""
     here = Path(__file__).resolve()
     for cand in (
-        here.parents[2] / "data" / "golden",
-        here.parents[3].parent / "shared" / "peer" / "golden",
+        here.parents[1] / "data" / "golden",
+        here.parents[2].parent / "shared" / "peer" / "golden",
     ):
         if cand.is_dir() and any(cand.glob("*.pcap")):
             return cand

@@ -23,7 +23,7 @@ import pytest
 import softverbs
 from softverbs import compiled
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 PROBE = """
 import importlib, json, softverbs, softverbs.compiled as c

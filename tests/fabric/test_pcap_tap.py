@@ -38,6 +38,7 @@ TSHARK = shutil.which("tshark")
 #: in a GlobalRoute (and ibv_rc_pingpong's): the IP TTL is the route's hop limit.
 ALLOWED_EXPERT = {"Illegal checksum value (0)", '"Time To Live" only 1'}
 HERE = Path(__file__).resolve().parent
+KITS = HERE.parent / "kits"
 
 #: Opcodes the session must put on the wire.
 EXPECTED = {
@@ -137,7 +138,7 @@ def _env(tmp: Path, **extra: str) -> dict[str, str]:
 def test_softverbs_pcap_captures_a_session(tmp_path: Path) -> None:
     spec = str(tmp_path / "session-{pid}.pcap")
     proc = subprocess.run(
-        [sys.executable, str(HERE / "pcap_session.py"), "sv0", "sv1"],
+        [sys.executable, str(KITS / "pcap_session.py"), "sv0", "sv1"],
         env=_env(tmp_path, SOFTVERBS_PCAP=spec, SOFTVERBS_FAULTS="seed=3;drop=0.03"),
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
@@ -166,7 +167,7 @@ def test_softverbs_pcap_is_shared_by_the_runtimes_of_a_process(tmp_path: Path) -
     """Each runtime used to open SOFTVERBS_PCAP afresh, truncating the file under the
     runtimes that had opened it before: the capture came out garbled."""
     path = tmp_path / "two.pcap"
-    proc = subprocess.run([sys.executable, "-c", _TWO_RUNTIMES, str(HERE)],
+    proc = subprocess.run([sys.executable, "-c", _TWO_RUNTIMES, str(KITS)],
                           env=_env(tmp_path, SOFTVERBS_PCAP=str(path)),
                           capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -229,7 +230,6 @@ def test_capture_close_is_idempotent_and_removes_the_tap(tmp_path: Path) -> None
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[str]:
     """A private softverbsd; its socket path."""
-    sys.path.insert(0, str(HERE.parent / "service"))
     from svkit import ServiceProc
 
     d = tempfile.mkdtemp(prefix="svp", dir="/tmp")  # a Unix socket path is short
@@ -248,7 +248,7 @@ def test_softverbs_pcap_on_the_served_device(tmp_path: Path, served: str) -> Non
     path = tmp_path / "served.pcap"
     env = _env(tmp_path, SOFTVERBS_PCAP=str(path), SOFTVERBS_FAULTS="seed=3;drop=0.03")
     env["SOFTVERBS_SERVICE"] = served
-    proc = subprocess.run([sys.executable, str(HERE / "pcap_session.py"), "sv0", "sv0"],
+    proc = subprocess.run([sys.executable, str(KITS / "pcap_session.py"), "sv0", "sv0"],
                           env=env, capture_output=True, text=True, timeout=120,
                           check=False)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -270,7 +270,7 @@ def test_capture_on_the_served_device_sees_every_process(
     monkeypatch.setenv("SOFTVERBS_SERVICE", served)
     env = _env(tmp_path)
     env["SOFTVERBS_SERVICE"] = served
-    other = [sys.executable, str(HERE / "pcap_session.py"), "sv0", "sv0"]
+    other = [sys.executable, str(KITS / "pcap_session.py"), "sv0", "sv0"]
     path = tmp_path / "tap.pcap"
     world = ServiceRegistry(served)
     registry.push(world)

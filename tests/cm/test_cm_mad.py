@@ -23,7 +23,7 @@ from softverbs.fabric.pcap import read_pcap
 from softverbs.wire.codec import decode_frame
 from softverbs.wire.packet import Packet
 
-GOLDEN = Path(__file__).resolve().parents[2] / "data" / "golden"
+GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden"
 CAPTURES = ("send_bw_cm", "rping")
 PORTS = {"send_bw_cm": 18515, "rping": 7174}
 

@@ -5,7 +5,7 @@ QPs, the memory layout and every invariant checked).  The CI run feeds
 100,000 seeded inputs (about 10 s of CPU); ``SOFTVERBS_FUZZ_INPUTS`` asks for
 more and ``SOFTVERBS_FUZZ_SEED`` picks another seed::
 
-    SOFTVERBS_FUZZ_INPUTS=5000000 SOFTVERBS_FUZZ_SEED=7 pytest -s tests/unit/fuzz
+    SOFTVERBS_FUZZ_INPUTS=5000000 SOFTVERBS_FUZZ_SEED=7 pytest -s tests/fuzz
 
 A failure names the seed and the input (as hex) and how to replay it.
 Coverage-guided fuzzing of the same rig: ``tests/fuzz/atheris_receive.py``.

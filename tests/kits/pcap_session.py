@@ -1,6 +1,6 @@
 """A short pyverbs session that puts most opcodes on the wire (for the pcap tap tests).
 
-Run as a program (``python tests/unit/pcap_session.py DEV_A DEV_B``) it uses
+Run as a program (``python tests/kits/pcap_session.py DEV_A DEV_B``) it uses
 the process's devices, so ``SOFTVERBS_PCAP`` and ``SOFTVERBS_FAULTS`` apply;
 imported, :func:`session` runs inside whatever :class:`Simulation` is active.
 It exercises, between two devices:
