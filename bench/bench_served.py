@@ -50,34 +50,34 @@ from progress import Progress, add_quiet
 
 import softverbs
 from softverbs import Context
-from softverbs.service import command as service_command
-from softverbs.verbs import registry
+from softverbs.config import service_command
 
 
 @contextmanager
 def served_device() -> Iterator[None]:
     """A private softverbsd for the run; the process's devices are its devices."""
-    from softverbs.service.client import ServiceRegistry
+    from softverbs.verbs import world
+    from softverbs.verbs.served import ServiceRegistry
 
     d = tempfile.mkdtemp(prefix="svbench", dir="/tmp")  # a Unix socket path is short
     path = os.path.join(d, "sv.sock")
     env = {k: v for k, v in os.environ.items() if not k.startswith("SOFTVERBS_")}
     proc = subprocess.Popen(service_command("--socket", path),
                             env=env, stdout=subprocess.DEVNULL)  # fmt: skip
-    world = None
+    reg = None
     try:
         deadline = time.monotonic() + 30
         while not os.path.exists(path):
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise BenchError("softverbsd did not start")
             time.sleep(0.02)
-        world = ServiceRegistry(path)
-        registry.push(world)
+        reg = ServiceRegistry(path)
+        world.push(reg)
         yield
     finally:
-        if world is not None:
-            registry.pop(world)
-            world.shutdown()
+        if reg is not None:
+            world.pop(reg)
+            reg.shutdown()
         proc.terminate()
         proc.wait(30)
         shutil.rmtree(d, ignore_errors=True)

@@ -284,7 +284,7 @@ def measure(receivers: int, messages: int, runs: int, size: int, workdir: str,
 
 def _device() -> dict[str, Any]:
     """The service's counters and live objects (for a failure message)."""
-    from softverbs.service.client import Connection
+    from softverbs.verbs.served import Connection
 
     try:
         conn = Connection(os.environ["SOFTVERBS_SERVICE"], spawn=False)
@@ -299,11 +299,11 @@ def _device() -> dict[str, Any]:
 
 
 def _start_service(path: str) -> subprocess.Popen[bytes]:
-    from softverbs.service import command as service_command
+    from softverbs.config import service_command
 
     proc = subprocess.Popen(service_command("--socket", path),
                             stdout=subprocess.DEVNULL)  # fmt: skip
-    from softverbs.service.client import Connection
+    from softverbs.verbs.served import Connection
 
     deadline = time.monotonic() + 20
     while True:
@@ -336,7 +336,7 @@ def main() -> int:
         os.environ["SOFTVERBS_SERVICE"] = path
         service = _start_service(path)
         mp = multiprocessing.get_context("forkserver")
-        mp.set_forkserver_preload(["softverbs", "softverbs.service.client"])
+        mp.set_forkserver_preload(["softverbs", "softverbs.verbs.served"])
         try:
             progress = Progress(len(counts), args.quiet)
             results = []

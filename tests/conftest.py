@@ -38,7 +38,7 @@ def host_service() -> Iterator[str]:
     import tempfile
     import time
 
-    from softverbs.service import command as service_command
+    from softverbs.config import service_command
 
     d = tempfile.mkdtemp(prefix="svsc", dir="/tmp")  # a Unix socket path is short
     path = os.path.join(d, "sv.sock")

@@ -47,7 +47,7 @@ MODULES: tuple[str, ...] = (
     "softverbs.wire.packet",
     "softverbs.device.core",
     "softverbs.device.memory",
-    "softverbs.service.protocol",
+    "softverbs.device.protocol",
     "softverbs.service.server",
     "softverbs.fabric.runtime",
     "softverbs.verbs.base",

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -116,8 +117,14 @@ def save_links(links: list[LinkSpec]) -> None:
 # Simulation, seeded faults -- and softverbs' own tests use);
 # ``SOFTVERBS_SERVICE=/path/to/sock`` names the service's socket.
 
-#: The host device's driver (imported on first use; the verbs layer names it only here).
-HOST_DEVICE_BACKEND = "softverbs.service.client:ServiceRegistry"
+#: the module ``python -m`` runs to start the service (service/__main__.py;
+#: the C library's spawn in native/csrc/conn.c names it too)
+SERVICE_LAUNCH_MODULE = "softverbs.service"
+
+
+def service_command(*args: str) -> list[str]:
+    """The command line that starts ``softverbsd`` with *args*, in this interpreter."""
+    return [sys.executable, "-m", SERVICE_LAUNCH_MODULE, *args]
 
 
 def service_disabled() -> bool:

@@ -5,7 +5,7 @@ below (or another Record, embedded).  The layout is little-endian and
 packed, and the declaration order must keep every field naturally aligned
 (checked when the class is created), so the C struct :func:`c_struct`
 writes for it is the same bytes with no packing attribute.  The device
-service's protocol (:mod:`softverbs.service.protocol`) and the shared ring
+service's protocol (:mod:`softverbs.device.protocol`) and the shared ring
 entries (:mod:`softverbs.engine.rings`) are declared this way, so Python,
 the generated ``protocol.h`` and the docs cannot disagree.
 """

@@ -48,7 +48,7 @@ from softverbs.engine.congestion import CCConfig
 from softverbs.fabric.faults import FaultInjector, parse_faults
 from softverbs.fabric.runtime import InprocRuntime, VirtualClock
 from softverbs.fabric.switch import Port, SwitchedRuntime, Topology
-from softverbs.verbs import registry
+from softverbs.verbs import registry, world
 
 
 class Simulation:
@@ -109,7 +109,7 @@ class Simulation:
         return self.runtime.egress[device]
 
     def __enter__(self) -> Simulation:
-        registry.push(self.registry)
+        world.push(self.registry)
         return self
 
     def __exit__(
@@ -118,7 +118,7 @@ class Simulation:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        registry.pop(self.registry)
+        world.pop(self.registry)
         for dev in list(self.registry.devices.values()):
             for ctx in list(dev.contexts):
                 ctx.close()

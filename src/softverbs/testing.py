@@ -72,6 +72,7 @@ from softverbs.enums import (
 )
 from softverbs.fabric.faults import packet_kinds
 from softverbs.verbs import registry
+from softverbs.verbs import world as worlds
 from softverbs.wire.packet import Packet
 
 Kind = Literal["sim", "inproc", "udp", "host"]
@@ -151,19 +152,19 @@ def _make_world(kind: Kind, faults: str | None, mtu: int, socket: str | None
         return
     if kind == "host":
         with _served_registry(socket) as (path, reg):
-            registry.push(reg)
+            worlds.push(reg)
             try:
                 w = World(kind, ("sv0", "sv0"), socket=path)
                 if faults is not None:
                     set_faults(w.context(0), faults)
                 yield w
             finally:
-                registry.pop(reg)
+                worlds.pop(reg)
                 reg.shutdown()
         return
     specs = [_spec(kind, name, i) for i, name in enumerate(("sv0", "sv1"))]
     reg = registry.Registry(specs)
-    registry.push(reg)
+    worlds.push(reg)
     try:
         w = World(kind, ("sv0", "sv1"))
         if faults is not None:
@@ -171,7 +172,7 @@ def _make_world(kind: Kind, faults: str | None, mtu: int, socket: str | None
                 w.context(i).runtime.faults = parse_faults(faults)
         yield w
     finally:
-        registry.pop(reg)
+        worlds.pop(reg)
         reg.shutdown()
 
 
@@ -188,7 +189,7 @@ def _spec(kind: Kind, name: str, i: int) -> registry.DeviceSpec:
 
 @contextlib.contextmanager
 def _served_registry(socket: str | None) -> Iterator[tuple[str, Any]]:
-    from softverbs.service.client import ServiceRegistry
+    from softverbs.verbs.served import ServiceRegistry
 
     if socket is not None:
         yield socket, ServiceRegistry(socket)

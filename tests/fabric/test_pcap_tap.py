@@ -264,16 +264,16 @@ def test_capture_on_the_served_device_sees_every_process(
 ) -> None:
     """softverbs.capture() on a served device: the service taps the device,
     so another process's session on it is in the file; after close, nothing."""
-    from softverbs.service.client import ServiceRegistry
-    from softverbs.verbs import registry
+    from softverbs.verbs import world
+    from softverbs.verbs.served import ServiceRegistry
 
     monkeypatch.setenv("SOFTVERBS_SERVICE", served)
     env = _env(tmp_path)
     env["SOFTVERBS_SERVICE"] = served
     other = [sys.executable, str(KITS / "pcap_session.py"), "sv0", "sv0"]
     path = tmp_path / "tap.pcap"
-    world = ServiceRegistry(served)
-    registry.push(world)
+    reg = ServiceRegistry(served)
+    world.push(reg)
     try:
         ctx = Context(name="sv0")
         with capture(ctx, path) as cap:
@@ -290,8 +290,8 @@ def test_capture_on_the_served_device_sees_every_process(
         ctx.close()  # the context's capture goes with it...
         cap2.close()  # ...and closing it afterwards is no error
     finally:
-        registry.pop(world)
-        world.shutdown()
+        world.pop(reg)
+        reg.shutdown()
     pkts = decoded(path)
     check_session(pkts)
     tshark_check(path, len(pkts))
@@ -301,12 +301,12 @@ def test_capture_on_the_served_device_needs_a_real_file(
     tmp_path: Path, served: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A served device writes the file itself: a BytesIO cannot be handed over."""
-    from softverbs.service.client import ServiceRegistry
-    from softverbs.verbs import registry
+    from softverbs.verbs import world
+    from softverbs.verbs.served import ServiceRegistry
 
     monkeypatch.setenv("SOFTVERBS_SERVICE", served)
-    world = ServiceRegistry(served)
-    registry.push(world)
+    reg = ServiceRegistry(served)
+    world.push(reg)
     try:
         ctx = Context(name="sv0")
         with pytest.raises(PyverbsRDMAError, match="file that has a descriptor") as info:
@@ -314,5 +314,5 @@ def test_capture_on_the_served_device_needs_a_real_file(
         assert info.value.error_code == errno.EOPNOTSUPP
         ctx.close()
     finally:
-        registry.pop(world)
-        world.shutdown()
+        world.pop(reg)
+        reg.shutdown()

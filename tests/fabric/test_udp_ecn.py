@@ -23,7 +23,7 @@ from softverbs import CQ, PD, QP, AHAttr, Context, GlobalRoute, QPAttr, QPCap, Q
 from softverbs.engine.congestion import Dcqcn
 from softverbs.enums import IBV_ACCESS_LOCAL_WRITE, IBV_MTU_1024, IBV_QPT_RC
 from softverbs.fabric.udp import UdpRuntime
-from softverbs.verbs import registry
+from softverbs.verbs import registry, world
 from softverbs.wire.codec import decode_udp_payload, encode_udp_payload
 from softverbs.wire.opcodes import CNP_OPCODE, ROCEV2_PORT, Op, Transport
 from softverbs.wire.packet import IPV4_MAPPED_PREFIX, Packet
@@ -80,11 +80,11 @@ def devices(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no
     monkeypatch.setenv("SOFTVERBS_CONFIG", str(cfg))
     monkeypatch.setenv("SOFTVERBS_SERVICE", "0")
     reg = registry.Registry()
-    registry.push(reg)
+    world.push(reg)
     try:
         yield
     finally:
-        registry.pop(reg)
+        world.pop(reg)
         reg.shutdown()
 
 

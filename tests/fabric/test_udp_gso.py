@@ -361,10 +361,10 @@ class _Pair:
 def _connected_pair(size: int, **rts: int) -> Iterator[_Pair]:
     """A :class:`_Pair` in a registry of its own; ``rts``: further QPAttr members for
     INIT->RTR->RTS (timeout, retry_cnt)."""
-    from softverbs.verbs import registry
+    from softverbs.verbs import registry, world
 
     reg = registry.Registry()
-    registry.push(reg)
+    world.push(reg)
     try:
         a, b = Context(name="gso1"), Context(name="gso2")
         pda, pdb = PD(a), PD(b)
@@ -387,7 +387,7 @@ def _connected_pair(size: int, **rts: int) -> Iterator[_Pair]:
         for ctx in (a, b):
             ctx.close()
     finally:
-        registry.pop(reg)
+        world.pop(reg)
         reg.shutdown()
 
 

@@ -51,7 +51,7 @@ from softverbs import (
     xrc_rcv_qp_register,
     xrc_rcv_qp_unregister,
 )
-from softverbs.device import api
+from softverbs.device import api, protocol
 from softverbs.enums import (
     IBV_ACCESS_LOCAL_WRITE,
     IBV_ACCESS_REMOTE_ATOMIC,
@@ -80,8 +80,7 @@ from softverbs.enums import (
     IBV_XRCD_INIT_ATTR_FD,
     IBV_XRCD_INIT_ATTR_OFLAGS,
 )
-from softverbs.service import protocol
-from softverbs.service.client import Connection
+from softverbs.verbs.served import Connection
 
 ALL_ACCESS = (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ
               | IBV_ACCESS_REMOTE_ATOMIC)  # fmt: skip
@@ -94,7 +93,7 @@ CTX = multiprocessing.get_context("forkserver")
 # What the fork server imports once for every child.  (Not this module:
 # Python 3.11's fork server ignores the parent's sys.path, so it could not
 # find it; children import it themselves, in a few milliseconds.)
-CTX.set_forkserver_preload(["softverbs", "softverbs.service.client", "softverbs.service.server",
+CTX.set_forkserver_preload(["softverbs", "softverbs.verbs.served", "softverbs.service.server",
                             "multiprocessing.connection"])  # fmt: skip
 
 

@@ -193,10 +193,10 @@ def test_a_malformed_setting_is_named(value: str) -> None:
 def test_off_means_not_attached() -> None:
     """Without SOFTVERBS_SANITIZE nothing watches the engine."""
     from softverbs import CQ, PD, Context
-    from softverbs.verbs import registry
+    from softverbs.verbs import registry, world
 
     reg = registry.Registry()
-    registry.push(reg)
+    world.push(reg)
     try:
         ctx = Context(name="sv0")
         pd, cq = PD(ctx), CQ(ctx, 4)
@@ -206,7 +206,7 @@ def test_off_means_not_attached() -> None:
         pd.close()
         ctx.close()
     finally:
-        registry.pop(reg)
+        world.pop(reg)
 
 
 def test_exec_sanitize_sets_the_variable() -> None:

@@ -1,8 +1,8 @@
 """What is generated from the protocol and ring declarations is up to date.
 
 docs/service-protocol.md, docs/rings.md and native/include/softverbs/protocol.h
-are generated from src/softverbs/device/api.py, service/protocol.py and
-engine/rings.py.  To refresh them: ``python -m softverbs.service.protocol
+are generated from src/softverbs/device/api.py, device/protocol.py and
+engine/rings.py.  To refresh them: ``python -m softverbs.device.protocol
 --update .``.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from softverbs.service import protocol
+from softverbs.device import protocol
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,7 +25,7 @@ def test_docs_blocks_are_current(rel: str) -> None:
     name, make = protocol.GENERATED[rel]
     text = (ROOT / rel).read_text()
     assert protocol.refreshed(text, name, make()) == text, (
-        f"{rel} is stale: run python -m softverbs.service.protocol --update ."
+        f"{rel} is stale: run python -m softverbs.device.protocol --update ."
     )
 
 
@@ -33,7 +33,7 @@ def test_docs_blocks_are_current(rel: str) -> None:
 def test_more_docs_blocks_are_current(rel: str, name: str, make: Callable[[], str]) -> None:
     text = (ROOT / rel).read_text()
     assert protocol.refreshed(text, name, make()) == text, (
-        f"{rel} ({name}) is stale: run python -m softverbs.service.protocol --update ."
+        f"{rel} ({name}) is stale: run python -m softverbs.device.protocol --update ."
     )
 
 
@@ -45,7 +45,7 @@ def test_every_ring_constant_is_documented() -> None:
 
 def test_c_header_is_current() -> None:
     assert (ROOT / protocol.C_HEADER).read_text() == protocol.c_header(), (
-        f"{protocol.C_HEADER} is stale: run python -m softverbs.service.protocol --update ."
+        f"{protocol.C_HEADER} is stale: run python -m softverbs.device.protocol --update ."
     )
 
 

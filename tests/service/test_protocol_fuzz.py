@@ -41,9 +41,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from softverbs.device import api
+from softverbs.device import api, protocol
 from softverbs.layout import Record
-from softverbs.service import protocol
 from softverbs.service.server import Client, Service
 
 PROTOCOL_EXAMPLES = int(os.environ.get("SOFTVERBS_FUZZ_EXAMPLES", "6000"))

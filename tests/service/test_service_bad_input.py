@@ -40,7 +40,7 @@ from svkit import (
     XrcSender,
 )
 
-from softverbs.device import api
+from softverbs.device import api, protocol
 from softverbs.engine.rings import CQE_SIZE, HEADER_SIZE, recv_slot_size, send_slot_size
 from softverbs.enums import (
     IBV_QP_ACCESS_FLAGS,
@@ -55,7 +55,6 @@ from softverbs.enums import (
     IBV_WC_LOC_QP_OP_ERR,
     IBV_WC_SUCCESS,
 )
-from softverbs.service import protocol
 
 
 def _serving(service: ServiceProc, baseline_fds: int | None = None) -> dict[str, Any]:
@@ -295,7 +294,7 @@ def test_another_users_connection_is_refused(service: ServiceProc) -> None:
     """Only the service's own user (and root) may connect: SO_PEERCRED."""
     code = (
         "import socket, sys\n"
-        "from softverbs.service import protocol\n"
+        "from softverbs.device import protocol\n"
         "s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n"
         f"s.connect({service.path!r})\n"
         "data, fds = protocol.recv(s)\n"

@@ -18,22 +18,22 @@ from softverbs.ext.mlx5dv import Mlx5Context
 
 @pytest.fixture(params=["inproc", "host"])
 def ctx(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[Mlx5Context]:
-    from softverbs.verbs import registry
+    from softverbs.verbs import registry, world
 
-    world: registry.Registry | object
+    reg: registry.Registry | object
     if request.param == "host":
-        from softverbs.service.client import ServiceRegistry
+        from softverbs.verbs.served import ServiceRegistry
 
         path = request.getfixturevalue("host_service")
         monkeypatch.setenv("SOFTVERBS_SERVICE", path)
-        world = ServiceRegistry(path)
+        reg = ServiceRegistry(path)
     else:
-        world = registry.Registry()
-    registry.push(world)  # type: ignore[arg-type]
+        reg = registry.Registry()
+    world.push(reg)  # type: ignore[arg-type]
     try:
         c = open_ctx()
         yield c
         c.close()
     finally:
-        registry.pop(world)  # type: ignore[arg-type]
-        world.shutdown()  # type: ignore[union-attr]
+        world.pop(reg)  # type: ignore[arg-type]
+        reg.shutdown()  # type: ignore[union-attr]

@@ -57,9 +57,9 @@ class _LinkSpec:
 
 
 def _device_specs() -> Sequence[Any]:
-    from softverbs.verbs import registry
+    from softverbs.verbs import registry, world
 
-    specs = registry.active().specs()
+    specs = world.active().specs()
     if any(getattr(s, "kind", "") == "service" for s in specs):
         # Devices served by softverbsd: their netdevs are in the link table it serves.
         table = {s.name: s for s in registry.Registry().specs()}

@@ -82,7 +82,7 @@ def fetch(socket: str | None) -> dict[str, Any] | None:
     """The service's STATUS, or None (said on stderr) if it is not running;
     UserError (the real reason) if it runs but did not answer."""
     from softverbs.cli.service import ServiceError, fetch_status
-    from softverbs.service import protocol
+    from softverbs.device import protocol
 
     path = os.path.abspath(socket or protocol.default_socket_path())
     try:

@@ -42,8 +42,8 @@ import time
 from typing import Any
 
 from softverbs import config
-from softverbs.service import command as service_command
-from softverbs.service import protocol
+from softverbs.config import service_command
+from softverbs.device import protocol
 
 START_TIMEOUT = 15.0
 
@@ -113,7 +113,7 @@ def fetch_status(path: str) -> dict[str, Any] | None:
     running service is never reported as not running.  `softverbs res` and
     `softverbs stat qp` read the same."""
     from softverbs.errors import PyverbsRDMAError
-    from softverbs.service.client import Connection
+    from softverbs.verbs.served import Connection
 
     try:
         conn = Connection(path, spawn=False)

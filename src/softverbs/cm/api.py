@@ -102,9 +102,9 @@ _CONN_FIELDS = ("responder_resources", "initiator_depth", "flow_control", "retry
 
 
 def _kernel() -> Kernel:
-    from softverbs.verbs import registry
+    from softverbs.verbs import world
 
-    return kernel_for(registry.active())
+    return kernel_for(world.active())
 
 
 def _fail(msg: str, exc: PyverbsRDMAError) -> PyverbsRDMAError:

@@ -220,7 +220,7 @@ _kernels_lock = threading.Lock()
 
 def kernel_for(registry: Any) -> Kernel:
     """The CM kernel of the world ``registry`` names (see :func:`registry.active`)."""
-    from softverbs.service.client import ServiceRegistry
+    from softverbs.verbs.served import ServiceRegistry
 
     with _kernels_lock:
         if isinstance(registry, ServiceRegistry):
@@ -245,11 +245,10 @@ def _reset_after_fork() -> None:
     global _kernels, _kernels_lock
     _kernels = weakref.WeakKeyDictionary()
     _kernels_lock = threading.Lock()
-    from softverbs.verbs import registry
+    from softverbs.verbs.world import worlds
 
-    worlds = [registry._default, *registry._stack]
-    for world in worlds:
-        for dev in list(getattr(world, "devices", {}).values()):
+    for reg in worlds():
+        for dev in list(getattr(reg, "devices", {}).values()):
             if getattr(dev.spec, "kind", "") == "udp":
                 _inherited.append(dev.runtime)
 

@@ -9,7 +9,7 @@ declares each operation once: its number, its request and reply records
 
 :class:`softverbs.device.core.Device` executes them; the in-process
 provider calls it directly with these records, and the device service
-receives the same records as bytes (:mod:`softverbs.service.protocol`) from
+receives the same records as bytes (:mod:`softverbs.device.protocol`) from
 Python and C clients alike.  So every kind of device checks a request in
 one place, and the service's wire format, the C header and the protocol
 document are generated from these declarations.

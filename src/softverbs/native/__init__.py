@@ -19,7 +19,7 @@ editable install, or an install made without a compiler, builds them on first
 use into ``~/.cache/softverbs/native/<hash of the sources>/`` instead.  The
 sources are this package's ``csrc/`` and ``include/``;
 ``include/softverbs/protocol.h`` is generated from the Python definitions
-(``python -m softverbs.service.protocol --update .``).
+(``python -m softverbs.device.protocol --update .``).
 """
 
 from __future__ import annotations

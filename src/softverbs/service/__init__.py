@@ -1,14 +1,7 @@
-"""The device service: engines that outlive processes (softverbsd)."""
+"""The device service, ``softverbsd``: engines that outlive processes.
 
-from __future__ import annotations
-
-import sys
-
-#: the module ``python -m`` runs to start the service (service/__main__.py;
-#: the C library's spawn in native/csrc/conn.c names it too)
-LAUNCH_MODULE = "softverbs.service"
-
-
-def command(*args: str) -> list[str]:
-    """The command line that starts ``softverbsd`` with *args*, in this interpreter."""
-    return [sys.executable, "-m", LAUNCH_MODULE, *args]
+:mod:`softverbs.service.server` is the service; ``python -m softverbs.service``
+starts it (:func:`softverbs.config.service_command`).  Its clients reach it
+through the served provider (:mod:`softverbs.verbs.served`) or the C library,
+both speaking :mod:`softverbs.device.protocol`.
+"""

@@ -11,7 +11,7 @@ uses.  The service adds only what crossing a process boundary needs:
   only the service's own user (or root) may connect, and each connection is
   one :class:`~softverbs.device.core.Owner`.  Its objects are named by
   handles no other connection can use.
-* **Bytes.**  Requests arrive as :mod:`~softverbs.service.protocol`
+* **Bytes.**  Requests arrive as :mod:`~softverbs.device.protocol`
   messages; descriptors passed with them become what the request needs
   (:func:`Service.resources`): shared-memory rings the service maps, a memfd
   holding a memory region, the process's ``/proc/self/mem`` (every other
@@ -62,9 +62,10 @@ from collections.abc import Callable
 from typing import Any
 
 from softverbs import compiled, config
-from softverbs.device import api
+from softverbs.device import api, protocol
 from softverbs.device.core import ALLOWED_OPCODES, Owner, Resources
 from softverbs.device.memory import ProcessMemory
+from softverbs.device.protocol import ProtocolError
 from softverbs.engine.rings import (
     CQE_SIZE,
     HEADER_SIZE,
@@ -78,8 +79,6 @@ from softverbs.engine.rings import (
     shared_work_ring,
 )
 from softverbs.errors import ConfigError, PyverbsError, PyverbsRDMAError, einval
-from softverbs.service import protocol
-from softverbs.service.protocol import ProtocolError
 from softverbs.verbs.registry import Registry
 
 log = logging.getLogger("softverbsd")

@@ -37,7 +37,7 @@ from softverbs.enums import (
     ibv_event_type,
 )
 from softverbs.errors import PyverbsRDMAError, PyverbsUserError, einval
-from softverbs.verbs import registry
+from softverbs.verbs import world
 from softverbs.verbs.base import PyverbsCM, PyverbsObject, as_int, as_uint, require
 from softverbs.verbs.device_ex import DeviceAttrEx, GIDEntry, ODPCaps
 from softverbs.verbs.provider import Attach, Provider, destroy
@@ -90,7 +90,7 @@ def get_device_list() -> list[Device]:
     """The soft devices visible to this process (or to the active simulation)."""
     return [
         Device(spec.name.encode(), spec.guid, IBV_NODE_CA, IBV_TRANSPORT_IB, index)
-        for index, spec in enumerate(registry.active().specs())
+        for index, spec in enumerate(world.active().specs())
     ]
 
 
@@ -294,7 +294,7 @@ class Context(PyverbsCM):
         super().__init__()
         name = kwargs.get("name")
         cmd_fd = kwargs.get("cmd_fd")
-        self._registry = registry.active()
+        self._registry = world.active()
         if cmd_fd is not None:
             self._import(cmd_fd)
         else:

@@ -129,3 +129,46 @@ def touch(addr: int, length: int) -> None:
     page = mmap.PAGESIZE
     for pos in range(addr - addr % page, addr + length, page):
         ctypes.string_at(max(pos, addr), 1)
+
+
+# --- device memory (ibv_alloc_dm): the pool a provider keeps per device ------------------
+
+#: Bytes of device memory each softverbs device has.
+MAX_DM_SIZE = 256 * 1024
+
+#: Device memory is accessed in 32-bit words.
+DM_WORD = 4
+
+
+class DmPool:
+    """The device memory of one device: a byte array and its allocations."""
+
+    def __init__(self, size: int = MAX_DM_SIZE, region: Any = None) -> None:
+        self.size = size
+        #: the bytes: this process's, or a shared file the device service maps (``region``)
+        self.region = region
+        self.memory: bytearray | memoryview = region.view[:size] if region is not None \
+            else bytearray(size)  # fmt: skip
+        self._used: dict[int, int] = {}  #: start -> length
+
+    def alloc(self, length: int, log_align: int) -> int | None:
+        """The start of ``length`` free bytes aligned to ``2**log_align``, or None."""
+        align = 1 << max(log_align, 2)  # every allocation is at least word aligned
+        pos = 0
+        for start in sorted(self._used):
+            pos = -(-pos // align) * align
+            if pos + length <= start:
+                break
+            pos = max(pos, start + self._used[start])
+        pos = -(-pos // align) * align
+        if pos + length > self.size:
+            return None
+        self._used[pos] = length
+        self.memory[pos : pos + length] = bytes(length)
+        return pos
+
+    def free(self, start: int) -> None:
+        self._used.pop(start, None)
+
+    def view(self, start: int, length: int) -> memoryview:
+        return memoryview(self.memory)[start : start + length]

@@ -9,7 +9,7 @@ there:
 * :class:`EmbeddedProvider` -- the device runs in this process: it calls
   the host directly with the request record, and the rings are the very
   objects the engine reads (:func:`~softverbs.engine.rings.local_work_ring`).
-* :class:`softverbs.service.client.ServiceProvider` -- the device runs in
+* :class:`softverbs.verbs.served.ServiceProvider` -- the device runs in
   ``softverbsd``: the request goes as bytes over a socket, the rings live in
   shared memory, and events arrive on sockets of their own.
 
@@ -42,8 +42,7 @@ from softverbs.layout import Record
 
 if TYPE_CHECKING:
     from softverbs.fabric.runtime import DeviceRuntime
-    from softverbs.verbs.dm import DmPool
-    from softverbs.verbs.memory import Memory
+    from softverbs.verbs.memory import DmPool, Memory
 
 Rep = TypeVar("Rep", bound=Record)
 
@@ -196,7 +195,7 @@ class EmbeddedProvider:
 
     def dm_pool(self) -> DmPool:
         """The device's on-device memory (``ibv_alloc_dm``), made on first use."""
-        from softverbs.verbs.dm import DmPool
+        from softverbs.verbs.memory import DmPool
 
         if self._dm_pool is None:
             self._dm_pool = DmPool()

@@ -5,7 +5,7 @@ demand) unless ``SOFTVERBS_SERVICE=0``.  A :class:`ServiceProvider` is the
 :class:`~softverbs.verbs.provider.Provider` of such a device: the verbs
 objects are the same as for an in-process device, and what a verb becomes
 is the same operation of :mod:`softverbs.device.api`; here it travels as
-bytes (:mod:`softverbs.service.protocol`):
+bytes (:mod:`softverbs.device.protocol`):
 
 * **Rings** live in memfds this process creates and passes with the request
   that creates the queue; posting writes WQEs into them and rings a one-way
@@ -41,7 +41,8 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from softverbs import config, sanitizer
-from softverbs.device import api
+from softverbs.config import service_command
+from softverbs.device import api, protocol
 from softverbs.device.core import Features
 from softverbs.engine.rings import (
     CQE_SIZE,
@@ -59,8 +60,6 @@ from softverbs.engine.rings import (
 from softverbs.errors import PyverbsRDMAError, eopnotsupp
 from softverbs.fabric.runtime import Clock, MonotonicClock
 from softverbs.layout import Record
-from softverbs.service import command as service_command
-from softverbs.service import protocol
 from softverbs.verbs.memory import Memory, address_of
 from softverbs.verbs.provider import Attach
 from softverbs.verbs.registry import DeviceSpec, SoftDevice
@@ -532,7 +531,7 @@ class ServiceProvider:
 
     def dm_pool(self) -> Any:
         """The device memory of this process's contexts: a memfd the service maps."""
-        from softverbs.verbs.dm import MAX_DM_SIZE, DmPool
+        from softverbs.verbs.memory import MAX_DM_SIZE, DmPool
 
         pool = getattr(self, "_dm", None)
         if pool is None:
