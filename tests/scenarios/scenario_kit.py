@@ -86,12 +86,24 @@ def ctx(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iter
     kind = request.param
     socket = request.getfixturevalue("host_service") if kind == "host" else None
     monkeypatch.setenv("SOFTVERBS_SERVICE", socket or "0")
+    global _world
     with testing.world(kind, socket=socket) as w:
+        _world = w
         c = w.context(0)
         c.kind = kind  # type: ignore[attr-defined]
         yield c
         if kind != "host":
             c.runtime.faults = None  # type: ignore[attr-defined]
+    _world = None
+
+
+#: the world of the running scenario (the ``ctx`` fixture's); the waits below use it
+_world: testing.World | None = None
+
+
+def _current() -> testing.World:
+    assert _world is not None, "a scenario helper waited outside the ctx fixture"
+    return _world
 
 
 def inproc_only(ctx: Context,
@@ -325,20 +337,11 @@ def _fmt(wcs: list[WC]) -> str:
 
 
 def poll_n(cq: CQ, n: int, timeout: float = 3.0, what: str = "") -> list[WC]:
-    """Poll exactly ``n`` completions, failing clearly after ``timeout`` seconds."""
-    got: list[WC] = []
-    end = time.monotonic() + timeout
-    while len(got) < n:
-        k, wcs = cq.poll(n - len(got))
-        got.extend(wcs)
-        if k == 0:
-            if time.monotonic() > end:
-                pytest.fail(
-                    f"{what or 'CQ'}: expected {n} completion(s) within {timeout}s, "
-                    f"got {len(got)}: {_fmt(got)}"
-                )
-            time.sleep(0.0002)
-    return got
+    """Poll exactly ``n`` completions, of any status, failing clearly after ``timeout``
+    seconds (:func:`softverbs.testing.wait_completions`)."""
+    wcs: list[WC] = testing.wait_completions(_current(), cq, n, timeout=timeout, status=None,
+                                             what=what)  # fmt: skip
+    return wcs
 
 
 def poll_exact(cq: CQ, n: int, timeout: float = 3.0, what: str = "") -> list[WC]:
@@ -370,16 +373,13 @@ def check_wc(wc: WC, wr_id: int, status: int, opcode: int | None = None,
 
 def wait_until(cond: Callable[[], bool], ctx: Context, timeout: float = 3.0,
                what: str = "condition") -> None:  # fmt: skip
-    """Drive the device until ``cond()``; fail after ``timeout``."""
-    end = time.monotonic() + timeout
-    while True:
+    """Drive the devices until ``cond()``; fail after ``timeout``
+    (:func:`softverbs.testing.wait_until`)."""
+    def locked() -> bool:  # the device's own thread (UDP) changes what cond reads
         with ctx.lock:
-            ctx.runtime.progress()
-            if cond():
-                return
-        if time.monotonic() > end:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.0002)
+            return cond()
+
+    testing.wait_until(_current(), locked, timeout=timeout, what=what)
 
 
 # --- async events ----------------------------------------------------------------------
