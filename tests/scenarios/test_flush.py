@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -179,6 +180,40 @@ def test_reset_removes_unpolled_cqes_of_that_qp_only(ctx):
     assert [(w.wr_id, w.qp_num, w.status) for w in wcs] == [
         (100, b_qp.qp_num, IBV_WC_SUCCESS), (101, b_qp.qp_num, IBV_WC_SUCCESS),
     ]  # fmt: skip
+
+
+def test_destroy_leaves_the_qps_cqes_to_be_polled(ctx):
+    """Unlike RESET, destroying a QP leaves what it completed in the CQ, as on
+    rxe: libfabric's RXM destroys a connection's QP on the peer's disconnect
+    and reads the CQ afterwards (fi_pingpong -e rdm hung when they were
+    removed)."""
+    pd = PD(ctx)
+    cq = CQ(ctx, 64)
+    a_qp = make_qp(pd, IBV_QPT_RC, cq)
+    b_qp = make_qp(pd, IBV_QPT_RC, cq)
+    connect(a_qp, b_qp.qp_num)
+    connect(b_qp, a_qp.qp_num)
+    mr = MR(pd, 4096, 1)
+    from softverbs import SGE, RecvWR, SendWR
+
+    for i in range(2):
+        b_qp.post_recv(RecvWR(100 + i, 1, [SGE(mr.buf + 1024, 64, mr.lkey)]))
+        a_qp.post_send(SendWR(i, num_sge=1, sg=[SGE(mr.buf, 8, mr.lkey)]))
+    a_qpn, b_qpn = a_qp.qp_num, b_qp.qp_num
+    deadline = time.monotonic() + 10
+    while cq.ring.pending() < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)  # a served or UDP device completes on its own time
+    assert cq.ring.pending() == 4, "the four CQEs are in the CQ before either QP goes"
+    k, wcs = cq.poll(1)
+    assert k == 1
+    a_qp.close()
+    b_qp.close()
+    wcs += poll_exact(cq, 3)
+    assert sorted((w.qp_num, w.wr_id, w.status) for w in wcs) == [
+        (a_qpn, 0, IBV_WC_SUCCESS), (a_qpn, 1, IBV_WC_SUCCESS),
+        (b_qpn, 100, IBV_WC_SUCCESS), (b_qpn, 101, IBV_WC_SUCCESS),
+    ]  # fmt: skip
+    assert_cq_empty(cq, "four CQEs, each once")
 
 
 def test_reset_then_reconnect_works_again(ctx):

@@ -1487,7 +1487,7 @@ class Host:
             return
         refs.discard(holder)
         if not refs:
-            eng.reset()
+            eng.reset(clean_cqs=False)  # a destroy: its CQEs stay (engine/qp.py)
             hca.qps.pop(eng.qpn, None)
             hca.xrc_refs.pop(eng.qpn, None)
 
@@ -1615,7 +1615,7 @@ class Host:
                 self._xrc_release(dev, eng, rec)
             else:
                 hca.detach_all(eng)
-                eng.reset()
+                eng.reset(clean_cqs=False)  # its CQEs stay to be polled (engine/qp.py)
                 hca.qps.pop(eng.qpn, None)
             if eng.owner is rec:
                 eng.owner = None

@@ -13,6 +13,13 @@ driver believes.  The rest of this module carries a transition out:
 
 * **RESET** discards every WQE without a CQE and removes the QP's un-polled
   CQEs from its CQs (as mlx5 does); the rings start again at zero.
+* **Destroy** discards the WQEs as RESET does, but the CQEs already in the CQs
+  stay there to be polled, as on rxe (the kernel's ``ib_destroy_qp`` never
+  touches a CQ; mlx5 cleans them).  Programs count on it: libfabric's RXM
+  closes a connection's endpoint when its peer disconnects, destroying the QP,
+  and only then reads the CQ for what that QP completed (``rxm_close_conn``);
+  cleaning the CQ there lost a completion the program was waiting for, and
+  ``fi_pingpong -e rdm`` hung.
 * **ERR** (by modify, or by the engine itself) completes every outstanding
   WQE with ``IBV_WC_WR_FLUSH_ERR`` in posting order -- send queue, then the
   receive queue, or only the receive WQE it took from its SRQ, followed by
@@ -204,16 +211,18 @@ class QPEngine(QPCore):
             if new == IBV_QPS_INIT:
                 self.comm_established = False
 
-    def reset(self) -> None:
-        """RESET: drop all work without completions and clean the CQs."""
+    def reset(self, clean_cqs: bool = True) -> None:
+        """RESET: drop all work without completions and clean the CQs; a
+        destroy passes ``clean_cqs=False`` (its CQEs stay, see above)."""
         srq = self.srq
 
         def purged(cqe: CQE) -> None:
             if cqe.wq_kind == WQ_SRQ and srq is not None:
                 srq.discarded()  # the application's slot comes back without a CQE
 
-        for cq in {id(c): c for c in (self.send_cq, self.recv_cq) if c is not None}.values():
-            cq.purge(self.qpn, purged)
+        if clean_cqs:
+            for cq in {id(c): c for c in (self.send_cq, self.recv_cq) if c is not None}.values():
+                cq.purge(self.qpn, purged)
         rqe = self.resp.rqe
         if rqe is not None and rqe.srq is not None:
             rqe.srq.discarded()
