@@ -33,6 +33,7 @@ from types import ModuleType
 MODULES: tuple[str, ...] = (
     "softverbs.layout",
     "softverbs.hostmem",
+    "softverbs.engine.completer",
     "softverbs.engine.core",
     "softverbs.engine.hca",
     "softverbs.engine.memory",
@@ -42,6 +43,7 @@ MODULES: tuple[str, ...] = (
     "softverbs.engine.requester",
     "softverbs.engine.responder",
     "softverbs.engine.rings",
+    "softverbs.engine.wr",
     "softverbs.wire.codec",
     "softverbs.wire.opcodes",
     "softverbs.wire.packet",

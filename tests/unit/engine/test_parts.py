@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from engine_kit import Bench
 
-from softverbs.engine.requester import _move
 from softverbs.engine.rings import WQE_MOVES, SendWQE, WqeState
+from softverbs.engine.wr import move as _move
 
 
 def test_each_part_owns_its_state() -> None:
