@@ -71,7 +71,7 @@ from softverbs.enums import (
     IBV_WR_ATOMIC_CMP_AND_SWP,
     IBV_WR_LOCAL_INV,
 )
-from softverbs.wire.opcodes import Op, Transport
+from softverbs.wire.opcodes import Op
 from softverbs.wire.packet import Packet, burst
 
 if TYPE_CHECKING:
@@ -79,37 +79,27 @@ if TYPE_CHECKING:
     from softverbs.engine.congestion import CongestionControl
     from softverbs.engine.qp import QPEngine
 
-# (class, imm, inv) -> operations for (FIRST, MIDDLE, LAST, ONLY)
-_MSG_OPS: dict[tuple[WrClass, bool, bool], tuple[Op, Op, Op, Op]] = {
-    (WrClass.SEND, False, False): (Op.SEND_FIRST, Op.SEND_MIDDLE, Op.SEND_LAST, Op.SEND_ONLY),
-    (WrClass.SEND, True, False): (
-        Op.SEND_FIRST, Op.SEND_MIDDLE, Op.SEND_LAST_WITH_IMMEDIATE, Op.SEND_ONLY_WITH_IMMEDIATE,
-    ),
-    (WrClass.SEND, False, True): (
-        Op.SEND_FIRST, Op.SEND_MIDDLE, Op.SEND_LAST_WITH_INVALIDATE, Op.SEND_ONLY_WITH_INVALIDATE,
-    ),
-    (WrClass.WRITE, False, False): (
-        Op.RDMA_WRITE_FIRST, Op.RDMA_WRITE_MIDDLE, Op.RDMA_WRITE_LAST, Op.RDMA_WRITE_ONLY,
-    ),
-    (WrClass.WRITE, True, False): (
-        Op.RDMA_WRITE_FIRST, Op.RDMA_WRITE_MIDDLE, Op.RDMA_WRITE_LAST_WITH_IMMEDIATE,
-        Op.RDMA_WRITE_ONLY_WITH_IMMEDIATE,
-    ),
-}  # fmt: skip
-
-
-def _msg_opcodes(transport: Transport, klass: WrClass, imm: bool,
-                 inv: bool) -> tuple[int, int, int, int]:  # fmt: skip
-    first, middle, last, only = _MSG_OPS[(klass, imm, inv)]
-    return transport | first, transport | middle, transport | last, transport | only
-
-
 class SigStop(IntEnum):
     """Signature pipelining (MLX5DV_QP_CREATE_SIG_PIPELINING): where the SQ is."""
 
     NONE = 0
     PENDING = 1  #: a transfer failed its signature check: stop before the next fence
     STOPPED = 2  #: stopped in SQD for it: post SQ_DRAINED once the started WQEs are done
+
+
+# Enum members as module constants: a class attribute lookup of an enum member
+# costs several times a global's, on the path of every WQE
+_SIG_PENDING = SigStop.PENDING
+_W_QUEUED = WqeState.QUEUED
+_W_ACTIVE = WqeState.ACTIVE
+_W_CANCELLED = WqeState.CANCELLED
+_W_DONE = WqeState.DONE
+_W_FAILED = WqeState.FAILED
+_WR_SEND = WrClass.SEND
+_WR_WRITE = WrClass.WRITE
+_WR_READ = WrClass.READ
+_WR_ATOMIC = WrClass.ATOMIC
+_WR_LOCAL = WrClass.LOCAL
 
 
 class Requester:
@@ -169,7 +159,7 @@ class Requester:
             wqe = sq.get(self.sq_next)
             info = WR_INFO[wqe.opcode]
             rd = info.rd
-            if wqe.fence and self.sig is SigStop.PENDING:
+            if wqe.fence and self.sig is _SIG_PENDING:
                 self._sig_stop()  # never past a fence after a signature error
                 break
             if wqe.fence and self.rd_out:
@@ -183,7 +173,7 @@ class Requester:
             self.sq_next += 1
             self._start(wqe, info, now)
             held = pending(wqe)  # a window-bound message, a long READ
-        if self.sig is SigStop.PENDING and qp.state == IBV_QPS_RTS and self.sq_next >= sq.db:
+        if self.sig is _SIG_PENDING and qp.state == IBV_QPS_RTS and self.sq_next >= sq.db:
             self._sig_stop()  # nothing more to start: stop here
         comp.complete(now)
         if qp.state == IBV_QPS_SQD and self.draining:
@@ -225,11 +215,11 @@ class Requester:
         obs = qp.hca.observer
         klass = info.klass
         comp = self.comp
-        if klass is WrClass.LOCAL or wqe.state == WqeState.CANCELLED:
-            if wqe.state == WqeState.QUEUED:  # a NOP (cancelled) has nothing to do
+        if klass is _WR_LOCAL or wqe.state == _W_CANCELLED:
+            if wqe.state == _W_QUEUED:  # a NOP (cancelled) has nothing to do
                 self._execute_local(wqe)
-                if wqe.state == WqeState.QUEUED:
-                    move(wqe, WqeState.DONE)
+                if wqe.state == _W_QUEUED:
+                    move(wqe, _W_DONE)
             comp.track(wqe)
             if obs is not None:
                 obs.wqe_start(qp, wqe)
@@ -244,8 +234,8 @@ class Requester:
             if obs is not None:
                 obs.wqe_start(qp, wqe)
             return
-        move(wqe, WqeState.ACTIVE)
-        npkts = 1 if klass is WrClass.ATOMIC else max(1, -(-wqe.length // qp.pmtu))
+        move(wqe, _W_ACTIVE)
+        npkts = 1 if klass is _WR_ATOMIC else max(1, -(-wqe.length // qp.pmtu))
         wqe.npkts = npkts
         wqe.psn = self.npsn
         self.npsn = P.add(self.npsn, npkts)
@@ -260,7 +250,7 @@ class Requester:
         """Resolve local memory; on failure mark the WQE failed (returns status)."""
         qp = self.qp
         keys = qp.hca.keys
-        if klass in (WrClass.SEND, WrClass.WRITE):
+        if klass is _WR_SEND or klass is _WR_WRITE:
             if wqe.inline is not None:
                 wqe.data = wqe.inline
             else:
@@ -283,7 +273,7 @@ class Requester:
             if isinstance(v, str):
                 return self.fail(wqe, IBV_WC_LOC_PROT_ERR, v)
             views.append(v)
-        if klass is WrClass.ATOMIC:
+        if klass is _WR_ATOMIC:
             if wqe.length < 8:
                 return self.fail(wqe, IBV_WC_LOC_LEN_ERR, "an atomic needs an 8-byte local buffer")
             views = [views[0][:8]] if len(views[0]) >= 8 else views
@@ -293,7 +283,7 @@ class Requester:
     def fail(self, wqe: SendWQE, status: int, reason: str) -> int:
         """``wqe`` failed: it completes in error when it reaches the head, and
         nothing starts until then (returns ``status``)."""
-        move(wqe, WqeState.FAILED)
+        move(wqe, _W_FAILED)
         wqe.status = status
         wqe.reason = reason
         self.blocked = True
@@ -325,16 +315,16 @@ class Requester:
         info = WR_INFO[wqe.opcode]
         klass = info.klass
         asked_all = True
-        if klass is WrClass.READ:
+        if klass is _WR_READ:
             asked_all = self._send_read(wqe)
-        elif klass is WrClass.ATOMIC:
+        elif klass is _WR_ATOMIC:
             self._send_atomic(wqe)
         else:
             asked_all = self._send_message(wqe, info, now)
         if qp.reliable:
             self.comp.arm_ack_timer(now)
         else:
-            move(wqe, WqeState.DONE)  # UC, UD: done once sent
+            move(wqe, _W_DONE)  # UC, UD: done once sent
         return asked_all
 
     def _send_message(self, wqe: SendWQE, info: WrInfo, now: float) -> bool:
@@ -373,14 +363,14 @@ class Requester:
             pkt = qp.new_request(0, psn, payload)
         if qp.qp_type == IBV_QPT_XRC_SEND:
             pkt.srqn = wqe.xrc_srqn
-        if info.klass is WrClass.WRITE:
+        if info.klass is _WR_WRITE:
             pkt.va = wqe.remote_addr
             pkt.rkey = wqe.rkey
             pkt.dma_len = wqe.length
         pkt.imm = wqe.imm
         pkt.inv_rkey = wqe.inv_rkey
         pkt.se = wqe.se
-        ops = _msg_opcodes(qp.transport, info.klass, info.imm, info.inv)
+        ops = info.ops[qp.transport]
         qp.send(burst(pkt, ops, i, count, n, pmtu, ack))
         again = P.diff(self.sent_end, psn)
         if again > 0:

@@ -31,6 +31,7 @@ from softverbs.enums import (
     IBV_WR_SEND_WITH_IMM,
     IBV_WR_SEND_WITH_INV,
 )
+from softverbs.wire.opcodes import Op, Transport
 
 
 class WrClass(IntEnum):
@@ -43,10 +44,29 @@ class WrClass(IntEnum):
     LOCAL = 4  #: executed inside the device: LOCAL_INV, BIND_MW
 
 
+# (class, imm, inv) -> operations for (FIRST, MIDDLE, LAST, ONLY)
+_MSG_OPS: dict[tuple[WrClass, bool, bool], tuple[Op, Op, Op, Op]] = {
+    (WrClass.SEND, False, False): (Op.SEND_FIRST, Op.SEND_MIDDLE, Op.SEND_LAST, Op.SEND_ONLY),
+    (WrClass.SEND, True, False): (
+        Op.SEND_FIRST, Op.SEND_MIDDLE, Op.SEND_LAST_WITH_IMMEDIATE, Op.SEND_ONLY_WITH_IMMEDIATE,
+    ),
+    (WrClass.SEND, False, True): (
+        Op.SEND_FIRST, Op.SEND_MIDDLE, Op.SEND_LAST_WITH_INVALIDATE, Op.SEND_ONLY_WITH_INVALIDATE,
+    ),
+    (WrClass.WRITE, False, False): (
+        Op.RDMA_WRITE_FIRST, Op.RDMA_WRITE_MIDDLE, Op.RDMA_WRITE_LAST, Op.RDMA_WRITE_ONLY,
+    ),
+    (WrClass.WRITE, True, False): (
+        Op.RDMA_WRITE_FIRST, Op.RDMA_WRITE_MIDDLE, Op.RDMA_WRITE_LAST_WITH_IMMEDIATE,
+        Op.RDMA_WRITE_ONLY_WITH_IMMEDIATE,
+    ),
+}  # fmt: skip
+
+
 class WrInfo:
     """Static facts about one ``ibv_wr_opcode``."""
 
-    __slots__ = ("imm", "inv", "klass", "rd", "wc_opcode")
+    __slots__ = ("imm", "inv", "klass", "ops", "rd", "wc_opcode")
 
     def __init__(self, klass: WrClass, wc_opcode: int, imm: bool = False, inv: bool = False):
         self.klass = klass
@@ -55,6 +75,12 @@ class WrInfo:
         self.inv = inv
         #: a READ or an atomic: answered by responses, limited by max_rd_atomic
         self.rd = klass in (WrClass.READ, WrClass.ATOMIC)
+        #: SEND, WRITE: BTH transport -> the message's (FIRST, MIDDLE, LAST, ONLY) opcodes
+        self.ops: dict[int, tuple[int, int, int, int]] = {}
+        base = _MSG_OPS.get((klass, imm, inv))
+        if base is not None:
+            self.ops = {int(t): (t | base[0], t | base[1], t | base[2], t | base[3])
+                        for t in Transport}  # fmt: skip
 
 
 #: verbs.h IBV_WC_DRIVER1: the completion of a provider's own local WQE
