@@ -321,6 +321,8 @@ class Completer:
         self.retry_left = qp.retry_cnt
         self.rnr_left = qp.rnr_retry
         self.resending = False
+        # una is at most the next new PSN (only sent PSNs are acknowledged), so
+        # "una was started" is "something is still unacknowledged"
         if req.started(una):
             timeout = P.ack_timeout_s(qp.timeout)
             self.deadline = None if timeout is None else now + timeout
