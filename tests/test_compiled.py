@@ -58,12 +58,18 @@ def test_installed_extensions_are_the_ones_that_run() -> None:
     files = out["files"]
     assert isinstance(files, dict)
     built = {m for m, f in files.items() if not f.endswith(".py")}
-    for name, path in files.items():
-        src = Path(path).with_name(name.rpartition(".")[2] + ".py")
+
+    def fresh(name: str) -> bool:
+        src = Path(str(files[name])).with_name(name.rpartition(".")[2] + ".py")
+        newest = max(p.stat().st_mtime for p in (src, src.with_suffix(".pxd")) if p.exists())
         ext = [src.with_name(src.stem + s) for s in importlib.machinery.EXTENSION_SUFFIXES]
-        fresh = [e for e in ext if e.exists()
-                 and src.stat().st_mtime <= e.stat().st_mtime + compiled.STALE_AFTER]  # fmt: skip
-        assert (name in built) == bool(fresh), (name, path)
+        return any(e.exists() and newest <= e.stat().st_mtime + compiled.STALE_AFTER
+                   for e in ext)  # fmt: skip
+
+    linked_fresh = all(fresh(m) for m in compiled.LINKED)
+    for name, path in files.items():
+        expected = fresh(name) and (name not in compiled.LINKED or linked_fresh)
+        assert (name in built) == expected, (name, path)
     assert out["compiled"] is bool(built)
     if built:
         assert str(out["mode"]).startswith(f"compiled ({len(built)} of {len(compiled.MODULES)}")
@@ -92,6 +98,33 @@ def test_stale_extension_gives_way_to_the_edited_source(
     assert "svstale.hot" in compiled.stale
     compiled.stale.discard("svstale.hot")
     assert finder.find_spec("svstale.other", [str(pkg)]) is None  # not a hot module
+
+
+def test_linked_modules_run_from_source_together(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Modules whose .pxd files link them (compiled.LINKED) cannot mix compiled and
+    interpreted: one stale member -- its .py or its .pxd edited -- sends all to source."""
+    pkg = tmp_path / "svlinked"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    for leaf in ("a", "b"):
+        (pkg / (leaf + importlib.machinery.EXTENSION_SUFFIXES[0])).write_bytes(b"not really")
+        (pkg / (leaf + ".py")).write_text("VALUE = 'source'\n")
+        (pkg / (leaf + ".pxd")).write_text("")
+        for f in pkg.glob(leaf + ".*"):
+            os.utime(f, (1_000_000, 1_000_000))
+    monkeypatch.setattr(compiled, "MODULES", ("svlinked.a", "svlinked.b"))
+    monkeypatch.setattr(compiled, "LINKED", frozenset({"svlinked.a", "svlinked.b"}))
+    monkeypatch.setattr(compiled, "stale", set())
+    finder = compiled._SourceFirst(pure=False)
+    assert finder.find_spec("svlinked.a", [str(pkg)]) is None  # all fresh: compiled
+    os.utime(pkg / "b.pxd", (1_000_100, 1_000_100))  # b's declarations edited
+    spec = finder.find_spec("svlinked.a", [str(pkg)])
+    assert spec is not None and spec.origin == str(pkg / "a.py")  # a goes to source with b
+    assert compiled.stale == {"svlinked.b"}
+    spec = finder.find_spec("svlinked.b", [str(pkg)])
+    assert spec is not None and spec.origin == str(pkg / "b.py")
 
 
 def test_version_reports_the_mode() -> None:

@@ -33,6 +33,7 @@ from types import ModuleType
 MODULES: tuple[str, ...] = (
     "softverbs.layout",
     "softverbs.hostmem",
+    "softverbs.engine.completer",
     "softverbs.engine.core",
     "softverbs.engine.hca",
     "softverbs.engine.memory",
@@ -42,6 +43,7 @@ MODULES: tuple[str, ...] = (
     "softverbs.engine.requester",
     "softverbs.engine.responder",
     "softverbs.engine.rings",
+    "softverbs.engine.wr",
     "softverbs.wire.codec",
     "softverbs.wire.opcodes",
     "softverbs.wire.packet",
@@ -57,6 +59,19 @@ MODULES: tuple[str, ...] = (
     "softverbs.verbs.wr",
 )
 
+#: The modules whose ``.pxd`` files link them at the C level: one ``cimport``s
+#: another's extension types or functions, so a compiled one cannot run beside
+#: an interpreted one (its typed fields reject the Python class, its import of
+#: the other's C functions fails).  If any of them is stale, all run from source.
+LINKED: frozenset[str] = frozenset({
+    "softverbs.engine.completer",
+    "softverbs.engine.psn",
+    "softverbs.engine.requester",
+    "softverbs.engine.responder",
+    "softverbs.engine.rings",
+    "softverbs.engine.wr",
+})  # fmt: skip
+
 #: the environment switch that runs the .py files even where compiled ones exist
 PURE_ENV = "SOFTVERBS_PURE"
 
@@ -66,9 +81,9 @@ def pure_requested() -> bool:
     return os.environ.get(PURE_ENV, "").strip().lower() not in ("", "0", "no", "false")
 
 
-#: a compiled module older than its .py by more than this (seconds) is stale
-#: (the .py was edited after the build); the margin covers an install that
-#: writes the .py just after the extension
+#: a compiled module older than its .py (or its .pxd) by more than this (seconds) is
+#: stale (edited after the build); the margin covers an install that writes the
+#: .py just after the extension
 STALE_AFTER = 2.0
 
 #: the modules found stale and imported from source instead
@@ -94,18 +109,44 @@ class _SourceFirst(importlib.abc.MetaPathFinder):
             if not os.path.isfile(source):
                 continue
             if not self.pure:
-                built = [
-                    os.path.join(entry, leaf + s) for s in importlib.machinery.EXTENSION_SUFFIXES
-                ]
-                built = [b for b in built if os.path.isfile(b)]
-                if (
-                    not built
-                    or os.path.getmtime(source) <= os.path.getmtime(built[0]) + STALE_AFTER
-                ):
+                built = _built(os.path.join(entry, leaf))
+                if built is None:
+                    return None  # not compiled: the ordinary finders take the .py
+                if _is_stale(os.path.join(entry, leaf), built):
+                    stale.add(fullname)
+                elif not (fullname in LINKED and _linked_stale(entry, fullname)):
                     return None
-                stale.add(fullname)
             return importlib.util.spec_from_file_location(fullname, source)
         return None
+
+
+def _built(base: str) -> str | None:
+    """The extension module beside ``base`` + ``.py``, if one is there."""
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        if os.path.isfile(base + suffix):
+            return base + suffix
+    return None
+
+
+def _is_stale(base: str, built: str) -> bool:
+    """Whether ``base``'s .py or .pxd was edited after ``built`` was."""
+    newest = max(os.path.getmtime(base + ext) for ext in (".py", ".pxd")
+                 if os.path.isfile(base + ext))  # fmt: skip
+    return newest > os.path.getmtime(built) + STALE_AFTER
+
+
+def _linked_stale(entry: str, fullname: str) -> bool:
+    """Whether a module linked with ``fullname`` (:data:`LINKED`, found in the same
+    package directory ``entry``) is stale; it is then recorded in :data:`stale`."""
+    package = fullname.rpartition(".")[0]
+    found = False
+    for other in LINKED:
+        head, _, leaf = other.rpartition(".")
+        built = _built(os.path.join(entry, leaf)) if head == package else None
+        if built is not None and _is_stale(os.path.join(entry, leaf), built):
+            stale.add(other)
+            found = True
+    return found
 
 
 def install_pure_hook() -> None:

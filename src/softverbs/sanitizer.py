@@ -28,11 +28,12 @@ import time
 import traceback
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from enum import IntEnum
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from softverbs.engine.observe import SQ
-from softverbs.engine.requester import WR_INFO, WrClass
 from softverbs.engine.rings import CompletionRing, WqeState
+from softverbs.engine.wr import WR_INFO, WrClass
 from softverbs.enums import (
     IBV_EVENT_CQ_ERR,
     IBV_QPS_ERR,
@@ -395,6 +396,9 @@ class Sanitizer:
         pass
 
     def packet_in(self, qp: QPCore, pkt: Packet) -> None:
+        pass
+
+    def step(self, qp: QPCore, part: str, state: IntEnum) -> None:
         pass
 
     def retransmit(self, qp: QPCore, psn: int, why: str) -> None:

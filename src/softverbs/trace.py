@@ -2,7 +2,8 @@
 
 A :class:`Tracer` is an :class:`~softverbs.engine.observe.Observer` of one
 device: it writes one JSON object per line for every hook the engine calls
-(WQEs, doorbells, packets out and in -- ACKs and NAKs among them --,
+(WQEs, doorbells, packets out and in -- ACKs and NAKs among them --, the
+step at which the responder or the completer was done with each packet in,
 retransmissions, CQEs, state changes, asynchronous events).  Every record
 has ``t`` (the time of the device's runtime clock: real time, or virtual
 time in a :class:`~softverbs.sim.Simulation`), ``dev`` (the device name),
@@ -27,6 +28,7 @@ import atexit
 import json
 import os
 import threading
+from enum import IntEnum
 from typing import TYPE_CHECKING, Any, TextIO
 
 from softverbs.enums import (
@@ -60,8 +62,8 @@ if TYPE_CHECKING:
 ENV = "SOFTVERBS_TRACE"
 
 #: the kinds of record a trace holds (``device`` heads each device's records)
-KINDS = ("device", "doorbell", "wqe_start", "packet_out", "packet_in", "retransmit", "cqe",
-         "state", "event")  # fmt: skip
+KINDS = ("device", "doorbell", "wqe_start", "packet_out", "packet_in", "step", "retransmit",
+         "cqe", "state", "event")  # fmt: skip
 
 _NAK_CODES = {0: "PSN_SEQUENCE_ERROR", 1: "INVALID_REQUEST", 2: "REMOTE_ACCESS_ERROR",
               3: "REMOTE_OPERATIONAL_ERROR", 4: "INVALID_RD_REQUEST"}  # fmt: skip
@@ -154,6 +156,9 @@ class Tracer:
 
     def packet_in(self, qp: QPCore, pkt: Packet) -> None:
         self._write("packet_in", qp.qpn, **packet_fields(pkt))
+
+    def step(self, qp: QPCore, part: str, state: IntEnum) -> None:
+        self._write("step", qp.qpn, part=part, state=state.name)
 
     def retransmit(self, qp: QPCore, psn: int, why: str) -> None:
         self._write("retransmit", qp.qpn, psn=psn, why=why)

@@ -39,6 +39,9 @@ class Recorder:
     def packet_in(self, qp: Any, pkt: Any) -> None:
         self.log.append(("in", qp.qpn, pkt.opcode, pkt.psn, pkt.count))
 
+    def step(self, qp: Any, part: str, state: Any) -> None:
+        self.log.append(("step", qp.qpn, part, state.name))
+
     def retransmit(self, qp: Any, psn: int, why: str) -> None:
         self.log.append(("retransmit", qp.qpn, psn, why))
 
@@ -69,7 +72,15 @@ def test_hooks_see_a_send_through_an_rnr_nak() -> None:
     assert ra.log[1] == ("wqe_start", qa, 7, 0, 3)
     assert ("out", qa, b.a.qp.transport | 0x00, 0, 3) in ra.log  # SEND_FIRST burst of 3
     assert ("retransmit", qa, 0, "RNR back-off over") in ra.log
-    assert ra.log[-2:] == [("wqe_done", qa, 7), ("cqe", qa, 7, IBV_WC_SUCCESS, IBV_WC_SEND)]
+    # a response's step record follows what handling it did (here: the CQE)
+    assert ra.log[-1] == ("step", qa, "completer", "ACK")
+    assert ra.log[-3:-1] == [("wqe_done", qa, 7), ("cqe", qa, 7, IBV_WC_SUCCESS, IBV_WC_SEND)]
+    steps_a = [e[2:] for e in ra.log if e[0] == "step"]
+    assert steps_a == [("completer", "RNR_RETRY"), ("completer", "ACK")]
+    # the responder's checks: the first try stopped at CHK_RESOURCE (no receive WQE)
+    steps_b = [e[2:] for e in rb.log if e[0] == "step"]
+    assert steps_b[0] == ("responder", "ERR_RNR")
+    assert steps_b[-1] == ("responder", "DONE")
     assert ("doorbell", qb, "rq", 1) in rb.log
     assert ("cqe", qb, 9, IBV_WC_SUCCESS, IBV_WC_RECV) in rb.log
     assert rb.log[-1][:3] == ("out", qb, b.b.qp.transport | 0x11)  # the coalesced ACK, last

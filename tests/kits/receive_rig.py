@@ -86,9 +86,9 @@ from softverbs import (
     SrqInitAttr,
 )
 from softverbs.engine.qp import QPEngine
-from softverbs.engine.requester import WR_INFO, WrClass
 from softverbs.engine.responder import Msg
 from softverbs.engine.rings import CQE, CompletionRing
+from softverbs.engine.wr import WR_INFO, WrClass
 from softverbs.enums import (
     IBV_ACCESS_LOCAL_WRITE,
     IBV_ACCESS_MW_BIND,

@@ -30,8 +30,8 @@ ROW_H = 22
 #: colour of each kind of record
 COLOURS = {
     "doorbell": "#888888", "wqe_start": "#1f6feb", "wqe_done": "#1f6feb", "packet_out": "#222222",
-    "packet_in": "#222222", "retransmit": "#d29922", "rate": "#bc4c00", "cqe": "#2da44e",
-    "state": "#8250df", "event": "#cf222e",
+    "packet_in": "#222222", "step": "#57606a", "retransmit": "#d29922", "rate": "#bc4c00",
+    "cqe": "#2da44e", "state": "#8250df", "event": "#cf222e",
 }  # fmt: skip
 NAK_COLOUR = "#cf222e"
 
@@ -139,6 +139,8 @@ def event_label(rec: dict[str, Any]) -> str:
         return f"{_strip(rec.get('old'), 'IBV_QPS_')} -> {_strip(rec.get('new'), 'IBV_QPS_')}"
     if kind == "rate":
         return f"rate {float(rec.get('bps') or 0) / 1e9:.3f} Gb/s ({rec.get('why')})"
+    if kind == "step":
+        return f"{rec.get('part')}: {rec.get('state')}"
     if kind == "retransmit":
         return f"retransmit from psn {rec.get('psn')} ({rec.get('why')})"
     if kind == "event":

@@ -5,7 +5,7 @@ each own their state (:class:`~.qp.QPEngine` holds one of each):
 
 * the **requester** (:class:`.requester.Requester`) turns send WQEs into
   request packets, within the window and the READ/atomic limit;
-* the **completer** (:class:`.requester.Completer`) consumes ACKs, NAKs and
+* the **completer** (:class:`.completer.Completer`) consumes ACKs, NAKs and
   READ or atomic responses, keeps the retransmission and RNR timers, and
   writes send CQEs in posting order;
 * the **responder** (:class:`.responder.Responder`) checks and executes
@@ -21,6 +21,7 @@ injected clock) and nothing here reads a clock, sleeps or touches a socket.
 
 from __future__ import annotations
 
+import sys
 from collections import Counter, deque
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -69,6 +70,9 @@ class HCAPort(Protocol):
     def cq_overrun(self, cq: CompletionRing) -> None: ...
     def find_srq(self, srqn: int) -> SharedRecvRing | None: ...
 
+
+#: Atomics act on host-endian 64-bit words, as a NIC's DMA does on this host.
+NATIVE = sys.byteorder
 
 #: QP type -> BTH transport prefix.
 TRANSPORT_OF: dict[int, Transport] = {

@@ -170,6 +170,14 @@ class MemKey:
         return self.view[off : off + length]
 
 
+# MemKind members as module constants: KeyTable.local and .remote run for
+# every SGE and every remote access, and a class attribute lookup of an enum
+# member costs several times a global's
+_MR = MemKind.MR
+_MKEY = MemKind.MKEY
+_MW2 = MemKind.MW2
+
+
 class KeyTable:
     """All keys of one device, by index."""
 
@@ -253,7 +261,7 @@ class KeyTable:
         """Resolve a local SGE: the bytes to read (a memoryview), or -- with
         ``write`` -- what the device stores into; or a sentence saying why not."""
         mk = self._keys.get(lkey >> KEY_INDEX_SHIFT)
-        if mk is None or mk.key != lkey or mk.kind not in (MemKind.MR, MemKind.MKEY):
+        if mk is None or mk.key != lkey or (mk.kind is not _MR and mk.kind is not _MKEY):
             return f"lkey {lkey:#x} is not a registered memory region"
         if not mk.valid:
             return f"lkey {lkey:#x} was invalidated"
@@ -281,7 +289,7 @@ class KeyTable:
             return f"rkey {rkey:#x} was invalidated"
         if mk.pd is not pd:
             return f"rkey {rkey:#x} belongs to another protection domain"
-        if mk.kind is MemKind.MW2 and mk.qpn != qpn:
+        if mk.kind is _MW2 and mk.qpn != qpn:
             return f"rkey {rkey:#x} is a type 2 window bound to QP {mk.qpn:#x}, not {qpn:#x}"
         if not mk.access & right:
             return f"rkey {rkey:#x} does not grant {_right_name(right)}"

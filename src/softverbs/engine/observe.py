@@ -11,6 +11,7 @@ moments a NIC's own tracing would see:
 ``wqe_done``         a send WQE is finished and leaves the send queue (its CQE, if any, next)
 ``packet_out``       a packet (or a burst) leaves the QP for the fabric
 ``packet_in``        a packet (or a burst) reached its QP
+``step``             the responder or the completer is done with a packet: where it ended
 ``retransmit``       the requester goes back to a PSN (timeout, NAK, RNR)
 ``rate``             the congestion control changed the QP's rate (a CNP, an increase)
 ``cqe``              a completion is written to a CQ
@@ -30,6 +31,7 @@ and a sanitizer at once); :func:`attach` and :func:`detach` manage it.
 
 from __future__ import annotations
 
+from enum import IntEnum
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -40,6 +42,9 @@ if TYPE_CHECKING:
 
 #: ``doorbell``'s queue names
 SQ, RQ = "sq", "rq"
+#: ``step``'s part names; the state is a :class:`~.responder.RespState` or a
+#: :class:`~.completer.CompState`
+RESPONDER, COMPLETER = "responder", "completer"
 
 
 class Observer(Protocol):
@@ -50,6 +55,7 @@ class Observer(Protocol):
     def wqe_done(self, qp: QPCore, wqe: SendWQE) -> None: ...
     def packet_out(self, qp: QPCore, pkt: Packet) -> None: ...
     def packet_in(self, qp: QPCore, pkt: Packet) -> None: ...
+    def step(self, qp: QPCore, part: str, state: IntEnum) -> None: ...
     def retransmit(self, qp: QPCore, psn: int, why: str) -> None: ...
     def rate(self, qp: QPCore, bps: float, why: str) -> None: ...
     def cqe(self, qp: QPCore, cq: CompletionRing, cqe: CQE) -> None: ...
@@ -82,6 +88,10 @@ class Observers:
     def packet_in(self, qp: QPCore, pkt: Packet) -> None:
         for o in self.observers:
             o.packet_in(qp, pkt)
+
+    def step(self, qp: QPCore, part: str, state: IntEnum) -> None:
+        for o in self.observers:
+            o.step(qp, part, state)
 
     def retransmit(self, qp: QPCore, psn: int, why: str) -> None:
         for o in self.observers:

@@ -13,17 +13,18 @@ Timers (IBA 9.7.6.1.3 and table 45):
 from __future__ import annotations
 
 PSN_MASK = 0xFFFFFF
+_MASK = PSN_MASK  # C globals when compiled (psn.pxd); PSN_MASK stays a Python name
 _HALF = 1 << 23
 _SPACE = 1 << 24
 
 
 def add(psn: int, n: int) -> int:
-    return (psn + n) & PSN_MASK
+    return (psn + n) & _MASK
 
 
 def diff(a: int, b: int) -> int:
     """Signed distance ``a - b`` in the 24-bit PSN space (-2**23 .. 2**23-1)."""
-    d = (a - b) & PSN_MASK
+    d = (a - b) & _MASK
     return d - _SPACE if d >= _HALF else d
 
 

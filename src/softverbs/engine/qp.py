@@ -36,9 +36,10 @@ from typing import Any
 
 from softverbs.engine import psn as P
 from softverbs.engine import qpstate
+from softverbs.engine.completer import Completer
 from softverbs.engine.core import HCAPort, QPCore
-from softverbs.engine.observe import RQ
-from softverbs.engine.requester import Completer, Requester, SigStop
+from softverbs.engine.observe import COMPLETER, RESPONDER, RQ
+from softverbs.engine.requester import Requester, SigStop
 from softverbs.engine.responder import Responder
 from softverbs.engine.rings import CQE, WQ_SRQ, CompletionRing, SharedRecvRing, WorkRing
 from softverbs.enums import (
@@ -106,12 +107,18 @@ class QPEngine(QPCore):
                 self.comm_established = True
                 if self.state == IBV_QPS_RTR:
                     self.hca.post_event(IBV_EVENT_COMM_EST, self)
-            self.resp.on_request(pkt, info, now)
+            rstate = self.resp.on_request(pkt, info, now)
+            obs = self.hca.observer
+            if obs is not None:
+                obs.step(self, RESPONDER, rstate)
         else:
             if self.state == IBV_QPS_RTR or self.qp_type == IBV_QPT_XRC_RECV:
                 counters["drop_qp_state"] += pkt.count
                 return
-            self.comp.on_response(pkt, info, now)
+            cstate = self.comp.on_response(pkt, info, now)
+            obs = self.hca.observer
+            if obs is not None:
+                obs.step(self, COMPLETER, cstate)
 
     # --- doorbells, timers, ACKs: the device's calls -----------------------------
     def doorbell(self, now: float) -> None:

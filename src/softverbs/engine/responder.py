@@ -31,6 +31,15 @@ on RC, it remembers whether it has NAKed the current gap.
 
 UD messages are single packets checked against the QKEY; the receive buffer
 gets the 40-byte GRH first.  Drops are counted, never raised.
+
+Steps
+-----
+Each request's handling ends in one :class:`RespState`, named after rxe's
+``RESPST_*`` and after the check that stopped it (``CHK_PSN``,
+``CHK_OP_SEQ``, ``CHK_RESOURCE``, ``CHK_LENGTH``, ``CHK_RKEY``):
+:meth:`Responder.on_request` returns it, and the QP engine hands it to an
+observer (``step``), so a ``SOFTVERBS_TRACE`` says what became of every
+request.
 """
 
 from __future__ import annotations
@@ -40,7 +49,7 @@ from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
 from softverbs.engine import psn as P
-from softverbs.engine.requester import NATIVE
+from softverbs.engine.core import NATIVE
 from softverbs.engine.rings import CQE, RecvWQE, place, scatter
 from softverbs.enums import (
     IBV_ACCESS_REMOTE_ATOMIC,
@@ -101,6 +110,24 @@ _REMOTE_RIGHT: dict[Kind, int] = {
 
 
 
+class RespState(IntEnum):
+    """Where the responder's handling of one request ended (rxe: ``RESPST_*``)."""
+
+    DONE = 1  #: passed every check and executed (its ACK, if asked for, coalesced)
+    BURST = 2  #: a burst: the packets that continue the message at once, the rest alone
+    DUPLICATE_REQUEST = 3  #: CHK_PSN: an earlier PSN, answered again (or too old: dropped)
+    ERR_PSN_OUT_OF_SEQ = 4  #: CHK_PSN: a later PSN: NAKed once per gap; UC: message dropped
+    ERR_OP_SEQ = 5  #: CHK_OP_SEQ: the opcode does not fit the message in progress
+    ERR_RNR = 6  #: CHK_RESOURCE: no receive WQE: an RNR NAK (RC); dropped (UC, UD)
+    ERR_SRQ = 7  #: CHK_RESOURCE: the XRC SRQ named is not in this QP's domain
+    ERR_RQE = 8  #: CHK_RESOURCE: the receive WQE is malformed or its SGEs are refused
+    ERR_LENGTH = 9  #: CHK_LENGTH: a payload or message length that does not fit
+    ERR_RKEY_VIOLATION = 10  #: CHK_RKEY: the QP's rights, the R_Key or its bounds refuse it
+    ERR_MISALIGNED_ATOMIC = 11  #: CHK_RKEY: an atomic's address is not 8-byte aligned
+    ERR_INVALIDATE_RKEY = 12  #: a SEND with invalidate names a key it may not invalidate
+    ERR_QKEY = 13  #: UD: the Q_Key does not match: dropped
+
+
 class Msg(IntEnum):
     """Where the responder is between packets."""
 
@@ -123,6 +150,19 @@ _MSG_DROPPING = Msg.DROPPING
 _MSG_IDLE = Msg.IDLE
 _MSG_SEND = Msg.SEND
 _MSG_WRITE = Msg.WRITE
+_R_DONE = RespState.DONE
+_R_BURST = RespState.BURST
+_R_DUPLICATE = RespState.DUPLICATE_REQUEST
+_R_PSN_OUT_OF_SEQ = RespState.ERR_PSN_OUT_OF_SEQ
+_R_OP_SEQ = RespState.ERR_OP_SEQ
+_R_RNR = RespState.ERR_RNR
+_R_SRQ = RespState.ERR_SRQ
+_R_RQE = RespState.ERR_RQE
+_R_LENGTH = RespState.ERR_LENGTH
+_R_RKEY = RespState.ERR_RKEY_VIOLATION
+_R_MISALIGNED = RespState.ERR_MISALIGNED_ATOMIC
+_R_INVALIDATE = RespState.ERR_INVALIDATE_RKEY
+_R_QKEY = RespState.ERR_QKEY
 
 
 class Responder:
@@ -150,42 +190,41 @@ class Responder:
         self.ack_psn = 0  #: the PSN that ACK acknowledges
         self.replay.clear()
 
-    def on_request(self, pkt: Packet, info: OpInfo, now: float) -> None:
+    def on_request(self, pkt: Packet, info: OpInfo, now: float) -> RespState:
+        """Check and execute one request (or a burst); where its handling ended."""
         if pkt.count > 1:
             self._burst(pkt, now)  # type: ignore[arg-type]
-            return
+            return _R_BURST
         qp = self.qp
         if qp.qp_type == IBV_QPT_UD:
-            self._ud_receive(pkt, info, now)
-        elif qp.reliable:
-            self._rc_receive(pkt, info, now)
-        else:
-            self._uc_receive(pkt, info, now)
+            return self._ud_receive(pkt, info, now)
+        if qp.reliable:
+            return self._rc_receive(pkt, info, now)
+        return self._uc_receive(pkt, info, now)
 
     # --- RC / XRC ---------------------------------------------------------------
-    def _rc_receive(self, pkt: Packet, info: OpInfo, now: float) -> None:
+    def _rc_receive(self, pkt: Packet, info: OpInfo, now: float) -> RespState:
         d = P.diff(pkt.psn, self.epsn)
         if d < 0:
             self._duplicate(pkt, info)
-            return
+            return _R_DUPLICATE
         if d > 0:
             self.qp.count("out_of_seq_request")
             if not self.nak_sent:
                 self.nak_sent = True
                 self._send_nak(pkt, NAK_PSN_SEQUENCE_ERROR, self.epsn)
-            return
+            return _R_PSN_OUT_OF_SEQ
         kind = info.kind
         if self._out_of_sequence(info):
             self._fail(pkt, NAK_INVALID_REQUEST, now, "unexpected opcode in the message sequence")
-            return
+            return _R_OP_SEQ
         if kind is _K_SEND:
-            self._recv_send(pkt, info, now)
-        elif kind is _K_WRITE:
-            self._recv_write(pkt, info, now)
-        elif kind is _K_READ_REQ:
-            self._recv_read(pkt, now)
-        else:
-            self._recv_atomic(pkt, info, now)
+            return self._recv_send(pkt, info, now)
+        if kind is _K_WRITE:
+            return self._recv_write(pkt, info, now)
+        if kind is _K_READ_REQ:
+            return self._recv_read(pkt, now)
+        return self._recv_atomic(pkt, info, now)
 
     def _out_of_sequence(self, info: OpInfo) -> bool:
         """A FIRST or ONLY inside a message, or a MIDDLE or LAST outside one or of
@@ -254,7 +293,7 @@ class Responder:
                 if size > b.dma_len:
                     return 0
                 view = self._remote(b, _K_WRITE, b.va, b.dma_len, now)
-                if view is None:
+                if view is _R_RKEY:
                     return 1  # the first packet failed (NAKed, or dropped on UC)
                 self.wview = view
                 self.wkey = b.rkey
@@ -266,7 +305,7 @@ class Responder:
             view[off : off + size] = b.payload[:size]
         else:
             if info.first:
-                if not self._begin_recv(b, now):
+                if self._begin_recv(b, now) is not None:
                     return 1  # RNR NAK, or the receive WQE failed
                 self.off = 0
             room = sum(len(v) for v in self.views) - self.off
@@ -404,8 +443,8 @@ class Responder:
         cq = srq.cq if srq is not None and srq.cq is not None else qp.recv_cq
         qp.push_cqe(cq, cqe)
 
-    def _begin_recv(self, pkt: Packet, now: float) -> bool:
-        """Take a receive WQE for a new message; False if the packet is done."""
+    def _begin_recv(self, pkt: Packet, now: float) -> RespState | None:
+        """Take a receive WQE for a new message; None, or where the packet ended."""
         qp = self.qp
         rqe = self.rqe  # UC: reuse the WQE of a dropped message
         if rqe is None:
@@ -415,46 +454,47 @@ class Responder:
             self._fail(
                 pkt, NAK_INVALID_REQUEST, now, f"XRC SRQ {pkt.srqn:#x} is not in this domain"
             )
-            return False
+            return _R_SRQ
         if rqe is None:
             if qp.reliable:
                 self._rnr(pkt)
             else:
                 qp.hca.counters["drop_no_rqe"] += 1
                 self.msg = _MSG_DROPPING
-            return False
+            return _R_RNR
         views = self._rqe_views(rqe, self._rqe_pd(pkt))
         if isinstance(views, str):
             self.rqe = rqe
             self._fail(pkt, NAK_REMOTE_OPERATIONAL_ERROR, now, views, _rqe_status(rqe))
-            return False
+            return _R_RQE
         self.rqe = rqe
         self.views = views
-        return True
+        return None
 
     # --- SEND ----------------------------------------------------------------------
-    def _recv_send(self, pkt: Packet, info: OpInfo, now: float) -> None:
+    def _recv_send(self, pkt: Packet, info: OpInfo, now: float) -> RespState:
         qp = self.qp
         if info.first:
-            if not self._begin_recv(pkt, now):
-                return
+            stop = self._begin_recv(pkt, now)
+            if stop is not None:
+                return stop
             self.off = 0
         payload = pkt.payload
         n = len(payload)
         if n > qp.pmtu or (not info.last and n != qp.pmtu):
             self._fail(pkt, NAK_INVALID_REQUEST, now, f"packet payload of {n} bytes is illegal")
-            return
+            return _R_LENGTH
         if not scatter(self.views, self.off, payload, last=info.last):
             self._fail(
                 pkt, NAK_INVALID_REQUEST, now,
                 "the message is longer than the receive WQE", IBV_WC_LOC_LEN_ERR,
             )  # fmt: skip
-            return
+            return _R_LENGTH
         self.off += n
         if not info.last:
             self.msg = _MSG_SEND
             self._accept(pkt)
-            return
+            return _R_DONE
         rqe = self.rqe
         assert rqe is not None
         flags = 0
@@ -466,7 +506,7 @@ class Responder:
             err = qp.hca.keys.invalidate(pkt.inv_rkey, self._rqe_pd(pkt), qp.qpn)
             if err is not None:
                 self._fail(pkt, NAK_INVALID_REQUEST, now, err, IBV_WC_REM_INV_REQ_ERR)
-                return
+                return _R_INVALIDATE
             flags = IBV_WC_WITH_INV
             imm = pkt.inv_rkey
         self.rqe = None
@@ -475,18 +515,21 @@ class Responder:
         self._complete_rqe(rqe, IBV_WC_SUCCESS, self.off, IBV_WC_RECV, flags, imm,
                            solicited=pkt.se)  # fmt: skip
         self._accept(pkt)
+        return _R_DONE
 
     # --- WRITE ---------------------------------------------------------------------
-    def _recv_write(self, pkt: Packet, info: OpInfo, now: float) -> None:
+    def _recv_write(self, pkt: Packet, info: OpInfo, now: float) -> RespState:
         if info.first:
-            view = self._remote(pkt, _K_WRITE, pkt.va, pkt.dma_len, now)
-            if view is None:
-                return
-            self.wview = view
+            got = self._remote(pkt, _K_WRITE, pkt.va, pkt.dma_len, now)
+            if got is _R_RKEY:
+                return RespState.ERR_RKEY_VIOLATION
+            self.wview = got
             self.wkey = pkt.rkey
             self.off = 0
-        if info.imm and info.last and not self._begin_recv(pkt, now):
-            return
+        if info.imm and info.last:
+            stop = self._begin_recv(pkt, now)
+            if stop is not None:
+                return stop
         view = self.wview
         assert view is not None
         payload = pkt.payload
@@ -497,10 +540,10 @@ class Responder:
             self._fail(
                 pkt, NAK_INVALID_REQUEST, now, "RDMA WRITE payload does not match its DMA length"
             )
-            return
+            return _R_LENGTH
         if info.last and off + n != len(view):
             self._fail(pkt, NAK_INVALID_REQUEST, now, "RDMA WRITE ended before its DMA length")
-            return
+            return _R_LENGTH
         if info.last:
             place(view, off, payload)
         else:
@@ -509,7 +552,7 @@ class Responder:
         if not info.last:
             self.msg = _MSG_WRITE
             self._accept(pkt)
-            return
+            return _R_DONE
         self.msg = _MSG_IDLE
         self.wview = None
         self.msn = P.add(self.msn, 1)
@@ -520,9 +563,11 @@ class Responder:
             self._complete_rqe(rqe, IBV_WC_SUCCESS, self.off, IBV_WC_RECV_RDMA_WITH_IMM,
                                IBV_WC_WITH_IMM, pkt.imm, solicited=pkt.se)  # fmt: skip
         self._accept(pkt)
+        return _R_DONE
 
     def _remote(self, pkt: Packet, kind: Kind, va: int, length: int, now: float) -> Any:
-        """Check the QP's remote rights and the key; NAK and return None if denied."""
+        """Check the QP's remote rights and the key: the memory, or (NAKed, or
+        dropped on UC) ERR_RKEY_VIOLATION."""
         qp = self.qp
         right = _REMOTE_RIGHT[kind]
         if not qp.access & right:
@@ -540,19 +585,20 @@ class Responder:
         else:
             qp.hca.counters["drop_uc_access"] += 1
             self.msg = _MSG_DROPPING
-        return None
+        return _R_RKEY
 
     # --- READ ----------------------------------------------------------------------
-    def _recv_read(self, pkt: Packet, now: float) -> None:
+    def _recv_read(self, pkt: Packet, now: float) -> RespState:
         view = self._remote(pkt, _K_READ_REQ, pkt.va, pkt.dma_len, now)
-        if view is None:
-            return
+        if view is _R_RKEY:
+            return RespState.ERR_RKEY_VIOLATION
         n = max(1, -(-pkt.dma_len // self.qp.pmtu))
         self._remember((pkt.psn, n, _K_READ_REQ, pkt.va, pkt.rkey, pkt.dma_len, 0))
         self.epsn = P.add(self.epsn, n)
         self.nak_sent = False
         self.msn = P.add(self.msn, 1)
         self._read_respond(pkt, view, pkt.psn)
+        return _R_DONE
 
     def _read_respond(self, req: Packet, view: memoryview, psn: int) -> None:
         """The READ's responses, as one burst."""
@@ -568,15 +614,15 @@ class Responder:
         qp.send(burst(rsp, ops, 0, n, n, pmtu, 0))
 
     # --- atomics -------------------------------------------------------------------
-    def _recv_atomic(self, pkt: Packet, info: OpInfo, now: float) -> None:
+    def _recv_atomic(self, pkt: Packet, info: OpInfo, now: float) -> RespState:
         if pkt.va & 7:
             self._fail(
                 pkt, NAK_INVALID_REQUEST, now, f"atomic address {pkt.va:#x} is not 8-byte aligned"
             )
-            return
+            return _R_MISALIGNED
         view = self._remote(pkt, _K_ATOMIC, pkt.va, 8, now)
-        if view is None:
-            return
+        if view is _R_RKEY:
+            return RespState.ERR_RKEY_VIOLATION
         orig = int.from_bytes(view, NATIVE)
         if info.op is Op.COMPARE_SWAP:
             if orig == pkt.compare:
@@ -588,6 +634,7 @@ class Responder:
         self.nak_sent = False
         self.msn = P.add(self.msn, 1)
         self._send_atomic_ack(pkt, orig)
+        return _R_DONE
 
     def _send_atomic_ack(self, req: Packet, orig: int) -> None:
         qp = self.qp
@@ -632,7 +679,7 @@ class Responder:
         self._send_ack(pkt, P.add(self.epsn, -1))
 
     # --- UC -------------------------------------------------------------------------------
-    def _uc_receive(self, pkt: Packet, info: OpInfo, now: float) -> None:
+    def _uc_receive(self, pkt: Packet, info: OpInfo, now: float) -> RespState:
         in_order = pkt.psn == self.epsn and self.msg is not _MSG_DROPPING
         if info.first:
             if self.msg is not _MSG_IDLE or not in_order:
@@ -643,30 +690,29 @@ class Responder:
             self.qp.hca.counters["drop_uc_missing_packet"] += 1
             self.msg = _MSG_DROPPING
             self.wview = None
-            return
+            return _R_PSN_OUT_OF_SEQ
         if info.kind is _K_SEND:
-            self._recv_send(pkt, info, now)
-        else:
-            self._recv_write(pkt, info, now)
+            return self._recv_send(pkt, info, now)
+        return self._recv_write(pkt, info, now)
 
     # --- UD -------------------------------------------------------------------------------
-    def _ud_receive(self, pkt: Packet, info: OpInfo, now: float) -> None:
+    def _ud_receive(self, pkt: Packet, info: OpInfo, now: float) -> RespState:
         qp = self.qp
         counters = qp.hca.counters
         if pkt.qkey != qp.qkey:
             counters["qkey_violation"] += 1
-            return
+            return _R_QKEY
         rqe = self._take_rqe(pkt)
         if rqe is None:
             counters["drop_no_rqe"] += 1
-            return
+            return _R_RNR
         payload = pkt.payload
         total = _GRH_LEN + len(payload)
         views = self._rqe_views(rqe, qp.pd)
         if isinstance(views, str):
             self._complete_rqe(rqe, _rqe_status(rqe), 0, reason=views)
             qp.to_error(now)
-            return
+            return _R_RQE
         if total > rqe.length:
             self._complete_rqe(
                 rqe, IBV_WC_LOC_LEN_ERR, 0,
@@ -674,7 +720,7 @@ class Responder:
                 f"the receive WQE's {rqe.length} bytes",
             )  # fmt: skip
             qp.to_error(now)
-            return
+            return _R_LENGTH
         from softverbs.wire.codec import grh_bytes
 
         scatter(views, 0, grh_bytes(pkt))
@@ -684,6 +730,7 @@ class Responder:
             flags |= IBV_WC_WITH_IMM
         self._complete_rqe(rqe, IBV_WC_SUCCESS, total, IBV_WC_RECV, flags, pkt.imm,
                            src_qp=pkt.src_qp, solicited=pkt.se)  # fmt: skip
+        return _R_DONE
 
     # --- flushing -------------------------------------------------------------------------
     def flush(self, fetch: bool = True) -> None:

@@ -25,8 +25,8 @@ from softverbs import sanitizer
 from softverbs.device import api
 from softverbs.device.core import ALLOWED_OPCODES
 from softverbs.engine import qpstate
-from softverbs.engine.requester import WR_INFO, WrClass
 from softverbs.engine.rings import WQ_RQ, WQ_SQ, SendWQE, Sge, WorkRing, ring_slots
+from softverbs.engine.wr import WR_INFO, WrClass
 from softverbs.enums import (
     IBV_MTU_1024,
     IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,

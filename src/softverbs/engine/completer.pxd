@@ -1,0 +1,52 @@
+# Cython declarations for completer.py (compiled mode only; see softverbs.compiled).
+# The completer is an extension type with typed fields; its hot methods are
+# cpdef.  _retry and handle_timer hold generators and stay Python methods.
+
+cimport cython
+
+cimport softverbs.engine.psn as P
+from softverbs.engine.requester cimport Requester
+from softverbs.engine.rings cimport SendWQE
+from softverbs.engine.wr cimport WrInfo, finished, move
+
+cdef class Completer:
+    cdef public object qp, inflight, deadline, rnr_until
+    cdef public Requester req
+    cdef public long long una, retry_left, rnr_left, rnr_psn
+    cdef public bint resending
+
+    cpdef reset(self)
+    cpdef track(self, SendWQE wqe)
+    cpdef started(self)
+    cpdef bint idle(self)
+    cpdef long long unacked(self, long long psn)
+    cpdef bint backing_off(self)
+    cpdef list take_all(self)
+    cpdef next_deadline(self)
+    cpdef stop_timers(self)
+    cpdef arm_ack_timer(self, double now)
+    cpdef on_response(self, object pkt, object info, double now)
+    @cython.locals(wqe=SendWQE, pmtu=cython.longlong, count=cython.longlong,
+                   expected=cython.longlong, piece=cython.longlong, end=cython.longlong,
+                   final=bint, size=cython.longlong)
+    cpdef bint _read_burst(self, object b, double now)
+    cpdef _response(self, object pkt, object info, double now)
+    @cython.locals(wqe=SendWQE)
+    cpdef SendWQE _find(self, long long psn)
+    @cython.locals(wqe=SendWQE)
+    cpdef _acked(self, long long psn, double now)
+    cpdef _progress(self, double now, long long una)
+    @cython.locals(wqe=SendWQE)
+    cpdef _rnr_nak(self, object pkt, double now)
+    @cython.locals(wqe=SendWQE)
+    cpdef _nak(self, object pkt, double now)
+    cpdef _fail_remote(self, SendWQE wqe, object status, object reason)
+    @cython.locals(wqe=SendWQE, expected=cython.longlong, final=bint, bad_first=bint,
+                   pmtu=cython.longlong)
+    cpdef _read_response(self, object pkt, object info, double now)
+    @cython.locals(wqe=SendWQE)
+    cpdef _atomic_ack(self, object pkt, double now)
+    @cython.locals(wqe=SendWQE, end=cython.longlong, off=cython.longlong)
+    cpdef rewind(self, long long psn)
+    @cython.locals(wqe=SendWQE, info=WrInfo, ok=bint)
+    cpdef complete(self, double now)

@@ -1,0 +1,8 @@
+# Cython declarations for psn.py (compiled mode only; see softverbs.compiled).
+# The PSN arithmetic as C functions: the parts cimport this module, so their
+# P.add / P.diff calls are C calls.  C long long holds any PSN sum or difference.
+
+cdef long long _MASK, _HALF, _SPACE
+
+cpdef long long add(long long psn, long long n)
+cpdef long long diff(long long a, long long b)

@@ -1,0 +1,46 @@
+# Cython declarations for requester.py (compiled mode only; see softverbs.compiled).
+# The requester is an extension type with typed fields; its hot methods are
+# cpdef, so the completer (which cimports it) calls them as C functions.
+# Methods that hold a generator stay plain Python methods (Cython has no
+# closures in cpdef functions): cancel_posted, fetch_sq.
+
+cimport cython
+
+cimport softverbs.engine.psn as P
+from softverbs.engine.completer cimport Completer
+from softverbs.engine.rings cimport SendWQE
+from softverbs.engine.wr cimport WrInfo, move, pending
+
+cdef class Requester:
+    cdef public object qp, cancelled, sig, cc, paced_until, reported_rate
+    cdef public Completer comp
+    cdef public long long sq_next, npsn, rd_out, sent_end, resent_pkts
+    cdef public bint blocked, draining
+
+    cpdef reset(self)
+    cpdef doorbell(self, double now)
+    @cython.locals(wqe=SendWQE, info=WrInfo, comp=Completer, held=bint, rd=bint)
+    cpdef pump_sq(self, double now)
+    cpdef bint _may_send(self, double now)
+    cpdef bint started(self, long long psn)
+    cpdef rd_answered(self)
+    cpdef acked(self, long long npkts, double now)
+    cpdef lost(self, double now)
+    @cython.locals(comp=Completer, npkts=cython.longlong)
+    cpdef _start(self, SendWQE wqe, WrInfo info, double now)
+    cpdef _resolve(self, SendWQE wqe, object klass)
+    cpdef fail(self, SendWQE wqe, object status, object reason)
+    cpdef _execute_local(self, SendWQE wqe)
+    @cython.locals(info=WrInfo, asked_all=bint)
+    cpdef bint _transmit(self, SendWQE wqe, double now)
+    @cython.locals(n=cython.longlong, i=cython.longlong, psn=cython.longlong,
+                   count=cython.longlong, ack=cython.longlong, window=cython.longlong,
+                   room=cython.longlong, pmtu=cython.longlong, quantum=cython.longlong,
+                   again=cython.longlong)
+    cpdef bint _send_message(self, SendWQE wqe, WrInfo info, double now)
+    cpdef bint _send_read(self, SendWQE wqe)
+    cpdef _send_atomic(self, SendWQE wqe)
+    cpdef _check_drained(self)
+    cpdef signature_failed(self)
+    cpdef _sig_stop(self)
+    cpdef flush_sq(self)

@@ -1,0 +1,34 @@
+# Cython declarations for responder.py (compiled mode only; see softverbs.compiled).
+# The responder is an extension type with typed fields; its per-packet
+# methods are cpdef.  _burst_body and the rare paths stay Python methods.
+
+cimport cython
+
+cimport softverbs.engine.psn as P
+
+cdef class Responder:
+    cdef public object qp, replay, msg, rqe, views, wview, ack_req
+    cdef public long long epsn, msn, rq_next, off, wkey, ack_psn
+    cdef public bint nak_sent
+
+    cpdef reset(self)
+    cpdef on_request(self, object pkt, object info, double now)
+    @cython.locals(d=cython.longlong)
+    cpdef _rc_receive(self, object pkt, object info, double now)
+    @cython.locals(inside=bint)
+    cpdef bint _out_of_sequence(self, object info)
+    cpdef _accept(self, object pkt, long long n=*, object asked=*)
+    cpdef emit_ack(self)
+    cpdef _send_ack(self, object req, long long psn)
+    cpdef _take_rqe(self, object pkt)
+    cpdef _rqe_pd(self, object pkt)
+    cpdef _rqe_views(self, object rqe, object pd)
+    cpdef _complete_rqe(self, object rqe, object status, object byte_len, object opcode=*,
+                        object flags=*, object imm=*, object src_qp=*, object solicited=*,
+                        object reason=*)
+    cpdef _begin_recv(self, object pkt, double now)
+    @cython.locals(n=cython.longlong)
+    cpdef _recv_send(self, object pkt, object info, double now)
+    @cython.locals(n=cython.longlong, off=cython.longlong, pmtu=cython.longlong)
+    cpdef _recv_write(self, object pkt, object info, double now)
+    cpdef _remote(self, object pkt, object kind, object va, object length, double now)
