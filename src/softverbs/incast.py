@@ -5,8 +5,10 @@
 ``sN`` and one receiver ``r``, every link of the same bandwidth, so the
 switch's port toward ``r`` is the bottleneck.  Each sender connects one RC
 QP to its own QP on ``r`` and keeps ``depth`` WRITEs of ``message`` bytes
-posted for ``duration`` virtual seconds, with the same pyverbs calls a
-program makes.  All devices run the congestion control ``cc``.
+posted for ``duration`` virtual seconds (path MTU ``mtu``), with the same
+pyverbs calls a program makes.  All devices run the congestion control
+``cc``.  With ``Topology(pfc=True)`` the fabric is lossless: the switch
+pauses a sender instead of dropping (see :mod:`softverbs.fabric.switch`).
 
 What it measures (:class:`IncastResult`), over the *last half* of the run
 (the steady state; the first half includes the start, when every sender
@@ -19,8 +21,9 @@ begins at line rate):
 * ``queue_p50`` / ``queue_p99``: the bottleneck queue (bytes) as arriving
   packets found it;
 * ``drops`` (tail drops at the switch), ``retransmits`` (request packets sent
-  more than once: every packet sent minus the PSNs used) and ``cnps`` (CNPs
-  the receiver sent), over the whole run.
+  more than once: every packet sent minus the PSNs used), ``cnps`` (CNPs
+  the receiver sent) and ``pauses`` (PFC PAUSE frames the switch sent), over
+  the whole run.
 
 The series for a plot: each sender's throughput through the bottleneck per
 ``bin`` seconds (:attr:`IncastResult.throughput`), each sender's DCQCN rate
