@@ -320,7 +320,8 @@ class HCA:
         waiting = sorted(self.tx_waiting, key=lambda q: q.qpn)
         self.tx_waiting.clear()
         for qp in waiting:
-            qp.req.pump_sq(now)
+            if self.qps.get(qp.qpn) is qp:  # not destroyed while it waited
+                qp.req.pump_sq(now)
 
     # --- congestion: DCQCN's notification and reaction points ---------------------
     def ecn_marked(self, pkt: Packet, qp: QPEngine | None, now: float) -> None:
