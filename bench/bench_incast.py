@@ -1,15 +1,16 @@
 #!/usr/bin/env python3
 """N:1 incast of long RC WRITEs through a simulated switch, DCQCN on and off.
 
-For each sender count (2, 4, 8, 16) and each congestion control (``dcqcn``
-and ``none``), :func:`softverbs.incast.run_incast` builds a Simulation: N
-senders and one receiver around one switch, every link 10 Gb/s with 1 us
-of propagation delay, the switch's port toward the receiver the bottleneck
-(an 800 KB buffer, RED/ECN with Kmin 5 KB, Kmax 200 KB, Pmax 1 %, judged
-at dequeue).  Every sender keeps two 1 MiB RDMA WRITEs posted on its RC QP
-(4096-byte MTU) for ``--duration`` virtual seconds.  Everything runs on the
-virtual clock: a run is exactly reproducible and takes no wall time in
-waiting.
+For each sender count (2, 4, 8, 16), each fabric (lossless: priority flow
+control on; lossy: tail drop) and each congestion control (``dcqcn`` and
+``none``), :func:`softverbs.incast.run_incast` builds a Simulation: N
+senders and one receiver around one switch, every link 40 Gb/s with 1 us of
+propagation delay (the DCQCN paper's link speed), the switch's port toward
+the receiver the bottleneck (an 800 KB buffer, 4 x Kmax; RED/ECN with Kmin
+5 KB, Kmax 200 KB, Pmax 1 %, judged at dequeue).  Every sender keeps two
+1 MiB RDMA WRITEs posted on its RC QP (1024-byte MTU) for ``--duration``
+virtual seconds.  Everything runs on the virtual clock: a run is exactly
+reproducible and takes no wall time in waiting.
 
 The DCQCN parameters are the DCQCN paper's recommended ones expressed with
 mlx5's knobs (:data:`PAPER`), or mlx5's firmware defaults with
@@ -19,12 +20,13 @@ mlx5's knobs (:data:`PAPER`), or mlx5's firmware defaults with
 Printed: one row per configuration -- bottleneck utilisation and Jain's
 fairness index over the last half of the run, the bottleneck queue's p50
 and p99 as arriving packets found it (last half), switch drops,
-retransmitted packets and CNPs over the whole run.  ``--json`` prints one
+retransmitted packets, CNPs and PFC PAUSE frames over the whole run.  ``--json`` prints one
 JSON object per configuration instead.  ``--plot FILE`` draws, for the
 largest sender count, each sender's throughput and the queue over virtual
 time, DCQCN on and off (needs matplotlib: ``pip install -e '.[bench]'``).
 
-    python bench/bench_incast.py [--senders 2,4,8,16] [--duration 0.02] [--json] [--plot F]
+    python bench/bench_incast.py [--senders 2,4,8,16] [--duration 0.01] [--fabric lossless,lossy]
+                                 [--bandwidth 40e9] [--mtu 1024] [--json] [--plot F]
 """
 
 from __future__ import annotations
@@ -40,10 +42,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from softverbs.fabric.switch import Topology
 from softverbs.incast import IncastResult, run_incast
 
-#: The DCQCN paper's parameters (Zhu et al., SIGCOMM 2015, section 5) as mlx5 knobs:
-#: a CNP and a rate cut at most every 50 us, alpha updated every 55 us with
-#: g = 1/256, the increase timer 55 us, the byte counter 10 MB, F = 5,
-#: R_AI 40 Mb/s and R_HAI 100 Mb/s.
+#: The DCQCN paper's parameters (Zhu et al., SIGCOMM 2015) as mlx5 knobs: a CNP and a
+#: rate cut at most every 50 us, alpha updated every 55 us with g = 1/256, the increase
+#: timer 55 us, the byte counter 10 MB, F = 5, R_AI 40 Mb/s; R_HAI (100 Mb/s) is ours.
 PAPER: dict[str, int] = {
     "min_time_between_cnps": 50, "rate_reduce_monitor_period": 50, "dce_tcp_rtt": 55,
     "dce_tcp_g": 1020, "rpg_time_reset": 55, "rpg_byte_reset": 10_000_000,
@@ -51,20 +52,24 @@ PAPER: dict[str, int] = {
 }  # fmt: skip
 
 
-def topology() -> Topology:
-    return Topology(bandwidth=10e9, delay=1e-6, buffer=800_000, kmin=5_000, kmax=200_000,
-                    pmax=0.01)  # fmt: skip
+FABRICS = {"lossless": True, "lossy": False}
+
+
+def topology(bandwidth: float, pfc: bool) -> Topology:
+    return Topology(bandwidth=bandwidth, delay=1e-6, buffer=800_000, kmin=5_000, kmax=200_000,
+                    pmax=0.01, pfc=pfc)  # fmt: skip
 
 
 def table(results: list[IncastResult]) -> str:
-    head = (f"{'senders':>7} {'cc':>6} {'util':>6} {'jain':>6} {'q p50 KB':>9} "
-            f"{'q p99 KB':>9} {'drops':>6} {'retx':>6} {'CNPs':>6}")  # fmt: skip
+    head = (f"{'senders':>7} {'fabric':>8} {'cc':>6} {'util':>6} {'jain':>6} {'q p50 KB':>9} "
+            f"{'q p99 KB':>9} {'drops':>6} {'retx':>6} {'CNPs':>6} {'PAUSEs':>6}")  # fmt: skip
     rows = [head]
     for r in results:
         rows.append(
-            f"{r.senders:>7} {r.cc:>6} {r.utilisation:>6.3f} {r.jain:>6.3f} "
+            f"{r.senders:>7} {'lossless' if r.pfc else 'lossy':>8} {r.cc:>6} "
+            f"{r.utilisation:>6.3f} {r.jain:>6.3f} "
             f"{r.queue_p50 / 1000:>9.1f} {r.queue_p99 / 1000:>9.1f} {r.drops:>6} "
-            f"{r.retransmits:>6} {r.cnps:>6}"
+            f"{r.retransmits:>6} {r.cnps:>6} {r.pauses:>6}"
         )
     return "\n".join(rows)
 
@@ -84,7 +89,9 @@ def plot(path: str, on: IncastResult, off: IncastResult) -> bool:
         for name, series in res.throughput.items():
             ax.plot([t * 1e3 for t, _ in series], [b / 1e9 for _, b in series], lw=0.8,
                     label=name)  # fmt: skip
-        ax.set_title(f"{res.senders}:1 incast, cc={res.cc}: each sender's throughput")
+        fabric = "lossless (PFC)" if res.pfc else "lossy"
+        ax.set_title(f"{res.senders}:1 incast, {fabric}, cc={res.cc}: each sender's throughput",
+                     fontsize=10)  # fmt: skip
         ax.set_ylabel("Gb/s through the bottleneck")
         ax = axes[1][col]
         ax.plot([t * 1e3 for t, _ in res.queue], [q / 1000 for _, q in res.queue], lw=0.6)
@@ -101,11 +108,30 @@ def plot(path: str, on: IncastResult, off: IncastResult) -> bool:
 def main() -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--senders", default="2,4,8,16", help="sender counts (comma-separated)")
-    ap.add_argument("--duration", type=float, default=0.02, help="virtual seconds per run")
-    ap.add_argument("--params", choices=("paper", "mlx5"), default="paper",
-                    help="DCQCN parameters: the paper's (default) or mlx5's defaults")
+    ap.add_argument("--duration", type=float, default=0.01, help="virtual seconds per run")
+    ap.add_argument(
+        "--fabric",
+        default="lossless,lossy",
+        help="fabrics (comma-separated): lossless (PFC), lossy (tail drop)",
+    )
+    ap.add_argument("--bandwidth", type=float, default=40e9, help="bit/s of every link")
+    ap.add_argument(
+        "--mtu",
+        type=int,
+        default=1024,
+        choices=(256, 512, 1024, 2048, 4096),
+        help="the QPs' path MTU (bytes)",
+    )
+    ap.add_argument(
+        "--params",
+        choices=("paper", "mlx5"),
+        default="paper",
+        help="DCQCN parameters: the paper's (default) or mlx5's defaults",
+    )
     ap.add_argument("--json", action="store_true", help="one JSON object per configuration")
-    ap.add_argument("--plot", metavar="FILE", help="plot the largest sender count (PNG)")
+    ap.add_argument(
+        "--plot", metavar="FILE", help="plot the largest sender count on the first fabric (PNG)"
+    )
     args = ap.parse_args()
     try:
         counts = [int(x) for x in args.senders.split(",")]
@@ -113,26 +139,36 @@ def main() -> int:
         ap.error(f"--senders: comma-separated integers, not {args.senders!r}")
     if any(n < 1 for n in counts) or not args.duration > 0:
         ap.error("--senders must be >= 1 and --duration > 0")
+    fabrics = args.fabric.split(",")
+    if not fabrics or any(f not in FABRICS for f in fabrics):
+        ap.error(f"--fabric: comma-separated {' or '.join(FABRICS)}, not {args.fabric!r}")
+    if not 0 < args.bandwidth < 1e13:
+        ap.error(f"--bandwidth must be a positive number of bit/s, not {args.bandwidth}")
     params = PAPER if args.params == "paper" else {}
     results: list[IncastResult] = []
     for n in counts:
-        for cc in ("dcqcn", "none"):
-            t0 = time.monotonic()
-            res = run_incast(n, cc, duration=args.duration, topology=topology(),
-                             cc_params=params if cc == "dcqcn" else None)  # fmt: skip
-            results.append(res)
-            if args.json:
-                row = res.row()
-                row["wall_s"] = round(time.monotonic() - t0, 2)
-                print(json.dumps(row), flush=True)
+        for fabric in fabrics:
+            for cc in ("dcqcn", "none"):
+                t0 = time.monotonic()
+                res = run_incast(n, cc, duration=args.duration, mtu=args.mtu,
+                                 topology=topology(args.bandwidth, FABRICS[fabric]),
+                                 cc_params=params if cc == "dcqcn" else None)  # fmt: skip
+                results.append(res)
+                if args.json:
+                    row = res.row()
+                    row["wall_s"] = round(time.monotonic() - t0, 2)
+                    print(json.dumps(row), flush=True)
     if not args.json:
-        print(f"bottleneck 10 Gb/s, {args.duration * 1e3:g} ms virtual per run, "
-              f"DCQCN parameters: {args.params}")  # fmt: skip
+        print(
+            f"bottleneck {args.bandwidth / 1e9:g} Gb/s, MTU {args.mtu}, "
+            f"{args.duration * 1e3:g} ms virtual per run, DCQCN parameters: {args.params}"
+        )
         print(table(results))
     if args.plot:
         top = max(counts)
-        on = next(r for r in results if r.senders == top and r.cc == "dcqcn")
-        off = next(r for r in results if r.senders == top and r.cc == "none")
+        pfc = FABRICS[fabrics[0]]
+        on = next(r for r in results if (r.senders, r.pfc, r.cc) == (top, pfc, "dcqcn"))
+        off = next(r for r in results if (r.senders, r.pfc, r.cc) == (top, pfc, "none"))
         plot(args.plot, on, off)
     return 0
 

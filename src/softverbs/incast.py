@@ -5,8 +5,10 @@
 ``sN`` and one receiver ``r``, every link of the same bandwidth, so the
 switch's port toward ``r`` is the bottleneck.  Each sender connects one RC
 QP to its own QP on ``r`` and keeps ``depth`` WRITEs of ``message`` bytes
-posted for ``duration`` virtual seconds, with the same pyverbs calls a
-program makes.  All devices run the congestion control ``cc``.
+posted for ``duration`` virtual seconds (path MTU ``mtu``), with the same
+pyverbs calls a program makes.  All devices run the congestion control
+``cc``.  With ``Topology(pfc=True)`` the fabric is lossless: the switch
+pauses a sender instead of dropping (see :mod:`softverbs.fabric.switch`).
 
 What it measures (:class:`IncastResult`), over the *last half* of the run
 (the steady state; the first half includes the start, when every sender
@@ -19,8 +21,9 @@ begins at line rate):
 * ``queue_p50`` / ``queue_p99``: the bottleneck queue (bytes) as arriving
   packets found it;
 * ``drops`` (tail drops at the switch), ``retransmits`` (request packets sent
-  more than once: every packet sent minus the PSNs used) and ``cnps`` (CNPs
-  the receiver sent), over the whole run.
+  more than once: every packet sent minus the PSNs used), ``cnps`` (CNPs
+  the receiver sent) and ``pauses`` (PFC PAUSE frames the switch sent), over
+  the whole run.
 
 The series for a plot: each sender's throughput through the bottleneck per
 ``bin`` seconds (:attr:`IncastResult.throughput`), each sender's DCQCN rate
@@ -50,10 +53,10 @@ from softverbs import (
 from softverbs.enums import (
     IBV_ACCESS_LOCAL_WRITE,
     IBV_ACCESS_REMOTE_WRITE,
-    IBV_MTU_4096,
     IBV_QPT_RC,
     IBV_WC_SUCCESS,
     IBV_WR_RDMA_WRITE,
+    bytes_to_mtu,
 )
 from softverbs.fabric.switch import Topology
 from softverbs.sim import Simulation
@@ -69,11 +72,13 @@ class IncastResult:
     cc: str
     duration: float
     kmax: int
+    pfc: bool = False  #: the fabric was lossless (priority flow control)
     utilisation: float = 0.0
     jain: float = 0.0
     queue_p50: int = 0
     queue_p99: int = 0
     drops: int = 0
+    pauses: int = 0  #: PFC PAUSE frames the switch sent (a lossless fabric)
     marks: int = 0
     retransmits: int = 0
     cnps: int = 0
@@ -91,7 +96,8 @@ class IncastResult:
             "senders": self.senders, "cc": self.cc, "utilisation": round(self.utilisation, 4),
             "jain": round(self.jain, 4), "queue_p50": self.queue_p50,
             "queue_p99": self.queue_p99, "kmax": self.kmax, "drops": self.drops,
-            "retransmits": self.retransmits, "cnps": self.cnps, "marks": self.marks,
+            "retransmits": self.retransmits, "cnps": self.cnps, "pfc": self.pfc,
+            "pauses": self.pauses, "marks": self.marks,
             "sent_packets": self.sent_packets, "duration": self.duration,
         }  # fmt: skip
 
@@ -123,15 +129,17 @@ def run_incast(
     step: float = 20e-6,
     bin: float = 500e-6,
     timeout: int = 12,
+    mtu: int = 4096,
 ) -> IncastResult:
     """Run one incast (see the module docstring); ``timeout`` is the QPs' ACK
     timeout exponent (4.096 us * 2**timeout)."""
     topo = topology or Topology()
     topo.record = True
     names = [f"s{i + 1}" for i in range(senders)]
-    res = IncastResult(senders, cc, duration, topo.kmax)
+    path_mtu = bytes_to_mtu(mtu)
+    res = IncastResult(senders, cc, duration, topo.kmax, topo.pfc)
     with Simulation(devices=(*names, "r"), topology=topo, cc=cc, cc_params=cc_params,
-                    mtu=4096) as sim:  # fmt: skip
+                    mtu=mtu) as sim:  # fmt: skip
         rctx = Context(name="r")
         rpd = PD(rctx)
         rcq = CQ(rctx, 16)
@@ -146,8 +154,8 @@ def run_incast(
                                      cap=QPCap(1, 1, 1, 1)))  # fmt: skip
             mr = MR(pd, message, ACCESS)
             rmr = MR(rpd, message, ACCESS)
-            _connect(qp, ctx, rqp, rctx, timeout)
-            _connect(rqp, rctx, qp, ctx, timeout)
+            _connect(qp, ctx, rqp, rctx, timeout, path_mtu)
+            _connect(rqp, rctx, qp, ctx, timeout, path_mtu)
             flows.append((name, ctx, cq, qp, mr, rmr))
         hcas = {name: sim.registry.open(name).hca for name in (*names, "r")}
         outstanding = dict.fromkeys(names, 0)
@@ -202,7 +210,9 @@ def run_incast(
         qs = [q for when, q in port.samples if half <= when <= duration]
         res.queue_p50 = percentile(qs, 0.5)
         res.queue_p99 = percentile(qs, 0.99)
-        res.drops = sum(p.drops for p in sim.runtime.ports())  # type: ignore[attr-defined]
+        ports = sim.runtime.ports()  # type: ignore[attr-defined]
+        res.drops = sum(p.drops for p in ports)
+        res.pauses = sum(p.pfc_xoff for p in ports)
         res.marks = port.marks
         for e in engines.values():
             res.sent_packets += e.sent_pkts
@@ -224,11 +234,12 @@ def _poll_nowait(cq: CQ) -> tuple[int, list[Any]]:
     return len(got), got
 
 
-def _connect(qp: QP, ctx: Context, peer: QP, peer_ctx: Context, timeout: int) -> None:
+def _connect(qp: QP, ctx: Context, peer: QP, peer_ctx: Context, timeout: int,
+             path_mtu: int) -> None:  # fmt: skip
     attr = QPAttr()
     attr.qp_access_flags = ACCESS
     attr.dest_qp_num = peer.qp_num
-    attr.path_mtu = IBV_MTU_4096
+    attr.path_mtu = path_mtu
     attr.max_rd_atomic = attr.max_dest_rd_atomic = 1
     attr.timeout, attr.retry_cnt, attr.rnr_retry, attr.min_rnr_timer = timeout, 7, 7, 12
     attr.ah_attr = AHAttr(is_global=1, gr=GlobalRoute(dgid=peer_ctx.query_gid(1, 1),

@@ -18,20 +18,29 @@ KEYS = {"senders", "cc", "utilisation", "jain", "queue_p50", "queue_p99", "kmax"
 
 def test_json_rows() -> None:
     r = subprocess.run(
-        [sys.executable, "bench/bench_incast.py", "--senders", "2", "--duration", "0.002",
+        [sys.executable, "bench/bench_incast.py", "--senders", "2", "--duration", "0.0005",
          "--json"],
         cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
     rows = [json.loads(line) for line in r.stdout.splitlines()]
-    assert [(row["senders"], row["cc"]) for row in rows] == [(2, "dcqcn"), (2, "none")]
+    assert [(row["senders"], row["pfc"], row["cc"]) for row in rows] == [
+        (2, True, "dcqcn"),
+        (2, True, "none"),
+        (2, False, "dcqcn"),
+        (2, False, "none"),
+    ]
     for row in rows:
         assert set(row) >= KEYS, row
         assert 0 <= row["utilisation"] <= 1.0001 and row["kmax"] == 200_000
     assert rows[0]["cnps"] > 0 and rows[1]["cnps"] == 0
+    assert rows[1]["drops"] == 0 and rows[3]["drops"] > 0  # PFC pauses, tail drop drops
 
 
 def test_bad_arguments_are_refused() -> None:
     r = subprocess.run([sys.executable, "bench/bench_incast.py", "--senders", "two"], cwd=ROOT,
                        capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
     assert r.returncode == 2 and "--senders" in r.stderr
+    r = subprocess.run([sys.executable, "bench/bench_incast.py", "--fabric", "lossles"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert r.returncode == 2 and "--fabric" in r.stderr

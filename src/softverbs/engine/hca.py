@@ -113,6 +113,11 @@ class HCA:
         #: bytes of datagrams a receive socket of this device holds (SO_RCVBUF, as
         #: the kernel grants it), or None where nothing is buffered (in process)
         self.rx_buffer: int | None = None
+        #: the link's priority flow control holds this device's transmitter: QPs start
+        #: nothing (the fabric sets it; see :meth:`resume_tx`)
+        self.tx_paused = False
+        #: QPs that found the transmitter paused, to wake when it resumes
+        self.tx_waiting: set[QPEngine] = set()
         #: multicast groups: GID -> the QPs attached to it (see the module docstring)
         self.mcast: dict[bytes, set[QPEngine]] = {}
         #: told (group GID, True) on a group's first attach and (GID, False) on its last
@@ -294,6 +299,29 @@ class HCA:
             if self.observer is not None:
                 self.observer.packet_in(qp, pkt)
             qp.receive(pkt, info, now)
+
+    # --- priority flow control: the link pauses the transmitter ------------------
+    def pause_tx(self) -> None:
+        """A PFC PAUSE reached this device: its QPs start no packets until
+        :meth:`resume_tx` -- a NIC's QP scheduler stops, so what its rate
+        limiters pace does not pile up behind the paused port."""
+        self.tx_paused = True
+
+    def hold_tx(self, qp: QPCore) -> bool:
+        """Whether the transmitter is paused; if so ``qp`` is woken when it resumes."""
+        if not self.tx_paused:
+            return False
+        self.tx_waiting.add(cast("QPEngine", qp))
+        return True
+
+    def resume_tx(self, now: float) -> None:
+        """The PAUSE ended: the QPs that were held send what they may."""
+        self.tx_paused = False
+        waiting = sorted(self.tx_waiting, key=lambda q: q.qpn)
+        self.tx_waiting.clear()
+        for qp in waiting:
+            if self.qps.get(qp.qpn) is qp:  # not destroyed while it waited
+                qp.req.pump_sq(now)
 
     # --- congestion: DCQCN's notification and reaction points ---------------------
     def ecn_marked(self, pkt: Packet, qp: QPEngine | None, now: float) -> None:

@@ -181,7 +181,10 @@ class Requester:
 
     def _may_send(self, now: float) -> bool:
         """Whether the congestion control lets a packet leave now; if not, the
-        QP's timer is armed for when it will."""
+        QP's timer is armed for when it will (or, if the link paused the
+        transmitter, it is woken when it resumes)."""
+        if self.qp.hca.hold_tx(self.qp):
+            return False
         cc = self.cc
         if cc.can_send(now):
             return True

@@ -19,15 +19,36 @@ propagation delay.  A packet crosses two links:
    does not grow with the queue.  ``mark="enqueue"`` judges the queue the
    packet found on arrival (classic RED).
 
-A FIFO link with a fixed rate needs no event per byte: a packet that arrives
-at ``t`` starts when the link is free (``max(t, free_at)``) and is gone
-``size * 8 / bandwidth`` later; the queue a newcomer finds is the bytes of
-packets not yet gone.  Each packet therefore costs two events on the
-virtual clock (reaching the switch, reaching the destination), kept in the
-runtime's heap in time order, so the switch sees arrivals from all hosts in
-the order they happen.  A packet's size on the wire counts its Ethernet, IP
-and UDP headers, ICRC, FCS, preamble and inter-frame gap
-(:data:`WIRE_OVERHEAD`).
+**Priority flow control** (``pfc=True``, IEEE 802.1Qbb as RoCE fabrics run
+it, one lossless priority): the switch counts the bytes each ingress link
+(each host) has in its buffers.  When a host's share reaches the dynamic
+threshold ``pfc_beta * (buffer - reserve - used)`` -- ``used`` the bytes in
+all the switch's queues, ``reserve`` a headroom per ingress -- the switch
+sends that host a PAUSE (XOFF); when the share falls two MTUs below the
+threshold, or to nothing, a resume (XON).  Each takes the link's delay to
+arrive; a paused NIC finishes the packet it is sending and starts no other,
+and its QPs start none either (:meth:`HCA.pause_tx
+<softverbs.engine.hca.HCA.pause_tx>`): a NIC's QP scheduler stops with the
+port, so a rate limiter does not pile packets up behind it.
+The headroom is what still arrives after the switch decided to pause: a
+frame on the wire each way (``2 * delay * bandwidth``) and a packet being
+sent at each end.  A shared-buffer switch (the DCQCN paper's Trident II)
+works this way; a static per-port threshold would either pause a 2:1 incast
+before ECN acts or overflow the buffer at 16:1.  PAUSE frames are counted
+(:attr:`Port.pfc_xoff` / :attr:`Port.pfc_xon` on the switch's port toward
+the host) and a NIC's paused time is :attr:`Port.paused`; they take no link
+time (64 bytes against 4 KiB packets).
+
+A FIFO link with a fixed rate needs no event per byte: a packet that starts
+at ``t`` is gone ``size * 8 / bandwidth`` later; the queue a newcomer finds
+is the bytes of packets not yet gone.  A switch port is never paused, so a
+packet that arrives there starts when the link is free (``max(t,
+free_at)``).  A NIC starts one packet at a time, each when the one before it
+is gone and no PAUSE holds it (an event per packet), so that a PAUSE stops
+what it has not started yet.  The events live in the runtime's heap in time
+order, so the switch sees arrivals from all hosts in the order they happen.
+A packet's size on the wire counts its Ethernet, IP and UDP headers, ICRC,
+FCS, preamble and inter-frame gap (:data:`WIRE_OVERHEAD`).
 
 RED's coin is a seeded :class:`random.Random`: a run is reproducible.
 """
@@ -53,7 +74,11 @@ WIRE_OVERHEAD = 70
 NOT_ECT, CE = 0, 3
 
 # Events on the fabric's heap.
-_AT_SWITCH, _AT_HOST, _DEQUEUE = 0, 1, 2
+_AT_SWITCH, _AT_HOST, _DEQUEUE, _NIC_FREE, _PAUSE, _RESUME = range(6)
+
+#: The largest packet on the wire (a 4096-byte payload with RDMA WRITE's headers and
+#: :data:`WIRE_OVERHEAD`), for PFC's headroom and hysteresis.
+MAX_WIRE = 4096 + 28 + WIRE_OVERHEAD
 
 
 def wire_bytes(pkt: Packet) -> int:
@@ -77,6 +102,13 @@ class Topology:
     seed: int = 1  #: RED's coin
     mark: str = "dequeue"  #: judge the queue when a packet leaves ("dequeue") or arrives
     record: bool = False  #: keep a time series of each port's queue and departures
+    pfc: bool = False  #: priority flow control: pause a host instead of dropping its packets
+    pfc_beta: float = 1.0  #: PFC's dynamic threshold: this share of the free buffer per ingress
+
+    def headroom(self) -> int:
+        """Bytes that may still arrive from a host after the switch decided to
+        pause it: the wire both ways and a packet being sent at each end."""
+        return math.ceil(2 * self.delay * self.bandwidth / 8) + 2 * MAX_WIRE
 
     def check(self) -> str | None:
         """Why this topology cannot be built, or None."""
@@ -92,6 +124,8 @@ class Topology:
             return f"pmax is a probability (0..1), not {self.pmax}"
         if self.mark not in ("dequeue", "enqueue"):
             return f"mark is 'dequeue' or 'enqueue', not {self.mark!r}"
+        if not (self.pfc_beta > 0 and math.isfinite(self.pfc_beta)):
+            return f"pfc_beta must be a positive number, not {self.pfc_beta}"
         return None
 
 
@@ -100,7 +134,8 @@ class Port:
 
     __slots__ = (
         "bandwidth", "buffer", "busy", "delay", "departed", "drops", "free_at", "kmax", "kmin",
-        "marks", "name", "pmax", "qbytes", "queue", "rng", "samples", "sent_bytes",
+        "marks", "name", "paused", "paused_at", "pending", "pfc_xoff", "pfc_xon", "pmax",
+        "qbytes", "queue", "rng", "samples", "sending", "sent_bytes",
     )  # fmt: skip
 
     def __init__(self, name: str, bandwidth: float, delay: float, buffer: float,
@@ -121,6 +156,13 @@ class Port:
         self.marks = 0
         self.sent_bytes = 0
         self.busy = 0.0  #: seconds the link spent sending
+        self.pfc_xoff = 0  #: PAUSE frames sent on this link (a switch port toward a host)
+        self.pfc_xon = 0  #: resume frames sent on this link
+        self.paused = 0.0  #: seconds a PAUSE held this link (a NIC)
+        self.paused_at: float | None = None  #: since when, while it does
+        #: packets a NIC has not started yet, with their destination
+        self.pending: deque[tuple[Packet, HCA]] = deque()
+        self.sending = False  #: a NIC: a packet is on its way out (its _NIC_FREE is due)
         #: (time, queue bytes found) per arrival, if recording
         self.samples: list[tuple[float, int]] | None = [] if record else None
         #: (time gone, source GID, bytes) per packet sent, if recording
@@ -195,8 +237,12 @@ class SwitchedRuntime(InprocRuntime):
         self.rng = random.Random(topology.seed)
         self.nic: dict[str, Port] = {}  #: device name -> its link to the switch
         self.egress: dict[str, Port] = {}  #: device name -> the switch's port toward it
-        self._events: list[tuple[float, float, int, int, HCA, Packet]] = []
+        self._events: list[tuple[float, float, int, int, HCA, Packet | None]] = []
         self._event_seq = 0
+        # PFC's accounting: bytes in the switch by the host they came from, and in all
+        self.ingress: dict[str, int] = {}
+        self.used = 0
+        self.pausing: set[str] = set()  #: hosts the switch has told to pause
 
     def attach(self, hca: HCA) -> None:
         with self.lock:
@@ -213,7 +259,7 @@ class SwitchedRuntime(InprocRuntime):
         """Every switch egress port, in the order the devices were attached."""
         return list(self.egress.values())
 
-    def _push(self, when: float, stage: int, dst: HCA, pkt: Packet) -> None:
+    def _push(self, when: float, stage: int, dst: HCA, pkt: Packet | None) -> None:
         # Packets that reach the switch at the same instant (identical hosts send in
         # lockstep) are taken in a seeded random order, as a real switch's arbiter
         # has no fixed favourite: ordered by who sent first, one sender would win
@@ -227,34 +273,109 @@ class SwitchedRuntime(InprocRuntime):
         if dst is None:
             src.counters["drop_no_route"] += 1
             return
-        arrive = self.nic[src.name].enqueue(pkt, now)
+        nic = self.nic[src.name]
+        nic.pending.append((pkt, dst))
+        if not nic.sending:
+            self._nic_start(src, nic, now)
+
+    def _nic_start(self, src: HCA, nic: Port, now: float) -> None:
+        """``src``'s NIC starts its next packet, unless paused or idle."""
+        if nic.paused_at is not None or not nic.pending:
+            nic.sending = False
+            return
+        pkt, dst = nic.pending.popleft()
+        arrive = nic.enqueue(pkt, now)
         assert arrive is not None  # a NIC's queue does not drop
         self._push(arrive, _AT_SWITCH, dst, pkt)
+        nic.sending = True
+        self._push(nic.free_at, _NIC_FREE, src, None)
+
+    def _threshold(self) -> float:
+        """PFC's dynamic threshold: the most bytes one ingress may hold now."""
+        t = self.topology
+        reserve = t.headroom() * len(self.nic)
+        return t.pfc_beta * (t.buffer - reserve - self.used)
 
     def release_due(self, now: float) -> bool:
         moved = super().release_due(now)
         events = self._events
+        topo = self.topology
+        dequeue = topo.mark == "dequeue"
         while events and events[0][0] <= now:
             moved = True
-            when, _, _, stage, dst, pkt = heapq.heappop(events)
+            when, _, _, stage, dst, maybe = heapq.heappop(events)
+            if maybe is None:  # an event of dst's NIC
+                self._nic_event(stage, dst, when)
+                continue
+            pkt = maybe
             if stage == _AT_HOST:
                 self.inbox.append((dst, pkt))
                 continue
             port = self.egress[dst.name]
-            if stage == _DEQUEUE:  # it starts to leave: RED judges the queue now
-                port.maybe_mark(pkt, port.occupancy(when))
-                self._push(when + wire_bytes(pkt) * 8 / port.bandwidth + port.delay,
-                           _AT_HOST, dst, pkt)  # fmt: skip
+            if stage == _DEQUEUE:  # it starts to leave
+                size = wire_bytes(pkt)
+                if dequeue:  # RED judges the queue now
+                    port.maybe_mark(pkt, port.occupancy(when))
+                if topo.pfc:
+                    self._pfc_left(pkt, size, when)
+                self._push(when + size * 8 / port.bandwidth + port.delay, _AT_HOST, dst, pkt)
                 continue
-            dequeue = self.topology.mark == "dequeue"
             arrive = port.enqueue(pkt, when, mark=not dequeue)
             if arrive is None:
                 dst.counters["switch_drops"] += 1
-            elif dequeue:
+            elif dequeue or topo.pfc:
+                if topo.pfc:
+                    self._pfc_arrived(pkt, when)
                 self._push(port.starts(arrive, wire_bytes(pkt)), _DEQUEUE, dst, pkt)
             else:
                 self._push(arrive, _AT_HOST, dst, pkt)
         return moved
+
+    def _nic_event(self, stage: int, host: HCA, when: float) -> None:
+        nic = self.nic[host.name]
+        if stage == _PAUSE:
+            if nic.paused_at is None:
+                nic.paused_at = when
+                host.pause_tx()
+            return
+        if stage == _RESUME:
+            if nic.paused_at is None:
+                return
+            nic.paused += when - nic.paused_at
+            nic.paused_at = None
+            host.resume_tx(when)
+            if nic.sending:
+                return  # the packet on its way out starts the next one when gone
+        self._nic_start(host, nic, when)  # the last one is gone, or an idle NIC resumes
+
+    def _pfc_arrived(self, pkt: Packet, when: float) -> None:
+        """PFC: ``pkt`` joined a queue; pause its host if its share is too big."""
+        src = self.by_gid.get(pkt.sgid)
+        if src is None:
+            return
+        name = src.name
+        size = wire_bytes(pkt)
+        self.used += size
+        held = self.ingress.get(name, 0) + size
+        self.ingress[name] = held
+        if name not in self.pausing and held >= self._threshold():
+            self.pausing.add(name)
+            self.egress[name].pfc_xoff += 1
+            self._push(when + self.topology.delay, _PAUSE, src, None)
+
+    def _pfc_left(self, pkt: Packet, size: int, when: float) -> None:
+        """PFC: ``pkt`` left its queue; resume its host once its share is small."""
+        src = self.by_gid.get(pkt.sgid)
+        if src is None:
+            return
+        name = src.name
+        self.used -= size
+        held = self.ingress[name] - size
+        self.ingress[name] = held
+        if name in self.pausing and (held == 0 or held + 2 * MAX_WIRE <= self._threshold()):
+            self.pausing.discard(name)
+            self.egress[name].pfc_xon += 1
+            self._push(when + self.topology.delay, _RESUME, src, None)
 
     def next_deadline(self) -> float | None:
         deadline = super().next_deadline()
