@@ -388,7 +388,7 @@ def test_rdma_cm_tools_against_rxe(clean: Peer, name: str, server: str, client: 
 
 
 #: Sends a RoCEv2 CNP (opcode 0x81, BECN, 16 reserved bytes, ICRC) from the host
-#: address to each of the guest's first QP numbers, every 2 ms, for argv[1] seconds.
+#: address to the guest's QP argv[4], every 2 ms, for argv[1] seconds.
 CNP_FLOOD = """
 import socket, sys, time
 from softverbs.wire.codec import encode_udp_payload
@@ -400,11 +400,10 @@ s.bind((sys.argv[2], 0))
 sport = s.getsockname()[1]
 end, n = time.monotonic() + float(sys.argv[1]), 0
 while time.monotonic() < end:
-    for qpn in range(0x11, 0x19):
-        cnp = Packet(CNP_OPCODE, qpn, 0, bytes(16))
-        cnp.becn, cnp.pkey = True, 0xFFFF
-        s.sendto(encode_udp_payload(cnp, src, dst, sport), (sys.argv[3], ROCEV2_PORT))
-        n += 1
+    cnp = Packet(CNP_OPCODE, int(sys.argv[4]), 0, bytes(16))
+    cnp.becn, cnp.pkey = True, 0xFFFF
+    s.sendto(encode_udp_payload(cnp, src, dst, sport), (sys.argv[3], ROCEV2_PORT))
+    n += 1
     time.sleep(0.002)
 print("CNPS", n)
 """
@@ -418,12 +417,16 @@ def test_rxe_ignores_cnps_while_softverbs_runs_dcqcn(clean: Peer, tmp_path: Path
     cfg.write_text(json.dumps({"links": [{"name": DEV, "netdev": "br-peer", "cc": "dcqcn",
                                           "cc_params": {"min_time_between_cnps": 0}}]}))
     env = {**clean.env, "SOFTVERBS_CONFIG": str(cfg)}
+    args = _args("rc", iters=200)
+    clean.guest_server("rc", " ".join(args))
+    # the CNPs go to the guest server's own QP (it exists once the server listens)
+    _, res = clean.guest("rdma res show qp")
+    m = re.search(r"lqpn (\d+) .*type RC .*comm ibv_rc_pingpong", res)
+    assert m, f"no RC QP of ibv_rc_pingpong in the guest: {res}"
     flood = subprocess.Popen(["ip", "netns", "exec", NS, sys.executable, "-c", CNP_FLOOD, "20",
-                              HOST_IP, GUEST_IP], cwd=ROOT, env=env, text=True,
+                              HOST_IP, GUEST_IP, m.group(1)], cwd=ROOT, env=env, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
     try:
-        args = _args("rc", iters=200)
-        clean.guest_server("rc", " ".join(args))
         ours = finish(clean.ours("rc", *args, GUEST_IP, env=env), RUN_TIMEOUT)
         guest = clean.guest_server_result()
         check_pair(guest, ours, SIZES["rc"], 200)
