@@ -32,8 +32,9 @@ Its :class:`~.rings.WqeState` moves as :data:`~.rings.WQE_MOVES` allows:
 How much may be in flight, and when a packet may leave, is the congestion
 control's to say (:mod:`.congestion`): a per-QP object the requester owns
 (``Requester.cc``) and asks before it starts or transmits anything
-(``window``, ``can_send``), tells what it sent (``on_packet_sent``), and
-that the completer feeds (``on_ack``, ``on_loss``).  The default, a slow
+(``window``, ``can_send``) and tells what it sent (``on_packet_sent``);
+the completer feeds it only through the requester (:meth:`Requester.acked`
+and :meth:`Requester.lost` call ``on_ack`` and ``on_loss``).  The default, a slow
 restart, halves the usable window on a loss and gives it back as packets are
 acknowledged; DCQCN paces by rate instead.  A paced requester that may not
 send yet arms the QP's timer for the moment it may (``paced_until``).
