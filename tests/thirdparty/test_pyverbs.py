@@ -9,10 +9,13 @@ goes through softverbs' C ABI.  The test runs the suite the package ships
 count -- and fails below the committed floor (``pyverbs_floor.json``).  The
 floor only rises (compared with every earlier version in git history).
 
-softverbs' own pyverbs passes two more of the same suite (``softverbs_pyverbs``
-in the floor file; docs/conformance.md says which and why): the C libraries
-have no ``ibv_import_device``, and a forked child gets EPERM on its parent's
-context.
+The slow test runs the same suite with softverbs' own pyverbs on the same
+configuration and requires Debian's count to be at least as high (issue 23:
+the real pyverbs passes at least what softverbs' own does); on failure it names
+each test that passes with softverbs' own and not with Debian's.  That is a second
+run of the suite, so it is the slow test (``-m slow``; softverbs' own pyverbs takes
+about five minutes on two cores): the CI test compares Debian's count with the
+count of softverbs' own committed in the floor file.
 """
 
 from __future__ import annotations
@@ -70,6 +73,50 @@ def test_debian_pyverbs_runs_rdma_core_tests_above_the_floor(tmp_path: Path) -> 
         + conformance.format_table(s, include_vendor=False)
         + "\n"
         + "\n".join(failing)
+    )
+    # issue 23: Debian's pyverbs passes at least what softverbs' own passes on this suite
+    # (that count measured by the slow test below, committed in the floor file)
+    own = int(data["softverbs_pyverbs"])
+    assert passed >= own, (
+        f"Debian's pyverbs passed {passed} generic tests, fewer than softverbs' own pyverbs "
+        f"({own}, pyverbs_floor.json) on the same suite\n" + "\n".join(failing)
+    )
+
+
+@pytest.mark.slow
+def test_debian_pyverbs_passes_what_softverbs_pyverbs_passes(tmp_path: Path) -> None:
+    """Both pyverbs on the same suite and device, measured now: Debian's passes at least
+    as many generic tests as softverbs' own, and the floor file's
+    ``softverbs_pyverbs`` is not below what softverbs' own passes."""
+    _installed()
+    try:
+        conformance.check_port_free()
+    except RuntimeError as exc:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"cannot run the service configuration here: {exc}")
+    root, version = conformance.unpack_debian_suite(conformance.cache_dir())
+    runs: dict[str, conformance.Summary] = {}
+    for pyverbs in ("system", "softverbs"):
+        s = conformance.run_suite(root, "service", version, timeout=1200,
+                                  log=tmp_path / f"{pyverbs}.log", pyverbs=pyverbs)  # fmt: skip
+        assert s.ran > 0 and not s.problems, (pyverbs, s.problems)
+        runs[pyverbs] = s
+    passing = {name: {r.id for r in s.results
+                      if r.status == "passed" and not conformance.is_vendor(r.file)}
+               for name, s in runs.items()}  # fmt: skip
+    why = {r.id: f"{r.status}: {r.reason}" for r in runs["system"].results}
+    only_ours = sorted(passing["softverbs"] - passing["system"])
+    counts = {name: s.generic["passed"] for name, s in runs.items()}
+    assert counts["system"] >= counts["softverbs"], (
+        f"generic tests passed: Debian's pyverbs {counts['system']}, softverbs' own "
+        f"{counts['softverbs']}; passing with softverbs' own only:\n"
+        + "\n".join(f"  {t}: {why.get(t, 'not run')}" for t in only_ours)
+    )
+    data = json.loads(FLOOR.read_text())
+    assert int(data["softverbs_pyverbs"]) >= runs["softverbs"].generic["passed"], (
+        "softverbs' own pyverbs passes more than pyverbs_floor.json's softverbs_pyverbs: "
+        "raise it"
     )
 
 

@@ -9,7 +9,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "sv.h"
@@ -182,13 +184,46 @@ static int apply_environment(uint32_t ctx)
 	return spec && *spec ? tap_device(ctx, spec) : 0;
 }
 
+/* The opened contexts of this process, which ibv_import_device finds by their
+ * cmd_fd's file. */
+static pthread_mutex_t homes_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct sv_context *homes;
+
+/* A context's ops and fields, opened or imported. */
+static void init_context(struct sv_context *ctx, struct ibv_device *device, int cmd_fd,
+			 int async_fd)
+{
+	ctx->forks = __atomic_load_n(&sv_forks, __ATOMIC_RELAXED);
+	pthread_mutex_init(&ctx->map_lock, NULL);
+	struct ibv_context *c = &ctx->vctx.context;
+	c->device = device;
+	c->cmd_fd = cmd_fd;
+	c->async_fd = async_fd;
+	c->num_comp_vectors = 1;
+	pthread_mutex_init(&c->mutex, NULL);
+	c->abi_compat = __VERBS_ABI_IS_EXTENDED;
+	ctx->vctx.sz = sizeof(ctx->vctx);
+	sv_set_ops(ctx);
+}
+
 struct ibv_context *ibv_open_device(struct ibv_device *device)
 {
 	if (!device)
 		return sv_fail_null(EINVAL);
-	int sv[2];
-	if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv))
+	/* The context's command descriptor, as /dev/infiniband/uverbsN's on rdma-core:
+	 * a file of its own (an empty memfd) whose duplicate ibv_import_device takes. */
+	int cmd_fd = memfd_create("softverbs-cmd", MFD_CLOEXEC);
+	struct stat st;
+	if (cmd_fd < 0 || fstat(cmd_fd, &st)) {
+		if (cmd_fd >= 0)
+			close(cmd_fd);
 		return NULL;
+	}
+	int sv[2];
+	if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv)) {
+		close(cmd_fd);
+		return NULL;
+	}
 	struct sv_open_device req;
 	memset(&req, 0, sizeof(req));
 	snprintf(req.name, sizeof(req.name), "%s", device->name);
@@ -203,41 +238,93 @@ struct ibv_context *ibv_open_device(struct ibv_device *device)
 	}
 	if (err) {
 		close(sv[0]);
+		close(cmd_fd);
 		return sv_fail_null(err);
 	}
 	struct sv_context *ctx = calloc(1, sizeof(*ctx));
 	if (!ctx) {
 		close(sv[0]);
+		close(cmd_fd);
 		sv_destroy(SV_KIND_CTX, rep.ctx);
 		return sv_fail_null(ENOMEM);
 	}
 	ctx->handle = rep.ctx;
-	ctx->forks = __atomic_load_n(&sv_forks, __ATOMIC_RELAXED);
-	pthread_mutex_init(&ctx->map_lock, NULL);
-	struct ibv_context *c = &ctx->vctx.context;
-	c->device = device;
-	c->cmd_fd = -1;
-	c->async_fd = sv[0];
-	c->num_comp_vectors = 1;
-	pthread_mutex_init(&c->mutex, NULL);
-	c->abi_compat = __VERBS_ABI_IS_EXTENDED;
-	ctx->vctx.sz = sizeof(ctx->vctx);
-	sv_set_ops(ctx);
-	return c;
+	ctx->home = ctx;
+	ctx->fd_dev = st.st_dev;
+	ctx->fd_ino = st.st_ino;
+	init_context(ctx, device, cmd_fd, sv[0]);
+	pthread_mutex_lock(&homes_lock);
+	ctx->next = homes;
+	homes = ctx;
+	pthread_mutex_unlock(&homes_lock);
+	return &ctx->vctx.context;
+}
+
+/* ibv_import_device: a second context on the device context whose cmd_fd
+ * ``cmd_fd`` duplicates, taking the descriptor over (ibv_close_device closes
+ * it).  Handles of the one name the same objects in the other (ibv_import_pd
+ * and the rest, verbs.c).  The device context belongs to the process that
+ * opened it: a forked child cannot import it (EPERM, as for any of its
+ * parent's objects), and a descriptor that is not a context's is EINVAL. */
+struct ibv_context *ibv_import_device(int cmd_fd)
+{
+	struct stat st;
+	if (fstat(cmd_fd, &st))
+		return NULL;	/* errno EBADF */
+	pthread_mutex_lock(&homes_lock);
+	struct sv_context *home = homes;
+	while (home && (home->fd_dev != st.st_dev || home->fd_ino != st.st_ino))
+		home = home->next;
+	int err = !home ? EINVAL : sv_foreign(home) ? EPERM : 0;
+	int async_fd = err ? -1 : fcntl(home->vctx.context.async_fd, F_DUPFD_CLOEXEC, 0);
+	struct sv_context *ctx = err || async_fd < 0 ? NULL : calloc(1, sizeof(*ctx));
+	if (ctx) {
+		ctx->handle = home->handle;
+		ctx->home = home;
+		home->imports++;
+		init_context(ctx, home->vctx.context.device, cmd_fd, async_fd);
+	} else if (!err) {
+		err = async_fd < 0 ? errno : ENOMEM;
+		if (async_fd >= 0)
+			close(async_fd);
+	}
+	pthread_mutex_unlock(&homes_lock);
+	return ctx ? &ctx->vctx.context : sv_fail_null(err);
+}
+
+/* The device context goes when its home and every import of it are closed. */
+static void free_home(struct sv_context *home)
+{
+	struct sv_context **p = &homes;
+	while (*p != home)
+		p = &(*p)->next;
+	*p = home->next;
+	struct sv_destroy d = {.kind = SV_KIND_CTX, .handle = home->handle, .flags = 1};
+	char none[1];
+	sv_call(SV_OP_DESTROY, &d, sizeof(d), NULL, 0, none, 0, NULL, NULL);
+	sv_dm_pool_free(home->dm_pool);
+	free(home->map);
+	free(home);
 }
 
 int ibv_close_device(struct ibv_context *context)
 {
 	if (!context)
 		return EINVAL;
-	struct sv_context *ctx = sv_ctx(context);
-	struct sv_destroy d = {.kind = SV_KIND_CTX, .handle = ctx->handle, .flags = 1};
-	char none[1];
-	sv_call(SV_OP_DESTROY, &d, sizeof(d), NULL, 0, none, 0, NULL, NULL);
+	struct sv_context *ctx = sv_ctx(context), *home = ctx->home;
 	close(context->async_fd);
-	sv_dm_pool_free(ctx->dm_pool);
-	free(ctx->map);
-	free(ctx);
+	if (context->cmd_fd >= 0)
+		close(context->cmd_fd);
+	pthread_mutex_lock(&homes_lock);
+	if (ctx != home) {
+		free(ctx);
+		home->imports--;
+	} else {
+		home->closed = 1;
+	}
+	if (home->closed && !home->imports)
+		free_home(home);
+	pthread_mutex_unlock(&homes_lock);
 	return 0;
 }
 

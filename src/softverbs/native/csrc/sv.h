@@ -10,6 +10,7 @@
 #ifndef SV_H
 #define SV_H
 
+#include <sys/types.h>
 #include <infiniband/verbs.h>
 #include <pthread.h>
 #include <stddef.h>
@@ -147,7 +148,22 @@ struct sv_context {
 	size_t map_len, map_cap;
 	unsigned forks;			/* sv_forks when it was opened */
 	struct sv_dm_pool *dm_pool;	/* device memory (ibv_alloc_dm), made on first use */
+	/* ibv_import_device: a context imported from a duplicate of another's
+	 * cmd_fd shares that context's device context (the same handle) and its
+	 * home's map and device memory; home is the opened one (itself when
+	 * opened).  The home lives until it and every import of it are closed. */
+	struct sv_context *home;
+	unsigned imports;		/* home only: open contexts imported from it */
+	int closed;			/* home only: ibv_close_device was called on it */
+	dev_t fd_dev;			/* home only: its cmd_fd's file (a memfd) */
+	ino_t fd_ino;
+	struct sv_context *next;	/* home only: the process's list of homes */
 };
+
+static inline struct sv_context *sv_home(struct sv_context *ctx)
+{
+	return ctx->home;
+}
 
 SV_HIDDEN void sv_dm_pool_free(struct sv_dm_pool *pool);
 

@@ -25,6 +25,7 @@
 
 void sv_map_put(struct sv_context *ctx, uint32_t kind, uint32_t handle, void *obj)
 {
+	ctx = sv_home(ctx);
 	pthread_mutex_lock(&ctx->map_lock);
 	if (ctx->map_len == ctx->map_cap) {
 		size_t cap = ctx->map_cap ? ctx->map_cap * 2 : 16;
@@ -42,6 +43,7 @@ void sv_map_put(struct sv_context *ctx, uint32_t kind, uint32_t handle, void *ob
 
 void *sv_map_get(struct sv_context *ctx, uint32_t kind, uint32_t handle)
 {
+	ctx = sv_home(ctx);
 	void *obj = NULL;
 	pthread_mutex_lock(&ctx->map_lock);
 	for (size_t i = 0; i < ctx->map_len; i++)
@@ -55,6 +57,7 @@ void *sv_map_get(struct sv_context *ctx, uint32_t kind, uint32_t handle)
 
 void *sv_map_get_event(struct sv_context *ctx, uint32_t kind, uint32_t handle, int comp)
 {
+	ctx = sv_home(ctx);
 	void *obj = NULL;
 	pthread_mutex_lock(&ctx->map_lock);
 	for (size_t i = 0; i < ctx->map_len; i++)
@@ -73,6 +76,7 @@ void *sv_map_get_event(struct sv_context *ctx, uint32_t kind, uint32_t handle, i
 void sv_map_del(struct sv_context *ctx, uint32_t kind, uint32_t handle, uint32_t *events,
 		uint32_t *comp_events)
 {
+	ctx = sv_home(ctx);
 	uint32_t ev = 0, comp = 0;
 	pthread_mutex_lock(&ctx->map_lock);
 	for (size_t i = 0; i < ctx->map_len; i++)
@@ -137,6 +141,7 @@ struct ibv_pd *ibv_alloc_pd(struct ibv_context *context)
 	}
 	p->pd.context = context;
 	p->pd.handle = rep.handle;
+	sv_map_put(sv_ctx(context), SV_KIND_PD, rep.handle, p);	/* for ibv_import_pd */
 	return &p->pd;
 }
 
@@ -155,8 +160,10 @@ int ibv_dealloc_pd(struct ibv_pd *pd)
 	if (__atomic_load_n(&p->parents, __ATOMIC_RELAXED))
 		return EBUSY;	/* as rdma-core's providers: a parent domain still uses it */
 	int err = sv_destroy(SV_KIND_PD, pd->handle);
-	if (!err)
+	if (!err) {
+		sv_map_del(sv_ctx(pd->context), SV_KIND_PD, pd->handle, NULL, NULL);
 		free(p);
+	}
 	return err;
 }
 
@@ -221,6 +228,10 @@ static int dealloc_td(struct ibv_td *td)
 
 #define SV_DM_WORD 4
 #define SV_MAP_DM_MR 0x101	/* not a device kind: this library's lkey -> struct sv_dm */
+#define SV_MAP_DM 0x102		/* not a device kind: ibv_dm.handle -> struct sv_dm */
+
+/* A device memory has no device object, so this library numbers them, per process. */
+static uint32_t dm_handles;
 
 struct sv_dm_pool {
 	pthread_mutex_t lock;
@@ -249,6 +260,7 @@ void sv_dm_pool_free(struct sv_dm_pool *pool)
 
 static struct sv_dm_pool *dm_pool(struct sv_context *ctx, uint64_t size)
 {
+	ctx = sv_home(ctx);
 	pthread_mutex_lock(&ctx->map_lock);
 	struct sv_dm_pool *pool = ctx->dm_pool;
 	if (!pool && (pool = calloc(1, sizeof(*pool)))) {
@@ -320,7 +332,7 @@ static int memcpy_to_dm(struct ibv_dm *dm, uint64_t offset, const void *host, si
 	struct sv_dm *d = (struct sv_dm *)dm;
 	int err = dm_range(d, offset, length);
 	if (!err)
-		memcpy(sv_ctx(dm->context)->dm_pool->base + d->start + offset, host, length);
+		memcpy(sv_home(sv_ctx(dm->context))->dm_pool->base + d->start + offset, host, length);
 	return err;
 }
 
@@ -329,7 +341,7 @@ static int memcpy_from_dm(void *host, struct ibv_dm *dm, uint64_t offset, size_t
 	struct sv_dm *d = (struct sv_dm *)dm;
 	int err = dm_range(d, offset, length);
 	if (!err)
-		memcpy(host, sv_ctx(dm->context)->dm_pool->base + d->start + offset, length);
+		memcpy(host, sv_home(sv_ctx(dm->context))->dm_pool->base + d->start + offset, length);
 	return err;
 }
 
@@ -358,13 +370,15 @@ static struct ibv_dm *alloc_dm(struct ibv_context *context, struct ibv_alloc_dm_
 	d->dm.context = context;
 	d->dm.memcpy_to_dm = memcpy_to_dm;
 	d->dm.memcpy_from_dm = memcpy_from_dm;
+	d->dm.handle = __atomic_add_fetch(&dm_handles, 1, __ATOMIC_RELAXED);
+	sv_map_put(sv_ctx(context), SV_MAP_DM, d->dm.handle, d);	/* for ibv_import_dm */
 	return &d->dm;
 }
 
 static int free_dm(struct ibv_dm *dm)
 {
 	struct sv_dm *d = (struct sv_dm *)dm;
-	struct sv_dm_pool *pool = sv_ctx(dm->context)->dm_pool;
+	struct sv_dm_pool *pool = sv_home(sv_ctx(dm->context))->dm_pool;
 	if (__atomic_load_n(&d->mrs, __ATOMIC_RELAXED))
 		return EBUSY;	/* an MR still uses it */
 	pthread_mutex_lock(&pool->lock);
@@ -374,6 +388,7 @@ static int free_dm(struct ibv_dm *dm)
 			break;
 		}
 	pthread_mutex_unlock(&pool->lock);
+	sv_map_del(sv_ctx(dm->context), SV_MAP_DM, dm->handle, NULL, NULL);
 	free(d);
 	return 0;
 }
@@ -386,7 +401,7 @@ static struct ibv_mr *reg_dm_mr(struct ibv_pd *pd, struct ibv_dm *dm, uint64_t o
 	struct sv_dm *d = (struct sv_dm *)dm;
 	if (!(access & IBV_ACCESS_ZERO_BASED) || offset > d->length || length > d->length - offset)
 		return sv_fail_null(EINVAL);
-	struct sv_dm_pool *pool = sv_ctx(dm->context)->dm_pool;
+	struct sv_dm_pool *pool = sv_home(sv_ctx(dm->context))->dm_pool;
 	struct sv_reg_mr req = {.length = length, .offset = d->start + offset, .pd = pd->handle,
 				.access = access, .flags = SV_REG_MR_HAS_FD};
 	struct sv_reg_mr_reply rep;
@@ -408,6 +423,7 @@ static struct ibv_mr *reg_dm_mr(struct ibv_pd *pd, struct ibv_dm *dm, uint64_t o
 	mr->rkey = rep.rkey;
 	__atomic_add_fetch(&d->mrs, 1, __ATOMIC_RELAXED);
 	sv_map_put(sv_ctx(pd->context), SV_MAP_DM_MR, mr->lkey, d);
+	sv_map_put(sv_ctx(pd->context), SV_KIND_MR, mr->handle, mr);
 	return mr;
 }
 
@@ -537,6 +553,7 @@ struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length, ui
 	m->implicit = req.flags == SV_REG_MR_IMPLICIT;
 	if (access & IBV_ACCESS_ON_DEMAND)
 		sv_map_put(sv_ctx(pd->context), SV_MAP_ODP_MR, mr->lkey, m);
+	sv_map_put(sv_ctx(pd->context), SV_KIND_MR, mr->handle, mr);	/* for ibv_import_mr */
 	return mr;
 }
 
@@ -611,6 +628,7 @@ int ibv_dereg_mr(struct ibv_mr *mr)
 			sv_map_del(ctx, SV_MAP_DM_MR, mr->lkey, NULL, NULL);
 		}
 		sv_map_del(ctx, SV_MAP_ODP_MR, mr->lkey, NULL, NULL);
+		sv_map_del(ctx, SV_KIND_MR, mr->handle, NULL, NULL);
 		free(mr);
 	}
 	return err;
@@ -2307,48 +2325,87 @@ int ibv_detach_mcast(struct ibv_qp *qp, const union ibv_gid *gid, uint16_t lid)
 
 /* --- what softverbs does not offer ---------------------------------------------------- */
 
-/* Importing objects shares a kernel ucontext between processes (ibv_import_device
- * takes its command fd); softverbs has none. */
-struct ibv_context *ibv_import_device(int cmd_fd)
-{
-	(void)cmd_fd;
-	return sv_fail_null(EOPNOTSUPP);
-}
+/* --- importing objects (ibv_import_pd, ibv_import_mr, ibv_import_dm) ---------------------
+ *
+ * A context imported from another's cmd_fd (ibv_import_device, device.c) is
+ * the same device context, so a handle of the one names the very object in
+ * the other, as with rdma-core's shared ucontext.  The import is a second
+ * struct for the same object: the device is not asked, and ibv_unimport_*
+ * frees only the struct; destroying either destroys the object. */
 
 struct ibv_pd *ibv_import_pd(struct ibv_context *context, uint32_t pd_handle)
 {
-	(void)context;
-	(void)pd_handle;
-	return sv_fail_null(EOPNOTSUPP);
+	if (!context)
+		return sv_fail_null(EINVAL);
+	if (!sv_map_get(sv_ctx(context), SV_KIND_PD, pd_handle))
+		return sv_fail_null(EINVAL);	/* no PD of this device context has the handle */
+	struct sv_pd *p = calloc(1, sizeof(*p));
+	if (!p)
+		return sv_fail_null(ENOMEM);
+	p->pd.context = context;
+	p->pd.handle = pd_handle;
+	return &p->pd;
 }
 
 void ibv_unimport_pd(struct ibv_pd *pd)
 {
-	(void)pd;
+	free(pd);
 }
 
 struct ibv_mr *ibv_import_mr(struct ibv_pd *pd, uint32_t mr_handle)
 {
-	(void)pd;
-	(void)mr_handle;
-	return sv_fail_null(EOPNOTSUPP);
+	if (!pd)
+		return sv_fail_null(EINVAL);
+	struct sv_context *ctx = sv_ctx(pd->context);
+	pthread_mutex_lock(&sv_home(ctx)->map_lock);	/* the MR stays while it is copied */
+	struct sv_context *home = sv_home(ctx);
+	const struct ibv_mr *orig = NULL;
+	for (size_t i = 0; i < home->map_len; i++)
+		if (home->map[i].handle == mr_handle && home->map[i].kind == SV_KIND_MR)
+			orig = home->map[i].obj;
+	struct sv_mr *m = orig ? calloc(1, sizeof(*m)) : NULL;
+	if (m) {
+		m->mr = *orig;
+		m->mr.context = pd->context;
+		m->mr.pd = pd;
+	}
+	pthread_mutex_unlock(&home->map_lock);
+	if (!orig)
+		return sv_fail_null(EINVAL);	/* no MR of this device context has the handle */
+	return m ? &m->mr : sv_fail_null(ENOMEM);
 }
 
 void ibv_unimport_mr(struct ibv_mr *mr)
 {
-	(void)mr;
+	free(mr);
 }
 
 struct ibv_dm *ibv_import_dm(struct ibv_context *context, uint32_t dm_handle)
 {
-	(void)context;
-	(void)dm_handle;
-	return sv_fail_null(EOPNOTSUPP);
+	if (!context)
+		return sv_fail_null(EINVAL);
+	struct sv_context *home = sv_home(sv_ctx(context));
+	pthread_mutex_lock(&home->map_lock);
+	const struct sv_dm *orig = NULL;
+	for (size_t i = 0; i < home->map_len; i++)
+		if (home->map[i].handle == dm_handle && home->map[i].kind == SV_MAP_DM)
+			orig = home->map[i].obj;
+	struct sv_dm *d = orig ? calloc(1, sizeof(*d)) : NULL;
+	if (d) {
+		d->dm = orig->dm;
+		d->dm.context = context;
+		d->start = orig->start;
+		d->length = orig->length;
+	}
+	pthread_mutex_unlock(&home->map_lock);
+	if (!orig)
+		return sv_fail_null(EINVAL);	/* no DM of this device context has the handle */
+	return d ? &d->dm : sv_fail_null(ENOMEM);
 }
 
 void ibv_unimport_dm(struct ibv_dm *dm)
 {
-	(void)dm;
+	free(dm);
 }
 
 struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t length,
