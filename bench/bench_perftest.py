@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_loopback import UCX_ENV, _free_tcp_port, ucx_outstanding, ucx_run
 from progress import Progress, add_quiet
 
-TIMEOUT = 300.0
+TIMEOUT = float(os.environ.get("BENCH_TIMEOUT", "300"))
 LAT_SIZE = 8
 CPU_WINDOW = 2.0  #: seconds over which --cpu samples the processes
 
