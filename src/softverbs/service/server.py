@@ -719,7 +719,7 @@ class Service:
             return
         if op is api.DOORBELL:  # the data path: no reply, no resources
             self._close(fds)
-            if msg.body.queue == api.DB_SQ and msg.body.qp not in self._polled:
+            if self.spin and msg.body.queue == api.DB_SQ and msg.body.qp not in self._polled:
                 self._watch(client, msg.body.qp)  # before the doorbell runs: see _watch
             self._doorbell(client, msg.body)
             return
