@@ -560,9 +560,10 @@ class Service:
                 sq = self.host.obj(client.owner, handle, KIND_QP).engine.sq
         except PyverbsError:
             return
-        if sq is None or not isinstance(sq.hdr, memoryview):
+        hdr = getattr(sq, "hdr", None)  # the ring's header words (a shared ring's)
+        if not isinstance(hdr, memoryview):
             return
-        polled = self._polled[handle] = _Polled(client, handle, sq.hdr)
+        polled = self._polled[handle] = _Polled(client, handle, hdr)
         if self._flagged:
             polled.hdr[SQ_POLLED] = 1
 
