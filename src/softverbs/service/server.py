@@ -37,7 +37,10 @@ exclusive ``flock`` while the service lives).  A service started on demand
 (``--idle-exit``) stops after that many seconds without a client; one
 started with ``softverbs service start`` stays until stopped.  The loop is
 single-threaded; replies that cannot be sent at once wait in a bounded
-per-client queue.
+per-client queue.  It sleeps in epoll between messages; with
+``SOFTVERBS_SPIN_US`` it polls for that long after serving a client first,
+and drivers then skip the doorbell messages of the send queues it polls
+(doorbell suppression: docs/rings.md, where the ordering argument is).
 """
 
 from __future__ import annotations
@@ -516,9 +519,12 @@ class Service:
         sleeping for up to :attr:`spin` seconds before it blocks in epoll: a
         ping-pong's next doorbell usually arrives within a round trip, and
         finding it by polling saves the sleep and the wake-up (the scheduler
-        has to give the service a core back).  Each empty poll yields the
-        core, so on a machine with fewer cores than busy processes the
-        programs that poll their CQs still run.  An idle service never spins."""
+        has to give the service a core back).  Meanwhile it polls the send
+        queues that rang it too (doorbell suppression, docs/rings.md).  The
+        polls do not yield the core: a service that yields waits behind every
+        other runnable task for its next poll, which made a spinning C program's
+        SENDs six times slower on two cores (docs/performance.md).  An idle
+        service never spins; ``SOFTVERBS_SPIN_US`` unset, it never does."""
         if self._polled and not self._flagged and self._poll_rings():
             return []  # a store of db the loop missed (see _unflag): serve it now
         spin_end = self._busy + self.spin
@@ -576,10 +582,10 @@ class Service:
                 continue
             polled.db = int(db)
             served = True
+            self.stats["doorbells_polled"] += 1
             self._doorbell(polled.client, polled.body)
         if served:
             self._busy = time.monotonic()
-            self.stats["doorbells_polled"] += 1
         return served
 
     def _flag(self) -> None:
