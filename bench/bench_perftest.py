@@ -8,13 +8,15 @@ The table gives perftest's own figures (its ``BW average`` and its
 ``t_typical`` and 99% latency columns) and each as a ratio to UCX's.
 
     python bench/bench_perftest.py [--sizes 4096,65536,1048576] [--plot FILE.png] [--cpu]
-    python bench/bench_perftest.py --baseline DIR [--rounds 3] [--sizes ...]
+    python bench/bench_perftest.py --baseline DIR [--rounds 3] [--sizes ...] [--env VAR=VALUE]
 
 ``--baseline DIR`` compares this tree with another checkout of softverbs (DIR
 holds its ``src/``; e.g. ``git archive main | tar -x -C DIR``) instead of UCX: each
 round runs every figure once with each tree, in alternating order, each tree
 on a service of its own started from its own sources, and the table gives the
-median of the rounds for both and their ratio.
+median of the rounds for both and their ratio.  ``--env VAR=VALUE`` (repeatable) sets a
+variable for this tree's service and programs only, e.g. ``SOFTVERBS_SPIN_US=50``.
+``BENCH_TIMEOUT`` (seconds, default 300) bounds each program.
 
 A benchmark, never a test: the machine is shared and noisy, so compare the
 ratios within one run.
@@ -35,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_loopback import UCX_ENV, _free_tcp_port, ucx_outstanding, ucx_run
 from progress import Progress, add_quiet
 
-TIMEOUT = 300.0
+TIMEOUT = float(os.environ.get("BENCH_TIMEOUT", "300"))
 LAT_SIZE = 8
 CPU_WINDOW = 2.0  #: seconds over which --cpu samples the processes
 
@@ -111,6 +113,10 @@ def compare(args: argparse.Namespace, sizes: list[int]) -> int:
             raise SystemExit(f"--baseline: no softverbs sources in {src}")
         env = {k: v for k, v in os.environ.items() if not k.startswith("SOFTVERBS_")}
         env["PYTHONPATH"] = src  # before the installed (editable) softverbs
+        if name == "this tree":
+            for setting in args.env:
+                var, _, value = setting.partition("=")
+                env[var] = value
         env["SOFTVERBS_SERVICE"] = os.path.join(tempfile.mkdtemp(prefix="svpt", dir="/tmp"),
                                                 "sv.sock")  # fmt: skip
         envs[name] = env
@@ -141,6 +147,11 @@ def compare(args: argparse.Namespace, sizes: list[int]) -> int:
     for label, by in figures.items():
         base, ours = statistics.median(by["baseline"]), statistics.median(by["this tree"])
         print(f"{label:<34}{base:>12.1f}{ours:>12.1f}{ours / base:>8.3f}")
+    print("every round (baseline / this tree):")
+    for label, by in figures.items():
+        rounds = zip(by["baseline"], by["this tree"], strict=True)
+        pairs = "  ".join(f"{b:.1f}/{o:.1f}" for b, o in rounds)
+        print(f"  {label:<32}{pairs}")
     return 0
 
 
@@ -156,6 +167,8 @@ def main() -> int:
     ap.add_argument("--baseline", metavar="DIR",
                     help="compare with the softverbs checkout in DIR instead of UCX")
     ap.add_argument("--rounds", type=int, default=3, help="--baseline: interleaved rounds")
+    ap.add_argument("--env", action="append", default=[], metavar="VAR=VALUE",
+                    help="--baseline: set VAR for this tree's service and programs")
     add_quiet(ap)
     args = ap.parse_args()
     sizes = [int(x) for x in args.sizes.split(",")]

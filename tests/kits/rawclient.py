@@ -320,7 +320,7 @@ SendWQEHeader = Rec("SendWQEHeader", [("wr_id", "Q"), ("opcode", "B"), ("flags",
 F_SIGNALED, F_FENCE, F_SOLICITED, F_INLINE = 1, 2, 4, 8  # SendWQEHeader.flags
 CQE_SIZE = 128
 # header words
-SQ_PI, SQ_DB, SQ_STATE = 0, 1, 2
+SQ_PI, SQ_DB, SQ_STATE, SQ_POLLED = 0, 1, 2, 3
 RQ_PI, RQ_DB = 0, 1
 CQ_PI, CQ_CI, CQ_ARM, CQ_FIRED, CQ_ERROR = 0, 1, 2, 3, 4
 

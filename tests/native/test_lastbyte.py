@@ -19,7 +19,11 @@ slow-marked run is 20,000 of each from 4 KiB to 1 MiB.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
+import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -72,3 +76,41 @@ def test_last_byte_polling(env: dict[str, str], lastbyte: Path, op: str, iters: 
 @pytest.mark.parametrize("op", ["write", "read", "send"])
 def test_last_byte_polling_up_to_1mib(env: dict[str, str], lastbyte: Path, op: str) -> None:
     _run(env, lastbyte, op, 20000, LARGE)
+
+
+@pytest.fixture
+def spinning_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A private softverbsd that polls its rings for 200 us after serving a
+    client (``SOFTVERBS_SPIN_US``): doorbell suppression is on (docs/rings.md)."""
+    import tempfile
+
+    from softverbs.service import command as service_command
+
+    path = os.path.join(tempfile.mkdtemp(prefix="svsp", dir="/tmp"), "sv.sock")
+    env = {k: v for k, v in os.environ.items() if k != "SOFTVERBS_SERVICE"}
+    env["SOFTVERBS_SPIN_US"] = "200"
+    proc = subprocess.Popen(service_command("--socket", path), env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    end = time.monotonic() + 20
+    while not os.path.exists(path):
+        assert proc.poll() is None and time.monotonic() < end, "softverbsd did not start"
+        time.sleep(0.02)
+    yield path
+    proc.terminate()
+    assert proc.wait(20) == 0
+
+
+@pytest.mark.parametrize("op", ["write", "send"])
+def test_last_byte_polling_with_doorbell_suppression(spinning_service: str, lastbyte: Path,
+                                                     op: str) -> None:  # fmt: skip
+    """The program skips the DOORBELL message whenever the service has set the
+    send queue's ``polled`` word; every post must still run (a lost wakeup
+    shows as a last byte that never comes), and some must have been found by
+    polling alone."""
+    e = {k: v for k, v in os.environ.items() if not k.startswith("SOFTVERBS_")}
+    e["SOFTVERBS_SERVICE"] = spinning_service
+    _run(e, lastbyte, op, 3000, SMALL)
+    status = subprocess.run([sys.executable, "-m", "softverbs", "service", "status"], env=e,
+                            capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
+    polled = re.search(r"doorbells_polled (\d+)", status.stdout)
+    assert polled is not None and int(polled.group(1)) > 0, status.stdout

@@ -1011,7 +1011,7 @@ C_CONSTANTS.update(
     F_SIGNALED=F_SIGNALED, F_FENCE=F_FENCE, F_SOLICITED=F_SOLICITED, F_INLINE=F_INLINE,
     CQE_DEAD=CQE_DEAD, CQE_SOLICITED=CQE_SOLICITED, CQE_SIZE=CQE_SIZE,
     REASON_BYTES=REASON_BYTES, WR_DRIVER1=WR_DRIVER1,
-    SQ_PI=0, SQ_DB=1, SQ_STATE=2, SRQ_PI=0, SRQ_TAKEN=1, SRQ_LIMIT=2, SRQ_DISCARDED=3,
+    SQ_PI=0, SQ_DB=1, SQ_STATE=2, SQ_POLLED=3, SRQ_PI=0, SRQ_TAKEN=1, SRQ_LIMIT=2, SRQ_DISCARDED=3,
     CQ_PI=0, CQ_CI=1, CQ_ARM=2, CQ_FIRED=3, CQ_ERROR=4,
 )
 #: what each of :data:`C_CONSTANTS` is (docs/rings.md's table)
@@ -1033,6 +1033,8 @@ C_CONSTANT_DOCS: dict[str, str] = {
     "SQ_PI": "send/receive queue header word: `pi`",
     "SQ_DB": "send/receive queue header word: `db`",
     "SQ_STATE": "send queue header word: the QP's state + 1 (0: not published)",
+    "SQ_POLLED": "send queue header word: nonzero while the device polls `db` (no DOORBELL "
+                 "message needed)",
     "SRQ_PI": "SRQ header word: `pi`",
     "SRQ_TAKEN": "SRQ header word: `taken`",
     "SRQ_LIMIT": "SRQ header word: `limit`",

@@ -37,18 +37,23 @@ exclusive ``flock`` while the service lives).  A service started on demand
 (``--idle-exit``) stops after that many seconds without a client; one
 started with ``softverbs service start`` stays until stopped.  The loop is
 single-threaded; replies that cannot be sent at once wait in a bounded
-per-client queue.
+per-client queue.  It sleeps in epoll between messages; with
+``SOFTVERBS_SPIN_US`` it polls for that long after serving a client first,
+and drivers then skip the doorbell messages of the send queues it polls
+(doorbell suppression: docs/rings.md, where the ordering argument is).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import errno
 import fcntl
 import json
 import logging
 import os
+import platform
 import selectors
 import signal
 import socket
@@ -67,6 +72,7 @@ from softverbs.device.core import ALLOWED_OPCODES, Owner, Resources
 from softverbs.device.memory import ProcessMemory
 from softverbs.device.protocol import ProtocolError
 from softverbs.engine.rings import (
+    C_CONSTANTS,
     CQE_SIZE,
     HEADER_SIZE,
     WR_DRIVER1,
@@ -93,6 +99,71 @@ MAX_SLOT = api.MAX_SLOT
 MAX_MAPPED = 1 << 40
 #: RDMA CM event channels (sockets) one process may register
 MAX_CM_CHANNELS = 1024
+#: microseconds the loop polls before it sleeps, after serving a client (_wait)
+SPIN_US = 0.0
+#: send queues the loop polls at once while it spins (more ring by message only)
+MAX_POLLED = 64
+#: the send queue header words the loop reads and writes (docs/rings.md)
+SQ_DB, SQ_POLLED = C_CONSTANTS["SQ_DB"], C_CONSTANTS["SQ_POLLED"]
+
+
+class _Fence:
+    """A full memory barrier, which Python has no statement for.
+
+    A ``FUTEX_WAKE`` system call on a word nobody waits on is one on every
+    architecture Linux runs on: the kernel orders it with ``smp_mb()`` before
+    it looks for waiters (the ordering argument at the top of Linux's
+    kernel/futex/waitwake.c).  About a microsecond; the loop needs one each
+    time it stops polling its rings, not per message.  ``available`` is False
+    where the system call number is not known: the loop then never offers
+    doorbell suppression and every post rings by message."""
+
+    #: SYS_futex by machine
+    SYSCALL = {"x86_64": 202, "aarch64": 98, "riscv64": 98, "ppc64le": 221, "s390x": 238}
+    FUTEX_WAKE_PRIVATE = 1 | 128
+
+    def __init__(self) -> None:
+        self.number = self.SYSCALL.get(platform.machine(), 0)
+        self.word = ctypes.c_uint32(0)
+        self.available = False
+        if self.number:
+            try:
+                self._syscall = ctypes.CDLL(None, use_errno=True).syscall
+                self.available = self() >= 0
+            except (OSError, AttributeError):
+                self.available = False
+
+    def __call__(self) -> int:
+        return int(self._syscall(self.number, ctypes.byref(self.word),
+                                 self.FUTEX_WAKE_PRIVATE, 1, None, None, 0))  # fmt: skip
+
+
+class _Polled:
+    """A send queue the loop polls while it spins: its header words, the
+    doorbell it last acted on, and whose it is."""
+
+    __slots__ = ("body", "client", "db", "hdr")
+
+    def __init__(self, client: Client, handle: int, hdr: memoryview) -> None:
+        self.client = client
+        self.body = api.Doorbell(handle, api.DB_SQ)
+        self.hdr = hdr
+        self.db = int(hdr[SQ_DB])
+
+
+def _spin_setting() -> float:
+    """``SOFTVERBS_SPIN_US`` in seconds (ConfigError if it is not a number of microseconds)."""
+    text = os.environ.get("SOFTVERBS_SPIN_US", "").strip()
+    if not text:
+        return SPIN_US / 1e6
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 1e6:
+        raise ConfigError(f"SOFTVERBS_SPIN_US={text!r}: give the microseconds the service "
+                          f"polls before it sleeps, 0 to 1000000 (0: never poll)")  # fmt: skip
+    return value / 1e6
 
 
 class ServiceRunning(Exception):
@@ -361,6 +432,14 @@ class Service:
         self._stop = threading.Event()
         self._writers: set[Client] = set()
         self._writers_lock = threading.Lock()
+        #: seconds the loop polls before it sleeps, after serving a client (_wait)
+        self.spin = _spin_setting()
+        self._busy = 0.0  #: when the loop last served a client
+        self._fence = _Fence()
+        #: the send queues polled while spinning (handle -> _Polled), and whether
+        #: their ``polled`` words are set now
+        self._polled: dict[int, _Polled] = {}
+        self._flagged = False
         self._pid_fd = claim_pidfile(self.pidfile, path)
         try:
             # We hold the lock: a socket file left here is a dead service's.
@@ -408,7 +487,7 @@ class Service:
                 if nxt is not None:
                     timeout = min(timeout, max(0.0, nxt - dev.runtime.clock.now()))
         self._register_writers()
-        for key, mask in self.sel.select(timeout):
+        for key, mask in self._wait(timeout):
             if key.data == "listen":
                 self._accept()
             elif key.data == "wake":
@@ -420,6 +499,7 @@ class Service:
                     self._write(sock)
                 if mask & selectors.EVENT_READ:
                     self._read(sock)
+                    self._busy = time.monotonic()
         for dev in self._devices():
             with dev.runtime.lock:
                 try:
@@ -430,6 +510,107 @@ class Service:
         for client in [c for c in self.clients.values() if not c.alive]:
             self.drop(client)
         self._check_idle()
+
+    def _wait(self, timeout: float) -> list[tuple[selectors.SelectorKey, int]]:
+        """What is ready, waiting at most ``timeout`` seconds.
+
+        After a turn that served a client (``_busy``), the loop polls without
+        sleeping for up to :attr:`spin` seconds before it blocks in epoll: a
+        ping-pong's next doorbell usually arrives within a round trip, and
+        finding it by polling saves the sleep and the wake-up (the scheduler
+        has to give the service a core back).  Meanwhile it polls the send
+        queues that rang it too (doorbell suppression, docs/rings.md).  The
+        polls do not yield the core: a service that yields waits behind every
+        other runnable task for its next poll, which made a spinning C program's
+        SENDs six times slower on two cores (docs/performance.md).  An idle
+        service never spins; ``SOFTVERBS_SPIN_US`` unset, it never does."""
+        if self._polled and not self._flagged and self._poll_rings():
+            return []  # a store of db the loop missed (see _unflag): serve it now
+        spin_end = self._busy + self.spin
+        now = time.monotonic()
+        if now < spin_end and timeout > 0:
+            self._flag()
+            sel, poll = self.sel.select, self._poll_rings
+            while True:
+                if self._polled and poll():
+                    return []
+                ready = sel(0)
+                if ready:
+                    return ready
+                now = time.monotonic()
+                if now >= spin_end:
+                    break
+            self.stats["spins_expired"] += 1
+            timeout = max(0.0, timeout - self.spin)
+        if self._flagged:
+            self._unflag()
+            if self._poll_rings():  # posted before the client could see the flag go
+                return []
+        return self.sel.select(timeout)
+
+    # --- doorbell suppression (docs/rings.md) ---------------------------------------------------
+    def _watch(self, client: Client, handle: int) -> None:
+        """A DOORBELL message is about to ring ``handle``'s send queue: poll it
+        from now on.  The ``db`` it starts from is read before the doorbell
+        runs, so a store the doorbell misses still differs from it; the loop
+        moves it only to a value it read before running a doorbell itself
+        (_poll_rings): a doorbell run twice finds nothing new, one never run
+        would leave WQEs unseen."""
+        if len(self._polled) >= MAX_POLLED or not self._fence.available or not self.spin:
+            return
+        from softverbs.device.api import KIND_QP
+
+        try:
+            with self.host.lock:
+                sq = self.host.obj(client.owner, handle, KIND_QP).engine.sq
+        except PyverbsError:
+            return
+        hdr = getattr(sq, "hdr", None)  # the ring's header words (a shared ring's)
+        if not isinstance(hdr, memoryview):
+            return
+        polled = self._polled[handle] = _Polled(client, handle, hdr)
+        if self._flagged:
+            polled.hdr[SQ_POLLED] = 1
+
+    def _poll_rings(self) -> bool:
+        """Serve every polled send queue whose ``db`` moved; whether one did."""
+        served = False
+        for polled in self._polled.values():  # a doorbell never changes the dict
+            db = polled.hdr[SQ_DB]
+            if db == polled.db:
+                continue
+            polled.db = int(db)
+            served = True
+            self.stats["doorbells_polled"] += 1
+            self._doorbell(polled.client, polled.body)
+        if served:
+            self._busy = time.monotonic()
+        return served
+
+    def _flag(self) -> None:
+        """The loop polls: tell the polled queues' drivers not to send DOORBELLs."""
+        if not self._flagged:
+            for polled in self._polled.values():
+                polled.hdr[SQ_POLLED] = 1
+            self._flagged = True
+
+    def _unflag(self) -> None:
+        """The loop stops polling: clear the flags, then the fence, so that the
+        loop's next load of each ``db`` (_poll_rings) comes after its store of
+        0 -- the driver's side stores db, fences, then loads the flag, so
+        either it sees 0 and sends a DOORBELL, or the loop sees its db."""
+        for polled in self._polled.values():
+            polled.hdr[SQ_POLLED] = 0
+        self._flagged = False
+        self._fence()
+
+    def _forget_polled(self) -> None:
+        """Stop polling every queue (before any request that may destroy or
+        change one, and when a client goes): its driver rings by message again."""
+        if self._polled:
+            if self._flagged:
+                self._unflag()
+            self._polled.clear()
 
     def _check_idle(self) -> None:
         if not self.idle_exit:
@@ -544,16 +725,25 @@ class Service:
             return
         if op is api.DOORBELL:  # the data path: no reply, no resources
             self._close(fds)
-            try:
-                self.host.execute(client.owner, op, msg.body)
-            except PyverbsError as exc:
-                self.stats["doorbell_errors"] += 1
-                log.debug("doorbell of pid %d: %s", client.pid, exc)
+            if self.spin and msg.body.queue == api.DB_SQ and msg.body.qp not in self._polled:
+                self._watch(client, msg.body.qp)  # before the doorbell runs: see _watch
+            self._doorbell(client, msg.body)
             return
+        self._forget_polled()
         reply, passed = self._dispatch(client, op, msg, fds)
         client.send(reply, passed)
         if client.kicked:
             client.alive = False
+
+    def _doorbell(self, client: Client, body: api.Doorbell) -> bool:
+        """Run one doorbell, rung by message or found by polling; whether it ran."""
+        try:
+            self.host.execute(client.owner, api.DOORBELL, body)
+        except PyverbsError as exc:
+            self.stats["doorbell_errors"] += 1
+            log.debug("doorbell of pid %d: %s", client.pid, exc)
+            return False
+        return True
 
     @staticmethod
     def _close(fds: list[int]) -> None:
@@ -828,6 +1018,7 @@ class Service:
         """The process is gone: release everything it held."""
         if self.clients.pop(client.sock, None) is None:
             return
+        self._forget_polled()
         with contextlib.suppress(Exception):
             self.sel.unregister(client.sock)
         client.alive = False

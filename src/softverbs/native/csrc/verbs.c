@@ -1509,6 +1509,21 @@ static void sanitize_sq_full(const struct sv_qp *qp, uint64_t used, uintptr_t ca
 		abort();
 }
 
+/* Hand the send queue's WQEs below pi to the device (docs/rings.md, "Doorbell
+ * suppression").  While the service is awake and polling this queue it sets
+ * the queue's `polled` word, and a store of `db` is all it needs; else the
+ * DOORBELL message wakes it.  The full fence orders our store of db before our
+ * load of polled, as the service's orders its store of polled = 0 before its
+ * last load of db: one of the two sides sees the other's store, so a WQE is
+ * never left unseen by a sleeping service. */
+static void sq_doorbell(struct sv_qp *qp, uint64_t pi)
+{
+	sv_store(&qp->sq, SV_RING_SQ_DB, pi);
+	__atomic_thread_fence(__ATOMIC_SEQ_CST);
+	if (!sv_load(&qp->sq, SV_RING_SQ_POLLED))
+		sv_doorbell(qp->qpx.qp_base.handle, SV_DB_SQ);
+}
+
 static int post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
 {
 	struct sv_qp *qp = (struct sv_qp *)ibqp;
@@ -1541,10 +1556,8 @@ static int post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_sen
 	if (err)
 		*bad_wr = wr;
 	uint64_t db = sv_load(&qp->sq, SV_RING_SQ_DB);
-	if (pi > db) {	/* even after an error: what was posted must run */
-		sv_store(&qp->sq, SV_RING_SQ_DB, pi);
-		sv_doorbell(ibqp->handle, SV_DB_SQ);
-	}
+	if (pi > db)	/* even after an error: what was posted must run */
+		sq_doorbell(qp, pi);
 	pthread_spin_unlock(&qp->sq_lock);
 	return err;
 }
@@ -1832,8 +1845,7 @@ static int qpx_complete(struct ibv_qp_ex *x)
 	int err = qpx_st.err;
 	if (!err && qpx_st.next > qpx_st.start) {
 		sv_store(&qp->sq, SV_RING_SQ_PI, qpx_st.next);
-		sv_store(&qp->sq, SV_RING_SQ_DB, qpx_st.next);
-		sv_doorbell(x->qp_base.handle, SV_DB_SQ);
+		sq_doorbell(qp, qpx_st.next);
 	}
 	pthread_spin_unlock(&qp->sq_lock);
 	return err;

@@ -101,6 +101,7 @@
 #define SV_RING_SQ_PI 0
 #define SV_RING_SQ_DB 1
 #define SV_RING_SQ_STATE 2
+#define SV_RING_SQ_POLLED 3
 #define SV_RING_SRQ_PI 0
 #define SV_RING_SRQ_TAKEN 1
 #define SV_RING_SRQ_LIMIT 2
