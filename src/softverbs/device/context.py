@@ -72,6 +72,7 @@ def open_device(host: Host, owner: Owner, req: records.OpenDevice,
                                f"{names}", errno.ENODEV)  # fmt: skip
     dev = host.device(req.name)
     rec = host.add(CtxObj(owner, dev, res.events))
+    rec.release = res.release  # the event socket closes with the context
     gids = sum(1 for g in dev.hca.gids if any(g))
     return records.OpenDeviceReply(dev.info.guid, rec.handle, _index(host, dev), dev.info.mtu,
                                    gids)  # fmt: skip

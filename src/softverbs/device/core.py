@@ -382,6 +382,9 @@ class CtxObj(Obj):
         self.ctx = self
         self.sink = sink
 
+    def teardown(self, hca: HCA) -> None:
+        self.sink = None  # no event reaches a context that is gone
+
 
 O = TypeVar("O", bound=Obj)
 

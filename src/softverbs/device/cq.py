@@ -37,6 +37,9 @@ class ChannelObj(Obj):
         super().__init__(owner, ctx.device, ctx)
         self.sink = sink
 
+    def teardown(self, hca: HCA) -> None:
+        self.sink = None
+
 
 @kind_class
 class CQObj(Obj):

@@ -429,7 +429,7 @@ class QP(PyverbsCM):
         has_sq = qp_type != IBV_QPT_XRC_RECV
         has_rq = not xrc and self.srq is None
         # Early, for the message and before ring memory is allocated; the device
-        # checks again (device.core.Host.create_qp).
+        # checks again (device.qp.create_qp).
         for name, value, hi in (
             ("max_send_wr", cap.max_send_wr, LIMITS["max_qp_wr"]),
             ("max_recv_wr", cap.max_recv_wr, LIMITS["max_qp_wr"]),
