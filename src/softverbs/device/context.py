@@ -14,7 +14,7 @@ from __future__ import annotations
 import errno
 import json
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from softverbs.device import records
 from softverbs.device.core import (
@@ -34,9 +34,11 @@ from softverbs.engine import observe
 from softverbs.engine.hca import HCA
 from softverbs.enums import IBV_GID_TYPE_ROCE_V2
 from softverbs.errors import PyverbsRDMAError, einval, eopnotsupp
-from softverbs.fabric.pcap import PcapWriter
 from softverbs.sanitizer import SanitizeError, Sanitizer, Watch
 from softverbs.sanitizer import parse as parse_sanitize
+
+if TYPE_CHECKING:  # the fabric's capture writer, imported when a capture is made
+    from softverbs.fabric.pcap import PcapWriter
 
 
 @kind_class
@@ -141,6 +143,8 @@ def status(host: Host, owner: Owner, req: records.Empty,
 def capture(host: Host, owner: Owner, req: records.CaptureReq,
             res: Resources) -> records.Handle:  # fmt: skip
     """Every packet to or from the device, written to ``res.file`` (pcap)."""
+    from softverbs.fabric.pcap import PcapWriter
+
     ctx = host.ctx(owner, req.ctx)
     dev = ctx.device
     if res.file is None:
