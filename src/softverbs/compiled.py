@@ -49,6 +49,7 @@ MODULES: tuple[str, ...] = (
     "softverbs.wire.packet",
     "softverbs.device.core",
     "softverbs.device.memory",
+    "softverbs.device.qp",  # the doorbell, on every post through the service
     "softverbs.device.protocol",
     "softverbs.service.server",
     "softverbs.fabric.runtime",

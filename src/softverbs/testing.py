@@ -208,10 +208,10 @@ def set_faults(ctx: Any, faults: str) -> None:
     """Seeded ``SOFTVERBS_FAULTS`` rules on the packets of this process's QPs on
     ``ctx``'s device, on any kind of device (on the host device the service applies
     them); ``""`` removes them."""
-    from softverbs.device import api
+    from softverbs.device import ops, records
     from softverbs.verbs.provider import Attach
 
-    ctx.provider.call(api.FAULTS, api.Ctx(ctx.handle, 0), Attach(text=faults))
+    ctx.provider.call(ops.FAULTS, records.Ctx(ctx.handle, 0), Attach(text=faults))
 
 
 # --- pairs ----------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The mkey configuration a driver WQE carries (device.api MkeyConf and
+"""The mkey configuration a driver WQE carries (device.records MkeyConf and
 friends): what a client encodes, the device decodes to the same thing, and
 any bytes at all are either a configuration or a ValueError -- never another
 exception (the device turns it into a WQE completed with LOC_QP_OP_ERR)."""
@@ -10,8 +10,8 @@ from types import SimpleNamespace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from softverbs.device import api
-from softverbs.device.core import mkey_configure
+from softverbs.device import records
+from softverbs.device.mr import mkey_configure
 from softverbs.engine.signature import Escape, SigBlock, SigDomain, SigKind
 from softverbs.ext.mlx5dv import _MkeyConf, encode_mkey_conf
 
@@ -72,8 +72,8 @@ def test_any_bytes_are_a_configuration_or_a_value_error(data: bytes) -> None:
 
 
 def test_a_short_or_lying_configuration_is_refused() -> None:
-    head = api.MkeyConf(api.MKEY_CONF_LAYOUT, 0, 1, 5, 0, 0, 0, 0).pack()
-    for data in (b"", head[:10], head, head + bytes(api.MkeyEntry.size() * 4)):
+    head = records.MkeyConf(records.MKEY_CONF_LAYOUT, 0, 1, 5, 0, 0, 0, 0).pack()
+    for data in (b"", head[:10], head, head + bytes(records.MkeyEntry.size() * 4)):
         try:
             mkey_configure(_key(), "pd", data)
         except ValueError as exc:
@@ -88,10 +88,10 @@ def test_auto_copy_lets_the_device_work_out_the_copy_mask() -> None:
     device's own (auto_copy_mask) is used."""
     from softverbs.engine.signature import auto_copy_mask
 
-    t10 = api.MkeySigDomain(1, int(SigKind.T10DIF), 0, 0, 512, 0, 0xABCD, 0x100, 0)
-    other = api.MkeySigDomain(1, int(SigKind.T10DIF), 0, 0, 512, 0, 0xABCD, 0x200, 0)
-    flags = api.MKEY_CONF_SIG | api.MKEY_CONF_AUTO_COPY
-    data = api.MkeyConf(flags, 0, 1, 0, 0xFF, 0x5A, 0, 0).pack() + t10.pack() + other.pack()
+    t10 = records.MkeySigDomain(1, int(SigKind.T10DIF), 0, 0, 512, 0, 0xABCD, 0x100, 0)
+    other = records.MkeySigDomain(1, int(SigKind.T10DIF), 0, 0, 512, 0, 0xABCD, 0x200, 0)
+    flags = records.MKEY_CONF_SIG | records.MKEY_CONF_AUTO_COPY
+    data = records.MkeyConf(flags, 0, 1, 0, 0xFF, 0x5A, 0, 0).pack() + t10.pack() + other.pack()
     key = _key()
     mkey_configure(key, "pd", data)()
     sig = key.xform.calls[0][3]

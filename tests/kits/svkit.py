@@ -51,7 +51,7 @@ from softverbs import (
     xrc_rcv_qp_register,
     xrc_rcv_qp_unregister,
 )
-from softverbs.device import api, protocol
+from softverbs.device import ops, protocol, records
 from softverbs.enums import (
     IBV_ACCESS_LOCAL_WRITE,
     IBV_ACCESS_REMOTE_ATOMIC,
@@ -137,7 +137,7 @@ class ServiceProc:
         """The service's live-object counters (this connection left out)."""
         conn = self.connection()
         try:
-            _, tail = conn.call(api.STATUS, api.Empty())
+            _, tail = conn.call(ops.STATUS, records.Empty())
             stats: dict[str, Any] = json.loads(tail)
             stats["xrc_holders"] = {f"{x['qpn']:#x}": x["holders"] for x in stats["xrc_rcv_qps"]}
             return stats
@@ -148,7 +148,7 @@ class ServiceProc:
         raw = Raw(self.path)
         try:
             ctx = raw.open_device(dev)
-            reply = raw.call(api.COUNTERS, api.Ctx(ctx, 0))
+            reply = raw.call(ops.COUNTERS, records.Ctx(ctx, 0))
             assert not reply.header.status, reply.error
             return {str(k): int(v) for k, v in json.loads(reply.tail).items()}
         finally:
@@ -203,7 +203,7 @@ class Raw:
         self.keep: list[socket.socket] = []
         if hello:
             fds = [os.open("/proc/self/mem", os.O_RDWR)] if memory else []
-            reply = self.call(api.HELLO, api.Hello(0, protocol.PROTOCOL_VERSION, int(memory),
+            reply = self.call(ops.HELLO, records.Hello(0, protocol.PROTOCOL_VERSION, int(memory),
                                                    os.getpid(), 0), fds)  # fmt: skip
             for fd in fds:
                 os.close(fd)
@@ -233,7 +233,7 @@ class Raw:
         self.keep.append(mine)
         fd = theirs.detach()
         try:
-            reply = self.call(api.OPEN_DEVICE, api.OpenDevice(name), [fd])
+            reply = self.call(ops.OPEN_DEVICE, records.OpenDevice(name), [fd])
         finally:
             os.close(fd)
         assert not reply.header.status, reply.error
@@ -696,7 +696,7 @@ class RcPeer:
         from softverbs.verbs.provider import Attach
 
         try:
-            self.ctx.provider.call(api.FAULTS, api.Ctx(self.ctx.handle, 0), Attach(text=rules))
+            self.ctx.provider.call(ops.FAULTS, records.Ctx(self.ctx.handle, 0), Attach(text=rules))
         except PyverbsRDMAError as exc:
             return exc.error_code, str(exc)
         return 0, ""
@@ -704,7 +704,7 @@ class RcPeer:
     def op_raw(self, request: str, **kw: Any) -> tuple[int, str]:
         """A request by hand, on this process's own connection: (errno, error)."""
         conn = self.ctx.provider.conn  # type: ignore[attr-defined]
-        op = api.BY_NAME[request.upper()]
+        op = ops.BY_NAME[request.upper()]
         try:
             conn.call(op, op.request(**kw))
         except PyverbsRDMAError as exc:
@@ -748,7 +748,7 @@ class Scribbler(RcPeer):
             sq.hdr[sq.DB] = 1 << 60  # a doorbell far beyond anything posted
         else:
             sq.ring(sq.pi)
-        self.ctx.provider.doorbell(self.qp.dev_handle, api.DB_SQ)
+        self.ctx.provider.doorbell(self.qp.dev_handle, records.DB_SQ)
         wcs = poll_cq(self.cq, 1)
         return wcs[0].status, int(self.qp.qp_state)
 

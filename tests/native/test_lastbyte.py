@@ -84,7 +84,7 @@ def spinning_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     client (``SOFTVERBS_SPIN_US``): doorbell suppression is on (docs/rings.md)."""
     import tempfile
 
-    from softverbs.service import command as service_command
+    from softverbs.config import service_command
 
     path = os.path.join(tempfile.mkdtemp(prefix="svsp", dir="/tmp"), "sv.sock")
     env = {k: v for k, v in os.environ.items() if k != "SOFTVERBS_SERVICE"}

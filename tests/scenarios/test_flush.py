@@ -462,7 +462,7 @@ def test_receives_posted_without_a_doorbell_message(ctx, monkeypatch):
     message (docs/rings.md), as mlx5's RQ has no MMIO doorbell: a SEND finds such
     a receive, and a move to ERR flushes the others.  The in-process provider
     always rings; here its receive doorbells are dropped to post the same way."""
-    from softverbs.device.api import DB_RQ
+    from softverbs.device.records import DB_RQ
 
     provider = ctx.provider
     if provider.rings_rq:

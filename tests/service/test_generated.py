@@ -1,7 +1,7 @@
 """What is generated from the protocol and ring declarations is up to date.
 
 docs/service-protocol.md, docs/rings.md and native/include/softverbs/protocol.h
-are generated from src/softverbs/device/api.py, device/protocol.py and
+are generated from src/softverbs/device/ops.py and records.py, device/protocol.py and
 engine/rings.py.  To refresh them: ``python -m softverbs.device.protocol
 --update .``.
 """

@@ -41,7 +41,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from softverbs.device import api, protocol
+from softverbs.device import ops, protocol, records
 from softverbs.layout import Record
 from softverbs.service.server import Client, Service
 
@@ -73,12 +73,12 @@ class Peer:
         self.client = Client(a, os.getpid(), os.getuid(), owner, lambda c: None)
         service.clients[a] = self.client
         # HELLO, with ``memory`` (any descriptor) as the process's /proc/self/mem
-        flags = 0 if memory is None else api.HELLO_MEMORY
-        self.feed(protocol.encode(api.HELLO, 1, api.Hello(0, protocol.PROTOCOL_VERSION, flags,
+        flags = 0 if memory is None else records.HELLO_MEMORY
+        self.feed(protocol.encode(ops.HELLO, 1, records.Hello(0, protocol.PROTOCOL_VERSION, flags,
                                                           os.getpid(), 0)),
                   [] if memory is None else [memory])  # fmt: skip
         if not self.client.greeted:  # a descriptor that was refused: greet as a plain client
-            self.feed(protocol.encode(api.HELLO, 1, api.Hello(0, protocol.PROTOCOL_VERSION, 0,
+            self.feed(protocol.encode(ops.HELLO, 1, records.Hello(0, protocol.PROTOCOL_VERSION, 0,
                                                               os.getpid(), 0)))  # fmt: skip
         self.open()
         self.ctx = self._reply_body().ctx
@@ -96,13 +96,13 @@ class Peer:
         while True:
             data = self.mine.recv(protocol.MAX_MESSAGE)
             msg = protocol.decode(data)
-            if msg.op is api.OPEN_DEVICE:
+            if msg.op is ops.OPEN_DEVICE:
                 return msg.body
 
     def open(self) -> None:
         x, y = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._events = x
-        self.feed(protocol.encode(api.OPEN_DEVICE, 2, api.OpenDevice("sv0")), [y.detach()])
+        self.feed(protocol.encode(ops.OPEN_DEVICE, 2, records.OpenDevice("sv0")), [y.detach()])
 
     def drain(self) -> None:
         self.mine.setblocking(False)
@@ -146,7 +146,7 @@ def _record(cls: type[Record]) -> st.SearchStrategy[bytes]:
     return st.tuples(*[ints(c) for c in expanded]).map(lambda v: cls._struct.pack(*v))
 
 
-OPS = [op for op in api.OPS if op not in (api.HELLO,)]
+OPS = [op for op in ops.OPS if op not in (ops.HELLO,)]
 _message = st.one_of(
     st.binary(max_size=600),
     st.sampled_from(OPS).flatmap(lambda op: st.tuples(st.just(op), _record(op.request),
@@ -214,12 +214,12 @@ def _make_fd(kind: str) -> int | None:
 def _touch_everything(peer: Peer) -> None:
     """Make the device use every ring the peer's objects hold: a doorbell on each
     queue of each QP (the drop that follows writes every CQ ring's error word)."""
-    from softverbs.device.api import DB_RQ, DB_SQ, KIND_QP
+    from softverbs.device.records import DB_RQ, DB_SQ, KIND_QP
 
     for rec in list(peer.client.owner.objects.values()):
         if rec.kind == KIND_QP:
             for queue in (DB_SQ, DB_RQ):
-                peer.feed(protocol.encode(api.DOORBELL, 8, api.Doorbell(rec.handle, queue)))
+                peer.feed(protocol.encode(ops.DOORBELL, 8, records.Doorbell(rec.handle, queue)))
 
 
 @settings(max_examples=PROTOCOL_EXAMPLES, deadline=None, database=None,
@@ -261,31 +261,31 @@ def test_no_descriptor_breaks_a_create(service: Service, what: str, kinds: tuple
                                        depth: int) -> None:  # fmt: skip
     """A valid create with any descriptor: taken only if it is a sealed memfd large
     enough; whatever was taken is then cut (if it can be) and used by the device."""
-    from softverbs.device.api import DB_RQ, DB_SQ, REG_MR_HAS_FD
+    from softverbs.device.records import DB_RQ, DB_SQ, REG_MR_HAS_FD
     from softverbs.engine.rings import recv_slot_size, send_slot_size
     from softverbs.enums import IBV_QP_STATE, IBV_QPS_ERR, IBV_QPT_RC
 
     peer = Peer(service)
     try:
-        pd = peer.request(api.ALLOC_PD, api.Ctx(peer.ctx, 0)).body.handle
+        pd = peer.request(ops.ALLOC_PD, records.Ctx(peer.ctx, 0)).body.handle
         good = _make_fd("memfd")
         assert good is not None
-        cq = peer.request(api.CREATE_CQ, api.CreateCQ(peer.ctx, 64, 0, 0), [good]).body.cq
+        cq = peer.request(ops.CREATE_CQ, records.CreateCQ(peer.ctx, 64, 0, 0), [good]).body.cq
         used = kinds[:2] if what == "qp" else kinds[:1]
         fds = [_make_fd(k) for k in used]
         cut = [os.dup(fd) for fd in fds if fd is not None]
         if what == "cq":
-            req: tuple[Any, Any] = (api.CREATE_CQ, api.CreateCQ(peer.ctx, depth, 0, 0))
+            req: tuple[Any, Any] = (ops.CREATE_CQ, records.CreateCQ(peer.ctx, depth, 0, 0))
         elif what == "qp":
-            req = (api.CREATE_QP, api.CreateQP(0, api.QPCaps(depth, depth, 1, 1, 0, 0), peer.ctx,
-                                               pd, IBV_QPT_RC, cq, cq, 0, 0, 1, 0,
-                                               send_slot_size(1, 0), recv_slot_size(1),
-                                               0))  # fmt: skip
+            caps = records.QPCaps(depth, depth, 1, 1, 0, 0)
+            req = (ops.CREATE_QP, records.CreateQP(0, caps, peer.ctx, pd, IBV_QPT_RC, cq, cq, 0,
+                                                   0, 1, 0, send_slot_size(1, 0),
+                                                   recv_slot_size(1), 0))  # fmt: skip
         elif what == "srq":
-            req = (api.CREATE_SRQ, api.CreateSRQ(peer.ctx, pd, 0, depth, 1, 0, 0, 0,
+            req = (ops.CREATE_SRQ, records.CreateSRQ(peer.ctx, pd, 0, depth, 1, 0, 0, 0,
                                                  recv_slot_size(1), 0))  # fmt: skip
         else:
-            req = (api.REG_MR, api.RegMR(0x10000, 4096, 0x10000, 0, pd, 3, REG_MR_HAS_FD, 0))
+            req = (ops.REG_MR, records.RegMR(0x10000, 4096, 0x10000, 0, pd, 3, REG_MR_HAS_FD, 0))
         reply = peer.request(*req, [fd for fd in fds if fd is not None])
         taken = all(k == "memfd" for k in used)
         assert (reply.header.status == 0) == taken, (what, used, reply.header.status)
@@ -296,10 +296,10 @@ def test_no_descriptor_breaks_a_create(service: Service, what: str, kinds: tuple
         if what == "qp" and taken:
             qp = reply.body.qp
             for queue in (DB_SQ, DB_RQ):
-                peer.feed(protocol.encode(api.DOORBELL, 8, api.Doorbell(qp, queue)))
-            attr = api.QPAttrs.unpack(bytes(api.QPAttrs.size()))
+                peer.feed(protocol.encode(ops.DOORBELL, 8, records.Doorbell(qp, queue)))
+            attr = records.QPAttrs.unpack(bytes(records.QPAttrs.size()))
             attr.qp_state = IBV_QPS_ERR
-            peer.request(api.MODIFY_QP, api.ModifyQP(attr, qp, IBV_QP_STATE))
+            peer.request(ops.MODIFY_QP, records.ModifyQP(attr, qp, IBV_QP_STATE))
     finally:
         peer.close()  # destroying the CQs writes their rings' error words
     assert not service.stats["internal_errors"], "softverbsd logged a bug"
@@ -309,7 +309,7 @@ def test_no_descriptor_breaks_a_create(service: Service, what: str, kinds: tuple
 def test_the_service_serves_after_the_fuzz(service: Service) -> None:
     peer = Peer(service)
     peer.drain()
-    peer.feed(protocol.encode(api.ALLOC_PD, 9, api.Ctx(peer.ctx, 0)))
+    peer.feed(protocol.encode(ops.ALLOC_PD, 9, records.Ctx(peer.ctx, 0)))
     msg = protocol.decode(peer.mine.recv(protocol.MAX_MESSAGE))
     assert msg.header.status == 0 and msg.body.handle > 0
     peer.close()
@@ -375,7 +375,7 @@ _word = st.one_of(st.integers(0, 70), st.sampled_from([1 << 63, (1 << 64) - 1, 1
 def test_lying_ring_indices_never_break_the_engine(rings: Any, sq_pi: int, sq_db: int,
                                                    rq_pi: int, rq_db: int, cq_ci: int,
                                                    cq_arm: int) -> None:  # fmt: skip
-    from softverbs.device.api import DB_RQ, DB_SQ
+    from softverbs.device.records import DB_RQ, DB_SQ
 
     a = rings.a
     qp = a.qp

@@ -40,7 +40,7 @@ from svkit import (
     XrcSender,
 )
 
-from softverbs.device import api, protocol
+from softverbs.device import ops, protocol, records
 from softverbs.engine.rings import CQE_SIZE, HEADER_SIZE, recv_slot_size, send_slot_size
 from softverbs.enums import (
     IBV_QP_ACCESS_FLAGS,
@@ -134,9 +134,9 @@ def _expect_kicked(raw: Raw) -> protocol.Message:
         b"GET / HTTP/1.0\r\n\r\n",
         b"\xff\xfe\x00garbage",
         b"\x00" * 3,  # shorter than a header
-        protocol.Header(999, api.HELLO.code, 0, 1, 0).pack(),  # the length lies
+        protocol.Header(999, ops.HELLO.code, 0, 1, 0).pack(),  # the length lies
         protocol.Header(16, 0xBEEF, 0, 1, 0).pack(),  # no such operation
-        protocol.encode(api.HELLO, 1, api.Hello(0, 2, 0, 0, 0))[:-4],  # truncated body
+        protocol.encode(ops.HELLO, 1, records.Hello(0, 2, 0, 0, 0))[:-4],  # truncated body
     ],
     ids=["http", "binary", "short", "length-lies", "unknown-op", "truncated"],
 )
@@ -151,20 +151,21 @@ def test_not_a_client_gets_an_error(service: ServiceProc, payload: bytes) -> Non
 def test_protocol_violations(service: ServiceProc, spawn: Callable[..., Worker]) -> None:
     fds = service.fd_count()
     for data in (
-        protocol.encode(api.ALLOC_PD, 1, api.Ctx(1, 0)),  # before HELLO
-        protocol.encode(api.HELLO, 1, api.Hello(0, 999, 0, 0, 0)),  # a version it does not speak
-        protocol.encode(api.HELLO, 1, api.Hello(0, 2, 0, 0, 0), reply=True),  # a reply
+        protocol.encode(ops.ALLOC_PD, 1, records.Ctx(1, 0)),  # before HELLO
+        # a version it does not speak
+        protocol.encode(ops.HELLO, 1, records.Hello(0, 999, 0, 0, 0)),
+        protocol.encode(ops.HELLO, 1, records.Hello(0, 2, 0, 0, 0), reply=True),  # a reply
     ):
         raw = Raw(service.path, hello=False)
         raw.send(data)
         _expect_kicked(raw)
     raw = Raw(service.path)
-    raw.send(protocol.encode(api.HELLO, 2, api.Hello(0, 2, 0, 0, 0)))  # HELLO twice
+    raw.send(protocol.encode(ops.HELLO, 2, records.Hello(0, 2, 0, 0, 0)))  # HELLO twice
     _expect_kicked(raw)
     # Too many file descriptors for one message.
     raw = Raw(service.path)
     pipes = [os.pipe() for _ in range(protocol.MAX_FDS + 2)]
-    raw.send(protocol.encode(api.STATUS, 3, api.Empty()), [r for r, _ in pipes])
+    raw.send(protocol.encode(ops.STATUS, 3, records.Empty()), [r for r, _ in pipes])
     _expect_kicked(raw)
     for r, w in pipes:
         os.close(r)
@@ -185,16 +186,16 @@ def test_disconnect_mid_call(service: ServiceProc) -> None:
     for _ in range(5):
         raw = Raw(service.path)
         mem = _memfd(8192)
-        raw.send(protocol.encode(api.ALLOC_PD, 10, api.Ctx(1, 0)))
-        raw.send(protocol.encode(api.REG_MR, 11, api.RegMR(0, 8192, 0, 0, 2, 1,
-                                                             api.REG_MR_HAS_FD, 0)), [mem])
-        raw.send(protocol.encode(api.STATUS, 12, api.Empty()))
+        raw.send(protocol.encode(ops.ALLOC_PD, 10, records.Ctx(1, 0)))
+        raw.send(protocol.encode(ops.REG_MR, 11, records.RegMR(0, 8192, 0, 0, 2, 1,
+                                                             records.REG_MR_HAS_FD, 0)), [mem])
+        raw.send(protocol.encode(ops.STATUS, 12, records.Empty()))
         os.close(mem)
         raw.close()
     # A client sends half a conversation and is shut down for writing.
     raw = Raw(service.path)
     ctx = raw.open_device()
-    raw.send(protocol.encode(api.ALLOC_PD, 10, api.Ctx(ctx, 0)))
+    raw.send(protocol.encode(ops.ALLOC_PD, 10, records.Ctx(ctx, 0)))
     raw.sock.shutdown(socket.SHUT_WR)
     msg = raw.recv()  # it still gets its answer
     assert msg.header.status == 0 and msg.body.handle > 0, msg
@@ -224,15 +225,15 @@ def _memfd(size: int) -> int:
 
 def _raw_qp(raw: Raw, ctx: int) -> tuple[int, int]:
     """An RC QP built by hand: (its handle, its PD's)."""
-    pd = raw.call(api.ALLOC_PD, api.Ctx(ctx, 0)).body.handle
+    pd = raw.call(ops.ALLOC_PD, records.Ctx(ctx, 0)).body.handle
     fd = _memfd(HEADER_SIZE + 16 * CQE_SIZE)
-    cq = raw.call(api.CREATE_CQ, api.CreateCQ(ctx, 16, 0, 0), [fd]).body.cq
+    cq = raw.call(ops.CREATE_CQ, records.CreateCQ(ctx, 16, 0, 0), [fd]).body.cq
     os.close(fd)
     sq_slot, rq_slot = send_slot_size(1, 0), recv_slot_size(1)
     sq, rq = _memfd(HEADER_SIZE + 4 * sq_slot), _memfd(HEADER_SIZE + 4 * rq_slot)
-    body = api.CreateQP(0, api.QPCaps(4, 4, 1, 1, 0, 0), ctx, pd, IBV_QPT_RC, cq, cq, 0, 0, 1,
-                        0, sq_slot, rq_slot, 0)  # fmt: skip
-    reply = raw.call(api.CREATE_QP, body, [sq, rq])
+    body = records.CreateQP(0, records.QPCaps(4, 4, 1, 1, 0, 0), ctx, pd, IBV_QPT_RC, cq, cq, 0,
+                            0, 1, 0, sq_slot, rq_slot, 0)  # fmt: skip
+    reply = raw.call(ops.CREATE_QP, body, [sq, rq])
     os.close(sq)
     os.close(rq)
     assert reply.header.status == 0, reply.error
@@ -240,11 +241,11 @@ def _raw_qp(raw: Raw, ctx: int) -> tuple[int, int]:
 
 
 def _modify(raw: Raw, qp: int, state: int, mask: int) -> protocol.Message:
-    attrs = api.QPAttrs.unpack(bytes(api.QPAttrs.size()))
+    attrs = records.QPAttrs.unpack(bytes(records.QPAttrs.size()))
     attrs.qp_state = state
     attrs.port_num = 1
     attrs.ah.port_num = 1
-    return raw.call(api.MODIFY_QP, api.ModifyQP(attrs, qp, mask))
+    return raw.call(ops.MODIFY_QP, records.ModifyQP(attrs, qp, mask))
 
 
 def test_the_state_table_is_judged_by_the_device(service: ServiceProc) -> None:
@@ -261,7 +262,7 @@ def test_the_state_table_is_judged_by_the_device(service: ServiceProc) -> None:
     reply = _modify(raw, qp, IBV_QPS_SQD, IBV_QP_STATE)  # ERR -> SQD
     assert reply.header.status == errno.EINVAL, reply
     assert "IBV_QPS_ERR -> IBV_QPS_SQD is not a legal transition" in reply.error, reply.error
-    state = raw.call(api.QUERY_QP, api.Handle(qp, 0)).body.state
+    state = raw.call(ops.QUERY_QP, records.Handle(qp, 0)).body.state
     assert state == IBV_QPS_ERR, "a refused modify changes nothing"
     raw.close()
     _serving(service)
@@ -278,8 +279,8 @@ def test_another_process_handle_is_refused(service: ServiceProc,
     raw.open_device()
     for reply in (
         _modify(raw, victim, IBV_QPS_ERR, IBV_QP_STATE),
-        raw.call(api.QUERY_QP, api.Handle(victim, 0)),
-        raw.call(api.DESTROY, api.Destroy(api.KIND_QP, victim, 0, 0)),
+        raw.call(ops.QUERY_QP, records.Handle(victim, 0)),
+        raw.call(ops.DESTROY, records.Destroy(records.KIND_QP, victim, 0, 0)),
     ):
         assert reply.header.status == errno.EPERM, reply
         assert "belongs to another process" in reply.error
@@ -340,34 +341,34 @@ def _fd_cases(ctx: int, pd: int) -> list[tuple[str, Any, Any, Callable[[], list[
     def devnull() -> list[int]:
         return [os.open("/dev/null", os.O_RDWR)]
 
-    mr = api.RegMR(0, 8192, 0, 0, pd, 1, api.REG_MR_HAS_FD, 0)
-    cq = api.CreateCQ(ctx, 16, 0, 0)
+    mr = records.RegMR(0, 8192, 0, 0, pd, 1, records.REG_MR_HAS_FD, 0)
+    cq = records.CreateCQ(ctx, 16, 0, 0)
     sq_slot, rq_slot = send_slot_size(1, 0), recv_slot_size(1)
-    qp = api.CreateQP(0, api.QPCaps(4, 4, 1, 1, 0, 0), ctx, pd, IBV_QPT_RC, 0, 0, 0, 0, 1, 0,
-                      sq_slot, rq_slot, 0)  # fmt: skip
+    qp = records.CreateQP(0, records.QPCaps(4, 4, 1, 1, 0, 0), ctx, pd, IBV_QPT_RC, 0, 0, 0, 0, 1,
+                          0, sq_slot, rq_slot, 0)  # fmt: skip
     return [
-        ("reg_mr without memory", api.REG_MR, mr, lambda: []),
-        ("reg_mr with two fds", api.REG_MR, mr, lambda: memfd(8192)() + memfd(8192)()),
-        ("reg_mr with a pipe", api.REG_MR, mr, pipe),
-        ("reg_mr with a socket", api.REG_MR, mr, sock),
-        ("reg_mr with a read-only file", api.REG_MR, mr, readonly_file),
-        ("reg_mr with /dev/null", api.REG_MR, mr, devnull),
-        ("reg_mr with too little memory", api.REG_MR, mr, memfd(100)),
-        ("create_cq with a pipe", api.CREATE_CQ, cq, pipe),
-        ("create_cq with too little memory", api.CREATE_CQ, cq, memfd(64)),
-        ("create_cq without a ring", api.CREATE_CQ, cq, lambda: []),
-        ("create_qp with one fd for two rings", api.CREATE_QP, qp, memfd(1 << 16)),
-        ("create_qp with three fds", api.CREATE_QP, qp, lambda: memfd(1 << 16)()
+        ("reg_mr without memory", ops.REG_MR, mr, lambda: []),
+        ("reg_mr with two fds", ops.REG_MR, mr, lambda: memfd(8192)() + memfd(8192)()),
+        ("reg_mr with a pipe", ops.REG_MR, mr, pipe),
+        ("reg_mr with a socket", ops.REG_MR, mr, sock),
+        ("reg_mr with a read-only file", ops.REG_MR, mr, readonly_file),
+        ("reg_mr with /dev/null", ops.REG_MR, mr, devnull),
+        ("reg_mr with too little memory", ops.REG_MR, mr, memfd(100)),
+        ("create_cq with a pipe", ops.CREATE_CQ, cq, pipe),
+        ("create_cq with too little memory", ops.CREATE_CQ, cq, memfd(64)),
+        ("create_cq without a ring", ops.CREATE_CQ, cq, lambda: []),
+        ("create_qp with one fd for two rings", ops.CREATE_QP, qp, memfd(1 << 16)),
+        ("create_qp with three fds", ops.CREATE_QP, qp, lambda: memfd(1 << 16)()
          + memfd(1 << 16)() + memfd(1 << 16)()),
-        ("open_device with a pipe for events", api.OPEN_DEVICE, api.OpenDevice("sv0"), pipe),
-        ("open_device with a stream socket", api.OPEN_DEVICE, api.OpenDevice("sv0"), sock),
+        ("open_device with a pipe for events", ops.OPEN_DEVICE, records.OpenDevice("sv0"), pipe),
+        ("open_device with a stream socket", ops.OPEN_DEVICE, records.OpenDevice("sv0"), sock),
     ]
 
 
 def test_fds_not_as_announced(service: ServiceProc) -> None:
     raw = Raw(service.path)
     ctx = raw.open_device()
-    pd = raw.call(api.ALLOC_PD, api.Ctx(ctx, 0)).body.handle
+    pd = raw.call(ops.ALLOC_PD, records.Ctx(ctx, 0)).body.handle
     fds = service.fd_count()
     for name, op, body, make in _fd_cases(ctx, pd):
         mine = make()
@@ -383,20 +384,20 @@ def test_fds_not_as_announced(service: ServiceProc) -> None:
 
 
 def _fields(ctx: int) -> list[tuple[Any, Any]]:
-    qpattrs = api.QPAttrs.unpack(bytes(api.QPAttrs.size()))
+    qpattrs = records.QPAttrs.unpack(bytes(records.QPAttrs.size()))
     return [
-        (api.ALLOC_PD, api.Ctx(ctx + 1000, 0)),  # no such context
-        (api.OPEN_DEVICE, api.OpenDevice("no-such-device")),
-        (api.DESTROY, api.Destroy(77, 1, 0, 0)),  # no such kind
-        (api.DESTROY, api.Destroy(api.KIND_PD, 0xFFFFFFFF, 0, 0)),
-        (api.QUERY_PORT, api.QueryPort(ctx, 2)),
-        (api.QUERY_GID, api.QueryGid(ctx, 1, 99, 0)),
-        (api.CREATE_QP, api.CreateQP(0, api.QPCaps(4, 4, 1, 1, 0, 0), ctx, 0, 77, 0, 0, 0, 0, 1,
-                                     0, 0, 0, 0)),
-        (api.MODIFY_QP, api.ModifyQP(qpattrs, 0xDEAD, IBV_QP_STATE)),
-        (api.XRC_RCV_QP_REGISTER, api.XrcQpn(0xDEAD, 5)),
-        (api.OPEN_XRCD, api.OpenXRCD(ctx, 0, 0, 0)),  # no file, no O_CREAT
-        (api.COUNTERS, api.Ctx(0, 0)),
+        (ops.ALLOC_PD, records.Ctx(ctx + 1000, 0)),  # no such context
+        (ops.OPEN_DEVICE, records.OpenDevice("no-such-device")),
+        (ops.DESTROY, records.Destroy(77, 1, 0, 0)),  # no such kind
+        (ops.DESTROY, records.Destroy(records.KIND_PD, 0xFFFFFFFF, 0, 0)),
+        (ops.QUERY_PORT, records.QueryPort(ctx, 2)),
+        (ops.QUERY_GID, records.QueryGid(ctx, 1, 99, 0)),
+        (ops.CREATE_QP, records.CreateQP(0, records.QPCaps(4, 4, 1, 1, 0, 0), ctx, 0, 77, 0, 0, 0,
+                                         0, 1, 0, 0, 0, 0)),
+        (ops.MODIFY_QP, records.ModifyQP(qpattrs, 0xDEAD, IBV_QP_STATE)),
+        (ops.XRC_RCV_QP_REGISTER, records.XrcQpn(0xDEAD, 5)),
+        (ops.OPEN_XRCD, records.OpenXRCD(ctx, 0, 0, 0)),  # no file, no O_CREAT
+        (ops.COUNTERS, records.Ctx(0, 0)),
     ]
 
 
@@ -408,7 +409,7 @@ def test_malformed_fields(service: ServiceProc) -> None:
         assert reply.header.status in (errno.EINVAL, errno.ENODEV, errno.EPERM,
                                        errno.EOPNOTSUPP, errno.ENODATA), (op.name, reply)
         assert reply.error, op.name
-    assert raw.call(api.ALLOC_PD, api.Ctx(ctx, 0)).header.status == 0, "still connected"
+    assert raw.call(ops.ALLOC_PD, records.Ctx(ctx, 0)).header.status == 0, "still connected"
     raw.close()
     _serving(service)
 

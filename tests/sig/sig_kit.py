@@ -300,18 +300,18 @@ def no_event(ctx: Mlx5Context) -> None:
 def engine_xform(mkey: Mlx5Mkey) -> Any:
     """The mkey's transform in the engine when the device runs in this process
     (for tests that look inside), else None."""
-    from softverbs.device import api
+    from softverbs.device import records
 
     engine_of = getattr(mkey.pd.ctx.provider, "engine_of", None)
     if engine_of is None:
         return None
-    return engine_of(api.KIND_MKEY, mkey.dev_handle).xform
+    return engine_of(records.KIND_MKEY, mkey.dev_handle).xform
 
 
 def set_faults(ctx: Any, rules: str) -> None:
     """Seeded faults on this process's packets (SOFTVERBS_FAULTS syntax), on
     either kind of device."""
-    from softverbs.device import api
+    from softverbs.device import ops, records
     from softverbs.verbs.provider import Attach
 
-    ctx.provider.call(api.FAULTS, api.Ctx(ctx.handle, 0), Attach(text=rules))
+    ctx.provider.call(ops.FAULTS, records.Ctx(ctx.handle, 0), Attach(text=rules))

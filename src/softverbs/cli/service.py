@@ -122,9 +122,9 @@ def fetch_status(path: str) -> dict[str, Any] | None:
             return None
         raise ServiceError(f"softverbsd on {path}: {_reason(exc)}") from None
     try:
-        from softverbs.device import api
+        from softverbs.device import ops, records
 
-        _, tail = conn.call(api.STATUS, api.Empty())
+        _, tail = conn.call(ops.STATUS, records.Empty())
         stats: dict[str, Any] = json.loads(tail)
         stats.setdefault("pid", conn.service_pid)
         return stats

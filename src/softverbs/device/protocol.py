@@ -47,9 +47,9 @@ import socket
 from typing import Any
 
 from softverbs import config
-from softverbs.device.api import (
-    BY_CODE,
-    OPS,
+from softverbs.device.ops import BY_CODE, OPS
+from softverbs.device.records import (
+    KIND_NAMES,
     AsyncEventRecord,
     CompEventRecord,
     DeviceEntry,
@@ -284,7 +284,7 @@ class Constant:
 
 
 def _constants() -> tuple[Constant, ...]:
-    from softverbs.device import api
+    from softverbs.device import records
 
     out = [
         Constant("PROTOCOL_VERSION", PROTOCOL_VERSION, "Hello.version",
@@ -294,43 +294,44 @@ def _constants() -> tuple[Constant, ...]:
         Constant("FLAG_REPLY", FLAG_REPLY, "Header.flags", "the message is a reply"),
         Constant("FLAG_TAIL_FD", FLAG_TAIL_FD, "Header.flags",
                  "replies: the tail is the whole memfd passed with the reply"),
-        Constant("HELLO_MEMORY", api.HELLO_MEMORY, "Hello.flags",
+        Constant("HELLO_MEMORY", records.HELLO_MEMORY, "Hello.flags",
                  "the request passes the process's own /proc/self/mem"),
-        Constant("HELLO_JOIN", api.HELLO_JOIN, "Hello.flags",
+        Constant("HELLO_JOIN", records.HELLO_JOIN, "Hello.flags",
                  "join the owner `token` names (a forked child uses its parent's objects)"),
-        Constant("DESTROY_CASCADE", api.DESTROY_CASCADE, "Destroy.flags",
+        Constant("DESTROY_CASCADE", records.DESTROY_CASCADE, "Destroy.flags",
                  "destroy what still uses the object first (else EBUSY)"),
-        Constant("REG_MR_HAS_FD", api.REG_MR_HAS_FD, "RegMR.flags, ReregMR.flags",
+        Constant("REG_MR_HAS_FD", records.REG_MR_HAS_FD, "RegMR.flags, ReregMR.flags",
                  "a memfd holding the region is passed; the region starts `offset` bytes in"),
-        Constant("REG_MR_IMPLICIT", api.REG_MR_IMPLICIT, "RegMR.flags",
+        Constant("REG_MR_IMPLICIT", records.REG_MR_IMPLICIT, "RegMR.flags",
                  "an implicit on-demand-paging region: the whole address space"),
-        Constant("OPEN_XRCD_HAS_FD", api.OPEN_XRCD_HAS_FD, "OpenXRCD.flags",
+        Constant("OPEN_XRCD_HAS_FD", records.OPEN_XRCD_HAS_FD, "OpenXRCD.flags",
                  "a file naming the domain is passed (shared by every opener of it)"),
-        Constant("DB_SQ", api.DB_SQ, "Doorbell.queue", "the send queue's db moved"),
-        Constant("DB_RQ", api.DB_RQ, "Doorbell.queue", "the receive queue's db moved"),
-        Constant("CAPTURE_APPEND", api.CAPTURE_APPEND, "CaptureReq.flags",
+        Constant("DB_SQ", records.DB_SQ, "Doorbell.queue", "the send queue's db moved"),
+        Constant("DB_RQ", records.DB_RQ, "Doorbell.queue", "the receive queue's db moved"),
+        Constant("CAPTURE_APPEND", records.CAPTURE_APPEND, "CaptureReq.flags",
                  "the file already holds a pcap header"),
-        Constant("DV_SIG_PIPELINING", api.DV_SIG_PIPELINING, "CreateQP.dv_flags",
+        Constant("DV_SIG_PIPELINING", records.DV_SIG_PIPELINING, "CreateQP.dv_flags",
                  "MLX5DV_QP_CREATE_SIG_PIPELINING"),
-        Constant("MKEY_BLOCK_SIGNATURE", api.MKEY_BLOCK_SIGNATURE, "CreateMkey.flags",
+        Constant("MKEY_BLOCK_SIGNATURE", records.MKEY_BLOCK_SIGNATURE, "CreateMkey.flags",
                  "the mkey checks and generates block signatures"),
-        Constant("MKEY_CONF_ACCESS", api.MKEY_CONF_ACCESS, "MkeyConf.flags", "set `access`"),
-        Constant("MKEY_CONF_LAYOUT", api.MKEY_CONF_LAYOUT, "MkeyConf.flags",
+        Constant("MKEY_CONF_ACCESS", records.MKEY_CONF_ACCESS, "MkeyConf.flags", "set `access`"),
+        Constant("MKEY_CONF_LAYOUT", records.MKEY_CONF_LAYOUT, "MkeyConf.flags",
                  "the entries follow"),
-        Constant("MKEY_CONF_SIG", api.MKEY_CONF_SIG, "MkeyConf.flags",
+        Constant("MKEY_CONF_SIG", records.MKEY_CONF_SIG, "MkeyConf.flags",
                  "two MkeySigDomain (memory, wire) follow the entries"),
-        Constant("MKEY_CONF_AUTO_COPY", api.MKEY_CONF_AUTO_COPY, "MkeyConf.flags",
+        Constant("MKEY_CONF_AUTO_COPY", records.MKEY_CONF_AUTO_COPY, "MkeyConf.flags",
                  "the device works out the copy mask"),
-        Constant("MAX_SLOT", api.MAX_SLOT, "CreateQP.sq_slot/rq_slot, CreateSRQ.slot",
+        Constant("MAX_SLOT", records.MAX_SLOT, "CreateQP.sq_slot/rq_slot, CreateSRQ.slot",
                  "the largest ring slot (bytes)"),
     ]  # fmt: skip
     out += [Constant(f"KIND_{name.upper()}", code, "Destroy.kind, AsyncEventRecord.kind",
-                     f"object kind: {name}") for code, name in api.KIND_NAMES.items()]  # fmt: skip
+                     f"object kind: {name}")
+            for code, name in records.KIND_NAMES.items()]  # fmt: skip
     out += [Constant(f"DEVICE_{name}", value, "DeviceEntry.kind", meaning)
             for name, value, meaning in (
-                ("HOST", api.DEVICE_HOST, "the host device (sv0)"),
-                ("UDP", api.DEVICE_UDP, "a UDP link (softverbs link)"),
-                ("INPROC", api.DEVICE_INPROC, "in-process"))]  # fmt: skip
+                ("HOST", records.DEVICE_HOST, "the host device (sv0)"),
+                ("UDP", records.DEVICE_UDP, "a UDP link (softverbs link)"),
+                ("INPROC", records.DEVICE_INPROC, "in-process"))]  # fmt: skip
     return tuple(out)
 
 
@@ -386,14 +387,18 @@ def c_header() -> str:
 
 def markdown() -> str:
     """The operation and record tables of docs/service-protocol.md."""
-    lines = ["| code | operation | request | reply | descriptors | what |",
-             "|---:|---|---|---|---|---|"]
+    lines = ["| code | operation | request | reply | descriptors | objects | what |",
+             "|---:|---|---|---|---|---|---|"]
     for op in OPS:
         reply = op.reply.__name__ if op.reply is not None else "(none)"
         if op.tail:
             reply += f" + {op.tail}"
+        objects = "; ".join(
+            ([f"creates {KIND_NAMES[op.creates]}"] if op.creates else [])
+            + ([f"uses {', '.join(KIND_NAMES[k] for k in op.uses)}"] if op.uses else [])
+        )
         lines.append(f"| {op.code} | `{op.name}` | {op.request.__name__} | {reply} | "
-                     f"{op.fds or '—'} | {op.doc} |")  # fmt: skip
+                     f"{op.takes.doc or '—'} | {objects or '—'} | {op.doc} |")  # fmt: skip
     for cls in records():
         lines += ["", *markdown_table(cls)]
     return "\n".join(lines)

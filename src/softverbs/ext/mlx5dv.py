@@ -72,7 +72,7 @@ from softverbs.compat.vendor_dv.mlx5_enums import (
     mlx5dv_sig_type,
     mlx5dv_wc_opcode,
 )
-from softverbs.device import api
+from softverbs.device import ops, records
 from softverbs.engine.rings import WR_DRIVER1, SendWQE
 from softverbs.engine.signature import (
     Escape,
@@ -409,9 +409,9 @@ class Mlx5Mkey(PyverbsCM):
         self.signature = bool(create_flags & sig_flag)
         #: as seen by posting: configured and not invalidated by a posted WR
         self.posted_valid = False
-        flags = api.MKEY_BLOCK_SIGNATURE if self.signature else 0
-        reply = ctx.provider.call(api.CREATE_MKEY,
-                                  api.CreateMkey(pd.device_pd, flags, max_entries, 0))  # fmt: skip
+        flags = records.MKEY_BLOCK_SIGNATURE if self.signature else 0
+        req = records.CreateMkey(pd.device_pd, flags, max_entries, 0)
+        reply = ctx.provider.call(ops.CREATE_MKEY, req)
         self.dev_handle: int = reply.handle
         self._keyval: int = reply.key
         ctx.mkeys[self._keyval] = self
@@ -436,7 +436,7 @@ class Mlx5Mkey(PyverbsCM):
             raise PyverbsRDMAError("Failed to check the mkey: it was not created with "
                                    "MLX5DV_MKEY_INIT_ATTR_FLAGS_BLOCK_SIGNATURE",
                                    errno.EINVAL)  # fmt: skip
-        err = self._ctx.provider.call(api.MKEY_CHECK, api.Handle(self.dev_handle, 0))
+        err = self._ctx.provider.call(ops.MKEY_CHECK, records.Handle(self.dev_handle, 0))
         if not err.err_type:
             return Mlx5MkeyErr()
         out = Mlx5MkeyErr(Mlx5SigErr(err.actual, err.expected, err.offset), int(err.err_type))
@@ -444,7 +444,7 @@ class Mlx5Mkey(PyverbsCM):
         return out
 
     def _release(self) -> None:
-        destroy(self._ctx.provider, api.KIND_MKEY, self.dev_handle)
+        destroy(self._ctx.provider, records.KIND_MKEY, self.dev_handle)
         self._ctx.mkeys.pop(self._keyval, None)
 
     def __str__(self) -> str:
@@ -634,7 +634,7 @@ class Mlx5QP(QPEx):
                              "MLX5DV_QP_EX_WITH_MKEY_CONFIGURE)")  # fmt: skip
         if init_attr.qp_type != IBV_QPT_RC:
             raise eopnotsupp("Failed to create MLX5 QP: softverbs' mlx5 QPs are RC QPs")
-        self._dv_flags = api.DV_SIG_PIPELINING if flags & _QP_FLAGS.MLX5DV_QP_CREATE_SIG_PIPELINING else 0  # noqa: E501
+        self._dv_flags = records.DV_SIG_PIPELINING if flags & _QP_FLAGS.MLX5DV_QP_CREATE_SIG_PIPELINING else 0  # noqa: E501
         # the configuration WQEs carry the mkey's layout inline (as mlx5's UMR WQEs do):
         # room for MKEY_WQE_INLINE bytes, reported back in init_attr.cap like any rounding up
         cap = init_attr.cap.copy()
@@ -841,8 +841,8 @@ class Mlx5QP(QPEx):
             raise enomem(self._sq_full_message(where))
         data = encode_mkey_conf(conf)
         if len(data) > self.cap.max_inline_data:
-            most = (self.cap.max_inline_data - api.MkeyConf.size()
-                    - 2 * api.MkeySigDomain.size()) // api.MkeyEntry.size()  # fmt: skip
+            most = (self.cap.max_inline_data - records.MkeyConf.size()
+                    - 2 * records.MkeySigDomain.size()) // records.MkeyEntry.size()  # fmt: skip
             raise einval(f"{where}: {len(conf.entries or ())} layout entries do not fit one "
                          f"configuration WQE (at most {most})")  # fmt: skip
         flags = w.send_flags
@@ -894,9 +894,9 @@ def qp_cancel_posted_send_wrs(qp: Mlx5QP, wr_id: int) -> int:
     Works only on a SIG_PIPELINING QP in SQD; otherwise nothing changes."""
     require(qp, Mlx5QP, "qp")
     qp._check_open()
-    body = api.CancelSend(qp.dev_handle, 0, wr_id & 0xFFFFFFFFFFFFFFFF)
+    body = records.CancelSend(qp.dev_handle, 0, wr_id & 0xFFFFFFFFFFFFFFFF)
     try:
-        return int(qp._ctx.provider.call(api.CANCEL_SEND, body).count)
+        return int(qp._ctx.provider.call(ops.CANCEL_SEND, body).count)
     except PyverbsRDMAError as exc:
         if exc.error_code == errno.EINVAL:
             return -errno.EINVAL
@@ -908,29 +908,29 @@ MKEY_WQE_INLINE = 1024
 
 
 def encode_mkey_conf(conf: _MkeyConf) -> bytes:
-    """A configuration as the inline data of its driver WQE (``api.MkeyConf``,
+    """A configuration as the inline data of its driver WQE (``records.MkeyConf``,
     its ``MkeyEntry`` list, and with a signature change two ``MkeySigDomain``)."""
     flags = 0
     if conf.access is not None:
-        flags |= api.MKEY_CONF_ACCESS
+        flags |= records.MKEY_CONF_ACCESS
     if conf.entries is not None:
-        flags |= api.MKEY_CONF_LAYOUT
+        flags |= records.MKEY_CONF_LAYOUT
     set_sig = conf.sig_set or conf.reset_sig
     if set_sig:
-        flags |= api.MKEY_CONF_SIG
+        flags |= records.MKEY_CONF_SIG
     sig = conf.sig if conf.sig_set else None
     entries = conf.entries or []
-    out = [api.MkeyConf(flags, conf.access or 0, conf.repeat, len(entries),
+    out = [records.MkeyConf(flags, conf.access or 0, conf.repeat, len(entries),
                         sig.check_mask if sig else 0, sig.copy_mask if sig else 0, 0,
                         0).pack()]  # fmt: skip
-    out += [api.MkeyEntry(addr, lkey, count, skip, 0).pack()
+    out += [records.MkeyEntry(addr, lkey, count, skip, 0).pack()
             for lkey, addr, count, skip in entries]  # fmt: skip
     if set_sig:
         for d in (sig.mem, sig.wire) if sig else (None, None):
             if d is None:
-                out.append(api.MkeySigDomain(0, 0, 0, 0, 0, 0, 0, 0, 0).pack())
+                out.append(records.MkeySigDomain(0, 0, 0, 0, 0, 0, 0, 0, 0).pack())
             else:
-                out.append(api.MkeySigDomain(1, int(d.kind), int(d.escape), int(d.ref_remap),
+                out.append(records.MkeySigDomain(1, int(d.kind), int(d.escape), int(d.ref_remap),
                                              d.block_size, d.seed, d.app_tag, d.ref_tag,
                                              0).pack())  # fmt: skip
     return b"".join(out)

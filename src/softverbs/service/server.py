@@ -3,7 +3,7 @@
 The service holds the engines of the host's devices -- ``sv0``, the host
 device every process reaches with no setup, and the UDP links of the
 ``softverbs link`` table -- and executes the operations of
-:mod:`softverbs.device.api` for every process that connects, Python or C,
+:mod:`softverbs.device.ops` for every process that connects, Python or C,
 through the same :class:`~softverbs.device.core.Host` an in-process device
 uses.  The service adds only what crossing a process boundary needs:
 
@@ -13,7 +13,8 @@ uses.  The service adds only what crossing a process boundary needs:
   handles no other connection can use.
 * **Bytes.**  Requests arrive as :mod:`~softverbs.device.protocol`
   messages; descriptors passed with them become what the request needs
-  (:func:`Service.resources`): shared-memory rings the service maps, a memfd
+  (one rule per kind of what an operation takes, :data:`TAKES`, as the ops
+  table of :mod:`softverbs.device.ops` declares it): shared-memory rings the service maps, a memfd
   holding a memory region, the process's ``/proc/self/mem`` (every other
   region), event sockets, an XRC domain's file.  Each descriptor is checked
   (right size, right kind) before anything uses it.
@@ -67,10 +68,11 @@ from collections.abc import Callable
 from typing import Any
 
 from softverbs import compiled, config
-from softverbs.device import api, protocol
+from softverbs.device import ops, protocol, records
 from softverbs.device.core import ALLOWED_OPCODES, Owner, Resources
 from softverbs.device.memory import ProcessMemory
 from softverbs.device.protocol import ProtocolError
+from softverbs.device.srq import SRQObj
 from softverbs.engine.rings import (
     C_CONSTANTS,
     CQE_SIZE,
@@ -84,7 +86,9 @@ from softverbs.engine.rings import (
     shared_srq,
     shared_work_ring,
 )
+from softverbs.enums import IBV_SRQ_MAX_WR
 from softverbs.errors import ConfigError, PyverbsError, PyverbsRDMAError, einval
+from softverbs.layout import Record
 from softverbs.verbs.registry import Registry
 
 log = logging.getLogger("softverbsd")
@@ -94,7 +98,7 @@ MAX_BACKLOG = 4096
 #: messages read from one client before the loop serves the others
 READ_BATCH = 64
 #: the largest ring slot a client may ask for
-MAX_SLOT = api.MAX_SLOT
+MAX_SLOT = records.MAX_SLOT
 #: the largest memory region a client may pass as a memfd
 MAX_MAPPED = 1 << 40
 #: RDMA CM event channels (sockets) one process may register
@@ -146,7 +150,7 @@ class _Polled:
 
     def __init__(self, client: Client, handle: int, hdr: memoryview) -> None:
         self.client = client
-        self.body = api.Doorbell(handle, api.DB_SQ)
+        self.body = records.Doorbell(handle, records.DB_SQ)
         self.hdr = hdr
         self.db = int(hdr[SQ_DB])
 
@@ -558,11 +562,11 @@ class Service:
         would leave WQEs unseen."""
         if len(self._polled) >= MAX_POLLED or not self._fence.available or not self.spin:
             return
-        from softverbs.device.api import KIND_QP
+        from softverbs.device.qp import QPObj
 
         try:
             with self.host.lock:
-                sq = self.host.obj(client.owner, handle, KIND_QP).engine.sq
+                sq = self.host.obj(client.owner, handle, QPObj).engine.sq
         except PyverbsError:
             return
         hdr = getattr(sq, "hdr", None)  # the ring's header words (a shared ring's)
@@ -661,7 +665,7 @@ class Service:
         if uid != os.getuid() and uid != 0:
             self.stats["clients_refused"] += 1
             _refuse(sock, protocol.encode_error(
-                api.HELLO.code, 0, errno.EPERM,
+                ops.HELLO.code, 0, errno.EPERM,
                 f"softverbsd of uid {os.getuid()} serves only its own user, not uid {uid}"))
             return
         sock.setblocking(False)
@@ -719,13 +723,13 @@ class Service:
             self._close(fds)
             self._kick(client, op.code, seq, "a client sends requests, not replies")
             return
-        if not client.greeted and op is not api.HELLO:
+        if not client.greeted and op is not ops.HELLO:
             self._close(fds)
             self._kick(client, op.code, seq, f"{op.name} before HELLO")
             return
-        if op is api.DOORBELL:  # the data path: no reply, no resources
+        if op is ops.DOORBELL:  # the data path: no reply, no resources
             self._close(fds)
-            if self.spin and msg.body.queue == api.DB_SQ and msg.body.qp not in self._polled:
+            if self.spin and msg.body.queue == records.DB_SQ and msg.body.qp not in self._polled:
                 self._watch(client, msg.body.qp)  # before the doorbell runs: see _watch
             self._doorbell(client, msg.body)
             return
@@ -735,10 +739,10 @@ class Service:
         if client.kicked:
             client.alive = False
 
-    def _doorbell(self, client: Client, body: api.Doorbell) -> bool:
+    def _doorbell(self, client: Client, body: records.Doorbell) -> bool:
         """Run one doorbell, rung by message or found by polling; whether it ran."""
         try:
-            self.host.execute(client.owner, api.DOORBELL, body)
+            self.host.execute(client.owner, ops.DOORBELL, body)
         except PyverbsError as exc:
             self.stats["doorbell_errors"] += 1
             log.debug("doorbell of pid %d: %s", client.pid, exc)
@@ -752,7 +756,7 @@ class Service:
                 os.close(fd)
         fds.clear()
 
-    def _dispatch(self, client: Client, op: api.Op[Any, Any], msg: protocol.Message,
+    def _dispatch(self, client: Client, op: records.Op[Any, Any], msg: protocol.Message,
                   fds: list[int]) -> tuple[bytes, list[int]]:  # fmt: skip
         """The reply to one request, and the descriptors it passes (a reply too
         long for a message passes its tail as a memfd).  Descriptors nobody took
@@ -763,7 +767,7 @@ class Service:
             self._close(fds)
         return (out, []) if isinstance(out, bytes) else out
 
-    def _serve(self, client: Client, op: api.Op[Any, Any], msg: protocol.Message,
+    def _serve(self, client: Client, op: records.Op[Any, Any], msg: protocol.Message,
                fds: list[int]) -> bytes | tuple[bytes, list[int]]:  # fmt: skip
         """A reply (and what it passes), or an error reply."""
         seq = msg.header.seq
@@ -772,9 +776,10 @@ class Service:
             if local is not None:
                 body, tail = local(self, client, msg.body, msg.tail, fds)
             else:
-                res = self.resources(client, op, msg.body, fds, msg.tail)
+                res = TAKES[op.takes](self, client, op, msg.body, fds, msg.tail)
                 try:
-                    body, tail = self.host.execute(client.owner, op, msg.body, res)
+                    reply = self.host.execute(client.owner, op, msg.body, res)
+                    body, tail = reply.body, reply.tail
                 except BaseException:
                     for close in res.release:
                         close()
@@ -801,133 +806,17 @@ class Service:
                                          f"internal error in softverbsd serving {op.name}: "
                                          f"{exc!r}")  # fmt: skip
 
-    # --- what descriptors become -------------------------------------------------------------
-    def resources(self, client: Client, op: api.Op[Any, Any], body: Any, fds: list[int],
-                  tail: bytes = b"") -> Resources:  # fmt: skip
-        """Turn the descriptors a request passed into what it needs (checked)."""
-        res = Resources()
-        code = op.code
-        if code in (api.OPEN_DEVICE.code, api.CREATE_COMP_CHANNEL.code):
-            (fd,) = _fds(fds, 1, op.name)
-            ev = _event_socket(fd, client)
-            res.release.append(ev.close)
-            res.sink = _async_sink(ev) if code == api.OPEN_DEVICE.code else _comp_sink(ev)
-        elif code in (api.REG_MR.code, api.REREG_MR.code):
-            if body.flags & api.REG_MR_HAS_FD:
-                (fd,) = _fds(fds, 1, op.name)
-                if body.offset + body.length > MAX_MAPPED:
-                    os.close(fd)
-                    raise einval(f"{op.name}: a region of {body.length} bytes at offset "
-                                 f"{body.offset} is larger than the device maps")  # fmt: skip
-                region = _map(fd, body.offset + body.length, op.name)
-                res.span = region.view[body.offset : body.offset + body.length]
-                res.release.append(region.close)
-            else:
-                _fds(fds, 0, op.name)
-        elif code in (api.CREATE_CQ.code, api.RESIZE_CQ.code):
-            (fd,) = _fds(fds, 1, op.name)
-            cqe = int(body.cqe)
-            if not 1 <= cqe <= 1 << 20:
-                os.close(fd)
-                raise einval(f"{op.name}: cqe {cqe} is out of range")
-            region = _map(fd, HEADER_SIZE + cqe * CQE_SIZE, op.name)
-            res.cq = shared_cq(region, cqe)
-            res.release.append(region.close)
-        elif code in (api.CREATE_SRQ.code, api.MODIFY_SRQ.code):
-            if code == api.MODIFY_SRQ.code and not body.mask & 1:  # IBV_SRQ_MAX_WR
-                _fds(fds, 0, op.name)
-                return res
-            (fd,) = _fds(fds, 1, op.name)
-            size = int(body.max_wr)
-            max_sge = int(getattr(body, "max_sge", 0)) if code == api.CREATE_SRQ.code else \
-                self._srq_max_sge(client, body.srq)  # fmt: skip
-            slot = _slot(body.slot, recv_slot_size(max_sge), op.name) if \
-                code == api.CREATE_SRQ.code else recv_slot_size(max_sge)  # fmt: skip
-            if not 1 <= size <= 1 << 20:
-                os.close(fd)
-                raise einval(f"{op.name}: max_wr {size} is out of range")
-            region = _map(fd, HEADER_SIZE + size * slot, op.name)
-            res.srq = shared_srq(region, size, slot, max_sge)
-            res.release.append(region.close)
-        elif code == api.CREATE_QP.code:
-            want = (1 if body.sq_slot else 0) + (1 if body.rq_slot else 0)
-            taken = _fds(fds, want, op.name)
-            caps = body.caps
-            opcodes = ALLOWED_OPCODES.get(body.qp_type, frozenset()) | {WR_DRIVER1}
-            for is_send, slot, size, least in (
-                (True, body.sq_slot, caps.max_send_wr,
-                 send_slot_size(caps.max_send_sge, caps.max_inline_data)),
-                (False, body.rq_slot, caps.max_recv_wr, recv_slot_size(caps.max_recv_sge)),
-            ):  # fmt: skip
-                if not slot:
-                    continue
-                size = ring_slots(size)
-                fd = taken.pop(0)
-                try:
-                    _slot(slot, least, op.name)
-                    if size > 1 << 20:
-                        raise einval(f"{op.name}: a queue of {size} WQEs is too large")
-                except PyverbsRDMAError:
-                    for other in [fd, *taken]:
-                        os.close(other)
-                    raise
-                region = _map(fd, HEADER_SIZE + size * slot, op.name)
-                ring = shared_work_ring(region, size, slot, is_send, frozenset(opcodes))
-                res.release.append(region.close)
-                if is_send:
-                    res.sq = ring
-                else:
-                    res.rq = ring
-        elif code == api.CAPTURE.code:
-            (fd,) = _fds(fds, 1, op.name)
-            try:
-                mode = os.fstat(fd).st_mode
-                if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):
-                    raise einval("CAPTURE: the descriptor is not a file or a pipe")
-                res.file = os.fdopen(fd, "wb", buffering=0)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-                raise
-            res.release.append(res.file.close)
-        elif code == api.FAULTS.code:
-            _fds(fds, 0, op.name)
-            res.text = tail.decode("utf-8", "replace")
-        elif code == api.SANITIZE.code:
-            (fd,) = _fds(fds, 1, op.name)
-            res.file = os.fdopen(fd, "wb", buffering=0)
-            res.release.append(res.file.close)
-            res.text = tail.decode("utf-8", "replace")
-        elif code == api.OPEN_XRCD.code:
-            if body.flags & api.OPEN_XRCD_HAS_FD:
-                (fd,) = _fds(fds, 1, op.name)
-                try:
-                    st = os.fstat(fd)
-                finally:
-                    os.close(fd)
-                res.file_key = (st.st_dev, st.st_ino)
-            else:
-                _fds(fds, 0, op.name)
-        else:
-            _fds(fds, 0, op.name)
-        return res
-
-    def _srq_max_sge(self, client: Client, handle: int) -> int:
-        from softverbs.device.api import KIND_SRQ
-
-        return int(self.host.obj(client.owner, handle, KIND_SRQ).engine.max_sge)
-
     # --- the service's own operations ---------------------------------------------------------
-    def op_hello(self, client: Client, req: api.Hello, tail: bytes,
+    def op_hello(self, client: Client, req: records.Hello, tail: bytes,
                  fds: list[int]) -> tuple[Any, bytes]:  # fmt: skip
         if req.version != protocol.PROTOCOL_VERSION:
             raise ProtocolError(f"protocol version {req.version}; this service speaks "
                                 f"{protocol.PROTOCOL_VERSION}")  # fmt: skip
         if client.greeted:
             raise ProtocolError("HELLO twice")
-        if req.flags & ~(api.HELLO_MEMORY | api.HELLO_JOIN):
+        if req.flags & ~(records.HELLO_MEMORY | records.HELLO_JOIN):
             raise ProtocolError(f"unknown HELLO flags {req.flags:#x}")
-        if req.flags & api.HELLO_JOIN:
+        if req.flags & records.HELLO_JOIN:
             parent = self.host.owner_by_token(req.token)
             if parent is None or parent.uid != client.uid:
                 raise PyverbsRDMAError("HELLO: no owner of this user has that token (join "
@@ -935,7 +824,7 @@ class Service:
             self.host.owners.discard(client.owner)
             client.owner = parent
             parent.connections += 1
-        if req.flags & api.HELLO_MEMORY:
+        if req.flags & records.HELLO_MEMORY:
             (fd,) = _fds(fds, 1, "HELLO")
             try:
                 _own_memory(fd, client, req.pid)
@@ -947,10 +836,10 @@ class Service:
             else:
                 client.owner.memory = ProcessMemory(fd, client.pid)
         client.greeted = True
-        return api.HelloReply(client.owner.token, protocol.PROTOCOL_VERSION, os.getpid(),
+        return records.HelloReply(client.owner.token, protocol.PROTOCOL_VERSION, os.getpid(),
                               len(self.registry.entries()), 0), b""  # fmt: skip
 
-    def op_status(self, client: Client, req: api.Empty, tail: bytes,
+    def op_status(self, client: Client, req: records.Empty, tail: bytes,
                   fds: list[int]) -> tuple[Any, bytes]:  # fmt: skip
         """The service, its clients and their objects (the asking one left out)."""
         described = self.host.describe(skip={client.owner, self.registry.owner})
@@ -977,9 +866,9 @@ class Service:
             "cm_ids": _cm_ids(self),
             "cm_listening": _cm_listening(self),
         }  # fmt: skip
-        return api.Empty(), json.dumps(out).encode()
+        return records.Empty(), json.dumps(out).encode()
 
-    def op_cm(self, client: Client, req: api.Empty, tail: bytes,
+    def op_cm(self, client: Client, req: records.Empty, tail: bytes,
               fds: list[int]) -> tuple[Any, bytes]:  # fmt: skip
         """An RDMA CM command for the service's CM agent (JSON; see cm/service.py)."""
         from softverbs.cm import service as cm
@@ -990,9 +879,9 @@ class Service:
             raise einval("CM: the request is not JSON") from None
         if not isinstance(msg, dict):
             raise einval("CM: the request must be a JSON object")
-        return api.Empty(), json.dumps(cm.handle(self, client, msg)).encode()
+        return records.Empty(), json.dumps(cm.handle(self, client, msg)).encode()
 
-    def op_cm_events(self, client: Client, req: api.Handle, tail: bytes,
+    def op_cm_events(self, client: Client, req: records.Handle, tail: bytes,
                      fds: list[int]) -> tuple[Any, bytes]:  # fmt: skip
         """Where the CM events of event channel ``req.handle`` go (a socket it passed)."""
         (fd,) = _fds(fds, 1, "CM_EVENTS")
@@ -1004,7 +893,7 @@ class Service:
             sock.close()
             raise einval(f"a process may have {MAX_CM_CHANNELS} RDMA CM event channels")
         client.cm_events[req.handle] = sock
-        return api.Empty(), b""
+        return records.Empty(), b""
 
     def cm_event(self, client: Client, channel: int, event: dict[str, Any]) -> None:
         sock = client.cm_events.get(channel)
@@ -1079,8 +968,8 @@ def _cm_listening(service: Service) -> list[int]:
                    if cid.state == RdmaState.LISTEN and cid.src is not None})  # fmt: skip
 
 
-def _async_sink(ev: EventSocket) -> Callable[[api.AsyncEventRecord, str], None]:
-    def sink(rec: api.AsyncEventRecord, reason: str) -> None:
+def _async_sink(ev: EventSocket) -> Callable[[records.AsyncEventRecord, str], None]:
+    def sink(rec: records.AsyncEventRecord, reason: str) -> None:
         ev.write(rec.pack() + reason.encode("utf-8", "replace")[:1024])
 
     return sink
@@ -1088,17 +977,193 @@ def _async_sink(ev: EventSocket) -> Callable[[api.AsyncEventRecord, str], None]:
 
 def _comp_sink(ev: EventSocket) -> Callable[[int], None]:
     def sink(cq: int) -> None:
-        ev.write(api.CompEventRecord(cq, 0).pack())
+        ev.write(records.CompEventRecord(cq, 0).pack())
 
     return sink
 
 
+# --- what descriptors become: one rule per kind of what an operation takes --------------------
+# Each rule checks the descriptors a request passed -- how many, what kind of
+# file, its size and seals -- and turns them into the Resources the handler
+# uses; whatever it does not take is closed by the caller.
+
+Op = records.Op[Any, Any]
+
+
+def _take_nothing(svc: Service, client: Client, op: Op,
+                  body: Record, fds: list[int], tail: bytes) -> Resources:  # fmt: skip
+    _fds(fds, 0, op.name)
+    return Resources()
+
+
+def _take_event_socket(svc: Service, client: Client, op: Op,
+                       body: Record, fds: list[int], tail: bytes) -> Resources:  # fmt: skip
+    (fd,) = _fds(fds, 1, op.name)
+    ev = _event_socket(fd, client)
+    res = Resources(release=[ev.close])
+    if isinstance(body, records.OpenDevice):
+        res.events = _async_sink(ev)
+    else:
+        res.completions = _comp_sink(ev)
+    return res
+
+
+def _take_region(svc: Service, client: Client, op: Op,
+                 body: records.RegMR | records.ReregMR, fds: list[int],
+                 tail: bytes) -> Resources:  # fmt: skip
+    what = op.name
+    res = Resources()
+    if body.flags & records.REG_MR_HAS_FD:
+        (fd,) = _fds(fds, 1, what)
+        if body.offset + body.length > MAX_MAPPED:
+            os.close(fd)
+            raise einval(f"{what}: a region of {body.length} bytes at offset "
+                         f"{body.offset} is larger than the device maps")  # fmt: skip
+        region = _map(fd, body.offset + body.length, what)
+        res.span = region.view[body.offset : body.offset + body.length]
+        res.release.append(region.close)
+    else:
+        _fds(fds, 0, what)
+    return res
+
+
+def _take_cq_ring(svc: Service, client: Client, op: Op,
+                  body: records.CreateCQ | records.ResizeCQ, fds: list[int],
+                  tail: bytes) -> Resources:  # fmt: skip
+    what = op.name
+    (fd,) = _fds(fds, 1, what)
+    cqe = int(body.cqe)
+    if not 1 <= cqe <= 1 << 20:
+        os.close(fd)
+        raise einval(f"{what}: cqe {cqe} is out of range")
+    region = _map(fd, HEADER_SIZE + cqe * CQE_SIZE, what)
+    return Resources(cq=shared_cq(region, cqe), release=[region.close])
+
+
+def _take_srq_ring(svc: Service, client: Client, op: Op,
+                   body: records.CreateSRQ | records.ModifySRQ, fds: list[int],
+                   tail: bytes) -> Resources:  # fmt: skip
+    what = op.name
+    if isinstance(body, records.CreateSRQ):
+        max_sge = int(body.max_sge)
+        slot = _slot(body.slot, recv_slot_size(max_sge), what)
+    else:
+        if not body.mask & IBV_SRQ_MAX_WR:  # only a resize passes a new ring
+            _fds(fds, 0, what)
+            return Resources()
+        max_sge = svc.host.obj(client.owner, body.srq, SRQObj).engine.max_sge
+        slot = recv_slot_size(max_sge)
+    (fd,) = _fds(fds, 1, what)
+    size = int(body.max_wr)
+    if not 1 <= size <= 1 << 20:
+        os.close(fd)
+        raise einval(f"{what}: max_wr {size} is out of range")
+    region = _map(fd, HEADER_SIZE + size * slot, what)
+    return Resources(srq=shared_srq(region, size, slot, max_sge), release=[region.close])
+
+
+def _take_qp_rings(svc: Service, client: Client, op: Op,
+                   body: records.CreateQP, fds: list[int], tail: bytes) -> Resources:  # fmt: skip
+    what = op.name
+    want = (1 if body.sq_slot else 0) + (1 if body.rq_slot else 0)
+    taken = _fds(fds, want, what)
+    caps = body.caps
+    opcodes = ALLOWED_OPCODES.get(body.qp_type, frozenset()) | {WR_DRIVER1}
+    res = Resources()
+    for is_send, slot, size, least in (
+        (True, body.sq_slot, caps.max_send_wr,
+         send_slot_size(caps.max_send_sge, caps.max_inline_data)),
+        (False, body.rq_slot, caps.max_recv_wr, recv_slot_size(caps.max_recv_sge)),
+    ):  # fmt: skip
+        if not slot:
+            continue
+        size = ring_slots(size)
+        fd = taken.pop(0)
+        try:
+            _slot(slot, least, what)
+            if size > 1 << 20:
+                raise einval(f"{what}: a queue of {size} WQEs is too large")
+        except PyverbsRDMAError:
+            for other in [fd, *taken]:
+                os.close(other)
+            raise
+        region = _map(fd, HEADER_SIZE + size * slot, what)
+        ring = shared_work_ring(region, size, slot, is_send, frozenset(opcodes))
+        res.release.append(region.close)
+        if is_send:
+            res.sq = ring
+        else:
+            res.rq = ring
+    return res
+
+
+def _take_xrcd_file(svc: Service, client: Client, op: Op,
+                    body: records.OpenXRCD, fds: list[int], tail: bytes) -> Resources:  # fmt: skip
+    res = Resources()
+    if body.flags & records.OPEN_XRCD_HAS_FD:
+        (fd,) = _fds(fds, 1, op.name)
+        try:
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
+        res.file_key = (st.st_dev, st.st_ino)
+    else:
+        _fds(fds, 0, op.name)
+    return res
+
+
+def _take_pcap_file(svc: Service, client: Client, op: Op,
+                    body: records.CaptureReq, fds: list[int],
+                    tail: bytes) -> Resources:  # fmt: skip
+    (fd,) = _fds(fds, 1, op.name)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):
+            raise einval("CAPTURE: the descriptor is not a file or a pipe")
+        file = os.fdopen(fd, "wb", buffering=0)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        raise
+    return Resources(file=file, release=[file.close])
+
+
+def _take_rules_text(svc: Service, client: Client, op: Op,
+                     body: Record, fds: list[int], tail: bytes) -> Resources:  # fmt: skip
+    _fds(fds, 0, op.name)
+    return Resources(text=tail.decode("utf-8", "replace"))
+
+
+def _take_report_file(svc: Service, client: Client, op: Op,
+                      body: Record, fds: list[int], tail: bytes) -> Resources:  # fmt: skip
+    (fd,) = _fds(fds, 1, op.name)
+    file = os.fdopen(fd, "wb", buffering=0)
+    return Resources(file=file, text=tail.decode("utf-8", "replace"), release=[file.close])
+
+
+#: The rule for each kind of what a request takes (records.Takes); the
+#: service's own operations (:data:`_LOCAL`) take theirs themselves.
+TAKES: dict[records.Takes, Callable[[Service, Client, Op, Any, list[int], bytes], Resources]] = {
+    records.NOTHING: _take_nothing,
+    records.ASYNC_SOCKET: _take_event_socket,
+    records.COMP_SOCKET: _take_event_socket,
+    records.REGION: _take_region,
+    records.CQ_RING: _take_cq_ring,
+    records.SRQ_RING: _take_srq_ring,
+    records.QP_RINGS: _take_qp_rings,
+    records.XRCD_FILE: _take_xrcd_file,
+    records.PCAP_FILE: _take_pcap_file,
+    records.RULES_TEXT: _take_rules_text,
+    records.REPORT_FILE: _take_report_file,
+}
+
+
 #: Operations the service serves itself (the rest go to the host).
 _LOCAL: dict[int, Callable[..., tuple[Any, bytes]]] = {
-    api.HELLO.code: Service.op_hello,
-    api.STATUS.code: Service.op_status,
-    api.CM.code: Service.op_cm,
-    api.CM_EVENTS.code: Service.op_cm_events,
+    ops.HELLO.code: Service.op_hello,
+    ops.STATUS.code: Service.op_status,
+    ops.CM.code: Service.op_cm,
+    ops.CM_EVENTS.code: Service.op_cm_events,
 }
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import ipaddress
 from typing import TYPE_CHECKING, Any
 
-from softverbs.device import api
+from softverbs.device import ops, records
 from softverbs.errors import PyverbsError, PyverbsUserError, einval
 from softverbs.verbs.base import CStruct, PyverbsCM, PyverbsObject, require
 from softverbs.verbs.provider import destroy
@@ -234,15 +234,15 @@ class AHAttr(CStruct, PyverbsObject):
         return s + (str(self.gr) if self.is_global else "")
 
 
-def av_of(attr: AHAttr) -> api.AddressVector:
+def av_of(attr: AHAttr) -> records.AddressVector:
     """``attr`` as the device's address vector record."""
     gr = attr.gr
-    return api.AddressVector(gr.dgid.raw, attr.dlid, attr.sl, attr.src_path_bits,
+    return records.AddressVector(gr.dgid.raw, attr.dlid, attr.sl, attr.src_path_bits,
                              attr.static_rate, attr.is_global, attr.port_num, gr.flow_label,
                              gr.sgid_index, gr.hop_limit, gr.traffic_class)  # fmt: skip
 
 
-def ah_attr_of(av: api.AddressVector) -> AHAttr:
+def ah_attr_of(av: records.AddressVector) -> AHAttr:
     """The inverse of :func:`av_of`."""
     gr = GlobalRoute(dgid=GID.from_raw(av.dgid), flow_label=av.flow_label,
                      sgid_index=av.sgid_index, hop_limit=av.hop_limit,
@@ -273,12 +273,12 @@ class AH(PyverbsCM):
         self.pd = pd
         self._ctx = pd.ctx
         self.attr = attr
-        body = api.CreateAH(av_of(attr), pd.device_pd, 0)
-        self.dev_handle: int = pd.ctx.provider.call(api.CREATE_AH, body).handle
+        body = records.CreateAH(av_of(attr), pd.device_pd, 0)
+        self.dev_handle: int = pd.ctx.provider.call(ops.CREATE_AH, body).handle
         pd.add_ref(self)
 
     def _release(self) -> None:
-        destroy(self._ctx.provider, api.KIND_AH, self.dev_handle)
+        destroy(self._ctx.provider, records.KIND_AH, self.dev_handle)
 
 
 def _attr_from_wc(wc: Any, grh: Any, port_num: int, gids: list[bytes] | None = None) -> AHAttr:

@@ -29,7 +29,7 @@ import os
 from types import TracebackType
 from typing import TYPE_CHECKING, BinaryIO
 
-from softverbs.device import api
+from softverbs.device import ops, records
 from softverbs.verbs.provider import Attach, destroy
 
 if TYPE_CHECKING:
@@ -57,8 +57,8 @@ class Capture:
         self._ctx = ctx
         self._provider = ctx.provider
         try:
-            req = api.CaptureReq(ctx.handle, 0)
-            self.handle = self._provider.call(api.CAPTURE, req, Attach(file=self._file)).handle
+            req = records.CaptureReq(ctx.handle, 0)
+            self.handle = self._provider.call(ops.CAPTURE, req, Attach(file=self._file)).handle
         except BaseException:
             if self._owned:
                 self._file.close()
@@ -72,7 +72,7 @@ class Capture:
         self.closed = True
         try:
             if not self._ctx.closed:  # closing the context ended the capture already
-                destroy(self._provider, api.KIND_CAPTURE, self.handle)
+                destroy(self._provider, records.KIND_CAPTURE, self.handle)
         finally:
             if self._owned:
                 self._file.close()

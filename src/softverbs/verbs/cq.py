@@ -13,7 +13,7 @@ import math
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from softverbs.device import api
+from softverbs.device import ops, records
 from softverbs.engine.rings import CQE, CompletionRing
 from softverbs.enums import (
     IBV_WC_BAD_RESP_ERR,
@@ -208,7 +208,7 @@ class CompChannel(PyverbsCM):
         self.pending: deque[CQBase] = deque()
         attach = Attach(sink=self._fire_handle)
         self.dev_handle: int = context.provider.call(
-            api.CREATE_COMP_CHANNEL, api.Ctx(context.handle, 0), attach).handle
+            ops.CREATE_COMP_CHANNEL, records.Ctx(context.handle, 0), attach).handle
         self._fd = attach.fd_out
         context.add_ref(self)
 
@@ -240,7 +240,7 @@ class CompChannel(PyverbsCM):
             self.pending.append(cq)
 
     def _release(self) -> None:
-        destroy(self.context.provider, api.KIND_CHANNEL, self.dev_handle)
+        destroy(self.context.provider, records.KIND_CHANNEL, self.dev_handle)
 
 
 def as_count(value: Any, what: str) -> int:
@@ -296,9 +296,10 @@ class CQBase(PyverbsCM):
         self.num_events = 0
         provider = context.provider
         self.ring: CompletionRing = provider.cq_ring(cqe)
-        body = api.CreateCQ(context.handle, cqe, channel.dev_handle if channel else 0, comp_vector)
+        body = records.CreateCQ(context.handle, cqe, channel.dev_handle if channel else 0,
+                                comp_vector)
         try:
-            self.dev_handle: int = provider.call(api.CREATE_CQ, body, Attach(cq=self.ring)).cq
+            self.dev_handle: int = provider.call(ops.CREATE_CQ, body, Attach(cq=self.ring)).cq
         except BaseException:
             provider.free_ring(self.ring)
             raise
@@ -352,7 +353,7 @@ class CQBase(PyverbsCM):
 
     def _release(self) -> None:
         provider = self.context.provider
-        destroy(provider, api.KIND_CQ, self.dev_handle)
+        destroy(provider, records.KIND_CQ, self.dev_handle)
         provider.free_ring(self.ring)
 
     @property
@@ -393,7 +394,7 @@ class CQ(CQBase):
             provider = self.context.provider
             new = provider.cq_ring(cqe)
             try:
-                provider.call(api.RESIZE_CQ, api.ResizeCQ(self.dev_handle, cqe), Attach(cq=new))
+                provider.call(ops.RESIZE_CQ, records.ResizeCQ(self.dev_handle, cqe), Attach(cq=new))
             except BaseException:
                 provider.free_ring(new)
                 raise

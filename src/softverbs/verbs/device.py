@@ -24,7 +24,7 @@ from collections import deque
 from dataclasses import dataclass, fields
 from typing import Any
 
-from softverbs.device import api
+from softverbs.device import ops, records
 from softverbs.device.core import DEVICE_CAP_FLAGS as DEVICE_CAP_FLAGS
 from softverbs.device.core import GID_TABLE_LEN, PKEY_TABLE, STANDARD_COUNTERS
 from softverbs.device.core import LIMITS as LIMITS
@@ -321,7 +321,7 @@ class Context(PyverbsCM):
         self.events: deque[AsyncEvent] = deque()
         #: this context's objects by device handle, for the events that name them
         self.objects: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
-        reply = self.provider.call(api.OPEN_DEVICE, api.OpenDevice(self.name),
+        reply = self.provider.call(ops.OPEN_DEVICE, records.OpenDevice(self.name),
                                    Attach(sink=self._on_event))  # fmt: skip
         self.handle: int = reply.ctx
         self.device.contexts.add(self)
@@ -331,10 +331,10 @@ class Context(PyverbsCM):
         self.objects[handle] = obj
         return handle
 
-    def _on_event(self, rec: api.AsyncEventRecord, reason: str) -> None:
+    def _on_event(self, rec: records.AsyncEventRecord, reason: str) -> None:
         """The device's async event for an object of this context."""
         element = self.objects.get(rec.handle) if rec.handle else None
-        if element is None and rec.kind == api.KIND_QP:
+        if element is None and rec.kind == records.KIND_QP:
             element = _ForeignQP(rec.qpn, reason)  # a device-owned XRC QP, by number
         self.events.append(AsyncEvent(rec.event_type, element, reason))
 
@@ -369,8 +369,8 @@ class Context(PyverbsCM):
     def num_comp_vectors(self) -> int:
         return 1
 
-    def _attrs(self) -> api.DeviceAttrs:
-        return self.provider.call(api.QUERY_DEVICE, api.Ctx(self.handle, 0))
+    def _attrs(self) -> records.DeviceAttrs:
+        return self.provider.call(ops.QUERY_DEVICE, records.Ctx(self.handle, 0))
 
     def query_device(self) -> DeviceAttr:
         self._check_open()
@@ -454,12 +454,12 @@ class Context(PyverbsCM):
     def _ifindex(self) -> int:
         gids = self.provider.gids
         index = 1 if len(gids) > 1 and any(gids[1]) else 0
-        return self.provider.call(api.QUERY_GID, api.QueryGid(self.handle, 1, index, 0)).ifindex
+        return self.provider.call(ops.QUERY_GID, records.QueryGid(self.handle, 1, index, 0)).ifindex
 
     def query_port(self, port_num: int) -> PortAttr:
         self._check_open()
         self._port(port_num, f"Failed to query port {port_num}")
-        a = self.provider.call(api.QUERY_PORT, api.QueryPort(self.handle, port_num))
+        a = self.provider.call(ops.QUERY_PORT, records.QueryPort(self.handle, port_num))
         return PortAttr(**{f.name: getattr(a, f.name) for f in fields(PortAttr)})
 
     def query_gid(self, port_num: int, index: int) -> Any:
@@ -512,7 +512,7 @@ class Context(PyverbsCM):
         self._fd_closer()
         if not self._imported_fd:
             with contextlib.suppress(PyverbsRDMAError):  # the service may be gone
-                destroy(self.provider, api.KIND_CTX, self.handle)
+                destroy(self.provider, records.KIND_CTX, self.handle)
         self._registry.release(self.device)
 
 
@@ -528,7 +528,7 @@ class _ForeignQP:
 def counters(ctx: Context) -> dict[str, int]:
     """The device's counters (rxe ``hw_counters`` names where one exists)."""
     ctx._check_open()
-    _, tail = ctx.provider.call_tail(api.COUNTERS, api.Ctx(ctx.handle, 0))
+    _, tail = ctx.provider.call_tail(ops.COUNTERS, records.Ctx(ctx.handle, 0))
     out = dict.fromkeys(STANDARD_COUNTERS, 0)
     out.update({str(k): int(v) for k, v in json.loads(tail).items()})
     return out

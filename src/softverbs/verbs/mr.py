@@ -5,8 +5,8 @@ from __future__ import annotations
 import errno
 from typing import Any
 
-from softverbs.device import api
 from softverbs.device import core as rules
+from softverbs.device import ops, records
 from softverbs.enums import (
     IBV_ACCESS_ON_DEMAND,
     IBV_ACCESS_ZERO_BASED,
@@ -126,10 +126,10 @@ class MR(PyverbsCM):
             raise eopnotsupp("Failed to register a MR: this device has no on-demand paging "
                              "(ODP caps are 0)")  # fmt: skip
         length = len(mem.view)
-        body = api.RegMR(mem.addr, length, mem.addr, 0, pd.device_pd, access,
-                         api.REG_MR_IMPLICIT if implicit else 0, 0)  # fmt: skip
+        body = records.RegMR(mem.addr, length, mem.addr, 0, pd.device_pd, access,
+                         records.REG_MR_IMPLICIT if implicit else 0, 0)  # fmt: skip
         try:
-            reply = provider.call(api.REG_MR, body, Attach(memory=None if implicit else mem))
+            reply = provider.call(ops.REG_MR, body, Attach(memory=None if implicit else mem))
         except BaseException:
             if not user_addr:
                 mem.release()
@@ -268,9 +268,9 @@ class MR(PyverbsCM):
             final = access if flags & IBV_REREG_MR_CHANGE_ACCESS else self.access
             mem = memory.from_address(addr, _length(length), final)
         new_pd = pd.device_pd if pd is not None and flags & IBV_REREG_MR_CHANGE_PD else 0
-        body = api.ReregMR(mem.addr if mem else 0, len(mem.view) if mem else 0, 0,
+        body = records.ReregMR(mem.addr if mem else 0, len(mem.view) if mem else 0, 0,
                            self.dev_handle, flags, new_pd, access, 0, 0)  # fmt: skip
-        keys = self._ctx.provider.call(api.REREG_MR, body, Attach(memory=mem))
+        keys = self._ctx.provider.call(ops.REREG_MR, body, Attach(memory=mem))
         self._lkey, self._rkey = keys.lkey, keys.rkey
         if flags & (IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_ACCESS):
             final = access if flags & IBV_REREG_MR_CHANGE_ACCESS else self.access
@@ -292,7 +292,7 @@ class MR(PyverbsCM):
         if self._imported:
             return
         try:
-            destroy(self._ctx.provider, api.KIND_MR, self.dev_handle)
+            destroy(self._ctx.provider, records.KIND_MR, self.dev_handle)
         except PyverbsRDMAError:
             self._closed = False
             raise
@@ -346,7 +346,7 @@ class MW(PyverbsCM):
         self.pd = pd
         self._ctx = pd.ctx
         self._type = mw_type
-        reply = pd.ctx.provider.call(api.ALLOC_MW, api.AllocMW(pd.device_pd, int(mw_type)))
+        reply = pd.ctx.provider.call(ops.ALLOC_MW, records.AllocMW(pd.device_pd, int(mw_type)))
         self.dev_handle: int = reply.mw
         self._rkey: int = reply.rkey
         pd.add_ref(self)
@@ -366,7 +366,7 @@ class MW(PyverbsCM):
         return self._rkey >> 8
 
     def _release(self) -> None:
-        destroy(self._ctx.provider, api.KIND_MW, self.dev_handle)
+        destroy(self._ctx.provider, records.KIND_MW, self.dev_handle)
 
     def __str__(self) -> str:
         return f"MW:\n{'Rkey':22}: {self.rkey:<20}\n{'MW Type':22}: {self._type:<20}\n"

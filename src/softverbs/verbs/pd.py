@@ -27,7 +27,7 @@ from __future__ import annotations
 import errno
 from typing import TYPE_CHECKING, Any
 
-from softverbs.device import api
+from softverbs.device import ops, records
 from softverbs.enums import (
     IBV_ACCESS_ON_DEMAND,
     IBV_ADVISE_MR_ADVICE_PREFETCH,
@@ -71,7 +71,7 @@ class PD(PyverbsCM):
             self._imported = True
         else:
             self._engine_pd = self
-            reply = creator.provider.call(api.ALLOC_PD, api.Ctx(creator.handle, 0))
+            reply = creator.provider.call(ops.ALLOC_PD, records.Ctx(creator.handle, 0))
             self.dev_handle: int = reply.handle  #: the device's name for this PD
             self._handle = creator.ucontext.add(self)
         creator.add_ref(self)
@@ -89,7 +89,7 @@ class PD(PyverbsCM):
     def _release(self) -> None:
         if not self._imported:
             self.ctx.ucontext.remove(self)
-            destroy(self.ctx.provider, api.KIND_PD, self.dev_handle)
+            destroy(self.ctx.provider, records.KIND_PD, self.dev_handle)
 
     def unimport(self) -> None:
         """``ibv_unimport_pd``: forget an imported PD without freeing it."""

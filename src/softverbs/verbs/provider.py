@@ -2,7 +2,7 @@
 
 libibverbs talks to a NIC through a provider library; softverbs' verbs
 objects talk to a device through a provider too.  Whatever the device, a
-verb is one of the operations of :mod:`softverbs.device.api`, judged by the
+verb is one of the operations of :mod:`softverbs.device.ops`, judged by the
 device's :class:`~softverbs.device.core.Host`; a provider only carries it
 there:
 
@@ -27,8 +27,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from softverbs.device import api
-from softverbs.device.core import Device, Features, Host, Owner, Resources, ring_doorbell
+from softverbs.device import ops, records
+from softverbs.device.core import KINDS, Device, Features, Host, Owner, Resources
+from softverbs.device.qp import QPObj, ring_doorbell
 from softverbs.engine.rings import (
     CompletionRing,
     SharedRecvRing,
@@ -81,8 +82,8 @@ class Provider(Protocol):
     @property
     def gids(self) -> list[bytes]: ...
 
-    def call(self, op: api.Op[Any, Rep], body: Record, attach: Attach | None = None) -> Rep: ...
-    def call_tail(self, op: api.Op[Any, Rep], body: Record) -> tuple[Rep, bytes]: ...
+    def call(self, op: records.Op[Any, Rep], body: Record, attach: Attach | None = None) -> Rep: ...
+    def call_tail(self, op: records.Op[Any, Rep], body: Record) -> tuple[Rep, bytes]: ...
     def doorbell(self, qp: int, queue: int) -> None: ...
     def work_ring(self, size: int, send: bool, max_sge: int, max_inline: int,
                   qp_type: int) -> WorkRing: ...  # fmt: skip
@@ -110,7 +111,7 @@ def destroy(provider: Provider, kind: int, handle: int) -> None:
     """pyverbs' ``close()`` on the device: the object goes, and -- first --
     whatever of this process still uses it (objects whose Python side was
     dropped without ``close()``)."""
-    provider.call(api.DESTROY, api.Destroy(kind, handle, api.DESTROY_CASCADE, 0))
+    provider.call(ops.DESTROY, records.Destroy(kind, handle, records.DESTROY_CASCADE, 0))
 
 
 class EmbeddedProvider:
@@ -134,20 +135,20 @@ class EmbeddedProvider:
         return self.device.hca.gids
 
     # --- operations -------------------------------------------------------------------------
-    def call(self, op: api.Op[Any, Rep], body: Record, attach: Attach | None = None) -> Rep:
-        reply, _ = self.host.execute(self.owner, op, body, self._resources(attach))
-        return reply  # type: ignore[no-any-return]
+    def call(self, op: records.Op[Any, Rep], body: Record, attach: Attach | None = None) -> Rep:
+        return self.host.execute(self.owner, op, body, self._resources(attach)).body
 
-    def call_tail(self, op: api.Op[Any, Rep], body: Record) -> tuple[Rep, bytes]:
-        reply, tail = self.host.execute(self.owner, op, body)
-        return reply, tail
+    def call_tail(self, op: records.Op[Any, Rep], body: Record) -> tuple[Rep, bytes]:
+        reply = self.host.execute(self.owner, op, body)
+        return reply.body, reply.tail
 
     @staticmethod
     def _resources(attach: Attach | None) -> Resources:
         if attach is None:
             return Resources()
-        res = Resources(sink=attach.sink, cq=attach.cq, srq=attach.srq, sq=attach.sq,
-                        rq=attach.rq, file=attach.file, text=attach.text)  # fmt: skip
+        res = Resources(events=attach.sink, completions=attach.sink, cq=attach.cq,
+                        srq=attach.srq, sq=attach.sq, rq=attach.rq, file=attach.file,
+                        text=attach.text)  # fmt: skip
         if attach.memory is not None:
             res.span = attach.memory.view
         if attach.file_fd != -1:
@@ -162,7 +163,7 @@ class EmbeddedProvider:
     def doorbell(self, qp: int, queue: int) -> None:
         """No message to send: the engine reads the ring in this process (the
         verb that rang runs the devices next: ``runtime.posted()``)."""
-        rec = self.host.obj(self.owner, qp, api.KIND_QP)
+        rec = self.host.obj(self.owner, qp, QPObj)
         rt = self.runtime
         with rt.lock:
             ring_doorbell(rec.engine, queue, rt.clock.now())
@@ -205,7 +206,7 @@ class EmbeddedProvider:
         """The engine object behind one of this process's handles (a QPEngine,
         a MemKey, a ring...): what in-process tools, tests and the mlx5dv
         extension look inside."""
-        return self.host.obj(self.owner, handle, kind).engine
+        return self.host.obj(self.owner, handle, KINDS[kind]).engine
 
     def close(self) -> None:
         """The device lives as long as its world (the registry)."""

@@ -22,7 +22,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from softverbs import sanitizer
-from softverbs.device import api
+from softverbs.device import ops, records
 from softverbs.device.core import ALLOWED_OPCODES
 from softverbs.engine import qpstate
 from softverbs.engine.rings import WQ_RQ, WQ_SQ, SendWQE, Sge, WorkRing, ring_slots
@@ -330,9 +330,9 @@ class QPAttr(CStruct, PyverbsObject):
         return "".join(f"{k:<22}: {v}\n" for k, v in vars(self).items() if k not in skip)
 
 
-def _attrs_of(a: QPAttr) -> api.QPAttrs:
+def _attrs_of(a: QPAttr) -> records.QPAttrs:
     """A pyverbs QPAttr as the device's record (which fields count is the mask's)."""
-    return api.QPAttrs(
+    return records.QPAttrs(
         av_of(a.ah_attr), av_of(a.alt_ah_attr), a.qp_state, a.cur_qp_state, a.path_mtu,
         a.path_mig_state, a.qkey, a.rq_psn, a.sq_psn, a.dest_qp_num, a.qp_access_flags,
         a.pkey_index, a.alt_pkey_index, a.en_sqd_async_notify, a.sq_draining, a.max_rd_atomic,
@@ -341,7 +341,7 @@ def _attrs_of(a: QPAttr) -> api.QPAttrs:
     )  # fmt: skip
 
 
-def _qp_attr_of(r: api.QPAttrs) -> QPAttr:
+def _qp_attr_of(r: records.QPAttrs) -> QPAttr:
     """The inverse of :func:`_attrs_of`."""
     out = QPAttr(qp_state=r.qp_state, cur_qp_state=r.cur_qp_state, port_num=r.port_num,
                  path_mtu=r.path_mtu)  # fmt: skip
@@ -384,7 +384,7 @@ class QP(PyverbsCM):
     """
 
     close_rank = 10
-    #: provider (mlx5dv) create flags for the device (api.CreateQP.dv_flags)
+    #: provider (mlx5dv) create flags for the device (records.CreateQP.dv_flags)
     _dv_flags = 0
 
     def __init__(self, creator: Any, init_attr: Any, qp_attr: QPAttr | None = None) -> None:
@@ -429,7 +429,7 @@ class QP(PyverbsCM):
         has_sq = qp_type != IBV_QPT_XRC_RECV
         has_rq = not xrc and self.srq is None
         # Early, for the message and before ring memory is allocated; the device
-        # checks again (device.core.Host.create_qp).
+        # checks again (device.qp.create_qp).
         for name, value, hi in (
             ("max_send_wr", cap.max_send_wr, LIMITS["max_qp_wr"]),
             ("max_recv_wr", cap.max_recv_wr, LIMITS["max_qp_wr"]),
@@ -449,11 +449,11 @@ class QP(PyverbsCM):
             self.sq.capacity = cap.max_send_wr
         if self.rq is not None:
             self.rq.capacity = cap.max_recv_wr
-        ops = getattr(init_attr, "send_ops_flags", 0) if getattr(
+        send_ops = getattr(init_attr, "send_ops_flags", 0) if getattr(
             init_attr, "comp_mask", 0) & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS else 0  # fmt: skip
-        body = api.CreateQP(
-            ops,
-            api.QPCaps(cap.max_send_wr, cap.max_recv_wr, cap.max_send_sge, cap.max_recv_sge,
+        body = records.CreateQP(
+            send_ops,
+            records.QPCaps(cap.max_send_wr, cap.max_recv_wr, cap.max_send_sge, cap.max_recv_sge,
                        cap.max_inline_data, 0),
             ctx.handle, pd.device_pd if pd is not None else 0, qp_type,
             _handle(self.scq), _handle(self.rcq), _handle(self.srq), _handle(self.xrcd),
@@ -461,7 +461,7 @@ class QP(PyverbsCM):
             self._dv_flags,
         )  # fmt: skip
         try:
-            reply = provider.call(api.CREATE_QP, body, Attach(sq=self.sq, rq=self.rq))
+            reply = provider.call(ops.CREATE_QP, body, Attach(sq=self.sq, rq=self.rq))
         except BaseException:
             self._free_rings()
             raise
@@ -539,7 +539,7 @@ class QP(PyverbsCM):
         """The QP's engine when the device runs in this process, else None (for
         tools and tests; programs never need it)."""
         engine_of = getattr(self._ctx.provider, "engine_of", None)
-        return engine_of(api.KIND_QP, self.dev_handle) if engine_of is not None else None
+        return engine_of(records.KIND_QP, self.dev_handle) if engine_of is not None else None
 
     def __str__(self) -> str:
         return (f"QP\n{'QP type':22}: {_name(ibv_qp_type, self.qp_type):<20}\n"
@@ -576,31 +576,31 @@ class QP(PyverbsCM):
         self._check_open()
         require(qp_attr, QPAttr, "qp_attr")
         comp_mask = as_uint(comp_mask, 32, "comp_mask")
-        body = api.ModifyQP(_attrs_of(qp_attr), self.dev_handle, comp_mask)
-        state = self._ctx.provider.call(api.MODIFY_QP, body).state
+        body = records.ModifyQP(_attrs_of(qp_attr), self.dev_handle, comp_mask)
+        state = self._ctx.provider.call(ops.MODIFY_QP, body).state
         if state == IBV_QPS_RESET:
             self._unsignaled_run = 0
             for ring in (self.sq, self.rq):
                 if ring is not None:
                     ring.forget()
 
-    def _query(self) -> api.QueryQPReply:
-        return self._ctx.provider.call(api.QUERY_QP, api.Handle(self.dev_handle, 0))
+    def _query(self) -> records.QueryQPReply:
+        return self._ctx.provider.call(ops.QUERY_QP, records.Handle(self.dev_handle, 0))
 
     def attach_mcast(self, gid: GID, lid: int = 0) -> None:
         """``ibv_attach_mcast``: this UD QP receives the SENDs made to the multicast
         GID ``gid`` (destination QP 0xFFFFFF) on every device of the fabric.
         ``lid`` is InfiniBand's multicast LID; RoCE has none."""
-        self._mcast(api.ATTACH_MCAST, gid, lid)
+        self._mcast(ops.ATTACH_MCAST, gid, lid)
 
     def detach_mcast(self, gid: GID, lid: int = 0) -> None:
         """``ibv_detach_mcast``: EINVAL if the QP is not attached to ``gid``."""
-        self._mcast(api.DETACH_MCAST, gid, lid)
+        self._mcast(ops.DETACH_MCAST, gid, lid)
 
-    def _mcast(self, op: api.Op[api.Mcast, api.Empty], gid: GID, lid: int) -> None:
+    def _mcast(self, op: records.Op[records.Mcast, records.Empty], gid: GID, lid: int) -> None:
         self._check_open()
         require(gid, GID, "gid")
-        body = api.Mcast(gid.raw, self.dev_handle, as_uint(lid, 16, "lid"))
+        body = records.Mcast(gid.raw, self.dev_handle, as_uint(lid, 16, "lid"))
         self._ctx.provider.call(op, body)
 
     def query(self, attr_mask: int = 0) -> tuple[QPAttr, QPInitAttr]:
@@ -621,7 +621,7 @@ class QP(PyverbsCM):
         sq = self.sq
         assert sq is not None
         if sq.ring(upto):
-            self._ctx.provider.doorbell(self.dev_handle, api.DB_SQ)
+            self._ctx.provider.doorbell(self.dev_handle, records.DB_SQ)
 
     def _state(self) -> int:
         sq = self.sq
@@ -890,13 +890,13 @@ class QP(PyverbsCM):
                 provider = self._ctx.provider
                 if posted and self.rq is not None and self.rq.ring(self.rq.pi) and (
                         provider.rings_rq or self._state() == IBV_QPS_ERR):  # fmt: skip
-                    provider.doorbell(self.dev_handle, api.DB_RQ)
+                    provider.doorbell(self.dev_handle, records.DB_RQ)
                     rt.posted()
 
     def _release(self) -> None:
         ctx = self._ctx
         try:
-            destroy(ctx.provider, api.KIND_QP, self.dev_handle)
+            destroy(ctx.provider, records.KIND_QP, self.dev_handle)
         finally:
             for kind in (WQ_SQ, WQ_RQ):
                 ctx.device.rings.pop((kind, self.dev_handle), None)
@@ -941,7 +941,7 @@ class QPEx(QP):
         self._batch: list[SendWR] | None = None
 
     def _begin(self, opcode: int) -> SendWR:
-        from softverbs.enums import ibv_qp_create_send_ops_flags as ops
+        from softverbs.enums import ibv_qp_create_send_ops_flags
 
         if self._batch is None:
             raise einval("wr_* called outside wr_start()/wr_complete()")
@@ -949,7 +949,7 @@ class QPEx(QP):
         if not self.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS or (
             need is not None and not self.send_ops_flags & need
         ):
-            flag = ops(need).name if need else "?"
+            flag = ibv_qp_create_send_ops_flags(need).name if need else "?"
             raise einval(f"this QPEx was not created with {flag} in send_ops_flags")
         wr = SendWR.without_sges(self.wr_id, opcode, self.wr_flags)
         self._batch.append(wr)

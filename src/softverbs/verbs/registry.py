@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from softverbs import config
-from softverbs.device import api
+from softverbs.device import ops, records
 from softverbs.device.core import Device, DeviceInfo, Features, Host, Owner, Resources
 from softverbs.engine.congestion import CCConfig
 from softverbs.engine.hca import HCA
@@ -151,10 +151,10 @@ class Registry:
         self.owner = self.host.add_owner(Owner(f"pid {os.getpid()}", os.getpid(), os.getuid(),
                                                SelfMemory()))  # fmt: skip
 
-    def entries(self) -> list[api.DeviceEntry]:
+    def entries(self) -> list[records.DeviceEntry]:
         """The devices of this world, as LIST_DEVICES describes them."""
         kinds = {"inproc": 2, "sim": 2, "udp": 1, "host": 0}
-        return [api.DeviceEntry(s.name, s.guid, i, 1, 0, kinds.get(s.kind, 2))
+        return [records.DeviceEntry(s.name, s.guid, i, 1, 0, kinds.get(s.kind, 2))
                 for i, s in enumerate(self.specs())]  # fmt: skip
 
     # --- specs ---------------------------------------------------------------
@@ -315,7 +315,7 @@ class Registry:
         if value is None or self.host.sanitizer is not None:
             return
         out = os.fdopen(os.dup(2), "wb", buffering=0)
-        self.host.execute(self.owner, api.SANITIZE, api.Empty(),
+        self.host.execute(self.owner, ops.SANITIZE, records.Empty(),
                           Resources(file=out, text=sanitizer.for_python(value),
                                     release=[out.close]))  # fmt: skip
 

@@ -4,7 +4,7 @@ Device names resolve to devices served by ``softverbsd`` (started on
 demand) unless ``SOFTVERBS_SERVICE=0``.  A :class:`ServiceProvider` is the
 :class:`~softverbs.verbs.provider.Provider` of such a device: the verbs
 objects are the same as for an in-process device, and what a verb becomes
-is the same operation of :mod:`softverbs.device.api`; here it travels as
+is the same operation of :mod:`softverbs.device.ops`; here it travels as
 bytes (:mod:`softverbs.device.protocol`):
 
 * **Rings** live in memfds this process creates and passes with the request
@@ -42,7 +42,7 @@ from typing import Any, TypeVar
 
 from softverbs import config, sanitizer
 from softverbs.config import service_command
-from softverbs.device import api, protocol
+from softverbs.device import ops, protocol, records
 from softverbs.device.core import Features
 from softverbs.engine.rings import (
     CQE_SIZE,
@@ -103,8 +103,8 @@ class Connection:
         self.pid = os.getpid()
         mem = os.open("/proc/self/mem", os.O_RDWR | os.O_CLOEXEC)
         try:
-            reply, _ = self.call(api.HELLO, api.Hello(0, protocol.PROTOCOL_VERSION,
-                                                       api.HELLO_MEMORY, os.getpid(), 0), [mem])
+            reply, _ = self.call(ops.HELLO, records.Hello(0, protocol.PROTOCOL_VERSION,
+                                                       records.HELLO_MEMORY, os.getpid(), 0), [mem])
         finally:
             os.close(mem)
         self.service_pid: int = reply.service_pid
@@ -112,7 +112,7 @@ class Connection:
         value = sanitizer.from_environment()
         self.sanitized = value is not None
         if value is not None:  # reports go to this process's stderr (docs/sanitizer.md)
-            self.call(api.SANITIZE, api.Empty(), [2], sanitizer.for_python(value).encode())
+            self.call(ops.SANITIZE, records.Empty(), [2], sanitizer.for_python(value).encode())
 
     @staticmethod
     def _connect(path: str, spawn: bool = True) -> socket.socket:
@@ -140,7 +140,7 @@ class Connection:
                     ) from None  # fmt: skip
                 time.sleep(0.05)
 
-    def call(self, op: api.Op[Any, Rep], body: Record,
+    def call(self, op: records.Op[Any, Rep], body: Record,
              fds: list[int] | None = None, tail: bytes = b"") -> tuple[Rep, bytes]:  # fmt: skip
         """A request and its reply; errors become PyverbsRDMAError with the errno."""
         self._check_pid()
@@ -181,7 +181,7 @@ class Connection:
             if msg.header.seq == seq or (msg.header.seq == 0 and msg.header.status):
                 return msg
 
-    def post(self, op: api.Op[Any, Any], body: Record) -> None:
+    def post(self, op: records.Op[Any, Any], body: Record) -> None:
         """A one-way message (a doorbell)."""
         self._check_pid()
         data = protocol.encode(op, 0, body)
@@ -205,8 +205,8 @@ class Connection:
         self.lock = threading.RLock()
         self.pid = os.getpid()
         self.sock = self._connect(self.path, spawn=False)
-        self.call(api.HELLO, api.Hello(self.token, protocol.PROTOCOL_VERSION, api.HELLO_JOIN,
-                                       os.getpid(), 0))  # fmt: skip
+        self.call(ops.HELLO, records.Hello(self.token, protocol.PROTOCOL_VERSION,
+                                           records.HELLO_JOIN, os.getpid(), 0))  # fmt: skip
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -358,13 +358,14 @@ class ServiceProvider:
         self._regions: dict[int, SharedRegion] = {}  #: id(ring) -> its shared memory
         self._sockets: dict[tuple[int, int], socket.socket] = {}  #: (kind, handle) -> events
         # a context of the registry's own, for the device's GIDs and MTU
-        self._ctx = self.call(api.OPEN_DEVICE, api.OpenDevice(name), Attach(sink=_ignore)).ctx
+        self._ctx = self.call(ops.OPEN_DEVICE, records.OpenDevice(name), Attach(sink=_ignore)).ctx
         self.gids = [self._gid(i) for i in range(16)]
         while self.gids and not any(self.gids[-1]):
             self.gids.pop()
         from softverbs.enums import mtu_to_bytes
 
-        self.mtu = mtu_to_bytes(self.call(api.QUERY_PORT, api.QueryPort(self._ctx, 1)).active_mtu)
+        port = self.call(ops.QUERY_PORT, records.QueryPort(self._ctx, 1))
+        self.mtu = mtu_to_bytes(port.active_mtu)
         self._apply_environment()
         _PROVIDERS.add(self)
 
@@ -377,23 +378,23 @@ class ServiceProvider:
         _note_trace(self.name)
         text = environment_faults()
         if text is not None:
-            self.call(api.FAULTS, api.Ctx(self._ctx, 0), Attach(text=text))
+            self.call(ops.FAULTS, records.Ctx(self._ctx, 0), Attach(text=text))
         writer = environment_pcap()
         if writer is not None:
             writer.flush()  # the header, before the service appends to the file
-            self.call(api.CAPTURE, api.CaptureReq(self._ctx, api.CAPTURE_APPEND),
+            self.call(ops.CAPTURE, records.CaptureReq(self._ctx, records.CAPTURE_APPEND),
                       Attach(file=writer))  # fmt: skip
 
     def _gid(self, index: int) -> bytes:
         try:
-            return bytes(self.call(api.QUERY_GID, api.QueryGid(self._ctx, 1, index, 0)).gid)
+            return bytes(self.call(ops.QUERY_GID, records.QueryGid(self._ctx, 1, index, 0)).gid)
         except PyverbsRDMAError as exc:
             if exc.error_code == errno.ENODATA:
                 return bytes(16)
             raise
 
     # --- operations ---------------------------------------------------------------------
-    def call(self, op: api.Op[Any, Rep], body: Record, attach: Attach | None = None) -> Rep:
+    def call(self, op: records.Op[Any, Rep], body: Record, attach: Attach | None = None) -> Rep:
         fds, passed_only, local = self._descriptors(body, attach)
         tail = attach.text.encode() if attach is not None else b""
         try:
@@ -407,11 +408,11 @@ class ServiceProvider:
                 with contextlib.suppress(OSError):
                     os.close(fd)
         self._adopt_sockets(op, reply, attach, local)
-        if op is api.DESTROY and isinstance(body, api.Destroy):
+        if op is ops.DESTROY and isinstance(body, records.Destroy):
             self.destroyed(body.kind, body.handle)
         return reply
 
-    def call_tail(self, op: api.Op[Any, Rep], body: Record) -> tuple[Rep, bytes]:
+    def call_tail(self, op: records.Op[Any, Rep], body: Record) -> tuple[Rep, bytes]:
         return self.conn.call(op, body)
 
     def _descriptors(self, body: Any, attach: Attach | None,
@@ -429,13 +430,13 @@ class ServiceProvider:
             fds.append(theirs.detach())
             passed_only.append(fds[-1])
         if attach.memory is not None and attach.memory.region is not None:
-            body.flags |= api.REG_MR_HAS_FD
+            body.flags |= records.REG_MR_HAS_FD
             body.offset = attach.memory.offset
             fds.append(attach.memory.region.fd)
         for ring in (attach.cq, attach.srq, attach.sq, attach.rq):
             if ring is not None:
                 fds.append(self._regions[id(ring)].fd)
-        if attach.srq is not None and isinstance(body, api.CreateSRQ):
+        if attach.srq is not None and isinstance(body, records.CreateSRQ):
             body.slot = int(getattr(attach.srq.slots, "slot", 0))
         if attach.file_fd != -1:
             fds.append(attach.file_fd)
@@ -447,23 +448,23 @@ class ServiceProvider:
                                  "or a file that has a descriptor") from None  # fmt: skip
         return fds, passed_only, local
 
-    def _adopt_sockets(self, op: api.Op[Any, Any], reply: Any, attach: Attach | None,
+    def _adopt_sockets(self, op: records.Op[Any, Any], reply: Any, attach: Attach | None,
                        local: list[socket.socket]) -> None:  # fmt: skip
         if attach is None or attach.sink is None or not local:
             return
         sock = local[0]
         sink = attach.sink
-        if op is api.OPEN_DEVICE:
-            key = (api.KIND_CTX, int(reply.ctx))
+        if op is ops.OPEN_DEVICE:
+            key = (records.KIND_CTX, int(reply.ctx))
 
             def on_packet(data: bytes) -> None:
-                rec = api.AsyncEventRecord.unpack(data)
-                sink(rec, data[api.AsyncEventRecord.size() :].decode("utf-8", "replace"))
+                rec = records.AsyncEventRecord.unpack(data)
+                sink(rec, data[records.AsyncEventRecord.size() :].decode("utf-8", "replace"))
         else:
-            key = (api.KIND_CHANNEL, int(reply.handle))
+            key = (records.KIND_CHANNEL, int(reply.handle))
 
             def on_packet(data: bytes) -> None:
-                sink(api.CompEventRecord.unpack(data).cq)
+                sink(records.CompEventRecord.unpack(data).cq)
 
         self._sockets[key] = sock
         attach.fd_out = sock.fileno()
@@ -476,7 +477,7 @@ class ServiceProvider:
             self.runtime.unwatch(sock)
 
     def doorbell(self, qp: int, queue: int) -> None:
-        self.conn.post(api.DOORBELL, api.Doorbell(qp, queue))
+        self.conn.post(ops.DOORBELL, records.Doorbell(qp, queue))
 
     # --- rings and memory ------------------------------------------------------------------
     def _region(self, size: int, name: str) -> SharedRegion:
@@ -567,10 +568,10 @@ class ServiceRegistry:
             self._conn = Connection(self.path)
         return self._conn
 
-    def entries(self) -> list[api.DeviceEntry]:
-        reply, tail = self.connection().call(api.LIST_DEVICES, api.Empty())
-        size = api.DeviceEntry.size()
-        return [api.DeviceEntry.unpack(tail, i * size) for i in range(reply.count)]
+    def entries(self) -> list[records.DeviceEntry]:
+        reply, tail = self.connection().call(ops.LIST_DEVICES, records.Empty())
+        size = records.DeviceEntry.size()
+        return [records.DeviceEntry.unpack(tail, i * size) for i in range(reply.count)]
 
     def specs(self) -> list[DeviceSpec]:
         return [DeviceSpec(e.name, "service") for e in self.entries()]
@@ -603,7 +604,7 @@ class ServiceRegistry:
 
     # --- the RDMA CM in the service -----------------------------------------------------------
     def cm_call(self, cmd: str, args: dict[str, Any]) -> Any:
-        _, tail = self.connection().call(api.CM, api.Empty(),
+        _, tail = self.connection().call(ops.CM, records.Empty(),
                                          tail=json.dumps({"cmd": cmd, "args": args}).encode())
         return json.loads(tail).get("result")
 
@@ -612,7 +613,8 @@ class ServiceRegistry:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         fd = theirs.detach()
         try:
-            self.connection().call(api.CM_EVENTS, api.Handle(0, 0), [fd])  # channel 0: all of ours
+            # channel 0: all of ours
+            self.connection().call(ops.CM_EVENTS, records.Handle(0, 0), [fd])
         finally:
             os.close(fd)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import errno
 from typing import TYPE_CHECKING, Any
 
-from softverbs.device import api
+from softverbs.device import ops, records
 from softverbs.engine.rings import WQ_SRQ, RecvWQE, SharedRecvRing
 from softverbs.enums import (
     IBV_OPS_SIGNALED,
@@ -181,13 +181,13 @@ class SRQ(PyverbsCM):
         self.srq_type = srq_type
         provider = ctx.provider
         self.ring: SharedRecvRing = provider.srq_ring(max_wr, max_sge)
-        body = api.CreateSRQ(
+        body = records.CreateSRQ(
             ctx.handle, pd.device_pd if pd is not None else 0, srq_type, max_wr, max_sge, limit,
             xrcd.dev_handle if srq_type == IBV_SRQT_XRC and xrcd is not None else 0,
             cq.dev_handle if cq is not None else 0, 0, 0,
         )  # fmt: skip
         try:
-            reply = provider.call(api.CREATE_SRQ, body, Attach(srq=self.ring))
+            reply = provider.call(ops.CREATE_SRQ, body, Attach(srq=self.ring))
         except BaseException:
             provider.free_ring(self.ring)
             raise
@@ -263,10 +263,10 @@ class SRQ(PyverbsCM):
             provider = self._ctx.provider
             new = provider.srq_ring(attr.max_wr, ring.max_sge) if comp_mask & IBV_SRQ_MAX_WR \
                 else None  # fmt: skip
-            body = api.ModifySRQ(self.dev_handle, comp_mask, attr.max_wr if new else 0,
+            body = records.ModifySRQ(self.dev_handle, comp_mask, attr.max_wr if new else 0,
                                  limit if limit is not None else 0)  # fmt: skip
             try:
-                provider.call(api.MODIFY_SRQ, body, Attach(srq=new))
+                provider.call(ops.MODIFY_SRQ, body, Attach(srq=new))
             except BaseException:
                 if new is not None:
                     provider.free_ring(new)
@@ -280,6 +280,6 @@ class SRQ(PyverbsCM):
 
     def _release(self) -> None:
         provider = self._ctx.provider
-        destroy(provider, api.KIND_SRQ, self.dev_handle)
+        destroy(provider, records.KIND_SRQ, self.dev_handle)
         self._ctx.device.rings.pop((WQ_SRQ, self.dev_handle), None)
         provider.free_ring(self.ring)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from softverbs.device import api
+from softverbs.device import ops, records
 from softverbs.enums import (
     IBV_QP_STATE,
     IBV_QPS_INIT,
@@ -63,27 +63,27 @@ class XRCD(PyverbsCM):
         if init_attr.comp_mask & need != need:
             raise einval("Failed to allocate XRCD: comp_mask needs IBV_XRCD_INIT_ATTR_FD "
                          "and IBV_XRCD_INIT_ATTR_OFLAGS")  # fmt: skip
-        body = api.OpenXRCD(context.handle, init_attr.oflags & 0xFFFFFFFF,
-                            api.OPEN_XRCD_HAS_FD if init_attr.fd != -1 else 0, 0)  # fmt: skip
-        self.dev_handle: int = context.provider.call(api.OPEN_XRCD, body,
+        body = records.OpenXRCD(context.handle, init_attr.oflags & 0xFFFFFFFF,
+                            records.OPEN_XRCD_HAS_FD if init_attr.fd != -1 else 0, 0)  # fmt: skip
+        self.dev_handle: int = context.provider.call(ops.OPEN_XRCD, body,
                                                      Attach(file_fd=init_attr.fd)).handle
         self.ctx = context
         self._ctx = context
         context.add_ref(self)
 
     def _release(self) -> None:
-        destroy(self._ctx.provider, api.KIND_XRCD, self.dev_handle)
+        destroy(self._ctx.provider, records.KIND_XRCD, self.dev_handle)
 
 
 # --- XRC receive QPs owned by the device (seed 002) ----------------------------------
 
 
-def _alloc_steps(attr: Any, attr_mask: int) -> list[tuple[api.QPAttrs, int]]:
+def _alloc_steps(attr: Any, attr_mask: int) -> list[tuple[records.QPAttrs, int]]:
     """Split one attribute mask into the RESET->INIT and INIT->RTR modifies."""
     from softverbs.engine import qpstate
     from softverbs.verbs.qp import _attrs_of
 
-    steps: list[tuple[api.QPAttrs, int]] = []
+    steps: list[tuple[records.QPAttrs, int]] = []
     left = attr_mask & ~IBV_QP_STATE
     cur = IBV_QPS_RESET
     for new in (IBV_QPS_INIT, IBV_QPS_RTR):
@@ -114,8 +114,8 @@ def xrc_rcv_qp_alloc(xrcd: XRCD, attr: Any, attr_mask: int) -> int:
     require(xrcd, XRCD, "xrcd")
     xrcd._check_open()
     (init, init_mask), (rtr, rtr_mask) = _alloc_steps(attr, attr_mask)
-    body = api.XrcRcvAlloc(init, rtr, xrcd.dev_handle, init_mask, rtr_mask, 0)
-    return xrcd.ctx.provider.call(api.XRC_RCV_QP_ALLOC, body).qpn
+    body = records.XrcRcvAlloc(init, rtr, xrcd.dev_handle, init_mask, rtr_mask, 0)
+    return xrcd.ctx.provider.call(ops.XRC_RCV_QP_ALLOC, body).qpn
 
 
 def xrc_rcv_qp_register(xrcd: XRCD, qp_num: int) -> None:
@@ -126,14 +126,14 @@ def xrc_rcv_qp_register(xrcd: XRCD, qp_num: int) -> None:
     """
     require(xrcd, XRCD, "xrcd")
     xrcd._check_open()
-    xrcd.ctx.provider.call(api.XRC_RCV_QP_REGISTER, api.XrcQpn(xrcd.dev_handle, qp_num))
+    xrcd.ctx.provider.call(ops.XRC_RCV_QP_REGISTER, records.XrcQpn(xrcd.dev_handle, qp_num))
 
 
 def xrc_rcv_qp_unregister(xrcd: XRCD, qp_num: int) -> None:
     """Drop this process's registration; the last one destroys the QP."""
     require(xrcd, XRCD, "xrcd")
     xrcd._check_open()
-    xrcd.ctx.provider.call(api.XRC_RCV_QP_UNREGISTER, api.XrcQpn(xrcd.dev_handle, qp_num))
+    xrcd.ctx.provider.call(ops.XRC_RCV_QP_UNREGISTER, records.XrcQpn(xrcd.dev_handle, qp_num))
 
 
 def open_qp(ctx: Context, xrcd: XRCD, qp_num: int) -> Any:
@@ -142,6 +142,6 @@ def open_qp(ctx: Context, xrcd: XRCD, qp_num: int) -> Any:
 
     require(xrcd, XRCD, "xrcd")
     xrcd._check_open()
-    reply = ctx.provider.call(api.OPEN_QP, api.OpenQP(ctx.handle, xrcd.dev_handle, qp_num,
+    reply = ctx.provider.call(ops.OPEN_QP, records.OpenQP(ctx.handle, xrcd.dev_handle, qp_num,
                                                       IBV_QPT_XRC_RECV))  # fmt: skip
     return QP.opened(ctx, xrcd, reply.qp, reply.qpn)

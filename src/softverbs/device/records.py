@@ -1,26 +1,34 @@
-"""The device's operations: every request a driver can make, as fixed records.
+"""The records of the device's operations, and the words the ops table is written in.
 
 A softverbs device is driven the way a NIC is driven by its provider
 library: through rings (:mod:`softverbs.engine.rings`) for the data path,
 and through *operations* for everything else -- open a context, allocate a
-PD, register memory, create, modify and destroy queues.  This module
-declares each operation once: its number, its request and reply records
-(:mod:`softverbs.layout`), and the file descriptors it passes.
+PD, register memory, create, modify and destroy queues.  This module holds
+what an operation's declaration (:mod:`softverbs.device.ops`) is made of:
 
-:class:`softverbs.device.core.Device` executes them; the in-process
-provider calls it directly with these records, and the device service
-receives the same records as bytes (:mod:`softverbs.device.protocol`) from
-Python and C clients alike.  So every kind of device checks a request in
-one place, and the service's wire format, the C header and the protocol
-document are generated from these declarations.
+* the request and reply bodies, as fixed records (:mod:`softverbs.layout`),
+  from which the service's wire format, the C header and the protocol
+  document are generated;
+* :class:`Op`, one operation's declaration: its number, its records, its
+  handler, what it takes beyond its record (:class:`Takes`: descriptors, a
+  text tail) and the objects it creates and uses;
+* :class:`Reply`, what a handler answers: the reply record and its tail.
+
+It imports nothing of the device's handlers, so the clients (the verbs
+providers, the C header generator) read the records without them; the
+handlers' types are named for the type checker only.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Generic, TypeVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from softverbs.layout import U8, U16, U32, U64, Gid, Name, Record
+
+if TYPE_CHECKING:  # the handlers' argument types; core imports this module
+    from softverbs.device.core import Host, Owner, Resources
 
 #: Object kinds, as ``DESTROY`` and async events name them.
 KIND_CTX, KIND_PD, KIND_MR, KIND_MW, KIND_AH, KIND_CHANNEL, KIND_CQ, KIND_SRQ, KIND_QP, \
@@ -201,25 +209,81 @@ class CompEventRecord(Record):
 
 # --- operations ---------------------------------------------------------------------------------
 
-
 Req = TypeVar("Req", bound=Record)
 Rep = TypeVar("Rep", bound=Record)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Reply(Generic[Rep]):
+    """What an operation answers: its reply record and what follows it."""
+
+    body: Rep
+    tail: bytes = b""
+
+
+@dataclasses.dataclass(frozen=True)
+class Takes:
+    """What a request brings beyond its record, as a rule its receiver applies.
+
+    The service turns the descriptors a request passed into
+    :class:`~softverbs.device.core.Resources` by one rule per ``Takes``
+    (``softverbs.service.server.TAKES``); the in-process provider hands over
+    the same things as objects.  ``doc`` is the protocol document's
+    "descriptors" column."""
+
+    name: str
+    doc: str = ""
+
+
+#: the request is its record alone (no descriptor)
+NOTHING = Takes("nothing")
+#: HELLO: optionally the process's /proc/self/mem
+PROCESS_MEMORY = Takes("process memory", "optional: the process's /proc/self/mem (flags bit 0)")
+ASYNC_SOCKET = Takes("async event socket",
+                     "the context's async event socket (a SOCK_SEQPACKET end)")  # fmt: skip
+COMP_SOCKET = Takes("completion event socket",
+                    "the channel's event socket (a SOCK_SEQPACKET end)")  # fmt: skip
+REGION = Takes("region", "optional: a memfd holding the region")
+CQ_RING = Takes("CQ ring", "the CQ ring (a memfd)")
+SRQ_RING = Takes("SRQ ring", "the SRQ ring (a memfd); MODIFY_SRQ: only with IBV_SRQ_MAX_WR")
+QP_RINGS = Takes("QP rings",
+                 "the send queue ring if sq_slot, then the receive queue ring if rq_slot")
+XRCD_FILE = Takes("XRC domain file", "optional: the file that names the domain")
+PCAP_FILE = Takes("pcap file", "the pcap file, open for writing")
+#: FAULTS: the rules, as text after the record
+RULES_TEXT = Takes("rules text")
+#: SANITIZE: a file for the reports, and the options as text after the record
+REPORT_FILE = Takes("report file", "the program's stderr, where reports go")
+CM_SOCKET = Takes("CM event socket", "an event channel's socket (SOCK_SEQPACKET)")
+
+
 @dataclasses.dataclass(frozen=True)
 class Op(Generic[Req, Rep]):
-    """One operation: its number, request and reply bodies, and what it passes."""
+    """One operation, declared once (:mod:`softverbs.device.ops`).
+
+    ``handler`` runs it on a :class:`~softverbs.device.core.Host`, under the
+    host's lock, with the request's record and what :attr:`takes` became;
+    it answers the reply record, or a :class:`Reply` when a tail follows.
+    An operation without a handler is a connection's own (``HELLO``, the
+    RDMA CM's): the device service answers it.  ``creates`` and ``uses``
+    name object kinds (``KIND_*``): what the operation makes, and what its
+    request names by handle."""
 
     code: int
     name: str
     request: type[Req]
     reply: type[Rep] | None  #: None: no reply (a doorbell)
-    fds: str = ""  #: what descriptors the request passes, in words
+    handler: Callable[[Host, Owner, Req, Resources], Rep | Reply[Rep]] | None = None
+    takes: Takes = NOTHING
+    creates: int = 0
+    uses: tuple[int, ...] = ()
     tail: str = ""  #: what follows the reply body, if anything
     doc: str = ""
     #: the request may carry a tail after its record; every other request is
     #: exactly its record (a longer one is EPROTO)
     request_tail: bool = False
+
+
 
 
 class Empty(Record):
@@ -538,184 +602,7 @@ class Mcast(Record):
     lid: U32
 
 
-HELLO = Op(
-    1,
-    "HELLO",
-    Hello,
-    HelloReply,
-    "optional: the process's /proc/self/mem (flags bit 0)",
-    doc="the first message; the version must match",
-)
-LIST_DEVICES = Op(
-    2,
-    "LIST_DEVICES",
-    Empty,
-    ListDevicesReply,
-    tail="count DeviceEntry records",
-    doc="the devices of this host",
-)
-OPEN_DEVICE = Op(
-    3,
-    "OPEN_DEVICE",
-    OpenDevice,
-    OpenDeviceReply,
-    "the context's async event socket (a SOCK_SEQPACKET end)",
-    doc="ibv_open_device: a context; its objects' async events go to the socket",
-)
-QUERY_DEVICE = Op(4, "QUERY_DEVICE", Ctx, DeviceAttrs, doc="ibv_query_device(_ex)")
-QUERY_PORT = Op(5, "QUERY_PORT", QueryPort, PortAttrs, doc="ibv_query_port")
-QUERY_GID = Op(6, "QUERY_GID", QueryGid, QueryGidReply, doc="ibv_query_gid(_ex); ENODATA if empty")
-QUERY_PKEY = Op(7, "QUERY_PKEY", QueryGid, QueryPkeyReply, doc="ibv_query_pkey")
-ALLOC_PD = Op(10, "ALLOC_PD", Ctx, Handle, doc="ibv_alloc_pd")
-DESTROY = Op(
-    11,
-    "DESTROY",
-    Destroy,
-    Empty,
-    doc="destroy any object by kind and handle (EBUSY if used)",
-)
-REG_MR = Op(
-    12,
-    "REG_MR",
-    RegMR,
-    RegMRReply,
-    "optional: a memfd holding the region",
-    doc="ibv_reg_mr: from the memfd if passed, else the process's memory",
-)
-REREG_MR = Op(
-    13,
-    "REREG_MR",
-    ReregMR,
-    Keys,
-    "optional: a memfd holding the region",
-    doc="ibv_rereg_mr",
-)
-ALLOC_MW = Op(14, "ALLOC_MW", AllocMW, AllocMWReply, doc="ibv_alloc_mw")
-CREATE_AH = Op(15, "CREATE_AH", CreateAH, Handle, doc="ibv_create_ah")
-CREATE_COMP_CHANNEL = Op(
-    16,
-    "CREATE_COMP_CHANNEL",
-    Ctx,
-    Handle,
-    "the channel's event socket (a SOCK_SEQPACKET end)",
-    doc="ibv_create_comp_channel: completion events go to the socket",
-)
-CREATE_CQ = Op(
-    17,
-    "CREATE_CQ",
-    CreateCQ,
-    CreateCQReply,
-    "the CQ ring (a memfd)",
-    doc="ibv_create_cq",
-)
-RESIZE_CQ = Op(
-    18,
-    "RESIZE_CQ",
-    ResizeCQ,
-    CreateCQReply,
-    "the new CQ ring (a memfd)",
-    doc="ibv_resize_cq: unpolled CQEs move to the new ring",
-)
-CREATE_SRQ = Op(
-    19,
-    "CREATE_SRQ",
-    CreateSRQ,
-    CreateSRQReply,
-    "the SRQ ring (a memfd)",
-    doc="ibv_create_srq(_ex)",
-)
-MODIFY_SRQ = Op(
-    20,
-    "MODIFY_SRQ",
-    ModifySRQ,
-    Empty,
-    "with IBV_SRQ_MAX_WR: the new SRQ ring",
-    doc="ibv_modify_srq",
-)
-QUERY_SRQ = Op(21, "QUERY_SRQ", Handle, QuerySRQReply, doc="ibv_query_srq")
-OPEN_XRCD = Op(
-    22,
-    "OPEN_XRCD",
-    OpenXRCD,
-    Handle,
-    "optional: the file that names the domain",
-    doc="ibv_open_xrcd",
-)
-CREATE_QP = Op(
-    23,
-    "CREATE_QP",
-    CreateQP,
-    CreateQPReply,
-    "the send queue ring if sq_slot, then the receive queue ring if rq_slot",
-    doc="ibv_create_qp(_ex)",
-)
-MODIFY_QP = Op(
-    24,
-    "MODIFY_QP",
-    ModifyQP,
-    ModifyQPReply,
-    doc="ibv_modify_qp: judged by the device's state table, against its own state",
-)
-QUERY_QP = Op(25, "QUERY_QP", Handle, QueryQPReply, doc="ibv_query_qp")
-OPEN_QP = Op(26, "OPEN_QP", OpenQP, OpenQPReply, doc="ibv_open_qp: an XRC receive QP by number")
-DOORBELL: Op[Doorbell, Empty] = Op(
-    27, "DOORBELL", Doorbell, None, doc="one-way: the application moved a queue's db"
-)
-XRC_RCV_QP_ALLOC = Op(
-    28,
-    "XRC_RCV_QP_ALLOC",
-    XrcRcvAlloc,
-    QpnReply,
-    doc="seed 002's xrc_rcv_qp_alloc",
-)
-XRC_RCV_QP_REGISTER = Op(
-    29,
-    "XRC_RCV_QP_REGISTER",
-    XrcQpn,
-    Empty,
-    doc="seed 002's xrc_rcv_qp_register",
-)
-XRC_RCV_QP_UNREGISTER = Op(
-    30,
-    "XRC_RCV_QP_UNREGISTER",
-    XrcQpn,
-    Empty,
-    doc="seed 002's xrc_rcv_qp_unregister",
-)
-ATTACH_MCAST = Op(
-    31, "ATTACH_MCAST", Mcast, Empty,
-    doc="ibv_attach_mcast: the UD QP receives what is sent to the multicast GID",
-)
-DETACH_MCAST = Op(
-    32, "DETACH_MCAST", Mcast, Empty,
-    doc="ibv_detach_mcast (EINVAL if the QP is not attached to the group)",
-)
-COUNTERS = Op(
-    40,
-    "COUNTERS",
-    Ctx,
-    Empty,
-    tail="JSON: {counter: value}",
-    doc="the device's counters (rxe's names)",
-)
-STATUS = Op(
-    41,
-    "STATUS",
-    Empty,
-    Empty,
-    tail="JSON: the service, its devices, clients and objects",
-    doc="for `softverbs service status` and `softverbs res`",
-)
 
-CAPTURE = Op(
-    42, "CAPTURE", CaptureReq, Handle, "the pcap file, open for writing",
-    doc="write the device's packets to a pcap file until the capture is destroyed",
-)
-FAULTS = Op(
-    43, "FAULTS", Ctx, Empty, tail="request: the rules, as SOFTVERBS_FAULTS (empty: none)",
-    doc="seeded faults on the packets this process's QPs send on the context's device",
-    request_tail=True,
-)
 class CreateMkey(Record):
     pd: U32
     flags: U32  #: MKEY_BLOCK_SIGNATURE
@@ -795,82 +682,3 @@ class MkeySigDomain(Record):
     app_tag: U32
     ref_tag: U32
     reserved: U32
-
-
-CREATE_MKEY = Op(
-    44, "CREATE_MKEY", CreateMkey, MkeyReply,
-    doc="an indirect mkey (mlx5dv_create_mkey); configured by a driver WQE",
-)
-MKEY_CHECK = Op(
-    45, "MKEY_CHECK", Handle, MkeyErr,
-    doc="the first signature error the mkey saw since the last check, cleared",
-)
-CANCEL_SEND = Op(
-    46, "CANCEL_SEND", CancelSend, Count,
-    doc="turn the posted, not started send WQEs with wr_id into NOPs "
-    "(mlx5dv_qp_cancel_posted_send_wrs; a SIG_PIPELINING QP in SQD, else EINVAL)",
-)
-SANITIZE = Op(
-    47, "SANITIZE", Empty, Empty, "the program's stderr, where reports go",
-    tail="request: the options, as SOFTVERBS_SANITIZE",
-    doc="turn the verbs sanitizer on for this process (docs/sanitizer.md)",
-    request_tail=True,
-)
-CM = Op(
-    50, "CM", Empty, Empty, tail="JSON: {cmd, args} -> {result}",
-    doc="an RDMA CM command for the service's CM agent (docs/service-protocol.md, The RDMA CM)",
-    request_tail=True,
-)
-CM_EVENTS = Op(
-    51, "CM_EVENTS", Handle, Empty, "an event channel's socket (SOCK_SEQPACKET)",
-    doc="where the RDMA CM events of the IDs on event channel `handle` go "
-    "(one JSON object per packet)",
-)
-
-#: Every operation, by number.
-OPS: tuple[Op[Any, Any], ...] = (
-    HELLO,
-    LIST_DEVICES,
-    OPEN_DEVICE,
-    QUERY_DEVICE,
-    QUERY_PORT,
-    QUERY_GID,
-    QUERY_PKEY,
-    ALLOC_PD,
-    DESTROY,
-    REG_MR,
-    REREG_MR,
-    ALLOC_MW,
-    CREATE_AH,
-    CREATE_COMP_CHANNEL,
-    CREATE_CQ,
-    RESIZE_CQ,
-    CREATE_SRQ,
-    MODIFY_SRQ,
-    QUERY_SRQ,
-    OPEN_XRCD,
-    CREATE_QP,
-    MODIFY_QP,
-    QUERY_QP,
-    OPEN_QP,
-    DOORBELL,
-    XRC_RCV_QP_ALLOC,
-    XRC_RCV_QP_REGISTER,
-    XRC_RCV_QP_UNREGISTER,
-    ATTACH_MCAST,
-    DETACH_MCAST,
-    COUNTERS,
-    STATUS,
-    CAPTURE,
-    FAULTS,
-    CREATE_MKEY,
-    MKEY_CHECK,
-    CANCEL_SEND,
-    SANITIZE,
-    CM,
-    CM_EVENTS,
-)
-BY_CODE: dict[int, Op[Any, Any]] = {op.code: op for op in OPS}
-BY_NAME: dict[str, Op[Any, Any]] = {op.name: op for op in OPS}
-
-
