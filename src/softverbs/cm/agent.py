@@ -290,6 +290,14 @@ def addr_in(value: Any) -> Addr | None:
     return ip, port
 
 
+def need_addr(value: Any, what: str) -> Addr:
+    """``addr_in``, where an address must be given (else EINVAL)."""
+    a = addr_in(value)
+    if a is None:
+        raise cm_error(f"{what}: no address given", errno.EINVAL)
+    return a
+
+
 class CmAgent:
     """rdma_cm + ib_cm for one world of devices (see the module docstring)."""
 
@@ -378,8 +386,7 @@ class CmAgent:
 
     # --- binding ------------------------------------------------------------------------
     def bind_addr(self, handle: int, addr: Any, owner: object = None) -> dict[str, Any]:
-        a = addr_in(addr)
-        assert a is not None
+        a = need_addr(addr, "bind_addr")
         dev = None if is_any(a[0]) else self.routes.bind_device(a[0])
         if dev is not None:
             self.device(dev)
@@ -454,9 +461,8 @@ class CmAgent:
     # --- address and route resolution ----------------------------------------------------
     def resolve_addr(self, handle: int, src: Any, dst: Any, timeout_ms: int = 2000,
                      owner: object = None) -> None:  # fmt: skip
-        d = addr_in(dst)
+        d = need_addr(dst, "resolve_addr")
         s = addr_in(src)
-        assert d is not None
         with self.lock:
             cid = self._get(handle, owner)
             bound_dev, bound_src = cid.dev, cid.src
@@ -647,21 +653,29 @@ class CmAgent:
         self.by_comm[cid.local_comm_id] = cid
         self._send(cid, req, mad.ms_of(CM_RESPONSE_TIMEOUT), MAX_CM_RETRIES)
 
-    def accept(self, handle: int, param: dict[str, Any] | None, owner: object = None) -> None:
-        """Passive side: send REP (RC) or SIDR_REP (UD).  Active side with
-        ``param`` None: send RTU (``cma_rep_recv`` / ``rdma_establish``)."""
+    def accept(self, handle: int, param: dict[str, Any], owner: object = None) -> None:
+        """``rdma_accept``, the passive side: a REP (RC) or a SIDR_REP (UD)."""
         with self.lock:
             cid = self._get(handle, owner)
             if cid.state != RdmaState.CONNECT:
                 raise cm_error(f"accept: the CM ID is in state {cid.state.name}", errno.EINVAL)
-            if cid.cm in (C.REP_RCVD, C.MRA_REP_SENT) and param is None:
-                self._send_rtu(cid)
-            elif cid.cm == C.SIDR_REQ_RCVD:
-                self._send_sidr_rep(cid, mad.SIDR_SUCCESS, param or {})
+            if cid.cm == C.SIDR_REQ_RCVD:
+                self._send_sidr_rep(cid, mad.SIDR_SUCCESS, param)
             elif cid.cm in (C.REQ_RCVD, C.MRA_REQ_SENT):
-                self._send_rep(cid, param or {})
+                self._send_rep(cid, param)
             else:
                 raise cm_error(f"accept: the connection is in state {cid.cm.name}", errno.EINVAL)
+        self.flush()
+
+    def establish(self, handle: int, owner: object = None) -> None:
+        """``rdma_establish`` (and librdmacm after a CONNECT_RESPONSE on an ID
+        with a QP): the active side's RTU."""
+        with self.lock:
+            cid = self._get(handle, owner)
+            if cid.state != RdmaState.CONNECT or cid.cm not in (C.REP_RCVD, C.MRA_REP_SENT):
+                raise cm_error(f"establish: the connection is in state {cid.cm.name}, not "
+                               "REP_RCVD", errno.EINVAL)  # fmt: skip
+            self._send_rtu(cid)
         self.flush()
 
     def _send_rep(self, cid: CmId, param: dict[str, Any]) -> None:
@@ -822,8 +836,7 @@ class CmAgent:
         user's library attaches the ID's QP to the group when it sees it (as
         librdmacm does), unless the join was send-only.  The UDP fabric joins
         the IP group when the QP attaches (:mod:`softverbs.fabric.udp`)."""
-        a = addr_in(addr)
-        assert a is not None
+        a = need_addr(addr, "join_multicast")
         ip = a[0]
         with self.lock:
             cid = self._get(handle, owner)

@@ -668,7 +668,7 @@ class CMEventChannel(PyverbsCM):
                 try:
                     idr.modify_rtr(RDMA_MAX_RESP_RES)
                     idr.modify_rts(RDMA_MAX_INIT_DEPTH)
-                    idr.call("accept", "Failed to complete the connection", param=None)
+                    idr.call("establish", "Failed to complete the connection")
                     ev._event_type = RDMA_CM_EVENT_ESTABLISHED
                 except PyverbsRDMAError as exc:
                     idr.modify_err()
@@ -1072,7 +1072,7 @@ class CMID(PyverbsCM):
         if idr.qp is not None:
             raise PyverbsRDMAError("Failed to Complete an active connection request: the "
                                    "CM ID has a QP, which completes by itself", errno.EINVAL)
-        idr.call("accept", "Failed to Complete an active connection request", param=None)
+        idr.call("establish", "Failed to Complete an active connection request")
 
     def reject(self, private_data: bytes | str | None = None) -> None:
         idr = self._idr()

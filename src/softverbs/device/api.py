@@ -18,9 +18,9 @@ document are generated from these declarations.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Generic, TypeVar
+from typing import Annotated, Any, Generic, TypeVar
 
-from softverbs.layout import U8, U16, U32, U64, Gid, Name, Record
+from softverbs.layout import I32, U8, U16, U32, U64, Gid, Name, Record
 
 #: Object kinds, as ``DESTROY`` and async events name them.
 KIND_CTX, KIND_PD, KIND_MR, KIND_MW, KIND_AH, KIND_CHANNEL, KIND_CQ, KIND_SRQ, KIND_QP, \
@@ -816,16 +816,194 @@ SANITIZE = Op(
     doc="turn the verbs sanitizer on for this process (docs/sanitizer.md)",
     request_tail=True,
 )
-CM = Op(
-    50, "CM", Empty, Empty, tail="JSON: {cmd, args} -> {result}",
-    doc="an RDMA CM command for the service's CM agent (docs/service-protocol.md, The RDMA CM)",
-    request_tail=True,
-)
+# --- the RDMA CM -----------------------------------------------------------------------------
+# librdmacm's commands to the CM agent (the kernel's ``rdma_ucm_cmd_*``), one operation
+# each, and the event record written to an event channel's socket
+# (``rdma_ucm_event_resp``).  The agent is softverbs.cm.agent; docs/cm.md.
+
+PrivateData = Annotated[bytes, "256s"]  #: private data; its length is a field beside it
+
+
+class CmAddr(Record):
+    """A socket address: ``family`` AF_INET (2), AF_INET6 (10) or 0 (none)."""
+
+    DOCS = {"ip": "network byte order; IPv4 in the first 4 bytes", "port": "host byte order"}
+    ip: Gid
+    family: U16
+    port: U16
+    reserved: U32
+
+
+class CmIdInfo(Record):
+    """What the agent says of an ID (``ucma_query_route``): device, addresses, path."""
+
+    DOCS = {"dev": "the device the ID is bound to (empty: none yet)",
+            "has_path": "1 if sgid, dgid and sgid_index are known (an address is resolved)",
+            "state": "rdma_cm's state (enum rdma_cm_state)",
+            "cm_state": "ib_cm's state (enum ib_cm_state)"}  # fmt: skip
+    src: CmAddr
+    dst: CmAddr
+    sgid: Gid
+    dgid: Gid
+    dev: Name
+    handle: U32
+    ps: U32
+    qp_type: U32
+    port_num: U32
+    sgid_index: U32
+    has_path: U32
+    state: U32
+    cm_state: U32
+
+
+class CmConnParam(Record):
+    """``rdma_conn_param`` (and ``rdma_ud_param``'s private data, qp_num and qkey)."""
+
+    private_data: PrivateData
+    qp_num: U32
+    qkey: U32
+    private_data_len: U8
+    responder_resources: U8
+    initiator_depth: U8
+    flow_control: U8
+    retry_count: U8
+    rnr_retry_count: U8
+    srq: U8
+    reserved: U8
+
+
+#: CmEvent.flags: which parts of the event are filled
+CM_EVENT_INFO, CM_EVENT_CONN, CM_EVENT_UD, CM_EVENT_AH, CM_EVENT_MC = 1, 2, 4, 8, 16
+
+
+class CmEvent(Record):
+    """One RDMA CM event, written to its event channel's socket."""
+
+    DOCS = {"info": "CM_EVENT_INFO: CONNECT_REQUEST: the new ID; ADDR_RESOLVED, "
+                    "ROUTE_RESOLVED: the ID",
+            "param": "CM_EVENT_CONN: rdma_conn_param; CM_EVENT_UD: rdma_ud_param's",
+            "ah": "CM_EVENT_AH: rdma_ud_param.ah_attr",
+            "mc": "CM_EVENT_MC: MULTICAST_JOIN: the group",
+            "handle": "the ID the event is for (CONNECT_REQUEST: the listener)",
+            "status": "0, a negative errno, or a REJ reason",
+            "flags": "CM_EVENT_INFO, _CONN, _UD, _AH, _MC"}  # fmt: skip
+    info: CmIdInfo
+    param: CmConnParam
+    ah: AddressVector
+    mc: CmAddr
+    handle: U32
+    event: U32  #: enum rdma_cm_event_type
+    status: I32
+    join_flags: U32
+    flags: U32
+    reserved: U32
+
+
+class CmCreateId(Record):
+    ps: U32  #: enum rdma_port_space
+    qp_type: U32
+    channel: U32  #: the event channel (CM_EVENTS) its events go to
+    reserved: U32
+
+
+class CmChannel(Record):
+    handle: U32
+    channel: U32
+
+
+class CmBind(Record):
+    addr: CmAddr
+    handle: U32
+    reserved: U32
+
+
+class CmResolveAddr(Record):
+    DOCS = {"src": "family 0: none"}
+    src: CmAddr
+    dst: CmAddr
+    handle: U32
+    timeout_ms: U32
+
+
+class CmTimeout(Record):
+    handle: U32
+    timeout_ms: U32
+
+
+class CmListen(Record):
+    handle: U32
+    backlog: I32
+
+
+class CmConnect(Record):
+    param: CmConnParam
+    handle: U32
+    reserved: U32
+
+
+class CmQpState(Record):
+    handle: U32
+    qp_state: U32
+
+
+class CmQpAttr(Record):
+    attr: QPAttrs
+    mask: U32
+    reserved: U32
+
+
+class CmOption(Record):
+    value: U64
+    handle: U32
+    level: U32
+    name: U32
+    length: U32  #: the caller's optlen
+
+
+class CmMcast(Record):
+    addr: CmAddr
+    handle: U32
+    join_flags: U32  #: enum rdma_cm_mc_join_flags
+
+
 CM_EVENTS = Op(
     51, "CM_EVENTS", Handle, Empty, "an event channel's socket (SOCK_SEQPACKET)",
     doc="where the RDMA CM events of the IDs on event channel `handle` go "
-    "(one JSON object per packet)",
+    "(one CmEvent per packet)",
 )
+CM_CREATE_ID = Op(52, "CM_CREATE_ID", CmCreateId, Handle, doc="rdma_create_id")
+CM_DESTROY_ID = Op(53, "CM_DESTROY_ID", Handle, Empty,
+                   doc="rdma_destroy_id (a DREQ or REJ to the peer first)")  # fmt: skip
+CM_MIGRATE_ID = Op(54, "CM_MIGRATE_ID", CmChannel, Empty,
+                   doc="rdma_migrate_id: later events go to event channel `channel`")  # fmt: skip
+CM_QUERY = Op(55, "CM_QUERY", Handle, CmIdInfo, doc="ucma_query_route")
+CM_BIND_ADDR = Op(56, "CM_BIND_ADDR", CmBind, CmIdInfo, doc="rdma_bind_addr")
+CM_RESOLVE_ADDR = Op(57, "CM_RESOLVE_ADDR", CmResolveAddr, Empty,
+                     doc="rdma_resolve_addr: ADDR_RESOLVED or ADDR_ERROR follows")  # fmt: skip
+CM_RESOLVE_ROUTE = Op(58, "CM_RESOLVE_ROUTE", CmTimeout, Empty,
+                      doc="rdma_resolve_route: ROUTE_RESOLVED follows")  # fmt: skip
+CM_LISTEN = Op(59, "CM_LISTEN", CmListen, CmIdInfo, doc="rdma_listen")
+CM_CONNECT = Op(60, "CM_CONNECT", CmConnect, Empty, doc="rdma_connect: a REQ (UD: a SIDR_REQ)")
+CM_ACCEPT = Op(61, "CM_ACCEPT", CmConnect, Empty, doc="rdma_accept: a REP (UD: a SIDR_REP)")
+CM_ESTABLISH = Op(62, "CM_ESTABLISH", Handle, Empty,
+                  doc="rdma_establish: the RTU after a CONNECT_RESPONSE")  # fmt: skip
+CM_REJECT = Op(63, "CM_REJECT", CmConnect, Empty,
+               doc="rdma_reject: a REJ (UD: a SIDR_REP), with param's private data")  # fmt: skip
+CM_DISCONNECT = Op(64, "CM_DISCONNECT", Handle, Empty,
+                   doc="rdma_disconnect: a DREQ, or the DREP to the peer's")  # fmt: skip
+CM_INIT_QP_ATTR = Op(65, "CM_INIT_QP_ATTR", CmQpState, CmQpAttr, doc="rdma_init_qp_attr")
+CM_SET_OPTION = Op(66, "CM_SET_OPTION", CmOption, Empty,
+                   doc="rdma_set_option at level RDMA_OPTION_ID")  # fmt: skip
+CM_JOIN_MCAST = Op(67, "CM_JOIN_MCAST", CmMcast, Empty,
+                   doc="rdma_join_multicast(_ex): MULTICAST_JOIN follows")  # fmt: skip
+CM_LEAVE_MCAST = Op(68, "CM_LEAVE_MCAST", CmMcast, Empty, doc="rdma_leave_multicast")
+
+#: the RDMA CM's operations
+CM_OPS: tuple[Op[Any, Any], ...] = (
+    CM_EVENTS, CM_CREATE_ID, CM_DESTROY_ID, CM_MIGRATE_ID, CM_QUERY, CM_BIND_ADDR,
+    CM_RESOLVE_ADDR, CM_RESOLVE_ROUTE, CM_LISTEN, CM_CONNECT, CM_ACCEPT, CM_ESTABLISH,
+    CM_REJECT, CM_DISCONNECT, CM_INIT_QP_ATTR, CM_SET_OPTION, CM_JOIN_MCAST, CM_LEAVE_MCAST,
+)  # fmt: skip
 
 #: Every operation, by number.
 OPS: tuple[Op[Any, Any], ...] = (
@@ -867,8 +1045,7 @@ OPS: tuple[Op[Any, Any], ...] = (
     MKEY_CHECK,
     CANCEL_SEND,
     SANITIZE,
-    CM,
-    CM_EVENTS,
+    *CM_OPS,
 )
 BY_CODE: dict[int, Op[Any, Any]] = {op.code: op for op in OPS}
 BY_NAME: dict[str, Op[Any, Any]] = {op.name: op for op in OPS}

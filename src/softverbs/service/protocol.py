@@ -51,6 +51,7 @@ from softverbs.device.api import (
     BY_CODE,
     OPS,
     AsyncEventRecord,
+    CmEvent,
     CompEventRecord,
     DeviceEntry,
     Empty,
@@ -70,7 +71,7 @@ from softverbs.layout import (
     with_embedded,
 )
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 MAX_MESSAGE = 1 << 16
 MAX_FDS = 4
 _FD_SPACE = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
@@ -324,6 +325,13 @@ def _constants() -> tuple[Constant, ...]:
         Constant("MAX_SLOT", api.MAX_SLOT, "CreateQP.sq_slot/rq_slot, CreateSRQ.slot",
                  "the largest ring slot (bytes)"),
     ]  # fmt: skip
+    out += [Constant(f"CM_EVENT_{name}", value, "CmEvent.flags", meaning)
+            for name, value, meaning in (
+                ("INFO", api.CM_EVENT_INFO, "`info` holds an ID (CONNECT_REQUEST: the new one)"),
+                ("CONN", api.CM_EVENT_CONN, "`param` is the event's rdma_conn_param"),
+                ("UD", api.CM_EVENT_UD, "`param` holds rdma_ud_param's private data, qp_num, qkey"),
+                ("AH", api.CM_EVENT_AH, "`ah` is rdma_ud_param.ah_attr"),
+                ("MC", api.CM_EVENT_MC, "`mc` is the multicast group joined"))]  # fmt: skip
     out += [Constant(f"KIND_{name.upper()}", code, "Destroy.kind, AsyncEventRecord.kind",
                      f"object kind: {name}") for code, name in api.KIND_NAMES.items()]  # fmt: skip
     out += [Constant(f"DEVICE_{name}", value, "DeviceEntry.kind", meaning)
@@ -349,6 +357,7 @@ def constants_markdown() -> str:
 #: with the records of the operations: the inline data of an mkey-configuring driver WQE
 _RECORDS: tuple[type[Record], ...] = (
     Header, DeviceEntry, AsyncEventRecord, CompEventRecord, MkeyConf, MkeyEntry, MkeySigDomain,
+    CmEvent,
 )  # fmt: skip
 
 

@@ -580,7 +580,9 @@ class Service:
         seq = msg.header.seq
         try:
             local = _LOCAL.get(op.code)
-            if local is not None:
+            if op.code in _CM_COMMANDS:
+                body, tail = self.op_cm(client, op, msg.body)
+            elif local is not None:
                 body, tail = local(self, client, msg.body, msg.tail, fds)
             else:
                 res = self.resources(client, op, msg.body, fds, msg.tail)
@@ -790,18 +792,11 @@ class Service:
         }  # fmt: skip
         return api.Empty(), json.dumps(out).encode()
 
-    def op_cm(self, client: Client, req: api.Empty, tail: bytes,
-              fds: list[int]) -> tuple[Any, bytes]:  # fmt: skip
-        """An RDMA CM command for the service's CM agent (JSON; see cm/service.py)."""
+    def op_cm(self, client: Client, op: api.Op[Any, Any], req: Any) -> tuple[Any, bytes]:
+        """A ``CM_*`` command for the service's CM agent (cm/service.py)."""
         from softverbs.cm import service as cm
 
-        try:
-            msg = json.loads(tail)
-        except ValueError:
-            raise einval("CM: the request is not JSON") from None
-        if not isinstance(msg, dict):
-            raise einval("CM: the request must be a JSON object")
-        return api.Empty(), json.dumps(cm.handle(self, client, msg)).encode()
+        return cm.handle(self, client, op.code, req), b""
 
     def op_cm_events(self, client: Client, req: api.Handle, tail: bytes,
                      fds: list[int]) -> tuple[Any, bytes]:  # fmt: skip
@@ -820,7 +815,9 @@ class Service:
     def cm_event(self, client: Client, channel: int, event: dict[str, Any]) -> None:
         sock = client.cm_events.get(channel)
         if sock is not None:
-            sock.write(json.dumps(event).encode())
+            from softverbs.cm.wire import event_record
+
+            sock.write(event_record(event).pack())
         else:
             client.events_dropped += 1
 
@@ -907,9 +904,10 @@ def _comp_sink(ev: EventSocket) -> Callable[[int], None]:
 _LOCAL: dict[int, Callable[..., tuple[Any, bytes]]] = {
     api.HELLO.code: Service.op_hello,
     api.STATUS.code: Service.op_status,
-    api.CM.code: Service.op_cm,
     api.CM_EVENTS.code: Service.op_cm_events,
 }
+#: the RDMA CM's commands: served by the CM agent (Service.op_cm)
+_CM_COMMANDS = frozenset(op.code for op in api.CM_OPS) - {api.CM_EVENTS.code}
 
 
 def _bare(exc: PyverbsError) -> str:
