@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from softverbs.cm import mad
@@ -360,9 +361,9 @@ class IbCm:
         if ctx is None:
             counters["cm_drop_no_agent"] += 1
             return
-        handler = getattr(self, f"_rx_{msg.NAME.lower()}")
+        handler = _RX[type(msg)]
         with self.lock:
-            handler(ctx, msg, sgid, dgid, now)
+            handler(self, ctx, msg, sgid, dgid, now)
         self._push(gsi, now)
 
     def _by_comm(self, ctx: DeviceCtx, comm_id: int, what: str) -> CmId | None:
@@ -633,3 +634,11 @@ class IbCm:
         ud = {"private_data": rep.private_data.hex(), "qp_num": rep.qpn, "qkey": rep.qkey,
               "ah_attr": ah}  # fmt: skip
         self.rdma.emit(cid, RDMA_CM_EVENT_ESTABLISHED, 0, ud=ud)
+
+
+#: the handler of each CM message ib_cm receives
+_RX: dict[type[mad.CmMessage], Callable[[IbCm, DeviceCtx, Any, bytes, bytes, float], None]] = {
+    mad.Req: IbCm._rx_req, mad.Rep: IbCm._rx_rep, mad.Rtu: IbCm._rx_rtu, mad.Rej: IbCm._rx_rej,
+    mad.Mra: IbCm._rx_mra, mad.Dreq: IbCm._rx_dreq, mad.Drep: IbCm._rx_drep,
+    mad.SidrReq: IbCm._rx_sidr_req, mad.SidrRep: IbCm._rx_sidr_rep,
+}  # fmt: skip
