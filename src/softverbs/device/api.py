@@ -986,14 +986,17 @@ CM_LISTEN = Op(59, "CM_LISTEN", CmListen, CmIdInfo, doc="rdma_listen")
 CM_CONNECT = Op(60, "CM_CONNECT", CmConnect, Empty, doc="rdma_connect: a REQ (UD: a SIDR_REQ)")
 CM_ACCEPT = Op(61, "CM_ACCEPT", CmConnect, Empty, doc="rdma_accept: a REP (UD: a SIDR_REP)")
 CM_ESTABLISH = Op(62, "CM_ESTABLISH", Handle, Empty,
-                  doc="rdma_establish: the RTU after a CONNECT_RESPONSE")  # fmt: skip
+                  doc="rdma_establish, and librdmacm after a CONNECT_RESPONSE on an ID "
+                  "with a QP: the RTU")  # fmt: skip
 CM_REJECT = Op(63, "CM_REJECT", CmConnect, Empty,
-               doc="rdma_reject: a REJ (UD: a SIDR_REP), with param's private data")  # fmt: skip
+               doc="rdma_reject: a REJ, reason 28 consumer defined (UD: a SIDR_REP), "
+               "with param's private data")  # fmt: skip
 CM_DISCONNECT = Op(64, "CM_DISCONNECT", Handle, Empty,
                    doc="rdma_disconnect: a DREQ, or the DREP to the peer's")  # fmt: skip
 CM_INIT_QP_ATTR = Op(65, "CM_INIT_QP_ATTR", CmQpState, CmQpAttr, doc="rdma_init_qp_attr")
 CM_SET_OPTION = Op(66, "CM_SET_OPTION", CmOption, Empty,
-                   doc="rdma_set_option at level RDMA_OPTION_ID")  # fmt: skip
+                   doc="rdma_set_option at level RDMA_OPTION_ID; `length` is the caller's "
+                   "optlen, checked as the kernel's ucma does")  # fmt: skip
 CM_JOIN_MCAST = Op(67, "CM_JOIN_MCAST", CmMcast, Empty,
                    doc="rdma_join_multicast(_ex): MULTICAST_JOIN follows")  # fmt: skip
 CM_LEAVE_MCAST = Op(68, "CM_LEAVE_MCAST", CmMcast, Empty, doc="rdma_leave_multicast")

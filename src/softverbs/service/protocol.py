@@ -408,6 +408,17 @@ def markdown() -> str:
     return "\n".join(lines)
 
 
+def cm_markdown() -> str:
+    """The RDMA CM's operations table of docs/service-protocol.md (The RDMA CM)."""
+    from softverbs.device import api
+
+    lines = ["| operation | request | reply | what |", "|---|---|---|---|"]
+    for op in api.CM_OPS:
+        reply = op.reply.__name__ if op.reply is not None else "(none)"
+        lines.append(f"| `{op.name}` | {op.request.__name__} | {reply} | {op.doc} |")
+    return "\n".join(lines)
+
+
 def rings_constants_markdown() -> str:
     """The constants table of docs/rings.md."""
     from softverbs.engine import rings
@@ -437,6 +448,7 @@ GENERATED = {
 #: more blocks: (file, block name, generator)
 GENERATED_MORE = (
     ("docs/service-protocol.md", "constants", constants_markdown),
+    ("docs/service-protocol.md", "cm", cm_markdown),
     ("docs/rings.md", "ring-constants", lambda: rings_constants_markdown()),
 )
 C_HEADER = "src/softverbs/native/include/softverbs/protocol.h"
