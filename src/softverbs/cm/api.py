@@ -1054,11 +1054,8 @@ class CMID(PyverbsCM):
             except PyverbsRDMAError as exc:
                 raise _fail(what, exc) from None
         qp_num = idr.qp.qp_num if idr.qp is not None else (param.qp_num if param else 0)
-        kparam = idr.conn_to_kernel(param, qp_num)
-        if idr.qp_type == IBV_QPT_UD:
-            kparam["qkey"] = RDMA_UDP_QKEY if idr.qp is not None else 0
-        try:
-            idr.call("accept", what, param=kparam)
+        try:  # UD: the agent gives the SIDR_REP the ID's Q_Key (RDMA_UDP_QKEY)
+            idr.call("accept", what, param=idr.conn_to_kernel(param, qp_num))
         except PyverbsRDMAError:
             idr.modify_err()
             raise

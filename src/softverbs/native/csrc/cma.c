@@ -781,8 +781,7 @@ static void conn_to_agent(struct cma_id *c, const struct rdma_conn_param *p,
 		k->retry_count = 7;
 		k->rnr_retry_count = 7;
 	}
-	if (c->id.qp_type == IBV_QPT_UD)
-		k->qkey = c->id.qp ? RDMA_UDP_QKEY : 0;
+	/* UD: the agent gives the SIDR_REP the ID's Q_Key (RDMA_UDP_QKEY) */
 }
 
 int rdma_connect(struct rdma_cm_id *id, struct rdma_conn_param *p)
