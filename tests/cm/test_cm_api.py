@@ -7,6 +7,7 @@ in-process fabric moves the MADs of both.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import threading
 from collections.abc import Callable
@@ -178,38 +179,107 @@ class _FakeService:
     def device(self, name: str) -> Any:
         return self.registry.open(name)
 
-    def send(self, msg: dict[str, Any]) -> None:
-        self.sent.append(msg)
+    def cm_event(self, client: Any, channel: int, event: dict[str, Any]) -> None:
+        self.sent.append(event)
 
 
-@pytest.mark.parametrize(
-    "msg",
-    [
-        {"cmd": "connect", "args": {"handle": 1, "param": 5}},
-        {"cmd": "connect", "args": {"handle": "x", "param": {}}},
-        {"cmd": "bind_addr", "args": {"handle": 1, "addr": "nonsense"}},
-        {"cmd": "bind_addr", "args": {"handle": 1, "addr": ["127.0.0.1", 1 << 40]}},
-        {"cmd": "resolve_addr", "args": {"handle": 1, "src": None, "dst": [1, 2, 3]}},
-        {"cmd": "create_id", "args": {"ps": "tcp", "qp_type": 2}},
-        {"cmd": "create_id", "args": {"ps": 0x106, "qp_type": 2, "bogus": 1}},
-        {"cmd": "_destroy", "args": {}},
-        {"cmd": "accept", "args": {"handle": 1, "param": {"private_data": "zz"}}},
-        {"cmd": "reject", "args": {"handle": 1, "private_data": 7}},
-        {"cmd": "nope"},
-        {"cmd": "query", "args": []},
-    ],
-)
-def test_the_service_handler_refuses_bad_requests_with_einval(msg: dict[str, Any]) -> None:
+def _bad_requests() -> list[tuple[Any, Any, int]]:
+    from softverbs.cm import wire
+    from softverbs.device import ops, records
+
+    addr = wire.addr_record(["127.0.0.1", 7000])
+    nowhere = records.CmAddr(bytes(16), 7, 1, 0)  # an unknown family
+    none = wire.addr_record(None)
+    long_data = dataclasses.replace(wire.conn_record({}), private_data_len=200 + 100)
+    return [
+        (ops.CM_BIND_ADDR, records.CmBind(nowhere, 1, 0), errno.EINVAL),
+        (ops.CM_BIND_ADDR, records.CmBind(none, 1, 0), errno.EINVAL),
+        (ops.CM_RESOLVE_ADDR, records.CmResolveAddr(addr, none, 1, 2000), errno.EINVAL),
+        (ops.CM_RESOLVE_ADDR, records.CmResolveAddr(nowhere, addr, 1, 2000), errno.EINVAL),
+        (ops.CM_CREATE_ID, records.CmCreateId(0x999, 2, 0, 0), errno.EPROTONOSUPPORT),
+        (ops.CM_CONNECT, records.CmConnect(long_data, 1, 0), errno.EINVAL),
+        (ops.CM_ACCEPT, records.CmConnect(wire.conn_record({}), 1, 0), errno.EINVAL),
+        (ops.CM_ESTABLISH, records.Handle(1, 0), errno.EINVAL),
+        (ops.CM_REJECT, records.CmConnect(wire.conn_record({}), 1, 0), errno.EINVAL),
+        (ops.CM_INIT_QP_ATTR, records.CmQpState(1, 1), errno.EINVAL),
+        (ops.CM_SET_OPTION, records.CmOption(1, 1, 0, 99, 4), errno.ENOSYS),
+        (ops.CM_JOIN_MCAST, records.CmMcast(none, 1, 0), errno.EINVAL),
+        (ops.CM_LEAVE_MCAST, records.CmMcast(addr, 1, 0), errno.EADDRNOTAVAIL),
+        (ops.CM_QUERY, records.Handle(99, 0), errno.ENOENT),
+    ]
+
+
+@pytest.mark.parametrize("op,req,code", _bad_requests(), ids=lambda v: getattr(v, "name", ""))
+def test_the_service_handler_refuses_bad_requests(op: Any, req: Any, code: int) -> None:
+    """A CM_* record that does not hold what its command takes is an errno, never a crash."""
     from softverbs.cm import service as cm_service
+    from softverbs.device import ops, records
 
     svc, client = _FakeService(), _FakeService()
     # a real ID of this client, for the requests that name handle 1
-    cm_service.handle(svc, client, {"cmd": "create_id", "args": {"ps": 0x106, "qp_type": 2}})
+    got = cm_service.handle(svc, client, ops.CM_CREATE_ID.code, records.CmCreateId(0x106, 2, 0, 0))
+    assert got == records.Handle(1, 0)
     with pytest.raises(PyverbsRDMAError) as info:
-        cm_service.handle(svc, client, msg)
-    assert info.value.error_code in (errno.EINVAL, errno.ENOENT, errno.EPROTONOSUPPORT)
+        cm_service.handle(svc, client, op.code, req)
+    assert info.value.error_code == code, info.value
     other = _FakeService()
     with pytest.raises(PyverbsRDMAError) as info:  # another client cannot name our ID
-        cm_service.handle(svc, other, {"cmd": "query", "args": {"handle": 1}})
+        cm_service.handle(svc, other, ops.CM_QUERY.code, records.Handle(1, 0))
     assert info.value.error_code == errno.ENOENT
     cm_service.drop(svc, client)
+
+
+def test_every_agent_command_is_one_cm_operation() -> None:
+    """The service's CM table covers every CM_* operation, each with its agent method."""
+    from softverbs.cm import wire
+    from softverbs.cm.agent import CmAgent
+    from softverbs.device import ops
+
+    served = {c.op for c in wire.COMMANDS.values()}
+    assert served == set(ops.CM_OPS) - {ops.CM_EVENTS}
+    for name, cmd in wire.COMMANDS.items():
+        assert cmd.method is getattr(CmAgent, name)
+
+
+def test_events_and_answers_survive_their_records() -> None:
+    """What the agent says, packed as the protocol's records and read back, is the same."""
+    from softverbs.cm import wire
+    from softverbs.device import records
+
+    info = {"handle": 3, "dev": "sv0", "port_num": 1, "ps": 0x106, "qp_type": 2,
+            "src": ["10.0.0.1", 7000], "dst": ["fe80::1", 9], "sgid": "aa" * 16,
+            "dgid": "bb" * 16, "sgid_index": 1, "state": "CONNECT", "cm_state": "REQ_RCVD"}
+    conn = {"responder_resources": 1, "initiator_depth": 2, "flow_control": 1,
+            "retry_count": 7, "rnr_retry_count": 6, "srq": 0, "qp_num": 0x11,
+            "private_data": "0102"}
+    ah = {"dgid": "cc" * 16, "sgid_index": 0, "flow_label": 5, "hop_limit": 64,
+          "traffic_class": 0, "port_num": 1, "is_global": 1}
+    events = [
+        {"handle": 1, "event": 4, "status": 0, "child": info, "conn": conn},
+        {"handle": 1, "event": 0, "status": 0, "info": dict(info, sgid=None, dgid=None,
+                                                            sgid_index=None)},
+        {"handle": 2, "event": 9, "status": 0,
+         "ud": {"private_data": "", "qp_num": 0xFFFFFF, "qkey": 0x1234, "ah_attr": ah},
+         "mc": ["239.1.1.1", 0], "join_flags": 0},
+        {"handle": 2, "event": 8, "status": 28, "conn": dict(conn, private_data="ff" * 148)},
+    ]
+    for ev in events:
+        rec = records.CmEvent.unpack(wire.event_record(ev).pack())
+        assert wire.event_dict(rec) == ev
+    got = {"attr": {"qp_state": 3, "ah_attr": ah, "path_mtu": 3, "dest_qp_num": 7,
+                    "rq_psn": 9, "max_dest_rd_atomic": 1, "min_rnr_timer": 0}, "mask": 0}
+    from softverbs.enums import (
+        IBV_QP_AV,
+        IBV_QP_DEST_QPN,
+        IBV_QP_MAX_DEST_RD_ATOMIC,
+        IBV_QP_MIN_RNR_TIMER,
+        IBV_QP_PATH_MTU,
+        IBV_QP_RQ_PSN,
+        IBV_QP_STATE,
+    )
+
+    got["mask"] = int(IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN
+                      | IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER)
+    rec2 = records.CmQpAttr.unpack(wire.qp_attr_record(got).pack())
+    assert wire.qp_attr_dict(rec2) == got
+    assert wire.info_dict(records.CmIdInfo.unpack(wire.info_record(info).pack())) == info

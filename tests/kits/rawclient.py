@@ -45,7 +45,7 @@ from typing import Any
 
 MAX_MESSAGE = 65536
 MAX_FDS = 4
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 FLAG_REPLY = 1  # Header.flags bit 0
 FLAG_TAIL_FD = 2  # Header.flags bit 1 (replies): the tail is the memfd passed with the reply
 

@@ -1,17 +1,23 @@
 """The CM agent: what the kernel's ``rdma_cm`` and ``ib_cm`` do, in the device.
 
 One :class:`CmAgent` serves one world of devices (a process's registry, a
-simulation, or the device service).  It keeps the CM IDs, the port spaces
-and the listeners, resolves IP addresses to devices and GIDs, and runs two
-state machines per ID, as the kernel does:
+simulation, or the device service).  It is two composed parts, as the
+kernel's CM is two modules, each with its own state machine per ID
+(:class:`~softverbs.cm.ids.CmId` holds both):
 
-* the **rdma_cm** machine (:class:`RdmaState`: IDLE, ADDR_BOUND, ADDR_QUERY,
-  ADDR_RESOLVED, ROUTE_QUERY, ROUTE_RESOLVED, CONNECT, DISCONNECT, LISTEN),
-  driven by the user's calls -- :data:`RDMA_TRANSITIONS`;
-* the **ib_cm** machine (:class:`CmState`: REQ_SENT, REP_RCVD, ESTABLISHED,
-  DREQ_SENT, TIMEWAIT ...), driven by the MADs sent and received and by
-  timeouts -- :data:`CM_TRANSITIONS`.  A MAD that its ID's state does not
-  expect is counted (``cm_drop_unexpected``) and dropped, never raised.
+* **rdma_cm** -- this class: the CM IDs, the port spaces and the listeners,
+  IP addresses resolved to devices and GIDs, multicast joins, options and
+  the QP attributes of ``rdma_init_qp_attr``.  Its machine
+  (:class:`RdmaState`: IDLE, ADDR_BOUND, ADDR_QUERY, ADDR_RESOLVED,
+  ROUTE_QUERY, ROUTE_RESOLVED, CONNECT, DISCONNECT, LISTEN) is driven by the
+  user's calls -- :data:`RDMA_TRANSITIONS` (:meth:`CmAgent.move`).
+* **ib_cm** -- :class:`~softverbs.cm.ibcm.IbCm` (``agent.ib``): the MADs,
+  their timers and the connection machine (:class:`CmState`: REQ_SENT,
+  REP_RCVD, ESTABLISHED, DREQ_SENT, TIMEWAIT ...), driven by the MADs sent
+  and received and by timeouts -- :data:`CM_TRANSITIONS`.  A MAD that its
+  ID's state does not expect is counted (``cm_drop_unexpected``) and
+  dropped, never raised.  What it hands up (a listener for a request, a new
+  ID, an event, an rdma_cm state change) it asks of this class.
 
 Messages travel as IBTA CM MADs (:mod:`softverbs.cm.mad`) through QP1
 (:mod:`softverbs.cm.gsi`).  Retransmission follows ib_cm: a REQ is resent
@@ -24,12 +30,13 @@ disconnects at once.
 
 Locking.  The agent has one lock.  It never takes a device lock itself:
 sends and timer changes are queued per device and pushed into QP1 by
-:meth:`CmAgent.flush` (for user calls) or by QP1 itself (for received MADs
+:meth:`IbCm.flush` (for user calls) or by QP1 itself (for received MADs
 and timers, which already hold the device lock).  The order is always
 device lock, then agent lock.
 
-Commands take and return JSON-friendly values, so the same agent serves
-in-process users directly and other processes through ``softverbsd``.
+Commands take and return plain values (addresses as ``[ip, port]``, private
+data as hex), so the same agent serves in-process users directly and other
+processes through ``softverbsd`` (the ``CM_*`` records: :mod:`softverbs.cm.wire`).
 Events are dicts handed to the ID's *sink*; the user-side library
 (:mod:`softverbs.cm.api`) turns them into ``rdma_cm_event`` objects.
 """
@@ -42,12 +49,21 @@ import ipaddress
 import logging
 import random
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from softverbs.cm import mad
 from softverbs.cm.gsi import GsiQP
+from softverbs.cm.ibcm import IbCm
+from softverbs.cm.ids import (
+    IBOE_PACKET_LIFETIME,
+    RDMA_UDP_QKEY,
+    Addr,
+    CmId,
+    DeviceCtx,
+    Path,
+    Sink,
+    _addr_out,
+)
 from softverbs.cm.route import (
     Router,
     World,
@@ -56,14 +72,11 @@ from softverbs.cm.route import (
     is_any,
 )
 from softverbs.cm.states import (
-    CM_TRANSITIONS,
     CONNECTED_STATES,
     RDMA_TRANSITIONS,
     C,
-    CmState,
     RdmaState,
 )
-from softverbs.engine.rings import Route
 from softverbs.enums import (
     IBV_ACCESS_REMOTE_ATOMIC,
     IBV_ACCESS_REMOTE_READ,
@@ -91,15 +104,8 @@ from softverbs.enums import (
     IBV_QPT_UD,
     RDMA_CM_EVENT_ADDR_ERROR,
     RDMA_CM_EVENT_ADDR_RESOLVED,
-    RDMA_CM_EVENT_CONNECT_REQUEST,
-    RDMA_CM_EVENT_CONNECT_RESPONSE,
-    RDMA_CM_EVENT_DISCONNECTED,
-    RDMA_CM_EVENT_ESTABLISHED,
     RDMA_CM_EVENT_MULTICAST_JOIN,
-    RDMA_CM_EVENT_REJECTED,
     RDMA_CM_EVENT_ROUTE_RESOLVED,
-    RDMA_CM_EVENT_TIMEWAIT_EXIT,
-    RDMA_CM_EVENT_UNREACHABLE,
     RDMA_MC_JOIN_FLAG_FULLMEMBER,
     RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER,
     RDMA_OPTION_ID,
@@ -109,23 +115,12 @@ from softverbs.enums import (
     RDMA_OPTION_ID_TOS,
     RDMA_PS_TCP,
     RDMA_PS_UDP,
-    bytes_to_mtu,
 )
 from softverbs.errors import PyverbsRDMAError
 from softverbs.wire.packet import IPV4_MAPPED_PREFIX
 
 log = logging.getLogger(__name__)
 
-#: librdmacm's Q_Key for RDMA_PS_UDP QPs (``RDMA_UDP_QKEY``).
-RDMA_UDP_QKEY = 0x01234567
-#: rdma_cm's choices (``cma.c``): CM response timeout, retries, RoCE packet life.
-CM_RESPONSE_TIMEOUT = 20
-MAX_CM_RETRIES = 15
-IBOE_PACKET_LIFETIME = 18
-#: ``CMA_CM_MRA_SETTING``: a delayed MRA asking for 2**24 * 4.096 us.
-MRA_SERVICE_TIMEOUT = 24
-#: The local CA ACK delay softverbs devices report (query_device).
-LOCAL_CA_ACK_DELAY = 15
 EPHEMERAL_PORTS = (32768, 60999)
 #: rdma_set_option's value sizes (ucma_set_option_id): any other optlen is EINVAL
 OPTION_LENGTHS = {RDMA_OPTION_ID_TOS: 1, RDMA_OPTION_ID_REUSEADDR: 4, RDMA_OPTION_ID_AFONLY: 4,
@@ -147,133 +142,10 @@ MCAST_QPN = 0xFFFFFF
 #: the hop limit of an IPv4 group on RoCEv2 (the kernel's IPV6_DEFAULT_HOPLIMIT)
 MCAST_HOP_LIMIT = 64
 
-Addr = tuple[bytes, int]  #: (packed IP, port)
-Sink = Callable[[dict[str, Any]], None]
-
-
-@dataclass
-class Path:
-    """The one path of a connection (an SA path record, for RoCE)."""
-
-    sgid: bytes
-    dgid: bytes
-    sgid_index: int
-    mtu: int  #: ibv_mtu code
-    flow_label: int = 0
-    hop_limit: int = 64
-    tclass: int = 0
-    pkey: int = 0xFFFF
-    packet_life_time: int = IBOE_PACKET_LIFETIME
-
-
-@dataclass
-class DeviceCtx:
-    """One device the agent uses: its engine, runtime and QP1."""
-
-    name: str
-    device: Any  #: a SoftDevice whose engine runs in this process
-    gsi: GsiQP
-
-    @property
-    def runtime(self) -> Any:
-        return self.device.runtime
-
-    @property
-    def gids(self) -> list[bytes]:
-        return list(self.device.hca.gids)
-
-    @property
-    def mtu(self) -> int:
-        return int(bytes_to_mtu(self.device.mtu))
-
-    @property
-    def guid(self) -> int:
-        return int(self.device.guid)
-
-
-class CmId:
-    """One CM ID: rdma_cm's ``rdma_id_private`` and ib_cm's ``cm_id_private``."""
-
-    def __init__(self, handle: int, ps: int, qp_type: int, sink: Sink, owner: object) -> None:
-        self.handle = handle
-        self.ps = ps
-        self.qp_type = qp_type
-        self.sink = sink
-        self.owner = owner
-        self.state = RdmaState.IDLE
-        self.cm = CmState.IDLE
-        self.dev: str | None = None
-        self.src: Addr | None = None
-        self.dst: Addr | None = None
-        self.path: Path | None = None
-        self.listener: CmId | None = None
-        self.backlog = 0
-        self.bound: tuple[int, int] | None = None  #: (port space, port) held
-        # ib_cm
-        self.local_comm_id = 0
-        self.remote_comm_id = 0
-        self.remote_ca_guid = 0
-        self.tid = 0
-        self.service_id = 0
-        self.qp_num = 0
-        self.srq = 0
-        self.remote_qpn = 0
-        self.seq_num = 0  #: the PSN this side receives from (REQ/REP starting PSN)
-        self.sq_psn = 0  #: the PSN this side sends from (the peer's starting PSN)
-        self.responder_resources = 0
-        self.initiator_depth = 0
-        self.retry_count = 7
-        self.rnr_retry_count = 7
-        self.flow_control = 0
-        self.av_timeout = IBOE_PACKET_LIFETIME + 1
-        self.timeout_set = False
-        self.timeout_opt = 0
-        self.tos = 0
-        self.reuseaddr = False  #: RDMA_OPTION_ID_REUSEADDR
-        self.afonly = False  #: a wildcard bind takes its own family only
-        self.afonly_set = False  #: RDMA_OPTION_ID_AFONLY was given (else bind decides)
-        self.qkey = 0
-        self.max_cm_retries = MAX_CM_RETRIES
-        self.rep_timeout_ms = mad.ms_of(CM_RESPONSE_TIMEOUT)
-        # the one outstanding retransmittable MAD, or timewait
-        self.msg: bytes | None = None
-        self.route: Route | None = None
-        self.retries_left = 0
-        self.msg_timeout = 0.0
-        self.deadline: float | None = None
-        self.timer = ""  #: "mad" or "timewait"
-        #: multicast groups joined: (group address, join flags), in join order
-        self.mcast: list[tuple[Addr, int]] = []
-
-    @property
-    def family(self) -> int:
-        addr = self.src or self.dst
-        return 0 if addr is None else (4 if len(addr[0]) == 4 else 6)
-
-    def info(self) -> dict[str, Any]:
-        """What ``ucma_query_route`` tells the user-side library."""
-        p = self.path
-        return {
-            "handle": self.handle, "dev": self.dev, "port_num": 1, "ps": self.ps,
-            "qp_type": self.qp_type, "src": _addr_out(self.src), "dst": _addr_out(self.dst),
-            "sgid": p.sgid.hex() if p else None, "dgid": p.dgid.hex() if p else None,
-            "sgid_index": p.sgid_index if p else None, "state": self.state.name,
-            "cm_state": self.cm.name,
-        }  # fmt: skip
-
-    def __repr__(self) -> str:
-        return f"<CmId {self.handle} {self.state.name}/{self.cm.name} dev={self.dev}>"
-
 
 def _first_v4_index(gids: list[bytes]) -> int:
     """The index of a device's first IPv4 (mapped) GID, else 0."""
     return next((i for i, g in enumerate(gids) if g[:12] == IPV4_MAPPED_PREFIX), 0)
-
-
-def _addr_out(addr: Addr | None) -> list[Any] | None:
-    if addr is None:
-        return None
-    return [str(ipaddress.ip_address(addr[0])), addr[1]]
 
 
 def addr_in(value: Any) -> Addr | None:
@@ -290,6 +162,14 @@ def addr_in(value: Any) -> Addr | None:
     return ip, port
 
 
+def need_addr(value: Any, what: str) -> Addr:
+    """``addr_in``, where an address must be given (else EINVAL)."""
+    a = addr_in(value)
+    if a is None:
+        raise cm_error(f"{what}: no address given", errno.EINVAL)
+    return a
+
+
 class CmAgent:
     """rdma_cm + ib_cm for one world of devices (see the module docstring)."""
 
@@ -297,17 +177,15 @@ class CmAgent:
                  hi_tid: int | None = None) -> None:  # fmt: skip
         self.world = world
         self.rng = rng or random.Random()
-        self.hi_tid = hi_tid if hi_tid is not None else self.rng.randrange(1, 0x10000)
         self.lock = threading.RLock()
         self.ids: dict[int, CmId] = {}
         self.devices: dict[str, DeviceCtx] = {}
         self.binds: dict[tuple[int, int], list[CmId]] = {}
-        self.by_comm: dict[int, CmId] = {}
-        self.by_remote: dict[tuple[int, int], CmId] = {}
-        self.pending: dict[str, list[tuple[bytes, Route]]] = {}
         self._next_handle = 1
         self.routes = Router(world, self._gids_of)
         self._last_port = 0
+        #: ib_cm: the connections' MADs, timers and states (it calls back into this one)
+        self.ib = IbCm(self, hi_tid if hi_tid is not None else self.rng.randrange(1, 0x10000))
 
     # --- devices -------------------------------------------------------------------
     def _gids_of(self, name: str) -> list[bytes] | None:
@@ -325,7 +203,7 @@ class CmAgent:
         if dev.hca is None:
             raise cm_error(f"device {name} runs in another process", errno.ENODEV)
         with dev.runtime.lock:
-            gsi = GsiQP.attach(dev.hca, dev.mtu, self, name)
+            gsi = GsiQP.attach(dev.hca, dev.mtu, self.ib, name)
         ctx = DeviceCtx(name, dev, gsi)
         with self.lock:
             self.devices[name] = ctx
@@ -357,7 +235,7 @@ class CmAgent:
         with self.lock:
             return self._get(handle, owner).info()
 
-    def _rdma(self, cid: CmId, action: str, strict: bool = True) -> bool:
+    def move(self, cid: CmId, action: str, strict: bool = True) -> bool:
         """Move the ID by :data:`RDMA_TRANSITIONS` -- the only place its state
         changes.  Not in the table: EINVAL if ``strict``, else no move (False)."""
         new = RDMA_TRANSITIONS.get((cid.state, action))
@@ -369,17 +247,9 @@ class CmAgent:
         cid.state = new
         return True
 
-    def _cm(self, cid: CmId, action: str) -> bool:
-        new = CM_TRANSITIONS.get((cid.cm, action))
-        if new is None:
-            return False
-        cid.cm = new
-        return True
-
     # --- binding ------------------------------------------------------------------------
     def bind_addr(self, handle: int, addr: Any, owner: object = None) -> dict[str, Any]:
-        a = addr_in(addr)
-        assert a is not None
+        a = need_addr(addr, "bind_addr")
         dev = None if is_any(a[0]) else self.routes.bind_device(a[0])
         if dev is not None:
             self.device(dev)
@@ -397,7 +267,7 @@ class CmAgent:
         port = self._take_port(cid, ip, port)
         cid.src = (ip, port)
         cid.dev = dev
-        self._rdma(cid, "bind")
+        self.move(cid, "bind")
 
     def _take_port(self, cid: CmId, ip: bytes, port: int) -> int:
         """rdma_cm's port space: ``cma_alloc_any_port`` / ``cma_use_port``."""
@@ -454,9 +324,8 @@ class CmAgent:
     # --- address and route resolution ----------------------------------------------------
     def resolve_addr(self, handle: int, src: Any, dst: Any, timeout_ms: int = 2000,
                      owner: object = None) -> None:  # fmt: skip
-        d = addr_in(dst)
+        d = need_addr(dst, "resolve_addr")
         s = addr_in(src)
-        assert d is not None
         with self.lock:
             cid = self._get(handle, owner)
             bound_dev, bound_src = cid.dev, cid.src
@@ -485,17 +354,17 @@ class CmAgent:
             if cid.state == RdmaState.IDLE:
                 wild = bytes(len(d[0]))
                 self._bind(cid, (src_ip if status == 0 and src_ip else wild, src_port), None)
-            self._rdma(cid, "resolve_addr")
+            self.move(cid, "resolve_addr")
             cid.dst = d
             if status:
-                self._rdma(cid, "addr_error")
-                self._emit(cid, RDMA_CM_EVENT_ADDR_ERROR, status)
+                self.move(cid, "addr_error")
+                self.emit(cid, RDMA_CM_EVENT_ADDR_ERROR, status)
                 return
             assert cid.src is not None and src_ip is not None
             cid.src = (src_ip, cid.src[1])
             cid.dev = dev
-            self._rdma(cid, "addr_resolved")
-            self._emit(cid, RDMA_CM_EVENT_ADDR_RESOLVED, 0, info=cid.info())
+            self.move(cid, "addr_resolved")
+            self.emit(cid, RDMA_CM_EVENT_ADDR_RESOLVED, 0, info=cid.info())
 
     def resolve_route(self, handle: int, timeout_ms: int = 2000, owner: object = None) -> None:
         with self.lock:
@@ -506,7 +375,7 @@ class CmAgent:
         ctx = self.device(dev)
         with self.lock:
             cid = self._get(handle, owner)
-            self._rdma(cid, "resolve_route")
+            self.move(cid, "resolve_route")
             assert cid.src is not None and cid.dst is not None
             sgid, dgid = gid_of(cid.src[0]), gid_of(cid.dst[0])
             gids = ctx.gids
@@ -515,8 +384,8 @@ class CmAgent:
             cid.path = Path(sgid, dgid, gids.index(sgid) if sgid in gids else 0, ctx.mtu,
                             flow, 64, cid.tos, 0xFFFF, max(plt, 0))  # fmt: skip
             cid.av_timeout = cid.path.packet_life_time + 1
-            self._rdma(cid, "route_resolved")
-            self._emit(cid, RDMA_CM_EVENT_ROUTE_RESOLVED, 0, info=cid.info())
+            self.move(cid, "route_resolved")
+            self.emit(cid, RDMA_CM_EVENT_ROUTE_RESOLVED, 0, info=cid.info())
 
     # --- listening ------------------------------------------------------------------------
     def listen(self, handle: int, backlog: int = 0, owner: object = None) -> dict[str, Any]:
@@ -534,12 +403,12 @@ class CmAgent:
             if cid.reuseaddr and cid.bound is not None and cid.src is not None:
                 # cma_bind_listen: a listener shares its port with no one
                 self._check_port(cid, cid.src[0], cid.src[1], self.binds[cid.bound], False)
-            self._rdma(cid, "listen")
+            self.move(cid, "listen")
             cid.backlog = backlog
-            self._cm(cid, "listen")
+            self.ib.move(cid, "listen")
             return cid.info()
 
-    def _find_listener(self, ps: int, port: int, dst_ip: bytes, dev: str,
+    def find_listener(self, ps: int, port: int, dst_ip: bytes, dev: str,
                        sidr: bool) -> CmId | None:  # fmt: skip
         for cid in self.binds.get((ps, port), []):
             if cid.state != RdmaState.LISTEN or cid.src is None:
@@ -561,184 +430,53 @@ class CmAgent:
     def connect(self, handle: int, param: dict[str, Any], owner: object = None) -> None:
         with self.lock:
             cid = self._get(handle, owner)
-            self._rdma(cid, "connect")
+            self.move(cid, "connect")
             try:
                 if cid.qp_type == IBV_QPT_UD:
-                    self._send_sidr_req(cid, param)
+                    self.ib.send_sidr_req(cid, param)
                 else:
-                    self._send_req(cid, param)
+                    self.ib.send_req(cid, param)
             except PyverbsRDMAError:
-                self._rdma(cid, "connect_failed")
+                self.move(cid, "connect_failed")
                 raise
-        self.flush()
+        self.ib.flush()
 
-    def _now(self, cid: CmId) -> float:
-        ctx = self.devices.get(cid.dev or "")
-        return float(ctx.runtime.clock.now()) if ctx is not None else 0.0
-
-    def _ctx(self, cid: CmId) -> DeviceCtx:
+    def ctx_of(self, cid: CmId) -> DeviceCtx:
         ctx = self.devices.get(cid.dev or "")
         if ctx is None:
             raise cm_error("the CM ID is not bound to a device", errno.EINVAL)
         return ctx
 
-    def _new_comm_id(self) -> int:
-        while True:
-            comm = self.rng.randrange(1, 1 << 32)
-            if comm not in self.by_comm:
-                return comm
-
-    def _private(self, param: dict[str, Any], limit: int) -> bytes:
-        data = bytes.fromhex(str(param.get("private_data", "") or ""))
-        if len(data) > limit:
-            raise cm_error(f"{len(data)} bytes of private data exceed the {limit} this "
-                           "message carries", errno.EINVAL)  # fmt: skip
-        return data
-
-    def _send_req(self, cid: CmId, param: dict[str, Any]) -> None:
-        ctx = self._ctx(cid)
-        p, src, dst = cid.path, cid.src, cid.dst
-        assert p is not None and src is not None and dst is not None
-        user = self._private(param, mad.REQ_PRIVATE_DATA_SIZE - mad.CMA_HEADER_SIZE)
-        cma = mad.CmaHeader(src[0], dst[0], src[1]).encode()
-        cid.qp_num = int(param.get("qp_num", 0))
-        cid.srq = int(param.get("srq", 0))
-        cid.responder_resources = int(param.get("responder_resources", 0))
-        cid.initiator_depth = int(param.get("initiator_depth", 0))
-        cid.retry_count = min(7, int(param.get("retry_count", 7)))
-        cid.rnr_retry_count = min(7, int(param.get("rnr_retry_count", 7)))
-        cid.flow_control = int(param.get("flow_control", 0))
-        cid.seq_num = self.rng.randrange(1 << 24)
-        cid.local_comm_id = self._new_comm_id()
-        cid.tid = mad.tid_for(self.hi_tid, cid.local_comm_id)
-        cid.service_id = mad.service_id(cid.ps, dst[1])
-        req = mad.Req(
-            tid=cid.tid, local_comm_id=cid.local_comm_id, service_id=cid.service_id,
-            local_ca_guid=ctx.guid, local_qpn=cid.qp_num,
-            responder_resources=cid.responder_resources, initiator_depth=cid.initiator_depth,
-            remote_cm_response_timeout=CM_RESPONSE_TIMEOUT,
-            transport_service_type=0, end_to_end_flow_control=cid.flow_control & 1,
-            starting_psn=cid.seq_num, local_cm_response_timeout=CM_RESPONSE_TIMEOUT,
-            retry_count=cid.retry_count, pkey=p.pkey, path_mtu=p.mtu,
-            rnr_retry_count=cid.rnr_retry_count, max_cm_retries=MAX_CM_RETRIES,
-            srq=1 if cid.srq else 0, primary_local_gid=p.sgid, primary_remote_gid=p.dgid,
-            primary_flow_label=p.flow_label, primary_traffic_class=p.tclass,
-            primary_hop_limit=p.hop_limit,
-            primary_local_ack_timeout=mad.ack_timeout(LOCAL_CA_ACK_DELAY, p.packet_life_time),
-            private_data=cma + user,
-        )  # fmt: skip
-        self._cm(cid, "tx_req")
-        self.by_comm[cid.local_comm_id] = cid
-        timeout = 2 * mad.ms_of(p.packet_life_time) + mad.ms_of(CM_RESPONSE_TIMEOUT)
-        self._send(cid, req, timeout, MAX_CM_RETRIES)
-
-    def _send_sidr_req(self, cid: CmId, param: dict[str, Any]) -> None:
-        p, src, dst = cid.path, cid.src, cid.dst
-        assert p is not None and src is not None and dst is not None
-        user = self._private(param, mad.SIDR_REQ_PRIVATE_DATA_SIZE - mad.CMA_HEADER_SIZE)
-        cma = mad.CmaHeader(src[0], dst[0], src[1]).encode()
-        cid.qp_num = int(param.get("qp_num", 0))
-        cid.local_comm_id = self._new_comm_id()
-        cid.tid = mad.tid_for(self.hi_tid, cid.local_comm_id)
-        cid.service_id = mad.service_id(cid.ps, dst[1])
-        req = mad.SidrReq(tid=cid.tid, request_id=cid.local_comm_id, pkey=p.pkey,
-                          service_id=cid.service_id, private_data=cma + user)  # fmt: skip
-        self._cm(cid, "tx_sidr_req")
-        self.by_comm[cid.local_comm_id] = cid
-        self._send(cid, req, mad.ms_of(CM_RESPONSE_TIMEOUT), MAX_CM_RETRIES)
-
-    def accept(self, handle: int, param: dict[str, Any] | None, owner: object = None) -> None:
-        """Passive side: send REP (RC) or SIDR_REP (UD).  Active side with
-        ``param`` None: send RTU (``cma_rep_recv`` / ``rdma_establish``)."""
+    def accept(self, handle: int, param: dict[str, Any], owner: object = None) -> None:
+        """``rdma_accept``, the passive side: a REP (RC) or a SIDR_REP (UD)."""
         with self.lock:
             cid = self._get(handle, owner)
             if cid.state != RdmaState.CONNECT:
                 raise cm_error(f"accept: the CM ID is in state {cid.state.name}", errno.EINVAL)
-            if cid.cm in (C.REP_RCVD, C.MRA_REP_SENT) and param is None:
-                self._send_rtu(cid)
-            elif cid.cm == C.SIDR_REQ_RCVD:
-                self._send_sidr_rep(cid, mad.SIDR_SUCCESS, param or {})
+            if cid.cm == C.SIDR_REQ_RCVD:
+                self.ib.send_sidr_rep(cid, mad.SIDR_SUCCESS, param)
             elif cid.cm in (C.REQ_RCVD, C.MRA_REQ_SENT):
-                self._send_rep(cid, param or {})
+                self.ib.send_rep(cid, param)
             else:
                 raise cm_error(f"accept: the connection is in state {cid.cm.name}", errno.EINVAL)
-        self.flush()
+        self.ib.flush()
 
-    def _send_rep(self, cid: CmId, param: dict[str, Any]) -> None:
-        ctx = self._ctx(cid)
-        user = self._private(param, mad.REP_PRIVATE_DATA_SIZE)
-        if "qp_num" in param:
-            cid.qp_num = int(param["qp_num"])
-        cid.srq = int(param.get("srq", cid.srq))
-        if "responder_resources" in param:
-            cid.responder_resources = int(param["responder_resources"])
-        if "initiator_depth" in param:
-            cid.initiator_depth = int(param["initiator_depth"])
-        rnr = min(7, int(param.get("rnr_retry_count", 7)))
-        rep = mad.Rep(
-            tid=cid.tid, local_comm_id=cid.local_comm_id, remote_comm_id=cid.remote_comm_id,
-            local_qpn=cid.qp_num, starting_psn=cid.seq_num,
-            responder_resources=cid.responder_resources, initiator_depth=cid.initiator_depth,
-            target_ack_delay=LOCAL_CA_ACK_DELAY,
-            end_to_end_flow_control=int(param.get("flow_control", 0)) & 1,
-            rnr_retry_count=rnr, srq=1 if cid.srq else 0, local_ca_guid=ctx.guid,
-            private_data=user,
-        )  # fmt: skip
-        self._cm(cid, "tx_rep")
-        self._send(cid, rep, cid.rep_timeout_ms, cid.max_cm_retries)
-
-    def _send_rtu(self, cid: CmId) -> None:
-        rtu = mad.Rtu(tid=cid.tid, local_comm_id=cid.local_comm_id,
-                      remote_comm_id=cid.remote_comm_id)  # fmt: skip
-        self._cancel(cid)
-        self._cm(cid, "tx_rtu")
-        self._send(cid, rtu)
-
-    def _send_sidr_rep(self, cid: CmId, status: int, param: dict[str, Any]) -> None:
-        user = self._private(param, mad.SIDR_REP_PRIVATE_DATA_SIZE)
-        if status == mad.SIDR_SUCCESS:
-            if "qp_num" in param:
-                cid.qp_num = int(param["qp_num"])
-            qkey = int(param.get("qkey", 0) or 0)
-            if cid.qkey and qkey and qkey != cid.qkey:
-                raise cm_error(f"qkey {qkey:#x} differs from the ID's {cid.qkey:#x}",
-                               errno.EINVAL)  # fmt: skip
-            cid.qkey = cid.qkey or qkey or RDMA_UDP_QKEY
-        rep = mad.SidrRep(tid=cid.tid, request_id=cid.remote_comm_id, sidr_status=status,
-                          qpn=cid.qp_num if status == mad.SIDR_SUCCESS else 0,
-                          service_id=cid.service_id,
-                          qkey=cid.qkey if status == mad.SIDR_SUCCESS else 0,
-                          private_data=user)  # fmt: skip
-        self._cm(cid, "tx_sidr_rep")
-        self._forget_remote(cid)
-        self._send(cid, rep)
+    def establish(self, handle: int, owner: object = None) -> None:
+        """``rdma_establish`` (and librdmacm after a CONNECT_RESPONSE on an ID
+        with a QP): the active side's RTU."""
+        with self.lock:
+            cid = self._get(handle, owner)
+            if cid.state != RdmaState.CONNECT or cid.cm not in (C.REP_RCVD, C.MRA_REP_SENT):
+                raise cm_error(f"establish: the connection is in state {cid.cm.name}, not "
+                               "REP_RCVD", errno.EINVAL)  # fmt: skip
+            self.ib.send_rtu(cid)
+        self.ib.flush()
 
     def reject(self, handle: int, private_data: str = "", owner: object = None) -> None:
         with self.lock:
             cid = self._get(handle, owner)
-            data = bytes.fromhex(private_data or "")
-            if cid.cm == C.SIDR_REQ_RCVD:
-                self._send_sidr_rep(cid, mad.SIDR_REJECT, {"private_data": data.hex()})
-            elif cid.cm in (C.REQ_RCVD, C.MRA_REQ_SENT, C.REP_RCVD, C.MRA_REP_SENT):
-                if len(data) > mad.REJ_PRIVATE_DATA_SIZE:
-                    raise cm_error("private data longer than a REJ carries", errno.EINVAL)
-                msg = mad.MSG_REQ if cid.cm in (C.REQ_RCVD, C.MRA_REQ_SENT) else mad.MSG_REP
-                self._send_rej(cid, mad.REJ_CONSUMER_DEFINED, msg, data)
-                self._cm(cid, "tx_rej")
-                self._forget_remote(cid)
-            else:
-                raise cm_error(f"reject: the connection is in state {cid.cm.name}", errno.EINVAL)
-        self.flush()
-
-    def _send_rej(self, cid: CmId, reason: int, msg: int, data: bytes = b"") -> None:
-        ari, ari_len = b"", 0
-        if reason == mad.REJ_TIMEOUT:  # the ARI names us: the peer may not know our comm ID
-            ari, ari_len = self._ctx(cid).guid.to_bytes(8, "big"), 8
-        rej = mad.Rej(tid=cid.tid, local_comm_id=cid.local_comm_id,
-                      remote_comm_id=cid.remote_comm_id, message_rejected=msg, reason=reason,
-                      reject_info_length=ari_len, ari=ari, private_data=data)  # fmt: skip
-        self._cancel(cid)
-        self._send(cid, rej)
+            self.ib.reject(cid, bytes.fromhex(private_data or ""))
+        self.ib.flush()
 
     def disconnect(self, handle: int, owner: object = None) -> None:
         """``rdma_disconnect``: a DREQ, or the DREP to the peer's DREQ."""
@@ -748,54 +486,23 @@ class CmAgent:
                 raise cm_error(f"disconnect: the CM ID is in state {cid.state.name}",
                                errno.EINVAL)  # fmt: skip
             if cid.cm == C.ESTABLISHED:
-                self._send_dreq(cid)
+                self.ib.send_dreq(cid)
             elif cid.cm == C.DREQ_RCVD:
-                self._send_drep(cid)
+                self.ib.send_drep(cid)
             # any other state: nothing to send, as rdma_disconnect ignores the error
-        self.flush()
-
-    def _send_dreq(self, cid: CmId) -> None:
-        dreq = mad.Dreq(tid=mad.tid_for(self.hi_tid, cid.local_comm_id),
-                        local_comm_id=cid.local_comm_id, remote_comm_id=cid.remote_comm_id,
-                        remote_qpn=cid.remote_qpn)  # fmt: skip
-        self._cm(cid, "tx_dreq")
-        self._send(cid, dreq, mad.ms_of(cid.av_timeout), cid.max_cm_retries)
-
-    def _send_drep(self, cid: CmId) -> None:
-        drep = mad.Drep(tid=cid.tid, local_comm_id=cid.local_comm_id,
-                        remote_comm_id=cid.remote_comm_id)  # fmt: skip
-        self._cm(cid, "tx_drep")
-        self._send(cid, drep)
-        self._timewait(cid)
+        self.ib.flush()
 
     def destroy_id(self, handle: int, owner: object = None) -> None:
         """``rdma_destroy_id``: tell the peer as ``cm_destroy_id`` does, then forget."""
         with self.lock:
             cid = self._get(handle, owner)
             self._destroy(cid)
-        self.flush()
+        self.ib.flush()
 
     def _destroy(self, cid: CmId) -> None:
-        state = cid.cm
-        with contextlib.suppress(PyverbsRDMAError):
-            if state in (C.REQ_SENT, C.MRA_REQ_RCVD):
-                self._send_rej(cid, mad.REJ_TIMEOUT, mad.MSG_REQ)
-            elif state in (C.REQ_RCVD, C.MRA_REQ_SENT, C.REP_RCVD, C.MRA_REP_SENT,
-                           C.REP_SENT, C.MRA_REP_RCVD):  # fmt: skip
-                msg = mad.MSG_REQ if state in (C.REQ_RCVD, C.MRA_REQ_SENT) else mad.MSG_REP
-                self._send_rej(cid, mad.REJ_CONSUMER_DEFINED, msg)
-            elif state == C.ESTABLISHED:
-                self._send_dreq(cid)  # sent once; the ID then leaves (cm_enter_timewait)
-            elif state == C.DREQ_RCVD:
-                self._send_drep(cid)
-            elif state == C.SIDR_REQ_RCVD:
-                self._send_sidr_rep(cid, mad.SIDR_REJECT, {})
-        self._cancel(cid)
-        self._rdma(cid, "destroy", strict=False)
+        self.ib.destroy(cid)
+        self.move(cid, "destroy", strict=False)
         self._release_port(cid)
-        self._forget_remote(cid)
-        if self.by_comm.get(cid.local_comm_id) is cid:
-            del self.by_comm[cid.local_comm_id]
         self.ids.pop(cid.handle, None)
 
     def drop_owner(self, owner: object) -> None:
@@ -803,12 +510,7 @@ class CmAgent:
         with self.lock:
             for cid in [c for c in self.ids.values() if c.owner is owner]:
                 self._destroy(cid)
-        self.flush()
-
-    def _forget_remote(self, cid: CmId) -> None:
-        key = (cid.remote_comm_id, cid.remote_ca_guid)
-        if self.by_remote.get(key) is cid:
-            del self.by_remote[key]
+        self.ib.flush()
 
     # --- multicast ------------------------------------------------------------------------
     def join_multicast(self, handle: int, addr: Any, join_flags: int = 0,
@@ -822,8 +524,7 @@ class CmAgent:
         user's library attaches the ID's QP to the group when it sees it (as
         librdmacm does), unless the join was send-only.  The UDP fabric joins
         the IP group when the QP attaches (:mod:`softverbs.fabric.udp`)."""
-        a = addr_in(addr)
-        assert a is not None
+        a = need_addr(addr, "join_multicast")
         ip = a[0]
         with self.lock:
             cid = self._get(handle, owner)
@@ -858,7 +559,7 @@ class CmAgent:
                   "hop_limit": MCAST_HOP_LIMIT, "traffic_class": cid.tos, "port_num": 1,
                   "is_global": 1}  # fmt: skip
             ud = {"qp_num": MCAST_QPN, "qkey": cid.qkey, "ah_attr": ah, "private_data": ""}
-            self._emit(cid, RDMA_CM_EVENT_MULTICAST_JOIN, 0, ud=ud, mc=_addr_out(a),
+            self.emit(cid, RDMA_CM_EVENT_MULTICAST_JOIN, 0, ud=ud, mc=_addr_out(a),
                        join_flags=int(join_flags))  # fmt: skip
             return {"mgid": gid_of(ip).hex(), "qkey": cid.qkey}
 
@@ -968,98 +669,8 @@ class CmAgent:
                            f"is {cid.cm.name}", errno.EINVAL)  # fmt: skip
         return {"attr": attr, "mask": int(mask)}
 
-    # --- sending, timers ----------------------------------------------------------------
-    def _send(self, cid: CmId, msg: mad.CmMessage, timeout_ms: int = 0, retries: int = 0) -> None:
-        """Queue ``msg`` to the peer; with ``timeout_ms``, keep it for retransmission."""
-        ctx = self._ctx(cid)
-        p = cid.path
-        assert p is not None
-        data = msg.encode()
-        route = ctx.gsi.route_to(p.dgid, p.sgid)
-        self.pending.setdefault(ctx.name, []).append((data, route))
-        ctx.device.hca.counters[f"cm_tx_{msg.NAME.lower()}"] += 1
-        if timeout_ms:
-            cid.msg, cid.route, cid.retries_left = data, route, retries
-            cid.msg_timeout = timeout_ms / 1000.0
-            cid.deadline = self._now(cid) + cid.msg_timeout
-            cid.timer = "mad"
-
-    def _reply(self, ctx: DeviceCtx, msg: mad.CmMessage, sgid: bytes, dgid: bytes) -> None:
-        """Answer a MAD that belongs to no ID (REJ, DREP, SIDR_REP)."""
-        self.pending.setdefault(ctx.name, []).append((msg.encode(), ctx.gsi.route_to(sgid, dgid)))
-        ctx.device.hca.counters[f"cm_tx_{msg.NAME.lower()}"] += 1
-
-    def _cancel(self, cid: CmId) -> None:
-        cid.msg = None
-        cid.route = None
-        cid.deadline = None
-        cid.timer = ""
-
-    def _timewait(self, cid: CmId) -> None:
-        self._cancel(cid)
-        cid.deadline = self._now(cid) + mad.ms_of(cid.av_timeout) / 1000.0
-        cid.timer = "timewait"
-
-    def deadline(self, gsi: GsiQP) -> float | None:
-        """The agent's next deadline on ``gsi``'s device."""
-        with self.lock:
-            times = [c.deadline for c in self.ids.values()
-                     if c.deadline is not None and c.dev == gsi.device]  # fmt: skip
-        return min(times) if times else None
-
-    def on_timer(self, gsi: GsiQP, now: float) -> None:
-        with self.lock:
-            for cid in [c for c in self.ids.values() if c.dev == gsi.device]:
-                if cid.deadline is None or cid.deadline > now:
-                    continue
-                if cid.timer == "timewait":
-                    self._cancel(cid)
-                    self._cm(cid, "timewait_exit")
-                    if cid.state == RdmaState.DISCONNECT:
-                        self._emit(cid, RDMA_CM_EVENT_TIMEWAIT_EXIT, 0)
-                elif cid.retries_left > 0 and cid.msg is not None and cid.route is not None:
-                    cid.retries_left -= 1
-                    cid.deadline = now + cid.msg_timeout
-                    self.pending.setdefault(gsi.device, []).append((cid.msg, cid.route))
-                    gsi.hca.counters["cm_retransmits"] += 1
-                else:
-                    self._timed_out(cid)
-        self._push(gsi, now)
-
-    def _timed_out(self, cid: CmId) -> None:
-        state = cid.cm
-        self._cancel(cid)
-        self._cm(cid, "timeout")
-        etimedout = -errno.ETIMEDOUT
-        if state in (C.REQ_SENT, C.MRA_REQ_RCVD, C.SIDR_REQ_SENT):
-            self._emit(cid, RDMA_CM_EVENT_UNREACHABLE, etimedout)
-        elif state in (C.REP_SENT, C.MRA_REP_RCVD):
-            self._forget_remote(cid)
-            self._emit(cid, RDMA_CM_EVENT_UNREACHABLE, etimedout)
-        elif state == C.DREQ_SENT:
-            self._timewait(cid)
-            if self._rdma(cid, "disconnected", strict=False):
-                self._emit(cid, RDMA_CM_EVENT_DISCONNECTED, etimedout)
-
-    def flush(self) -> None:
-        """Push queued MADs into QP1 and re-arm timers (no locks held by the caller)."""
-        for ctx in list(self.devices.values()):
-            rt = ctx.runtime
-            with rt.lock:
-                now = rt.clock.now()
-                self._push(ctx.gsi, now)
-                rt.progress()
-
-    def _push(self, gsi: GsiQP, now: float) -> None:
-        """Send what is queued for ``gsi``'s device (its lock held, not the agent's)."""
-        with self.lock:
-            out = self.pending.pop(gsi.device, [])
-        for data, route in out:
-            gsi.send_mad(data, route, now)
-        gsi.arm_agent_timer()
-
     # --- events ----------------------------------------------------------------------------
-    def _emit(self, cid: CmId, event: int, status: int, target: CmId | None = None,
+    def emit(self, cid: CmId, event: int, status: int, target: CmId | None = None,
               **extra: Any) -> None:  # fmt: skip
         ev: dict[str, Any] = {"handle": (target or cid).handle, "event": int(event),
                               "status": int(status)}  # fmt: skip
@@ -1069,96 +680,7 @@ class CmAgent:
         except Exception:  # a sink that fails (a dead client) must not stop the agent
             log.debug("CM event sink failed", exc_info=True)
 
-    # --- receiving ---------------------------------------------------------------------------
-    def on_mad(self, gsi: GsiQP, data: bytes, sgid: bytes, dgid: bytes, now: float) -> None:
-        counters = gsi.hca.counters
-        try:
-            msg = mad.decode(data)
-        except mad.MadError as exc:
-            counters[f"cm_drop_{exc.reason}"] += 1
-            return
-        counters[f"cm_rx_{msg.NAME.lower()}"] += 1
-        ctx = self.devices.get(gsi.device)
-        if ctx is None:
-            counters["cm_drop_no_agent"] += 1
-            return
-        handler = getattr(self, f"_rx_{msg.NAME.lower()}")
-        with self.lock:
-            handler(ctx, msg, sgid, dgid, now)
-        self._push(gsi, now)
-
-    def _by_comm(self, ctx: DeviceCtx, comm_id: int, what: str) -> CmId | None:
-        cid = self.by_comm.get(comm_id)
-        if cid is None or cid.dev != ctx.name:
-            ctx.device.hca.counters[f"cm_drop_unknown_{what}"] += 1
-            return None
-        return cid
-
-    def _unexpected(self, ctx: DeviceCtx, what: str) -> None:
-        ctx.device.hca.counters[f"cm_drop_unexpected_{what}"] += 1
-
-    def _duplicate(self, ctx: DeviceCtx, what: str) -> None:
-        ctx.device.hca.counters[f"cm_duplicate_{what}"] += 1
-
-    def _rx_req(self, ctx: DeviceCtx, req: mad.Req, sgid: bytes, dgid: bytes, now: float) -> None:
-        assert isinstance(req, mad.Req)
-        old = self.by_remote.get((req.local_comm_id, req.local_ca_guid))
-        if old is not None:
-            self._duplicate(ctx, "req")
-            if old.cm == C.MRA_REQ_SENT:  # the delayed MRA goes out now
-                self._send(old, mad.Mra(tid=old.tid, local_comm_id=old.local_comm_id,
-                                        remote_comm_id=old.remote_comm_id,
-                                        message_mraed=mad.MSG_REQ,
-                                        service_timeout=MRA_SERVICE_TIMEOUT))  # fmt: skip
-            return
-        ps, port = mad.split_service_id(req.service_id)
-        try:
-            cma = mad.CmaHeader.decode(req.private_data)
-        except mad.MadError as exc:
-            ctx.device.hca.counters[f"cm_drop_{exc.reason}"] += 1
-            return
-        listener = self._find_listener(ps, port, cma.dst_ip, ctx.name, sidr=False)
-        if listener is None or req.transport_service_type != 0:
-            rej = mad.Rej(tid=req.tid, remote_comm_id=req.local_comm_id,
-                          message_rejected=mad.MSG_REQ, reason=mad.REJ_INVALID_SERVICE_ID)
-            self._reply(ctx, rej, sgid, dgid)  # fmt: skip
-            ctx.device.hca.counters["cm_rej_no_listener"] += 1
-            return
-        child = self._child(listener, ctx, cma, IBV_QPT_RC, req.service_id)
-        self._cm(child, "rx_req")
-        child.tid = req.tid
-        child.remote_comm_id = req.local_comm_id
-        child.remote_ca_guid = req.local_ca_guid
-        child.remote_qpn = req.local_qpn
-        child.sq_psn = req.starting_psn
-        child.seq_num = self.rng.randrange(1 << 24)
-        child.responder_resources = req.initiator_depth
-        child.initiator_depth = req.responder_resources
-        child.retry_count = req.retry_count
-        child.rnr_retry_count = req.rnr_retry_count
-        child.flow_control = req.end_to_end_flow_control
-        child.srq = req.srq
-        child.max_cm_retries = req.max_cm_retries
-        child.rep_timeout_ms = mad.ms_of(req.local_cm_response_timeout)
-        gids = ctx.gids
-        sg = req.primary_remote_gid
-        plt = max(req.primary_local_ack_timeout - 1, 0)
-        child.path = Path(sg, req.primary_local_gid, gids.index(sg) if sg in gids else 0,
-                          min(req.path_mtu, ctx.mtu) or ctx.mtu, req.primary_flow_label,
-                          req.primary_hop_limit, req.primary_traffic_class, req.pkey, plt)
-        child.av_timeout = mad.ack_timeout(LOCAL_CA_ACK_DELAY, plt)  # fmt: skip
-        self.by_remote[(child.remote_comm_id, child.remote_ca_guid)] = child
-        self._cm(child, "mra_delayed")
-        conn = {"private_data": req.private_data[mad.CMA_HEADER_SIZE:].hex(),
-                "responder_resources": req.initiator_depth,
-                "initiator_depth": req.responder_resources,
-                "flow_control": req.end_to_end_flow_control, "retry_count": req.retry_count,
-                "rnr_retry_count": req.rnr_retry_count, "srq": req.srq,
-                "qp_num": req.local_qpn}  # fmt: skip
-        self._emit(child, RDMA_CM_EVENT_CONNECT_REQUEST, 0, target=listener,
-                   child=child.info(), conn=conn)  # fmt: skip
-
-    def _child(self, listener: CmId, ctx: DeviceCtx, cma: mad.CmaHeader, qp_type: int,
+    def new_child(self, listener: CmId, ctx: DeviceCtx, cma: mad.CmaHeader, qp_type: int,
                sid: int) -> CmId:  # fmt: skip
         handle = self._next_handle
         self._next_handle += 1
@@ -1166,213 +688,15 @@ class CmAgent:
         self.ids[handle] = child
         child.listener = listener
         child.dev = ctx.name
-        self._rdma(child, "req_received")
+        self.move(child, "req_received")
         assert listener.src is not None
         child.src = (cma.dst_ip, listener.src[1])
         child.dst = (cma.src_ip, cma.src_port)
         child.service_id = sid
-        child.local_comm_id = self._new_comm_id()
-        self.by_comm[child.local_comm_id] = child
+        child.local_comm_id = self.ib.new_comm_id()
+        self.ib.by_comm[child.local_comm_id] = child
         child.timeout_set, child.timeout_opt = listener.timeout_set, listener.timeout_opt
         return child
-
-    def _rx_rep(self, ctx: DeviceCtx, rep: mad.Rep, sgid: bytes, dgid: bytes, now: float) -> None:
-        assert isinstance(rep, mad.Rep)
-        cid = self._by_comm(ctx, rep.remote_comm_id, "rep")
-        if cid is None:
-            return
-        if cid.cm == C.ESTABLISHED and rep.local_comm_id == cid.remote_comm_id:
-            self._duplicate(ctx, "rep")  # our RTU was lost: send it again
-            self._send(cid, mad.Rtu(tid=cid.tid, local_comm_id=cid.local_comm_id,
-                                    remote_comm_id=cid.remote_comm_id))  # fmt: skip
-            return
-        if cid.cm == C.MRA_REP_SENT:
-            self._duplicate(ctx, "rep")
-            self._send(cid, mad.Mra(tid=cid.tid, local_comm_id=cid.local_comm_id,
-                                    remote_comm_id=cid.remote_comm_id,
-                                    message_mraed=mad.MSG_REP,
-                                    service_timeout=MRA_SERVICE_TIMEOUT))  # fmt: skip
-            return
-        if not self._cm(cid, "rx_rep"):
-            self._unexpected(ctx, "rep")
-            return
-        self._cancel(cid)
-        cid.remote_comm_id = rep.local_comm_id
-        cid.remote_ca_guid = rep.local_ca_guid
-        cid.remote_qpn = rep.local_qpn
-        cid.sq_psn = rep.starting_psn
-        cid.initiator_depth = rep.responder_resources
-        cid.responder_resources = rep.initiator_depth
-        cid.rnr_retry_count = rep.rnr_retry_count
-        cid.av_timeout = mad.ack_timeout(rep.target_ack_delay, max(cid.av_timeout - 1, 0))
-        self._cm(cid, "mra_delayed")
-        conn = {"private_data": rep.private_data.hex(),
-                "responder_resources": rep.initiator_depth,
-                "initiator_depth": rep.responder_resources,
-                "flow_control": rep.end_to_end_flow_control, "retry_count": cid.retry_count,
-                "rnr_retry_count": rep.rnr_retry_count, "srq": rep.srq,
-                "qp_num": rep.local_qpn}  # fmt: skip
-        self._emit(cid, RDMA_CM_EVENT_CONNECT_RESPONSE, 0, conn=conn)
-
-    def _rx_rtu(self, ctx: DeviceCtx, rtu: mad.Rtu, sgid: bytes, dgid: bytes, now: float) -> None:
-        assert isinstance(rtu, mad.Rtu)
-        cid = self._by_comm(ctx, rtu.remote_comm_id, "rtu")
-        if cid is None:
-            return
-        if cid.cm == C.ESTABLISHED:
-            self._duplicate(ctx, "rtu")
-            return
-        if not self._cm(cid, "rx_rtu"):
-            self._unexpected(ctx, "rtu")
-            return
-        self._cancel(cid)
-        conn = {"private_data": rtu.private_data.hex()}
-        self._emit(cid, RDMA_CM_EVENT_ESTABLISHED, 0, conn=conn)
-
-    def _rx_rej(self, ctx: DeviceCtx, rej: mad.Rej, sgid: bytes, dgid: bytes, now: float) -> None:
-        assert isinstance(rej, mad.Rej)
-        if rej.reason == mad.REJ_TIMEOUT and rej.reject_info_length >= 8:
-            # cm_acquire_rejected_id: the sender may not have known our comm ID;
-            # the ARI carries its CA GUID, which with its comm ID names the connection.
-            guid = int.from_bytes(rej.ari[:8], "big")
-            cid = self.by_remote.get((rej.local_comm_id, guid))
-            if cid is None or cid.dev != ctx.name:
-                ctx.device.hca.counters["cm_drop_unknown_rej"] += 1
-                return
-        else:
-            cid = self._by_comm(ctx, rej.remote_comm_id, "rej")
-            if cid is None:
-                return
-        if not self._cm(cid, "rx_rej"):
-            self._unexpected(ctx, "rej")
-            return
-        self._cancel(cid)
-        self._forget_remote(cid)
-        if cid.cm == C.TIMEWAIT:
-            self._timewait(cid)
-        conn = {"private_data": rej.private_data.hex()}
-        self._emit(cid, RDMA_CM_EVENT_REJECTED, rej.reason, conn=conn)
-
-    def _rx_mra(self, ctx: DeviceCtx, mra: mad.Mra, sgid: bytes, dgid: bytes, now: float) -> None:
-        assert isinstance(mra, mad.Mra)
-        cid = self._by_comm(ctx, mra.remote_comm_id, "mra")
-        if cid is None:
-            return
-        if cid.cm in (C.MRA_REQ_RCVD, C.MRA_REP_RCVD):
-            self._duplicate(ctx, "mra")
-            return
-        if not self._cm(cid, "rx_mra"):
-            self._unexpected(ctx, "mra")
-            return
-        # The peer needs more time: the outstanding REQ/REP waits longer before a resend.
-        if cid.deadline is not None:
-            cid.msg_timeout = (mad.ms_of(mra.service_timeout) + mad.ms_of(cid.av_timeout)) / 1e3
-            cid.deadline = now + cid.msg_timeout
-
-    def _rx_dreq(self, ctx: DeviceCtx, dreq: mad.Dreq, sgid: bytes, dgid: bytes,
-                 now: float) -> None:  # fmt: skip
-        assert isinstance(dreq, mad.Dreq)
-        cid = self.by_comm.get(dreq.remote_comm_id)
-        if cid is None or cid.dev != ctx.name or cid.remote_comm_id != dreq.local_comm_id:
-            # cm_issue_drep: a DREQ for a connection we no longer know still gets its DREP
-            ctx.device.hca.counters["cm_drop_unknown_dreq"] += 1
-            drep = mad.Drep(tid=dreq.tid, local_comm_id=dreq.remote_comm_id,
-                            remote_comm_id=dreq.local_comm_id)  # fmt: skip
-            self._reply(ctx, drep, sgid, dgid)
-            return
-        if cid.cm == C.TIMEWAIT:
-            self._duplicate(ctx, "dreq")
-            self._send(cid, mad.Drep(tid=dreq.tid, local_comm_id=cid.local_comm_id,
-                                     remote_comm_id=cid.remote_comm_id))  # fmt: skip
-            return
-        if cid.cm == C.DREQ_RCVD:
-            self._duplicate(ctx, "dreq")
-            return
-        if not self._cm(cid, "rx_dreq"):
-            self._unexpected(ctx, "dreq")
-            return
-        self._cancel(cid)
-        cid.tid = dreq.tid
-        if self._rdma(cid, "disconnected", strict=False):
-            conn = {"private_data": dreq.private_data.hex()}
-            self._emit(cid, RDMA_CM_EVENT_DISCONNECTED, 0, conn=conn)
-
-    def _rx_drep(self, ctx: DeviceCtx, drep: mad.Drep, sgid: bytes, dgid: bytes,
-                 now: float) -> None:  # fmt: skip
-        assert isinstance(drep, mad.Drep)
-        cid = self._by_comm(ctx, drep.remote_comm_id, "drep")
-        if cid is None:
-            return
-        if not self._cm(cid, "rx_drep"):
-            self._unexpected(ctx, "drep")
-            return
-        self._timewait(cid)
-        if self._rdma(cid, "disconnected", strict=False):
-            conn = {"private_data": drep.private_data.hex()}
-            self._emit(cid, RDMA_CM_EVENT_DISCONNECTED, 0, conn=conn)
-
-    def _rx_sidr_req(self, ctx: DeviceCtx, req: mad.SidrReq, sgid: bytes, dgid: bytes,
-                     now: float) -> None:  # fmt: skip
-        assert isinstance(req, mad.SidrReq)
-        old = self.by_remote.get((req.request_id, int.from_bytes(sgid[8:], "big")))
-        if old is not None:
-            self._duplicate(ctx, "sidr_req")
-            return
-        ps, port = mad.split_service_id(req.service_id)
-        try:
-            cma = mad.CmaHeader.decode(req.private_data)
-        except mad.MadError as exc:
-            ctx.device.hca.counters[f"cm_drop_{exc.reason}"] += 1
-            return
-        listener = self._find_listener(ps, port, cma.dst_ip, ctx.name, sidr=True)
-        if listener is None:
-            rep = mad.SidrRep(tid=req.tid, request_id=req.request_id,
-                              sidr_status=mad.SIDR_UNSUPPORTED, service_id=req.service_id)
-            self._reply(ctx, rep, sgid, dgid)  # fmt: skip
-            ctx.device.hca.counters["cm_rej_no_listener"] += 1
-            return
-        child = self._child(listener, ctx, cma, IBV_QPT_UD, req.service_id)
-        self._cm(child, "rx_sidr_req")
-        child.tid = req.tid
-        child.remote_comm_id = req.request_id
-        child.remote_ca_guid = int.from_bytes(sgid[8:], "big")
-        gids = ctx.gids
-        child.path = Path(dgid, sgid, gids.index(dgid) if dgid in gids else 0, ctx.mtu,
-                          pkey=req.pkey)  # fmt: skip
-        self.by_remote[(child.remote_comm_id, child.remote_ca_guid)] = child
-        ud = {"private_data": req.private_data[mad.CMA_HEADER_SIZE:].hex(), "qp_num": 0,
-              "qkey": 0}  # fmt: skip
-        self._emit(child, RDMA_CM_EVENT_CONNECT_REQUEST, 0, target=listener,
-                   child=child.info(), ud=ud)  # fmt: skip
-
-    def _rx_sidr_rep(self, ctx: DeviceCtx, rep: mad.SidrRep, sgid: bytes, dgid: bytes,
-                     now: float) -> None:  # fmt: skip
-        assert isinstance(rep, mad.SidrRep)
-        cid = self._by_comm(ctx, rep.request_id, "sidr_rep")
-        if cid is None:
-            return
-        if not self._cm(cid, "rx_sidr_rep"):
-            self._unexpected(ctx, "sidr_rep")
-            return
-        self._cancel(cid)
-        if self.by_comm.get(cid.local_comm_id) is cid:
-            del self.by_comm[cid.local_comm_id]
-        if rep.sidr_status != mad.SIDR_SUCCESS:
-            self._emit(cid, RDMA_CM_EVENT_UNREACHABLE, rep.sidr_status,
-                       ud={"private_data": rep.private_data.hex()})  # fmt: skip
-            return
-        if cid.qkey and rep.qkey != cid.qkey:
-            self._emit(cid, RDMA_CM_EVENT_ADDR_ERROR, -errno.EINVAL)
-            return
-        cid.qkey = rep.qkey
-        p = cid.path
-        assert p is not None
-        ah = {"dgid": p.dgid.hex(), "sgid_index": p.sgid_index, "flow_label": p.flow_label,
-              "hop_limit": p.hop_limit, "traffic_class": p.tclass, "port_num": 1,
-              "is_global": 1}  # fmt: skip
-        ud = {"private_data": rep.private_data.hex(), "qp_num": rep.qpn, "qkey": rep.qkey,
-              "ah_attr": ah}  # fmt: skip
-        self._emit(cid, RDMA_CM_EVENT_ESTABLISHED, 0, ud=ud)
 
     # --- introspection -----------------------------------------------------------------------
     def snapshot(self) -> list[dict[str, Any]]:

@@ -668,7 +668,7 @@ class CMEventChannel(PyverbsCM):
                 try:
                     idr.modify_rtr(RDMA_MAX_RESP_RES)
                     idr.modify_rts(RDMA_MAX_INIT_DEPTH)
-                    idr.call("accept", "Failed to complete the connection", param=None)
+                    idr.call("establish", "Failed to complete the connection")
                     ev._event_type = RDMA_CM_EVENT_ESTABLISHED
                 except PyverbsRDMAError as exc:
                     idr.modify_err()
@@ -1054,11 +1054,8 @@ class CMID(PyverbsCM):
             except PyverbsRDMAError as exc:
                 raise _fail(what, exc) from None
         qp_num = idr.qp.qp_num if idr.qp is not None else (param.qp_num if param else 0)
-        kparam = idr.conn_to_kernel(param, qp_num)
-        if idr.qp_type == IBV_QPT_UD:
-            kparam["qkey"] = RDMA_UDP_QKEY if idr.qp is not None else 0
-        try:
-            idr.call("accept", what, param=kparam)
+        try:  # UD: the agent gives the SIDR_REP the ID's Q_Key (RDMA_UDP_QKEY)
+            idr.call("accept", what, param=idr.conn_to_kernel(param, qp_num))
         except PyverbsRDMAError:
             idr.modify_err()
             raise
@@ -1072,7 +1069,7 @@ class CMID(PyverbsCM):
         if idr.qp is not None:
             raise PyverbsRDMAError("Failed to Complete an active connection request: the "
                                    "CM ID has a QP, which completes by itself", errno.EINVAL)
-        idr.call("accept", "Failed to Complete an active connection request", param=None)
+        idr.call("establish", "Failed to Complete an active connection request")
 
     def reject(self, private_data: bytes | str | None = None) -> None:
         idr = self._idr()

@@ -118,12 +118,23 @@ class LocalKernel(Kernel):
         self.agent = CmAgent(_LocalWorld(registry))
 
     def call(self, cmd: str, **kw: Any) -> Any:
-        if cmd == "create_id":
-            kw["sink"] = self.deliver
-        method = getattr(self.agent, cmd, None)
-        if method is None or cmd.startswith("_"):
+        """The command through the same records a served device's CM gets
+        (:mod:`softverbs.cm.wire`), so both paths convert alike."""
+        from softverbs.cm import wire
+
+        command = wire.COMMANDS.get(cmd)
+        if command is None:
             raise PyverbsRDMAError(f"unknown CM command {cmd!r}", errno.EINVAL)
-        return method(**kw)
+        args = command.kwargs(command.request(kw))
+        if args.pop("channel", None) is not None:
+            args["sink"] = self._deliver_record
+        return command.result(command.reply(command.method(self.agent, **args)))
+
+    def _deliver_record(self, event: dict[str, Any]) -> None:
+        """An event as a served device's process reads it: through its CmEvent record."""
+        from softverbs.cm import wire
+
+        self.deliver(wire.event_dict(wire.event_record(event)))
 
     def _runtimes(self, devices: list[str]) -> list[Any]:
         agent = self.agent

@@ -1,13 +1,15 @@
 """The RDMA CM inside ``softverbsd``: one agent for the service's devices.
 
-The service's ``CM`` request carries a command of :class:`~softverbs.cm.agent.CmAgent`
-(``create_id``, ``bind_addr``, ``connect`` ...) and its arguments, as JSON;
-events go back to the process that owns the CM ID on the socket it passed
+Each ``CM_*`` request (:mod:`softverbs.device.records`) is one command of
+:class:`~softverbs.cm.agent.CmAgent`; :data:`softverbs.cm.wire.BY_OP` says
+which, and how its record becomes the agent's arguments and the agent's
+answer the reply record.  Events go back to the process that owns the CM ID,
+as :class:`~softverbs.device.records.CmEvent` records, on the socket it passed
 with ``CM_EVENTS`` for the ID's event channel (``channel`` of
-``create_id`` and ``migrate_id``; 0 if not named).  A process can name
-only its own IDs, and when it disconnects (exit, crash)
-its IDs are destroyed -- with a DREQ or REJ to their peers, as the kernel
-does when a process holding ``/dev/infiniband/rdma_cm`` dies.
+``CM_CREATE_ID`` and ``CM_MIGRATE_ID``; 0 if not named).  A process can name
+only its own IDs, and when it disconnects (exit, crash) its IDs are
+destroyed -- with a DREQ or REJ to their peers, as the kernel does when a
+process holding ``/dev/infiniband/rdma_cm`` dies.
 """
 
 from __future__ import annotations
@@ -15,15 +17,9 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
+from softverbs.cm import wire
 from softverbs.cm.agent import CmAgent
 from softverbs.errors import einval
-
-#: The agent commands a client may send.
-COMMANDS = frozenset({
-    "create_id", "destroy_id", "bind_addr", "resolve_addr", "resolve_route", "listen",
-    "connect", "accept", "reject", "disconnect", "init_qp_attr", "set_option", "query",
-    "migrate_id", "join_multicast", "leave_multicast",
-})  # fmt: skip
 
 _agents: weakref.WeakKeyDictionary[Any, CmAgent] = weakref.WeakKeyDictionary()
 
@@ -52,26 +48,15 @@ def agent_of(service: Any) -> CmAgent:
     return agent
 
 
-def handle(service: Any, client: Any, msg: dict[str, Any]) -> dict[str, Any]:
-    """Serve one ``cm`` request of ``client``."""
-    cmd = msg.get("cmd")
-    args = msg.get("args") or {}
-    if cmd not in COMMANDS or not isinstance(args, dict):
-        raise einval(f"unknown CM command {cmd!r}")
-    kw: dict[str, Any] = {str(k): v for k, v in args.items()
-                          if k not in ("owner", "sink", "channel")}  # fmt: skip
-    if cmd in ("create_id", "migrate_id"):
+def handle(service: Any, client: Any, code: int, req: Any) -> Any:
+    """Serve one ``CM_*`` request of ``client``: its reply record."""
+    cmd = wire.BY_OP[code]
+    kw = cmd.kwargs(req)
+    if "channel" in kw:
         # the ID's events go to the socket of its event channel (0 when not named)
-        channel = args.get("channel", 0)
-        if not isinstance(channel, int):
-            raise einval(f"bad CM {cmd} request: channel {channel!r} is not a number")
+        channel = int(kw.pop("channel"))
         kw["sink"] = lambda event: service.cm_event(client, channel, event)
-    try:
-        result = getattr(agent_of(service), str(cmd))(owner=client, **kw)
-    except (AttributeError, TypeError, ValueError, KeyError, OverflowError) as exc:
-        # what a client sent is not what the command takes: its error, not ours
-        raise einval(f"bad CM {cmd} request: {exc!r}") from None
-    return {"result": result}
+    return cmd.reply(cmd.method(agent_of(service), owner=client, **kw))
 
 
 def drop(service: Any, client: Any) -> None:

@@ -54,6 +54,18 @@ from softverbs.device.records import (
     AllocMWReply,
     CancelSend,
     CaptureReq,
+    CmBind,
+    CmChannel,
+    CmConnect,
+    CmCreateId,
+    CmIdInfo,
+    CmListen,
+    CmMcast,
+    CmOption,
+    CmQpAttr,
+    CmQpState,
+    CmResolveAddr,
+    CmTimeout,
     Count,
     CreateAH,
     CreateCQ,
@@ -231,12 +243,47 @@ CANCEL_SEND = Op(46, "CANCEL_SEND", CancelSend, Count, qp.cancel_send, uses=(KIN
 
 # --- the RDMA CM (the device service's CM agent answers them) -----------------------------------
 
-CM = Op(50, "CM", Empty, Empty, tail="JSON: {cmd, args} -> {result}",
-        doc="an RDMA CM command for the service's CM agent (docs/service-protocol.md, "
-        "The RDMA CM)", request_tail=True)  # fmt: skip
-CM_EVENTS = Op(51, "CM_EVENTS", Handle, Empty, takes=CM_SOCKET,
-               doc="where the RDMA CM events of the IDs on event channel `handle` go "
-               "(one JSON object per packet)")  # fmt: skip
+CM_EVENTS = Op(
+    51, "CM_EVENTS", Handle, Empty, takes=CM_SOCKET,
+    doc="where the RDMA CM events of the IDs on event channel `handle` go "
+    "(one CmEvent per packet)",
+)
+CM_CREATE_ID = Op(52, "CM_CREATE_ID", CmCreateId, Handle, doc="rdma_create_id")
+CM_DESTROY_ID = Op(53, "CM_DESTROY_ID", Handle, Empty,
+                   doc="rdma_destroy_id (a DREQ or REJ to the peer first)")  # fmt: skip
+CM_MIGRATE_ID = Op(54, "CM_MIGRATE_ID", CmChannel, Empty,
+                   doc="rdma_migrate_id: later events go to event channel `channel`")  # fmt: skip
+CM_QUERY = Op(55, "CM_QUERY", Handle, CmIdInfo, doc="ucma_query_route")
+CM_BIND_ADDR = Op(56, "CM_BIND_ADDR", CmBind, CmIdInfo, doc="rdma_bind_addr")
+CM_RESOLVE_ADDR = Op(57, "CM_RESOLVE_ADDR", CmResolveAddr, Empty,
+                     doc="rdma_resolve_addr: ADDR_RESOLVED or ADDR_ERROR follows")  # fmt: skip
+CM_RESOLVE_ROUTE = Op(58, "CM_RESOLVE_ROUTE", CmTimeout, Empty,
+                      doc="rdma_resolve_route: ROUTE_RESOLVED follows")  # fmt: skip
+CM_LISTEN = Op(59, "CM_LISTEN", CmListen, CmIdInfo, doc="rdma_listen")
+CM_CONNECT = Op(60, "CM_CONNECT", CmConnect, Empty, doc="rdma_connect: a REQ (UD: a SIDR_REQ)")
+CM_ACCEPT = Op(61, "CM_ACCEPT", CmConnect, Empty, doc="rdma_accept: a REP (UD: a SIDR_REP)")
+CM_ESTABLISH = Op(62, "CM_ESTABLISH", Handle, Empty,
+                  doc="rdma_establish, and librdmacm after a CONNECT_RESPONSE on an ID "
+                  "with a QP: the RTU")  # fmt: skip
+CM_REJECT = Op(63, "CM_REJECT", CmConnect, Empty,
+               doc="rdma_reject: a REJ, reason 28 consumer defined (UD: a SIDR_REP), "
+               "with param's private data")  # fmt: skip
+CM_DISCONNECT = Op(64, "CM_DISCONNECT", Handle, Empty,
+                   doc="rdma_disconnect: a DREQ, or the DREP to the peer's")  # fmt: skip
+CM_INIT_QP_ATTR = Op(65, "CM_INIT_QP_ATTR", CmQpState, CmQpAttr, doc="rdma_init_qp_attr")
+CM_SET_OPTION = Op(66, "CM_SET_OPTION", CmOption, Empty,
+                   doc="rdma_set_option at level RDMA_OPTION_ID; `length` is the caller's "
+                   "optlen, checked as the kernel's ucma does")  # fmt: skip
+CM_JOIN_MCAST = Op(67, "CM_JOIN_MCAST", CmMcast, Empty,
+                   doc="rdma_join_multicast(_ex): MULTICAST_JOIN follows")  # fmt: skip
+CM_LEAVE_MCAST = Op(68, "CM_LEAVE_MCAST", CmMcast, Empty, doc="rdma_leave_multicast")
+
+#: the RDMA CM's operations
+CM_OPS: tuple[Op[Any, Any], ...] = (
+    CM_EVENTS, CM_CREATE_ID, CM_DESTROY_ID, CM_MIGRATE_ID, CM_QUERY, CM_BIND_ADDR,
+    CM_RESOLVE_ADDR, CM_RESOLVE_ROUTE, CM_LISTEN, CM_CONNECT, CM_ACCEPT, CM_ESTABLISH,
+    CM_REJECT, CM_DISCONNECT, CM_INIT_QP_ATTR, CM_SET_OPTION, CM_JOIN_MCAST, CM_LEAVE_MCAST,
+)  # fmt: skip
 
 #: Every operation, by number.
 OPS: tuple[Op[Any, Any], ...] = tuple(

@@ -51,6 +51,7 @@ from softverbs.device.ops import BY_CODE, OPS
 from softverbs.device.records import (
     KIND_NAMES,
     AsyncEventRecord,
+    CmEvent,
     CompEventRecord,
     DeviceEntry,
     Empty,
@@ -70,7 +71,7 @@ from softverbs.layout import (
     with_embedded,
 )
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 MAX_MESSAGE = 1 << 16
 MAX_FDS = 4
 _FD_SPACE = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
@@ -324,6 +325,15 @@ def _constants() -> tuple[Constant, ...]:
         Constant("MAX_SLOT", records.MAX_SLOT, "CreateQP.sq_slot/rq_slot, CreateSRQ.slot",
                  "the largest ring slot (bytes)"),
     ]  # fmt: skip
+    out += [Constant(f"CM_EVENT_{name}", value, "CmEvent.flags", meaning)
+            for name, value, meaning in (
+                ("INFO", records.CM_EVENT_INFO,
+                 "`info` holds an ID (CONNECT_REQUEST: the new one)"),
+                ("CONN", records.CM_EVENT_CONN, "`param` is the event's rdma_conn_param"),
+                ("UD", records.CM_EVENT_UD,
+                 "`param` holds rdma_ud_param's private data, qp_num, qkey"),
+                ("AH", records.CM_EVENT_AH, "`ah` is rdma_ud_param.ah_attr"),
+                ("MC", records.CM_EVENT_MC, "`mc` is the multicast group joined"))]  # fmt: skip
     out += [Constant(f"KIND_{name.upper()}", code, "Destroy.kind, AsyncEventRecord.kind",
                      f"object kind: {name}")
             for code, name in records.KIND_NAMES.items()]  # fmt: skip
@@ -350,6 +360,7 @@ def constants_markdown() -> str:
 #: with the records of the operations: the inline data of an mkey-configuring driver WQE
 _RECORDS: tuple[type[Record], ...] = (
     Header, DeviceEntry, AsyncEventRecord, CompEventRecord, MkeyConf, MkeyEntry, MkeySigDomain,
+    CmEvent,
 )  # fmt: skip
 
 
@@ -404,6 +415,17 @@ def markdown() -> str:
     return "\n".join(lines)
 
 
+def cm_markdown() -> str:
+    """The RDMA CM's operations table of docs/service-protocol.md (The RDMA CM)."""
+    from softverbs.device import ops
+
+    lines = ["| operation | request | reply | what |", "|---|---|---|---|"]
+    for op in ops.CM_OPS:
+        reply = op.reply.__name__ if op.reply is not None else "(none)"
+        lines.append(f"| `{op.name}` | {op.request.__name__} | {reply} | {op.doc} |")
+    return "\n".join(lines)
+
+
 def rings_constants_markdown() -> str:
     """The constants table of docs/rings.md."""
     from softverbs.engine import rings
@@ -433,6 +455,7 @@ GENERATED = {
 #: more blocks: (file, block name, generator)
 GENERATED_MORE = (
     ("docs/service-protocol.md", "constants", constants_markdown),
+    ("docs/service-protocol.md", "cm", cm_markdown),
     ("docs/rings.md", "ring-constants", lambda: rings_constants_markdown()),
 )
 C_HEADER = "src/softverbs/native/include/softverbs/protocol.h"

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING, Annotated, Generic, TypeVar
 
-from softverbs.layout import U8, U16, U32, U64, Gid, Name, Record
+from softverbs.layout import I32, U8, U16, U32, U64, Gid, Name, Record
 
 if TYPE_CHECKING:  # the handlers' argument types; core imports this module
     from softverbs.device.core import Host, Owner, Resources
@@ -682,3 +682,153 @@ class MkeySigDomain(Record):
     app_tag: U32
     ref_tag: U32
     reserved: U32
+
+
+# --- the RDMA CM -----------------------------------------------------------------------------
+# librdmacm's commands to the CM agent (the kernel's ``rdma_ucm_cmd_*``), one operation
+# each, and the event record written to an event channel's socket
+# (``rdma_ucm_event_resp``).  The agent is softverbs.cm.agent; docs/cm.md.
+
+PrivateData = Annotated[bytes, "256s"]  #: private data; its length is a field beside it
+
+
+class CmAddr(Record):
+    """A socket address: ``family`` AF_INET (2), AF_INET6 (10) or 0 (none)."""
+
+    DOCS = {"ip": "network byte order; IPv4 in the first 4 bytes", "port": "host byte order"}
+    ip: Gid
+    family: U16
+    port: U16
+    reserved: U32
+
+
+class CmIdInfo(Record):
+    """What the agent says of an ID (``ucma_query_route``): device, addresses, path."""
+
+    DOCS = {"dev": "the device the ID is bound to (empty: none yet)",
+            "has_path": "1 if sgid, dgid and sgid_index are known (an address is resolved)",
+            "state": "rdma_cm's state (enum rdma_cm_state)",
+            "cm_state": "ib_cm's state (enum ib_cm_state)"}  # fmt: skip
+    src: CmAddr
+    dst: CmAddr
+    sgid: Gid
+    dgid: Gid
+    dev: Name
+    handle: U32
+    ps: U32
+    qp_type: U32
+    port_num: U32
+    sgid_index: U32
+    has_path: U32
+    state: U32
+    cm_state: U32
+
+
+class CmConnParam(Record):
+    """``rdma_conn_param`` (and ``rdma_ud_param``'s private data, qp_num and qkey)."""
+
+    private_data: PrivateData
+    qp_num: U32
+    qkey: U32
+    private_data_len: U8
+    responder_resources: U8
+    initiator_depth: U8
+    flow_control: U8
+    retry_count: U8
+    rnr_retry_count: U8
+    srq: U8
+    reserved: U8
+
+
+#: CmEvent.flags: which parts of the event are filled
+CM_EVENT_INFO, CM_EVENT_CONN, CM_EVENT_UD, CM_EVENT_AH, CM_EVENT_MC = 1, 2, 4, 8, 16
+
+
+class CmEvent(Record):
+    """One RDMA CM event, written to its event channel's socket."""
+
+    DOCS = {"info": "CM_EVENT_INFO: CONNECT_REQUEST: the new ID; ADDR_RESOLVED, "
+                    "ROUTE_RESOLVED: the ID",
+            "param": "CM_EVENT_CONN: rdma_conn_param; CM_EVENT_UD: rdma_ud_param's",
+            "ah": "CM_EVENT_AH: rdma_ud_param.ah_attr",
+            "mc": "CM_EVENT_MC: MULTICAST_JOIN: the group",
+            "handle": "the ID the event is for (CONNECT_REQUEST: the listener)",
+            "status": "0, a negative errno, or a REJ reason",
+            "flags": "CM_EVENT_INFO, _CONN, _UD, _AH, _MC"}  # fmt: skip
+    info: CmIdInfo
+    param: CmConnParam
+    ah: AddressVector
+    mc: CmAddr
+    handle: U32
+    event: U32  #: enum rdma_cm_event_type
+    status: I32
+    join_flags: U32
+    flags: U32
+    reserved: U32
+
+
+class CmCreateId(Record):
+    ps: U32  #: enum rdma_port_space
+    qp_type: U32
+    channel: U32  #: the event channel (CM_EVENTS) its events go to
+    reserved: U32
+
+
+class CmChannel(Record):
+    handle: U32
+    channel: U32
+
+
+class CmBind(Record):
+    addr: CmAddr
+    handle: U32
+    reserved: U32
+
+
+class CmResolveAddr(Record):
+    DOCS = {"src": "family 0: none"}
+    src: CmAddr
+    dst: CmAddr
+    handle: U32
+    timeout_ms: U32
+
+
+class CmTimeout(Record):
+    handle: U32
+    timeout_ms: U32
+
+
+class CmListen(Record):
+    handle: U32
+    backlog: I32
+
+
+class CmConnect(Record):
+    param: CmConnParam
+    handle: U32
+    reserved: U32
+
+
+class CmQpState(Record):
+    handle: U32
+    qp_state: U32
+
+
+class CmQpAttr(Record):
+    attr: QPAttrs
+    mask: U32
+    reserved: U32
+
+
+class CmOption(Record):
+    value: U64
+    handle: U32
+    level: U32
+    name: U32
+    length: U32  #: the caller's optlen
+
+
+class CmMcast(Record):
+    addr: CmAddr
+    handle: U32
+    join_flags: U32  #: enum rdma_cm_mc_join_flags

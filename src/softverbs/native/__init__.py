@@ -62,7 +62,7 @@ LIBRARIES = (
     Library("libibverbs.so.1", ("conn.c", "ring.c", "device.c", "verbs.c", "unsupported_ibverbs.c"),
             "libibverbs.map",
             ("-lpthread",)),
-    Library("librdmacm.so.1", ("cma.c", "json.c", "unsupported_rdmacm.c"), "librdmacm.map",
+    Library("librdmacm.so.1", ("cma.c", "unsupported_rdmacm.c"), "librdmacm.map",
             ("-l:libibverbs.so.1", "-lpthread")),
     Library("libmlx5.so.1", ("providers/mlx5.c", "providers/mlx5_sig.c"), "providers/mlx5.map",
             ("-l:libibverbs.so.1",)),

@@ -773,7 +773,9 @@ class Service:
         seq = msg.header.seq
         try:
             local = _LOCAL.get(op.code)
-            if local is not None:
+            if op.code in _CM_COMMANDS:
+                body, tail = self.op_cm(client, op, msg.body)
+            elif local is not None:
                 body, tail = local(self, client, msg.body, msg.tail, fds)
             else:
                 res = TAKES[op.takes](self, client, op, msg.body, fds, msg.tail)
@@ -868,18 +870,11 @@ class Service:
         }  # fmt: skip
         return records.Empty(), json.dumps(out).encode()
 
-    def op_cm(self, client: Client, req: records.Empty, tail: bytes,
-              fds: list[int]) -> tuple[Any, bytes]:  # fmt: skip
-        """An RDMA CM command for the service's CM agent (JSON; see cm/service.py)."""
+    def op_cm(self, client: Client, op: records.Op[Any, Any], req: Any) -> tuple[Any, bytes]:
+        """A ``CM_*`` command for the service's CM agent (cm/service.py)."""
         from softverbs.cm import service as cm
 
-        try:
-            msg = json.loads(tail)
-        except ValueError:
-            raise einval("CM: the request is not JSON") from None
-        if not isinstance(msg, dict):
-            raise einval("CM: the request must be a JSON object")
-        return records.Empty(), json.dumps(cm.handle(self, client, msg)).encode()
+        return cm.handle(self, client, op.code, req), b""
 
     def op_cm_events(self, client: Client, req: records.Handle, tail: bytes,
                      fds: list[int]) -> tuple[Any, bytes]:  # fmt: skip
@@ -898,7 +893,9 @@ class Service:
     def cm_event(self, client: Client, channel: int, event: dict[str, Any]) -> None:
         sock = client.cm_events.get(channel)
         if sock is not None:
-            sock.write(json.dumps(event).encode())
+            from softverbs.cm.wire import event_record
+
+            sock.write(event_record(event).pack())
         else:
             client.events_dropped += 1
 
@@ -1162,9 +1159,10 @@ TAKES: dict[records.Takes, Callable[[Service, Client, Op, Any, list[int], bytes]
 _LOCAL: dict[int, Callable[..., tuple[Any, bytes]]] = {
     ops.HELLO.code: Service.op_hello,
     ops.STATUS.code: Service.op_status,
-    ops.CM.code: Service.op_cm,
     ops.CM_EVENTS.code: Service.op_cm_events,
 }
+#: the RDMA CM's commands: served by the CM agent (Service.op_cm)
+_CM_COMMANDS = frozenset(op.code for op in ops.CM_OPS) - {ops.CM_EVENTS.code}
 
 
 def _bare(exc: PyverbsError) -> str:

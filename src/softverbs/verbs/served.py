@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import os
 import selectors
 import socket
@@ -604,9 +603,14 @@ class ServiceRegistry:
 
     # --- the RDMA CM in the service -----------------------------------------------------------
     def cm_call(self, cmd: str, args: dict[str, Any]) -> Any:
-        _, tail = self.connection().call(ops.CM, records.Empty(),
-                                         tail=json.dumps({"cmd": cmd, "args": args}).encode())
-        return json.loads(tail).get("result")
+        """One CM agent command as its CM_* request (softverbs.cm.wire)."""
+        from softverbs.cm import wire
+
+        command = wire.COMMANDS.get(cmd)
+        if command is None:
+            raise PyverbsRDMAError(f"unknown CM command {cmd!r}", errno.EINVAL)
+        reply, _ = self.connection().call(command.op, command.request(args))
+        return command.result(reply)
 
     def cm_events(self, deliver: Callable[[dict[str, Any]], None]) -> None:
         """Have this process's CM events delivered (once)."""
@@ -618,10 +622,10 @@ class ServiceRegistry:
         finally:
             os.close(fd)
 
+        from softverbs.cm.wire import event_dict
+
         def on_packet(data: bytes) -> None:
-            event = json.loads(data)
-            if isinstance(event, dict):
-                deliver(event)
+            deliver(event_dict(records.CmEvent.unpack(data)))
 
         self.runtime.watch(mine, on_packet)
 

@@ -3,10 +3,11 @@
  * The CM itself -- the MADs (REQ, REP, RTU, DREQ ...), their timers, port
  * spaces and route lookup -- runs in the service (softverbs/cm/agent.py),
  * as it runs in the kernel for rdma-core.  This file is librdmacm's user
- * half: it sends the agent's commands (one JSON object each, on this
- * process's one connection to the service, through libibverbs'
- * SOFTVERBS_PRIVATE_1 calls), reads events from each event channel's own
- * socket, and does what librdmacm does with them in user space:
+ * half: it sends the agent's commands (one CM_* request record each, from the
+ * generated softverbs/protocol.h, on this process's one connection to the
+ * service, through libibverbs' SOFTVERBS_PRIVATE_1 calls), reads events (one
+ * struct sv_cm_event each) from each event channel's own socket, and does
+ * what librdmacm does with them in user space:
  *
  *  - a CONNECT_REQUEST creates the new connection's rdma_cm_id;
  *  - the QP of an ID is moved through its states with the attributes the
@@ -38,14 +39,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "json.h"
+#include "softverbs/protocol.h"
 
 /* libibverbs' (SOFTVERBS_PRIVATE_1) */
-int sv_cm_call(const char *json, size_t len, char *reply, size_t reply_cap);
+int sv_cm_call(uint16_t op, const void *req, size_t req_len, void *reply, size_t reply_len);
 int sv_cm_events(uint32_t channel, int fd);
 const char *sv_cm_error(void);
 
-#define MSG 16384		/* the largest command, reply or event */
 #define MAX_DEVICES 16
 
 struct cma_channel {
@@ -105,40 +105,38 @@ static int fail(int err)
 
 /* --- commands ------------------------------------------------------------------------ */
 
-/* Run ``cmd`` with the arguments written into ``args`` (the inside of an object);
- * the reply's "result" into ``reply``.  0, or -1 with errno. */
-static int call(const char *cmd, const struct jw *args, char *reply, const char **result)
+/* Send the CM_* request ``req`` of operation ``op``; its reply record into
+ * ``reply`` (``reply_len`` bytes, 0 for none).  0, or -1 with errno. */
+static int call(uint16_t op, const char *name, const void *req, size_t req_len, void *reply,
+		size_t reply_len)
 {
-	char buf[MSG];
-	struct jw w;
-	jw_init(&w, buf, sizeof(buf));
-	jw_raw(&w, "{\"cmd\":\"%s\",\"args\":{%s}}", cmd, args ? args->buf : "");
-	if (w.overflow || (args && args->overflow))
-		return fail(EINVAL);
-	int err = sv_cm_call(buf, w.len, reply, MSG);
+	int err = sv_cm_call(op, req, req_len, reply, reply_len);
 	if (err) {
 		if (getenv("SOFTVERBS_DEBUG"))
-			fprintf(stderr, "librdmacm: %s: %s\n", cmd, sv_cm_error());
+			fprintf(stderr, "librdmacm: %s: %s\n", name, sv_cm_error());
 		return fail(err);
 	}
-	if (result)
-		*result = js_get(reply, "result");
 	return 0;
 }
 
-static void jw_addr(struct jw *w, const char *key, const struct sockaddr *sa)
+#define CALL(op, req, reply) call(SV_OP_##op, #op, &(req), sizeof(req), reply, \
+				  sizeof(*(reply)))
+#define CALL0(op, req) call(SV_OP_##op, #op, &(req), sizeof(req), NULL, 0)
+
+/* A sockaddr as the agent takes it (family 0: none). */
+static void cm_addr_of(const struct sockaddr *sa, struct sv_cm_addr *out)
 {
-	char text[INET6_ADDRSTRLEN] = "";
+	memset(out, 0, sizeof(*out));
 	if (sa && sa->sa_family == AF_INET) {
 		const struct sockaddr_in *in = (const void *)sa;
-		inet_ntop(AF_INET, &in->sin_addr, text, sizeof(text));
-		jw_raw(w, "\"%s\":[\"%s\",%u]", key, text, ntohs(in->sin_port));
+		memcpy(out->ip, &in->sin_addr, 4);
+		out->family = AF_INET;
+		out->port = ntohs(in->sin_port);
 	} else if (sa && sa->sa_family == AF_INET6) {
 		const struct sockaddr_in6 *in6 = (const void *)sa;
-		inet_ntop(AF_INET6, &in6->sin6_addr, text, sizeof(text));
-		jw_raw(w, "\"%s\":[\"%s\",%u]", key, text, ntohs(in6->sin6_port));
-	} else {
-		jw_raw(w, "\"%s\":null", key);
+		memcpy(out->ip, &in6->sin6_addr, 16);
+		out->family = AF_INET6;
+		out->port = ntohs(in6->sin6_port);
 	}
 }
 
@@ -147,24 +145,22 @@ static int valid_addr(const struct sockaddr *sa)
 	return sa && (sa->sa_family == AF_INET || sa->sa_family == AF_INET6);
 }
 
-/* ``[ip, port]`` into a sockaddr; 0 if ``v`` is not one. */
-static int addr_of(const char *v, struct sockaddr_storage *out)
+/* The agent's address into a sockaddr; 0 if it holds none. */
+static int addr_of(const struct sv_cm_addr *a, struct sockaddr_storage *out)
 {
-	char text[INET6_ADDRSTRLEN + 8];
-	if (js_str(js_at(v, 0), text, sizeof(text)) < 0)
-		return 0;
-	uint16_t port = (uint16_t)js_int(js_at(v, 1));
 	memset(out, 0, sizeof(*out));
-	struct sockaddr_in *in = (void *)out;
-	struct sockaddr_in6 *in6 = (void *)out;
-	if (inet_pton(AF_INET, text, &in->sin_addr) == 1) {
+	if (a->family == AF_INET) {
+		struct sockaddr_in *in = (void *)out;
 		in->sin_family = AF_INET;
-		in->sin_port = htons(port);
+		memcpy(&in->sin_addr, a->ip, 4);
+		in->sin_port = htons(a->port);
 		return 1;
 	}
-	if (inet_pton(AF_INET6, text, &in6->sin6_addr) == 1) {
+	if (a->family == AF_INET6) {
+		struct sockaddr_in6 *in6 = (void *)out;
 		in6->sin6_family = AF_INET6;
-		in6->sin6_port = htons(port);
+		memcpy(&in6->sin6_addr, a->ip, 16);
+		in6->sin6_port = htons(a->port);
 		return 1;
 	}
 	return 0;
@@ -245,11 +241,13 @@ static struct cma_id *cma(struct rdma_cm_id *id)
 	return (struct cma_id *)id;
 }
 
-/* What the agent says of an ID (its "info"): device, addresses and GIDs. */
-static void attach(struct cma_id *c, const char *info)
+/* What the agent says of an ID (its info): device, addresses and GIDs. */
+static void attach(struct cma_id *c, const struct sv_cm_id_info *info)
 {
-	char name[64];
-	if (js_str(js_get(info, "dev"), name, sizeof(name)) > 0 && !c->dev) {
+	char name[sizeof(info->dev) + 1];
+	memcpy(name, info->dev, sizeof(info->dev));
+	name[sizeof(info->dev)] = '\0';
+	if (name[0] && !c->dev) {
 		c->dev = device_named(name);
 		if (c->dev) {
 			c->id.verbs = c->dev->verbs;
@@ -262,11 +260,15 @@ static void attach(struct cma_id *c, const char *info)
 				c->initiator_depth = c->dev->max_initiator;
 		}
 	}
-	addr_of(js_get(info, "src"), &c->id.route.addr.src_storage);
-	addr_of(js_get(info, "dst"), &c->id.route.addr.dst_storage);
+	struct sockaddr_storage a;
+	if (addr_of(&info->src, &a))
+		c->id.route.addr.src_storage = a;
+	if (addr_of(&info->dst, &a))
+		c->id.route.addr.dst_storage = a;
 	struct rdma_ib_addr *ib = &c->id.route.addr.addr.ibaddr;
-	if (js_hex(js_get(info, "sgid"), ib->sgid.raw, sizeof(ib->sgid.raw)) == 16 &&
-	    js_hex(js_get(info, "dgid"), ib->dgid.raw, sizeof(ib->dgid.raw)) == 16) {
+	if (info->has_path) {
+		memcpy(ib->sgid.raw, info->sgid, 16);
+		memcpy(ib->dgid.raw, info->dgid, 16);
 		ib->pkey = htobe16(0xffff);
 		c->path.sgid = ib->sgid;
 		c->path.dgid = ib->dgid;
@@ -337,20 +339,17 @@ static int create_id(struct rdma_event_channel *channel, struct rdma_cm_id **out
 		}
 		c->sync = 1;
 	}
-	char args[256], reply[MSG];
-	struct jw w;
-	const char *result;
-	jw_init(&w, args, sizeof(args));
-	jw_raw(&w, "\"ps\":%d,\"qp_type\":%d,\"channel\":%u", (int)ps, (int)qp_type,
-	       ((struct cma_channel *)channel)->number);
-	if (call("create_id", &w, reply, &result)) {
+	struct sv_cm_create_id req = {.ps = (uint32_t)ps, .qp_type = (uint32_t)qp_type,
+				       .channel = ((struct cma_channel *)channel)->number};
+	struct sv_handle got;
+	if (CALL(CM_CREATE_ID, req, &got)) {
 		int err = errno;
 		if (c->sync)
 			rdma_destroy_event_channel(channel);
 		free(c);
 		return fail(err);
 	}
-	c->handle = (uint32_t)js_int(result);
+	c->handle = got.handle;
 	c->id.channel = channel;
 	c->id.context = context;
 	c->id.ps = ps;
@@ -369,14 +368,11 @@ int rdma_create_id(struct rdma_event_channel *channel, struct rdma_cm_id **id, v
 	return create_id(channel, id, context, ps, ps_qp_type(ps));
 }
 
-static int simple(struct cma_id *c, const char *cmd, const char *extra, char *reply,
-		  const char **result)
+/* A command that names only the ID. */
+static int simple(struct cma_id *c, uint16_t op, const char *name)
 {
-	char args[512];
-	struct jw w;
-	jw_init(&w, args, sizeof(args));
-	jw_raw(&w, "\"handle\":%u%s", c->handle, extra ? extra : "");
-	return call(cmd, &w, reply, result);
+	struct sv_handle req = {.handle = c->handle};
+	return call(op, name, &req, sizeof(req), NULL, 0);
 }
 
 int rdma_destroy_id(struct rdma_cm_id *id)
@@ -384,8 +380,7 @@ int rdma_destroy_id(struct rdma_cm_id *id)
 	if (!id)
 		return fail(EINVAL);
 	struct cma_id *c = cma(id);
-	char reply[MSG];
-	simple(c, "destroy_id", NULL, reply, NULL);
+	simple(c, SV_OP_CM_DESTROY_ID, "CM_DESTROY_ID");
 	pthread_mutex_lock(&lock);
 	for (struct cma_id **p = &ids; *p; p = &(*p)->next)
 		if (*p == c) {
@@ -430,15 +425,12 @@ int rdma_bind_addr(struct rdma_cm_id *id, struct sockaddr *addr)
 {
 	if (!id || !valid_addr(addr))
 		return fail(EINVAL);
-	char args[256], reply[MSG];
-	struct jw w;
-	const char *result;
-	jw_init(&w, args, sizeof(args));
-	jw_raw(&w, "\"handle\":%u,", cma(id)->handle);
-	jw_addr(&w, "addr", addr);
-	if (call("bind_addr", &w, reply, &result))
+	struct sv_cm_bind req = {.handle = cma(id)->handle};
+	cm_addr_of(addr, &req.addr);
+	struct sv_cm_id_info info;
+	if (CALL(CM_BIND_ADDR, req, &info))
 		return -1;
-	attach(cma(id), result);
+	attach(cma(id), &info);
 	return 0;
 }
 
@@ -447,15 +439,11 @@ int rdma_resolve_addr(struct rdma_cm_id *id, struct sockaddr *src_addr, struct s
 {
 	if (!id || !valid_addr(dst_addr))
 		return fail(EINVAL);
-	char args[512], reply[MSG];
-	struct jw w;
-	jw_init(&w, args, sizeof(args));
-	jw_raw(&w, "\"handle\":%u,", cma(id)->handle);
-	jw_addr(&w, "src", valid_addr(src_addr) ? src_addr : NULL);
-	jw_raw(&w, ",");
-	jw_addr(&w, "dst", dst_addr);
-	jw_raw(&w, ",\"timeout_ms\":%d", timeout_ms > 0 ? timeout_ms : 2000);
-	if (call("resolve_addr", &w, reply, NULL))
+	struct sv_cm_resolve_addr req = {.handle = cma(id)->handle,
+					  .timeout_ms = timeout_ms > 0 ? (uint32_t)timeout_ms : 2000};
+	cm_addr_of(valid_addr(src_addr) ? src_addr : NULL, &req.src);
+	cm_addr_of(dst_addr, &req.dst);
+	if (CALL0(CM_RESOLVE_ADDR, req))
 		return -1;
 	size_t len = dst_addr->sa_family == AF_INET ? sizeof(struct sockaddr_in)
 						    : sizeof(struct sockaddr_in6);
@@ -467,9 +455,9 @@ int rdma_resolve_route(struct rdma_cm_id *id, int timeout_ms)
 {
 	if (!id)
 		return fail(EINVAL);
-	char extra[64], reply[MSG];
-	snprintf(extra, sizeof(extra), ",\"timeout_ms\":%d", timeout_ms > 0 ? timeout_ms : 2000);
-	if (simple(cma(id), "resolve_route", extra, reply, NULL))
+	struct sv_cm_timeout req = {.handle = cma(id)->handle,
+				     .timeout_ms = timeout_ms > 0 ? (uint32_t)timeout_ms : 2000};
+	if (CALL0(CM_RESOLVE_ROUTE, req))
 		return -1;
 	return complete(cma(id));
 }
@@ -478,59 +466,56 @@ int rdma_listen(struct rdma_cm_id *id, int backlog)
 {
 	if (!id)
 		return fail(EINVAL);
-	char extra[64], reply[MSG];
-	const char *result;
-	snprintf(extra, sizeof(extra), ",\"backlog\":%d", backlog);
-	if (simple(cma(id), "listen", extra, reply, &result))
+	struct sv_cm_listen req = {.handle = cma(id)->handle, .backlog = backlog};
+	struct sv_cm_id_info info;
+	if (CALL(CM_LISTEN, req, &info))
 		return -1;
-	attach(cma(id), result);
+	attach(cma(id), &info);
 	return 0;
 }
 
 /* --- the QP's states -------------------------------------------------------------------- */
 
-/* The agent's attributes for ``state`` into attr/mask (rdma_init_qp_attr). */
-/* The agent's ``ah_attr`` (a RoCE path: always global), if there is one. */
-static void ah_attr_of(const char *ah, struct ibv_ah_attr *out)
+/* The agent's address vector (a RoCE path: always global). */
+static void ah_attr_of(const struct sv_address_vector *ah, struct ibv_ah_attr *out)
 {
-	if (!js_present(ah))
-		return;
 	out->is_global = 1;
-	out->port_num = (uint8_t)js_int_of(ah, "port_num", 1);
-	js_hex(js_get(ah, "dgid"), out->grh.dgid.raw, 16);
-	out->grh.sgid_index = (uint8_t)js_int_of(ah, "sgid_index", 0);
-	out->grh.flow_label = (uint32_t)js_int_of(ah, "flow_label", 0);
-	out->grh.hop_limit = (uint8_t)js_int_of(ah, "hop_limit", 64);
-	out->grh.traffic_class = (uint8_t)js_int_of(ah, "traffic_class", 0);
+	out->port_num = (uint8_t)ah->port_num;
+	memcpy(out->grh.dgid.raw, ah->dgid, 16);
+	out->grh.sgid_index = (uint8_t)ah->sgid_index;
+	out->grh.flow_label = ah->flow_label;
+	out->grh.hop_limit = (uint8_t)ah->hop_limit;
+	out->grh.traffic_class = (uint8_t)ah->traffic_class;
 }
 
+/* The agent's attributes for ``state`` into attr/mask (rdma_init_qp_attr). */
 static int qp_attr(struct cma_id *c, enum ibv_qp_state state, struct ibv_qp_attr *attr,
 		   int *mask)
 {
-	char extra[64], reply[MSG];
-	const char *result;
-	snprintf(extra, sizeof(extra), ",\"qp_state\":%d", (int)state);
-	if (simple(c, "init_qp_attr", extra, reply, &result))
+	struct sv_cm_qp_state req = {.handle = c->handle, .qp_state = (uint32_t)state};
+	struct sv_cm_qp_attr got;
+	if (CALL(CM_INIT_QP_ATTR, req, &got))
 		return -1;
-	const char *a = js_get(result, "attr");
+	const struct sv_qp_attrs *a = &got.attr;
 	memset(attr, 0, sizeof(*attr));
 	attr->qp_state = state;
-	attr->port_num = (uint8_t)js_int_of(a, "port_num", 1);
-	attr->pkey_index = (uint16_t)js_int_of(a, "pkey_index", 0);
-	attr->qkey = (uint32_t)js_int_of(a, "qkey", 0);
-	attr->qp_access_flags = (unsigned)js_int_of(a, "qp_access_flags", 0);
-	attr->path_mtu = (enum ibv_mtu)js_int_of(a, "path_mtu", IBV_MTU_1024);
-	attr->dest_qp_num = (uint32_t)js_int_of(a, "dest_qp_num", 0);
-	attr->rq_psn = (uint32_t)js_int_of(a, "rq_psn", 0);
-	attr->sq_psn = (uint32_t)js_int_of(a, "sq_psn", 0);
-	attr->max_dest_rd_atomic = (uint8_t)js_int_of(a, "max_dest_rd_atomic", 0);
-	attr->max_rd_atomic = (uint8_t)js_int_of(a, "max_rd_atomic", 0);
-	attr->min_rnr_timer = (uint8_t)js_int_of(a, "min_rnr_timer", 0);
-	attr->retry_cnt = (uint8_t)js_int_of(a, "retry_cnt", 0);
-	attr->rnr_retry = (uint8_t)js_int_of(a, "rnr_retry", 0);
-	attr->timeout = (uint8_t)js_int_of(a, "timeout", 0);
-	ah_attr_of(js_get(a, "ah_attr"), &attr->ah_attr);
-	*mask = (int)js_int_of(result, "mask", IBV_QP_STATE);
+	attr->port_num = (uint8_t)a->port_num;
+	attr->pkey_index = (uint16_t)a->pkey_index;
+	attr->qkey = a->qkey;
+	attr->qp_access_flags = a->qp_access_flags;
+	attr->path_mtu = (enum ibv_mtu)a->path_mtu;
+	attr->dest_qp_num = a->dest_qp_num;
+	attr->rq_psn = a->rq_psn;
+	attr->sq_psn = a->sq_psn;
+	attr->max_dest_rd_atomic = (uint8_t)a->max_dest_rd_atomic;
+	attr->max_rd_atomic = (uint8_t)a->max_rd_atomic;
+	attr->min_rnr_timer = (uint8_t)a->min_rnr_timer;
+	attr->retry_cnt = (uint8_t)a->retry_cnt;
+	attr->rnr_retry = (uint8_t)a->rnr_retry;
+	attr->timeout = (uint8_t)a->timeout;
+	if (got.mask & IBV_QP_AV)
+		ah_attr_of(&a->ah, &attr->ah_attr);
+	*mask = (int)got.mask;
 	return 0;
 }
 
@@ -774,22 +759,29 @@ void rdma_destroy_srq(struct rdma_cm_id *id)
 /* --- connecting --------------------------------------------------------------------------- */
 
 /* The connection parameters as the agent takes them (ucma_copy_conn_param_to_kern). */
-static void jw_conn(struct jw *w, struct cma_id *c, const struct rdma_conn_param *p)
+static void conn_to_agent(struct cma_id *c, const struct rdma_conn_param *p,
+			  struct sv_cm_connect *req)
 {
-	uint32_t qp_num = c->id.qp ? c->id.qp->qp_num : p ? p->qp_num : 0;
-	jw_raw(w, ",\"param\":{\"qp_num\":%u,\"responder_resources\":%u,\"initiator_depth\":%u",
-	       qp_num, c->responder_resources, c->initiator_depth);
+	memset(req, 0, sizeof(*req));
+	req->handle = c->handle;
+	struct sv_cm_conn_param *k = &req->param;
+	k->qp_num = c->id.qp ? c->id.qp->qp_num : p ? p->qp_num : 0;
+	k->responder_resources = c->responder_resources;
+	k->initiator_depth = c->initiator_depth;
 	if (p) {
-		jw_raw(w, ",\"flow_control\":%u,\"retry_count\":%u,\"rnr_retry_count\":%u,"
-		       "\"srq\":%u,\"private_data\":", p->flow_control, p->retry_count,
-		       p->rnr_retry_count, c->id.srq ? 1u : p->srq);
-		jw_hex(w, p->private_data, p->private_data ? p->private_data_len : 0);
+		k->flow_control = p->flow_control;
+		k->retry_count = p->retry_count;
+		k->rnr_retry_count = p->rnr_retry_count;
+		k->srq = c->id.srq ? 1 : p->srq;
+		if (p->private_data && p->private_data_len) {
+			memcpy(k->private_data, p->private_data, p->private_data_len);
+			k->private_data_len = p->private_data_len;
+		}
 	} else {
-		jw_raw(w, ",\"retry_count\":7,\"rnr_retry_count\":7");
+		k->retry_count = 7;
+		k->rnr_retry_count = 7;
 	}
-	if (c->id.qp_type == IBV_QPT_UD)
-		jw_raw(w, ",\"qkey\":%u", c->id.qp ? RDMA_UDP_QKEY : 0);
-	jw_raw(w, "}");
+	/* UD: the agent gives the SIDR_REP the ID's Q_Key (RDMA_UDP_QKEY) */
 }
 
 int rdma_connect(struct rdma_cm_id *id, struct rdma_conn_param *p)
@@ -808,12 +800,9 @@ int rdma_connect(struct rdma_cm_id *id, struct rdma_conn_param *p)
 	if (c->initiator_depth > c->dev->max_initiator ||
 	    c->responder_resources > c->dev->max_responder)
 		return fail(EINVAL);
-	char args[1024], reply[MSG];
-	struct jw w;
-	jw_init(&w, args, sizeof(args));
-	jw_raw(&w, "\"handle\":%u", c->handle);
-	jw_conn(&w, c, p);
-	if (call("connect", &w, reply, NULL))
+	struct sv_cm_connect req;
+	conn_to_agent(c, p, &req);
+	if (CALL0(CM_CONNECT, req))
 		return -1;
 	return complete(c);
 }
@@ -839,12 +828,9 @@ int rdma_accept(struct rdma_cm_id *id, struct rdma_conn_param *p)
 		if (modify_rtr_rts(c))
 			return -1;
 	}
-	char args[1024], reply[MSG];
-	struct jw w;
-	jw_init(&w, args, sizeof(args));
-	jw_raw(&w, "\"handle\":%u", c->handle);
-	jw_conn(&w, c, p);
-	if (call("accept", &w, reply, NULL)) {
+	struct sv_cm_connect req;
+	conn_to_agent(c, p, &req);
+	if (CALL0(CM_ACCEPT, req)) {
 		int err = errno;
 		modify_err(c);
 		return fail(err);
@@ -856,20 +842,19 @@ int rdma_establish(struct rdma_cm_id *id)
 {
 	if (!id || id->qp)
 		return fail(EINVAL);	/* an ID with a QP completes by itself */
-	char reply[MSG];
-	return simple(cma(id), "accept", ",\"param\":null", reply, NULL);
+	return simple(cma(id), SV_OP_CM_ESTABLISH, "CM_ESTABLISH");
 }
 
 int rdma_reject(struct rdma_cm_id *id, const void *private_data, uint8_t private_data_len)
 {
 	if (!id)
 		return fail(EINVAL);
-	char args[1024], reply[MSG];
-	struct jw w;
-	jw_init(&w, args, sizeof(args));
-	jw_raw(&w, "\"handle\":%u,\"private_data\":", cma(id)->handle);
-	jw_hex(&w, private_data, private_data ? private_data_len : 0);
-	return call("reject", &w, reply, NULL);
+	struct sv_cm_connect req = {.handle = cma(id)->handle};
+	if (private_data && private_data_len) {
+		memcpy(req.param.private_data, private_data, private_data_len);
+		req.param.private_data_len = private_data_len;
+	}
+	return CALL0(CM_REJECT, req);
 }
 
 int rdma_disconnect(struct rdma_cm_id *id)
@@ -877,8 +862,7 @@ int rdma_disconnect(struct rdma_cm_id *id)
 	if (!id)
 		return fail(EINVAL);
 	modify_err(cma(id));
-	char reply[MSG];
-	if (simple(cma(id), "disconnect", NULL, reply, NULL))
+	if (simple(cma(id), SV_OP_CM_DISCONNECT, "CM_DISCONNECT"))
 		return -1;
 	return complete(cma(id));
 }
@@ -895,12 +879,14 @@ int rdma_set_option(struct rdma_cm_id *id, int level, int optname, void *optval,
 {
 	if (!id || !optval || !optlen)
 		return fail(EINVAL);
-	long long value = optlen == 1 ? *(uint8_t *)optval
-			: optlen == sizeof(int) ? *(int *)optval : 0;
-	char extra[160], reply[MSG];
-	snprintf(extra, sizeof(extra), ",\"level\":%d,\"name\":%d,\"value\":%lld,\"length\":%zu",
-		 level, optname, value, optlen);
-	return simple(cma(id), "set_option", extra, reply, NULL);
+	if (level < 0 || optname < 0 || optlen > UINT32_MAX)
+		return fail(EINVAL);
+	struct sv_cm_option req = {
+		.value = optlen == 1 ? *(uint8_t *)optval
+		       : optlen == sizeof(int) ? (uint64_t)(uint32_t)*(int *)optval : 0,
+		.handle = cma(id)->handle, .level = (uint32_t)level, .name = (uint32_t)optname,
+		.length = (uint32_t)optlen};
+	return CALL0(CM_SET_OPTION, req);
 }
 
 int rdma_migrate_id(struct rdma_cm_id *id, struct rdma_event_channel *channel)
@@ -911,9 +897,9 @@ int rdma_migrate_id(struct rdma_cm_id *id, struct rdma_event_channel *channel)
 	int sync = !channel;
 	if (sync && !(channel = new_channel()))
 		return -1;
-	char extra[64], reply[MSG];
-	snprintf(extra, sizeof(extra), ",\"channel\":%u", ((struct cma_channel *)channel)->number);
-	if (simple(c, "migrate_id", extra, reply, NULL)) {
+	struct sv_cm_channel req = {.handle = c->handle,
+				     .channel = ((struct cma_channel *)channel)->number};
+	if (CALL0(CM_MIGRATE_ID, req)) {
 		int err = errno;
 		if (sync)
 			rdma_destroy_event_channel(channel);
@@ -953,12 +939,9 @@ static int join(struct rdma_cm_id *id, struct sockaddr *addr, int flags, void *c
 	mc->next = c->mc;
 	c->mc = mc;
 	pthread_mutex_unlock(&lock);
-	char args[256], reply[MSG];
-	struct jw w;
-	jw_init(&w, args, sizeof(args));
-	jw_raw(&w, "\"handle\":%u,\"join_flags\":%d,", c->handle, flags);
-	jw_addr(&w, "addr", addr);
-	if (call("join_multicast", &w, reply, NULL)) {
+	struct sv_cm_mcast req = {.handle = c->handle, .join_flags = (uint32_t)flags};
+	cm_addr_of(addr, &req.addr);
+	if (CALL0(CM_JOIN_MCAST, req)) {
 		int err = errno;
 		pthread_mutex_lock(&lock);
 		for (struct cma_mc **p = &c->mc; *p; p = &(*p)->next)
@@ -1011,22 +994,19 @@ int rdma_leave_multicast(struct rdma_cm_id *id, struct sockaddr *addr)
 		return fail(EADDRNOTAVAIL);
 	if (id->qp && mc->attached)
 		ibv_detach_mcast(id->qp, &mc->mgid, mc->mlid);
-	char args[256], reply[MSG];
-	struct jw w;
-	jw_init(&w, args, sizeof(args));
-	jw_raw(&w, "\"handle\":%u,", c->handle);
-	jw_addr(&w, "addr", (struct sockaddr *)&mc->addr);
-	int err = call("leave_multicast", &w, reply, NULL) ? errno : 0;
+	struct sv_cm_mcast req = {.handle = c->handle};
+	cm_addr_of((struct sockaddr *)&mc->addr, &req.addr);
+	int err = CALL0(CM_LEAVE_MCAST, req) ? errno : 0;
 	free(mc);
 	return err ? fail(err) : 0;
 }
 
 /* librdmacm's ucma_process_join: the group's GID, and the ID's QP attached to
  * it unless the join was send-only; 0 or an errno. */
-static int process_join(struct cma_id *c, struct cma_event *e, const char *raw)
+static int process_join(struct cma_id *c, struct cma_event *e, const struct sv_cm_event *raw)
 {
 	struct sockaddr_storage group;
-	if (!addr_of(js_get(raw, "mc"), &group))
+	if (!(raw->flags & SV_CM_EVENT_MC) || !addr_of(&raw->mc, &group))
 		return 0;
 	pthread_mutex_lock(&lock);
 	struct cma_mc *mc = c->mc;
@@ -1048,47 +1028,57 @@ static int process_join(struct cma_id *c, struct cma_event *e, const char *raw)
 
 /* --- events -------------------------------------------------------------------------------- */
 
-static void conn_param_of(struct cma_event *e, const char *conn)
+/* The event's private data (CM_EVENT_CONN or _UD) into the event's own copy. */
+static const void *private_data_of(struct cma_event *e, const struct sv_cm_conn_param *k,
+				   uint8_t *len)
 {
-	struct rdma_conn_param *p = &e->event.param.conn;
-	long n = js_hex(js_get(conn, "private_data"), e->private_data, sizeof(e->private_data));
-	p->private_data = n > 0 ? e->private_data : NULL;
-	p->private_data_len = (uint8_t)(n > 0 ? n : 0);
-	p->responder_resources = (uint8_t)js_int_of(conn, "responder_resources", 0);
-	p->initiator_depth = (uint8_t)js_int_of(conn, "initiator_depth", 0);
-	p->flow_control = (uint8_t)js_int_of(conn, "flow_control", 0);
-	p->retry_count = (uint8_t)js_int_of(conn, "retry_count", 0);
-	p->rnr_retry_count = (uint8_t)js_int_of(conn, "rnr_retry_count", 0);
-	p->srq = (uint8_t)js_int_of(conn, "srq", 0);
-	p->qp_num = (uint32_t)js_int_of(conn, "qp_num", 0);
+	size_t n = k->private_data_len;
+	if (n > sizeof(e->private_data))
+		n = sizeof(e->private_data);
+	memcpy(e->private_data, k->private_data, n);
+	*len = (uint8_t)n;
+	return n ? e->private_data : NULL;
 }
 
-static void ud_param_of(struct cma_event *e, const char *ud)
+static void conn_param_of(struct cma_event *e, const struct sv_cm_conn_param *k)
+{
+	struct rdma_conn_param *p = &e->event.param.conn;
+	p->private_data = private_data_of(e, k, &p->private_data_len);
+	p->responder_resources = k->responder_resources;
+	p->initiator_depth = k->initiator_depth;
+	p->flow_control = k->flow_control;
+	p->retry_count = k->retry_count;
+	p->rnr_retry_count = k->rnr_retry_count;
+	p->srq = k->srq;
+	p->qp_num = k->qp_num;
+}
+
+static void ud_param_of(struct cma_event *e, const struct sv_cm_event *raw)
 {
 	struct rdma_ud_param *p = &e->event.param.ud;
-	long n = js_hex(js_get(ud, "private_data"), e->private_data, sizeof(e->private_data));
-	p->private_data = n > 0 ? e->private_data : NULL;
-	p->private_data_len = (uint8_t)(n > 0 ? n : 0);
-	p->qp_num = (uint32_t)js_int_of(ud, "qp_num", 0);
-	p->qkey = (uint32_t)js_int_of(ud, "qkey", 0);
-	ah_attr_of(js_get(ud, "ah_attr"), &p->ah_attr);
+	p->private_data = private_data_of(e, &raw->param, &p->private_data_len);
+	p->qp_num = raw->param.qp_num;
+	p->qkey = raw->param.qkey;
+	if (raw->flags & SV_CM_EVENT_AH)
+		ah_attr_of(&raw->ah, &p->ah_attr);
 }
 
 /* A CONNECT_REQUEST's new ID (ucma_process_conn_req). */
-static struct cma_id *new_child(struct cma_id *listen, const char *info, const char *conn)
+static struct cma_id *new_child(struct cma_id *listen, const struct sv_cm_event *raw)
 {
 	struct cma_id *c = calloc(1, sizeof(*c));
 	if (!c)
 		return NULL;
-	c->handle = (uint32_t)js_int_of(info, "handle", 0);
+	c->handle = raw->info.handle;
 	c->id.channel = listen->id.channel;
 	c->id.context = listen->id.context;
 	c->id.ps = listen->id.ps;
-	c->id.qp_type = (enum ibv_qp_type)js_int_of(info, "qp_type", listen->id.qp_type);
-	c->responder_resources = (uint8_t)js_int_of(conn, "responder_resources",
-						    RDMA_MAX_RESP_RES);
-	c->initiator_depth = (uint8_t)js_int_of(conn, "initiator_depth", RDMA_MAX_INIT_DEPTH);
-	attach(c, info);
+	c->id.qp_type = raw->info.qp_type ? (enum ibv_qp_type)raw->info.qp_type
+					  : listen->id.qp_type;
+	int conn = raw->flags & SV_CM_EVENT_CONN;
+	c->responder_resources = conn ? raw->param.responder_resources : RDMA_MAX_RESP_RES;
+	c->initiator_depth = conn ? raw->param.initiator_depth : RDMA_MAX_INIT_DEPTH;
+	attach(c, &raw->info);
 	if (listen->id.pd && c->id.verbs == listen->id.verbs)
 		c->id.pd = listen->id.pd;
 	pthread_mutex_lock(&lock);
@@ -1103,9 +1093,9 @@ static struct cma_id *new_child(struct cma_id *listen, const char *info, const c
 }
 
 /* librdmacm's processing of one raw event; NULL when it is not reported. */
-static struct cma_event *process(const char *raw)
+static struct cma_event *process(const struct sv_cm_event *raw)
 {
-	struct cma_id *c = id_of((uint32_t)js_int_of(raw, "handle", -1));
+	struct cma_id *c = id_of(raw->handle);
 	if (!c)
 		return NULL;	/* destroyed meanwhile */
 	struct cma_event *e = calloc(1, sizeof(*e));
@@ -1113,16 +1103,15 @@ static struct cma_event *process(const char *raw)
 		return NULL;
 	struct rdma_cm_event *ev = &e->event;
 	ev->id = &c->id;
-	ev->event = (enum rdma_cm_event_type)js_int_of(raw, "event", 0);
-	ev->status = (int)js_int_of(raw, "status", 0);
-	const char *conn = js_get(raw, "conn"), *ud = js_get(raw, "ud");
-	if (js_present(conn))
-		conn_param_of(e, conn);
-	else if (js_present(ud))
-		ud_param_of(e, ud);
+	ev->event = (enum rdma_cm_event_type)raw->event;
+	ev->status = raw->status;
+	if (raw->flags & SV_CM_EVENT_CONN)
+		conn_param_of(e, &raw->param);
+	else if (raw->flags & SV_CM_EVENT_UD)
+		ud_param_of(e, raw);
 	switch (ev->event) {
 	case RDMA_CM_EVENT_CONNECT_REQUEST: {
-		struct cma_id *child = new_child(c, js_get(raw, "child"), conn);
+		struct cma_id *child = new_child(c, raw);
 		if (!child) {
 			free(e);
 			return NULL;
@@ -1138,8 +1127,7 @@ static struct cma_event *process(const char *raw)
 		}
 		c->responder_resources = c->dev ? c->dev->max_responder : 0;
 		c->initiator_depth = c->dev ? c->dev->max_initiator : 0;
-		char reply[MSG];
-		if (modify_rtr_rts(c) || simple(c, "accept", ",\"param\":null", reply, NULL)) {
+		if (modify_rtr_rts(c) || simple(c, SV_OP_CM_ESTABLISH, "CM_ESTABLISH")) {
 			modify_err(c);
 			ev->event = RDMA_CM_EVENT_CONNECT_ERROR;
 			ev->status = -(errno ? errno : EINVAL);
@@ -1159,7 +1147,8 @@ static struct cma_event *process(const char *raw)
 		break;
 	case RDMA_CM_EVENT_ADDR_RESOLVED:
 	case RDMA_CM_EVENT_ROUTE_RESOLVED:
-		attach(c, js_get(raw, "info"));
+		if (raw->flags & SV_CM_EVENT_INFO)
+			attach(c, &raw->info);
 		if (!c->dev) {
 			ev->event = RDMA_CM_EVENT_ADDR_ERROR;
 			ev->status = -ENODEV;
@@ -1186,21 +1175,16 @@ int rdma_get_cm_event(struct rdma_event_channel *channel, struct rdma_cm_event *
 {
 	if (!channel || !event)
 		return fail(EINVAL);
-	char *buf = malloc(MSG);
-	if (!buf)
-		return fail(ENOMEM);
 	for (;;) {
 		/* a signal ends the wait with EINTR, as librdmacm's read() does */
-		ssize_t n = recv(channel->fd, buf, MSG - 1, 0);
-		if (n <= 0) {
-			int err = n < 0 ? errno : ENODEV;	/* the service is gone */
-			free(buf);
-			return fail(err);
-		}
-		buf[n] = '\0';
-		struct cma_event *e = process(buf);
+		struct sv_cm_event raw;
+		ssize_t n = recv(channel->fd, &raw, sizeof(raw), MSG_TRUNC);	/* n: its real size */
+		if (n <= 0)
+			return fail(n < 0 ? errno : ENODEV);	/* 0: the service is gone */
+		if ((size_t)n != sizeof(raw))
+			return fail(EPROTO);
+		struct cma_event *e = process(&raw);
 		if (e) {
-			free(buf);
 			*event = &e->event;
 			return 0;
 		}

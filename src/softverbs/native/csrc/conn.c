@@ -362,17 +362,14 @@ int sv_destroy(uint32_t kind, uint32_t handle)
 
 /* --- for librdmacm (exported as SOFTVERBS_PRIVATE_1) ----------------------------------- */
 
-/* One RDMA CM command (a JSON object) and its JSON reply, NUL-terminated in
- * reply (capacity reply_cap).  0 or an errno; sv_cm_error() says why. */
-int sv_cm_call(const char *json, size_t len, char *reply, size_t reply_cap)
+/* One RDMA CM command: operation ``op`` (an SV_OP_CM_*) with its request
+ * record, and its reply record of ``reply_len`` bytes.  0 or an errno;
+ * sv_cm_error() says why. */
+int sv_cm_call(uint16_t op, const void *req, size_t req_len, void *reply, size_t reply_len)
 {
-	if (!reply_cap)
-		return EINVAL;
-	size_t got = reply_cap - 1;
 	char none[1];
-	int err = sv_call(SV_OP_CM, json, len, NULL, 0, none, 0, reply, &got);
-	reply[err ? 0 : got] = '\0';
-	return err;
+	return sv_call(op, req, req_len, NULL, 0, reply_len ? reply : none, reply_len, NULL,
+		       NULL);
 }
 
 /* The socket the events of CM event channel ``channel`` go to. */

@@ -5,7 +5,7 @@
 
 #include <stdint.h>
 
-#define SV_PROTOCOL_VERSION 2
+#define SV_PROTOCOL_VERSION 3
 #define SV_MAX_MESSAGE 65536
 #define SV_MAX_FDS 4
 #define SV_FLAG_REPLY 1
@@ -26,6 +26,11 @@
 #define SV_MKEY_CONF_SIG 4
 #define SV_MKEY_CONF_AUTO_COPY 8
 #define SV_MAX_SLOT 65536
+#define SV_CM_EVENT_INFO 1
+#define SV_CM_EVENT_CONN 2
+#define SV_CM_EVENT_UD 4
+#define SV_CM_EVENT_AH 8
+#define SV_CM_EVENT_MC 16
 #define SV_KIND_CTX 1
 #define SV_KIND_PD 2
 #define SV_KIND_MR 3
@@ -80,8 +85,24 @@
 #define SV_OP_MKEY_CHECK 45
 #define SV_OP_CANCEL_SEND 46
 #define SV_OP_SANITIZE 47
-#define SV_OP_CM 50
 #define SV_OP_CM_EVENTS 51
+#define SV_OP_CM_CREATE_ID 52
+#define SV_OP_CM_DESTROY_ID 53
+#define SV_OP_CM_MIGRATE_ID 54
+#define SV_OP_CM_QUERY 55
+#define SV_OP_CM_BIND_ADDR 56
+#define SV_OP_CM_RESOLVE_ADDR 57
+#define SV_OP_CM_RESOLVE_ROUTE 58
+#define SV_OP_CM_LISTEN 59
+#define SV_OP_CM_CONNECT 60
+#define SV_OP_CM_ACCEPT 61
+#define SV_OP_CM_ESTABLISH 62
+#define SV_OP_CM_REJECT 63
+#define SV_OP_CM_DISCONNECT 64
+#define SV_OP_CM_INIT_QP_ATTR 65
+#define SV_OP_CM_SET_OPTION 66
+#define SV_OP_CM_JOIN_MCAST 67
+#define SV_OP_CM_LEAVE_MCAST 68
 
 /* rings (docs/rings.md) */
 #define SV_RING_HEADER_SIZE 64
@@ -255,6 +276,75 @@ struct sv_mkey_sig_domain {
 	uint32_t reserved;                      /* @20 */
 };
 _Static_assert(sizeof(struct sv_mkey_sig_domain) == 24, "sv_mkey_sig_domain");
+
+struct sv_cm_addr {
+	char ip[16];                            /* @0 */ /* network byte order; IPv4 in the first 4 bytes */
+	uint16_t family;                        /* @16 */
+	uint16_t port;                          /* @18 */ /* host byte order */
+	uint32_t reserved;                      /* @20 */
+};
+_Static_assert(sizeof(struct sv_cm_addr) == 24, "sv_cm_addr");
+
+struct sv_cm_id_info {
+	struct sv_cm_addr src;                  /* @0 */
+	struct sv_cm_addr dst;                  /* @24 */
+	char sgid[16];                          /* @48 */
+	char dgid[16];                          /* @64 */
+	char dev[64];                           /* @80 */ /* the device the ID is bound to (empty: none yet) */
+	uint32_t handle;                        /* @144 */
+	uint32_t ps;                            /* @148 */
+	uint32_t qp_type;                       /* @152 */
+	uint32_t port_num;                      /* @156 */
+	uint32_t sgid_index;                    /* @160 */
+	uint32_t has_path;                      /* @164 */ /* 1 if sgid, dgid and sgid_index are known (an address is resolved) */
+	uint32_t state;                         /* @168 */ /* rdma_cm's state (enum rdma_cm_state) */
+	uint32_t cm_state;                      /* @172 */ /* ib_cm's state (enum ib_cm_state) */
+};
+_Static_assert(sizeof(struct sv_cm_id_info) == 176, "sv_cm_id_info");
+
+struct sv_cm_conn_param {
+	char private_data[256];                 /* @0 */
+	uint32_t qp_num;                        /* @256 */
+	uint32_t qkey;                          /* @260 */
+	uint8_t private_data_len;               /* @264 */
+	uint8_t responder_resources;            /* @265 */
+	uint8_t initiator_depth;                /* @266 */
+	uint8_t flow_control;                   /* @267 */
+	uint8_t retry_count;                    /* @268 */
+	uint8_t rnr_retry_count;                /* @269 */
+	uint8_t srq;                            /* @270 */
+	uint8_t reserved;                       /* @271 */
+};
+_Static_assert(sizeof(struct sv_cm_conn_param) == 272, "sv_cm_conn_param");
+
+struct sv_address_vector {
+	char dgid[16];                          /* @0 */
+	uint32_t dlid;                          /* @16 */
+	uint32_t sl;                            /* @20 */
+	uint32_t src_path_bits;                 /* @24 */
+	uint32_t static_rate;                   /* @28 */
+	uint32_t is_global;                     /* @32 */
+	uint32_t port_num;                      /* @36 */
+	uint32_t flow_label;                    /* @40 */
+	uint32_t sgid_index;                    /* @44 */
+	uint32_t hop_limit;                     /* @48 */
+	uint32_t traffic_class;                 /* @52 */
+};
+_Static_assert(sizeof(struct sv_address_vector) == 56, "sv_address_vector");
+
+struct sv_cm_event {
+	struct sv_cm_id_info info;              /* @0 */ /* CM_EVENT_INFO: CONNECT_REQUEST: the new ID; ADDR_RESOLVED, ROUTE_RESOLVED: the ID */
+	struct sv_cm_conn_param param;          /* @176 */ /* CM_EVENT_CONN: rdma_conn_param; CM_EVENT_UD: rdma_ud_param's */
+	struct sv_address_vector ah;            /* @448 */ /* CM_EVENT_AH: rdma_ud_param.ah_attr */
+	struct sv_cm_addr mc;                   /* @504 */ /* CM_EVENT_MC: MULTICAST_JOIN: the group */
+	uint32_t handle;                        /* @528 */ /* the ID the event is for (CONNECT_REQUEST: the listener) */
+	uint32_t event;                         /* @532 */
+	int32_t status;                         /* @536 */ /* 0, a negative errno, or a REJ reason */
+	uint32_t join_flags;                    /* @540 */
+	uint32_t flags;                         /* @544 */ /* CM_EVENT_INFO, _CONN, _UD, _AH, _MC */
+	uint32_t reserved;                      /* @548 */
+};
+_Static_assert(sizeof(struct sv_cm_event) == 552, "sv_cm_event");
 
 struct sv_hello {
 	uint64_t token;                         /* @0 */ /* HELLO_JOIN: the token the parent's HELLO reply gave */
@@ -471,21 +561,6 @@ struct sv_alloc_mw_reply {
 	uint32_t rkey;                          /* @4 */
 };
 _Static_assert(sizeof(struct sv_alloc_mw_reply) == 8, "sv_alloc_mw_reply");
-
-struct sv_address_vector {
-	char dgid[16];                          /* @0 */
-	uint32_t dlid;                          /* @16 */
-	uint32_t sl;                            /* @20 */
-	uint32_t src_path_bits;                 /* @24 */
-	uint32_t static_rate;                   /* @28 */
-	uint32_t is_global;                     /* @32 */
-	uint32_t port_num;                      /* @36 */
-	uint32_t flow_label;                    /* @40 */
-	uint32_t sgid_index;                    /* @44 */
-	uint32_t hop_limit;                     /* @48 */
-	uint32_t traffic_class;                 /* @52 */
-};
-_Static_assert(sizeof(struct sv_address_vector) == 56, "sv_address_vector");
 
 struct sv_create_ah {
 	struct sv_address_vector av;            /* @0 */
@@ -738,5 +813,82 @@ struct sv_count {
 	uint32_t reserved;                      /* @4 */
 };
 _Static_assert(sizeof(struct sv_count) == 8, "sv_count");
+
+struct sv_cm_create_id {
+	uint32_t ps;                            /* @0 */
+	uint32_t qp_type;                       /* @4 */
+	uint32_t channel;                       /* @8 */
+	uint32_t reserved;                      /* @12 */
+};
+_Static_assert(sizeof(struct sv_cm_create_id) == 16, "sv_cm_create_id");
+
+struct sv_cm_channel {
+	uint32_t handle;                        /* @0 */
+	uint32_t channel;                       /* @4 */
+};
+_Static_assert(sizeof(struct sv_cm_channel) == 8, "sv_cm_channel");
+
+struct sv_cm_bind {
+	struct sv_cm_addr addr;                 /* @0 */
+	uint32_t handle;                        /* @24 */
+	uint32_t reserved;                      /* @28 */
+};
+_Static_assert(sizeof(struct sv_cm_bind) == 32, "sv_cm_bind");
+
+struct sv_cm_resolve_addr {
+	struct sv_cm_addr src;                  /* @0 */ /* family 0: none */
+	struct sv_cm_addr dst;                  /* @24 */
+	uint32_t handle;                        /* @48 */
+	uint32_t timeout_ms;                    /* @52 */
+};
+_Static_assert(sizeof(struct sv_cm_resolve_addr) == 56, "sv_cm_resolve_addr");
+
+struct sv_cm_timeout {
+	uint32_t handle;                        /* @0 */
+	uint32_t timeout_ms;                    /* @4 */
+};
+_Static_assert(sizeof(struct sv_cm_timeout) == 8, "sv_cm_timeout");
+
+struct sv_cm_listen {
+	uint32_t handle;                        /* @0 */
+	int32_t backlog;                        /* @4 */
+};
+_Static_assert(sizeof(struct sv_cm_listen) == 8, "sv_cm_listen");
+
+struct sv_cm_connect {
+	struct sv_cm_conn_param param;          /* @0 */
+	uint32_t handle;                        /* @272 */
+	uint32_t reserved;                      /* @276 */
+};
+_Static_assert(sizeof(struct sv_cm_connect) == 280, "sv_cm_connect");
+
+struct sv_cm_qp_state {
+	uint32_t handle;                        /* @0 */
+	uint32_t qp_state;                      /* @4 */
+};
+_Static_assert(sizeof(struct sv_cm_qp_state) == 8, "sv_cm_qp_state");
+
+struct sv_cm_qp_attr {
+	struct sv_qp_attrs attr;                /* @0 */
+	uint32_t mask;                          /* @208 */
+	uint32_t reserved;                      /* @212 */
+};
+_Static_assert(sizeof(struct sv_cm_qp_attr) == 216, "sv_cm_qp_attr");
+
+struct sv_cm_option {
+	uint64_t value;                         /* @0 */
+	uint32_t handle;                        /* @8 */
+	uint32_t level;                         /* @12 */
+	uint32_t name;                          /* @16 */
+	uint32_t length;                        /* @20 */
+};
+_Static_assert(sizeof(struct sv_cm_option) == 24, "sv_cm_option");
+
+struct sv_cm_mcast {
+	struct sv_cm_addr addr;                 /* @0 */
+	uint32_t handle;                        /* @24 */
+	uint32_t join_flags;                    /* @28 */
+};
+_Static_assert(sizeof(struct sv_cm_mcast) == 32, "sv_cm_mcast");
 
 #endif
