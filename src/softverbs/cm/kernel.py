@@ -215,10 +215,18 @@ class ServiceKernel(Kernel):
         super().__init__()
         self.registry = registry
         self.runtime = registry.runtime
-        registry.cm_events(self.deliver)
+        from softverbs.cm import wire
+
+        registry.cm_events(lambda event: self.deliver(wire.event_dict(event)))
 
     def call(self, cmd: str, **kw: Any) -> Any:
-        return self.registry.cm_call(cmd, kw)
+        """One agent command as its ``CM_*`` request (:mod:`softverbs.cm.wire`)."""
+        from softverbs.cm import wire
+
+        command = wire.COMMANDS.get(cmd)
+        if command is None:
+            raise PyverbsRDMAError(f"unknown CM command {cmd!r}", errno.EINVAL)
+        return command.result(self.registry.cm_request(command.op, command.request(kw)))
 
     def wait(self, ready: Callable[[], bool], timeout: float | None, cond: threading.Condition,
              devices: list[str]) -> bool:  # fmt: skip

@@ -15,7 +15,7 @@ declarations:
   docs/service-protocol.md (:mod:`softverbs.device.protocol`).
 
 An operation without a handler is a connection's own, answered by the
-device service (``HELLO``, the RDMA CM's).  ``tests/unit/device/test_ops_table.py``
+device service (``HELLO``, the RDMA CM's).  ``tests/device/test_ops_table.py``
 checks that every operation has all of its parts.
 """
 

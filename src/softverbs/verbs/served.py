@@ -602,18 +602,14 @@ class ServiceRegistry:
             self._conn = None
 
     # --- the RDMA CM in the service -----------------------------------------------------------
-    def cm_call(self, cmd: str, args: dict[str, Any]) -> Any:
-        """One CM agent command as its CM_* request (softverbs.cm.wire)."""
-        from softverbs.cm import wire
+    def cm_request(self, op: Any, request: Record) -> Any:
+        """One ``CM_*`` request to the service's CM agent; its reply record
+        (the records and their meaning: :mod:`softverbs.cm.wire`)."""
+        reply, _ = self.connection().call(op, request)
+        return reply
 
-        command = wire.COMMANDS.get(cmd)
-        if command is None:
-            raise PyverbsRDMAError(f"unknown CM command {cmd!r}", errno.EINVAL)
-        reply, _ = self.connection().call(command.op, command.request(args))
-        return command.result(reply)
-
-    def cm_events(self, deliver: Callable[[dict[str, Any]], None]) -> None:
-        """Have this process's CM events delivered (once)."""
+    def cm_events(self, deliver: Callable[[records.CmEvent], None]) -> None:
+        """Have this process's CM events delivered (once), as records."""
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         fd = theirs.detach()
         try:
@@ -622,10 +618,8 @@ class ServiceRegistry:
         finally:
             os.close(fd)
 
-        from softverbs.cm.wire import event_dict
-
         def on_packet(data: bytes) -> None:
-            deliver(event_dict(records.CmEvent.unpack(data)))
+            deliver(records.CmEvent.unpack(data))
 
         self.runtime.watch(mine, on_packet)
 
