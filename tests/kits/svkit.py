@@ -100,19 +100,23 @@ CTX.set_forkserver_preload(["softverbs", "softverbs.verbs.served", "softverbs.se
 # --- the service ---------------------------------------------------------------------
 
 
-def _serve(path: str) -> None:
+def _serve(path: str, env: dict[str, str]) -> None:
     from softverbs.service.server import main
 
     os.environ.pop("SOFTVERBS_SERVICE", None)
+    os.environ.update(env)
     raise SystemExit(main(["--socket", path]))
 
 
 class ServiceProc:
     """softverbsd in its own process, on its own socket."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, env: dict[str, str] | None = None) -> None:
+        """``env``: settings for this service.  It is forked from the forkserver,
+        whose environment is the one of the first ServiceProc: a variable set
+        later in the test process does not reach it."""
         self.path = path
-        self.proc = CTX.Process(target=_serve, args=(path,), name="softverbsd")
+        self.proc = CTX.Process(target=_serve, args=(path, env or {}), name="softverbsd")
         self.proc.start()
         deadline = time.monotonic() + 3 * WAIT  # a loaded machine starts processes slowly
         while True:

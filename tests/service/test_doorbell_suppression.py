@@ -31,18 +31,16 @@ WAIT = 10.0
 
 
 @pytest.fixture
-def spinning(monkeypatch: pytest.MonkeyPatch,
-             service_factory: Callable[[], ServiceProc]) -> Iterator[ServiceProc]:  # fmt: skip
-    monkeypatch.setenv("SOFTVERBS_SPIN_US", str(SPIN_US))
-    yield service_factory()
+def spinning(service_factory: Callable[..., ServiceProc]) -> Iterator[ServiceProc]:
+    yield service_factory({"SOFTVERBS_SPIN_US": str(SPIN_US)})
 
 
 @pytest.fixture
-def service_factory(workdir: Path) -> Iterator[Callable[[], ServiceProc]]:
+def service_factory(workdir: Path) -> Iterator[Callable[..., ServiceProc]]:
     made: list[ServiceProc] = []
 
-    def make() -> ServiceProc:
-        svc = ServiceProc(str(workdir / "spin.sock"))
+    def make(env: dict[str, str] | None = None) -> ServiceProc:
+        svc = ServiceProc(str(workdir / "spin.sock"), env)
         made.append(svc)
         return svc
 
