@@ -43,10 +43,12 @@ from softverbs.fabric.switch import Topology
 from softverbs.incast import IncastResult, run_incast
 
 #: The DCQCN paper's parameters (Zhu et al., SIGCOMM 2015) as mlx5 knobs: a CNP and a
-#: rate cut at most every 50 us, alpha updated every 55 us with g = 1/256, the increase
-#: timer 55 us, the byte counter 10 MB, F = 5, R_AI 40 Mb/s; R_HAI (100 Mb/s) is ours.
+#: rate cut at most every 50 us, every cut setting Rt = Rc, alpha updated every 55 us
+#: with g = 1/256, the increase timer 55 us, the byte counter 10 MB, F = 5, R_AI 40 Mb/s;
+#: R_HAI (100 Mb/s) is ours.
 PAPER: dict[str, int] = {
-    "min_time_between_cnps": 50, "rate_reduce_monitor_period": 50, "dce_tcp_rtt": 55,
+    "min_time_between_cnps": 50, "rate_reduce_monitor_period": 50, "clamp_tgt_rate": 1,
+    "dce_tcp_rtt": 55,
     "dce_tcp_g": 1020, "rpg_time_reset": 55, "rpg_byte_reset": 10_000_000,
     "rpg_threshold": 5, "rpg_ai_rate": 40, "rpg_hai_rate": 100,
 }  # fmt: skip
@@ -55,8 +57,8 @@ PAPER: dict[str, int] = {
 FABRICS = {"lossless": True, "lossy": False}
 
 
-def topology(bandwidth: float, pfc: bool) -> Topology:
-    return Topology(bandwidth=bandwidth, delay=1e-6, buffer=800_000, kmin=5_000, kmax=200_000,
+def topology(bandwidth: float, pfc: bool, buffer: int = 800_000) -> Topology:
+    return Topology(bandwidth=bandwidth, delay=1e-6, buffer=buffer, kmin=5_000, kmax=200_000,
                     pmax=0.01, pfc=pfc)  # fmt: skip
 
 
@@ -124,10 +126,14 @@ def main() -> int:
     )
     ap.add_argument(
         "--params",
-        choices=("paper", "mlx5"),
-        default="paper",
-        help="DCQCN parameters: the paper's (default) or mlx5's defaults",
+        choices=("mlx5", "paper"),
+        default="mlx5",
+        help="DCQCN parameters: mlx5's defaults (default) or the paper's",
     )
+    ap.add_argument("--buffer", type=int, default=800_000,
+                    help="bytes of the bottleneck's buffer (default 800000, 4 x Kmax)")
+    ap.add_argument("--timeout", type=int, default=12,
+                    help="the QPs' ACK timeout exponent: 4.096 us * 2**N (default 12)")
     ap.add_argument("--json", action="store_true", help="one JSON object per configuration")
     ap.add_argument(
         "--plot", metavar="FILE", help="plot the largest sender count on the first fabric (PNG)"
@@ -144,6 +150,10 @@ def main() -> int:
         ap.error(f"--fabric: comma-separated {' or '.join(FABRICS)}, not {args.fabric!r}")
     if not 0 < args.bandwidth < 1e13:
         ap.error(f"--bandwidth must be a positive number of bit/s, not {args.bandwidth}")
+    if args.buffer < 4200:
+        ap.error(f"--buffer must hold a packet (>= 4200 bytes), not {args.buffer}")
+    if not 1 <= args.timeout <= 31:
+        ap.error(f"--timeout is an exponent 1..31, not {args.timeout}")
     params = PAPER if args.params == "paper" else {}
     results: list[IncastResult] = []
     for n in counts:
@@ -151,7 +161,8 @@ def main() -> int:
             for cc in ("dcqcn", "none"):
                 t0 = time.monotonic()
                 res = run_incast(n, cc, duration=args.duration, mtu=args.mtu,
-                                 topology=topology(args.bandwidth, FABRICS[fabric]),
+                                 timeout=args.timeout,
+                                 topology=topology(args.bandwidth, FABRICS[fabric], args.buffer),
                                  cc_params=params if cc == "dcqcn" else None)  # fmt: skip
                 results.append(res)
                 if args.json:
@@ -160,8 +171,9 @@ def main() -> int:
                     print(json.dumps(row), flush=True)
     if not args.json:
         print(
-            f"bottleneck {args.bandwidth / 1e9:g} Gb/s, MTU {args.mtu}, "
-            f"{args.duration * 1e3:g} ms virtual per run, DCQCN parameters: {args.params}"
+            f"bottleneck {args.bandwidth / 1e9:g} Gb/s, buffer {args.buffer / 1000:g} KB, "
+            f"MTU {args.mtu}, {args.duration * 1e3:g} ms virtual per run, ACK timeout "
+            f"{4.096 * 2**args.timeout / 1000:.3g} ms, DCQCN parameters: {args.params}"
         )
         print(table(results))
     if args.plot:

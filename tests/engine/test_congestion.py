@@ -34,6 +34,8 @@ def test_defaults_are_mlx5s() -> None:
     assert d["dce_tcp_g"] == 1019 and d["dce_tcp_rtt"] == 1
     assert d["initial_alpha_value"] == 1023
     assert d["min_time_between_cnps"] == 4 and d["cnp_dscp"] == 48 and d["cnp_802p_prio"] == 6
+    assert d["rate_reduce_monitor_period"] == 4
+    assert d["clamp_tgt_rate"] == 0 and d["clamp_tgt_rate_after_time_inc"] == 1
 
 
 @pytest.mark.parametrize(
@@ -95,13 +97,46 @@ def test_cut_follows_rpg_gd_and_min_dec_fac() -> None:
 
 
 def test_cuts_are_at_most_one_per_monitor_period() -> None:
-    cc = dcqcn(rate_reduce_monitor_period=50)
+    cc = dcqcn(rate_reduce_monitor_period=50, dce_tcp_rtt=131071)
     cc.on_cnp(0.0)
     once = cc.rc
-    cc.on_cnp(10e-6)  # inside the period: alpha only
-    assert cc.rc == once and cc.cuts == 1
-    cc.on_cnp(60e-6)
-    assert cc.rc < once and cc.cuts == 2
+    cc.on_cnp(10e-6)  # inside the period: the cut waits for its end
+    cc.on_cnp(20e-6)  # a second CNP in the same period adds nothing
+    assert cc.rc == once and cc.cuts == 1 and cc.cut_due == pytest.approx(50e-6)
+    cc.can_send(49e-6)
+    assert cc.rc == once
+    cc.can_send(50e-6)  # the period ended: one deferred cut
+    assert cc.cuts == 2 and cc.cut_at == pytest.approx(50e-6)
+    assert cc.rc == pytest.approx(once * (1 - cc.alpha / 2))
+    cc.can_send(1e-3)  # no CNP since: nothing more
+    assert cc.cuts == 2
+    cc.on_cnp(2e-3)  # long after the last cut: at once
+    assert cc.cuts == 3 and cc.cut_due is None
+
+
+def test_target_rate_clamping() -> None:
+    # mlx5's default: a cut before any timer event keeps the target the flow had.
+    cc = dcqcn(rpg_time_reset=100, dce_tcp_rtt=131071)
+    cc.on_cnp(0.0)
+    cc.on_cnp(50e-6)  # the timer (100 us) has not fired: rt stays the line rate
+    assert cc.rt == LINE and cc.cuts == 2
+    cc.can_send(150e-6)  # a timer event raises rc ...
+    assert cc.timer_stage == 1
+    rc = cc.rc
+    cc.on_cnp(160e-6)  # ... so this cut clamps the target to the rate it cut from
+    assert cc.rt == pytest.approx(rc) and cc.rc < rc
+    # clamp_tgt_rate: every cut (the paper's rt = rc).
+    paper = dcqcn(clamp_tgt_rate=1, rpg_time_reset=100, dce_tcp_rtt=131071)
+    paper.on_cnp(0.0)
+    rc = paper.rc
+    paper.on_cnp(50e-6)
+    assert paper.rt == pytest.approx(rc)
+    # neither: the target never follows a cut.
+    never = dcqcn(clamp_tgt_rate_after_time_inc=0, rpg_time_reset=100, dce_tcp_rtt=131071)
+    never.on_cnp(0.0)
+    never.can_send(150e-6)
+    never.on_cnp(160e-6)
+    assert never.rt == LINE
 
 
 def test_alpha_update_equations() -> None:
@@ -118,7 +153,8 @@ def test_alpha_update_equations() -> None:
 def test_recovery_fast_then_additive_then_hyper() -> None:
     # F = 2 timer events of fast recovery; byte counter out of the way at first.
     cc = dcqcn(rpg_threshold=2, rpg_time_reset=100, rpg_byte_reset=10_000_000,
-               rpg_ai_rate=40, rpg_hai_rate=400, dce_tcp_rtt=131071)  # fmt: skip
+               rpg_ai_rate=40, rpg_hai_rate=400, dce_tcp_rtt=131071,
+               clamp_tgt_rate=1)  # fmt: skip
     cc.on_cnp(0.0)
     cc.on_cnp(50e-6)  # a second cut: rt is now below the line rate; timer from 50 us
     rt, rc = cc.rt, cc.rc

@@ -29,12 +29,18 @@ DCQCN's reaction point
 State: the current rate ``rc``, the target rate ``rt`` (both bit/s, starting
 at the line rate) and ``alpha`` (an estimate of how congested the path is).
 
-* **A CNP** (at most one acted on per ``rate_reduce_monitor_period``):
-  ``rt = rc``; ``rc = rc * (1 - alpha / 2**(rpg_gd - 10))`` -- with the default
-  ``rpg_gd`` 11 that is the paper's ``rc(1 - alpha/2)`` -- but never below
-  ``rc * rpg_min_dec_fac / 100`` nor ``rpg_min_rate``.  Alpha is raised at the
-  end of the current ``dce_tcp_rtt`` period; the increase stages restart.  The
-  first CNP of a flow starts from ``alpha = initial_alpha_value / 1024``.
+* **A cut**, at most one per ``rate_reduce_monitor_period``: a CNP that comes
+  when the last cut is older than that cuts at once; one that comes sooner
+  cuts when the period ends (more CNPs in the period change nothing more).  A
+  cut sets ``rt = rc`` -- always with ``clamp_tgt_rate``, or, mlx5's default
+  (``clamp_tgt_rate_after_time_inc``), only if a timer event has raised the
+  rate since the last cut, so a flow cut again while it recovers keeps its
+  target -- then ``rc = rc * (1 - alpha / 2**(rpg_gd - 10))`` -- with the
+  default ``rpg_gd`` 11 that is the paper's ``rc(1 - alpha/2)`` -- but never
+  below ``rc * rpg_min_dec_fac / 100`` nor ``rpg_min_rate``.  Alpha is raised
+  at the end of the current ``dce_tcp_rtt`` period; the increase stages
+  restart.  The first CNP of a flow starts from ``alpha = initial_alpha_value
+  / 1024``.
 * **Alpha** is updated once per ``dce_tcp_rtt``: with ``g = dce_tcp_g / 1024``,
   ``alpha = g * alpha + (1 - g)`` if a CNP arrived in the period, else
   ``alpha = g * alpha`` (the paper's ``(1-g')alpha + g'`` with ``g' = 1 - g``).
@@ -47,9 +53,10 @@ at the line rate) and ``alpha`` (an estimate of how congested the path is).
   - F + 1``).  Every event then sets ``rc = (rt + rc) / 2``; neither passes the
   line rate.
 
-The timers are evaluated lazily: each call first replays the alpha periods and
-timer stages that ended since the last one, in time order, so no timer events
-are needed for them -- only the pacing wake-up (:meth:`next_send_time`).
+The timers are evaluated lazily: each call first replays the deferred cuts,
+alpha periods and timer stages that ended since the last one, in time order,
+so no timer events are needed for them -- only the pacing wake-up
+(:meth:`next_send_time`).
 Pacing sends at most what ``rc`` pays for in :data:`PACE_QUANTUM` seconds (at
 least one packet) at once, and then waits until ``rc`` has paid for it -- at
 line rate too, as a NIC's rate limiter sits where packets leave it: nothing
@@ -95,7 +102,10 @@ DCQCN_PARAMS: tuple[Param, ...] = (
     Param("rpg_min_dec_fac", 50, 0, 100, "%", "one cut leaves at least this share of rc"),
     Param("rpg_min_rate", 1, 1, 400_000, "Mb/s", "the lowest rate"),
     Param("rate_reduce_monitor_period", 4, 1, 0xFFFFFFFF, "us",
-          "at most one cut per this period"),
+          "at most one cut per this period; a CNP inside it cuts at its end"),
+    Param("clamp_tgt_rate", 0, 0, 1, "bool", "every cut sets rt = rc"),
+    Param("clamp_tgt_rate_after_time_inc", 1, 0, 1, "bool",
+          "a cut sets rt = rc if the timer raised the rate since the last cut"),
     Param("rate_to_set_on_first_cnp", 0, 0, 400_000, "Mb/s",
           "rc and rt on a flow's first CNP (0: cut as usual)"),
     # reaction point: alpha
@@ -250,8 +260,9 @@ class Dcqcn(CongestionControl):
     """``dcqcn``: DCQCN's reaction point (see the module docstring)."""
 
     __slots__ = (
-        "a_ai", "a_hai", "alpha", "alpha_at", "byte_reset", "byte_stage", "bytes_left",
-        "cnp_in_period", "cut_at", "cuts", "debt", "events", "first_cnp", "first_rate", "g", "gd",
+        "a_ai", "a_hai", "alpha", "alpha_at", "byte_reset", "byte_stage", "bytes_left", "clamp",
+        "clamp_ati", "cnp_in_period", "cut_at", "cut_due", "cuts", "debt", "events", "first_cnp",
+        "first_rate", "g", "gd",
         "initial_alpha", "line_rate", "min_dec", "min_rate", "monitor", "paid_at", "period",
         "rc", "rt", "threshold", "time_reset", "timer_at", "timer_stage",
     )  # fmt: skip
@@ -266,6 +277,8 @@ class Dcqcn(CongestionControl):
         self.min_rate = min(line_rate, params["rpg_min_rate"] * mbps)
         self.monitor = params["rate_reduce_monitor_period"] * us
         self.first_rate = params["rate_to_set_on_first_cnp"] * mbps
+        self.clamp = bool(params["clamp_tgt_rate"])
+        self.clamp_ati = bool(params["clamp_tgt_rate_after_time_inc"])
         self.g = params["dce_tcp_g"] / 1024
         self.period = params["dce_tcp_rtt"] * us
         self.initial_alpha = params["initial_alpha_value"] / 1024
@@ -286,6 +299,7 @@ class Dcqcn(CongestionControl):
         self.alpha_at: float | None = None  #: end of the current alpha period (None: idle)
         self.cnp_in_period = False
         self.cut_at = -math.inf  #: when the last cut was made
+        self.cut_due: float | None = None  #: a CNP came inside the monitor period: cut then
         self.timer_at: float | None = None  #: next timer increase event (None: at line rate)
         self.timer_stage = 0
         self.byte_stage = 0
@@ -300,7 +314,12 @@ class Dcqcn(CongestionControl):
         while True:
             a = self.alpha_at
             t = self.timer_at
-            if a is not None and a <= now and (t is None or a <= t):
+            c = self.cut_due
+            if c is not None and c <= now and (a is None or c <= a) and (t is None or c <= t):
+                self._pay(c)
+                self.cut_due = None
+                self._cut(c)
+            elif a is not None and a <= now and (t is None or a <= t):
                 self._pay(a)
                 self._alpha_update(a)
             elif t is not None and t <= now:
@@ -385,8 +404,18 @@ class Dcqcn(CongestionControl):
         self.cnp_in_period = True
         if self.alpha_at is None:
             self.alpha_at = now + self.period
+        if self.cut_due is not None:
+            return True  # a cut is already due at the end of the monitor period
         if now - self.cut_at < self.monitor:
-            return True  # within the monitor period of the last cut: alpha only
+            # Inside the monitor period of the last cut: the cut waits for its end
+            # (mlx5 checks once per period whether a CNP came, and cuts then).
+            self.cut_due = self.cut_at + self.monitor
+            return True
+        self._cut(now)
+        return True
+
+    def _cut(self, now: float) -> None:
+        """Act on the CNPs of a monitor period: one rate cut."""
         self.cut_at = now
         self.cuts += 1
         if self.first_cnp:
@@ -395,12 +424,15 @@ class Dcqcn(CongestionControl):
             if self.first_rate:
                 self.rc = self.rt = max(self.min_rate, min(self.line_rate, self.first_rate))
                 self._restart_stages(now)
-                return True
-        self.rt = self.rc
+                return
+        # The target rate: the paper's rt = rc on every cut (clamp_tgt_rate), or,
+        # mlx5's default, only if the timer has raised the rate since the last cut --
+        # otherwise rt keeps the higher target the flow is recovering toward.
+        if self.clamp or (self.clamp_ati and self.timer_stage > 0):
+            self.rt = self.rc
         cut = self.rc * (1 - self.alpha / self.gd)
         self.rc = max(cut, self.rc * self.min_dec, self.min_rate)
         self._restart_stages(now)
-        return True
 
     def _restart_stages(self, now: float) -> None:
         self.timer_stage = 0
