@@ -22,8 +22,8 @@ fairness index over the last half of the run, the bottleneck queue's p50
 and p99 as arriving packets found it (last half), switch drops,
 retransmitted packets, CNPs and PFC PAUSE frames over the whole run.  ``--json`` prints one
 JSON object per configuration instead.  ``--plot FILE`` draws, for the
-largest sender count, each sender's throughput and the queue over virtual
-time, DCQCN on and off (needs matplotlib: ``pip install -e '.[bench]'``).
+largest sender count, each sender's throughput, its DCQCN rate limit and the
+queue over virtual time, DCQCN on and off (needs matplotlib: ``pip install -e '.[bench]'``).
 
     python bench/bench_incast.py [--senders 2,4,8,16] [--duration 0.01] [--fabric lossless,lossy]
                                  [--bandwidth 40e9] [--mtu 1024] [--json] [--plot F]
@@ -76,7 +76,9 @@ def table(results: list[IncastResult]) -> str:
     return "\n".join(rows)
 
 
-def plot(path: str, on: IncastResult, off: IncastResult) -> bool:
+def plot(path: str, on: IncastResult, off: IncastResult, params: str) -> bool:
+    """Each sender's throughput, its DCQCN rate limit and the bottleneck queue over
+    virtual time, DCQCN on (left) and off (right): the DCQCN paper's incast view."""
     try:
         import matplotlib
 
@@ -85,24 +87,32 @@ def plot(path: str, on: IncastResult, off: IncastResult) -> bool:
     except ImportError:
         print("matplotlib is not installed: no plot (pip install -e '.[bench]')")
         return False
-    fig, axes = plt.subplots(2, 2, figsize=(12, 7), sharex=True)
+    fig, axes = plt.subplots(3, 2, figsize=(12, 8.5), sharex=True)
     for col, res in enumerate((on, off)):
-        ax = axes[0][col]
-        for name, series in res.throughput.items():
-            ax.plot([t * 1e3 for t, _ in series], [b / 1e9 for _, b in series], lw=0.8,
-                    label=name)  # fmt: skip
         fabric = "lossless (PFC)" if res.pfc else "lossy"
-        ax.set_title(f"{res.senders}:1 incast, {fabric}, cc={res.cc}: each sender's throughput",
-                     fontsize=10)  # fmt: skip
-        ax.set_ylabel("Gb/s through the bottleneck")
+        label = f"cc={res.cc}" + (f" ({params} parameters)" if res.cc == "dcqcn" else "")
+        ax = axes[0][col]
+        for series in res.throughput.values():
+            ax.plot([t * 1e3 for t, _ in series], [b / 1e9 for _, b in series], lw=0.8)
+        ax.set_title(f"{res.senders}:1 incast, {fabric}, {label}", fontsize=10)
+        ax.set_ylabel("throughput per sender (Gb/s)")
         ax = axes[1][col]
+        if res.cc == "dcqcn":
+            for series in res.rates.values():
+                ax.plot([t * 1e3 for t, _ in series], [r / 1e9 for _, r in series], lw=0.6)
+            ax.set_yscale("log")
+        else:
+            ax.text(0.5, 0.5, "no rate limiter", ha="center", va="center",
+                    transform=ax.transAxes)  # fmt: skip
+        ax.set_ylabel("rate limit Rc per sender (Gb/s)")
+        ax = axes[2][col]
         ax.plot([t * 1e3 for t, _ in res.queue], [q / 1000 for _, q in res.queue], lw=0.6)
         ax.axhline(res.kmax / 1000, color="r", ls="--", lw=0.8, label="Kmax")
         ax.set_ylabel("bottleneck queue (KB)")
         ax.set_xlabel("virtual time (ms)")
         ax.legend(loc="upper right")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=80)
     print(f"plot: {path}")
     return True
 
@@ -130,10 +140,18 @@ def main() -> int:
         default="mlx5",
         help="DCQCN parameters: mlx5's defaults (default) or the paper's",
     )
-    ap.add_argument("--buffer", type=int, default=800_000,
-                    help="bytes of the bottleneck's buffer (default 800000, 4 x Kmax)")
-    ap.add_argument("--timeout", type=int, default=12,
-                    help="the QPs' ACK timeout exponent: 4.096 us * 2**N (default 12)")
+    ap.add_argument(
+        "--buffer",
+        type=int,
+        default=800_000,
+        help="bytes of the bottleneck's buffer (default 800000, 4 x Kmax)",
+    )
+    ap.add_argument(
+        "--timeout",
+        type=int,
+        default=12,
+        help="the QPs' ACK timeout exponent: 4.096 us * 2**N (default 12)",
+    )
     ap.add_argument("--json", action="store_true", help="one JSON object per configuration")
     ap.add_argument(
         "--plot", metavar="FILE", help="plot the largest sender count on the first fabric (PNG)"
@@ -181,7 +199,7 @@ def main() -> int:
         pfc = FABRICS[fabrics[0]]
         on = next(r for r in results if (r.senders, r.pfc, r.cc) == (top, pfc, "dcqcn"))
         off = next(r for r in results if (r.senders, r.pfc, r.cc) == (top, pfc, "none"))
-        plot(args.plot, on, off)
+        plot(args.plot, on, off, args.params)
     return 0
 
 
