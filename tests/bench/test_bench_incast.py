@@ -44,3 +44,7 @@ def test_bad_arguments_are_refused() -> None:
     r = subprocess.run([sys.executable, "bench/bench_incast.py", "--fabric", "lossles"], cwd=ROOT,
                        capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
     assert r.returncode == 2 and "--fabric" in r.stderr
+    for args, words in ((["--buffer", "100"], "--buffer"), (["--timeout", "40"], "--timeout")):
+        r = subprocess.run([sys.executable, "bench/bench_incast.py", *args], cwd=ROOT,
+                           capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+        assert r.returncode == 2 and words in r.stderr, r.stderr
