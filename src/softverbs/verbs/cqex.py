@@ -33,8 +33,8 @@ from softverbs.enums import (
     ibv_create_cq_wc_flags,
 )
 from softverbs.errors import PyverbsRDMAError, PyverbsUserError, eopnotsupp
-from softverbs.verbs.base import PyverbsObject, require
-from softverbs.verbs.cq import CompChannel, CQBase, as_count
+from softverbs.verbs.base import PyverbsObject, as_count, require
+from softverbs.verbs.cq import CompChannel, CQBase
 from softverbs.verbs.strings import create_wc_flags_to_str
 
 if TYPE_CHECKING:

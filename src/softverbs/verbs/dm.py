@@ -27,8 +27,7 @@ from typing import TYPE_CHECKING, Any
 from softverbs.enums import IBV_ACCESS_ZERO_BASED
 from softverbs.errors import PyverbsRDMAError, PyverbsUserError
 from softverbs.verbs import memory
-from softverbs.verbs.base import PyverbsCM, PyverbsObject, require
-from softverbs.verbs.cq import as_count
+from softverbs.verbs.base import PyverbsCM, PyverbsObject, as_count, require
 from softverbs.verbs.memory import DM_WORD, DmPool
 from softverbs.verbs.mr import MR, check_access
 

@@ -15,8 +15,7 @@ import errno
 from typing import Any
 
 from softverbs.errors import PyverbsRDMAError
-from softverbs.verbs.base import PyverbsCM, require
-from softverbs.verbs.cq import as_count
+from softverbs.verbs.base import PyverbsCM, as_count, require
 from softverbs.verbs.mr import MR
 
 
