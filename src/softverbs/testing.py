@@ -140,6 +140,13 @@ def world(kind: Kind = "sim", *, seed: int = 0, faults: str | None = None, mtu: 
                     ctx.close()
 
 
+def simulated(sim: Any, devices: tuple[str, str] = ("a", "b")) -> World:
+    """A world on a :class:`~softverbs.sim.Simulation` the caller opened (for the
+    topologies, congestion control and timers :func:`world` does not set): pairs on
+    its ``devices``, waits on its clock. The simulation closes the contexts."""
+    return World("sim", devices, sim=sim)
+
+
 @contextlib.contextmanager
 def _make_world(kind: Kind, faults: str | None, mtu: int, socket: str | None
                 ) -> Iterator[World]:  # fmt: skip
