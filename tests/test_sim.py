@@ -41,7 +41,7 @@ def traced_run(faults: str, n: int = 400) -> tuple[list[tuple[int, int, int, flo
     with Simulation(devices=("a", "b"), faults=faults) as sim:
         trace = Trace()
         sim.runtime.add_tap(trace)
-        stream(rc_pair(timeout=10), n)
+        stream(rc_pair(sim, timeout=10), n)
         return trace.rows, sim.now
 
 
@@ -61,7 +61,7 @@ def test_same_program_same_seed_same_trace() -> None:
 
 def test_virtual_time_moves_only_while_waiting() -> None:
     with Simulation(devices=("a", "b"), faults="seed=1;drop=1;limit=1;kinds=send") as sim:
-        pair = rc_pair(timeout=14)
+        pair = rc_pair(sim, timeout=14)
         a, b = pair.a, pair.b
         b.qp.post_recv(RecvWR(1, 1, [SGE(b.mr.buf, 64, b.mr.lkey)]))
         a.qp.post_send(SendWR(1, IBV_WR_SEND, 1, sg=[SGE(a.mr.buf, 64, a.mr.lkey)]))
@@ -78,7 +78,7 @@ def test_virtual_time_moves_only_while_waiting() -> None:
 def test_long_timeouts_cost_no_wall_time() -> None:
     """A 655 ms RNR back-off, 100 times over: 65.5 virtual seconds."""
     with Simulation(devices=("a", "b")) as sim:
-        pair = rc_pair(min_rnr_timer=0, rnr_retry=7)  # the longest RNR timer, retry forever
+        pair = rc_pair(sim, min_rnr_timer=0, rnr_retry=7)  # the longest RNR timer, retry forever
         a, b = pair.a, pair.b
         t0 = time.perf_counter()
         a.qp.post_send(SendWR(1, IBV_WR_SEND, 1, sg=[SGE(a.mr.buf, 64, a.mr.lkey)]))
@@ -98,7 +98,7 @@ def test_long_timeouts_cost_no_wall_time() -> None:
 
 def test_run_lets_time_pass_and_fires_timers() -> None:
     with Simulation(devices=("a", "b"), faults="seed=1;drop=1;limit=1;kinds=send") as sim:
-        pair = rc_pair(timeout=14)
+        pair = rc_pair(sim, timeout=14)
         a, b = pair.a, pair.b
         b.qp.post_recv(RecvWR(1, 1, [SGE(b.mr.buf, 64, b.mr.lkey)]))
         a.qp.post_send(SendWR(1, IBV_WR_SEND, 1, sg=[SGE(a.mr.buf, 64, a.mr.lkey)]))
@@ -117,7 +117,7 @@ def test_run_lets_time_pass_and_fires_timers() -> None:
 
 def test_waiting_for_what_cannot_happen_is_edeadlk() -> None:
     with Simulation(devices=("a", "b")) as sim:
-        pair = rc_pair()
+        pair = rc_pair(sim)
         b = pair.b
         channel = CompChannel(b.ctx)
         with pytest.raises(PyverbsRDMAError) as info:
@@ -157,7 +157,7 @@ def test_simulations_are_isolated() -> None:
     with Simulation(devices=("a", "b"), faults="seed=1;drop=1") as lossy:
         assert lossy.runtime.faults is not None
         with Simulation(devices=("a", "b")) as clean:
-            stream(rc_pair(), 10)  # the inner simulation's devices: no loss
+            stream(rc_pair(clean), 10)  # the inner simulation's devices: no loss
             assert clean.stats == {} and clean.now == 0.0
         assert lossy.stats == {}  # nothing went through the outer one
 
@@ -168,7 +168,7 @@ def test_simulations_are_isolated() -> None:
 def deliver(n: int, seed: int) -> tuple[float, float, dict[str, int]]:
     t0 = time.perf_counter()
     with Simulation(devices=("a", "b"), faults=f"seed={seed};drop=0.1") as sim:
-        pair = rc_pair(timeout=10)  # 4 ms ACK timeout
+        pair = rc_pair(sim, timeout=10)  # 4 ms ACK timeout
         stream(pair, n, size=32, window=32)
         return time.perf_counter() - t0, sim.now, dict(sim.stats)
 

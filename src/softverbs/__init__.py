@@ -32,17 +32,21 @@ if TYPE_CHECKING:
     from softverbs.verbs.device import AsyncEvent, Context, Device, counters, get_device_list
     from softverbs.verbs.mr import MR, MW, MWBind, MWBindInfo, inc_rkey
     from softverbs.verbs.pd import PD
-    from softverbs.verbs.qp import QP, QPAttr, QPCap, QPEx, QPInitAttr, QPInitAttrEx
-    from softverbs.verbs.srq import SRQ, SrqAttr, SrqInitAttr, SrqInitAttrEx
-    from softverbs.verbs.wr import SGE, RecvWR, SendWR
-    from softverbs.verbs.xrcd import (
-        XRCD,
-        XRCDInitAttr,
+    from softverbs.verbs.qp import (
+        QP,
+        QPAttr,
+        QPCap,
+        QPEx,
+        QPInitAttr,
+        QPInitAttrEx,
         open_qp,
         xrc_rcv_qp_alloc,
         xrc_rcv_qp_register,
         xrc_rcv_qp_unregister,
     )
+    from softverbs.verbs.srq import SRQ, SrqAttr, SrqInitAttr, SrqInitAttrEx
+    from softverbs.verbs.wr import SGE, RecvWR, SendWR
+    from softverbs.verbs.xrcd import XRCD, XRCDInitAttr
 
 #: public name -> the module that defines it.  Nothing is imported until a
 #: name is used (PEP 562), so a tool that needs one module of softverbs (the
@@ -59,12 +63,12 @@ _HOMES: dict[str, str] = {
     **dict.fromkeys(("MR", "MW", "MWBind", "MWBindInfo", "inc_rkey"), "softverbs.verbs.mr"),
     "PD": "softverbs.verbs.pd",
     "Simulation": "softverbs.sim",
-    **dict.fromkeys(("QP", "QPAttr", "QPCap", "QPEx", "QPInitAttr", "QPInitAttrEx"),
+    **dict.fromkeys(("QP", "QPAttr", "QPCap", "QPEx", "QPInitAttr", "QPInitAttrEx", "open_qp",
+                     "xrc_rcv_qp_alloc", "xrc_rcv_qp_register", "xrc_rcv_qp_unregister"),
                     "softverbs.verbs.qp"),
     **dict.fromkeys(("SRQ", "SrqAttr", "SrqInitAttr", "SrqInitAttrEx"), "softverbs.verbs.srq"),
     **dict.fromkeys(("SGE", "RecvWR", "SendWR"), "softverbs.verbs.wr"),
-    **dict.fromkeys(("XRCD", "XRCDInitAttr", "open_qp", "xrc_rcv_qp_alloc",
-                     "xrc_rcv_qp_register", "xrc_rcv_qp_unregister"), "softverbs.verbs.xrcd"),
+    **dict.fromkeys(("XRCD", "XRCDInitAttr"), "softverbs.verbs.xrcd"),
 }  # fmt: skip
 
 

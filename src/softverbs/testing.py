@@ -108,11 +108,12 @@ class World:
         """Seconds: the simulation's virtual clock, or the monotonic clock."""
         return float(self.sim.now) if self.sim is not None else time.monotonic()
 
-    def context(self, side: int = 0) -> Any:
-        """A new context on side ``side``'s device, closed with the world."""
+    def context(self, side: int = 0, opener: Callable[[str], Any] | None = None) -> Any:
+        """A new context on side ``side``'s device, closed with the world; ``opener``
+        (given the device name) opens another kind of context, e.g. an mlx5dv one."""
         from softverbs.verbs.device import Context
 
-        ctx = Context(name=self.devices[side])
+        ctx = opener(self.devices[side]) if opener is not None else Context(name=self.devices[side])
         self.contexts.append(ctx)
         return ctx
 
@@ -137,6 +138,13 @@ def world(kind: Kind = "sim", *, seed: int = 0, faults: str | None = None, mtu: 
             for ctx in reversed(w.contexts):
                 with contextlib.suppress(Exception):
                     ctx.close()
+
+
+def simulated(sim: Any, devices: tuple[str, str] = ("a", "b")) -> World:
+    """A world on a :class:`~softverbs.sim.Simulation` the caller opened (for the
+    topologies, congestion control and timers :func:`world` does not set): pairs on
+    its ``devices``, waits on its clock. The simulation closes the contexts."""
+    return World("sim", devices, sim=sim)
 
 
 @contextlib.contextmanager

@@ -383,7 +383,7 @@ def test_a_trace_shows_cnps_and_rate_changes(tmp_path: Path,
     mark_all = Topology(kmin=0, kmax=0, pmax=1.0)
     with Simulation(devices=("a", "b"), topology=mark_all, cc="dcqcn",
                     cc_params={"rpg_time_reset": 20}) as sim:  # fmt: skip
-        stream(rc_pair(mr_size=1 << 18), 30, size=4096)
+        stream(rc_pair(sim, mr_size=1 << 18), 30, size=4096)
         sim.run(0.001)
     from softverbs.trace import environment_trace
 

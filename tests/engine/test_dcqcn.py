@@ -114,7 +114,7 @@ def _cnp(to: HCA, frm: HCA, dqpn: int, body: bytes = bytes(16)) -> Packet:
 
 def test_bad_cnps_are_counted_and_change_nothing() -> None:
     with Simulation(devices=("a", "b"), cc="dcqcn") as sim:
-        pair = rc_pair()
+        pair = rc_pair(sim)
         a, b = sim.registry.open("a").hca, sim.registry.open("b").hca
         assert a is not None and b is not None
         qpn = pair.a.qp.qp_num
@@ -161,7 +161,7 @@ def test_cnp_on_the_wire_is_the_annex_format() -> None:
 def test_cnp_from_a_marked_packet_in_a_simulation_cuts_the_senders_rate() -> None:
     mark_all = Topology(kmin=0, kmax=0, pmax=1.0)
     with Simulation(devices=("a", "b"), topology=mark_all, cc="dcqcn") as sim:
-        pair = rc_pair(mr_size=1 << 18)
+        pair = rc_pair(sim, mr_size=1 << 18)
         a, b = sim.registry.open("a").hca, sim.registry.open("b").hca
         assert a is not None and b is not None
         stream(pair, 40, size=4096)

@@ -265,7 +265,7 @@ def test_empty_spec_is_no_rule() -> None:
 
 def run_pair(spec: str, n: int = 20, **attrs: int) -> tuple[dict[str, int], dict[str, int], float]:
     with Simulation(devices=("a", "b"), faults=spec) as sim:
-        pair = rc_pair(**attrs)
+        pair = rc_pair(sim, **attrs)
         stream(pair, n)
         return counters(pair.a.ctx), counters(pair.b.ctx), sim.now
 

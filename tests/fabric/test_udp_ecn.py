@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from softverbs import CQ, PD, QP, AHAttr, Context, GlobalRoute, QPAttr, QPCap, QPInitAttr
+from softverbs import Context, testing
 from softverbs.engine.congestion import Dcqcn
-from softverbs.enums import IBV_ACCESS_LOCAL_WRITE, IBV_MTU_1024, IBV_QPT_RC
+from softverbs.enums import IBV_QPT_RC
 from softverbs.fabric.udp import UdpRuntime
 from softverbs.verbs import registry, world
 from softverbs.wire.codec import decode_udp_payload, encode_udp_payload
@@ -34,22 +34,6 @@ A, B, THIRD = f"127.{X}.8.1", f"127.{X}.8.2", f"127.{X}.8.3"
 
 def _gid(ip: str) -> bytes:
     return IPV4_MAPPED_PREFIX + socket.inet_aton(ip)
-
-
-def _qp(ctx: Context) -> QP:
-    pd = PD(ctx)
-    cq = CQ(ctx, 8)
-    return QP(pd, QPInitAttr(qp_type=IBV_QPT_RC, scq=cq, rcq=cq, cap=QPCap(4, 4, 1, 1)))
-
-
-def _connect(qp: QP, peer: QP, peer_ctx: Context) -> None:
-    attr = QPAttr()
-    attr.qp_access_flags = IBV_ACCESS_LOCAL_WRITE
-    attr.dest_qp_num = peer.qp_num
-    attr.path_mtu = IBV_MTU_1024
-    attr.ah_attr = AHAttr(is_global=1, gr=GlobalRoute(dgid=peer_ctx.query_gid(1, 0),
-                                                      sgid_index=0))  # fmt: skip
-    qp.to_rts(attr)
 
 
 def _recv_all(sock: socket.socket, want: int, timeout: float = 5) -> list[tuple[Packet, int]]:
@@ -90,9 +74,10 @@ def devices(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no
 
 def test_ce_makes_a_cnp_and_cnps_cut_the_rate(devices: None) -> None:
     a, b = Context(name="ecn1"), Context(name="ecn2")
-    qa, qb = _qp(a), _qp(b)
-    _connect(qa, qb, b)
-    _connect(qb, qa, a)
+    ea, eb = testing.endpoint(a, IBV_QPT_RC, depth=4), testing.endpoint(b, IBV_QPT_RC, depth=4)
+    testing.connect(ea, eb)
+    testing.connect(eb, ea)
+    qa, qb = ea.qp, eb.qp
     third = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     third.bind((THIRD, ROCEV2_PORT))
     third.setsockopt(socket.IPPROTO_IP, socket.IP_RECVTOS, 1)

@@ -1,7 +1,7 @@
 """Helpers for tests that run pyverbs-style programs inside a Simulation.
 
 :func:`rc_pair` connects an RC QP on device ``a`` to one on device ``b``
-(:mod:`softverbs.testing`'s endpoints, with these tests' timers); :func:`stream`
+(:func:`softverbs.testing.connected_pair`, with these tests' timers); :func:`stream`
 sends ``n`` numbered SENDs from ``a`` to ``b`` and checks that every one arrives
 exactly once, in order, with its bytes; :class:`Trace` is a tap that records what
 leaves each device.
@@ -9,40 +9,23 @@ leaves each device.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from softverbs import SGE, Context, RecvWR, SendWR, testing
+from softverbs import SGE, RecvWR, SendWR, testing
 from softverbs.enums import IBV_QPT_RC, IBV_WC_SUCCESS, IBV_WR_SEND
+from softverbs.sim import Simulation
 from softverbs.wire.packet import Packet
 
 ACCESS = testing.ACCESS
 
 
-Side = testing.Endpoint
+Pair = testing.Pair
 
 
-@dataclass
-class Pair:
-    a: Side
-    b: Side
-
-
-def side(ctx: Context, mr_size: int, depth: int = 256) -> Side:
-    return testing.endpoint(ctx, IBV_QPT_RC, depth, mr_size)
-
-
-def connect(me: Side, peer: Side, **attrs: int) -> None:
-    """RTS towards ``peer`` with these tests' timers (min_rnr_timer 12), over GID 1."""
-    testing.connect(me, peer, **{"min_rnr_timer": 12, **attrs})
-
-
-def rc_pair(mr_size: int = 1 << 16, **attrs: int) -> Pair:
-    """Two connected RC QPs, on devices ``a`` and ``b`` of the active simulation."""
-    a = side(Context(name="a"), mr_size)
-    b = side(Context(name="b"), mr_size)
-    connect(a, b, **attrs)
-    connect(b, a, **attrs)
-    return Pair(a, b)
+def rc_pair(sim: Simulation, mr_size: int = 1 << 16, **attrs: int) -> Pair:
+    """Two connected RC QPs on devices ``a`` and ``b`` of ``sim``
+    (:func:`softverbs.testing.connected_pair`), with these tests' timers:
+    min_rnr_timer 12 unless ``attrs`` say otherwise."""
+    return testing.connected_pair(testing.simulated(sim), IBV_QPT_RC, depth=256, mr_size=mr_size,
+                                  **{"min_rnr_timer": 12, **attrs})  # fmt: skip
 
 
 def stream(pair: Pair, n: int, size: int = 16, window: int = 32, slots: int = 64) -> None:

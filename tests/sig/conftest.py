@@ -11,29 +11,23 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import sig_kit
 from sig_kit import open_ctx
 
+from softverbs import testing
 from softverbs.ext.mlx5dv import Mlx5Context
 
 
 @pytest.fixture(params=["inproc", "host"])
 def ctx(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[Mlx5Context]:
-    from softverbs.verbs import registry, world
-
-    reg: registry.Registry | object
-    if request.param == "host":
-        from softverbs.verbs.served import ServiceRegistry
-
-        path = request.getfixturevalue("host_service")
-        monkeypatch.setenv("SOFTVERBS_SERVICE", path)
-        reg = ServiceRegistry(path)
-    else:
-        reg = registry.Registry()
-    world.push(reg)  # type: ignore[arg-type]
-    try:
-        c = open_ctx()
-        yield c
-        c.close()
-    finally:
-        world.pop(reg)  # type: ignore[arg-type]
-        reg.shutdown()  # type: ignore[union-attr]
+    """An mlx5dv context with signature offload on ``sv0`` of a
+    :func:`softverbs.testing.world`; the kit's waits use that world."""
+    kind = request.param
+    socket = request.getfixturevalue("host_service") if kind == "host" else None
+    monkeypatch.setenv("SOFTVERBS_SERVICE", socket or "0")
+    with testing.world(kind, socket=socket) as w:
+        sig_kit.current = w
+        try:
+            yield w.context(0, open_ctx)
+        finally:
+            sig_kit.current = None

@@ -8,7 +8,6 @@ Nothing waits without a bound.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +27,7 @@ from softverbs import (
     QPInitAttrEx,
     RecvWR,
     SendWR,
+    testing,
     wc_status_str,
 )
 from softverbs.compat.vendor_dv.mlx5_enums import (
@@ -258,17 +258,16 @@ def describe(wcs: list[WC]) -> str:
     )
 
 
+#: the world of the running test (the ``ctx`` fixture's); :func:`poll_n` waits in it
+current: testing.World | None = None
+
+
 def poll_n(cq: CQ, n: int, timeout: float = 5.0, what: str = "CQ") -> list[WC]:
-    got: list[WC] = []
-    end = time.monotonic() + timeout
-    while len(got) < n:
-        k, wcs = cq.poll(n - len(got))
-        got.extend(wcs)
-        if not k:
-            if time.monotonic() > end:
-                pytest.fail(f"{what}: expected {n} completion(s), got {len(got)}: {describe(got)}")
-            time.sleep(0.0002)
-    return got
+    """Exactly ``n`` completions of any status (:func:`softverbs.testing.wait_completions`)."""
+    assert current is not None, "a signature test waited outside the ctx fixture"
+    wcs: list[WC] = testing.wait_completions(current, cq, n, timeout=timeout, status=None,
+                                             what=what)  # fmt: skip
+    return wcs
 
 
 def poll_until_empty(cq: CQ) -> list[WC]:

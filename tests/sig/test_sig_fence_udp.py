@@ -15,35 +15,13 @@ memory and then SENDs that local memory:
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from softverbs import (
-    CQ,
-    MR,
-    PD,
-    QP,
-    SGE,
-    AHAttr,
-    Context,
-    GlobalRoute,
-    QPAttr,
-    QPCap,
-    QPInitAttr,
-    RecvWR,
-    SendWR,
-)
+from softverbs import SGE, RecvWR, SendWR, testing
 from softverbs.enums import (
-    IBV_ACCESS_LOCAL_WRITE,
-    IBV_ACCESS_REMOTE_ATOMIC,
-    IBV_ACCESS_REMOTE_READ,
-    IBV_ACCESS_REMOTE_WRITE,
-    IBV_MTU_1024,
     IBV_QPT_RC,
     IBV_SEND_FENCE,
     IBV_SEND_SIGNALED,
@@ -53,92 +31,54 @@ from softverbs.enums import (
     IBV_WR_SEND,
 )
 from softverbs.fabric.faults import FaultInjector, FaultRule
+from softverbs.testing import Endpoint
 
 DELAY = 0.3
-ACCESS = (
-    IBV_ACCESS_LOCAL_WRITE
-    | IBV_ACCESS_REMOTE_WRITE
-    | IBV_ACCESS_REMOTE_READ
-    | IBV_ACCESS_REMOTE_ATOMIC
-)
 SIZE = 4096
 
 
 @pytest.fixture
-def devices(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Context, Context]]:
-    # 127.x.y.z all route through lo; a pair derived from the pid avoids other users of 4791
-    x = 100 + os.getpid() % 100
-    links = [
-        {"name": "fence1", "addrs": [f"127.{x}.9.1"]},
-        {"name": "fence2", "addrs": [f"127.{x}.9.2"]},
-    ]
-    cfg = tmp_path / "links.json"
-    cfg.write_text(json.dumps({"links": links}))
-    monkeypatch.setenv("SOFTVERBS_CONFIG", str(cfg))
-    a, b = Context(name="fence1"), Context(name="fence2")
-    yield a, b
-    b.runtime.faults = None
-    a.close()
-    b.close()
+def udp() -> Iterator[testing.World]:
+    """Two UDP devices on loopback addresses of this test's own (testing.world)."""
+    with testing.world("udp") as w:
+        yield w
+        for ctx in w.contexts:
+            ctx.runtime.faults = None
 
 
-class Side:
-    def __init__(self, ctx: Context) -> None:
-        self.ctx = ctx
-        self.pd = PD(ctx)
-        self.cq = CQ(ctx, 64)
-        init = QPInitAttr(qp_type=IBV_QPT_RC, scq=self.cq, rcq=self.cq, cap=QPCap(16, 16, 1, 1))
-        attr = QPAttr()
-        attr.qp_access_flags = ACCESS
-        self.qp = QP(self.pd, init, attr)
-        self.mr = MR(self.pd, 2 * SIZE, ACCESS)
-
-    def connect(self, peer: Side) -> None:
-        attr = QPAttr()
-        attr.qp_access_flags = ACCESS
-        attr.dest_qp_num = peer.qp.qp_num
-        attr.path_mtu = IBV_MTU_1024
-        attr.max_rd_atomic = attr.max_dest_rd_atomic = 4
-        attr.timeout = 18  # 1.07 s: longer than DELAY, so a delayed response is no loss
-        attr.retry_cnt = 7
-        attr.rnr_retry = 7
-        attr.min_rnr_timer = 1
-        gid = peer.ctx.query_gid(1, 0)
-        attr.ah_attr = AHAttr(is_global=1, port_num=1, gr=GlobalRoute(dgid=gid, sgid_index=0))
-        self.qp.to_rts(attr)
+def _pair(w: testing.World, kinds: str) -> tuple[Endpoint, Endpoint]:
+    """An RC pair whose responder delays every packet of ``kinds`` by DELAY; a
+    1.07 s ACK timeout (18) is longer than DELAY, so a delayed response is no loss."""
+    pair = testing.connected_pair(w, IBV_QPT_RC, depth=16, mr_size=2 * SIZE, timeout=18)
+    pair.b.ctx.runtime.faults = FaultInjector([FaultRule(delay=DELAY, kinds=frozenset({kinds}))])
+    return pair.a, pair.b
 
 
-def _pair(devices: tuple[Context, Context], kinds: str) -> tuple[Side, Side]:
-    a, b = Side(devices[0]), Side(devices[1])
-    a.connect(b)
-    b.connect(a)
-    b.ctx.runtime.faults = FaultInjector([FaultRule(delay=DELAY, kinds=frozenset({kinds}))])
-    return a, b
-
-
-def _events(a: Side, b: Side, want_a: int, timeout: float = 10.0) -> list[tuple[str, int]]:
+def _events(w: testing.World, a: Endpoint, b: Endpoint, want_a: int,
+            timeout: float = 10.0) -> list[tuple[str, int]]:  # fmt: skip
     """Poll both CQs; the order in which completions appeared, as (side, wr_id)."""
     out: list[tuple[str, int]] = []
-    got_a = got_b = 0
-    end = time.monotonic() + timeout
-    while got_a < want_a or got_b < 1:
-        assert time.monotonic() < end, f"timed out; saw {out}"
+    got = {"requester": 0, "responder": 0}
+
+    def done() -> bool:
         for name, side in (("requester", a), ("responder", b)):
             n, wcs = side.cq.poll(4)
             for wc in wcs:
                 assert wc.status == IBV_WC_SUCCESS, (name, wc)
                 out.append((name, wc.wr_id))
-            if name == "requester":
-                got_a += n
-            else:
-                got_b += n
-        time.sleep(0.001)
+            got[name] += n
+        return got["requester"] >= want_a and got["responder"] >= 1
+
+    try:
+        testing.wait_until(w, done, timeout=timeout, what="the completions")
+    except AssertionError as e:
+        raise AssertionError(f"{e}; saw {out}") from None
     return out
 
 
 @pytest.mark.parametrize("fence", [True, False])
-def test_fence_waits_for_an_earlier_read(devices: tuple[Context, Context], fence: bool) -> None:
-    a, b = _pair(devices, "read_resp")
+def test_fence_waits_for_an_earlier_read(udp: testing.World, fence: bool) -> None:
+    a, b = _pair(udp, "read_resp")
     b.mr.write(b"R" * SIZE, SIZE, 0)  # what the READ fetches
     a.mr.write(b"o" * SIZE, SIZE, SIZE)  # what the local buffer holds before
     b.qp.post_recv(RecvWR(7, 1, [SGE(b.mr.buf + SIZE, SIZE, b.mr.lkey)]))
@@ -150,7 +90,7 @@ def test_fence_waits_for_an_earlier_read(devices: tuple[Context, Context], fence
     )
     t0 = time.monotonic()
     a.qp.post_send(read)
-    order = _events(a, b, 2)
+    order = _events(udp, a, b, 2)
     elapsed = time.monotonic() - t0
     assert [e for e in order if e[0] == "requester"] == [("requester", 1), ("requester", 2)]
     received = b.mr.read(SIZE, SIZE)
@@ -164,8 +104,8 @@ def test_fence_waits_for_an_earlier_read(devices: tuple[Context, Context], fence
     assert b.ctx.runtime.faults.stats["delayed"] >= 1  # type: ignore[union-attr]
 
 
-def test_fence_waits_for_an_earlier_atomic(devices: tuple[Context, Context]) -> None:
-    a, b = _pair(devices, "atomic_ack")
+def test_fence_waits_for_an_earlier_atomic(udp: testing.World) -> None:
+    a, b = _pair(udp, "atomic_ack")
     b.mr.write((41).to_bytes(8, "little"), 8, 0)
     b.qp.post_recv(RecvWR(7, 1, [SGE(b.mr.buf + SIZE, 8, b.mr.lkey)]))
     atomic = SendWR(1, IBV_WR_ATOMIC_FETCH_AND_ADD, 1, sg=[SGE(a.mr.buf, 8, a.mr.lkey)])
@@ -179,7 +119,7 @@ def test_fence_waits_for_an_earlier_atomic(devices: tuple[Context, Context]) -> 
     )
     t0 = time.monotonic()
     a.qp.post_send(atomic)
-    _events(a, b, 2)
+    _events(udp, a, b, 2)
     assert time.monotonic() - t0 >= DELAY * 0.9
     # the SEND gathered its buffer after the atomic's result landed there
     assert int.from_bytes(b.mr.read(8, SIZE), "little") == 41

@@ -11,41 +11,14 @@ an InfiniBand port addressing its own LID does.
 
 from __future__ import annotations
 
-import ipaddress
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from softverbs.device import ops, records
 from softverbs.errors import PyverbsError, PyverbsUserError, einval
 from softverbs.verbs.base import CStruct, PyverbsCM, PyverbsObject, require
+from softverbs.verbs.gid import GID as GID
+from softverbs.verbs.pd import PD
 from softverbs.verbs.provider import destroy
-
-if TYPE_CHECKING:
-    from softverbs.verbs.pd import PD
-
-
-def gid_str(raw: bytes) -> str:
-    """A GID in pyverbs' 8-word form: 'xxxx:xxxx:...:xxxx'."""
-    h = raw.hex()
-    return ":".join(h[i : i + 4] for i in range(0, 32, 4))
-
-
-def parse_gid(val: str) -> bytes:
-    """Accept pyverbs' 8-word form or any IPv6/IPv4 address text."""
-    if not isinstance(val, str):
-        raise PyverbsUserError(f"Invalid GID value ({val!r}): expected a string")
-    words = val.split(":")
-    if len(words) == 8 and all(len(w) == 4 for w in words):
-        try:
-            return bytes.fromhex("".join(words))
-        except ValueError:
-            pass
-    try:
-        ip = ipaddress.ip_address(val)
-    except ValueError:
-        raise PyverbsUserError(f"Invalid GID value ({val})") from None
-    if ip.version == 4:
-        return b"\x00" * 10 + b"\xff\xff" + ip.packed
-    return ip.packed
 
 
 def default_gid_index(ctx: Any, port: int = 1) -> int:
@@ -65,40 +38,6 @@ def default_gid_index(ctx: Any, port: int = 1) -> int:
         if first < 0:
             first = index
     return first
-
-
-class GID(PyverbsObject):
-    """``ibv_gid``: 16 bytes, shown as 'xxxx:xxxx:xxxx:xxxx:xxxx:xxxx:xxxx:xxxx'."""
-
-    def __init__(self, val: str | None = None) -> None:
-        super().__init__()
-        self.raw = bytes(16) if val is None else parse_gid(val)
-
-    @classmethod
-    def from_raw(cls, raw: bytes) -> GID:
-        gid = cls()
-        gid.raw = bytes(raw)
-        return gid
-
-    @property
-    def gid(self) -> str:
-        return gid_str(self.raw)
-
-    @gid.setter
-    def gid(self, val: str) -> None:
-        self.raw = parse_gid(val)
-
-    def __str__(self) -> str:
-        return gid_str(self.raw)
-
-    def __repr__(self) -> str:
-        return f"GID('{self}')"
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, GID) and other.raw == self.raw
-
-    def __hash__(self) -> int:
-        return hash(self.raw)
 
 
 class GlobalRoute(CStruct, PyverbsObject):
@@ -258,8 +197,6 @@ class AH(PyverbsCM):
     close_rank = 20
 
     def __init__(self, pd: PD, **kwargs: Any) -> None:
-        from softverbs.verbs.pd import PD
-
         super().__init__()
         require(pd, PD, "pd")
         attr = kwargs.get("attr")

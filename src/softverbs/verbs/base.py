@@ -11,6 +11,7 @@ and says which.
 from __future__ import annotations
 
 import logging
+import math
 import weakref
 from typing import Any, ClassVar
 
@@ -113,6 +114,16 @@ def as_int(value: object, what: str, bits: int = 32) -> int:
         raise PyverbsUserError(f"{what} must be an int, got {type(value).__name__}")
     if not -(1 << (bits - 1)) <= value < 1 << (bits - 1):
         raise PyverbsUserError(f"{what}={value} does not fit in a {bits}-bit int")
+    return int(value)
+
+
+def as_count(value: Any, what: str) -> int:
+    """An entry count as a C ``int`` parameter takes it: ints, and floats
+    truncated toward zero (pyverbs passes Python numbers straight to C)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise PyverbsUserError(f"{what} must be a number, got {type(value).__name__}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise PyverbsUserError(f"{what} must be a finite number, got {value}")
     return int(value)
 
 

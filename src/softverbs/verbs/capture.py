@@ -27,13 +27,11 @@ from __future__ import annotations
 
 import os
 from types import TracebackType
-from typing import TYPE_CHECKING, BinaryIO
+from typing import BinaryIO
 
 from softverbs.device import ops, records
+from softverbs.verbs.device import Context
 from softverbs.verbs.provider import Attach, destroy
-
-if TYPE_CHECKING:
-    from softverbs.verbs.device import Context
 
 __all__ = ["Capture", "capture"]
 

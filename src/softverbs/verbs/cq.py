@@ -9,9 +9,8 @@ the same queue.  A send queue full of unsignaled WQEs therefore never drains.
 from __future__ import annotations
 
 import errno
-import math
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from softverbs.device import ops, records
 from softverbs.engine.rings import CQE, CompletionRing
@@ -41,12 +40,10 @@ from softverbs.enums import (
     IBV_WC_TM_RNDV_INCOMPLETE,
     IBV_WC_WR_FLUSH_ERR,
 )
-from softverbs.errors import PyverbsRDMAError, PyverbsUserError, einval
-from softverbs.verbs.base import PyverbsCM, PyverbsObject, require
+from softverbs.errors import PyverbsRDMAError, einval
+from softverbs.verbs.base import PyverbsCM, PyverbsObject, as_count, require
+from softverbs.verbs.device import LIMITS, Context
 from softverbs.verbs.provider import Attach, destroy, forked_error
-
-if TYPE_CHECKING:
-    from softverbs.verbs.device import Context
 
 #: libibverbs' ``ibv_wc_status_str`` texts.
 WC_STATUS_STR: dict[int, str] = {
@@ -199,8 +196,6 @@ class CompChannel(PyverbsCM):
     close_rank = 70
 
     def __init__(self, context: Context) -> None:
-        from softverbs.verbs.device import Context
-
         super().__init__()
         require(context, Context, "context")
         self.context = context
@@ -243,16 +238,6 @@ class CompChannel(PyverbsCM):
         destroy(self.context.provider, records.KIND_CHANNEL, self.dev_handle)
 
 
-def as_count(value: Any, what: str) -> int:
-    """An entry count as a C ``int`` parameter takes it: ints, and floats
-    truncated toward zero (pyverbs passes Python numbers straight to C)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise PyverbsUserError(f"{what} must be a number, got {type(value).__name__}")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise PyverbsUserError(f"{what} must be a finite number, got {value}")
-    return int(value)
-
-
 class CQBase(PyverbsCM):
     """What CQ and CQEX share: the ring, the channel, the comp vector, close().
 
@@ -270,8 +255,6 @@ class CQBase(PyverbsCM):
         channel: CompChannel | None = None,
         comp_vector: Any = 0,
     ) -> None:
-        from softverbs.verbs.device import LIMITS, Context
-
         super().__init__()
         require(context, Context, "context")
         context._check_open()
@@ -379,8 +362,6 @@ class CQ(CQBase):
 
     def resize(self, cqe: int) -> None:
         """``ibv_resize_cq``: EINVAL below the completions waiting to be polled."""
-        from softverbs.verbs.device import LIMITS
-
         self._check_open()
         cqe = as_count(cqe, "cqe")
         with self.context.lock:

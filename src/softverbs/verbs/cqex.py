@@ -21,7 +21,7 @@ EOPNOTSUPP, since an overrun always puts a softverbs CQ in error.
 from __future__ import annotations
 
 import errno
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from softverbs.engine.rings import CQE
 from softverbs.enums import (
@@ -33,12 +33,11 @@ from softverbs.enums import (
     ibv_create_cq_wc_flags,
 )
 from softverbs.errors import PyverbsRDMAError, PyverbsUserError, eopnotsupp
-from softverbs.verbs.base import PyverbsObject, require
-from softverbs.verbs.cq import CompChannel, CQBase, as_count
+from softverbs.verbs.base import PyverbsObject, as_count, require
+from softverbs.verbs.cq import CompChannel, CQBase, be32_field
+from softverbs.verbs.device import Context
+from softverbs.verbs.pd import PD, ParentDomain
 from softverbs.verbs.strings import create_wc_flags_to_str
-
-if TYPE_CHECKING:
-    from softverbs.verbs.device import Context
 
 #: The wc_flags a softverbs CQ can report.
 SUPPORTED_WC_FLAGS = IBV_WC_STANDARD_FLAGS
@@ -82,8 +81,6 @@ class CqInitAttrEx(PyverbsObject):
         if channel is not None:
             require(channel, CompChannel, "channel")
         if parent_domain is not None:
-            from softverbs.verbs.pd import PD
-
             require(parent_domain, PD, "parent_domain")
         for name, value in (("wc_flags", wc_flags), ("comp_mask", comp_mask), ("flags", flags)):
             if isinstance(value, bool) or not isinstance(value, int):
@@ -135,8 +132,6 @@ class CQEX(CQBase):
 
     @staticmethod
     def _check_ex_attr(attr: CqInitAttrEx) -> None:
-        from softverbs.verbs.pd import ParentDomain
-
         what = "Failed to create extended CQ"
         if attr.comp_mask & ~_KNOWN_COMP_MASK:
             raise eopnotsupp(f"{what}: unknown comp_mask bits "
@@ -227,8 +222,6 @@ class CQEX(CQBase):
         return int(self._current().byte_len)
 
     def read_imm_data(self) -> int:
-        from softverbs.verbs.cq import be32_field
-
         return be32_field(self._current().imm)
 
     def read_qp_num(self) -> int:

@@ -39,7 +39,8 @@ from softverbs.enums import (
 from softverbs.errors import PyverbsRDMAError, PyverbsUserError, einval
 from softverbs.verbs import world
 from softverbs.verbs.base import PyverbsCM, PyverbsObject, as_int, as_uint, require
-from softverbs.verbs.device_ex import DeviceAttrEx, GIDEntry, ODPCaps
+from softverbs.verbs.device_ex import DeviceAttrEx, GIDEntry, ODPCaps, QueryDeviceExInput
+from softverbs.verbs.gid import GID
 from softverbs.verbs.provider import Attach, Provider, destroy
 from softverbs.verbs.registry import SoftDevice
 
@@ -244,12 +245,12 @@ class UContext:
                                    "device context", errno.EINVAL)  # fmt: skip
         return obj
 
-    def mr_by_lkey(self, lkey: int) -> Any:
-        from softverbs.verbs.mr import MR
-
+    def by_lkey(self, lkey: int) -> Any:
+        """The open object of this namespace that holds local key ``lkey`` (an
+        MR: the only keyed kind a namespace holds), or None."""
         for ref in self._objs.values():
             obj = ref()
-            if isinstance(obj, MR) and not obj.closed and obj.lkey == lkey:
+            if obj is not None and not obj.closed and getattr(obj, "lkey", None) == lkey:
                 return obj
         return None
 
@@ -382,8 +383,6 @@ class Context(PyverbsCM):
 
     def query_device_ex(self, ex_input: Any = None) -> DeviceAttrEx:
         """``ibv_query_device_ex``: the device attributes and extended caps."""
-        from softverbs.verbs.device_ex import QueryDeviceExInput
-
         self._check_open()
         if ex_input is not None:
             require(ex_input, QueryDeviceExInput, "ex_input")
@@ -463,8 +462,6 @@ class Context(PyverbsCM):
         return PortAttr(**{f.name: getattr(a, f.name) for f in fields(PortAttr)})
 
     def query_gid(self, port_num: int, index: int) -> Any:
-        from softverbs.verbs.addr import GID
-
         self._check_open()
         self._port(port_num, f"Failed to query gid {index} of port {port_num}")
         if not 0 <= as_int(index, "index") < GID_TABLE_LEN:

@@ -22,19 +22,17 @@ A DM can be imported into a context imported from this one's ``cmd_fd``
 from __future__ import annotations
 
 import errno
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from softverbs.enums import IBV_ACCESS_ZERO_BASED
 from softverbs.errors import PyverbsRDMAError, PyverbsUserError
 from softverbs.verbs import memory
-from softverbs.verbs.base import PyverbsCM, PyverbsObject, require
-from softverbs.verbs.cq import as_count
+from softverbs.verbs.base import PyverbsCM, PyverbsObject, as_count, require
+from softverbs.verbs.device import Context
 from softverbs.verbs.memory import DM_WORD, DmPool
 from softverbs.verbs.mr import MR, check_access
+from softverbs.verbs.pd import PD
 
-if TYPE_CHECKING:
-    from softverbs.verbs.device import Context
-    from softverbs.verbs.pd import PD
 
 class AllocDmAttr(PyverbsObject):
     """``ibv_alloc_dm_attr``: ``AllocDmAttr(length, log_align_req=0, comp_mask=0)``."""
@@ -52,8 +50,6 @@ class DM(PyverbsCM):
     close_rank = 45
 
     def __init__(self, context: Context, dm_attr: AllocDmAttr | None = None, **kwargs: Any):
-        from softverbs.verbs.device import Context
-
         super().__init__()
         require(context, Context, "context")
         context._check_open()
@@ -153,8 +149,6 @@ class DMMR(MR):
     """A memory region on device memory: ``DMMR(pd, length, access, dm, offset)``."""
 
     def __init__(self, pd: PD, length: int, access: int, dm: DM, offset: int) -> None:
-        from softverbs.verbs.pd import PD
-
         require(pd, PD, "pd")
         require(dm, DM, "dm")
         pd._check_open()

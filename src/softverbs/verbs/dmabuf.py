@@ -15,9 +15,9 @@ import errno
 from typing import Any
 
 from softverbs.errors import PyverbsRDMAError
-from softverbs.verbs.base import PyverbsCM, require
-from softverbs.verbs.cq import as_count
+from softverbs.verbs.base import PyverbsCM, as_count, require
 from softverbs.verbs.mr import MR
+from softverbs.verbs.pd import PD
 
 
 class DmaBuf(PyverbsCM):
@@ -38,8 +38,6 @@ class DmaBufMR(MR):
 
     def __init__(self, pd: Any, length: int, access: int, dmabuf: Any = None,
                  offset: int = 0, gpu: int = 0, gtt: int = 0) -> None:  # fmt: skip
-        from softverbs.verbs.pd import PD
-
         PyverbsCM.__init__(self)
         require(pd, PD, "pd")
         if dmabuf is None:

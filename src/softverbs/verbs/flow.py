@@ -24,6 +24,7 @@ from softverbs.enums import (
 )
 from softverbs.errors import PyverbsError, PyverbsUserError, eopnotsupp
 from softverbs.verbs.base import PyverbsCM, PyverbsObject, require
+from softverbs.verbs.qp import QP
 
 _TYPE_NAMES = {
     int(IBV_FLOW_SPEC_ETH): "IBV_FLOW_SPEC_ETH",
@@ -193,8 +194,6 @@ class Flow(PyverbsCM):
     """A steering flow: ``Flow(qp, FlowAttr(...))`` -- EOPNOTSUPP on softverbs."""
 
     def __init__(self, qp: Any, flow_attr: FlowAttr) -> None:
-        from softverbs.verbs.qp import QP
-
         super().__init__()
         require(qp, QP, "qp")
         require(flow_attr, FlowAttr, "flow_attr")

@@ -18,7 +18,7 @@ from softverbs.enums import (
 )
 from softverbs.errors import PyverbsRDMAError, PyverbsUserError, einval, eopnotsupp
 from softverbs.verbs import memory
-from softverbs.verbs.base import PyverbsCM, require
+from softverbs.verbs.base import PyverbsCM, as_count, require
 from softverbs.verbs.pd import PD
 from softverbs.verbs.provider import Attach, destroy
 
@@ -43,8 +43,6 @@ def inc_rkey(rkey: int) -> int:
 
 
 def _length(value: Any) -> int:
-    from softverbs.verbs.cq import as_count
-
     length = as_count(value, "length")
     if length >= 1 << 64:
         raise PyverbsUserError(f"length {length} does not fit in a size_t")

@@ -25,7 +25,7 @@ softverbs touches them, so they are resident when the device uses them.
 from __future__ import annotations
 
 import errno
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from softverbs.device import ops, records
 from softverbs.enums import (
@@ -39,10 +39,9 @@ from softverbs.enums import (
 )
 from softverbs.errors import PyverbsRDMAError, PyverbsUserError
 from softverbs.verbs.base import PyverbsCM, PyverbsObject, as_uint, require
+from softverbs.verbs.device import Context
 from softverbs.verbs.provider import destroy
-
-if TYPE_CHECKING:
-    from softverbs.verbs.device import Context
+from softverbs.verbs.sge import SGE
 
 _ADVICES = (IBV_ADVISE_MR_ADVICE_PREFETCH, IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE,
             IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT)  # fmt: skip
@@ -54,8 +53,6 @@ class PD(PyverbsCM):
     close_rank = 80
 
     def __init__(self, creator: Any, **kwargs: Any) -> None:
-        from softverbs.verbs.device import Context
-
         super().__init__()
         if not isinstance(creator, Context):
             raise PyverbsUserError(f"Cannot create PD from {type(creator)}")
@@ -109,9 +106,6 @@ class PD(PyverbsCM):
 
     def advise_mr(self, advise: int, flags: int, sg_list: list[Any]) -> int:
         """``ibv_advise_mr``: prefetch ranges of ODP MRs of this PD (0 on success)."""
-        from softverbs.verbs.mr import MR
-        from softverbs.verbs.wr import SGE
-
         self._check_open()
         if not isinstance(sg_list, (list, tuple)):
             raise PyverbsUserError(f"sg_list must be a list of SGEs, got {type(sg_list).__name__}")
@@ -128,8 +122,8 @@ class PD(PyverbsCM):
         if not sges:
             raise PyverbsRDMAError(f"{fail}: the SGE list is empty", errno.EINVAL)
         for s in sges:
-            mr = self.ctx.ucontext.mr_by_lkey(s.lkey)
-            if mr is None or not isinstance(mr, MR) or mr.pd.engine_pd is not self.engine_pd:
+            mr = self.ctx.ucontext.by_lkey(s.lkey)
+            if mr is None or mr.pd.engine_pd is not self.engine_pd:
                 raise PyverbsRDMAError(f"{fail}: lkey {s.lkey:#x} is not an MR of this PD",
                                        errno.EINVAL)  # fmt: skip
             if not mr.access & IBV_ACCESS_ON_DEMAND:
@@ -184,8 +178,6 @@ class ParentDomain(PD):
     close_rank = 75
 
     def __init__(self, context: Context, attr: ParentDomainInitAttr) -> None:
-        from softverbs.verbs.device import Context
-
         require(context, Context, "context")
         require(attr, ParentDomainInitAttr, "attr")
         attr.pd._check_open()

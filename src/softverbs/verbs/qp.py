@@ -19,7 +19,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from softverbs import sanitizer
 from softverbs.device import ops, records
@@ -65,14 +65,13 @@ from softverbs.errors import PyverbsRDMAError, PyverbsUserError, einval, enomem,
 from softverbs.verbs.addr import AH, GID, AHAttr, ah_attr_of, av_of
 from softverbs.verbs.base import CStruct, PyverbsCM, PyverbsObject, as_uint, require
 from softverbs.verbs.cq import CQBase
+from softverbs.verbs.device import LIMITS, Context
 from softverbs.verbs.mr import MW, MWBind, MWBindInfo, inc_rkey
 from softverbs.verbs.pd import PD
 from softverbs.verbs.provider import Attach, destroy, forked_error
 from softverbs.verbs.srq import SRQ, recv_wqe
 from softverbs.verbs.wr import SGE, RecvWR, SendWR
-
-if TYPE_CHECKING:
-    from softverbs.verbs.device import Context
+from softverbs.verbs.xrcd import XRCD
 
 SEND_FLAGS = int(IBV_SEND_FENCE | IBV_SEND_SIGNALED | IBV_SEND_SOLICITED | IBV_SEND_INLINE)
 # Plain ints for the checks post_send makes on every WR (IntFlag arithmetic
@@ -388,8 +387,6 @@ class QP(PyverbsCM):
     _dv_flags = 0
 
     def __init__(self, creator: Any, init_attr: Any, qp_attr: QPAttr | None = None) -> None:
-        from softverbs.verbs.device import LIMITS, Context
-
         super().__init__()
         if qp_attr is not None:
             require(qp_attr, QPAttr, "qp_attr")
@@ -1095,3 +1092,70 @@ def _copy_send_wr(src: SendWR, dst: SendWR) -> None:
 def _copy_wr(src: SendWR | RecvWR, dst: SendWR | RecvWR) -> None:
     """Fill ``bad_wr`` with the WR that failed, as ibv_post_* does."""
     dst.__dict__.update(src.__dict__)
+
+
+# --- XRC receive QPs owned by the device (seed 002) ----------------------------------
+
+
+def _alloc_steps(attr: Any, attr_mask: int) -> list[tuple[records.QPAttrs, int]]:
+    """Split one attribute mask into the RESET->INIT and INIT->RTR modifies."""
+    steps: list[tuple[records.QPAttrs, int]] = []
+    left = attr_mask & ~IBV_QP_STATE
+    cur = IBV_QPS_RESET
+    for new in (IBV_QPS_INIT, IBV_QPS_RTR):
+        rule = qpstate.rule(IBV_QPT_XRC_RECV, cur, new)
+        assert rule is not None
+        mask = (attr_mask & (rule[0] | rule[1])) | IBV_QP_STATE
+        qpstate.check(IBV_QPT_XRC_RECV, cur, mask, new, None)
+        record = _attrs_of(attr)
+        record.qp_state = new
+        steps.append((record, mask))
+        left &= ~mask
+        cur = new
+    if left:
+        raise einval(
+            f"xrc_rcv_qp_alloc: attributes {qpstate.mask_names(left)} belong to neither "
+            "RESET->INIT nor INIT->RTR"
+        )
+    return steps
+
+
+def xrc_rcv_qp_alloc(xrcd: XRCD, attr: Any, attr_mask: int) -> int:
+    """Create an XRC receive QP owned by the device, move it RESET->INIT->RTR
+    with ``attr``/``attr_mask``, and register this process with it.
+
+    Returns the QP number to hand to the sender.  The QP lives until the last
+    process registered with it unregisters -- or dies (seed 002).
+    """
+    require(xrcd, XRCD, "xrcd")
+    xrcd._check_open()
+    (init, init_mask), (rtr, rtr_mask) = _alloc_steps(attr, attr_mask)
+    body = records.XrcRcvAlloc(init, rtr, xrcd.dev_handle, init_mask, rtr_mask, 0)
+    return xrcd.ctx.provider.call(ops.XRC_RCV_QP_ALLOC, body).qpn
+
+
+def xrc_rcv_qp_register(xrcd: XRCD, qp_num: int) -> None:
+    """Register this process with receive QP ``qp_num`` (once; again adds nothing).
+
+    EINVAL if no such QP exists, it is not an XRC receive QP, or it belongs
+    to another XRC domain.
+    """
+    require(xrcd, XRCD, "xrcd")
+    xrcd._check_open()
+    xrcd.ctx.provider.call(ops.XRC_RCV_QP_REGISTER, records.XrcQpn(xrcd.dev_handle, qp_num))
+
+
+def xrc_rcv_qp_unregister(xrcd: XRCD, qp_num: int) -> None:
+    """Drop this process's registration; the last one destroys the QP."""
+    require(xrcd, XRCD, "xrcd")
+    xrcd._check_open()
+    xrcd.ctx.provider.call(ops.XRC_RCV_QP_UNREGISTER, records.XrcQpn(xrcd.dev_handle, qp_num))
+
+
+def open_qp(ctx: Context, xrcd: XRCD, qp_num: int) -> Any:
+    """``ibv_open_qp``: a QP object for an existing XRC receive QP of ``xrcd``."""
+    require(xrcd, XRCD, "xrcd")
+    xrcd._check_open()
+    reply = ctx.provider.call(ops.OPEN_QP, records.OpenQP(ctx.handle, xrcd.dev_handle, qp_num,
+                                                      IBV_QPT_XRC_RECV))  # fmt: skip
+    return QP.opened(ctx, xrcd, reply.qp, reply.qpn)

@@ -10,7 +10,7 @@ other WQEs stay for the other QPs.
 from __future__ import annotations
 
 import errno
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from softverbs.device import ops, records
 from softverbs.engine.rings import WQ_SRQ, RecvWQE, SharedRecvRing
@@ -24,12 +24,12 @@ from softverbs.enums import (
 )
 from softverbs.errors import PyverbsRDMAError, PyverbsUserError, einval, enomem, eopnotsupp
 from softverbs.verbs.base import CStruct, PyverbsCM, PyverbsObject, as_uint, require
+from softverbs.verbs.cq import CQBase
+from softverbs.verbs.device import LIMITS, Context
+from softverbs.verbs.pd import PD
 from softverbs.verbs.provider import Attach, destroy, forked_error
 from softverbs.verbs.wr import RecvWR
-
-if TYPE_CHECKING:
-    from softverbs.verbs.device import Context
-    from softverbs.verbs.pd import PD
+from softverbs.verbs.xrcd import XRCD
 
 
 def recv_wqe(w: RecvWR, max_sge: int, where: object) -> RecvWQE:
@@ -128,10 +128,6 @@ class SRQ(PyverbsCM):
     close_rank = 50
 
     def __init__(self, creator: Any, attr: Any) -> None:
-        from softverbs.verbs.cq import CQBase
-        from softverbs.verbs.device import LIMITS, Context
-        from softverbs.verbs.pd import PD
-
         super().__init__()
         if isinstance(creator, PD):
             require(attr, SrqInitAttr, "attr")
@@ -156,8 +152,6 @@ class SRQ(PyverbsCM):
                 raise einval("an SRQ needs a PD (SrqInitAttrEx.pd)")
             require(pd, PD, "SrqInitAttrEx.pd")
             if xrcd is not None:
-                from softverbs.verbs.xrcd import XRCD
-
                 require(xrcd, XRCD, "SrqInitAttrEx.xrcd")
             if srq_type == IBV_SRQT_XRC and (xrcd is None or cq is None):
                 raise einval("an XRC SRQ needs an XRC domain and a CQ (SrqInitAttrEx.xrcd, .cq)")

@@ -7,7 +7,7 @@ reused as soon as ``post_send``/``post_recv`` returns, as with C verbs.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from softverbs.enums import (
     IBV_SEND_FENCE,
@@ -21,42 +21,10 @@ from softverbs.enums import (
     IBV_WR_SEND_WITH_INV,
 )
 from softverbs.errors import PyverbsUserError
+from softverbs.verbs.addr import AH
 from softverbs.verbs.base import CStruct, PyverbsCM, as_uint
-
-if TYPE_CHECKING:
-    from softverbs.verbs.addr import AH
-    from softverbs.verbs.mr import MW, MWBindInfo
-
-
-class SGE(CStruct, PyverbsCM):
-    """A scatter/gather element: ``SGE(addr, length, lkey)``."""
-
-    _c_fields = {"addr": 64, "length": 32, "lkey": 32}
-
-    def __init__(self, addr: int, length: int, lkey: int) -> None:
-        self.addr = addr
-        self.length = length
-        self.lkey = lkey
-
-    def read(self, length: int, offset: int) -> bytes:
-        """Read memory at the SGE's address (EFAULT if it is not mapped)."""
-        from softverbs import hostmem
-
-        return hostmem.read(self.addr, length, offset)
-
-    def close(self) -> None:
-        pass
-
-    def __repr__(self) -> str:
-        return f"SGE(addr={self.addr:#x}, length={self.length}, lkey={self.lkey:#x})"
-
-    def __str__(self) -> str:
-        f = "{:22}: {:<20}\n"
-        return (
-            f.format("Address", hex(self.addr))
-            + f.format("Length", self.length)
-            + f.format("Key", hex(self.lkey))
-        )
+from softverbs.verbs.mr import MW, MWBindInfo, inc_rkey
+from softverbs.verbs.sge import SGE as SGE
 
 
 def _sg_list(sg: Any, num_sge: int) -> list[SGE]:
@@ -195,8 +163,6 @@ class SendWR(CStruct, PyverbsCM):
         return self.bind_rkey
 
     def set_wr_ud(self, ah: AH, rqpn: int, rqkey: int) -> None:
-        from softverbs.verbs.addr import AH
-
         if not isinstance(ah, AH):
             raise PyverbsUserError(f"ah must be an AH, got {type(ah).__name__}")
         self.ah = ah
@@ -214,8 +180,6 @@ class SendWR(CStruct, PyverbsCM):
         self.swap = swap
 
     def set_bind_wr(self, mw: MW, bind_info: MWBindInfo) -> None:
-        from softverbs.verbs.mr import inc_rkey
-
         self.mw = mw
         self.bind_info = bind_info
         self.bind_rkey = inc_rkey(mw.rkey)

@@ -1,0 +1,41 @@
+"""The scatter/gather element (pyverbs ``wr.SGE``): an address, a length and
+the local key of the MR that covers them.
+
+It sits below the work requests (:mod:`.wr`, which re-exports it) because a
+PD uses SGEs too (``ibv_advise_mr`` takes a list of them), and the work
+requests name AHs and memory windows, which are made on a PD.
+"""
+
+from __future__ import annotations
+
+from softverbs import hostmem
+from softverbs.verbs.base import CStruct, PyverbsCM
+
+
+class SGE(CStruct, PyverbsCM):
+    """A scatter/gather element: ``SGE(addr, length, lkey)``."""
+
+    _c_fields = {"addr": 64, "length": 32, "lkey": 32}
+
+    def __init__(self, addr: int, length: int, lkey: int) -> None:
+        self.addr = addr
+        self.length = length
+        self.lkey = lkey
+
+    def read(self, length: int, offset: int) -> bytes:
+        """Read memory at the SGE's address (EFAULT if it is not mapped)."""
+        return hostmem.read(self.addr, length, offset)
+
+    def close(self) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        return f"SGE(addr={self.addr:#x}, length={self.length}, lkey={self.lkey:#x})"
+
+    def __str__(self) -> str:
+        f = "{:22}: {:<20}\n"
+        return (
+            f.format("Address", hex(self.addr))
+            + f.format("Length", self.length)
+            + f.format("Key", hex(self.lkey))
+        )
