@@ -62,7 +62,6 @@ from __future__ import annotations
 import argparse
 import mmap
 import random
-import socket
 import sys
 import time
 from collections.abc import Callable
@@ -72,17 +71,13 @@ from typing import Any, NoReturn
 from softverbs import (
     AH,
     CQ,
-    GID,
     MR,
     PD,
     QP,
     SGE,
-    AHAttr,
     CompChannel,
     Context,
-    GlobalRoute,
     PyverbsError,
-    QPAttr,
     QPCap,
     QPEx,
     QPInitAttr,
@@ -94,29 +89,9 @@ from softverbs import (
 )
 from softverbs.enums import (
     IBV_ACCESS_LOCAL_WRITE,
-    IBV_LINK_LAYER_ETHERNET,
-    IBV_QP_ACCESS_FLAGS,
-    IBV_QP_AV,
-    IBV_QP_DEST_QPN,
     IBV_QP_EX_WITH_SEND,
     IBV_QP_INIT_ATTR_PD,
     IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
-    IBV_QP_MAX_DEST_RD_ATOMIC,
-    IBV_QP_MAX_QP_RD_ATOMIC,
-    IBV_QP_MIN_RNR_TIMER,
-    IBV_QP_PATH_MTU,
-    IBV_QP_PKEY_INDEX,
-    IBV_QP_PORT,
-    IBV_QP_QKEY,
-    IBV_QP_RETRY_CNT,
-    IBV_QP_RNR_RETRY,
-    IBV_QP_RQ_PSN,
-    IBV_QP_SQ_PSN,
-    IBV_QP_STATE,
-    IBV_QP_TIMEOUT,
-    IBV_QPS_INIT,
-    IBV_QPS_RTR,
-    IBV_QPS_RTS,
     IBV_QPT_RC,
     IBV_QPT_UC,
     IBV_QPT_UD,
@@ -126,23 +101,19 @@ from softverbs.enums import (
     bytes_to_mtu,
     mtu_to_bytes,
 )
+from softverbs.samples import rendezvous as rv
+from softverbs.samples.rendezvous import DEFAULT_PORT, UD_QKEY, PingPongError
 from softverbs.verbs.addr import default_gid_index
 
-DEFAULT_PORT = 18515  #: the TCP rendezvous port of every ibv_*_pingpong
 MSG_SIZE = 52  #: sizeof "0000:000000:000000:" + 32 hex digits + NUL
 DONE = b"done\0"  #: the client's last rendezvous message (sizeof "done")
 RECV_WRID, SEND_WRID = 1, 2  #: PINGPONG_RECV_WRID, PINGPONG_SEND_WRID
-UD_QKEY = 0x11111111
 GRH_SIZE = 40  #: a UD receive buffer starts with the GRH (IPv4: 20 zeros + header)
 FILL = 0x7B  #: the C tools memset their buffer to 0x7b
 PAGE_SIZE = mmap.PAGESIZE
 
 #: Each subcommand's transport, and what differs between the three C tools.
 KINDS: dict[str, int] = {"rc": IBV_QPT_RC, "uc": IBV_QPT_UC, "ud": IBV_QPT_UD}
-
-
-class PingPongError(Exception):
-    """A failure the C tool reports on stderr before exiting with status 1."""
 
 
 # --------------------------------------------------------------------------
@@ -266,66 +237,32 @@ class Dest:
 
     def to_wire(self) -> bytes:
         """The 52-byte message: ``"%04x:%06x:%06x:%s"`` and NUL padding."""
-        text = f"{self.lid:04x}:{self.qpn:06x}:{self.psn:06x}:{self.gid.hex()}".encode()
-        return text[: MSG_SIZE - 1].ljust(MSG_SIZE, b"\0")
+        return rv.address_message(((self.lid, 4), (self.qpn, 6), (self.psn, 6)), self.gid,
+                                  MSG_SIZE)  # fmt: skip
 
     @classmethod
     def from_wire(cls, msg: bytes) -> Dest:
         """Parse a peer's message; ValueError if it is not one."""
-        text = msg.split(b"\0", 1)[0].decode("ascii")
-        lid, qpn, psn, gid = text.split(":", 3)
-        raw = bytes.fromhex(gid[:32])
-        if len(raw) != 16:
-            raise ValueError(f"GID {gid!r} is not 32 hex digits")
-        return cls(int(lid, 16), int(qpn, 16), int(psn, 16), raw)
+        (lid, qpn, psn), gid = rv.parse_address(msg, 3)
+        return cls(lid, qpn, psn, gid)
 
     def line(self, which: str, psn_sep: str = ",") -> str:
         """``  local address:  LID 0x0000, QPN 0x000011, PSN 0x..., GID ::ffff:10.0.0.1``."""
         label = f"{which} address:"
-        gid = socket.inet_ntop(socket.AF_INET6, self.gid)
+        gid = rv.gid_text(self.gid)
         return (f"  {label:<16}LID 0x{self.lid:04x}, QPN 0x{self.qpn:06x}, "
                 f"PSN 0x{self.psn:06x}{psn_sep} GID {gid}")  # fmt: skip
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    """Read exactly ``n`` bytes (fewer only if the peer closes)."""
-    chunks = bytearray()
-    while len(chunks) < n:
-        part = sock.recv(n - len(chunks))
-        if not part:
-            break
-        chunks += part
-    return bytes(chunks)
-
-
 def client_exchange(server: str, port: int, mine: Dest) -> Dest:
     """Connect to the server, send our address, read its address, send "done"."""
-    try:
-        infos = socket.getaddrinfo(server, port, socket.AF_UNSPEC, socket.SOCK_STREAM)
-    except socket.gaierror as exc:
-        raise PingPongError(f"{exc.strerror} for {server}:{port}") from None
-    sock: socket.socket | None = None
-    for family, kind, proto, _, addr in infos:
-        try:
-            s = socket.socket(family, kind, proto)
-        except OSError:
-            continue
-        try:
-            s.connect(addr)
-        except OSError:
-            s.close()
-            continue
-        sock = s
-        break
-    if sock is None:
-        raise PingPongError(f"Couldn't connect to {server}:{port}")
-    with sock:
+    with rv.tcp_connect(server, port) as sock:
         try:
             sock.sendall(mine.to_wire())
         except OSError:
             raise PingPongError("Couldn't send local address") from None
         try:
-            msg = _recv_exact(sock, MSG_SIZE)
+            msg = rv.recv_exact(sock, MSG_SIZE)
             if len(msg) != MSG_SIZE:
                 raise OSError(f"read {len(msg)} of {MSG_SIZE} bytes")
             sock.sendall(DONE)
@@ -339,39 +276,10 @@ def client_exchange(server: str, port: int, mine: Dest) -> Dest:
         raise PingPongError(f"Couldn't read remote address: {exc}") from None
 
 
-def tcp_listener(port: int) -> socket.socket | None:
-    """A bound (not yet listening) TCP socket on ``port``, as the rdma-core
-    examples make one: the first address getaddrinfo offers that binds."""
-    infos = socket.getaddrinfo(None, port, socket.AF_UNSPEC, socket.SOCK_STREAM, 0,
-                               socket.AI_PASSIVE)  # fmt: skip
-    for family, kind, proto, _, addr in infos:
-        try:
-            s = socket.socket(family, kind, proto)
-        except OSError:
-            continue
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(addr)
-        except OSError:
-            s.close()
-            continue
-        return s
-    return None
-
-
 def server_exchange(port: int, mine: Dest, connect: Callable[[Dest], None]) -> Dest:
     """Wait for one client, read its address, connect to it, answer, await "done"."""
-    listener = tcp_listener(port)
-    if listener is None:
-        raise PingPongError(f"Couldn't listen to port {port}")
-    with listener:
-        listener.listen(1)
-        try:
-            conn, _ = listener.accept()
-        except OSError:
-            raise PingPongError("accept() failed") from None
-    with conn:
-        msg = _recv_exact(conn, MSG_SIZE)
+    with rv.tcp_serve_one(port) as conn:
+        msg = rv.recv_exact(conn, MSG_SIZE)
         if len(msg) != MSG_SIZE:
             raise PingPongError(f"{len(msg)}/{MSG_SIZE}: Couldn't read remote address")
         try:
@@ -465,16 +373,7 @@ class PingPong:
         _, init_attr = self.qp.query(0)
         if init_attr.cap.max_inline_data >= self.size:
             self.send_flags |= IBV_SEND_INLINE
-        attr = QPAttr(qp_state=IBV_QPS_INIT, port_num=self.port)
-        attr.pkey_index = 0
-        mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT
-        if self.ud:
-            attr.qkey = UD_QKEY
-            mask |= IBV_QP_QKEY
-        else:
-            attr.qp_access_flags = 0
-            mask |= IBV_QP_ACCESS_FLAGS
-        self._modify(attr, mask, "Failed to modify QP to INIT")
+        rv.modify(self.qp, rv.init_attrs(self.qp_type, self.port))
 
     @staticmethod
     def _unsupported_features(args: argparse.Namespace) -> None:
@@ -487,75 +386,26 @@ class PingPong:
         if args.dm:
             raise PingPongError("Device doesn't support dm allocation")
 
-    def _modify(self, attr: QPAttr, mask: int, failed: str) -> None:
-        try:
-            self.qp.modify(attr, mask)
-        except PyverbsError as exc:
-            raise PingPongError(f"{failed}\n{exc}") from None
-
     # --- addresses ---------------------------------------------------------------
     def local_dest(self, gidx: int) -> Dest:
-        try:
-            port_attr: Any = self.ctx.query_port(self.port)
-        except PyverbsError:
-            raise PingPongError("Couldn't get port info") from None
-        lid = port_attr.lid
-        if port_attr.link_layer != IBV_LINK_LAYER_ETHERNET and not lid:
-            raise PingPongError("Couldn't get local LID")
-        gid = bytes(16)
-        if gidx >= 0:
-            try:
-                gid = _gid_raw(self.ctx.query_gid(self.port, gidx))
-            except PyverbsError:
-                what = "Could not get local gid for gid index" if self.ud else (
-                    "can't read sgid of index")
-                raise PingPongError(f"{what} {gidx}") from None
+        lid = rv.port_lid(self.ctx, self.port)
+        failed = "Could not get local gid for gid index" if self.ud else "can't read sgid of index"
+        gid = rv.local_gid(self.ctx, self.port, gidx, failed)
         return Dest(lid, self.qp.qp_num, random.getrandbits(24), gid)
-
-    def _ah_attr(self, dest: Dest, sgid_idx: int) -> AHAttr:
-        """``ah_attr`` as the C tools fill it: global only if the peer sent a GID."""
-        if any(dest.gid[8:]):  # dest->gid.global.interface_id
-            gr = GlobalRoute(dgid=GID.from_raw(dest.gid), sgid_index=sgid_idx, hop_limit=1)
-            return AHAttr(dlid=dest.lid, sl=self.args.sl, src_path_bits=0, is_global=1,
-                          port_num=self.port, gr=gr)  # fmt: skip
-        return AHAttr(dlid=dest.lid, sl=self.args.sl, src_path_bits=0, is_global=0,
-                      port_num=self.port)  # fmt: skip
 
     def connect(self, my_psn: int, dest: Dest) -> None:
         """``pp_connect_ctx``: INIT -> RTR -> RTS (and the AH for UD)."""
-        sgid_idx: int = self.args.gid_idx
         self.remote_qpn = dest.qpn
-        attr = QPAttr(qp_state=IBV_QPS_RTR)
+        ah = rv.ah_attr(lid=dest.lid, gid=dest.gid, sl=self.args.sl, port=self.port,
+                        sgid_index=self.args.gid_idx)  # fmt: skip
+        mtu = bytes_to_mtu(self.args.mtu) if not self.ud else 0
+        rv.connect(self.qp, self.qp_type, dest_qpn=dest.qpn, rq_psn=dest.psn, sq_psn=my_psn,
+                   mtu=mtu, ah=ah)  # fmt: skip
         if self.ud:
-            self._modify(attr, IBV_QP_STATE, "Failed to modify QP to RTR")
-            attr.qp_state = IBV_QPS_RTS
-            attr.sq_psn = my_psn
-            self._modify(attr, IBV_QP_STATE | IBV_QP_SQ_PSN, "Failed to modify QP to RTS")
             try:
-                self.ah = AH(self.pd, attr=self._ah_attr(dest, sgid_idx))
+                self.ah = AH(self.pd, attr=ah)
             except PyverbsError as exc:
                 raise PingPongError(f"Failed to create AH\n{exc}") from None
-            return
-        attr.path_mtu = bytes_to_mtu(self.args.mtu)
-        attr.dest_qp_num = dest.qpn
-        attr.rq_psn = dest.psn
-        attr.ah_attr = self._ah_attr(dest, sgid_idx)
-        mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN
-        if self.kind == "rc":
-            attr.max_dest_rd_atomic = 1
-            attr.min_rnr_timer = 12
-            mask |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER
-        self._modify(attr, mask, "Failed to modify QP to RTR")
-        attr.qp_state = IBV_QPS_RTS
-        attr.sq_psn = my_psn
-        mask = IBV_QP_STATE | IBV_QP_SQ_PSN
-        if self.kind == "rc":
-            attr.timeout = 14
-            attr.retry_cnt = 7
-            attr.rnr_retry = 7
-            attr.max_rd_atomic = 1
-            mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC
-        self._modify(attr, mask, "Failed to modify QP to RTS")
 
     # --- work requests ------------------------------------------------------------
     def post_recv(self, n: int) -> int:
@@ -655,11 +505,6 @@ def _make(cls: Callable[..., Any], failed: str, *args: Any) -> Any:
         return cls(*args)
     except PyverbsError as exc:
         raise PingPongError(f"{failed}\n{exc}") from None
-
-
-def _gid_raw(gid: Any) -> bytes:
-    raw: bytes = gid.raw
-    return raw
 
 
 def _device_name(wanted: str | None) -> str:

@@ -47,17 +47,13 @@ from typing import Any
 
 from softverbs import (
     CQ,
-    GID,
     MR,
     PD,
     QP,
     SGE,
     SRQ,
-    AHAttr,
     CompChannel,
-    GlobalRoute,
     PyverbsError,
-    QPAttr,
     QPCap,
     QPInitAttr,
     RecvWR,
@@ -68,25 +64,6 @@ from softverbs import (
 )
 from softverbs.enums import (
     IBV_ACCESS_LOCAL_WRITE,
-    IBV_LINK_LAYER_ETHERNET,
-    IBV_QP_ACCESS_FLAGS,
-    IBV_QP_AV,
-    IBV_QP_DEST_QPN,
-    IBV_QP_MAX_DEST_RD_ATOMIC,
-    IBV_QP_MAX_QP_RD_ATOMIC,
-    IBV_QP_MIN_RNR_TIMER,
-    IBV_QP_PATH_MTU,
-    IBV_QP_PKEY_INDEX,
-    IBV_QP_PORT,
-    IBV_QP_RETRY_CNT,
-    IBV_QP_RNR_RETRY,
-    IBV_QP_RQ_PSN,
-    IBV_QP_SQ_PSN,
-    IBV_QP_STATE,
-    IBV_QP_TIMEOUT,
-    IBV_QPS_INIT,
-    IBV_QPS_RTR,
-    IBV_QPS_RTS,
     IBV_QPT_RC,
     IBV_SEND_INLINE,
     IBV_SEND_SIGNALED,
@@ -94,23 +71,20 @@ from softverbs.enums import (
     IBV_WR_SEND,
     bytes_to_mtu,
 )
+from softverbs.samples import rendezvous as rv
 from softverbs.samples.pingpong import (
-    DEFAULT_PORT,
     DONE,
     MSG_SIZE,
     RECV_WRID,
     SEND_WRID,
     Dest,
-    PingPongError,
     _device_name,
     _div,
-    _gid_raw,
     _int,
-    _recv_exact,
     _uint,
     _usage_error,
-    tcp_listener,
 )
+from softverbs.samples.rendezvous import DEFAULT_PORT, PingPongError
 from softverbs.verbs.addr import default_gid_index
 
 MAX_QP = 256  #: the C tool's MAX_QP: messages each side sends in the rendezvous
@@ -217,57 +191,23 @@ class SrqPingPong:
             if init_attr.cap.max_inline_data >= self.size:
                 self.send_flags |= IBV_SEND_INLINE
         for i, qp in enumerate(self.qps):
-            attr = QPAttr(qp_state=IBV_QPS_INIT, port_num=self.port)
-            attr.pkey_index = 0
-            attr.qp_access_flags = 0
-            _modify(qp, attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS,
-                    f"Failed to modify QP[{i}] to INIT")  # fmt: skip
+            rv.modify(qp, rv.init_attrs(IBV_QPT_RC, self.port), f"QP[{i}]")
 
     def local_dests(self, gidx: int) -> list[Dest]:
-        try:
-            port_attr: Any = self.ctx.query_port(self.port)
-        except PyverbsError:
-            raise PingPongError("Couldn't get port info") from None
-        if port_attr.link_layer != IBV_LINK_LAYER_ETHERNET and not port_attr.lid:
-            raise PingPongError("Couldn't get local LID")
-        gid = bytes(16)
-        if gidx >= 0:
-            try:
-                gid = _gid_raw(self.ctx.query_gid(self.port, gidx))
-            except PyverbsError:
-                raise PingPongError(f"Could not get local gid for gid index {gidx}") from None
-        return [Dest(port_attr.lid, qp.qp_num, random.getrandbits(24), gid) for qp in self.qps]
+        lid = rv.port_lid(self.ctx, self.port)
+        gid = rv.local_gid(self.ctx, self.port, gidx, "Could not get local gid for gid index")
+        return [Dest(lid, qp.qp_num, random.getrandbits(24), gid) for qp in self.qps]
 
     def connect(self, mine: list[Dest], remote: list[Dest]) -> None:
         """``pp_connect_ctx``: QP *i* to the peer's QP *i*, INIT -> RTR -> RTS."""
         first = remote[0]
         for i, qp in enumerate(self.qps):
             dest = remote[i]
-            ah = AHAttr(dlid=dest.lid, sl=self.args.sl, src_path_bits=0, is_global=0,
-                        port_num=self.port)  # fmt: skip
-            if any(first.gid[8:]):  # the C tool looks at the first message's GID
-                ah.is_global = 1
-                ah.gr = GlobalRoute(dgid=GID.from_raw(first.gid), sgid_index=self.args.gid_idx,
-                                    hop_limit=1)  # fmt: skip
-            attr = QPAttr(qp_state=IBV_QPS_RTR)
-            attr.path_mtu = bytes_to_mtu(self.args.mtu)
-            attr.dest_qp_num = dest.qpn
-            attr.rq_psn = dest.psn
-            attr.max_dest_rd_atomic = 1
-            attr.min_rnr_timer = 12
-            attr.ah_attr = ah
-            _modify(qp, attr, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN
-                    | IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER,
-                    f"Failed to modify QP[{i}] to RTR")  # fmt: skip
-            attr.qp_state = IBV_QPS_RTS
-            attr.timeout = 14
-            attr.retry_cnt = 7
-            attr.rnr_retry = 7
-            attr.sq_psn = mine[i].psn
-            attr.max_rd_atomic = 1
-            _modify(qp, attr, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY
-                    | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC,
-                    f"Failed to modify QP[{i}] to RTS")  # fmt: skip
+            # the C tool looks at the first message's GID for every QP
+            ah = rv.ah_attr(lid=dest.lid, gid=first.gid, sl=self.args.sl, port=self.port,
+                            sgid_index=self.args.gid_idx)  # fmt: skip
+            rv.connect(qp, IBV_QPT_RC, dest_qpn=dest.qpn, rq_psn=dest.psn, sq_psn=mine[i].psn,
+                       mtu=bytes_to_mtu(self.args.mtu), ah=ah, which=f"QP[{i}]")  # fmt: skip
 
     def post_recv(self, n: int) -> int:
         wr = RecvWR(RECV_WRID, 1, [SGE(self.mr.buf, self.size, self.mr.lkey)])
@@ -347,13 +287,6 @@ def _make(cls: Any, failed: str, *args: Any) -> Any:
         raise PingPongError(f"{failed}\n{exc}") from None
 
 
-def _modify(qp: QP, attr: QPAttr, mask: int, failed: str) -> None:
-    try:
-        qp.modify(attr, mask)
-    except PyverbsError as exc:
-        raise PingPongError(f"{failed}\n{exc}") from None
-
-
 # --- the rendezvous: MAX_QP messages each way -------------------------------------------
 
 
@@ -365,7 +298,7 @@ def _wire(dests: list[Dest]) -> bytes:
 def _read_dests(sock: socket.socket, who: str) -> list[Dest]:
     out = []
     for i in range(MAX_QP):
-        msg = _recv_exact(sock, MSG_SIZE)
+        msg = rv.recv_exact(sock, MSG_SIZE)
         if len(msg) != MSG_SIZE:
             raise PingPongError(f"{len(msg)}/{MSG_SIZE}: Couldn't read remote address [{i}]")
         try:
@@ -376,11 +309,7 @@ def _read_dests(sock: socket.socket, who: str) -> list[Dest]:
 
 
 def client_exchange(server: str, port: int, mine: list[Dest]) -> list[Dest]:
-    try:
-        sock = socket.create_connection((server, port))
-    except OSError:
-        raise PingPongError(f"Couldn't connect to {server}:{port}") from None
-    with sock:
+    with rv.tcp_connect(server, port) as sock:
         try:
             sock.sendall(_wire(mine))
         except OSError:
@@ -394,16 +323,7 @@ def client_exchange(server: str, port: int, mine: list[Dest]) -> list[Dest]:
 
 
 def server_exchange(port: int, pp: SrqPingPong, mine: list[Dest]) -> list[Dest]:
-    listener = tcp_listener(port)
-    if listener is None:
-        raise PingPongError(f"Couldn't listen to port {port}")
-    with listener:
-        listener.listen(1)
-        try:
-            conn, _ = listener.accept()
-        except OSError:
-            raise PingPongError("accept() failed") from None
-    with conn:
+    with rv.tcp_serve_one(port) as conn:
         remote = _read_dests(conn, "server read")
         try:
             pp.connect(mine, remote)
@@ -413,7 +333,7 @@ def server_exchange(port: int, pp: SrqPingPong, mine: list[Dest]) -> list[Dest]:
             conn.sendall(_wire(mine))
         except OSError:
             raise PingPongError("Couldn't send local address") from None
-        done = _recv_exact(conn, len(DONE))
+        done = rv.recv_exact(conn, len(DONE))
         if len(done) != len(DONE):
             raise PingPongError("client write: the client did not say done")
     return remote
