@@ -29,21 +29,19 @@ from softverbs import (
     PD,
     QP,
     SGE,
-    AHAttr,
     Context,
-    GlobalRoute,
     QPAttr,
     QPCap,
     QPInitAttr,
     RecvWR,
     SendWR,
+    testing,
 )
 from softverbs.enums import (
     IBV_ACCESS_LOCAL_WRITE,
     IBV_ACCESS_REMOTE_ATOMIC,
     IBV_ACCESS_REMOTE_READ,
     IBV_ACCESS_REMOTE_WRITE,
-    IBV_MTU_1024,
     IBV_QPT_RC,
     IBV_SEND_FENCE,
     IBV_SEND_SIGNALED,
@@ -94,18 +92,9 @@ class Side:
         self.mr = MR(self.pd, 2 * SIZE, ACCESS)
 
     def connect(self, peer: Side) -> None:
-        attr = QPAttr()
-        attr.qp_access_flags = ACCESS
-        attr.dest_qp_num = peer.qp.qp_num
-        attr.path_mtu = IBV_MTU_1024
-        attr.max_rd_atomic = attr.max_dest_rd_atomic = 4
-        attr.timeout = 18  # 1.07 s: longer than DELAY, so a delayed response is no loss
-        attr.retry_cnt = 7
-        attr.rnr_retry = 7
-        attr.min_rnr_timer = 1
-        gid = peer.ctx.query_gid(1, 0)
-        attr.ah_attr = AHAttr(is_global=1, port_num=1, gr=GlobalRoute(dgid=gid, sgid_index=0))
-        self.qp.to_rts(attr)
+        # timeout 18 (1.07 s): longer than DELAY, so a delayed response is no loss
+        testing.connect_qp(self.qp, peer.qp.qp_num, testing.route(peer.ctx, 0),
+                           qp_access_flags=ACCESS, timeout=18)  # fmt: skip
 
 
 def _pair(devices: tuple[Context, Context], kinds: str) -> tuple[Side, Side]:
