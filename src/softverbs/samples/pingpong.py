@@ -64,7 +64,7 @@ import mmap
 import random
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -149,6 +149,68 @@ def _int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"invalid number {text!r}") from None
 
 
+Option = tuple[tuple[str, ...], dict[str, Any]]  #: argparse flags and keywords
+
+
+def _opt(*flags: str, **keywords: Any) -> Option:
+    return flags, keywords
+
+
+#: The options of rdma-core's ping-pong tools, by ``argparse`` dest.  Each tool adds the
+#: ones it has, in its order (:func:`add_options`); ``{size}`` and ``{tool}`` in a help
+#: text are the tool's default size and name.
+OPTIONS: dict[str, Option] = {
+    "server": _opt("server", nargs="?", metavar="SERVER",
+                   help="connect to the server at SERVER (default: be the server)"),
+    "port": _opt("-p", "--port", type=_uint, default=DEFAULT_PORT,
+                 help=f"listen on/connect to port PORT (default {DEFAULT_PORT})"),
+    "ib_dev": _opt("-d", "--ib-dev", metavar="DEV",
+                   help="use IB device DEV (default first device found)"),
+    "ib_port": _opt("-i", "--ib-port", type=_int, default=1, metavar="PORT",
+                    help="use port PORT of IB device (default 1)"),
+    "size": _opt("-s", "--size", type=_uint, help="size of message to exchange (default {size})"),
+    "mtu": _opt("-m", "--mtu", type=_int, default=1024, help="path MTU (default 1024)"),
+    "rx_depth": _opt("-r", "--rx-depth", type=_uint, default=500, metavar="DEP",
+                     help="number of receives to post at a time (default 500)"),
+    "iters": _opt("-n", "--iters", type=_uint, default=1000,
+                  help="number of exchanges (default 1000)"),
+    "sl": _opt("-l", "--sl", type=_int, default=0, help="service level value"),
+    "events": _opt("-e", "--events", action="count", default=0,
+                   help="sleep on CQ events (default poll)"),
+    "gid_idx": _opt("-g", "--gid-idx", type=_int, default=None, metavar="GIDIDX",
+                    help="local port gid index (default: the device's first IPv4 RoCEv2 GID; "
+                         "-1: none, as {tool} without -g)"),
+    "chk": _opt("-c", "--chk", action="store_true", help="validate received buffer"),
+    "odp": _opt("-o", "--odp", action="store_true", help="use on demand paging"),
+    "iodp": _opt("-O", "--iodp", action="store_true", help="use implicit on demand paging"),
+    "prefetch": _opt("-P", "--prefetch", action="store_true", help="prefetch an ODP MR"),
+    "ts": _opt("-t", "--ts", action="store_true", help="get CQE with timestamp"),
+    "dm": _opt("-j", "--dm", action="store_true", help="use device memory"),
+    "new_send": _opt("-N", "--new_send", action="store_true", help="use new post send WR API"),
+}  # fmt: skip
+
+
+def add_options(parser: argparse.ArgumentParser, names: Iterable[str], *, tool: str, size: int,
+                own: dict[str, Option] | None = None
+                ) -> None:  # fmt: skip
+    """Add the options ``names`` of :data:`OPTIONS` (or of ``own``, a tool's own ones),
+    in that order, with getopt's error handling (usage on stderr, exit status 1)."""
+    setattr(parser, "error", _usage_error(parser))  # noqa: B010 (a method override)
+    table = {**OPTIONS, **(own or {})}
+    for name in names:
+        flags, keywords = table[name]
+        keywords = dict(keywords, help=keywords["help"].format(size=size, tool=tool))
+        if name == "size":
+            keywords["default"] = size
+        parser.add_argument(*flags, **keywords)
+
+
+#: the options of ibv_{rc,uc,ud}_pingpong, in their order (UD has no -m; RC adds ODP & co.)
+_COMMON = ("server", "port", "ib_dev", "ib_port", "size", "mtu", "rx_depth", "iters", "sl",
+           "events", "gid_idx", "chk")  # fmt: skip
+_RC_ONLY = ("odp", "iodp", "prefetch", "ts", "dm", "new_send")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     kind = _kind(parser)
     parser.set_defaults(kind=kind)
@@ -157,42 +219,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"rdma-core's {tool} on softverbs: without SERVER, wait for a client on the TCP "
         f"port; with SERVER, connect to it. Interoperates with {tool}."
     )
-    # getopt in the C tools prints the usage and returns 1 on a bad option
-    setattr(parser, "error", _usage_error(parser))  # noqa: B010 (a method override)
-    parser.add_argument("server", nargs="?", metavar="SERVER",
-                        help="connect to the server at SERVER (default: be the server)")
-    parser.add_argument("-p", "--port", type=_uint, default=DEFAULT_PORT,
-                        help=f"listen on/connect to port PORT (default {DEFAULT_PORT})")
-    parser.add_argument("-d", "--ib-dev", metavar="DEV",
-                        help="use IB device DEV (default first device found)")
-    parser.add_argument("-i", "--ib-port", type=_int, default=1, metavar="PORT",
-                        help="use port PORT of IB device (default 1)")
-    size = 1024 if kind == "ud" else 4096
-    parser.add_argument("-s", "--size", type=_uint, default=size,
-                        help=f"size of message to exchange (default {size})")
-    if kind != "ud":
-        parser.add_argument("-m", "--mtu", type=_int, default=1024,
-                            help="path MTU (default 1024)")
-    parser.add_argument("-r", "--rx-depth", type=_uint, default=500, metavar="DEP",
-                        help="number of receives to post at a time (default 500)")
-    parser.add_argument("-n", "--iters", type=_uint, default=1000,
-                        help="number of exchanges (default 1000)")
-    parser.add_argument("-l", "--sl", type=_int, default=0, help="service level value")
-    parser.add_argument("-e", "--events", action="count", default=0,
-                        help="sleep on CQ events (default poll)")
-    parser.add_argument("-g", "--gid-idx", type=_int, default=None, metavar="GIDIDX",
-                        help="local port gid index (default: the device's first IPv4 RoCEv2 "
-                             "GID; -1: none, as ibv_*_pingpong without -g)")  # fmt: skip
-    parser.add_argument("-c", "--chk", action="store_true", help="validate received buffer")
+    names = [n for n in _COMMON if not (kind == "ud" and n == "mtu")]
     if kind == "rc":
-        parser.add_argument("-o", "--odp", action="store_true", help="use on demand paging")
-        parser.add_argument("-O", "--iodp", action="store_true",
-                            help="use implicit on demand paging")
-        parser.add_argument("-P", "--prefetch", action="store_true", help="prefetch an ODP MR")
-        parser.add_argument("-t", "--ts", action="store_true", help="get CQE with timestamp")
-        parser.add_argument("-j", "--dm", action="store_true", help="use device memory")
-        parser.add_argument("-N", "--new_send", action="store_true",
-                            help="use new post send WR API")
+        names += _RC_ONLY
+    add_options(parser, names, tool="ibv_*_pingpong", size=1024 if kind == "ud" else 4096)
 
 
 def _usage_error(parser: argparse.ArgumentParser) -> Callable[[str], NoReturn]:
@@ -204,8 +234,8 @@ def _usage_error(parser: argparse.ArgumentParser) -> Callable[[str], NoReturn]:
     return error
 
 
-def _check_options(args: argparse.Namespace) -> None:
-    """The C tools' own option checks (usage -> exit status 1)."""
+def check_common(args: argparse.Namespace) -> None:
+    """The checks of the options every ping-pong tool has (:data:`OPTIONS`)."""
     if args.port > 65535:
         raise PingPongError(f"port {args.port} is out of range (at most 65535)")
     if args.ib_port < 1:
@@ -213,6 +243,11 @@ def _check_options(args: argparse.Namespace) -> None:
     mtu = getattr(args, "mtu", None)
     if mtu is not None and mtu not in (256, 512, 1024, 2048, 4096):
         raise PingPongError(f"mtu {mtu} is not one of 256, 512, 1024, 2048, 4096")
+
+
+def _check_options(args: argparse.Namespace) -> None:
+    """The C tools' own option checks (usage -> exit status 1)."""
+    check_common(args)
     if args.kind == "rc":
         if args.iodp:
             args.odp = True

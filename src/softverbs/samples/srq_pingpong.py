@@ -80,11 +80,12 @@ from softverbs.samples.pingpong import (
     Dest,
     _device_name,
     _div,
-    _int,
+    _opt,
     _uint,
-    _usage_error,
+    add_options,
+    check_common,
 )
-from softverbs.samples.rendezvous import DEFAULT_PORT, PingPongError
+from softverbs.samples.rendezvous import PingPongError
 from softverbs.verbs.addr import default_gid_index
 
 MAX_QP = 256  #: the C tool's MAX_QP: messages each side sends in the rendezvous
@@ -96,43 +97,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "rdma-core's ibv_srq_pingpong on softverbs: RC ping-pong over several QPs sharing one "
         "SRQ. Without SERVER, wait for a client on the TCP port; with SERVER, connect to it."
     )
-    setattr(parser, "error", _usage_error(parser))  # noqa: B010 (a method override)
-    parser.add_argument("server", nargs="?", metavar="SERVER",
-                        help="connect to the server at SERVER (default: be the server)")
-    parser.add_argument("-p", "--port", type=_uint, default=DEFAULT_PORT,
-                        help=f"listen on/connect to port PORT (default {DEFAULT_PORT})")
-    parser.add_argument("-d", "--ib-dev", metavar="DEV",
-                        help="use IB device DEV (default first device found)")
-    parser.add_argument("-i", "--ib-port", type=_int, default=1, metavar="PORT",
-                        help="use port PORT of IB device (default 1)")
-    parser.add_argument("-s", "--size", type=_uint, default=4096,
-                        help="size of message to exchange (default 4096)")
-    parser.add_argument("-m", "--mtu", type=_int, default=1024, help="path MTU (default 1024)")
-    parser.add_argument("-q", "--num-qp", type=_uint, default=16, metavar="NUM",
-                        help="number of QPs to use (default 16)")
-    parser.add_argument("-r", "--rx-depth", type=_uint, default=500, metavar="DEP",
-                        help="number of receives to post at a time (default 500)")
-    parser.add_argument("-n", "--iters", type=_uint, default=1000,
-                        help="number of exchanges (default 1000)")
-    parser.add_argument("-l", "--sl", type=_int, default=0, help="service level value")
-    parser.add_argument("-e", "--events", action="count", default=0,
-                        help="sleep on CQ events (default poll)")
-    parser.add_argument("-g", "--gid-idx", type=_int, default=None, metavar="GIDIDX",
-                        help="local port gid index (default: the device's first IPv4 RoCEv2 "
-                             "GID; -1: none, as ibv_srq_pingpong without -g)")
-    parser.add_argument("-o", "--odp", action="store_true", help="use on demand paging")
-    parser.add_argument("-c", "--chk", action="store_true", help="validate received buffer")
+    num_qp = _opt("-q", "--num-qp", type=_uint, default=16, metavar="NUM",
+                  help="number of QPs to use (default 16)")  # fmt: skip
+    add_options(parser, ("server", "port", "ib_dev", "ib_port", "size", "mtu", "num_qp",
+                         "rx_depth", "iters", "sl", "events", "gid_idx", "odp", "chk"),
+                tool="ibv_srq_pingpong", size=4096, own={"num_qp": num_qp})  # fmt: skip
 
 
 def _check_options(args: argparse.Namespace) -> None:
-    if args.port > 65535:
-        raise PingPongError(f"port {args.port} is out of range (at most 65535)")
-    if args.ib_port < 1:
-        raise PingPongError(f"ib-port {args.ib_port} is out of range (at least 1)")
+    check_common(args)
     if args.size < 1:
         raise PingPongError("size must be at least 1")
-    if args.mtu not in (256, 512, 1024, 2048, 4096):
-        raise PingPongError(f"mtu {args.mtu} is not one of 256, 512, 1024, 2048, 4096")
     if not 1 <= args.num_qp <= MAX_QP:
         raise PingPongError(f"num-qp {args.num_qp} is out of range (1 to {MAX_QP})")
     if args.num_qp > args.rx_depth:
