@@ -487,29 +487,12 @@ class PingPong:
         rcnt = scnt = 0
         cq, channel = self.cq, self.channel
         while rcnt < iters or scnt < iters:
-            if channel is not None:
-                try:
-                    channel.get_cq_event(cq)
-                except PyverbsError:
-                    raise PingPongError("Failed to get cq_event") from None
-                self.num_cq_events += 1
-                try:
-                    cq.req_notify(False)
-                except PyverbsError:
-                    raise PingPongError("Couldn't request CQ notification") from None
-            while True:
-                try:
-                    ne, wcs = cq.poll(2)
-                except PyverbsError as exc:
-                    raise PingPongError(f"poll CQ failed {exc}") from None
-                if ne >= 1 or channel is not None:
-                    break
+            wcs = next_completions(cq, channel, 2)
+            self.num_cq_events += channel is not None
             for wc in wcs:
                 if wc.status != IBV_WC_SUCCESS:
-                    extra = f"\nparse WC failed {ne}" if self.kind == "rc" else ""
-                    reason = f" [{wc.reason}]" if wc.reason else ""
-                    raise PingPongError(f"Failed status {wc_status_str(wc.status)} "
-                                        f"({wc.status}) for wr_id {wc.wr_id}{reason}{extra}")
+                    extra = f"\nparse WC failed {len(wcs)}" if self.kind == "rc" else ""
+                    raise wc_failure(wc, extra)
                 if wc.wr_id == SEND_WRID:
                     scnt += 1
                 elif wc.wr_id == RECV_WRID:
@@ -603,18 +586,56 @@ def _session(pp: PingPong, args: argparse.Namespace) -> int:
             pp.mark_pages()
         pp.post_send()
         pp.pending |= SEND_WRID
-    start = time.perf_counter()
-    pp.run_loop(args.iters, routs)
-    usec = (time.perf_counter() - start) * 1e6
-    nbytes = args.size * args.iters * 2
-    secs = f"{usec / 1e6:.2f} seconds"
-    print(f"{nbytes} bytes in {secs} = {_div(nbytes * 8.0, usec):.2f} Mbit/sec")
-    print(f"{args.iters} iters in {secs} = {_div(usec, args.iters):.2f} usec/iter")
+    timed(lambda: pp.run_loop(args.iters, routs), args.size, args.iters)
     if not args.server and args.chk:
         for page in pp.bad_pages():
             print(f"invalid data in page {page}")
     sys.stdout.flush()
     return 0
+
+
+# --------------------------------------------------------------------------
+# what the ping-pong tools share besides the rendezvous
+
+
+def next_completions(cq: CQ, channel: CompChannel | None, n: int) -> list[Any]:
+    """The next completions, at most ``n``: polled until there is one, or -- with a
+    completion channel (``-e``) -- one poll after sleeping on the channel and re-arming
+    the CQ (the caller counts the event for ``ack_events``)."""
+    if channel is not None:
+        try:
+            channel.get_cq_event(cq)
+        except PyverbsError:
+            raise PingPongError("Failed to get cq_event") from None
+        try:
+            cq.req_notify(False)
+        except PyverbsError:
+            raise PingPongError("Couldn't request CQ notification") from None
+    while True:
+        try:
+            ne, wcs = cq.poll(n)
+        except PyverbsError as exc:
+            raise PingPongError(f"poll CQ failed {exc}") from None
+        if ne >= 1 or channel is not None:
+            return list(wcs)
+
+
+def wc_failure(wc: Any, extra: str = "") -> PingPongError:
+    """The C tools' message for a completion that is not a success."""
+    reason = f" [{wc.reason}]" if wc.reason else ""
+    return PingPongError(f"Failed status {wc_status_str(wc.status)} ({wc.status}) "
+                         f"for wr_id {wc.wr_id}{reason}{extra}")  # fmt: skip
+
+
+def timed(loop: Callable[[], None], size: int, iters: int) -> None:
+    """Run ``loop`` and print the C tools' two closing lines (bytes count both ways)."""
+    start = time.perf_counter()
+    loop()
+    usec = (time.perf_counter() - start) * 1e6
+    nbytes = size * iters * 2
+    secs = f"{usec / 1e6:.2f} seconds"
+    print(f"{nbytes} bytes in {secs} = {_div(nbytes * 8.0, usec):.2f} Mbit/sec")
+    print(f"{iters} iters in {secs} = {_div(usec, iters):.2f} usec/iter")
 
 
 def _div(a: float, b: float) -> float:

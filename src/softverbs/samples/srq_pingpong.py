@@ -42,7 +42,6 @@ import argparse
 import random
 import socket
 import sys
-import time
 from typing import Any
 
 from softverbs import (
@@ -60,7 +59,6 @@ from softverbs import (
     SendWR,
     SrqAttr,
     SrqInitAttr,
-    wc_status_str,
 )
 from softverbs.enums import (
     IBV_ACCESS_LOCAL_WRITE,
@@ -79,11 +77,13 @@ from softverbs.samples.pingpong import (
     SEND_WRID,
     Dest,
     _device_name,
-    _div,
     _opt,
     _uint,
     add_options,
     check_common,
+    next_completions,
+    timed,
+    wc_failure,
 )
 from softverbs.samples.rendezvous import PingPongError
 from softverbs.verbs.addr import default_gid_index
@@ -207,25 +207,11 @@ class SrqPingPong:
         num_cq_events = 0
         cq, channel = self.cq, self.channel
         while rcnt < iters or scnt < iters:
-            if channel is not None:
-                try:
-                    channel.get_cq_event(cq)
-                except PyverbsError:
-                    raise PingPongError("Failed to get cq_event") from None
-                num_cq_events += 1
-                try:
-                    cq.req_notify(False)
-                except PyverbsError:
-                    raise PingPongError("Couldn't request CQ notification") from None
-            while True:
-                ne, wcs = cq.poll(self.num_qp + self.rx_depth)
-                if ne >= 1 or channel is not None:
-                    break
+            wcs = next_completions(cq, channel, self.num_qp + self.rx_depth)
+            num_cq_events += channel is not None
             for wc in wcs:
                 if wc.status != IBV_WC_SUCCESS:
-                    reason = f" [{wc.reason}]" if wc.reason else ""
-                    raise PingPongError(f"Failed status {wc_status_str(wc.status)} "
-                                        f"({wc.status}) for wr_id {wc.wr_id}{reason}")
+                    raise wc_failure(wc)
                 index = by_qpn.get(wc.qp_num)
                 if index is None:
                     raise PingPongError(f"Couldn't find QPN {wc.qp_num:06x}")
@@ -357,13 +343,7 @@ def _session(pp: SrqPingPong, args: argparse.Namespace) -> int:
             pp.pending[i] = SEND_WRID | RECV_WRID
     else:
         pp.pending = [RECV_WRID] * pp.num_qp
-    start = time.perf_counter()
-    pp.run_loop(args.iters, routs)
-    usec = (time.perf_counter() - start) * 1e6
-    nbytes = args.size * args.iters * 2
-    secs = f"{usec / 1e6:.2f} seconds"
-    print(f"{nbytes} bytes in {secs} = {_div(nbytes * 8.0, usec):.2f} Mbit/sec")
-    print(f"{args.iters} iters in {secs} = {_div(usec, args.iters):.2f} usec/iter")
+    timed(lambda: pp.run_loop(args.iters, routs), args.size, args.iters)
     if not args.server and args.chk:
         for page, byte in enumerate(pp.buf[0 : pp.size : PAGE]):
             if byte != page & 0xFF:
