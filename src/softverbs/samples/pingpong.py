@@ -446,12 +446,7 @@ class PingPong:
     def post_recv(self, n: int) -> int:
         """Post up to ``n`` receives; how many were posted (pp_post_recv)."""
         wr = RecvWR(RECV_WRID, 1, [SGE(self.mr.buf, self.size + self.offset, self.mr.lkey)])
-        for i in range(n):
-            try:
-                self.qp.post_recv(wr)
-            except PyverbsError:
-                return i
-        return n
+        return post_recvs(self.qp, wr, n)
 
     def post_send(self) -> None:
         sge = SGE(self.mr.buf + self.offset, self.size, self.mr.lkey)
@@ -618,6 +613,16 @@ def next_completions(cq: CQ, channel: CompChannel | None, n: int) -> list[Any]:
             raise PingPongError(f"poll CQ failed {exc}") from None
         if ne >= 1 or channel is not None:
             return list(wcs)
+
+
+def post_recvs(queue: Any, wr: RecvWR, n: int) -> int:
+    """``pp_post_recv``: post ``wr`` up to ``n`` times on a QP or SRQ; how many went."""
+    for i in range(n):
+        try:
+            queue.post_recv(wr)
+        except PyverbsError:
+            return i
+    return n
 
 
 def wc_failure(wc: Any, extra: str = "") -> PingPongError:

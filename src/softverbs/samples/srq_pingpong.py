@@ -42,7 +42,6 @@ import argparse
 import random
 import socket
 import sys
-from typing import Any
 
 from softverbs import (
     CQ,
@@ -77,11 +76,13 @@ from softverbs.samples.pingpong import (
     SEND_WRID,
     Dest,
     _device_name,
+    _make,
     _opt,
     _uint,
     add_options,
     check_common,
     next_completions,
+    post_recvs,
     timed,
     wc_failure,
 )
@@ -186,12 +187,7 @@ class SrqPingPong:
 
     def post_recv(self, n: int) -> int:
         wr = RecvWR(RECV_WRID, 1, [SGE(self.mr.buf, self.size, self.mr.lkey)])
-        for i in range(n):
-            try:
-                self.srq.post_recv(wr)
-            except PyverbsError:
-                return i
-        return n
+        return post_recvs(self.srq, wr, n)
 
     def post_send(self, index: int) -> None:
         wr = SendWR(SEND_WRID, IBV_WR_SEND, 1, sg=[SGE(self.mr.buf, self.size, self.mr.lkey)],
@@ -239,13 +235,6 @@ class SrqPingPong:
                     self.ctx):  # fmt: skip
             if obj is not None:
                 obj.close()
-
-
-def _make(cls: Any, failed: str, *args: Any) -> Any:
-    try:
-        return cls(*args)
-    except PyverbsError as exc:
-        raise PingPongError(f"{failed}\n{exc}") from None
 
 
 # --- the rendezvous: MAX_QP messages each way -------------------------------------------
