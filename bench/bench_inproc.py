@@ -50,14 +50,13 @@ from softverbs import (
     PD,
     QP,
     SGE,
-    AHAttr,
     Context,
-    GlobalRoute,
     QPAttr,
     QPCap,
     QPInitAttr,
     RecvWR,
     SendWR,
+    testing,
     wc_status_str,
 )
 from softverbs.engine.rings import CQE
@@ -111,16 +110,11 @@ class Pair:
         self.cq_a, self.cq_b = CQ(ctx, 2 * QUEUE_DEPTH), CQ(ctx, 2 * QUEUE_DEPTH)
         self.mr_a, self.mr_b = MR(pd, buf_size, ACCESS), MR(pd, buf_size, ACCESS)
         self.a, self.b = self._qp(pd, self.cq_a), self._qp(pd, self.cq_b)
-        gid = ctx.query_gid(1, 1)
+        route = testing.route(ctx, 1)
         for qp, peer in ((self.a, self.b), (self.b, self.a)):
-            attr = QPAttr()
-            attr.path_mtu = IBV_MTU_4096
-            attr.dest_qp_num = peer.qp_num
-            attr.max_dest_rd_atomic = attr.max_rd_atomic = 1
-            attr.min_rnr_timer = 12
-            attr.timeout, attr.retry_cnt, attr.rnr_retry = 14, 7, 7
-            attr.ah_attr = AHAttr(is_global=1, port_num=1, gr=GlobalRoute(dgid=gid, sgid_index=1))
-            qp.to_rts(attr)
+            # ibv_rc_pingpong's responder resources and timers, MTU 4096
+            testing.connect_qp(qp, peer.qp_num, route, IBV_MTU_4096, max_dest_rd_atomic=1,
+                               max_rd_atomic=1, min_rnr_timer=12)  # fmt: skip
 
     def close(self) -> None:
         self.pd.close()  # and with it the QPs and MRs

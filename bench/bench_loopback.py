@@ -228,18 +228,12 @@ class SvEnd:
                 "rkey": self.mr.rkey, "addr": self.mr.buf}  # fmt: skip
 
     def connect(self, peer: dict[str, Any]) -> None:
-        from softverbs import GID, AHAttr, GlobalRoute, QPAttr
+        from softverbs import GID, AHAttr, GlobalRoute, testing
         from softverbs.enums import IBV_MTU_4096
 
-        attr = QPAttr()
-        attr.path_mtu = IBV_MTU_4096
-        attr.dest_qp_num = int(peer["qpn"])
-        attr.max_dest_rd_atomic = attr.max_rd_atomic = 1
-        attr.min_rnr_timer = 12
-        attr.timeout, attr.retry_cnt, attr.rnr_retry = ACK_TIMEOUT, 7, 7
-        attr.ah_attr = AHAttr(is_global=1, port_num=1,
-                              gr=GlobalRoute(dgid=GID(peer["gid"]), sgid_index=0))  # fmt: skip
-        self.qp.to_rts(attr)
+        ah = AHAttr(is_global=1, port_num=1, gr=GlobalRoute(dgid=GID(peer["gid"]), sgid_index=0))
+        testing.connect_qp(self.qp, int(peer["qpn"]), ah, IBV_MTU_4096, max_dest_rd_atomic=1,
+                           max_rd_atomic=1, min_rnr_timer=12, timeout=ACK_TIMEOUT)  # fmt: skip
         for slot in range(QUEUE):
             self.post_recv(slot)
 

@@ -51,14 +51,12 @@ from softverbs import (
     MR,
     PD,
     SGE,
-    AHAttr,
     Context,
-    GlobalRoute,
-    QPAttr,
     QPCap,
     QPInitAttrEx,
     RecvWR,
     SendWR,
+    testing,
     wc_status_str,
 )
 from softverbs.compat.vendor_dv.mlx5_enums import (
@@ -168,16 +166,8 @@ def make_qp(ctx: Mlx5Context, pd: PD, cq: CQ, pipelining: bool) -> Mlx5QP:
 
 
 def connect(qp: Mlx5QP, peer: Mlx5QP, peer_ctx: Context, gid_index: int) -> None:
-    attr = QPAttr()
-    attr.qp_access_flags = ACCESS
-    attr.dest_qp_num = peer.qp_num
-    attr.path_mtu = IBV_MTU_4096
-    attr.max_rd_atomic = attr.max_dest_rd_atomic = 4
-    attr.min_rnr_timer = 1
-    attr.timeout, attr.retry_cnt, attr.rnr_retry = 17, 7, 7
-    route = GlobalRoute(dgid=peer_ctx.query_gid(1, gid_index), sgid_index=gid_index)
-    attr.ah_attr = AHAttr(is_global=1, port_num=1, gr=route)
-    qp.to_rts(attr)
+    testing.connect_qp(qp, peer.qp_num, testing.route(peer_ctx, gid_index), IBV_MTU_4096,
+                       qp_access_flags=ACCESS, timeout=17)  # fmt: skip
 
 
 #: Contexts whose devices a busy-polling loop also drives, as a peer process would

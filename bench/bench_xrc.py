@@ -144,13 +144,12 @@ def _sender(pipe: multiprocessing.connection.Connection, size: int) -> None:
         PD,
         QP,
         SGE,
-        AHAttr,
         Context,
-        GlobalRoute,
         QPAttr,
         QPCap,
         QPInitAttrEx,
         SendWR,
+        testing,
     )
     from softverbs import enums as e
 
@@ -165,13 +164,8 @@ def _sender(pipe: multiprocessing.connection.Connection, size: int) -> None:
     qp = QP(ctx, init, QPAttr())
     pipe.send(("qpn", qp.qp_num))
     recv_qpn, srqns = pipe.recv()
-    a = QPAttr()
-    a.dest_qp_num, a.path_mtu = recv_qpn, e.IBV_MTU_1024
-    a.max_rd_atomic = a.max_dest_rd_atomic = 1
-    a.timeout, a.retry_cnt, a.rnr_retry, a.min_rnr_timer = 14, 7, 7, 1
-    a.ah_attr = AHAttr(is_global=1, port_num=1,
-                       gr=GlobalRoute(dgid=ctx.query_gid(1, 1), sgid_index=1))  # fmt: skip
-    qp.to_rts(a)
+    testing.connect_qp(qp, recv_qpn, testing.route(ctx, 1), max_rd_atomic=1,
+                       max_dest_rd_atomic=1)  # fmt: skip
     pipe.send(("ready",))
     while True:
         cmd = pipe.recv()

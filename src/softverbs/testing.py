@@ -358,28 +358,48 @@ def _gid_index(ctx: Any) -> int:
     return int(default_gid_index(ctx))
 
 
-def _route(me: Any, peer: Any) -> Any:
+def route(ctx: Any, gid_index: int | None = None, sgid_index: int | None = None) -> Any:
+    """The AH attribute of a global path to ``ctx``'s port 1, at its GID ``gid_index`` (by
+    default its first IPv4 RoCEv2 GID), from source GID ``sgid_index`` (default the same
+    index: the two ends of a test share their GID table layout)."""
     from softverbs.verbs.addr import AHAttr, GlobalRoute
 
+    index = _gid_index(ctx) if gid_index is None else gid_index
+    source = index if sgid_index is None else sgid_index
     return AHAttr(is_global=1, port_num=1,
-                  gr=GlobalRoute(dgid=peer.query_gid(1, _gid_index(peer)),
-                                 sgid_index=_gid_index(me)))  # fmt: skip
+                  gr=GlobalRoute(dgid=ctx.query_gid(1, index), sgid_index=source))  # fmt: skip
 
 
-def connect(me: Endpoint, peer: Endpoint, path_mtu: int = IBV_MTU_1024, **attrs: int) -> None:
-    """Move ``me``'s QP to RTS towards ``peer``'s (``attrs``: further QPAttr fields)."""
+def _route(me: Any, peer: Any) -> Any:
+    """The path from ``me`` to ``peer``, each at its own default GID."""
+    return route(peer, _gid_index(peer), _gid_index(me))
+
+
+def connect_qp(qp: Any, dest_qpn: int, ah_attr: Any, path_mtu: int = IBV_MTU_1024,
+               **attrs: int) -> None:  # fmt: skip
+    """Move ``qp`` to RTS towards QP ``dest_qpn`` over ``ah_attr``, with the tests'
+    attributes: every access right, 4 RDMA reads/atomics each way, ``timeout`` 14,
+    ``retry_cnt`` and ``rnr_retry`` 7, ``min_rnr_timer`` 1; ``attrs``: other QPAttr
+    fields or values (``qkey``, ``sq_psn``, ...).  The one implementation of the test
+    suite's "connect this QP"; the kits' ``connect`` helpers differ only in their
+    defaults."""
     from softverbs.verbs.qp import QPAttr
 
     attr = QPAttr()
     attr.qp_access_flags = ACCESS
-    attr.dest_qp_num = peer.qp.qp_num
+    attr.dest_qp_num = dest_qpn
     attr.path_mtu = path_mtu
     attr.max_rd_atomic = attr.max_dest_rd_atomic = 4
     attr.timeout, attr.retry_cnt, attr.rnr_retry, attr.min_rnr_timer = 14, 7, 7, 1
     for name, value in attrs.items():
         setattr(attr, name, value)
-    attr.ah_attr = _route(me.ctx, peer.ctx)
-    me.qp.to_rts(attr)
+    attr.ah_attr = ah_attr
+    qp.to_rts(attr)
+
+
+def connect(me: Endpoint, peer: Endpoint, path_mtu: int = IBV_MTU_1024, **attrs: int) -> None:
+    """Move ``me``'s QP to RTS towards ``peer``'s (``attrs``: further QPAttr fields)."""
+    connect_qp(me.qp, peer.qp.qp_num, _route(me.ctx, peer.ctx), path_mtu, **attrs)
 
 
 # --- waits ----------------------------------------------------------------------------------

@@ -98,6 +98,34 @@ def test_unpack_takes_only_rdma_core_tests(tmp_path: Path) -> None:
     assert conformance.unpack_suite(sdist, cache, "59.0") == root  # reused, not re-unpacked
 
 
+def test_a_failed_unpack_leaves_nothing_behind(tmp_path: Path) -> None:
+    src = tmp_path / "src" / "pyverbs-59.0" / "rdma-core" / "pyverbs"
+    src.mkdir(parents=True)
+    (src / "cq.pyx").write_text("# no tests here\n")
+    sdist = tmp_path / "pyverbs-59.0.tar.gz"
+    with tarfile.open(sdist, "w:gz") as tar:
+        tar.add(tmp_path / "src" / "pyverbs-59.0", arcname="pyverbs-59.0")
+    cache = tmp_path / "cache"
+    with pytest.raises(RuntimeError, match="has no rdma-core/tests"):
+        conformance.unpack_suite(sdist, cache, "59.0")
+    assert list(cache.iterdir()) == []  # neither a suite nor its staging directory
+
+
+def test_debian_suite_copy_unzips_into_a_fresh_root(monkeypatch: pytest.MonkeyPatch,
+                                                    tmp_path: Path) -> None:  # fmt: skip
+    import gzip
+
+    source = tmp_path / "debian-tests"
+    source.mkdir()
+    (source / "run_tests.py").write_text("print('run')\n")
+    (source / "test_cq.py.gz").write_bytes(gzip.compress(b"# cq\n"))
+    monkeypatch.setattr(conformance, "debian_version", lambda package="": "59.0-1")
+    root, version = conformance.unpack_debian_suite(tmp_path / "cache", source)
+    assert version == "59.0-1"
+    assert (root / "tests" / "test_cq.py").read_text() == "# cq\n"
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [root.name]
+
+
 def test_cache_dir_follows_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("SOFTVERBS_CACHE", str(tmp_path))
     assert conformance.cache_dir() == tmp_path

@@ -35,20 +35,19 @@ from softverbs import (
     SGE,
     AHAttr,
     Context,
-    GlobalRoute,
     QPAttr,
     QPCap,
     QPInitAttr,
     RecvWR,
     SendWR,
     counters,
+    testing,
 )
 from softverbs.enums import (
     IBV_ACCESS_LOCAL_WRITE,
     IBV_ACCESS_REMOTE_ATOMIC,
     IBV_ACCESS_REMOTE_READ,
     IBV_ACCESS_REMOTE_WRITE,
-    IBV_MTU_1024,
     IBV_QPT_RC,
     IBV_QPT_UC,
     IBV_QPT_UD,
@@ -105,19 +104,13 @@ class End:
 
 
 def route(ctx: Context, gid_index: int) -> AHAttr:
-    gr = GlobalRoute(dgid=ctx.query_gid(1, gid_index), sgid_index=gid_index)
-    return AHAttr(is_global=1, port_num=1, gr=gr)
+    ah: AHAttr = testing.route(ctx, gid_index)
+    return ah
 
 
 def connect(me: End, peer: End, gid_index: int) -> None:
-    attr = QPAttr()
-    attr.qp_access_flags = ACCESS
-    attr.dest_qp_num = peer.qp.qp_num
-    attr.path_mtu = IBV_MTU_1024
-    attr.max_rd_atomic = attr.max_dest_rd_atomic = 4
-    attr.timeout, attr.retry_cnt, attr.rnr_retry, attr.min_rnr_timer = 10, 7, 7, 1
-    attr.ah_attr = route(peer.ctx, gid_index)
-    me.qp.to_rts(attr)
+    testing.connect_qp(me.qp, peer.qp.qp_num, route(peer.ctx, gid_index), qp_access_flags=ACCESS,
+                       timeout=10)  # fmt: skip
 
 
 def pair(ca: Context, cb: Context, qp_type: int, gid_index: int) -> tuple[End, End]:

@@ -7,7 +7,9 @@ the two documents, so a test that drives the service through it checks the
 documents as much as the service.  A client in another language would be
 written the same way.  rdma-core's enum values (QP states, access flags,
 masks, opcodes) are taken from :mod:`softverbs.enums`, as the protocol doc
-says they are rdma-core's.
+says they are rdma-core's, and the attributes of a QP's RESET -> RTS walk
+from :mod:`softverbs.samples.rendezvous` (plain dictionaries of rdma-core's
+examples' values, no protocol code).
 
 What it offers:
 
@@ -637,41 +639,20 @@ class RawClient:
 
     def connect_rc(self, qp: int, remote_qpn: int, dgid: bytes, sgid_index: int = 1,
                    access: int = 0) -> None:  # fmt: skip
-        """RESET -> INIT -> RTR -> RTS toward ``remote_qpn`` at ``dgid`` (rdma-core masks)."""
-        from softverbs.enums import (
-            IBV_MTU_1024,
-            IBV_QP_ACCESS_FLAGS,
-            IBV_QP_AV,
-            IBV_QP_DEST_QPN,
-            IBV_QP_MAX_DEST_RD_ATOMIC,
-            IBV_QP_MAX_QP_RD_ATOMIC,
-            IBV_QP_MIN_RNR_TIMER,
-            IBV_QP_PATH_MTU,
-            IBV_QP_PKEY_INDEX,
-            IBV_QP_PORT,
-            IBV_QP_RETRY_CNT,
-            IBV_QP_RNR_RETRY,
-            IBV_QP_RQ_PSN,
-            IBV_QP_SQ_PSN,
-            IBV_QP_STATE,
-            IBV_QP_TIMEOUT,
-            IBV_QPS_INIT,
-            IBV_QPS_RTR,
-            IBV_QPS_RTS,
-        )
+        """RESET -> INIT -> RTR -> RTS toward ``remote_qpn`` at ``dgid``: the attributes
+        and masks of rdma-core's examples (:mod:`softverbs.samples.rendezvous`), sent as
+        MODIFY_QP bodies (the record's address field is ``ah``)."""
+        from softverbs.enums import IBV_MTU_1024, IBV_QPT_RC
+        from softverbs.samples import rendezvous as rv
 
-        self.modify_qp(qp, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS,
-                       qp_state=IBV_QPS_INIT, port_num=1, qp_access_flags=access)  # fmt: skip
         av = {"dgid": dgid, "is_global": 1, "port_num": 1, "sgid_index": sgid_index,
               "hop_limit": 64}  # fmt: skip
-        self.modify_qp(qp, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN
-                       | IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER,
-                       qp_state=IBV_QPS_RTR, ah=av, path_mtu=IBV_MTU_1024,
-                       dest_qp_num=remote_qpn, max_dest_rd_atomic=1,
-                       min_rnr_timer=1)  # fmt: skip
-        self.modify_qp(qp, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY
-                       | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC, qp_state=IBV_QPS_RTS,
-                       timeout=14, retry_cnt=7, rnr_retry=7, max_rd_atomic=1)  # fmt: skip
+        steps = (rv.init_attrs(IBV_QPT_RC, 1, access),
+                 rv.rtr_attrs(IBV_QPT_RC, dest_qpn=remote_qpn, rq_psn=0, mtu=IBV_MTU_1024, ah=av),
+                 rv.rts_attrs(IBV_QPT_RC, sq_psn=0))  # fmt: skip
+        for attrs in steps:
+            fields = {("ah" if name == "ah_attr" else name): v for name, v in attrs.items()}
+            self.modify_qp(qp, rv.mask_of(attrs), **fields)
 
     def doorbell(self, qp: int, queue: int) -> None:
         self.send(DOORBELL, Doorbell.pack(qp=qp, queue=queue))

@@ -47,6 +47,7 @@ from softverbs import (
     SrqInitAttrEx,
     XRCDInitAttr,
     open_qp,
+    testing,
     xrc_rcv_qp_alloc,
     xrc_rcv_qp_register,
     xrc_rcv_qp_unregister,
@@ -421,17 +422,8 @@ def recv_attr(ctx: Context, send_qpn: int) -> QPAttr:
 
 def connect(qp: QP, ctx: Context, dest_qpn: int, timeout: int = 14, retry_cnt: int = 7) -> None:
     """INIT -> RTR -> RTS towards ``dest_qpn`` on the same device."""
-    a = QPAttr()
-    a.qp_access_flags = ALL_ACCESS
-    a.dest_qp_num = dest_qpn
-    a.path_mtu = IBV_MTU_1024
-    a.max_dest_rd_atomic = a.max_rd_atomic = 4
-    a.min_rnr_timer = 1
-    a.timeout = timeout
-    a.retry_cnt = retry_cnt
-    a.rnr_retry = 7
-    a.ah_attr = ah(ctx)
-    qp.to_rts(a)
+    testing.connect_qp(qp, dest_qpn, ah(ctx), qp_access_flags=ALL_ACCESS, timeout=timeout,
+                       retry_cnt=retry_cnt)  # fmt: skip
 
 
 def xrc_send_qp(pd: PD, cq: CQ, depth: int) -> QP:

@@ -36,7 +36,6 @@ from softverbs import (
     AHAttr,
     AsyncEvent,
     Context,
-    GlobalRoute,
     PyverbsRDMAError,
     QPAttr,
     QPCap,
@@ -129,9 +128,8 @@ def gid_index(ctx: Context) -> int:
 
 def route(ctx: Context) -> AHAttr:
     """The AH attribute of a path to this device itself (RoCE: always global)."""
-    index = gid_index(ctx)
-    return AHAttr(is_global=1, port_num=1,
-                  gr=GlobalRoute(dgid=ctx.query_gid(1, index), sgid_index=index))  # fmt: skip
+    ah: AHAttr = testing.route(ctx, gid_index(ctx))
+    return ah
 
 
 def make_qp(
@@ -177,22 +175,10 @@ def connect(
     max_rd_atomic: int = 4,
 ) -> None:
     """Move a QP to RTS towards ``remote_qpn`` on this device (UD: just RTS)."""
-    ctx = qp.context
-    attr = QPAttr()
-    attr.qp_access_flags = ALL_ACCESS
-    attr.qkey = QKEY
-    attr.dest_qp_num = remote_qpn
-    attr.path_mtu = path_mtu
-    attr.max_dest_rd_atomic = max_rd_atomic
-    attr.max_rd_atomic = max_rd_atomic
-    attr.min_rnr_timer = min_rnr_timer
-    attr.timeout = timeout
-    attr.retry_cnt = retry_cnt
-    attr.rnr_retry = rnr_retry
-    attr.sq_psn = sq_psn
-    attr.rq_psn = rq_psn
-    attr.ah_attr = route(ctx)
-    qp.to_rts(attr)
+    testing.connect_qp(qp, remote_qpn, route(qp.context), path_mtu, qp_access_flags=ALL_ACCESS,
+                       qkey=QKEY, max_dest_rd_atomic=max_rd_atomic, max_rd_atomic=max_rd_atomic,
+                       min_rnr_timer=min_rnr_timer, timeout=timeout, retry_cnt=retry_cnt,
+                       rnr_retry=rnr_retry, sq_psn=sq_psn, rq_psn=rq_psn)  # fmt: skip
 
 
 def modify_state(qp: QP, state: int, **extra: Any) -> None:

@@ -18,7 +18,6 @@ from scenario_kit import (
     RECV_OFF,
     AHAttr,
     Context,
-    GlobalRoute,
     Side,
     assert_cq_empty,
     check_wc,
@@ -33,7 +32,7 @@ from scenario_kit import (
     wait_until,
 )
 
-from softverbs import GID
+from softverbs import GID, GlobalRoute
 from softverbs.enums import (
     IBV_ACCESS_LOCAL_WRITE,
     IBV_QPT_RC,

@@ -19,10 +19,7 @@ from softverbs import (
     PD,
     SGE,
     WC,
-    AHAttr,
-    GlobalRoute,
     PyverbsRDMAError,
-    QPAttr,
     QPCap,
     QPInitAttrEx,
     RecvWR,
@@ -46,7 +43,6 @@ from softverbs.enums import (
     IBV_ACCESS_LOCAL_WRITE,
     IBV_ACCESS_REMOTE_READ,
     IBV_ACCESS_REMOTE_WRITE,
-    IBV_MTU_1024,
     IBV_QP_EX_WITH_RDMA_READ,
     IBV_QP_EX_WITH_RDMA_WRITE,
     IBV_QP_EX_WITH_SEND,
@@ -174,18 +170,8 @@ def make_qp(ctx: Mlx5Context, pd: PD, cq: CQ, *, pipelining: bool, max_send_wr: 
 def connect(
     ctx: Mlx5Context, qp: Mlx5QP, remote_qpn: int, gid_index: int = 1, timeout: int = 14
 ) -> None:
-    attr = QPAttr()
-    attr.qp_access_flags = RW
-    attr.dest_qp_num = remote_qpn
-    attr.path_mtu = IBV_MTU_1024
-    attr.max_rd_atomic = attr.max_dest_rd_atomic = 4
-    attr.min_rnr_timer = 1
-    attr.timeout = timeout
-    attr.retry_cnt = 7
-    attr.rnr_retry = 7
-    route = GlobalRoute(dgid=ctx.query_gid(1, gid_index), sgid_index=gid_index)
-    attr.ah_attr = AHAttr(is_global=1, port_num=1, gr=route)
-    qp.to_rts(attr)
+    testing.connect_qp(qp, remote_qpn, testing.route(ctx, gid_index), qp_access_flags=RW,
+                       timeout=timeout)  # fmt: skip
 
 
 def make_pair(

@@ -119,26 +119,34 @@ def unpack_suite(sdist: Path, cache: Path, version: str) -> Path:
     tests = root / "tests"
     if (tests / "run_tests.py").exists():
         return root
+    with _staged(cache, root) as tmp, tarfile.open(sdist) as tar:
+        members = []
+        for m in tar.getmembers():
+            parts = Path(m.name).parts
+            # pyverbs-59.0/rdma-core/tests/<file>: regular files only
+            if len(parts) >= 4 and parts[1:3] == ("rdma-core", "tests") and m.isfile():
+                m.name = str(Path("tests", *parts[3:]))
+                members.append(m)
+        if not members:
+            raise RuntimeError(f"{sdist} has no rdma-core/tests")
+        tar.extractall(tmp, members=members, filter="data")
+    return root
+
+
+@contextlib.contextmanager
+def _staged(cache: Path, root: Path) -> Iterator[Path]:
+    """A fresh directory under ``cache`` to fill; when the block succeeds it replaces
+    ``root``, when it fails it is removed -- a half-made suite never stands at ``root``."""
+    cache.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="suite-", dir=cache))
     try:
-        with tarfile.open(sdist) as tar:
-            members = []
-            for m in tar.getmembers():
-                parts = Path(m.name).parts
-                # pyverbs-59.0/rdma-core/tests/<file>: regular files only
-                if len(parts) >= 4 and parts[1:3] == ("rdma-core", "tests") and m.isfile():
-                    m.name = str(Path("tests", *parts[3:]))
-                    members.append(m)
-            if not members:
-                raise RuntimeError(f"{sdist} has no rdma-core/tests")
-            tar.extractall(tmp, members=members, filter="data")
+        yield tmp
         if root.exists():
             shutil.rmtree(root)
         tmp.rename(root)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    return root
 
 
 def debian_version(package: str = "python3-pyverbs") -> str:
@@ -165,21 +173,13 @@ def unpack_debian_suite(cache: Path, source: Path = DEBIAN_SUITE) -> tuple[Path,
         return root, version
     if not (source / "run_tests.py").exists():
         raise RuntimeError(f"{source} holds no rdma-core tests (is python3-pyverbs installed?)")
-    cache.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix="suite-", dir=cache))
-    try:
+    with _staged(cache, root) as tmp:
         (tmp / "tests").mkdir()
         for f in sorted(source.iterdir()):
             if f.name.endswith(".gz"):
                 (tmp / "tests" / f.name[:-3]).write_bytes(gzip.decompress(f.read_bytes()))
             elif f.is_file():
                 shutil.copyfile(f, tmp / "tests" / f.name)
-        if root.exists():
-            shutil.rmtree(root)
-        tmp.rename(root)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return root, version
 
 

@@ -44,6 +44,7 @@ import dataclasses
 import fcntl
 import os
 import socket
+from collections.abc import Callable
 from typing import Any
 
 from softverbs import config
@@ -284,64 +285,65 @@ class Constant:
     meaning: str
 
 
+#: The protocol's constants, in the order of the header and the docs table: (C name after
+#: ``SV_``, the field it goes in, what it means).  A value is not written here: it is the
+#: attribute of that name in this module or in :mod:`softverbs.device.records`, so the table
+#: cannot disagree with the code.  The row ``KIND_*`` stands for every object kind of
+#: ``records.KIND_NAMES``, its meaning followed by the kind's name.
+CONSTANT_TABLE: tuple[tuple[str, str, str], ...] = (
+    ("PROTOCOL_VERSION", "Hello.version",
+     "the version this page describes; HELLO with another is EPROTO"),
+    ("MAX_MESSAGE", "Header.length", "bytes of the longest message"),
+    ("MAX_FDS", "SCM_RIGHTS", "descriptors one message may pass"),
+    ("FLAG_REPLY", "Header.flags", "the message is a reply"),
+    ("FLAG_TAIL_FD", "Header.flags", "replies: the tail is the whole memfd passed with the reply"),
+    ("HELLO_MEMORY", "Hello.flags", "the request passes the process's own /proc/self/mem"),
+    ("HELLO_JOIN", "Hello.flags",
+     "join the owner `token` names (a forked child uses its parent's objects)"),
+    ("DESTROY_CASCADE", "Destroy.flags", "destroy what still uses the object first (else EBUSY)"),
+    ("REG_MR_HAS_FD", "RegMR.flags, ReregMR.flags",
+     "a memfd holding the region is passed; the region starts `offset` bytes in"),
+    ("REG_MR_IMPLICIT", "RegMR.flags",
+     "an implicit on-demand-paging region: the whole address space"),
+    ("OPEN_XRCD_HAS_FD", "OpenXRCD.flags",
+     "a file naming the domain is passed (shared by every opener of it)"),
+    ("DB_SQ", "Doorbell.queue", "the send queue's db moved"),
+    ("DB_RQ", "Doorbell.queue", "the receive queue's db moved"),
+    ("CAPTURE_APPEND", "CaptureReq.flags", "the file already holds a pcap header"),
+    ("DV_SIG_PIPELINING", "CreateQP.dv_flags", "MLX5DV_QP_CREATE_SIG_PIPELINING"),
+    ("MKEY_BLOCK_SIGNATURE", "CreateMkey.flags", "the mkey checks and generates block signatures"),
+    ("MKEY_CONF_ACCESS", "MkeyConf.flags", "set `access`"),
+    ("MKEY_CONF_LAYOUT", "MkeyConf.flags", "the entries follow"),
+    ("MKEY_CONF_SIG", "MkeyConf.flags", "two MkeySigDomain (memory, wire) follow the entries"),
+    ("MKEY_CONF_AUTO_COPY", "MkeyConf.flags", "the device works out the copy mask"),
+    ("MAX_SLOT", "CreateQP.sq_slot/rq_slot, CreateSRQ.slot", "the largest ring slot (bytes)"),
+    ("CM_EVENT_INFO", "CmEvent.flags", "`info` holds an ID (CONNECT_REQUEST: the new one)"),
+    ("CM_EVENT_CONN", "CmEvent.flags", "`param` is the event's rdma_conn_param"),
+    ("CM_EVENT_UD", "CmEvent.flags", "`param` holds rdma_ud_param's private data, qp_num, qkey"),
+    ("CM_EVENT_AH", "CmEvent.flags", "`ah` is rdma_ud_param.ah_attr"),
+    ("CM_EVENT_MC", "CmEvent.flags", "`mc` is the multicast group joined"),
+    ("KIND_*", "Destroy.kind, AsyncEventRecord.kind", "object kind"),
+    ("DEVICE_HOST", "DeviceEntry.kind", "the host device (sv0)"),
+    ("DEVICE_UDP", "DeviceEntry.kind", "a UDP link (softverbs link)"),
+    ("DEVICE_INPROC", "DeviceEntry.kind", "in-process"),
+)  # fmt: skip
+
+
 def _constants() -> tuple[Constant, ...]:
+    """:data:`CONSTANT_TABLE` with its values; a name that has none is an error here,
+    at import, not a wrong header."""
     from softverbs.device import records
 
-    out = [
-        Constant("PROTOCOL_VERSION", PROTOCOL_VERSION, "Hello.version",
-                 "the version this page describes; HELLO with another is EPROTO"),
-        Constant("MAX_MESSAGE", MAX_MESSAGE, "Header.length", "bytes of the longest message"),
-        Constant("MAX_FDS", MAX_FDS, "SCM_RIGHTS", "descriptors one message may pass"),
-        Constant("FLAG_REPLY", FLAG_REPLY, "Header.flags", "the message is a reply"),
-        Constant("FLAG_TAIL_FD", FLAG_TAIL_FD, "Header.flags",
-                 "replies: the tail is the whole memfd passed with the reply"),
-        Constant("HELLO_MEMORY", records.HELLO_MEMORY, "Hello.flags",
-                 "the request passes the process's own /proc/self/mem"),
-        Constant("HELLO_JOIN", records.HELLO_JOIN, "Hello.flags",
-                 "join the owner `token` names (a forked child uses its parent's objects)"),
-        Constant("DESTROY_CASCADE", records.DESTROY_CASCADE, "Destroy.flags",
-                 "destroy what still uses the object first (else EBUSY)"),
-        Constant("REG_MR_HAS_FD", records.REG_MR_HAS_FD, "RegMR.flags, ReregMR.flags",
-                 "a memfd holding the region is passed; the region starts `offset` bytes in"),
-        Constant("REG_MR_IMPLICIT", records.REG_MR_IMPLICIT, "RegMR.flags",
-                 "an implicit on-demand-paging region: the whole address space"),
-        Constant("OPEN_XRCD_HAS_FD", records.OPEN_XRCD_HAS_FD, "OpenXRCD.flags",
-                 "a file naming the domain is passed (shared by every opener of it)"),
-        Constant("DB_SQ", records.DB_SQ, "Doorbell.queue", "the send queue's db moved"),
-        Constant("DB_RQ", records.DB_RQ, "Doorbell.queue", "the receive queue's db moved"),
-        Constant("CAPTURE_APPEND", records.CAPTURE_APPEND, "CaptureReq.flags",
-                 "the file already holds a pcap header"),
-        Constant("DV_SIG_PIPELINING", records.DV_SIG_PIPELINING, "CreateQP.dv_flags",
-                 "MLX5DV_QP_CREATE_SIG_PIPELINING"),
-        Constant("MKEY_BLOCK_SIGNATURE", records.MKEY_BLOCK_SIGNATURE, "CreateMkey.flags",
-                 "the mkey checks and generates block signatures"),
-        Constant("MKEY_CONF_ACCESS", records.MKEY_CONF_ACCESS, "MkeyConf.flags", "set `access`"),
-        Constant("MKEY_CONF_LAYOUT", records.MKEY_CONF_LAYOUT, "MkeyConf.flags",
-                 "the entries follow"),
-        Constant("MKEY_CONF_SIG", records.MKEY_CONF_SIG, "MkeyConf.flags",
-                 "two MkeySigDomain (memory, wire) follow the entries"),
-        Constant("MKEY_CONF_AUTO_COPY", records.MKEY_CONF_AUTO_COPY, "MkeyConf.flags",
-                 "the device works out the copy mask"),
-        Constant("MAX_SLOT", records.MAX_SLOT, "CreateQP.sq_slot/rq_slot, CreateSRQ.slot",
-                 "the largest ring slot (bytes)"),
-    ]  # fmt: skip
-    out += [Constant(f"CM_EVENT_{name}", value, "CmEvent.flags", meaning)
-            for name, value, meaning in (
-                ("INFO", records.CM_EVENT_INFO,
-                 "`info` holds an ID (CONNECT_REQUEST: the new one)"),
-                ("CONN", records.CM_EVENT_CONN, "`param` is the event's rdma_conn_param"),
-                ("UD", records.CM_EVENT_UD,
-                 "`param` holds rdma_ud_param's private data, qp_num, qkey"),
-                ("AH", records.CM_EVENT_AH, "`ah` is rdma_ud_param.ah_attr"),
-                ("MC", records.CM_EVENT_MC, "`mc` is the multicast group joined"))]  # fmt: skip
-    out += [Constant(f"KIND_{name.upper()}", code, "Destroy.kind, AsyncEventRecord.kind",
-                     f"object kind: {name}")
-            for code, name in records.KIND_NAMES.items()]  # fmt: skip
-    out += [Constant(f"DEVICE_{name}", value, "DeviceEntry.kind", meaning)
-            for name, value, meaning in (
-                ("HOST", records.DEVICE_HOST, "the host device (sv0)"),
-                ("UDP", records.DEVICE_UDP, "a UDP link (softverbs link)"),
-                ("INPROC", records.DEVICE_INPROC, "in-process"))]  # fmt: skip
+    out: list[Constant] = []
+    for name, field, meaning in CONSTANT_TABLE:
+        if name == "KIND_*":
+            out += [Constant(f"KIND_{kind.upper()}", code, field, f"{meaning}: {kind}")
+                    for code, kind in records.KIND_NAMES.items()]  # fmt: skip
+            continue
+        value = globals().get(name, getattr(records, name, None))
+        if not isinstance(value, int):
+            raise TypeError(f"protocol constant {name}: no integer of that name")
+        out.append(Constant(name, value, field, meaning))
     return tuple(out)
 
 
@@ -446,17 +448,14 @@ def rings_markdown() -> str:
     return "\n".join(out).rstrip()
 
 
-#: file (from the repository root) -> (block name, generator); a block lies
-#: between ``<!-- generated: NAME -->`` and ``<!-- end: NAME -->``
-GENERATED = {
-    "docs/service-protocol.md": ("protocol", markdown),
-    "docs/rings.md": ("rings", rings_markdown),
-}
-#: more blocks: (file, block name, generator)
-GENERATED_MORE = (
+#: the generated blocks of the docs: (file from the repository root, block name,
+#: generator); a block lies between ``<!-- generated: NAME -->`` and ``<!-- end: NAME -->``
+GENERATED: tuple[tuple[str, str, Callable[[], str]], ...] = (
+    ("docs/service-protocol.md", "protocol", markdown),
+    ("docs/rings.md", "rings", rings_markdown),
     ("docs/service-protocol.md", "constants", constants_markdown),
     ("docs/service-protocol.md", "cm", cm_markdown),
-    ("docs/rings.md", "ring-constants", lambda: rings_constants_markdown()),
+    ("docs/rings.md", "ring-constants", rings_constants_markdown),
 )
 C_HEADER = "src/softverbs/native/include/softverbs/protocol.h"
 
@@ -473,8 +472,7 @@ def update(root: str) -> list[str]:
     """Rewrite the generated docs blocks and the C header under ``root``; the
     files that changed."""
     changed = []
-    blocks = [(rel, name, make) for rel, (name, make) in GENERATED.items()] + list(GENERATED_MORE)
-    for rel, name, make in blocks:
+    for rel, name, make in GENERATED:
         path = os.path.join(root, rel)
         with open(path) as f:
             old = f.read()

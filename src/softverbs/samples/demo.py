@@ -71,10 +71,7 @@ from softverbs import (
     PD,
     QP,
     SGE,
-    AHAttr,
     Context,
-    GlobalRoute,
-    QPAttr,
     QPCap,
     QPInitAttr,
     RecvWR,
@@ -102,6 +99,7 @@ from softverbs.enums import (
     IBV_WR_SEND,
 )
 from softverbs.errors import UserError
+from softverbs.samples import rendezvous as rv
 
 MTUS = {
     256: IBV_MTU_256,
@@ -111,7 +109,7 @@ MTUS = {
     4096: IBV_MTU_4096,
 }
 PORT = 1
-DEFAULT_TCP_PORT = 18515  #: ibv_rc_pingpong's and perftest's rendezvous port
+DEFAULT_TCP_PORT = rv.DEFAULT_PORT  #: ibv_rc_pingpong's and perftest's rendezvous port
 RX_DEPTH = 16  #: receives each side keeps posted (send mode)
 TX_DEPTH = 4  #: send queue slots; one WR is in flight at a time
 RECV_WRID, SEND_WRID = 1, 2  #: wr_ids, as ibv_rc_pingpong tags them
@@ -239,9 +237,8 @@ class Peer:
         self.outbox = self.mr.view[size:]
         cap = QPCap(max_send_wr=TX_DEPTH, max_recv_wr=RX_DEPTH, max_send_sge=1, max_recv_sge=1)
         init_attr = QPInitAttr(qp_type=IBV_QPT_RC, scq=self.cq, rcq=self.cq, cap=cap, sq_sig_all=0)
-        attr = QPAttr()  # pkey index 0, port 1
-        attr.qp_access_flags = access
-        self.qp = QP(pd, init_attr, attr)  # given a QPAttr, QP() moves it to INIT
+        self.qp = QP(pd, init_attr)
+        rv.modify(self.qp, rv.init_attrs(IBV_QPT_RC, PORT, access))  # RESET -> INIT
         self.psn = random.getrandbits(24)  # ibv_rc_pingpong: lrand48() & 0xffffff
 
     def dest(self, gid_idx: int) -> Dest:
@@ -251,23 +248,13 @@ class Peer:
         return Dest(port.lid, self.qp.qp_num, self.psn, str(gid), self.mr.rkey, self.mr.buf)
 
     def connect(self, remote: Dest, mtu: int, gid_idx: int) -> None:
-        """INIT -> RTR -> RTS with ibv_rc_pingpong's attributes."""
+        """INIT -> RTR -> RTS with ibv_rc_pingpong's attributes (:mod:`.rendezvous`)."""
         self.remote = remote
-        attr = QPAttr()
-        attr.path_mtu = MTUS[mtu]
-        attr.dest_qp_num = remote.qpn
-        attr.rq_psn = remote.psn  # the first PSN the peer will send
-        attr.max_dest_rd_atomic = 1
-        attr.min_rnr_timer = 12
-        attr.ah_attr = AHAttr(
-            is_global=1, port_num=PORT, gr=GlobalRoute(dgid=GID(remote.gid), sgid_index=gid_idx)
-        )
-        attr.timeout = 14
-        attr.retry_cnt = 7
-        attr.rnr_retry = 7
-        attr.sq_psn = self.psn  # the first PSN we send
-        attr.max_rd_atomic = 1
-        self.qp.to_rts(attr)  # to_rtr, then RTS, each with the attributes it needs
+        ah = rv.ah_attr(lid=remote.lid, gid=GID(remote.gid).raw, sl=0, port=PORT,
+                        sgid_index=gid_idx)  # fmt: skip
+        # rq_psn: the first PSN the peer will send; sq_psn: the first we send
+        rv.connect(self.qp, IBV_QPT_RC, dest_qpn=remote.qpn, rq_psn=remote.psn, sq_psn=self.psn,
+                   mtu=MTUS[mtu], ah=ah)  # fmt: skip
 
     # --- work requests -----------------------------------------------------------
     def post_recv(self, count: int = 1) -> None:
@@ -440,7 +427,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("give HOST (client) or --listen (server), not both")
     try:
         result = _run(args)
-    except DemoError as e:
+    except (DemoError, rv.PingPongError) as e:
         raise UserError(f"FAILED: {e}") from None
     if args.json:
         print(json.dumps(result, indent=2))
@@ -505,17 +492,7 @@ def _rendezvous(args: argparse.Namespace, local: Dest, me: Peer) -> Dest:
     """Exchange addresses and settings with the other process (one JSON line each)."""
     global _conn
     settings = {"op": args.op, "size": me.size, "iters": args.iters, "mtu": args.mtu}
-    if args.listen:
-        from softverbs.samples.pingpong import tcp_listener
-
-        listener = tcp_listener(args.port)
-        if listener is None:
-            raise UserError(f"--port {args.port}: cannot listen on it")
-        with listener:
-            listener.listen(1)
-            _conn, _ = listener.accept()
-    else:
-        _conn = _connect(args.host, args.port)
+    _conn = rv.tcp_serve_one(args.port) if args.listen else _connect(args.host, args.port)
     _rx.clear()
     _send(dict(settings, dest=asdict(local)))
     theirs = _recv()

@@ -62,27 +62,22 @@ from __future__ import annotations
 import argparse
 import mmap
 import random
-import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from softverbs import (
     AH,
     CQ,
-    GID,
     MR,
     PD,
     QP,
     SGE,
-    AHAttr,
     CompChannel,
     Context,
-    GlobalRoute,
     PyverbsError,
-    QPAttr,
     QPCap,
     QPEx,
     QPInitAttr,
@@ -94,29 +89,9 @@ from softverbs import (
 )
 from softverbs.enums import (
     IBV_ACCESS_LOCAL_WRITE,
-    IBV_LINK_LAYER_ETHERNET,
-    IBV_QP_ACCESS_FLAGS,
-    IBV_QP_AV,
-    IBV_QP_DEST_QPN,
     IBV_QP_EX_WITH_SEND,
     IBV_QP_INIT_ATTR_PD,
     IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
-    IBV_QP_MAX_DEST_RD_ATOMIC,
-    IBV_QP_MAX_QP_RD_ATOMIC,
-    IBV_QP_MIN_RNR_TIMER,
-    IBV_QP_PATH_MTU,
-    IBV_QP_PKEY_INDEX,
-    IBV_QP_PORT,
-    IBV_QP_QKEY,
-    IBV_QP_RETRY_CNT,
-    IBV_QP_RNR_RETRY,
-    IBV_QP_RQ_PSN,
-    IBV_QP_SQ_PSN,
-    IBV_QP_STATE,
-    IBV_QP_TIMEOUT,
-    IBV_QPS_INIT,
-    IBV_QPS_RTR,
-    IBV_QPS_RTS,
     IBV_QPT_RC,
     IBV_QPT_UC,
     IBV_QPT_UD,
@@ -126,23 +101,19 @@ from softverbs.enums import (
     bytes_to_mtu,
     mtu_to_bytes,
 )
+from softverbs.samples import rendezvous as rv
+from softverbs.samples.rendezvous import DEFAULT_PORT, UD_QKEY, PingPongError
 from softverbs.verbs.addr import default_gid_index
 
-DEFAULT_PORT = 18515  #: the TCP rendezvous port of every ibv_*_pingpong
 MSG_SIZE = 52  #: sizeof "0000:000000:000000:" + 32 hex digits + NUL
 DONE = b"done\0"  #: the client's last rendezvous message (sizeof "done")
 RECV_WRID, SEND_WRID = 1, 2  #: PINGPONG_RECV_WRID, PINGPONG_SEND_WRID
-UD_QKEY = 0x11111111
 GRH_SIZE = 40  #: a UD receive buffer starts with the GRH (IPv4: 20 zeros + header)
 FILL = 0x7B  #: the C tools memset their buffer to 0x7b
 PAGE_SIZE = mmap.PAGESIZE
 
 #: Each subcommand's transport, and what differs between the three C tools.
 KINDS: dict[str, int] = {"rc": IBV_QPT_RC, "uc": IBV_QPT_UC, "ud": IBV_QPT_UD}
-
-
-class PingPongError(Exception):
-    """A failure the C tool reports on stderr before exiting with status 1."""
 
 
 # --------------------------------------------------------------------------
@@ -178,6 +149,68 @@ def _int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"invalid number {text!r}") from None
 
 
+Option = tuple[tuple[str, ...], dict[str, Any]]  #: argparse flags and keywords
+
+
+def _opt(*flags: str, **keywords: Any) -> Option:
+    return flags, keywords
+
+
+#: The options of rdma-core's ping-pong tools, by ``argparse`` dest.  Each tool adds the
+#: ones it has, in its order (:func:`add_options`); ``{size}`` and ``{tool}`` in a help
+#: text are the tool's default size and name.
+OPTIONS: dict[str, Option] = {
+    "server": _opt("server", nargs="?", metavar="SERVER",
+                   help="connect to the server at SERVER (default: be the server)"),
+    "port": _opt("-p", "--port", type=_uint, default=DEFAULT_PORT,
+                 help=f"listen on/connect to port PORT (default {DEFAULT_PORT})"),
+    "ib_dev": _opt("-d", "--ib-dev", metavar="DEV",
+                   help="use IB device DEV (default first device found)"),
+    "ib_port": _opt("-i", "--ib-port", type=_int, default=1, metavar="PORT",
+                    help="use port PORT of IB device (default 1)"),
+    "size": _opt("-s", "--size", type=_uint, help="size of message to exchange (default {size})"),
+    "mtu": _opt("-m", "--mtu", type=_int, default=1024, help="path MTU (default 1024)"),
+    "rx_depth": _opt("-r", "--rx-depth", type=_uint, default=500, metavar="DEP",
+                     help="number of receives to post at a time (default 500)"),
+    "iters": _opt("-n", "--iters", type=_uint, default=1000,
+                  help="number of exchanges (default 1000)"),
+    "sl": _opt("-l", "--sl", type=_int, default=0, help="service level value"),
+    "events": _opt("-e", "--events", action="count", default=0,
+                   help="sleep on CQ events (default poll)"),
+    "gid_idx": _opt("-g", "--gid-idx", type=_int, default=None, metavar="GIDIDX",
+                    help="local port gid index (default: the device's first IPv4 RoCEv2 GID; "
+                         "-1: none, as {tool} without -g)"),
+    "chk": _opt("-c", "--chk", action="store_true", help="validate received buffer"),
+    "odp": _opt("-o", "--odp", action="store_true", help="use on demand paging"),
+    "iodp": _opt("-O", "--iodp", action="store_true", help="use implicit on demand paging"),
+    "prefetch": _opt("-P", "--prefetch", action="store_true", help="prefetch an ODP MR"),
+    "ts": _opt("-t", "--ts", action="store_true", help="get CQE with timestamp"),
+    "dm": _opt("-j", "--dm", action="store_true", help="use device memory"),
+    "new_send": _opt("-N", "--new_send", action="store_true", help="use new post send WR API"),
+}  # fmt: skip
+
+
+def add_options(parser: argparse.ArgumentParser, names: Iterable[str], *, tool: str, size: int,
+                own: dict[str, Option] | None = None
+                ) -> None:  # fmt: skip
+    """Add the options ``names`` of :data:`OPTIONS` (or of ``own``, a tool's own ones),
+    in that order, with getopt's error handling (usage on stderr, exit status 1)."""
+    setattr(parser, "error", _usage_error(parser))  # noqa: B010 (a method override)
+    table = {**OPTIONS, **(own or {})}
+    for name in names:
+        flags, keywords = table[name]
+        keywords = dict(keywords, help=keywords["help"].format(size=size, tool=tool))
+        if name == "size":
+            keywords["default"] = size
+        parser.add_argument(*flags, **keywords)
+
+
+#: the options of ibv_{rc,uc,ud}_pingpong, in their order (UD has no -m; RC adds ODP & co.)
+_COMMON = ("server", "port", "ib_dev", "ib_port", "size", "mtu", "rx_depth", "iters", "sl",
+           "events", "gid_idx", "chk")  # fmt: skip
+_RC_ONLY = ("odp", "iodp", "prefetch", "ts", "dm", "new_send")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     kind = _kind(parser)
     parser.set_defaults(kind=kind)
@@ -186,42 +219,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"rdma-core's {tool} on softverbs: without SERVER, wait for a client on the TCP "
         f"port; with SERVER, connect to it. Interoperates with {tool}."
     )
-    # getopt in the C tools prints the usage and returns 1 on a bad option
-    setattr(parser, "error", _usage_error(parser))  # noqa: B010 (a method override)
-    parser.add_argument("server", nargs="?", metavar="SERVER",
-                        help="connect to the server at SERVER (default: be the server)")
-    parser.add_argument("-p", "--port", type=_uint, default=DEFAULT_PORT,
-                        help=f"listen on/connect to port PORT (default {DEFAULT_PORT})")
-    parser.add_argument("-d", "--ib-dev", metavar="DEV",
-                        help="use IB device DEV (default first device found)")
-    parser.add_argument("-i", "--ib-port", type=_int, default=1, metavar="PORT",
-                        help="use port PORT of IB device (default 1)")
-    size = 1024 if kind == "ud" else 4096
-    parser.add_argument("-s", "--size", type=_uint, default=size,
-                        help=f"size of message to exchange (default {size})")
-    if kind != "ud":
-        parser.add_argument("-m", "--mtu", type=_int, default=1024,
-                            help="path MTU (default 1024)")
-    parser.add_argument("-r", "--rx-depth", type=_uint, default=500, metavar="DEP",
-                        help="number of receives to post at a time (default 500)")
-    parser.add_argument("-n", "--iters", type=_uint, default=1000,
-                        help="number of exchanges (default 1000)")
-    parser.add_argument("-l", "--sl", type=_int, default=0, help="service level value")
-    parser.add_argument("-e", "--events", action="count", default=0,
-                        help="sleep on CQ events (default poll)")
-    parser.add_argument("-g", "--gid-idx", type=_int, default=None, metavar="GIDIDX",
-                        help="local port gid index (default: the device's first IPv4 RoCEv2 "
-                             "GID; -1: none, as ibv_*_pingpong without -g)")  # fmt: skip
-    parser.add_argument("-c", "--chk", action="store_true", help="validate received buffer")
+    names = [n for n in _COMMON if not (kind == "ud" and n == "mtu")]
     if kind == "rc":
-        parser.add_argument("-o", "--odp", action="store_true", help="use on demand paging")
-        parser.add_argument("-O", "--iodp", action="store_true",
-                            help="use implicit on demand paging")
-        parser.add_argument("-P", "--prefetch", action="store_true", help="prefetch an ODP MR")
-        parser.add_argument("-t", "--ts", action="store_true", help="get CQE with timestamp")
-        parser.add_argument("-j", "--dm", action="store_true", help="use device memory")
-        parser.add_argument("-N", "--new_send", action="store_true",
-                            help="use new post send WR API")
+        names += _RC_ONLY
+    add_options(parser, names, tool="ibv_*_pingpong", size=1024 if kind == "ud" else 4096)
 
 
 def _usage_error(parser: argparse.ArgumentParser) -> Callable[[str], NoReturn]:
@@ -233,8 +234,8 @@ def _usage_error(parser: argparse.ArgumentParser) -> Callable[[str], NoReturn]:
     return error
 
 
-def _check_options(args: argparse.Namespace) -> None:
-    """The C tools' own option checks (usage -> exit status 1)."""
+def check_common(args: argparse.Namespace) -> None:
+    """The checks of the options every ping-pong tool has (:data:`OPTIONS`)."""
     if args.port > 65535:
         raise PingPongError(f"port {args.port} is out of range (at most 65535)")
     if args.ib_port < 1:
@@ -242,6 +243,11 @@ def _check_options(args: argparse.Namespace) -> None:
     mtu = getattr(args, "mtu", None)
     if mtu is not None and mtu not in (256, 512, 1024, 2048, 4096):
         raise PingPongError(f"mtu {mtu} is not one of 256, 512, 1024, 2048, 4096")
+
+
+def _check_options(args: argparse.Namespace) -> None:
+    """The C tools' own option checks (usage -> exit status 1)."""
+    check_common(args)
     if args.kind == "rc":
         if args.iodp:
             args.odp = True
@@ -266,66 +272,32 @@ class Dest:
 
     def to_wire(self) -> bytes:
         """The 52-byte message: ``"%04x:%06x:%06x:%s"`` and NUL padding."""
-        text = f"{self.lid:04x}:{self.qpn:06x}:{self.psn:06x}:{self.gid.hex()}".encode()
-        return text[: MSG_SIZE - 1].ljust(MSG_SIZE, b"\0")
+        return rv.address_message(((self.lid, 4), (self.qpn, 6), (self.psn, 6)), self.gid,
+                                  MSG_SIZE)  # fmt: skip
 
     @classmethod
     def from_wire(cls, msg: bytes) -> Dest:
         """Parse a peer's message; ValueError if it is not one."""
-        text = msg.split(b"\0", 1)[0].decode("ascii")
-        lid, qpn, psn, gid = text.split(":", 3)
-        raw = bytes.fromhex(gid[:32])
-        if len(raw) != 16:
-            raise ValueError(f"GID {gid!r} is not 32 hex digits")
-        return cls(int(lid, 16), int(qpn, 16), int(psn, 16), raw)
+        (lid, qpn, psn), gid = rv.parse_address(msg, 3)
+        return cls(lid, qpn, psn, gid)
 
     def line(self, which: str, psn_sep: str = ",") -> str:
         """``  local address:  LID 0x0000, QPN 0x000011, PSN 0x..., GID ::ffff:10.0.0.1``."""
         label = f"{which} address:"
-        gid = socket.inet_ntop(socket.AF_INET6, self.gid)
+        gid = rv.gid_text(self.gid)
         return (f"  {label:<16}LID 0x{self.lid:04x}, QPN 0x{self.qpn:06x}, "
                 f"PSN 0x{self.psn:06x}{psn_sep} GID {gid}")  # fmt: skip
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    """Read exactly ``n`` bytes (fewer only if the peer closes)."""
-    chunks = bytearray()
-    while len(chunks) < n:
-        part = sock.recv(n - len(chunks))
-        if not part:
-            break
-        chunks += part
-    return bytes(chunks)
-
-
 def client_exchange(server: str, port: int, mine: Dest) -> Dest:
     """Connect to the server, send our address, read its address, send "done"."""
-    try:
-        infos = socket.getaddrinfo(server, port, socket.AF_UNSPEC, socket.SOCK_STREAM)
-    except socket.gaierror as exc:
-        raise PingPongError(f"{exc.strerror} for {server}:{port}") from None
-    sock: socket.socket | None = None
-    for family, kind, proto, _, addr in infos:
-        try:
-            s = socket.socket(family, kind, proto)
-        except OSError:
-            continue
-        try:
-            s.connect(addr)
-        except OSError:
-            s.close()
-            continue
-        sock = s
-        break
-    if sock is None:
-        raise PingPongError(f"Couldn't connect to {server}:{port}")
-    with sock:
+    with rv.tcp_connect(server, port) as sock:
         try:
             sock.sendall(mine.to_wire())
         except OSError:
             raise PingPongError("Couldn't send local address") from None
         try:
-            msg = _recv_exact(sock, MSG_SIZE)
+            msg = rv.recv_exact(sock, MSG_SIZE)
             if len(msg) != MSG_SIZE:
                 raise OSError(f"read {len(msg)} of {MSG_SIZE} bytes")
             sock.sendall(DONE)
@@ -339,39 +311,10 @@ def client_exchange(server: str, port: int, mine: Dest) -> Dest:
         raise PingPongError(f"Couldn't read remote address: {exc}") from None
 
 
-def tcp_listener(port: int) -> socket.socket | None:
-    """A bound (not yet listening) TCP socket on ``port``, as the rdma-core
-    examples make one: the first address getaddrinfo offers that binds."""
-    infos = socket.getaddrinfo(None, port, socket.AF_UNSPEC, socket.SOCK_STREAM, 0,
-                               socket.AI_PASSIVE)  # fmt: skip
-    for family, kind, proto, _, addr in infos:
-        try:
-            s = socket.socket(family, kind, proto)
-        except OSError:
-            continue
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(addr)
-        except OSError:
-            s.close()
-            continue
-        return s
-    return None
-
-
 def server_exchange(port: int, mine: Dest, connect: Callable[[Dest], None]) -> Dest:
     """Wait for one client, read its address, connect to it, answer, await "done"."""
-    listener = tcp_listener(port)
-    if listener is None:
-        raise PingPongError(f"Couldn't listen to port {port}")
-    with listener:
-        listener.listen(1)
-        try:
-            conn, _ = listener.accept()
-        except OSError:
-            raise PingPongError("accept() failed") from None
-    with conn:
-        msg = _recv_exact(conn, MSG_SIZE)
+    with rv.tcp_serve_one(port) as conn:
+        msg = rv.recv_exact(conn, MSG_SIZE)
         if len(msg) != MSG_SIZE:
             raise PingPongError(f"{len(msg)}/{MSG_SIZE}: Couldn't read remote address")
         try:
@@ -465,16 +408,7 @@ class PingPong:
         _, init_attr = self.qp.query(0)
         if init_attr.cap.max_inline_data >= self.size:
             self.send_flags |= IBV_SEND_INLINE
-        attr = QPAttr(qp_state=IBV_QPS_INIT, port_num=self.port)
-        attr.pkey_index = 0
-        mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT
-        if self.ud:
-            attr.qkey = UD_QKEY
-            mask |= IBV_QP_QKEY
-        else:
-            attr.qp_access_flags = 0
-            mask |= IBV_QP_ACCESS_FLAGS
-        self._modify(attr, mask, "Failed to modify QP to INIT")
+        rv.modify(self.qp, rv.init_attrs(self.qp_type, self.port))
 
     @staticmethod
     def _unsupported_features(args: argparse.Namespace) -> None:
@@ -487,86 +421,32 @@ class PingPong:
         if args.dm:
             raise PingPongError("Device doesn't support dm allocation")
 
-    def _modify(self, attr: QPAttr, mask: int, failed: str) -> None:
-        try:
-            self.qp.modify(attr, mask)
-        except PyverbsError as exc:
-            raise PingPongError(f"{failed}\n{exc}") from None
-
     # --- addresses ---------------------------------------------------------------
     def local_dest(self, gidx: int) -> Dest:
-        try:
-            port_attr: Any = self.ctx.query_port(self.port)
-        except PyverbsError:
-            raise PingPongError("Couldn't get port info") from None
-        lid = port_attr.lid
-        if port_attr.link_layer != IBV_LINK_LAYER_ETHERNET and not lid:
-            raise PingPongError("Couldn't get local LID")
-        gid = bytes(16)
-        if gidx >= 0:
-            try:
-                gid = _gid_raw(self.ctx.query_gid(self.port, gidx))
-            except PyverbsError:
-                what = "Could not get local gid for gid index" if self.ud else (
-                    "can't read sgid of index")
-                raise PingPongError(f"{what} {gidx}") from None
+        lid = rv.port_lid(self.ctx, self.port)
+        failed = "Could not get local gid for gid index" if self.ud else "can't read sgid of index"
+        gid = rv.local_gid(self.ctx, self.port, gidx, failed)
         return Dest(lid, self.qp.qp_num, random.getrandbits(24), gid)
-
-    def _ah_attr(self, dest: Dest, sgid_idx: int) -> AHAttr:
-        """``ah_attr`` as the C tools fill it: global only if the peer sent a GID."""
-        if any(dest.gid[8:]):  # dest->gid.global.interface_id
-            gr = GlobalRoute(dgid=GID.from_raw(dest.gid), sgid_index=sgid_idx, hop_limit=1)
-            return AHAttr(dlid=dest.lid, sl=self.args.sl, src_path_bits=0, is_global=1,
-                          port_num=self.port, gr=gr)  # fmt: skip
-        return AHAttr(dlid=dest.lid, sl=self.args.sl, src_path_bits=0, is_global=0,
-                      port_num=self.port)  # fmt: skip
 
     def connect(self, my_psn: int, dest: Dest) -> None:
         """``pp_connect_ctx``: INIT -> RTR -> RTS (and the AH for UD)."""
-        sgid_idx: int = self.args.gid_idx
         self.remote_qpn = dest.qpn
-        attr = QPAttr(qp_state=IBV_QPS_RTR)
+        ah = rv.ah_attr(lid=dest.lid, gid=dest.gid, sl=self.args.sl, port=self.port,
+                        sgid_index=self.args.gid_idx)  # fmt: skip
+        mtu = bytes_to_mtu(self.args.mtu) if not self.ud else 0
+        rv.connect(self.qp, self.qp_type, dest_qpn=dest.qpn, rq_psn=dest.psn, sq_psn=my_psn,
+                   mtu=mtu, ah=ah)  # fmt: skip
         if self.ud:
-            self._modify(attr, IBV_QP_STATE, "Failed to modify QP to RTR")
-            attr.qp_state = IBV_QPS_RTS
-            attr.sq_psn = my_psn
-            self._modify(attr, IBV_QP_STATE | IBV_QP_SQ_PSN, "Failed to modify QP to RTS")
             try:
-                self.ah = AH(self.pd, attr=self._ah_attr(dest, sgid_idx))
+                self.ah = AH(self.pd, attr=ah)
             except PyverbsError as exc:
                 raise PingPongError(f"Failed to create AH\n{exc}") from None
-            return
-        attr.path_mtu = bytes_to_mtu(self.args.mtu)
-        attr.dest_qp_num = dest.qpn
-        attr.rq_psn = dest.psn
-        attr.ah_attr = self._ah_attr(dest, sgid_idx)
-        mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN
-        if self.kind == "rc":
-            attr.max_dest_rd_atomic = 1
-            attr.min_rnr_timer = 12
-            mask |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER
-        self._modify(attr, mask, "Failed to modify QP to RTR")
-        attr.qp_state = IBV_QPS_RTS
-        attr.sq_psn = my_psn
-        mask = IBV_QP_STATE | IBV_QP_SQ_PSN
-        if self.kind == "rc":
-            attr.timeout = 14
-            attr.retry_cnt = 7
-            attr.rnr_retry = 7
-            attr.max_rd_atomic = 1
-            mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC
-        self._modify(attr, mask, "Failed to modify QP to RTS")
 
     # --- work requests ------------------------------------------------------------
     def post_recv(self, n: int) -> int:
         """Post up to ``n`` receives; how many were posted (pp_post_recv)."""
         wr = RecvWR(RECV_WRID, 1, [SGE(self.mr.buf, self.size + self.offset, self.mr.lkey)])
-        for i in range(n):
-            try:
-                self.qp.post_recv(wr)
-            except PyverbsError:
-                return i
-        return n
+        return post_recvs(self.qp, wr, n)
 
     def post_send(self) -> None:
         sge = SGE(self.mr.buf + self.offset, self.size, self.mr.lkey)
@@ -602,29 +482,12 @@ class PingPong:
         rcnt = scnt = 0
         cq, channel = self.cq, self.channel
         while rcnt < iters or scnt < iters:
-            if channel is not None:
-                try:
-                    channel.get_cq_event(cq)
-                except PyverbsError:
-                    raise PingPongError("Failed to get cq_event") from None
-                self.num_cq_events += 1
-                try:
-                    cq.req_notify(False)
-                except PyverbsError:
-                    raise PingPongError("Couldn't request CQ notification") from None
-            while True:
-                try:
-                    ne, wcs = cq.poll(2)
-                except PyverbsError as exc:
-                    raise PingPongError(f"poll CQ failed {exc}") from None
-                if ne >= 1 or channel is not None:
-                    break
+            wcs = next_completions(cq, channel, 2)
+            self.num_cq_events += channel is not None
             for wc in wcs:
                 if wc.status != IBV_WC_SUCCESS:
-                    extra = f"\nparse WC failed {ne}" if self.kind == "rc" else ""
-                    reason = f" [{wc.reason}]" if wc.reason else ""
-                    raise PingPongError(f"Failed status {wc_status_str(wc.status)} "
-                                        f"({wc.status}) for wr_id {wc.wr_id}{reason}{extra}")
+                    extra = f"\nparse WC failed {len(wcs)}" if self.kind == "rc" else ""
+                    raise wc_failure(wc, extra)
                 if wc.wr_id == SEND_WRID:
                     scnt += 1
                 elif wc.wr_id == RECV_WRID:
@@ -655,11 +518,6 @@ def _make(cls: Callable[..., Any], failed: str, *args: Any) -> Any:
         return cls(*args)
     except PyverbsError as exc:
         raise PingPongError(f"{failed}\n{exc}") from None
-
-
-def _gid_raw(gid: Any) -> bytes:
-    raw: bytes = gid.raw
-    return raw
 
 
 def _device_name(wanted: str | None) -> str:
@@ -723,18 +581,66 @@ def _session(pp: PingPong, args: argparse.Namespace) -> int:
             pp.mark_pages()
         pp.post_send()
         pp.pending |= SEND_WRID
-    start = time.perf_counter()
-    pp.run_loop(args.iters, routs)
-    usec = (time.perf_counter() - start) * 1e6
-    nbytes = args.size * args.iters * 2
-    secs = f"{usec / 1e6:.2f} seconds"
-    print(f"{nbytes} bytes in {secs} = {_div(nbytes * 8.0, usec):.2f} Mbit/sec")
-    print(f"{args.iters} iters in {secs} = {_div(usec, args.iters):.2f} usec/iter")
+    timed(lambda: pp.run_loop(args.iters, routs), args.size, args.iters)
     if not args.server and args.chk:
         for page in pp.bad_pages():
             print(f"invalid data in page {page}")
     sys.stdout.flush()
     return 0
+
+
+# --------------------------------------------------------------------------
+# what the ping-pong tools share besides the rendezvous
+
+
+def next_completions(cq: CQ, channel: CompChannel | None, n: int) -> list[Any]:
+    """The next completions, at most ``n``: polled until there is one, or -- with a
+    completion channel (``-e``) -- one poll after sleeping on the channel and re-arming
+    the CQ (the caller counts the event for ``ack_events``)."""
+    if channel is not None:
+        try:
+            channel.get_cq_event(cq)
+        except PyverbsError:
+            raise PingPongError("Failed to get cq_event") from None
+        try:
+            cq.req_notify(False)
+        except PyverbsError:
+            raise PingPongError("Couldn't request CQ notification") from None
+    while True:
+        try:
+            ne, wcs = cq.poll(n)
+        except PyverbsError as exc:
+            raise PingPongError(f"poll CQ failed {exc}") from None
+        if ne >= 1 or channel is not None:
+            return list(wcs)
+
+
+def post_recvs(queue: Any, wr: RecvWR, n: int) -> int:
+    """``pp_post_recv``: post ``wr`` up to ``n`` times on a QP or SRQ; how many went."""
+    for i in range(n):
+        try:
+            queue.post_recv(wr)
+        except PyverbsError:
+            return i
+    return n
+
+
+def wc_failure(wc: Any, extra: str = "") -> PingPongError:
+    """The C tools' message for a completion that is not a success."""
+    reason = f" [{wc.reason}]" if wc.reason else ""
+    return PingPongError(f"Failed status {wc_status_str(wc.status)} ({wc.status}) "
+                         f"for wr_id {wc.wr_id}{reason}{extra}")  # fmt: skip
+
+
+def timed(loop: Callable[[], None], size: int, iters: int) -> None:
+    """Run ``loop`` and print the C tools' two closing lines (bytes count both ways)."""
+    start = time.perf_counter()
+    loop()
+    usec = (time.perf_counter() - start) * 1e6
+    nbytes = size * iters * 2
+    secs = f"{usec / 1e6:.2f} seconds"
+    print(f"{nbytes} bytes in {secs} = {_div(nbytes * 8.0, usec):.2f} Mbit/sec")
+    print(f"{iters} iters in {secs} = {_div(usec, iters):.2f} usec/iter")
 
 
 def _div(a: float, b: float) -> float:

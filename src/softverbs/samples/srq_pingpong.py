@@ -42,51 +42,25 @@ import argparse
 import random
 import socket
 import sys
-import time
-from typing import Any
 
 from softverbs import (
     CQ,
-    GID,
     MR,
     PD,
     QP,
     SGE,
     SRQ,
-    AHAttr,
     CompChannel,
-    GlobalRoute,
     PyverbsError,
-    QPAttr,
     QPCap,
     QPInitAttr,
     RecvWR,
     SendWR,
     SrqAttr,
     SrqInitAttr,
-    wc_status_str,
 )
 from softverbs.enums import (
     IBV_ACCESS_LOCAL_WRITE,
-    IBV_LINK_LAYER_ETHERNET,
-    IBV_QP_ACCESS_FLAGS,
-    IBV_QP_AV,
-    IBV_QP_DEST_QPN,
-    IBV_QP_MAX_DEST_RD_ATOMIC,
-    IBV_QP_MAX_QP_RD_ATOMIC,
-    IBV_QP_MIN_RNR_TIMER,
-    IBV_QP_PATH_MTU,
-    IBV_QP_PKEY_INDEX,
-    IBV_QP_PORT,
-    IBV_QP_RETRY_CNT,
-    IBV_QP_RNR_RETRY,
-    IBV_QP_RQ_PSN,
-    IBV_QP_SQ_PSN,
-    IBV_QP_STATE,
-    IBV_QP_TIMEOUT,
-    IBV_QPS_INIT,
-    IBV_QPS_RTR,
-    IBV_QPS_RTS,
     IBV_QPT_RC,
     IBV_SEND_INLINE,
     IBV_SEND_SIGNALED,
@@ -94,23 +68,25 @@ from softverbs.enums import (
     IBV_WR_SEND,
     bytes_to_mtu,
 )
+from softverbs.samples import rendezvous as rv
 from softverbs.samples.pingpong import (
-    DEFAULT_PORT,
     DONE,
     MSG_SIZE,
     RECV_WRID,
     SEND_WRID,
     Dest,
-    PingPongError,
     _device_name,
-    _div,
-    _gid_raw,
-    _int,
-    _recv_exact,
+    _make,
+    _opt,
     _uint,
-    _usage_error,
-    tcp_listener,
+    add_options,
+    check_common,
+    next_completions,
+    post_recvs,
+    timed,
+    wc_failure,
 )
+from softverbs.samples.rendezvous import PingPongError
 from softverbs.verbs.addr import default_gid_index
 
 MAX_QP = 256  #: the C tool's MAX_QP: messages each side sends in the rendezvous
@@ -122,43 +98,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "rdma-core's ibv_srq_pingpong on softverbs: RC ping-pong over several QPs sharing one "
         "SRQ. Without SERVER, wait for a client on the TCP port; with SERVER, connect to it."
     )
-    setattr(parser, "error", _usage_error(parser))  # noqa: B010 (a method override)
-    parser.add_argument("server", nargs="?", metavar="SERVER",
-                        help="connect to the server at SERVER (default: be the server)")
-    parser.add_argument("-p", "--port", type=_uint, default=DEFAULT_PORT,
-                        help=f"listen on/connect to port PORT (default {DEFAULT_PORT})")
-    parser.add_argument("-d", "--ib-dev", metavar="DEV",
-                        help="use IB device DEV (default first device found)")
-    parser.add_argument("-i", "--ib-port", type=_int, default=1, metavar="PORT",
-                        help="use port PORT of IB device (default 1)")
-    parser.add_argument("-s", "--size", type=_uint, default=4096,
-                        help="size of message to exchange (default 4096)")
-    parser.add_argument("-m", "--mtu", type=_int, default=1024, help="path MTU (default 1024)")
-    parser.add_argument("-q", "--num-qp", type=_uint, default=16, metavar="NUM",
-                        help="number of QPs to use (default 16)")
-    parser.add_argument("-r", "--rx-depth", type=_uint, default=500, metavar="DEP",
-                        help="number of receives to post at a time (default 500)")
-    parser.add_argument("-n", "--iters", type=_uint, default=1000,
-                        help="number of exchanges (default 1000)")
-    parser.add_argument("-l", "--sl", type=_int, default=0, help="service level value")
-    parser.add_argument("-e", "--events", action="count", default=0,
-                        help="sleep on CQ events (default poll)")
-    parser.add_argument("-g", "--gid-idx", type=_int, default=None, metavar="GIDIDX",
-                        help="local port gid index (default: the device's first IPv4 RoCEv2 "
-                             "GID; -1: none, as ibv_srq_pingpong without -g)")
-    parser.add_argument("-o", "--odp", action="store_true", help="use on demand paging")
-    parser.add_argument("-c", "--chk", action="store_true", help="validate received buffer")
+    num_qp = _opt("-q", "--num-qp", type=_uint, default=16, metavar="NUM",
+                  help="number of QPs to use (default 16)")  # fmt: skip
+    add_options(parser, ("server", "port", "ib_dev", "ib_port", "size", "mtu", "num_qp",
+                         "rx_depth", "iters", "sl", "events", "gid_idx", "odp", "chk"),
+                tool="ibv_srq_pingpong", size=4096, own={"num_qp": num_qp})  # fmt: skip
 
 
 def _check_options(args: argparse.Namespace) -> None:
-    if args.port > 65535:
-        raise PingPongError(f"port {args.port} is out of range (at most 65535)")
-    if args.ib_port < 1:
-        raise PingPongError(f"ib-port {args.ib_port} is out of range (at least 1)")
+    check_common(args)
     if args.size < 1:
         raise PingPongError("size must be at least 1")
-    if args.mtu not in (256, 512, 1024, 2048, 4096):
-        raise PingPongError(f"mtu {args.mtu} is not one of 256, 512, 1024, 2048, 4096")
     if not 1 <= args.num_qp <= MAX_QP:
         raise PingPongError(f"num-qp {args.num_qp} is out of range (1 to {MAX_QP})")
     if args.num_qp > args.rx_depth:
@@ -217,66 +167,27 @@ class SrqPingPong:
             if init_attr.cap.max_inline_data >= self.size:
                 self.send_flags |= IBV_SEND_INLINE
         for i, qp in enumerate(self.qps):
-            attr = QPAttr(qp_state=IBV_QPS_INIT, port_num=self.port)
-            attr.pkey_index = 0
-            attr.qp_access_flags = 0
-            _modify(qp, attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS,
-                    f"Failed to modify QP[{i}] to INIT")  # fmt: skip
+            rv.modify(qp, rv.init_attrs(IBV_QPT_RC, self.port), f"QP[{i}]")
 
     def local_dests(self, gidx: int) -> list[Dest]:
-        try:
-            port_attr: Any = self.ctx.query_port(self.port)
-        except PyverbsError:
-            raise PingPongError("Couldn't get port info") from None
-        if port_attr.link_layer != IBV_LINK_LAYER_ETHERNET and not port_attr.lid:
-            raise PingPongError("Couldn't get local LID")
-        gid = bytes(16)
-        if gidx >= 0:
-            try:
-                gid = _gid_raw(self.ctx.query_gid(self.port, gidx))
-            except PyverbsError:
-                raise PingPongError(f"Could not get local gid for gid index {gidx}") from None
-        return [Dest(port_attr.lid, qp.qp_num, random.getrandbits(24), gid) for qp in self.qps]
+        lid = rv.port_lid(self.ctx, self.port)
+        gid = rv.local_gid(self.ctx, self.port, gidx, "Could not get local gid for gid index")
+        return [Dest(lid, qp.qp_num, random.getrandbits(24), gid) for qp in self.qps]
 
     def connect(self, mine: list[Dest], remote: list[Dest]) -> None:
         """``pp_connect_ctx``: QP *i* to the peer's QP *i*, INIT -> RTR -> RTS."""
         first = remote[0]
         for i, qp in enumerate(self.qps):
             dest = remote[i]
-            ah = AHAttr(dlid=dest.lid, sl=self.args.sl, src_path_bits=0, is_global=0,
-                        port_num=self.port)  # fmt: skip
-            if any(first.gid[8:]):  # the C tool looks at the first message's GID
-                ah.is_global = 1
-                ah.gr = GlobalRoute(dgid=GID.from_raw(first.gid), sgid_index=self.args.gid_idx,
-                                    hop_limit=1)  # fmt: skip
-            attr = QPAttr(qp_state=IBV_QPS_RTR)
-            attr.path_mtu = bytes_to_mtu(self.args.mtu)
-            attr.dest_qp_num = dest.qpn
-            attr.rq_psn = dest.psn
-            attr.max_dest_rd_atomic = 1
-            attr.min_rnr_timer = 12
-            attr.ah_attr = ah
-            _modify(qp, attr, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN
-                    | IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER,
-                    f"Failed to modify QP[{i}] to RTR")  # fmt: skip
-            attr.qp_state = IBV_QPS_RTS
-            attr.timeout = 14
-            attr.retry_cnt = 7
-            attr.rnr_retry = 7
-            attr.sq_psn = mine[i].psn
-            attr.max_rd_atomic = 1
-            _modify(qp, attr, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY
-                    | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC,
-                    f"Failed to modify QP[{i}] to RTS")  # fmt: skip
+            # the C tool looks at the first message's GID for every QP
+            ah = rv.ah_attr(lid=dest.lid, gid=first.gid, sl=self.args.sl, port=self.port,
+                            sgid_index=self.args.gid_idx)  # fmt: skip
+            rv.connect(qp, IBV_QPT_RC, dest_qpn=dest.qpn, rq_psn=dest.psn, sq_psn=mine[i].psn,
+                       mtu=bytes_to_mtu(self.args.mtu), ah=ah, which=f"QP[{i}]")  # fmt: skip
 
     def post_recv(self, n: int) -> int:
         wr = RecvWR(RECV_WRID, 1, [SGE(self.mr.buf, self.size, self.mr.lkey)])
-        for i in range(n):
-            try:
-                self.srq.post_recv(wr)
-            except PyverbsError:
-                return i
-        return n
+        return post_recvs(self.srq, wr, n)
 
     def post_send(self, index: int) -> None:
         wr = SendWR(SEND_WRID, IBV_WR_SEND, 1, sg=[SGE(self.mr.buf, self.size, self.mr.lkey)],
@@ -292,25 +203,11 @@ class SrqPingPong:
         num_cq_events = 0
         cq, channel = self.cq, self.channel
         while rcnt < iters or scnt < iters:
-            if channel is not None:
-                try:
-                    channel.get_cq_event(cq)
-                except PyverbsError:
-                    raise PingPongError("Failed to get cq_event") from None
-                num_cq_events += 1
-                try:
-                    cq.req_notify(False)
-                except PyverbsError:
-                    raise PingPongError("Couldn't request CQ notification") from None
-            while True:
-                ne, wcs = cq.poll(self.num_qp + self.rx_depth)
-                if ne >= 1 or channel is not None:
-                    break
+            wcs = next_completions(cq, channel, self.num_qp + self.rx_depth)
+            num_cq_events += channel is not None
             for wc in wcs:
                 if wc.status != IBV_WC_SUCCESS:
-                    reason = f" [{wc.reason}]" if wc.reason else ""
-                    raise PingPongError(f"Failed status {wc_status_str(wc.status)} "
-                                        f"({wc.status}) for wr_id {wc.wr_id}{reason}")
+                    raise wc_failure(wc)
                 index = by_qpn.get(wc.qp_num)
                 if index is None:
                     raise PingPongError(f"Couldn't find QPN {wc.qp_num:06x}")
@@ -340,20 +237,6 @@ class SrqPingPong:
                 obj.close()
 
 
-def _make(cls: Any, failed: str, *args: Any) -> Any:
-    try:
-        return cls(*args)
-    except PyverbsError as exc:
-        raise PingPongError(f"{failed}\n{exc}") from None
-
-
-def _modify(qp: QP, attr: QPAttr, mask: int, failed: str) -> None:
-    try:
-        qp.modify(attr, mask)
-    except PyverbsError as exc:
-        raise PingPongError(f"{failed}\n{exc}") from None
-
-
 # --- the rendezvous: MAX_QP messages each way -------------------------------------------
 
 
@@ -365,7 +248,7 @@ def _wire(dests: list[Dest]) -> bytes:
 def _read_dests(sock: socket.socket, who: str) -> list[Dest]:
     out = []
     for i in range(MAX_QP):
-        msg = _recv_exact(sock, MSG_SIZE)
+        msg = rv.recv_exact(sock, MSG_SIZE)
         if len(msg) != MSG_SIZE:
             raise PingPongError(f"{len(msg)}/{MSG_SIZE}: Couldn't read remote address [{i}]")
         try:
@@ -376,11 +259,7 @@ def _read_dests(sock: socket.socket, who: str) -> list[Dest]:
 
 
 def client_exchange(server: str, port: int, mine: list[Dest]) -> list[Dest]:
-    try:
-        sock = socket.create_connection((server, port))
-    except OSError:
-        raise PingPongError(f"Couldn't connect to {server}:{port}") from None
-    with sock:
+    with rv.tcp_connect(server, port) as sock:
         try:
             sock.sendall(_wire(mine))
         except OSError:
@@ -394,16 +273,7 @@ def client_exchange(server: str, port: int, mine: list[Dest]) -> list[Dest]:
 
 
 def server_exchange(port: int, pp: SrqPingPong, mine: list[Dest]) -> list[Dest]:
-    listener = tcp_listener(port)
-    if listener is None:
-        raise PingPongError(f"Couldn't listen to port {port}")
-    with listener:
-        listener.listen(1)
-        try:
-            conn, _ = listener.accept()
-        except OSError:
-            raise PingPongError("accept() failed") from None
-    with conn:
+    with rv.tcp_serve_one(port) as conn:
         remote = _read_dests(conn, "server read")
         try:
             pp.connect(mine, remote)
@@ -413,7 +283,7 @@ def server_exchange(port: int, pp: SrqPingPong, mine: list[Dest]) -> list[Dest]:
             conn.sendall(_wire(mine))
         except OSError:
             raise PingPongError("Couldn't send local address") from None
-        done = _recv_exact(conn, len(DONE))
+        done = rv.recv_exact(conn, len(DONE))
         if len(done) != len(DONE):
             raise PingPongError("client write: the client did not say done")
     return remote
@@ -462,13 +332,7 @@ def _session(pp: SrqPingPong, args: argparse.Namespace) -> int:
             pp.pending[i] = SEND_WRID | RECV_WRID
     else:
         pp.pending = [RECV_WRID] * pp.num_qp
-    start = time.perf_counter()
-    pp.run_loop(args.iters, routs)
-    usec = (time.perf_counter() - start) * 1e6
-    nbytes = args.size * args.iters * 2
-    secs = f"{usec / 1e6:.2f} seconds"
-    print(f"{nbytes} bytes in {secs} = {_div(nbytes * 8.0, usec):.2f} Mbit/sec")
-    print(f"{args.iters} iters in {secs} = {_div(usec, args.iters):.2f} usec/iter")
+    timed(lambda: pp.run_loop(args.iters, routs), args.size, args.iters)
     if not args.server and args.chk:
         for page, byte in enumerate(pp.buf[0 : pp.size : PAGE]):
             if byte != page & 0xFF:

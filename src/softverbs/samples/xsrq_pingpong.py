@@ -78,9 +78,7 @@ from softverbs import (
     AHAttr,
     CompChannel,
     Context,
-    GlobalRoute,
     PyverbsError,
-    QPAttr,
     QPCap,
     QPInitAttrEx,
     RecvWR,
@@ -93,27 +91,8 @@ from softverbs.enums import (
     IBV_ACCESS_LOCAL_WRITE,
     IBV_ACCESS_REMOTE_READ,
     IBV_ACCESS_REMOTE_WRITE,
-    IBV_LINK_LAYER_ETHERNET,
-    IBV_QP_ACCESS_FLAGS,
-    IBV_QP_AV,
-    IBV_QP_DEST_QPN,
     IBV_QP_INIT_ATTR_PD,
     IBV_QP_INIT_ATTR_XRCD,
-    IBV_QP_MAX_DEST_RD_ATOMIC,
-    IBV_QP_MAX_QP_RD_ATOMIC,
-    IBV_QP_MIN_RNR_TIMER,
-    IBV_QP_PATH_MTU,
-    IBV_QP_PKEY_INDEX,
-    IBV_QP_PORT,
-    IBV_QP_RETRY_CNT,
-    IBV_QP_RNR_RETRY,
-    IBV_QP_RQ_PSN,
-    IBV_QP_SQ_PSN,
-    IBV_QP_STATE,
-    IBV_QP_TIMEOUT,
-    IBV_QPS_INIT,
-    IBV_QPS_RTR,
-    IBV_QPS_RTS,
     IBV_QPT_XRC_RECV,
     IBV_QPT_XRC_SEND,
     IBV_SEND_SIGNALED,
@@ -127,19 +106,17 @@ from softverbs.enums import (
     IBV_XRCD_INIT_ATTR_OFLAGS,
     bytes_to_mtu,
 )
+from softverbs.samples import rendezvous as rv
+from softverbs.samples.rendezvous import DEFAULT_PORT
 
-DEFAULT_PORT = 18515
 MSG_SIZE = 66  #: "%04x:%06x:%06x:%06x:%06x:%32s" and its NUL
 TERMINATION = b"END\0"  #: TERMINATION_MSG_SIZE = 4
 XRCD_FILE = "/tmp/xrc_domain"
 _OUTPUT = threading.Lock()
 
-
-_INIT_MASK = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS
-
-
-class XsrqError(Exception):
-    """A failure the C tool reports on stderr before exiting with status 1."""
+#: a failure the C tool reports on stderr before exiting with status 1 (the
+#: rendezvous helpers raise it too)
+XsrqError = rv.PingPongError
 
 
 # --- command line -----------------------------------------------------------------------
@@ -204,40 +181,30 @@ class Dest:
     sock: socket.socket | None = None
 
     def encode(self) -> bytes:
-        text = (f"{self.lid:04x}:{self.recv_qpn:06x}:{self.send_qpn:06x}:{self.psn:06x}:"
-                f"{self.srqn:06x}:{self.gid.hex()}")  # fmt: skip
-        return text.encode() + b"\0"
+        numbers = ((self.lid, 4), (self.recv_qpn, 6), (self.send_qpn, 6), (self.psn, 6),
+                   (self.srqn, 6))  # fmt: skip
+        return rv.address_message(numbers, self.gid, MSG_SIZE)
 
     @classmethod
     def decode(cls, raw: bytes) -> Dest:
-        text = raw.split(b"\0", 1)[0].decode("ascii", "replace")
-        parts = text.split(":", 5)
-        if len(parts) != 6:
-            raise ValueError(f"bad address message {text!r}")
-        lid, rqpn, sqpn, psn, srqn = (int(p, 16) for p in parts[:5])
-        gid = bytes.fromhex(parts[5][:32])
-        if len(gid) != 16:
-            raise ValueError(f"GID {parts[5]!r} is not 32 hex digits")
+        (lid, rqpn, sqpn, psn, srqn), gid = rv.parse_address(raw, 5)
         return cls(lid, rqpn, sqpn, psn, srqn, gid)
 
     def line(self, who: str) -> str:
         """ADDR_FORMAT: what the C tool prints for each side."""
-        gid = socket.inet_ntop(socket.AF_INET6, self.gid)
+        gid = rv.gid_text(self.gid)
         return (f"{who:>8}: LID {self.lid:04x}, QPN RECV {self.recv_qpn:06x} "
                 f"SEND {self.send_qpn:06x}, PSN {self.psn:06x}, SRQN {self.srqn:06x}, "
                 f"GID {gid}")  # fmt: skip
 
 
 def _read_exactly(sock: socket.socket, n: int, what: str) -> bytes:
-    buf = b""
-    while len(buf) < n:
-        try:
-            chunk = sock.recv(n - len(buf))
-        except OSError as exc:
-            raise XsrqError(f"{len(buf)}/{n}: Couldn't read {what} ({exc})") from None
-        if not chunk:
-            raise XsrqError(f"{len(buf)}/{n}: Couldn't read {what}")
-        buf += chunk
+    try:
+        buf = rv.recv_exact(sock, n)
+    except OSError as exc:
+        raise XsrqError(f"Couldn't read {what} ({exc})") from None
+    if len(buf) != n:
+        raise XsrqError(f"{len(buf)}/{n}: Couldn't read {what}")
     return buf
 
 
@@ -287,13 +254,7 @@ class XsrqPingPong:
         if args.odp:
             raise XsrqError("The device isn't ODP capable or does not support XRC send, "
                             "receive and srq with ODP")  # fmt: skip
-        try:
-            pattr = self.ctx.query_port(self.port)
-        except PyverbsError:
-            raise XsrqError("Failed to get port info") from None
-        self.lid = pattr.lid
-        if pattr.link_layer != IBV_LINK_LAYER_ETHERNET and not self.lid:
-            raise XsrqError("Couldn't get local LID")
+        self.lid = rv.port_lid(self.ctx, self.port, "Failed to get port info")
         if args.events:
             self.channel = CompChannel(self.ctx)
         self.pd = PD(self.ctx)
@@ -342,10 +303,9 @@ class XsrqPingPong:
             except PyverbsError as exc:
                 raise XsrqError(f"Couldn't create recv QP[{i}] errno "
                                 f"{getattr(exc, 'error_code', 0)}") from None  # fmt: skip
-            mod = QPAttr(qp_state=IBV_QPS_INIT, port_num=self.port)
-            mod.pkey_index = 0
-            mod.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ
-            self._modify(rqp, mod, _INIT_MASK, f"Failed to modify recv QP[{i}] to INIT")
+            rv.modify(rqp, rv.init_attrs(IBV_QPT_XRC_RECV, self.port,
+                                         IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ),
+                      f"recv QP[{i}]")  # fmt: skip
             self.recv_qp.append(rqp)
             cap = QPCap(max_send_wr=self.num_clients * self.num_tests, max_recv_wr=0,
                         max_send_sge=1, max_recv_sge=0)  # fmt: skip
@@ -356,28 +316,13 @@ class XsrqPingPong:
             except PyverbsError as exc:
                 raise XsrqError(f"Couldn't create send QP[{i}] errno "
                                 f"{getattr(exc, 'error_code', 0)}") from None  # fmt: skip
-            mod = QPAttr(qp_state=IBV_QPS_INIT, port_num=self.port)
-            mod.pkey_index = 0
-            mod.qp_access_flags = 0
-            self._modify(sqp, mod, _INIT_MASK, f"Failed to modify send QP[{i}] to INIT")
+            rv.modify(sqp, rv.init_attrs(IBV_QPT_XRC_SEND, self.port), f"send QP[{i}]")
             self.send_qp.append(sqp)
             self.rem.append(Dest(0, 0, 0, 0, 0, bytes(16)))
 
-    @staticmethod
-    def _modify(qp: QP, attr: QPAttr, mask: int, failure: str) -> None:
-        try:
-            qp.modify(attr, mask)
-        except PyverbsError as exc:
-            raise XsrqError(f"{failure}\n{exc}") from None
-
     # rendezvous
     def send_local_dest(self, sock: socket.socket, index: int) -> None:
-        gid = bytes(16)
-        if self.gidx >= 0:
-            try:
-                gid = bytes(self.ctx.query_gid(self.port, self.gidx).raw)
-            except PyverbsError:
-                raise XsrqError(f"can't read sgid of index {self.gidx}") from None
+        gid = rv.local_gid(self.ctx, self.port, self.gidx, "can't read sgid of index")
         psn = random.getrandbits(24)
         self.my_psn[index] = psn
         mine = Dest(self.lid, self.recv_qp[index].qp_num, self.send_qp[index].qp_num, psn,
@@ -400,54 +345,30 @@ class XsrqPingPong:
 
     def _ah(self, index: int) -> AHAttr:
         rem = self.rem[index]
-        if any(rem.gid[8:]):  # gid.global.interface_id
-            gr = GlobalRoute(dgid=_gid(rem.gid), sgid_index=self.gidx, hop_limit=5)
-            return AHAttr(dlid=rem.lid, sl=self.args.sl, is_global=1, port_num=self.port, gr=gr)
-        return AHAttr(dlid=rem.lid, sl=self.args.sl, is_global=0, port_num=self.port)
+        return rv.ah_attr(lid=rem.lid, gid=rem.gid, sl=self.args.sl, port=self.port,
+                          sgid_index=self.gidx, hop_limit=5)  # fmt: skip
 
     def connect_qps(self, index: int) -> None:
+        """The receive QP to the peer's send QP, the send QP to the peer's receive QP."""
         rem = self.rem[index]
-        my_psn = self.my_psn[index]
         mtu = bytes_to_mtu(self.args.mtu)
-        a = QPAttr(qp_state=IBV_QPS_RTR)
-        a.dest_qp_num, a.path_mtu, a.rq_psn = rem.send_qpn, mtu, rem.psn
-        a.min_rnr_timer, a.max_dest_rd_atomic = 12, 0
-        a.ah_attr = self._ah(index)
-        self._modify(self.recv_qp[index], a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU
-                     | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC
-                     | IBV_QP_MIN_RNR_TIMER,
-                     f"Failed to modify recv QP[{index}] to RTR")  # fmt: skip
-        a = QPAttr(qp_state=IBV_QPS_RTS)
-        a.timeout, a.sq_psn = 14, my_psn
-        self._modify(self.recv_qp[index], a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_SQ_PSN,
-                     f"Failed to modify recv QP[{index}] to RTS")  # fmt: skip
-        a = QPAttr(qp_state=IBV_QPS_RTR)
-        a.dest_qp_num, a.path_mtu, a.rq_psn = rem.recv_qpn, mtu, rem.psn
-        a.ah_attr = self._ah(index)
-        self._modify(self.send_qp[index], a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU
-                     | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN,
-                     f"Failed to modify send QP[{index}] to RTR")  # fmt: skip
-        a = QPAttr(qp_state=IBV_QPS_RTS)
-        a.timeout, a.retry_cnt, a.rnr_retry, a.sq_psn, a.max_rd_atomic = 14, 7, 7, my_psn, 0
-        self._modify(self.send_qp[index], a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_SQ_PSN
-                     | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC,
-                     f"Failed to modify send QP[{index}] to RTS")  # fmt: skip
+        psn = self.my_psn[index]
+        rv.connect(self.recv_qp[index], IBV_QPT_XRC_RECV, dest_qpn=rem.send_qpn,
+                   rq_psn=rem.psn, sq_psn=psn, mtu=mtu, ah=self._ah(index),
+                   which=f"recv QP[{index}]")  # fmt: skip
+        rv.connect(self.send_qp[index], IBV_QPT_XRC_SEND, dest_qpn=rem.recv_qpn,
+                   rq_psn=rem.psn, sq_psn=psn, mtu=mtu, ah=self._ah(index),
+                   which=f"send QP[{index}]")  # fmt: skip
 
     def client_connect(self, server: str, port: int) -> None:
-        try:
-            sock = socket.create_connection((server, port))
-        except OSError:
-            raise XsrqError(f"Couldn't connect to {server}:{port}") from None
+        sock = rv.tcp_connect(server, port)
         self.send_local_dest(sock, 0)
         self.recv_remote_dest(sock, 0)
         self.connect_qps(0)
 
     def server_connect(self, listener: socket.socket) -> None:
         for i in range(self.num_clients):
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                raise XsrqError(f"accept() failed for client {i}") from None
+            conn = rv.tcp_accept(listener, f"accept() failed for client {i}")
             self.recv_remote_dest(conn, i)
             self.send_local_dest(conn, i)
             self.connect_qps(i)
@@ -566,12 +487,6 @@ class XsrqPingPong:
         self.ctx.close()
 
 
-def _gid(raw: bytes) -> Any:
-    from softverbs import GID
-
-    return GID.from_raw(raw)
-
-
 # --- running ----------------------------------------------------------------------------------
 
 
@@ -599,15 +514,6 @@ def _side(args: argparse.Namespace, server: str | None, listener: socket.socket 
     pp.say("success")
 
 
-def _listen(port: int) -> socket.socket:
-    from softverbs.samples.pingpong import tcp_listener
-
-    sock = tcp_listener(port)
-    if sock is None:
-        raise XsrqError(f"Couldn't listen to port {port}")
-    return sock
-
-
 def _check(args: argparse.Namespace) -> str | None:
     if not 0 <= args.port <= 65535:
         return f"port {args.port} is out of range"
@@ -633,8 +539,7 @@ def run(args: argparse.Namespace) -> int:
         elif args.server is not None:
             _side(args, args.server, None)
         else:
-            listener = _listen(args.port)
-            listener.listen(args.clients)
+            listener = rv.tcp_listen(args.port, args.clients)
             _side(args, None, listener)
     except XsrqError as exc:
         print(exc, file=sys.stderr)
@@ -644,8 +549,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _loopback(args: argparse.Namespace) -> None:
     """The server and ``-c`` clients as threads of this process."""
-    listener = _listen(args.port)
-    listener.listen(args.clients)
+    listener = rv.tcp_listen(args.port, args.clients)
     port = listener.getsockname()[1]
     client_args = argparse.Namespace(**{**vars(args), "port": port})
     errors: list[BaseException] = []
