@@ -57,6 +57,7 @@ MODULES: tuple[str, ...] = (
     "softverbs.verbs.cq",
     "softverbs.verbs.provider",
     "softverbs.verbs.qp",
+    "softverbs.verbs.sge",  # every work request's scatter/gather list
     "softverbs.verbs.wr",
 )
 
