@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from softverbs.cm import CMID, AddrInfo, CMEvent, CMEventChannel, ConnParam, UDParam
+from softverbs.cm.api import CMID, AddrInfo, CMEvent, CMEventChannel, ConnParam, UDParam
 from softverbs.enums import (
     IBV_QPS_RTS,
     IBV_QPT_RC,

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 import pytest
 from cm_kit import A, B, active, expect, qp_init
 
-from softverbs.cm import CMID, AddrInfo, CMEventChannel, ConnParam
+from softverbs.cm.api import CMID, AddrInfo, CMEventChannel, ConnParam
 from softverbs.cm.agent import bindv6only
 from softverbs.enums import (
     RAI_PASSIVE,
