@@ -27,8 +27,8 @@ from cm_kit import (
 )
 
 from softverbs.cm import mad
-from softverbs.cm.api import CMID, AddrInfo, CMEvent, CMEventChannel, ConnParam, UDParam
 from softverbs.cm.agent import RDMA_UDP_QKEY
+from softverbs.cm.api import CMID, AddrInfo, CMEvent, CMEventChannel, ConnParam, UDParam
 from softverbs.cm.gsi import GsiQP
 from softverbs.cm.states import CM_TRANSITIONS, RDMA_TRANSITIONS, CmState
 from softverbs.enums import (
