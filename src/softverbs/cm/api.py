@@ -705,7 +705,7 @@ class CMEventChannel(PyverbsCM):
         listener's children get channels of their own)."""
         channel = CMEventChannel() if listen.sync else self
         child = _Id(self.kernel, int(info["handle"]), channel, listen.sync, listen.ps,
-                    int(info.get("qp_type") or listen.qp_type))  # fmt: skip
+                    int(info["qp_type"]))  # the agent's: RC for a REQ, UD for a SIDR_REQ
         child.attach_device(info)
         if listen.pd is not None and child.pd is not listen.pd and child.ctx is listen.ctx:
             child.pd = listen.pd

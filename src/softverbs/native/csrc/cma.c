@@ -1053,8 +1053,7 @@ static struct cma_id *new_child(struct cma_id *listen, const struct sv_cm_event 
 	c->id.channel = listen->id.channel;
 	c->id.context = listen->id.context;
 	c->id.ps = listen->id.ps;
-	c->id.qp_type = raw->info.qp_type ? (enum ibv_qp_type)raw->info.qp_type
-					  : listen->id.qp_type;
+	c->id.qp_type = (enum ibv_qp_type)raw->info.qp_type;	/* RC for a REQ, UD for a SIDR_REQ */
 	attach(c, &raw->info);
 	if (listen->id.pd && c->id.verbs == listen->id.verbs)
 		c->id.pd = listen->id.pd;
