@@ -435,7 +435,7 @@ class CmAgent:
         with self.lock:
             cid = self._get(handle, owner)
             if cid.qp_type != IBV_QPT_UD:
-                param = self.rd_atomic(cid, param, "connect")
+                param = self.rd_atomic(cid, param, "connect", connecting=True)
             self.move(cid, "connect")
             try:
                 if cid.qp_type == IBV_QPT_UD:
@@ -620,14 +620,15 @@ class CmAgent:
 
     # --- connection parameters and QP attributes --------------------------------------------
     @staticmethod
-    def rd_atomic(cid: CmId, param: dict[str, Any], what: str) -> dict[str, Any]:
+    def rd_atomic(cid: CmId, param: dict[str, Any], what: str,
+                  connecting: bool = False) -> dict[str, Any]:  # fmt: skip
         """``param`` with its responder resources and initiator depth decided:
         what librdmacm's ``ucma_valid_param``, ``rdma_connect`` and
         ``rdma_accept`` decide, here once for both user halves.  A value above
         the device's is EINVAL; RDMA_MAX_RESP_RES / RDMA_MAX_INIT_DEPTH (0xFF)
-        leave the choice to the device: its limits when connecting, and when
-        accepting what the REQ asked for, within the device's limits (set on
-        the ID when the REQ arrived)."""
+        leave the choice to the device: its limits when ``connecting``, else
+        the ID's own -- when accepting, what the REQ asked for within the
+        device's limits (set on the ID when the REQ arrived)."""
         out = dict(param)
         for key, limit, default, passive in (
             ("responder_resources", MAX_RESPONDER, RDMA_MAX_RESP_RES, cid.responder_resources),
@@ -635,7 +636,7 @@ class CmAgent:
         ):  # fmt: skip
             value = int(param.get(key, default))
             if value == default:
-                value = limit if what == "connect" else passive
+                value = limit if connecting else passive
             elif value > limit:
                 raise cm_error(f"{what}: {key} {value} exceeds the device's {limit}",
                                errno.EINVAL)  # fmt: skip
