@@ -21,7 +21,7 @@ import sys
 import traceback
 from typing import Any
 
-from softverbs.cm import CMID, AddrInfo, CMEvent, CMEventChannel, ConnParam, UDParam
+from softverbs.cm.api import CMID, AddrInfo, CMEvent, CMEventChannel, ConnParam, UDParam
 from softverbs.enums import (
     IBV_ACCESS_LOCAL_WRITE,
     IBV_ACCESS_REMOTE_READ,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import sys
 
-from softverbs.cm import CMID, AddrInfo, CMEvent, CMEventChannel, ConnParam, UDParam
+from softverbs.cm.api import CMID, AddrInfo, CMEvent, CMEventChannel, ConnParam, UDParam
 from softverbs.enums import (
     IBV_QPT_RC,
     IBV_QPT_UD,

@@ -26,8 +26,9 @@ from cm_kit import (
     qp_init,
 )
 
-from softverbs.cm import CMID, AddrInfo, CMEvent, CMEventChannel, ConnParam, UDParam, mad
+from softverbs.cm import mad
 from softverbs.cm.agent import RDMA_UDP_QKEY
+from softverbs.cm.api import CMID, AddrInfo, CMEvent, CMEventChannel, ConnParam, UDParam
 from softverbs.cm.gsi import GsiQP
 from softverbs.cm.states import CM_TRANSITIONS, RDMA_TRANSITIONS, CmState
 from softverbs.enums import (
@@ -480,3 +481,70 @@ def test_docs_state_tables_are_generated_from_the_code() -> None:
     assert m.group(1) == cm_table_markdown(), (
         "docs/cm.md is stale: regenerate it with softverbs.cm.states.cm_table_markdown()"
     )
+
+
+# --- the responder resources and initiator depth: the agent decides them -------------------
+
+MAX_RD = 128  # the device's max_qp_rd_atom and max_qp_init_rd_atom
+
+
+def _rd(cid: CMID) -> tuple[int, int]:
+    attr, _ = cid.query_qp(0)
+    return attr.max_dest_rd_atomic, attr.max_rd_atomic
+
+
+def test_device_defaults_when_both_sides_leave_the_choice(sim: Simulation) -> None:
+    """0xFF (RDMA_MAX_RESP_RES / RDMA_MAX_INIT_DEPTH) on connect: the device's
+    limits; on accept: what the REQ asked for, within the device's limits."""
+    p = connect_pair(7591, param=ConnParam(resources=0xFF, depth=0xFF),
+                     accept_param=ConnParam(resources=0xFF, depth=0xFF))  # fmt: skip
+    assert (p["req"].param["responder_resources"], p["req"].param["initiator_depth"]) == (
+        MAX_RD, MAX_RD)
+    assert _rd(p["child"]) == (MAX_RD, MAX_RD)
+    assert _rd(p["act"]) == (MAX_RD, MAX_RD)
+
+
+def test_accepted_values_reach_both_qps_crosswise(sim: Simulation) -> None:
+    """rdma_accept's values go to its QP (passed with init_qp_attr, before the
+    REP) and, through the REP, to the active side's QP crosswise."""
+    p = connect_pair(7592, param=ConnParam(resources=6, depth=5),
+                     accept_param=ConnParam(resources=3, depth=2))  # fmt: skip
+    # an event's parameters are the receiver's view, crosswise (as the kernel's)
+    assert (p["req"].param["responder_resources"], p["req"].param["initiator_depth"]) == (5, 6)
+    assert _rd(p["child"]) == (3, 2)  # max_dest_rd_atomic = its resources, max_rd_atomic = depth
+    assert (p["est"].param["responder_resources"], p["est"].param["initiator_depth"]) == (2, 3)
+    assert _rd(p["act"]) == (2, 3)
+
+
+def test_accept_defaults_follow_the_request(sim: Simulation) -> None:
+    p = connect_pair(7593, param=ConnParam(resources=6, depth=5),
+                     accept_param=ConnParam(resources=0xFF, depth=0xFF))  # fmt: skip
+    # the passive side serves the active's depth and sends up to its resources
+    assert _rd(p["child"]) == (5, 6)
+    assert _rd(p["act"]) == (6, 5)
+
+
+@pytest.mark.parametrize("field", ["resources", "depth"])
+def test_values_above_the_device_are_refused_by_the_agent(sim: Simulation, field: str) -> None:
+    _pch, _lst = listener(7594)
+    _ach, act = active(7594)
+    with pytest.raises(PyverbsRDMAError) as info:
+        act.connect(ConnParam(**{field: MAX_RD + 1}))
+    assert info.value.error_code == errno.EINVAL
+    name = "responder_resources" if field == "resources" else "initiator_depth"
+    assert f"{name} {MAX_RD + 1} exceeds the device's {MAX_RD}" in str(info.value)
+
+
+def test_accept_above_the_device_is_refused_before_the_rep(sim: Simulation) -> None:
+    pch, lst = listener(7595)
+    _ach, act = active(7595)
+    act.connect(ConnParam())
+    req = expect(pch, RDMA_CM_EVENT_CONNECT_REQUEST)
+    child = CMID(creator=req, listen_id=lst)
+    req.ack_cm_event()
+    child.create_qp(qp_init(RDMA_PS_TCP))
+    with pytest.raises(PyverbsRDMAError) as info:
+        child.accept(ConnParam(resources=MAX_RD + 1))
+    assert info.value.error_code == errno.EINVAL
+    assert child.qp.qp_state == IBV_QPS_INIT  # nothing moved; no REP went out
+    assert fabric_counters(sim)["cm_tx_rep"] == 0

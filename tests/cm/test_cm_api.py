@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from softverbs.cm import CMID, AddrInfo, CMEvent, CMEventChannel, ConnParam, UDParam
+from softverbs.cm.api import CMID, AddrInfo, CMEvent, CMEventChannel, ConnParam, UDParam
 from softverbs.enums import (
     IBV_QPS_RTS,
     IBV_QPT_RC,
@@ -201,7 +201,7 @@ def _bad_requests() -> list[tuple[Any, Any, int]]:
         (ops.CM_ACCEPT, records.CmConnect(wire.conn_record({}), 1, 0), errno.EINVAL),
         (ops.CM_ESTABLISH, records.Handle(1, 0), errno.EINVAL),
         (ops.CM_REJECT, records.CmConnect(wire.conn_record({}), 1, 0), errno.EINVAL),
-        (ops.CM_INIT_QP_ATTR, records.CmQpState(1, 1), errno.EINVAL),
+        (ops.CM_INIT_QP_ATTR, records.CmQpState(1, 1, 0xFF, 0xFF, 0, 0), errno.EINVAL),
         (ops.CM_SET_OPTION, records.CmOption(1, 1, 0, 99, 4), errno.ENOSYS),
         (ops.CM_JOIN_MCAST, records.CmMcast(none, 1, 0), errno.EINVAL),
         (ops.CM_LEAVE_MCAST, records.CmMcast(addr, 1, 0), errno.EADDRNOTAVAIL),

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 import pytest
 from cm_kit import A, B, expect, listener, qp_init
 
-from softverbs.cm import CMID, AddrInfo, CMEventChannel, JoinMCAttrEx, UDParam
 from softverbs.cm.agent import RDMA_UDP_QKEY
+from softverbs.cm.api import CMID, AddrInfo, CMEventChannel, JoinMCAttrEx, UDParam
 from softverbs.enums import (
     RDMA_CM_EVENT_ADDR_RESOLVED,
     RDMA_CM_EVENT_MULTICAST_JOIN,

@@ -22,8 +22,8 @@ from collections.abc import Iterator
 import pytest
 from cm_kit import A, B, active, expect, qp_init
 
-from softverbs.cm import CMID, AddrInfo, CMEventChannel, ConnParam
 from softverbs.cm.agent import bindv6only
+from softverbs.cm.api import CMID, AddrInfo, CMEventChannel, ConnParam
 from softverbs.enums import (
     RAI_PASSIVE,
     RDMA_CM_EVENT_CONNECT_REQUEST,

@@ -6,7 +6,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from softverbs.cm import CMID, AddrInfo, CMEvent, CMEventChannel, ConnParam
+from softverbs.cm.api import CMID, AddrInfo, CMEvent, CMEventChannel, ConnParam
 from softverbs.cm.mad import GSI_QPN
 from softverbs.enums import (
     IBV_QPT_RC,

@@ -20,24 +20,9 @@ The kernel splits RDMA CM in two, and softverbs does too:
   the two: direct calls, or messages on the service socket.
 
 ``pyverbs.cmid`` (under ``softverbs exec``) is :mod:`.api`.
+
+The package itself imports nothing: :mod:`.agent` and the modules below it
+are the device half, which must not depend on the user half (:mod:`.api`,
+:mod:`.kernel`) above them; a facade here would make every
+``from softverbs.cm import mad`` in the agent import the user half too.
 """
-
-from softverbs.cm.api import (
-    CMID,
-    AddrInfo,
-    CMEvent,
-    CMEventChannel,
-    ConnParam,
-    JoinMCAttrEx,
-    UDParam,
-)
-
-__all__ = [
-    "CMID",
-    "AddrInfo",
-    "CMEvent",
-    "CMEventChannel",
-    "ConnParam",
-    "JoinMCAttrEx",
-    "UDParam",
-]

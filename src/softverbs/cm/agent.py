@@ -56,6 +56,10 @@ from softverbs.cm.gsi import GsiQP
 from softverbs.cm.ibcm import IbCm
 from softverbs.cm.ids import (
     IBOE_PACKET_LIFETIME,
+    MAX_INITIATOR,
+    MAX_RESPONDER,
+    RDMA_MAX_INIT_DEPTH,
+    RDMA_MAX_RESP_RES,
     RDMA_UDP_QKEY,
     Addr,
     CmId,
@@ -430,6 +434,8 @@ class CmAgent:
     def connect(self, handle: int, param: dict[str, Any], owner: object = None) -> None:
         with self.lock:
             cid = self._get(handle, owner)
+            if cid.qp_type != IBV_QPT_UD:
+                param = self.rd_atomic(cid, param, "connect", connecting=True)
             self.move(cid, "connect")
             try:
                 if cid.qp_type == IBV_QPT_UD:
@@ -456,7 +462,7 @@ class CmAgent:
             if cid.cm == C.SIDR_REQ_RCVD:
                 self.ib.send_sidr_rep(cid, mad.SIDR_SUCCESS, param)
             elif cid.cm in (C.REQ_RCVD, C.MRA_REQ_SENT):
-                self.ib.send_rep(cid, param)
+                self.ib.send_rep(cid, self.rd_atomic(cid, param, "accept"))
             else:
                 raise cm_error(f"accept: the connection is in state {cid.cm.name}", errno.EINVAL)
         self.ib.flush()
@@ -612,16 +618,52 @@ class CmAgent:
                 cid.afonly = bool(value)
                 cid.afonly_set = True
 
+    # --- connection parameters and QP attributes --------------------------------------------
+    @staticmethod
+    def rd_atomic(cid: CmId, param: dict[str, Any], what: str,
+                  connecting: bool = False) -> dict[str, Any]:  # fmt: skip
+        """``param`` with its responder resources and initiator depth decided:
+        what librdmacm's ``ucma_valid_param``, ``rdma_connect`` and
+        ``rdma_accept`` decide, here once for both user halves.  A value above
+        the device's is EINVAL; RDMA_MAX_RESP_RES / RDMA_MAX_INIT_DEPTH (0xFF)
+        leave the choice to the device: its limits when ``connecting``, else
+        the ID's own -- when accepting, what the REQ asked for within the
+        device's limits (set on the ID when the REQ arrived)."""
+        out = dict(param)
+        for key, limit, default, passive in (
+            ("responder_resources", MAX_RESPONDER, RDMA_MAX_RESP_RES, cid.responder_resources),
+            ("initiator_depth", MAX_INITIATOR, RDMA_MAX_INIT_DEPTH, cid.initiator_depth),
+        ):  # fmt: skip
+            value = int(param.get(key, default))
+            if value == default:
+                value = limit if connecting else passive
+            elif value > limit:
+                raise cm_error(f"{what}: {key} {value} exceeds the device's {limit}",
+                               errno.EINVAL)  # fmt: skip
+            out[key] = value
+        return out
+
     def init_qp_attr(self, handle: int, qp_state: int,
+                     responder_resources: int = RDMA_MAX_RESP_RES,
+                     initiator_depth: int = RDMA_MAX_INIT_DEPTH,
                      owner: object = None) -> dict[str, Any]:  # fmt: skip
-        """``rdma_init_qp_attr``: the attributes and mask for ``qp_state``."""
+        """``rdma_init_qp_attr``: the attributes and mask for ``qp_state``.
+        ``rdma_accept`` moves its QP before the REP carries its parameters,
+        so it passes them here (as librdmacm overrides the kernel's answer
+        with them); 0xFF is the ID's own."""
         with self.lock:
             cid = self._get(handle, owner)
             if cid.dev is None:
                 raise cm_error("init_qp_attr: the CM ID has no device yet", errno.EINVAL)
-            return self._qp_attr(cid, qp_state)
+            if cid.qp_type == IBV_QPT_UD:
+                return self._qp_attr(cid, qp_state, 0, 0)
+            asked = {"responder_resources": responder_resources,
+                     "initiator_depth": initiator_depth}  # fmt: skip
+            p = self.rd_atomic(cid, asked, "init_qp_attr")
+            return self._qp_attr(cid, qp_state, p["responder_resources"], p["initiator_depth"])
 
-    def _qp_attr(self, cid: CmId, qp_state: int) -> dict[str, Any]:
+    def _qp_attr(self, cid: CmId, qp_state: int, resources: int,
+                 depth: int) -> dict[str, Any]:  # fmt: skip
         attr: dict[str, Any] = {"qp_state": qp_state, "port_num": 1, "pkey_index": 0}
         if cid.qp_type == IBV_QPT_UD:
             if qp_state == IBV_QPS_INIT:
@@ -641,7 +683,7 @@ class CmAgent:
             access = 0
             if connected:
                 access = IBV_ACCESS_REMOTE_WRITE
-                if cid.responder_resources:
+                if resources:
                     access |= IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC
             attr["qp_access_flags"] = int(access)
             mask = IBV_QP_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX | IBV_QP_PORT
@@ -654,13 +696,13 @@ class CmAgent:
                              "flow_label": p.flow_label, "hop_limit": p.hop_limit,
                              "traffic_class": p.tclass, "port_num": 1, "is_global": 1},
                     path_mtu=p.mtu, dest_qp_num=cid.remote_qpn, rq_psn=cid.seq_num,
-                    max_dest_rd_atomic=cid.responder_resources, min_rnr_timer=0,
+                    max_dest_rd_atomic=resources, min_rnr_timer=0,
                 )  # fmt: skip
                 mask = (IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN
                         | IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER)
             else:
                 attr.update(sq_psn=cid.sq_psn, retry_cnt=cid.retry_count,
-                            rnr_retry=cid.rnr_retry_count, max_rd_atomic=cid.initiator_depth,
+                            rnr_retry=cid.rnr_retry_count, max_rd_atomic=depth,
                             timeout=cid.timeout_opt if cid.timeout_set else cid.av_timeout)
                 mask = (IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY
                         | IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_TIMEOUT)  # fmt: skip

@@ -11,6 +11,9 @@ them this module does what librdmacm does in user space:
   Its state changes are made here, with the attributes the agent computes
   (``rdma_init_qp_attr``): INIT when it is created, RTR and RTS on accept or
   when the REP arrives, ERR on reject and disconnect -- as librdmacm does.
+  This module computes no attribute and no default: the agent also decides
+  the responder resources and initiator depth (0xFF: the device's choice),
+  and ``accept`` passes its values with ``init_qp_attr`` (docs/cm.md).
 * ``rdma_get_cm_event`` post-processing: a CONNECT_REQUEST creates the new
   CM ID; a CONNECT_RESPONSE on an ID with a QP moves the QP to RTS, sends
   the RTU and becomes ESTABLISHED (an ID without a QP reports it, and
@@ -93,12 +96,10 @@ from softverbs.enums import (
 from softverbs.errors import PyverbsError, PyverbsRDMAError, PyverbsUserError, einval
 from softverbs.verbs.base import PyverbsCM, PyverbsObject
 
+#: rdma_cma.h: "the device decides" (the agent does: docs/cm.md)
 RDMA_MAX_RESP_RES = 0xFF
 RDMA_MAX_INIT_DEPTH = 0xFF
 RDMA_UDP_QKEY = 0x01234567
-#: conn/ud event fields, as ``struct rdma_conn_param`` names them
-_CONN_FIELDS = ("responder_resources", "initiator_depth", "flow_control", "retry_count",
-                "rnr_retry_count", "srq", "qp_num")  # fmt: skip
 
 
 def _kernel() -> Kernel:
@@ -252,6 +253,24 @@ class UDParam(PyverbsObject):
         return _ah_attr(self._ah)
 
 
+def _qp_attr_of(got: dict[str, Any]) -> tuple[Any, int]:
+    """The agent's answer to ``init_qp_attr`` as (QPAttr, mask)."""
+    from softverbs.verbs.addr import GID, AHAttr, GlobalRoute
+    from softverbs.verbs.qp import QPAttr
+
+    attr = QPAttr()
+    for key, value in got["attr"].items():
+        if key == "ah_attr":
+            gr = GlobalRoute(dgid=GID.from_raw(bytes.fromhex(value["dgid"])),
+                             flow_label=value["flow_label"], sgid_index=value["sgid_index"],
+                             hop_limit=value["hop_limit"],
+                             traffic_class=value["traffic_class"])  # fmt: skip
+            attr.ah_attr = AHAttr(is_global=1, port_num=value["port_num"], gr=gr)
+        else:
+            setattr(attr, key, value)
+    return attr, int(got["mask"])
+
+
 def _ah_attr(d: dict[str, Any]) -> Any:
     from softverbs.verbs.addr import GID, AHAttr, GlobalRoute
 
@@ -386,14 +405,10 @@ class _Id:
         self.own_cqs: list[Any] = []
         self.qp_init_attr: Any = None
         self.event: CMEvent | None = None
-        self.responder_resources = RDMA_MAX_RESP_RES
-        self.initiator_depth = RDMA_MAX_INIT_DEPTH
         self.remote_ece = (0, 0)
         self.local_ece = (0, 0)
         self.connect_error = False
         self.destroyed = False
-        self.max_responder = 128  #: the device's limits, known once the ID has one
-        self.max_initiator = 128
         #: librdmacm's ``cma_multicast`` list: the groups joined, in join order
         self.mcast: list[_Mcast] = []
         channel._attach(self)
@@ -422,9 +437,6 @@ class _Id:
         self.ctx = ctx
         if self.pd is None:
             self.pd = pd
-        ca = ctx.query_device()
-        self.max_responder = int(ca.max_qp_rd_atom)
-        self.max_initiator = int(ca.max_qp_init_rd_atom)
 
     def query(self) -> None:
         self.attach_device(self.call("query", "Failed to query the CM ID"))
@@ -446,37 +458,24 @@ class _Id:
             raise PyverbsRDMAError(f"{ev.event_str()} (status {ev.status})", code)
 
     # --- the QP -----------------------------------------------------------------------
-    def modify(self, state: int, override: dict[str, int] | None = None) -> None:
-        from softverbs.verbs.addr import GID, AHAttr, GlobalRoute
-        from softverbs.verbs.qp import QPAttr
+    def qp_attr(self, state: int, param: ConnParam | None = None) -> tuple[Any, int]:
+        """The agent's attributes and mask for ``state`` (``rdma_init_qp_attr``);
+        ``rdma_accept`` passes its parameters, which the agent decides on."""
+        return _qp_attr_of(self.call(
+            "init_qp_attr", "Failed to get QP attributes", qp_state=int(state),
+            responder_resources=param.responder_resources if param else RDMA_MAX_RESP_RES,
+            initiator_depth=param.initiator_depth if param else RDMA_MAX_INIT_DEPTH))
 
-        got = self.call("init_qp_attr", "Failed to get QP attributes", qp_state=state)
-        d = dict(got["attr"])
-        d.update(override or {})
-        attr = QPAttr(qp_state=state)
-        for key, value in d.items():
-            if key == "ah_attr":
-                gr = GlobalRoute(dgid=GID.from_raw(bytes.fromhex(value["dgid"])),
-                                 flow_label=value["flow_label"],
-                                 sgid_index=value["sgid_index"], hop_limit=value["hop_limit"],
-                                 traffic_class=value["traffic_class"])  # fmt: skip
-                attr.ah_attr = AHAttr(is_global=1, port_num=value["port_num"], gr=gr)
-            else:
-                setattr(attr, key, value)
-        self.qp.modify(attr, int(got["mask"]))
+    def modify(self, state: int, param: ConnParam | None = None) -> None:
+        self.qp.modify(*self.qp_attr(state, param))
 
-    def modify_rtr(self, resp_res: int) -> None:
+    def modify_rtr_rts(self, param: ConnParam | None = None) -> None:
+        """``ucma_modify_qp_rtr`` and ``ucma_modify_qp_rts``: INIT again (the
+        access rights are known only now), RTR, RTS."""
         if self.qp is None:
             return
-        self.modify(IBV_QPS_INIT)  # the access rights are known only now (INIT -> INIT)
-        over = {} if resp_res == RDMA_MAX_RESP_RES else {"max_dest_rd_atomic": resp_res}
-        self.modify(IBV_QPS_RTR, over)
-
-    def modify_rts(self, init_depth: int) -> None:
-        if self.qp is None:
-            return
-        over = {} if init_depth == RDMA_MAX_INIT_DEPTH else {"max_rd_atomic": init_depth}
-        self.modify(IBV_QPS_RTS, over)
+        for state in (IBV_QPS_INIT, IBV_QPS_RTR, IBV_QPS_RTS):
+            self.modify(state, param)
 
     def modify_err(self) -> None:
         from softverbs.verbs.qp import QPAttr
@@ -485,34 +484,22 @@ class _Id:
             with contextlib.suppress(PyverbsError):
                 self.qp.modify(QPAttr(qp_state=IBV_QPS_ERR), IBV_QP_STATE)
 
-    def conn_to_kernel(self, param: ConnParam | None, qp_num: int) -> dict[str, Any]:
-        """``ucma_copy_conn_param_to_kern``."""
-        out: dict[str, Any] = {"qp_num": qp_num, "responder_resources": self.responder_resources,
-                               "initiator_depth": self.initiator_depth}  # fmt: skip
-        if param is not None:
-            out.update(flow_control=param.flow_control, retry_count=param.retry_count,
-                       rnr_retry_count=param.rnr_retry_count, srq=param.srq,
-                       private_data=param.private_data.hex())  # fmt: skip
-        else:
-            out.update(retry_count=7, rnr_retry_count=7)
-        return out
-
-    def valid_param(self, param: ConnParam | None, what: str) -> None:
-        """``ucma_valid_param``."""
-        if self.ps != RDMA_PS_TCP:
-            return
-        if self.qp is None and param is None:
+    def conn_to_kernel(self, param: ConnParam | None, what: str) -> dict[str, Any]:
+        """``ucma_copy_conn_param_to_kern``: the parameters as given (the agent
+        decides the responder resources and initiator depth, 0xFF its
+        default), the QP number the ID's QP's.  A CM ID without a QP needs a
+        ConnParam naming one (``ucma_valid_param``)."""
+        if self.qp is None and param is None and self.ps == RDMA_PS_TCP:
             raise PyverbsRDMAError(f"{what}: a CM ID without a QP needs a ConnParam "
                                    "(with qp_num)", errno.EINVAL)  # fmt: skip
+        qp_num = self.qp.qp_num if self.qp is not None else (param.qp_num if param else 0)
         if param is None:
-            return
-        mr, mi = self.max_responder, self.max_initiator
-        if param.responder_resources != RDMA_MAX_RESP_RES and param.responder_resources > mr:
-            raise PyverbsRDMAError(f"{what}: responder resources {param.responder_resources} "
-                                   f"exceed the device's {mr}", errno.EINVAL)  # fmt: skip
-        if param.initiator_depth != RDMA_MAX_INIT_DEPTH and param.initiator_depth > mi:
-            raise PyverbsRDMAError(f"{what}: initiator depth {param.initiator_depth} exceeds "
-                                   f"the device's {mi}", errno.EINVAL)  # fmt: skip
+            return {"qp_num": qp_num, "responder_resources": RDMA_MAX_RESP_RES,
+                    "initiator_depth": RDMA_MAX_INIT_DEPTH, "retry_count": 7,
+                    "rnr_retry_count": 7}  # fmt: skip
+        out = param.to_kernel()
+        out["qp_num"] = qp_num
+        return out
 
     def create_qp(self, pd: Any, init: Any) -> None:
         """``rdma_create_qp``: CQs (with completion channels) if none are given,
@@ -658,16 +645,12 @@ class CMEventChannel(PyverbsCM):
         CMEvent._setup(ev, etype, int(raw.get("status", 0)), idr, raw)
         if etype == RDMA_CM_EVENT_CONNECT_REQUEST:
             child = self._new_child(idr, raw["child"])
-            conn = ev._conn or {}
-            child.responder_resources = int(conn.get("responder_resources", RDMA_MAX_RESP_RES))
-            child.initiator_depth = int(conn.get("initiator_depth", RDMA_MAX_INIT_DEPTH))
             ev._id = child
             ev._listen = idr
         elif etype == RDMA_CM_EVENT_CONNECT_RESPONSE:
             if idr.qp is not None:
                 try:
-                    idr.modify_rtr(RDMA_MAX_RESP_RES)
-                    idr.modify_rts(RDMA_MAX_INIT_DEPTH)
+                    idr.modify_rtr_rts()
                     idr.call("establish", "Failed to complete the connection")
                     ev._event_type = RDMA_CM_EVENT_ESTABLISHED
                 except PyverbsRDMAError as exc:
@@ -722,7 +705,7 @@ class CMEventChannel(PyverbsCM):
         listener's children get channels of their own)."""
         channel = CMEventChannel() if listen.sync else self
         child = _Id(self.kernel, int(info["handle"]), channel, listen.sync, listen.ps,
-                    int(info.get("qp_type") or listen.qp_type))  # fmt: skip
+                    int(info["qp_type"]))  # the agent's: RC for a REQ, UD for a SIDR_REQ
         child.attach_device(info)
         if listen.pd is not None and child.pd is not listen.pd and child.ctx is listen.ctx:
             child.pd = listen.pd
@@ -1021,15 +1004,7 @@ class CMID(PyverbsCM):
         what = "Failed to Connect"
         if param is not None and not isinstance(param, ConnParam):
             raise PyverbsUserError(f"param must be a ConnParam, got {type(param).__name__}")
-        idr.valid_param(param, what)
-        dev_mr, dev_mi = idr.max_responder, idr.max_initiator
-        idr.initiator_depth = (param.initiator_depth if param is not None
-                               and param.initiator_depth != RDMA_MAX_INIT_DEPTH else dev_mi)
-        idr.responder_resources = (param.responder_resources if param is not None
-                                   and param.responder_resources != RDMA_MAX_RESP_RES
-                                   else dev_mr)  # fmt: skip
-        qp_num = idr.qp.qp_num if idr.qp is not None else (param.qp_num if param else 0)
-        idr.call("connect", what, param=idr.conn_to_kernel(param, qp_num))
+        idr.call("connect", what, param=idr.conn_to_kernel(param, what))
         idr.complete()
 
     def accept(self, param: ConnParam | None = None) -> None:
@@ -1038,24 +1013,14 @@ class CMID(PyverbsCM):
         what = "Failed to Accept Connection"
         if param is not None and not isinstance(param, ConnParam):
             raise PyverbsUserError(f"param must be a ConnParam, got {type(param).__name__}")
+        kparam = idr.conn_to_kernel(param, what)
         if idr.qp_type != IBV_QPT_UD:
-            idr.valid_param(param, what)
-            if param is not None and param.initiator_depth != RDMA_MAX_INIT_DEPTH:
-                idr.initiator_depth = param.initiator_depth
-            else:
-                idr.initiator_depth = min(idr.initiator_depth, idr.max_initiator)
-            if param is not None and param.responder_resources != RDMA_MAX_RESP_RES:
-                idr.responder_resources = param.responder_resources
-            else:
-                idr.responder_resources = min(idr.responder_resources, idr.max_responder)
             try:
-                idr.modify_rtr(idr.responder_resources)
-                idr.modify_rts(idr.initiator_depth)
+                idr.modify_rtr_rts(param)
             except PyverbsRDMAError as exc:
                 raise _fail(what, exc) from None
-        qp_num = idr.qp.qp_num if idr.qp is not None else (param.qp_num if param else 0)
         try:  # UD: the agent gives the SIDR_REP the ID's Q_Key (RDMA_UDP_QKEY)
-            idr.call("accept", what, param=idr.conn_to_kernel(param, qp_num))
+            idr.call("accept", what, param=kparam)
         except PyverbsRDMAError:
             idr.modify_err()
             raise
@@ -1193,22 +1158,7 @@ class CMID(PyverbsCM):
 
     def init_qp_attr(self, qp_state: int) -> tuple[Any, int]:
         """``rdma_init_qp_attr``: (QPAttr, mask) for moving an external QP."""
-        from softverbs.verbs.addr import GID, AHAttr, GlobalRoute
-        from softverbs.verbs.qp import QPAttr
-
-        got = self._idr().call("init_qp_attr", "Failed to get QP attributes",
-                               qp_state=int(qp_state))  # fmt: skip
-        attr = QPAttr(qp_state=qp_state)
-        for key, value in got["attr"].items():
-            if key == "ah_attr":
-                gr = GlobalRoute(dgid=GID.from_raw(bytes.fromhex(value["dgid"])),
-                                 flow_label=value["flow_label"],
-                                 sgid_index=value["sgid_index"], hop_limit=value["hop_limit"],
-                                 traffic_class=value["traffic_class"])  # fmt: skip
-                attr.ah_attr = AHAttr(is_global=1, port_num=value["port_num"], gr=gr)
-            else:
-                setattr(attr, key, value)
-        return attr, int(got["mask"])
+        return self._idr().qp_attr(qp_state)
 
     # --- memory -------------------------------------------------------------------------
     def _reg(self, size: int, access: int) -> Any:

@@ -29,6 +29,8 @@ from softverbs.cm.ids import (
     CM_RESPONSE_TIMEOUT,
     LOCAL_CA_ACK_DELAY,
     MAX_CM_RETRIES,
+    MAX_INITIATOR,
+    MAX_RESPONDER,
     MRA_SERVICE_TIMEOUT,
     RDMA_UDP_QKEY,
     CmId,
@@ -411,8 +413,9 @@ class IbCm:
         child.remote_qpn = req.local_qpn
         child.sq_psn = req.starting_psn
         child.seq_num = self.rng.randrange(1 << 24)
-        child.responder_resources = req.initiator_depth
-        child.initiator_depth = req.responder_resources
+        # what rdma_accept takes by default: the REQ's, within the device's limits
+        child.responder_resources = min(req.initiator_depth, MAX_RESPONDER)
+        child.initiator_depth = min(req.responder_resources, MAX_INITIATOR)
         child.retry_count = req.retry_count
         child.rnr_retry_count = req.rnr_retry_count
         child.flow_control = req.end_to_end_flow_control

@@ -17,6 +17,7 @@ from typing import Any
 from softverbs.cm import mad
 from softverbs.cm.gsi import GsiQP
 from softverbs.cm.states import CmState, RdmaState
+from softverbs.device.core import LIMITS
 from softverbs.engine.rings import Route
 from softverbs.enums import bytes_to_mtu
 
@@ -34,6 +35,14 @@ LOCAL_CA_ACK_DELAY = 15
 Addr = tuple[bytes, int]  #: (packed IP, port)
 Sink = Callable[[dict[str, Any]], None]
 
+
+#: rdma_conn_param's "the device decides" values (rdma_cma.h)
+RDMA_MAX_RESP_RES = 0xFF
+RDMA_MAX_INIT_DEPTH = 0xFF
+#: what a device offers: responder resources (RDMA READ/atomic requests a QP
+#: serves at once) and initiator depth (the ones it keeps outstanding)
+MAX_RESPONDER = LIMITS["max_qp_rd_atom"]
+MAX_INITIATOR = LIMITS["max_qp_init_rd_atom"]
 
 @dataclass
 class Path:

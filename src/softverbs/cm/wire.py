@@ -312,8 +312,12 @@ COMMANDS: dict[str, Command] = {
     "disconnect": Command(ops.CM_DISCONNECT, A.disconnect, _handle, _of_handle),
     "init_qp_attr": Command(
         ops.CM_INIT_QP_ATTR, A.init_qp_attr,
-        lambda kw: records.CmQpState(int(kw["handle"]), int(kw["qp_state"])),
-        lambda r: {"handle": r.handle, "qp_state": r.qp_state}, qp_attr_record, qp_attr_dict),
+        lambda kw: records.CmQpState(int(kw["handle"]), int(kw["qp_state"]),
+                                     int(kw.get("responder_resources", 0xFF)),
+                                     int(kw.get("initiator_depth", 0xFF)), 0, 0),
+        lambda r: {"handle": r.handle, "qp_state": r.qp_state,
+                   "responder_resources": r.responder_resources,
+                   "initiator_depth": r.initiator_depth}, qp_attr_record, qp_attr_dict),
     "set_option": Command(
         ops.CM_SET_OPTION, A.set_option,
         lambda kw: records.CmOption(int(kw["value"]), int(kw["handle"]), int(kw["level"]),

@@ -270,7 +270,9 @@ CM_REJECT = Op(63, "CM_REJECT", CmConnect, Empty,
                "with param's private data")  # fmt: skip
 CM_DISCONNECT = Op(64, "CM_DISCONNECT", Handle, Empty,
                    doc="rdma_disconnect: a DREQ, or the DREP to the peer's")  # fmt: skip
-CM_INIT_QP_ATTR = Op(65, "CM_INIT_QP_ATTR", CmQpState, CmQpAttr, doc="rdma_init_qp_attr")
+CM_INIT_QP_ATTR = Op(65, "CM_INIT_QP_ATTR", CmQpState, CmQpAttr,
+                     doc="rdma_init_qp_attr: the attributes and mask that move the ID's QP "
+                         "to `qp_state`, computed by the agent alone")
 CM_SET_OPTION = Op(66, "CM_SET_OPTION", CmOption, Empty,
                    doc="rdma_set_option at level RDMA_OPTION_ID; `length` is the caller's "
                    "optlen, checked as the kernel's ucma does")  # fmt: skip

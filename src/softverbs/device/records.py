@@ -810,8 +810,20 @@ class CmConnect(Record):
 
 
 class CmQpState(Record):
+    """``rdma_init_qp_attr``'s question: the attributes to move the ID's QP to
+    ``qp_state``.  ``rdma_accept`` moves its QP before its REP carries the
+    accepted connection parameters, so it passes them here too."""
+
+    DOCS = {"responder_resources": "rdma_accept's value (max_dest_rd_atomic at RTR); "
+                                   "0xFF (RDMA_MAX_RESP_RES): the ID's own",
+            "initiator_depth": "rdma_accept's value (max_rd_atomic at RTS); "
+                               "0xFF (RDMA_MAX_INIT_DEPTH): the ID's own"}  # fmt: skip
     handle: U32
     qp_state: U32
+    responder_resources: U8
+    initiator_depth: U8
+    reserved0: U16
+    reserved: U32
 
 
 class CmQpAttr(Record):

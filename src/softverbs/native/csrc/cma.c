@@ -13,7 +13,10 @@
  *  - the QP of an ID is moved through its states with the attributes the
  *    agent computes (rdma_init_qp_attr): INIT when created (RTS for UD),
  *    RTR and RTS on accept or when the REP arrives, ERR on reject and
- *    disconnect;
+ *    disconnect; this file computes no attribute and no default -- the agent
+ *    also decides responder_resources/initiator_depth (RDMA_MAX_RESP_RES:
+ *    the device's choice), rdma_accept passing its values with
+ *    CM_INIT_QP_ATTR (docs/cm.md);
  *  - a CONNECT_RESPONSE on an ID with a QP sends the RTU and is reported as
  *    ESTABLISHED;
  *  - IDs without a channel (rdma_create_ep) are synchronous: each call waits
@@ -58,7 +61,6 @@ struct cma_device {
 	struct ibv_context *verbs;
 	struct ibv_pd *pd;		/* the default PD: every ID's id->pd until it has a QP */
 	struct ibv_xrcd *xrcd;		/* the default XRC domain (XRC_RECV IDs) */
-	uint8_t max_responder, max_initiator;
 };
 
 /* librdmacm's cma_multicast: one group an ID joined. */
@@ -78,7 +80,6 @@ struct cma_id {
 	uint32_t handle;
 	int sync;			/* rdma_create_ep's: calls wait for their event */
 	int connect_error;		/* the REP could not be completed: hide what follows */
-	uint8_t responder_resources, initiator_depth;
 	struct cma_device *dev;
 	struct ibv_qp_init_attr *qp_init;	/* rdma_create_ep's passive IDs: for get_request */
 	struct ibv_sa_path_rec path;
@@ -182,17 +183,11 @@ static struct cma_device *device_named(const char *name)
 			if (strcmp(ibv_get_device_name(list[i]), name))
 				continue;
 			struct ibv_context *verbs = ibv_open_device(list[i]);
-			struct ibv_device_attr attr;
-			if (!verbs || ibv_query_device(verbs, &attr)) {
-				if (verbs)
-					ibv_close_device(verbs);
+			if (!verbs)
 				break;
-			}
 			d = &devices[ndevices++];
 			snprintf(d->name, sizeof(d->name), "%s", name);
 			d->verbs = verbs;
-			d->max_responder = (uint8_t)attr.max_qp_rd_atom;
-			d->max_initiator = (uint8_t)attr.max_qp_init_rd_atom;
 		}
 		if (list)
 			ibv_free_device_list(list);
@@ -254,10 +249,6 @@ static void attach(struct cma_id *c, const struct sv_cm_id_info *info)
 			c->id.port_num = 1;
 			if (!c->id.pd)	/* as ucma_get_device: the device's own PD */
 				c->id.pd = default_pd(c->dev);
-			if (!c->responder_resources)
-				c->responder_resources = c->dev->max_responder;
-			if (!c->initiator_depth)
-				c->initiator_depth = c->dev->max_initiator;
 		}
 	}
 	struct sockaddr_storage a;
@@ -488,11 +479,16 @@ static void ah_attr_of(const struct sv_address_vector *ah, struct ibv_ah_attr *o
 	out->grh.traffic_class = (uint8_t)ah->traffic_class;
 }
 
-/* The agent's attributes for ``state`` into attr/mask (rdma_init_qp_attr). */
-static int qp_attr(struct cma_id *c, enum ibv_qp_state state, struct ibv_qp_attr *attr,
-		   int *mask)
+/* The agent's attributes for ``state`` into attr/mask (rdma_init_qp_attr).
+ * rdma_accept passes its parameters ``p`` (the agent decides on them: its
+ * REP carries them only after the QP moved); NULL leaves them to the ID. */
+static int qp_attr(struct cma_id *c, enum ibv_qp_state state, const struct rdma_conn_param *p,
+		   struct ibv_qp_attr *attr, int *mask)
 {
-	struct sv_cm_qp_state req = {.handle = c->handle, .qp_state = (uint32_t)state};
+	struct sv_cm_qp_state req = {
+		.handle = c->handle, .qp_state = (uint32_t)state,
+		.responder_resources = p ? p->responder_resources : RDMA_MAX_RESP_RES,
+		.initiator_depth = p ? p->initiator_depth : RDMA_MAX_INIT_DEPTH};
 	struct sv_cm_qp_attr got;
 	if (CALL(CM_INIT_QP_ATTR, req, &got))
 		return -1;
@@ -523,31 +519,28 @@ int rdma_init_qp_attr(struct rdma_cm_id *id, struct ibv_qp_attr *qp_attr_out, in
 {
 	if (!id || !qp_attr_out || !qp_attr_mask)
 		return fail(EINVAL);
-	return qp_attr(cma(id), qp_attr_out->qp_state, qp_attr_out, qp_attr_mask);
+	return qp_attr(cma(id), qp_attr_out->qp_state, NULL, qp_attr_out, qp_attr_mask);
 }
 
-static int modify(struct cma_id *c, enum ibv_qp_state state, int rd_atomic)
+static int modify(struct cma_id *c, enum ibv_qp_state state, const struct rdma_conn_param *p)
 {
 	struct ibv_qp_attr attr;
 	int mask;
-	if (qp_attr(c, state, &attr, &mask))
+	if (qp_attr(c, state, p, &attr, &mask))
 		return -1;
-	if (rd_atomic >= 0 && state == IBV_QPS_RTR)
-		attr.max_dest_rd_atomic = (uint8_t)rd_atomic;
-	if (rd_atomic >= 0 && state == IBV_QPS_RTS)
-		attr.max_rd_atomic = (uint8_t)rd_atomic;
 	int err = ibv_modify_qp(c->id.qp, &attr, mask);
 	return err ? fail(err) : 0;
 }
 
-static int modify_rtr_rts(struct cma_id *c)
+/* ucma_modify_qp_rtr and ucma_modify_qp_rts: INIT again first (the access
+ * rights are known only now), RTR, RTS. */
+static int modify_rtr_rts(struct cma_id *c, const struct rdma_conn_param *p)
 {
 	if (!c->id.qp)
 		return 0;
-	/* INIT again first: the access rights are known only now */
-	if (modify(c, IBV_QPS_INIT, -1) || modify(c, IBV_QPS_RTR, c->responder_resources))
+	if (modify(c, IBV_QPS_INIT, p) || modify(c, IBV_QPS_RTR, p))
 		return -1;
-	return modify(c, IBV_QPS_RTS, c->initiator_depth);
+	return modify(c, IBV_QPS_RTS, p);
 }
 
 static void modify_err(struct cma_id *c)
@@ -560,11 +553,11 @@ static void modify_err(struct cma_id *c)
 
 static int init_qp(struct cma_id *c)
 {
-	if (modify(c, IBV_QPS_INIT, -1))
+	if (modify(c, IBV_QPS_INIT, NULL))
 		return -1;
 	if (c->id.qp_type != IBV_QPT_UD)
 		return 0;
-	return modify(c, IBV_QPS_RTR, -1) || modify(c, IBV_QPS_RTS, -1) ? -1 : 0;
+	return modify(c, IBV_QPS_RTR, NULL) || modify(c, IBV_QPS_RTS, NULL) ? -1 : 0;
 }
 
 /* ucma_create_cqs: the CQs (each with its own completion channel) of a queue
@@ -758,7 +751,9 @@ void rdma_destroy_srq(struct rdma_cm_id *id)
 
 /* --- connecting --------------------------------------------------------------------------- */
 
-/* The connection parameters as the agent takes them (ucma_copy_conn_param_to_kern). */
+/* The connection parameters as the agent takes them (ucma_copy_conn_param_to_kern):
+ * as given -- the agent decides the responder resources and initiator depth,
+ * RDMA_MAX_RESP_RES / RDMA_MAX_INIT_DEPTH asking for its default. */
 static void conn_to_agent(struct cma_id *c, const struct rdma_conn_param *p,
 			  struct sv_cm_connect *req)
 {
@@ -766,8 +761,8 @@ static void conn_to_agent(struct cma_id *c, const struct rdma_conn_param *p,
 	req->handle = c->handle;
 	struct sv_cm_conn_param *k = &req->param;
 	k->qp_num = c->id.qp ? c->id.qp->qp_num : p ? p->qp_num : 0;
-	k->responder_resources = c->responder_resources;
-	k->initiator_depth = c->initiator_depth;
+	k->responder_resources = p ? p->responder_resources : RDMA_MAX_RESP_RES;
+	k->initiator_depth = p ? p->initiator_depth : RDMA_MAX_INIT_DEPTH;
 	if (p) {
 		k->flow_control = p->flow_control;
 		k->retry_count = p->retry_count;
@@ -793,13 +788,6 @@ int rdma_connect(struct rdma_cm_id *id, struct rdma_conn_param *p)
 		return fail(EINVAL);
 	if (id->qp_type != IBV_QPT_UD && !id->qp && !p)
 		return fail(EINVAL);	/* ucma_valid_param: no QP needs a qp_num */
-	c->initiator_depth = p && p->initiator_depth != RDMA_MAX_INIT_DEPTH ? p->initiator_depth
-									 : c->dev->max_initiator;
-	c->responder_resources = p && p->responder_resources != RDMA_MAX_RESP_RES
-				 ? p->responder_resources : c->dev->max_responder;
-	if (c->initiator_depth > c->dev->max_initiator ||
-	    c->responder_resources > c->dev->max_responder)
-		return fail(EINVAL);
 	struct sv_cm_connect req;
 	conn_to_agent(c, p, &req);
 	if (CALL0(CM_CONNECT, req))
@@ -817,15 +805,7 @@ int rdma_accept(struct rdma_cm_id *id, struct rdma_conn_param *p)
 	if (id->qp_type != IBV_QPT_UD) {
 		if (!id->qp && !p)
 			return fail(EINVAL);
-		if (p && p->initiator_depth != RDMA_MAX_INIT_DEPTH)
-			c->initiator_depth = p->initiator_depth;
-		else if (c->initiator_depth > c->dev->max_initiator)
-			c->initiator_depth = c->dev->max_initiator;
-		if (p && p->responder_resources != RDMA_MAX_RESP_RES)
-			c->responder_resources = p->responder_resources;
-		else if (c->responder_resources > c->dev->max_responder)
-			c->responder_resources = c->dev->max_responder;
-		if (modify_rtr_rts(c))
+		if (modify_rtr_rts(c, p))
 			return -1;
 	}
 	struct sv_cm_connect req;
@@ -1073,11 +1053,7 @@ static struct cma_id *new_child(struct cma_id *listen, const struct sv_cm_event 
 	c->id.channel = listen->id.channel;
 	c->id.context = listen->id.context;
 	c->id.ps = listen->id.ps;
-	c->id.qp_type = raw->info.qp_type ? (enum ibv_qp_type)raw->info.qp_type
-					  : listen->id.qp_type;
-	int conn = raw->flags & SV_CM_EVENT_CONN;
-	c->responder_resources = conn ? raw->param.responder_resources : RDMA_MAX_RESP_RES;
-	c->initiator_depth = conn ? raw->param.initiator_depth : RDMA_MAX_INIT_DEPTH;
+	c->id.qp_type = (enum ibv_qp_type)raw->info.qp_type;	/* RC for a REQ, UD for a SIDR_REQ */
 	attach(c, &raw->info);
 	if (listen->id.pd && c->id.verbs == listen->id.verbs)
 		c->id.pd = listen->id.pd;
@@ -1125,9 +1101,7 @@ static struct cma_event *process(const struct sv_cm_event *raw)
 			c->connect_error = 0;
 			break;
 		}
-		c->responder_resources = c->dev ? c->dev->max_responder : 0;
-		c->initiator_depth = c->dev ? c->dev->max_initiator : 0;
-		if (modify_rtr_rts(c) || simple(c, SV_OP_CM_ESTABLISH, "CM_ESTABLISH")) {
+		if (modify_rtr_rts(c, NULL) || simple(c, SV_OP_CM_ESTABLISH, "CM_ESTABLISH")) {
 			modify_err(c);
 			ev->event = RDMA_CM_EVENT_CONNECT_ERROR;
 			ev->status = -(errno ? errno : EINVAL);

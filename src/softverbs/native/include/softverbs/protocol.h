@@ -865,8 +865,12 @@ _Static_assert(sizeof(struct sv_cm_connect) == 280, "sv_cm_connect");
 struct sv_cm_qp_state {
 	uint32_t handle;                        /* @0 */
 	uint32_t qp_state;                      /* @4 */
+	uint8_t responder_resources;            /* @8 */ /* rdma_accept's value (max_dest_rd_atomic at RTR); 0xFF (RDMA_MAX_RESP_RES): the ID's own */
+	uint8_t initiator_depth;                /* @9 */ /* rdma_accept's value (max_rd_atomic at RTS); 0xFF (RDMA_MAX_INIT_DEPTH): the ID's own */
+	uint16_t reserved0;                     /* @10 */
+	uint32_t reserved;                      /* @12 */
 };
-_Static_assert(sizeof(struct sv_cm_qp_state) == 8, "sv_cm_qp_state");
+_Static_assert(sizeof(struct sv_cm_qp_state) == 16, "sv_cm_qp_state");
 
 struct sv_cm_qp_attr {
 	struct sv_qp_attrs attr;                /* @0 */
