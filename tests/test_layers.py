@@ -163,22 +163,11 @@ def cycles(unit: str) -> list[list[str]]:
     return circles(graph)
 
 
-#: units whose modules still import each other in a circle: cm/ (being
-#: reorganised into ib_cm and rdma_cm parts).  Every other unit must stay clean.
-CYCLIC_UNITS = {"cm"}
-
-
 def test_no_import_cycles_inside_a_unit() -> None:
-    units = set(RANK) - CYCLIC_UNITS
-    found = {unit: groups for unit in sorted(units) if (groups := cycles(unit))}
+    found = {unit: groups for unit in sorted(RANK) if (groups := cycles(unit))}
     assert not found, "modules that import each other in a circle:\n" + "\n".join(
         f"{unit}: {', '.join(m.rsplit('.', 1)[-1] for m in group)}"
         for unit, groups in found.items() for group in groups)  # fmt: skip
-
-
-def test_the_units_listed_as_cyclic_still_are() -> None:
-    """An entry of CYCLIC_UNITS that has become clean is removed, so the test covers it."""
-    assert all(cycles(unit) for unit in CYCLIC_UNITS), "drop clean units from CYCLIC_UNITS"
 
 
 def test_the_cycle_finder() -> None:
@@ -196,58 +185,3 @@ def test_the_scan_sees_imports_in_functions_and_not_type_only_ones() -> None:
     assert "softverbs.fabric.pcap" in found["softverbs.verbs.registry"]  # inside a function
     assert "softverbs.sim" not in found["softverbs"]  # the facade names it under TYPE_CHECKING
 
-
-def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
-    """The strongly connected components with more than one module (Tarjan)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on: set[str] = set()
-    out: list[list[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on.add(v)
-        for w in sorted(edges.get(v, ())):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                out.append(sorted(comp))
-
-    for v in sorted(edges):
-        if v not in index:
-            visit(v)
-    return out
-
-
-#: units whose modules still import each other in a circle (verbs' object modules:
-#: addr, cq, device, mr, pd, wr and qp, srq, xrcd); every other unit must have none
-CYCLIC_UNITS = {"verbs"}
-
-
-def test_no_module_cycles_within_a_unit() -> None:
-    """Within each unit, no circle of modules (a package's ``__init__`` counts
-    as a module: ``from softverbs.cm import mad`` runs ``cm/__init__``)."""
-    found = []
-    for unit in sorted({_unit(m) for m in imports()} - CYCLIC_UNITS):
-        edges = {me: {t for t in targets if _unit(t) == unit and t != me}
-                 for me, targets in imports().items() if _unit(me) == unit}  # fmt: skip
-        found += [f"{unit}: " + " , ".join(c) for c in _cycles(edges)]
-    assert not found, "modules that import each other in a circle:\n" + "\n".join(found)
-
-
-def test_the_cycle_finder_finds_a_cycle() -> None:
-    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
-    assert _cycles({"a": {"b"}, "b": set()}) == []
