@@ -160,6 +160,8 @@ int main(void)
 			ibv_destroy_cq(cq);
 		if (pd)
 			ibv_dealloc_pd(pd);
+		/* the child's copy only: the parent's context, QP and CQ live on */
+		check(ibv_close_device(o.ctx) == 0, "child: closes its copy of the parent's context");
 		struct objs mine;
 		memset(&mine, 0, sizeof(mine));
 		check(open_all(&mine) == 0 && post_one_recv(&mine, 7) == 0,

@@ -427,7 +427,7 @@ def test_a_forked_child_shares_the_context_not_the_rings(env: dict[str, str],
     r = subprocess.run([str(prog)], env=dict(env, LD_LIBRARY_PATH=str(libdir)),
                        capture_output=True, text=True, timeout=TIMEOUT, check=False)  # fmt: skip
     assert r.returncode == 0 and "FAIL" not in r.stdout, r.stdout + r.stderr
-    assert r.stdout.count("ok ") == 22, r.stdout
+    assert r.stdout.count("ok ") == 23, r.stdout
 
 
 #: C programs of checks, each line "ok ..." or "FAIL ...", and how many there are:

@@ -333,7 +333,9 @@ static int connect_locked(void)
 	if (!err) {
 		conn_token = rep.token;
 		conn_joinable = 1;
-		err = sanitize_locked();
+		/* a joined owner is watched already, its reports going where the parent's go */
+		if (!join)
+			err = sanitize_locked();
 	}
 	if (err) {
 		close(conn_fd);

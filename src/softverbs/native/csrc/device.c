@@ -248,6 +248,7 @@ struct ibv_context *ibv_open_device(struct ibv_device *device)
 		return sv_fail_null(ENOMEM);
 	}
 	ctx->handle = rep.ctx;
+	ctx->forks = __atomic_load_n(&sv_forks, __ATOMIC_RELAXED);
 	ctx->home = ctx;
 	ctx->fd_dev = st.st_dev;
 	ctx->fd_ino = st.st_ino;
@@ -291,7 +292,10 @@ struct ibv_context *ibv_import_device(int cmd_fd)
 	return ctx ? &ctx->vctx.context : sv_fail_null(err);
 }
 
-/* The device context goes when its home and every import of it are closed. */
+/* The device context goes when its home and every import of it are closed --
+ * in the process that opened it.  A forked child closing its copy drops only
+ * its own hold, as closing an inherited uverbs descriptor does: the parent's
+ * context lives on (and goes with the owner's last process otherwise). */
 static void free_home(struct sv_context *home)
 {
 	struct sv_context **p = &homes;
@@ -300,7 +304,8 @@ static void free_home(struct sv_context *home)
 	*p = home->next;
 	struct sv_destroy d = {.kind = SV_KIND_CTX, .handle = home->handle, .flags = 1};
 	char none[1];
-	sv_call(SV_OP_DESTROY, &d, sizeof(d), NULL, 0, none, 0, NULL, NULL);
+	if (home->forks == __atomic_load_n(&sv_forks, __ATOMIC_RELAXED))
+		sv_call(SV_OP_DESTROY, &d, sizeof(d), NULL, 0, none, 0, NULL, NULL);
 	sv_dm_pool_free(home->dm_pool);
 	free(home->map);
 	free(home);

@@ -154,6 +154,7 @@ struct sv_context {
 	 * opened).  The home lives until it and every import of it are closed. */
 	struct sv_context *home;
 	unsigned imports;		/* home only: open contexts imported from it */
+	unsigned forks;			/* home only: sv_forks in the process that opened it */
 	int closed;			/* home only: ibv_close_device was called on it */
 	dev_t fd_dev;			/* home only: its cmd_fd's file (a memfd) */
 	ino_t fd_ino;
