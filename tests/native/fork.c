@@ -1,14 +1,20 @@
-/* A program that forks while it holds verbs objects (tests/native/test_c_unit.py).
+/* A program that forks while it holds verbs objects (tests/native/test_c_tools.py).
  *
- * The child touches its parent's QP, SRQ-less receive queue and CQ: each
- * verb fails with EPERM and the parent's rings are untouched.  The child can
- * then open the device for itself and use it.  The parent goes on as if
- * nothing happened.  Prints one line per check; exits 0 if all hold.
+ * A child shares its parent's context as a child shares an inherited uverbs
+ * file: it queries it, and creates objects on it -- a PD, a CQ it polls, an MR
+ * of pages only it has mapped, device memory -- that are its own to use.  The
+ * parent's rings are not: posting to or polling the parent's QP and CQ is
+ * EPERM, and the parent's rings are untouched.  Two children allocating device
+ * memory on the context at once get ranges of their own (neither overwrites
+ * the other's, nor the parent's).  The child can also open the device for
+ * itself.  The parent goes on as if nothing happened.  Prints one line per
+ * check; exits 0 if all hold.
  */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -66,6 +72,45 @@ static void close_all(struct objs *o)
 	ibv_close_device(o->ctx);
 }
 
+#define DM_LEN 256
+
+/* Fill a DM with `byte`; 0 or an errno. */
+static int fill_dm(struct ibv_dm *dm, unsigned char byte)
+{
+	unsigned char buf[DM_LEN];
+	memset(buf, byte, sizeof(buf));
+	return ibv_memcpy_to_dm(dm, 0, buf, sizeof(buf));
+}
+
+/* 1 if the DM holds `byte` throughout. */
+static int dm_holds(struct ibv_dm *dm, unsigned char byte)
+{
+	unsigned char buf[DM_LEN];
+	if (ibv_memcpy_from_dm(buf, dm, 0, sizeof(buf)))
+		return 0;
+	for (size_t i = 0; i < sizeof(buf); i++)
+		if (buf[i] != byte)
+			return 0;
+	return 1;
+}
+
+/* A child holding device memory of the parent's context: it fills its DM
+ * with `byte`, says so on `ready`, waits for `go`, and checks the DM is
+ * still its own.  Exit status 0 if so. */
+static int dm_child(struct ibv_context *ctx, unsigned char byte, int ready, int go)
+{
+	struct ibv_alloc_dm_attr attr = {.length = DM_LEN};
+	struct ibv_dm *dm = ibv_alloc_dm(ctx, &attr);
+	int ok = dm && fill_dm(dm, byte) == 0;
+	char c = ok ? 'y' : 'n';
+	if (write(ready, &c, 1) != 1 || read(go, &c, 1) != 1)
+		return 2;
+	ok = ok && dm_holds(dm, byte);
+	if (dm)
+		ibv_free_dm(dm);
+	return ok ? 0 : 1;
+}
+
 static int post_one_recv(struct objs *o, uint64_t id)
 {
 	struct ibv_sge sge = {(uintptr_t)o->buf, sizeof(o->buf), o->mr->lkey};
@@ -82,6 +127,9 @@ int main(void)
 		return 2;
 	}
 	check(post_one_recv(&o, 1) == 0, "parent posts a receive");
+	struct ibv_alloc_dm_attr dm_attr = {.length = DM_LEN};
+	struct ibv_dm *parent_dm = ibv_alloc_dm(o.ctx, &dm_attr);
+	check(parent_dm && fill_dm(parent_dm, 0xaa) == 0, "parent fills device memory");
 	pid_t pid = fork();
 	if (pid == 0) {
 		failures = 0;
@@ -91,9 +139,29 @@ int main(void)
 		check(ibv_poll_cq(o.cq, 1, &wc) < 0 && errno == EPERM,
 		      "child: poll_cq on the parent's CQ fails with EPERM");
 		check(ibv_req_notify_cq(o.cq, 0) == EPERM, "child: req_notify_cq is EPERM");
-		errno = 0;
-		check(ibv_create_cq(o.ctx, 4, NULL, NULL, 0) == NULL && errno != 0,
-		      "child: the parent's context creates nothing");
+		struct ibv_device_attr da;
+		check(ibv_query_device(o.ctx, &da) == 0, "child: queries the parent's context");
+		struct ibv_pd *pd = ibv_alloc_pd(o.ctx);
+		struct ibv_cq *cq = ibv_create_cq(o.ctx, 4, NULL, NULL, 0);
+		check(pd && cq, "child: allocates a PD and creates a CQ on the parent's context");
+		check(cq && ibv_poll_cq(cq, 1, &wc) == 0 && ibv_req_notify_cq(cq, 0) == 0,
+		      "child: polls and arms its own CQ");
+		/* pages the parent never had: the region is the child's own memory */
+		size_t len = 1 << 20;
+		void *own = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+				 -1, 0);
+		struct ibv_mr *mr = pd && own != MAP_FAILED
+				    ? ibv_reg_mr(pd, own, len, IBV_ACCESS_LOCAL_WRITE) : NULL;
+		check(mr != NULL, "child: registers its own pages on its PD");
+		check(parent_dm && dm_holds(parent_dm, 0xaa), "child: reads the parent's DM");
+		if (mr)
+			ibv_dereg_mr(mr);
+		if (cq)
+			ibv_destroy_cq(cq);
+		if (pd)
+			ibv_dealloc_pd(pd);
+		/* the child's copy only: the parent's context, QP and CQ live on */
+		check(ibv_close_device(o.ctx) == 0, "child: closes its copy of the parent's context");
 		struct objs mine;
 		memset(&mine, 0, sizeof(mine));
 		check(open_all(&mine) == 0 && post_one_recv(&mine, 7) == 0,
@@ -104,6 +172,27 @@ int main(void)
 	int status = 0;
 	waitpid(pid, &status, 0);
 	check(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child exited cleanly");
+	/* two children hold device memory of the context at the same time */
+	int ready[2], go[2];
+	pid_t kids[2];
+	check(pipe(ready) == 0 && pipe(go) == 0, "pipes");
+	for (int i = 0; i < 2; i++) {
+		char c = 0;
+		kids[i] = fork();
+		if (kids[i] == 0)
+			_exit(dm_child(o.ctx, (unsigned char)(0x11 * (i + 1)), ready[1], go[0]));
+		check(kids[i] > 0 && read(ready[0], &c, 1) == 1 && c == 'y',
+		      "a child fills device memory of its own");
+	}
+	check(write(go[1], "gg", 2) == 2, "children told to check");
+	for (int i = 0; i < 2; i++) {
+		waitpid(kids[i], &status, 0);
+		check(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+		      "a child's device memory held what it wrote");
+	}
+	check(parent_dm && dm_holds(parent_dm, 0xaa), "parent's device memory is untouched");
+	if (parent_dm)
+		ibv_free_dm(parent_dm);
 	check(post_one_recv(&o, 2) == 0, "parent posts again");
 	/* the parent's receive queue holds exactly its own two WRs: moving the QP to
 	 * ERR flushes them, and no wr_id 666 appears */

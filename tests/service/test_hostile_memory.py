@@ -31,6 +31,7 @@ import fcntl
 import mmap
 import os
 import subprocess
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -403,3 +404,45 @@ def test_a_write_never_reaches_what_is_mapped_after_munmap(service: ServiceProc,
     assert service.counters().get("mr_unmapped", 0) > before
     raw.close()
     _serves(service)
+
+
+_JOINER = """
+import ctypes, errno, mmap, sys
+import rawclient as rc
+path, token, pd, length = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+area = mmap.mmap(-1, length)  # pages the first process never had
+addr = ctypes.addressof(ctypes.c_char.from_buffer(area))
+body = rc.RegMR.pack(addr=addr, length=length, iova=addr, pd=pd, access=1)
+
+def reg(**hello):
+    c = rc.RawClient(path)
+    c.hello(**hello)
+    try:
+        c.call(rc.REG_MR, body)
+        return 0
+    except rc.Refused as exc:
+        return exc.errno
+    finally:
+        c.close()
+
+print(reg(flags=rc.HELLO_JOIN, token=token, memory=True),
+      reg(flags=rc.HELLO_JOIN, token=token),
+      reg(memory=True))
+"""
+
+
+def test_a_joining_process_registers_its_own_pages(service: ServiceProc) -> None:
+    """A process that joins another's owner (HELLO_JOIN, as a forked child does)
+    and passes its own memory registers its own pages on the owner's PD; without
+    its memory the region would be the first process's (EFAULT: not mapped
+    there); and a process that did not join gets EPERM for the owner's PD."""
+    raw = rc.RawClient(service.path)
+    token = raw.hello(memory=True)["token"]
+    pd = raw.alloc_pd(raw.open_device())
+    kits = os.path.join(os.path.dirname(__file__), "..", "kits")
+    r = subprocess.run([sys.executable, "-c", _JOINER, service.path, str(token), str(pd),
+                        str(MR_LEN)], env=dict(os.environ, PYTHONPATH=kits),
+                       capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["0", str(errno.EFAULT), str(errno.EPERM)], r.stdout
+    raw.close()

@@ -51,6 +51,9 @@ def test_port_texts(ctx: Context) -> None:
     assert s.speed_to_str(0x80, 0) == "100.0 Gbps (128)"
     assert s.speed_to_str(1, 32) == "25.0 Gbps (32)"  # the extended code wins
     assert s.speed_to_str(3, 0) == "Invalid speed"
+    # rdma-core 44's pyverbs (and its suite) pass active_speed alone
+    assert s.speed_to_str(0x20) == "25.0 Gbps (32)"
+    assert s.speed_to_str(3) == "Invalid speed"
     assert s.translate_link_layer(e.IBV_LINK_LAYER_ETHERNET) == "Ethernet"
     assert s.translate_link_layer(7) == "Invalid link layer (7)"
 

@@ -318,6 +318,10 @@ class Resources:
     events: AsyncSink | None = None  #: ASYNC_SOCKET: where a context's async events go
     completions: CompSink | None = None  #: COMP_SOCKET: where a channel's events go
     span: Bytes | None = None  #: REGION: a mapping (else the process's memory)
+    #: the asking process's memory when it is not the owner's: a forked child that
+    #: joined its parent's owner registers its own pages, as ib_umem_get pins the
+    #: caller's (None: the owner's memory)
+    memory: Any = None
     cq: CompletionRing | None = None  #: CQ_RING
     srq: SharedRecvRing | None = None  #: SRQ_RING
     sq: WorkRing | None = None  #: QP_RINGS

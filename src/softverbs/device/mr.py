@@ -107,23 +107,24 @@ def _span(owner: Owner, res: Resources, addr: int, length: int,
         if len(res.span) != length:
             raise einval(f"the memory passed holds {len(res.span)} bytes, not {length}")
         return res.span
-    if owner.memory is None:
+    memory = res.memory if res.memory is not None else owner.memory
+    if memory is None:
         raise eopnotsupp("this process did not give the device access to its memory "
                          "(HELLO without /proc/self/mem): pass the region as a memfd")
     if addr + length > 1 << 64:
         raise einval(f"[{addr:#x}, +{length}) is not a valid address range")
-    pid = getattr(owner.memory, "pid", 0)
+    pid = getattr(memory, "pid", 0)
     writable = bool(access & WRITABLE_ACCESS)
     if pid and not mapped(addr, length, pid, writable):
         what = "mapped writable" if writable else "mapped"
         raise PyverbsRDMAError(f"Failed to register memory: [{addr:#x}, +{length}) is not "
                                f"{what} in process {pid}", errno.EFAULT)  # fmt: skip
     if not pid:
-        mine: Bytes = owner.memory.span(addr, length)
+        mine: Bytes = memory.span(addr, length)
         return mine
     # As ib_umem_get pins a region: every access first checks that the range is
     # still backed as it was registered.  An ODP region follows the mapping instead.
-    span: Bytes = owner.memory.span(addr, length, pinned=not access & IBV_ACCESS_ON_DEMAND)
+    span: Bytes = memory.span(addr, length, pinned=not access & IBV_ACCESS_ON_DEMAND)
     return span
 
 
@@ -137,7 +138,7 @@ def reg_mr(host: Host, owner: Owner, req: records.RegMR, res: Resources) -> reco
         raise eopnotsupp(f"{fail}: this device has no on-demand paging")
     with host.on(dev):
         if implicit:
-            mem = owner.memory
+            mem = res.memory if res.memory is not None else owner.memory
             if mem is None:
                 raise eopnotsupp(f"{fail}: an implicit ODP MR needs the process's memory")
 

@@ -225,6 +225,10 @@ class Client:
         self.pid = pid
         self.uid = uid
         self.owner = owner
+        #: this process's own memory when it joined another's owner (a forked
+        #: child): the regions it registers are its pages, not its parent's
+        self.memory: ProcessMemory | None = None
+        self.memory_lent = False  #: a region may use it: it stays until the owner goes
         self.alive = True
         self.greeted = False
         self.kicked = False  #: disconnect once the error reply is out
@@ -779,6 +783,9 @@ class Service:
                 body, tail = local(self, client, msg.body, msg.tail, fds)
             else:
                 res = TAKES[op.takes](self, client, op, msg.body, fds, msg.tail)
+                if op.takes == records.REGION and res.span is None and client.memory is not None:
+                    res.memory = client.memory  # a joined child's region: its own pages
+                    client.memory_lent = True
                 try:
                     reply = self.host.execute(client.owner, op, msg.body, res)
                     body, tail = reply.body, reply.tail
@@ -833,10 +840,12 @@ class Service:
             except BaseException:
                 os.close(fd)
                 raise
-            if client.owner.memory is not None:  # joined: the memory is the first process's
-                os.close(fd)
-            else:
-                client.owner.memory = ProcessMemory(fd, client.pid)
+            memory = ProcessMemory(fd, client.pid)
+            if client.owner.memory is None:
+                client.owner.memory = memory
+            else:  # joined: kept while the owner lives, for the regions registered here
+                client.memory = memory
+                client.owner.release.append(memory.close)
         client.greeted = True
         return records.HelloReply(client.owner.token, protocol.PROTOCOL_VERSION, os.getpid(),
                               len(self.registry.entries()), 0), b""  # fmt: skip
@@ -921,6 +930,10 @@ class Service:
             sock.close()
         client.cm_events.clear()
         owner = client.owner
+        if client.memory is not None and not client.memory_lent:
+            with contextlib.suppress(ValueError):  # no region of it: close it now
+                owner.release.remove(client.memory.close)
+            client.memory.close()
         owner.connections -= 1
         try:
             if owner.connections <= 0:

@@ -204,8 +204,14 @@ class Connection:
         self.lock = threading.RLock()
         self.pid = os.getpid()
         self.sock = self._connect(self.path, spawn=False)
-        self.call(ops.HELLO, records.Hello(self.token, protocol.PROTOCOL_VERSION,
-                                           records.HELLO_JOIN, os.getpid(), 0))  # fmt: skip
+        # its own memory too: the regions it registers are its pages, not the parent's
+        mem = os.open("/proc/self/mem", os.O_RDWR | os.O_CLOEXEC)
+        try:
+            self.call(ops.HELLO, records.Hello(self.token, protocol.PROTOCOL_VERSION,
+                                               records.HELLO_JOIN | records.HELLO_MEMORY,
+                                               os.getpid(), 0), [mem])  # fmt: skip
+        finally:
+            os.close(mem)
 
     def close(self) -> None:
         with contextlib.suppress(OSError):

@@ -195,7 +195,8 @@ def width_to_str(width: int) -> str:
     return _numbered(_WIDTHS, width, "Invalid width")
 
 
-def speed_to_str(active_speed: int, active_speed_ex: int) -> str:
+def speed_to_str(active_speed: int, active_speed_ex: int = 0) -> str:
+    # pyverbs 59 takes both codes, rdma-core 44's pyverbs only active_speed;
     # a port that reports an extended speed code means that one
     speed = active_speed_ex or active_speed
     return _numbered(_SPEEDS, speed, "Invalid speed")

@@ -3,9 +3,19 @@
  * Every control verb is one request and its reply under the connection's
  * lock; the doorbell is a request without a reply.  The first message is
  * HELLO, passing the process's own /proc/self/mem so the service can read
- * and write registered memory anywhere in it.  After fork() the child opens
- * a connection of its own on first use: its parent's objects are not its
- * own (the service answers EPERM), and it never touches the parent's rings.
+ * and write registered memory anywhere in it.
+ *
+ * fork(): a child shares its parent's contexts as a child shares an inherited
+ * /dev/infiniband/uverbs file: the objects belong to the file, not to a pid.
+ * It never speaks on the parent's socket (their requests and replies would
+ * mix); on first use it opens one of its own and joins the parent's owner
+ * with HELLO_JOIN and the owner's token, a 64-bit secret only the parent's
+ * memory holds (the service also requires the same uid).  Its commands then
+ * reach the parent's objects and what it creates belongs to the same owner,
+ * destroyed when the last connection of that owner closes.  It passes its
+ * own /proc/self/mem too: a region it registers is its own pages.  It never
+ * touches the rings its parent made (sv_ring_foreign).  If the parent's
+ * owner is already gone, the child starts an owner of its own.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -28,6 +38,8 @@ extern char **environ;
 static pthread_mutex_t conn_lock = PTHREAD_MUTEX_INITIALIZER;
 static int conn_fd = -1;
 static pid_t conn_pid;
+static uint64_t conn_token;	/* our owner's, from HELLO's reply: a forked child joins it */
+static int conn_joinable;	/* conn_token is set */
 static uint32_t conn_seq;
 static __thread char last_error[256];
 
@@ -268,9 +280,11 @@ static int connect_locked(void)
 {
 	if (conn_fd >= 0 && conn_pid == getpid())
 		return 0;
+	int join = 0;
 	if (conn_fd >= 0) {	/* a forked child: the parent's socket is not ours */
 		close(conn_fd);
 		conn_fd = -1;
+		join = conn_joinable;
 	}
 	char path[PATH_MAX];
 	int is_default;
@@ -302,12 +316,27 @@ static int connect_locked(void)
 	if (mem >= 0)
 		hello.flags = SV_HELLO_MEMORY;
 	struct sv_hello_reply rep;
-	err = exchange(SV_OP_HELLO, &hello, sizeof(hello), &mem, mem >= 0 ? 1 : 0, &rep,
-		       sizeof(rep), NULL, NULL);
+	if (join) {
+		struct sv_hello joining = hello;
+		joining.flags |= SV_HELLO_JOIN;
+		joining.token = conn_token;
+		err = exchange(SV_OP_HELLO, &joining, sizeof(joining), &mem, mem >= 0 ? 1 : 0,
+			       &rep, sizeof(rep), NULL, NULL);
+		join = !err;
+	}
+	/* not forked, or the parent's owner is gone (EPERM): an owner of our own */
+	if (!join)
+		err = exchange(SV_OP_HELLO, &hello, sizeof(hello), &mem, mem >= 0 ? 1 : 0, &rep,
+			       sizeof(rep), NULL, NULL);
 	if (mem >= 0)
 		close(mem);
-	if (!err)
-		err = sanitize_locked();
+	if (!err) {
+		conn_token = rep.token;
+		conn_joinable = 1;
+		/* a joined owner is watched already, its reports going where the parent's go */
+		if (!join)
+			err = sanitize_locked();
+	}
 	if (err) {
 		close(conn_fd);
 		conn_fd = -1;

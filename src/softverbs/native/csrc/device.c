@@ -193,7 +193,6 @@ static struct sv_context *homes;
 static void init_context(struct sv_context *ctx, struct ibv_device *device, int cmd_fd,
 			 int async_fd)
 {
-	ctx->forks = __atomic_load_n(&sv_forks, __ATOMIC_RELAXED);
 	pthread_mutex_init(&ctx->map_lock, NULL);
 	struct ibv_context *c = &ctx->vctx.context;
 	c->device = device;
@@ -249,6 +248,7 @@ struct ibv_context *ibv_open_device(struct ibv_device *device)
 		return sv_fail_null(ENOMEM);
 	}
 	ctx->handle = rep.ctx;
+	ctx->forks = __atomic_load_n(&sv_forks, __ATOMIC_RELAXED);
 	ctx->home = ctx;
 	ctx->fd_dev = st.st_dev;
 	ctx->fd_ino = st.st_ino;
@@ -263,9 +263,9 @@ struct ibv_context *ibv_open_device(struct ibv_device *device)
 /* ibv_import_device: a second context on the device context whose cmd_fd
  * ``cmd_fd`` duplicates, taking the descriptor over (ibv_close_device closes
  * it).  Handles of the one name the same objects in the other (ibv_import_pd
- * and the rest, verbs.c).  The device context belongs to the process that
- * opened it: a forked child cannot import it (EPERM, as for any of its
- * parent's objects), and a descriptor that is not a context's is EINVAL. */
+ * and the rest, verbs.c).  A forked child may import a context its parent
+ * opened, as it may import the uverbs file it inherited (conn.c: it shares
+ * the parent's objects); a descriptor that is not a context's is EINVAL. */
 struct ibv_context *ibv_import_device(int cmd_fd)
 {
 	struct stat st;
@@ -275,7 +275,7 @@ struct ibv_context *ibv_import_device(int cmd_fd)
 	struct sv_context *home = homes;
 	while (home && (home->fd_dev != st.st_dev || home->fd_ino != st.st_ino))
 		home = home->next;
-	int err = !home ? EINVAL : sv_foreign(home) ? EPERM : 0;
+	int err = !home ? EINVAL : 0;
 	int async_fd = err ? -1 : fcntl(home->vctx.context.async_fd, F_DUPFD_CLOEXEC, 0);
 	struct sv_context *ctx = err || async_fd < 0 ? NULL : calloc(1, sizeof(*ctx));
 	if (ctx) {
@@ -292,7 +292,10 @@ struct ibv_context *ibv_import_device(int cmd_fd)
 	return ctx ? &ctx->vctx.context : sv_fail_null(err);
 }
 
-/* The device context goes when its home and every import of it are closed. */
+/* The device context goes when its home and every import of it are closed --
+ * in the process that opened it.  A forked child closing its copy drops only
+ * its own hold, as closing an inherited uverbs descriptor does: the parent's
+ * context lives on (and goes with the owner's last process otherwise). */
 static void free_home(struct sv_context *home)
 {
 	struct sv_context **p = &homes;
@@ -301,7 +304,8 @@ static void free_home(struct sv_context *home)
 	*p = home->next;
 	struct sv_destroy d = {.kind = SV_KIND_CTX, .handle = home->handle, .flags = 1};
 	char none[1];
-	sv_call(SV_OP_DESTROY, &d, sizeof(d), NULL, 0, none, 0, NULL, NULL);
+	if (home->forks == __atomic_load_n(&sv_forks, __ATOMIC_RELAXED))
+		sv_call(SV_OP_DESTROY, &d, sizeof(d), NULL, 0, none, 0, NULL, NULL);
 	sv_dm_pool_free(home->dm_pool);
 	free(home->map);
 	free(home);

@@ -63,6 +63,7 @@ int sv_ring_create(struct sv_ring *ring, uint32_t nslots, uint32_t slot, const c
 	ring->bytes = bytes;
 	ring->nslots = nslots;
 	ring->slot = slot;
+	ring->forks = __atomic_load_n(&sv_forks, __ATOMIC_RELAXED);
 	return 0;
 }
 

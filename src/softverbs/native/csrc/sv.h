@@ -47,6 +47,7 @@ struct sv_ring {
 	size_t bytes;
 	uint32_t nslots;
 	uint32_t slot;		/* bytes per slot */
+	unsigned forks;		/* sv_forks in the process that made it */
 };
 
 /* A memfd of `bytes`, sealed SHRINK|GROW|SEAL as the service requires of every
@@ -146,7 +147,6 @@ struct sv_context {
 	pthread_mutex_t map_lock;
 	struct sv_map_entry *map;
 	size_t map_len, map_cap;
-	unsigned forks;			/* sv_forks when it was opened */
 	struct sv_dm_pool *dm_pool;	/* device memory (ibv_alloc_dm), made on first use */
 	/* ibv_import_device: a context imported from a duplicate of another's
 	 * cmd_fd shares that context's device context (the same handle) and its
@@ -154,6 +154,7 @@ struct sv_context {
 	 * opened).  The home lives until it and every import of it are closed. */
 	struct sv_context *home;
 	unsigned imports;		/* home only: open contexts imported from it */
+	unsigned forks;			/* home only: sv_forks in the process that opened it */
 	int closed;			/* home only: ibv_close_device was called on it */
 	dev_t fd_dev;			/* home only: its cmd_fd's file (a memfd) */
 	ino_t fd_ino;
@@ -167,15 +168,18 @@ static inline struct sv_context *sv_home(struct sv_context *ctx)
 
 SV_HIDDEN void sv_dm_pool_free(struct sv_dm_pool *pool);
 
-/* How many fork()s this process is from the one that opened a context (conn.c
- * counts them in the child).  A context, and so every ring of it, belongs to
- * the process that opened it: a forked child that posts or polls on its
- * parent's objects gets EPERM, and the parent's rings stay as they were. */
+/* How many fork()s this process is from its first ancestor (conn.c counts
+ * them in the child).  A forked child shares its parent's contexts and the
+ * objects on them (conn.c), as it shares an inherited uverbs file; but a ring
+ * belongs to the process that made it: the child's copy of its parent's
+ * producer and consumer indexes is stale, so a child that posts to or polls
+ * its parent's queues gets EPERM and the parent's rings stay as they were.
+ * Queues the child makes, on its parent's context or its own, are its own. */
 SV_HIDDEN extern unsigned sv_forks;
 
-static inline int sv_foreign(const struct sv_context *ctx)
+static inline int sv_ring_foreign(const struct sv_ring *ring)
 {
-	return ctx->forks != __atomic_load_n(&sv_forks, __ATOMIC_RELAXED);
+	return ring->forks != __atomic_load_n(&sv_forks, __ATOMIC_RELAXED);
 }
 
 SV_HIDDEN void sv_map_put(struct sv_context *ctx, uint32_t kind, uint32_t handle, void *obj);

@@ -224,7 +224,14 @@ static int dealloc_td(struct ibv_td *td)
  * (SV_REG_MR_HAS_FD) as for any region it cannot reach by address.  Allocations
  * are first-fit with the requested alignment (at least a word); copies move
  * whole 32-bit words (EINVAL otherwise) inside the allocation (EFAULT); a DM MR
- * is zero-based (IBV_ACCESS_ZERO_BASED, else EINVAL) and fits in its DM. */
+ * is zero-based (IBV_ACCESS_ZERO_BASED, else EINVAL) and fits in its DM.
+ *
+ * The pool's allocation table is this process's memory, so after fork() the
+ * parent and child would each hand out the same free ranges of the shared
+ * memfd.  A forked child therefore allocates from a pool of its own (made on
+ * its first ibv_alloc_dm on that context), while the device memory it
+ * inherited stays where it is, shared with the parent as a real device's
+ * mapping of it would be. */
 
 #define SV_DM_WORD 4
 #define SV_MAP_DM_MR 0x101	/* not a device kind: this library's lkey -> struct sv_dm */
@@ -235,6 +242,8 @@ static uint32_t dm_handles;
 
 struct sv_dm_pool {
 	pthread_mutex_t lock;
+	unsigned forks;			/* sv_forks in the process that made it */
+	struct sv_dm_pool *inherited;	/* a forked child's: the pool before it, still used */
 	int fd;
 	char *base;
 	uint64_t size;
@@ -246,12 +255,14 @@ struct sv_dm {
 	struct ibv_dm dm;	/* first: the program's */
 	uint64_t start, length;
 	unsigned mrs;		/* DM MRs registered on it */
+	struct sv_dm_pool *pool;
 };
 
 void sv_dm_pool_free(struct sv_dm_pool *pool)
 {
 	if (!pool)
 		return;
+	sv_dm_pool_free(pool->inherited);
 	munmap(pool->base, pool->size);
 	close(pool->fd);
 	free(pool->used);
@@ -263,7 +274,12 @@ static struct sv_dm_pool *dm_pool(struct sv_context *ctx, uint64_t size)
 	ctx = sv_home(ctx);
 	pthread_mutex_lock(&ctx->map_lock);
 	struct sv_dm_pool *pool = ctx->dm_pool;
+	unsigned forks = __atomic_load_n(&sv_forks, __ATOMIC_RELAXED);
+	if (pool && pool->forks != forks)
+		pool = NULL;	/* made before a fork: its table is the parent's too */
 	if (!pool && (pool = calloc(1, sizeof(*pool)))) {
+		pool->forks = forks;
+		pool->inherited = ctx->dm_pool;
 		pool->fd = sv_sealed_memfd("softverbs-dm", size);
 		pool->size = size;
 		pool->base = pool->fd < 0 ? MAP_FAILED
@@ -272,7 +288,7 @@ static struct sv_dm_pool *dm_pool(struct sv_context *ctx, uint64_t size)
 			if (pool->fd >= 0)
 				close(pool->fd);
 			free(pool);
-			pool = NULL;
+			pool = NULL;	/* (the inherited one stays the context's) */
 		} else {
 			pthread_mutex_init(&pool->lock, NULL);
 			ctx->dm_pool = pool;
@@ -332,7 +348,7 @@ static int memcpy_to_dm(struct ibv_dm *dm, uint64_t offset, const void *host, si
 	struct sv_dm *d = (struct sv_dm *)dm;
 	int err = dm_range(d, offset, length);
 	if (!err)
-		memcpy(sv_home(sv_ctx(dm->context))->dm_pool->base + d->start + offset, host, length);
+		memcpy(d->pool->base + d->start + offset, host, length);
 	return err;
 }
 
@@ -341,7 +357,7 @@ static int memcpy_from_dm(void *host, struct ibv_dm *dm, uint64_t offset, size_t
 	struct sv_dm *d = (struct sv_dm *)dm;
 	int err = dm_range(d, offset, length);
 	if (!err)
-		memcpy(host, sv_home(sv_ctx(dm->context))->dm_pool->base + d->start + offset, length);
+		memcpy(host, d->pool->base + d->start + offset, length);
 	return err;
 }
 
@@ -367,6 +383,7 @@ static struct ibv_dm *alloc_dm(struct ibv_context *context, struct ibv_alloc_dm_
 		return sv_fail_null(err);
 	}
 	d->length = attr->length;
+	d->pool = pool;
 	d->dm.context = context;
 	d->dm.memcpy_to_dm = memcpy_to_dm;
 	d->dm.memcpy_from_dm = memcpy_from_dm;
@@ -378,7 +395,7 @@ static struct ibv_dm *alloc_dm(struct ibv_context *context, struct ibv_alloc_dm_
 static int free_dm(struct ibv_dm *dm)
 {
 	struct sv_dm *d = (struct sv_dm *)dm;
-	struct sv_dm_pool *pool = sv_home(sv_ctx(dm->context))->dm_pool;
+	struct sv_dm_pool *pool = d->pool;
 	if (__atomic_load_n(&d->mrs, __ATOMIC_RELAXED))
 		return EBUSY;	/* an MR still uses it */
 	pthread_mutex_lock(&pool->lock);
@@ -401,7 +418,7 @@ static struct ibv_mr *reg_dm_mr(struct ibv_pd *pd, struct ibv_dm *dm, uint64_t o
 	struct sv_dm *d = (struct sv_dm *)dm;
 	if (!(access & IBV_ACCESS_ZERO_BASED) || offset > d->length || length > d->length - offset)
 		return sv_fail_null(EINVAL);
-	struct sv_dm_pool *pool = sv_home(sv_ctx(dm->context))->dm_pool;
+	struct sv_dm_pool *pool = d->pool;
 	struct sv_reg_mr req = {.length = length, .offset = d->start + offset, .pd = pd->handle,
 				.access = access, .flags = SV_REG_MR_HAS_FD};
 	struct sv_reg_mr_reply rep;
@@ -782,7 +799,7 @@ static int cqx_start_poll(struct ibv_cq_ex *x, struct ibv_poll_cq_attr *attr)
 	struct sv_cq *cq = (struct sv_cq *)x;
 	if (attr && attr->comp_mask)
 		return EINVAL;
-	if (sv_foreign(cq->ctx))
+	if (sv_ring_foreign(&cq->ring))
 		return EPERM;
 	pthread_mutex_lock(&x->mutex);
 	cq->ci = sv_load(&cq->ring, SV_RING_CQ_CI);
@@ -925,7 +942,7 @@ int ibv_resize_cq(struct ibv_cq *ibcq, int cqe)
 	if (!ibcq || cqe < 1)
 		return EINVAL;
 	struct sv_cq *cq = (struct sv_cq *)ibcq;
-	if (sv_foreign(cq->ctx))
+	if (sv_ring_foreign(&cq->ring))
 		return EPERM;
 	struct sv_ring ring;
 	int err = sv_ring_create(&ring, (uint32_t)cqe, SV_RING_CQE_SIZE, "softverbs-cq");
@@ -979,7 +996,7 @@ void ibv_ack_cq_events(struct ibv_cq *cq, unsigned int nevents)
 
 static int req_notify_cq(struct ibv_cq *ibcq, int solicited_only)
 {
-	if (sv_foreign(((struct sv_cq *)ibcq)->ctx))
+	if (sv_ring_foreign(&((struct sv_cq *)ibcq)->ring))
 		return EPERM;
 	struct sv_ring *r = &((struct sv_cq *)ibcq)->ring;
 	uint64_t seq = (sv_load(r, SV_RING_CQ_ARM) >> 1) + 1;
@@ -1047,7 +1064,7 @@ static int take_cqes(struct sv_cq *cq, int num_entries, struct ibv_wc *wc)
 static int poll_cq(struct ibv_cq *ibcq, int num_entries, struct ibv_wc *wc)
 {
 	struct sv_cq *cq = (struct sv_cq *)ibcq;
-	if (sv_foreign(cq->ctx)) {
+	if (sv_ring_foreign(&cq->ring)) {
 		errno = EPERM;
 		return -1;
 	}
@@ -1529,7 +1546,7 @@ static int post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_sen
 	struct sv_qp *qp = (struct sv_qp *)ibqp;
 	uintptr_t caller = (uintptr_t)__builtin_return_address(0);	/* the program's post */
 	int err = 0;
-	if (!qp->has_sq || sv_foreign(qp->ctx)) {
+	if (!qp->has_sq || sv_ring_foreign(&qp->sq)) {
 		*bad_wr = wr;
 		return qp->has_sq ? EPERM : EINVAL;
 	}
@@ -1594,7 +1611,7 @@ static int post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr, struct ibv_rec
 {
 	struct sv_qp *qp = (struct sv_qp *)ibqp;
 	int err = 0;
-	if (!qp->has_rq || sv_foreign(qp->ctx)) {
+	if (!qp->has_rq || sv_ring_foreign(&qp->rq)) {
 		*bad_wr = wr;
 		return qp->has_rq ? EPERM : EINVAL;
 	}
@@ -1658,7 +1675,7 @@ static void qpx_start(struct ibv_qp_ex *x)
 	pthread_spin_lock(&qp->sq_lock);
 	qpx_st.start = qpx_st.next = sv_load(&qp->sq, SV_RING_SQ_PI);
 	qpx_st.cur = NULL;
-	qpx_st.err = sv_foreign(qp->ctx) ? EPERM
+	qpx_st.err = sv_ring_foreign(&qp->sq) ? EPERM
 		     : can_post_send(published_state(qp)) ? 0 : EINVAL;
 }
 
@@ -2052,7 +2069,7 @@ int ibv_modify_srq(struct ibv_srq *srq, struct ibv_srq_attr *srq_attr, int srq_a
 	if (!(srq_attr_mask & IBV_SRQ_MAX_WR))
 		return sv_call(SV_OP_MODIFY_SRQ, &req, sizeof(req), NULL, 0, none, 0, NULL, NULL);
 	/* Resizing: a new ring, into which the device moves the WQEs it has not taken. */
-	if (sv_foreign(s->ctx))
+	if (sv_ring_foreign(&s->ring))
 		return EPERM;
 	if (srq_attr->max_wr < 1)
 		return EINVAL;
@@ -2102,7 +2119,7 @@ static int post_srq_recv(struct ibv_srq *ibsrq, struct ibv_recv_wr *wr,
 {
 	struct sv_srq *srq = (struct sv_srq *)ibsrq;
 	int err = 0;
-	if (sv_foreign(srq->ctx)) {
+	if (sv_ring_foreign(&srq->ring)) {
 		*bad_wr = wr;
 		return EPERM;
 	}
@@ -2408,6 +2425,7 @@ struct ibv_dm *ibv_import_dm(struct ibv_context *context, uint32_t dm_handle)
 		d->dm.context = context;
 		d->start = orig->start;
 		d->length = orig->length;
+		d->pool = orig->pool;
 	}
 	pthread_mutex_unlock(&home->map_lock);
 	if (!orig)
