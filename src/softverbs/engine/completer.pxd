@@ -6,7 +6,7 @@ cimport cython
 
 cimport softverbs.engine.psn as P
 from softverbs.engine.requester cimport Requester
-from softverbs.engine.rings cimport SendWQE
+from softverbs.engine.rings cimport CQE, SendWQE
 from softverbs.engine.wr cimport WrInfo, finished, move
 
 cdef class Completer:
@@ -48,5 +48,5 @@ cdef class Completer:
     cpdef _atomic_ack(self, object pkt, double now)
     @cython.locals(wqe=SendWQE, end=cython.longlong, off=cython.longlong)
     cpdef rewind(self, long long psn)
-    @cython.locals(wqe=SendWQE, info=WrInfo, ok=bint)
+    @cython.locals(wqe=SendWQE, info=WrInfo, ok=bint, cqe=CQE)
     cpdef complete(self, double now)

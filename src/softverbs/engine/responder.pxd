@@ -5,6 +5,7 @@
 cimport cython
 
 cimport softverbs.engine.psn as P
+from softverbs.engine.rings cimport CQE
 
 cdef class Responder:
     cdef public object qp, replay, msg, rqe, views, wview, ack_req
@@ -23,6 +24,7 @@ cdef class Responder:
     cpdef _take_rqe(self, object pkt)
     cpdef _rqe_pd(self, object pkt)
     cpdef _rqe_views(self, object rqe, object pd)
+    @cython.locals(cqe=CQE)
     cpdef _complete_rqe(self, object rqe, object status, object byte_len, object opcode=*,
                         object flags=*, object imm=*, object src_qp=*, object solicited=*,
                         object reason=*)
