@@ -72,6 +72,7 @@ LINKED: frozenset[str] = frozenset({
     "softverbs.engine.responder",
     "softverbs.engine.rings",
     "softverbs.engine.wr",
+    "softverbs.wire.packet",
 })  # fmt: skip
 
 #: the environment switch that runs the .py files even where compiled ones exist
@@ -138,14 +139,17 @@ def _is_stale(base: str, built: str) -> bool:
 
 
 def _linked_stale(entry: str, fullname: str) -> bool:
-    """Whether a module linked with ``fullname`` (:data:`LINKED`, found in the same
-    package directory ``entry``) is stale; it is then recorded in :data:`stale`."""
-    package = fullname.rpartition(".")[0]
+    """Whether a module linked with ``fullname`` (:data:`LINKED`; ``entry`` is
+    ``fullname``'s package directory, the others are found from the same root) is
+    stale; it is then recorded in :data:`stale`."""
+    root = entry
+    for _ in range(fullname.count(".")):  # up from the package to the top package's parent
+        root = os.path.dirname(root)
     found = False
     for other in LINKED:
-        head, _, leaf = other.rpartition(".")
-        built = _built(os.path.join(entry, leaf)) if head == package else None
-        if built is not None and _is_stale(os.path.join(entry, leaf), built):
+        base = os.path.join(root, *other.split("."))
+        built = _built(base)
+        if built is not None and _is_stale(base, built):
             stale.add(other)
             found = True
     return found

@@ -53,7 +53,7 @@ from softverbs.enums import (
 from softverbs.fabric import udp
 from softverbs.wire.codec import BurstMerger, encode_udp_payload
 from softverbs.wire.opcodes import Op, Transport
-from softverbs.wire.packet import Packet
+from softverbs.wire.packet import FIELDS, Packet
 
 SRC, DST = bytes([127, 0, 0, 1]), bytes([127, 0, 0, 2])
 SPORT = 0xC000
@@ -180,7 +180,7 @@ _KINDS = {
 
 def _fields(pkt: Packet) -> tuple[object, ...]:
     return tuple(bytes(pkt.payload) if k == "payload" else getattr(pkt, k)
-                 for k in Packet.__slots__)  # fmt: skip
+                 for k in FIELDS)  # fmt: skip
 
 
 @settings(max_examples=300, deadline=None)

@@ -6,8 +6,9 @@ cimport cython
 
 cimport softverbs.engine.psn as P
 from softverbs.engine.requester cimport Requester
-from softverbs.engine.rings cimport SendWQE
+from softverbs.engine.rings cimport CQE, SendWQE
 from softverbs.engine.wr cimport WrInfo, finished, move
+from softverbs.wire.packet cimport Packet
 
 cdef class Completer:
     cdef public object qp, inflight, deadline, rnr_until
@@ -25,28 +26,28 @@ cdef class Completer:
     cpdef next_deadline(self)
     cpdef stop_timers(self)
     cpdef arm_ack_timer(self, double now)
-    cpdef on_response(self, object pkt, object info, double now)
+    cpdef on_response(self, Packet pkt, object info, double now)
     @cython.locals(wqe=SendWQE, pmtu=cython.longlong, count=cython.longlong,
                    expected=cython.longlong, piece=cython.longlong, end=cython.longlong,
                    final=bint, size=cython.longlong)
     cpdef bint _read_burst(self, object b, double now)
-    cpdef _response(self, object pkt, object info, double now)
+    cpdef _response(self, Packet pkt, object info, double now)
     @cython.locals(wqe=SendWQE)
     cpdef SendWQE _find(self, long long psn)
     @cython.locals(wqe=SendWQE)
     cpdef _acked(self, long long psn, double now)
     cpdef _progress(self, double now, long long una)
     @cython.locals(wqe=SendWQE)
-    cpdef _rnr_nak(self, object pkt, double now)
+    cpdef _rnr_nak(self, Packet pkt, double now)
     @cython.locals(wqe=SendWQE)
-    cpdef _nak(self, object pkt, double now)
+    cpdef _nak(self, Packet pkt, double now)
     cpdef _fail_remote(self, SendWQE wqe, object status, object reason)
     @cython.locals(wqe=SendWQE, expected=cython.longlong, final=bint, bad_first=bint,
                    pmtu=cython.longlong)
-    cpdef _read_response(self, object pkt, object info, double now)
+    cpdef _read_response(self, Packet pkt, object info, double now)
     @cython.locals(wqe=SendWQE)
-    cpdef _atomic_ack(self, object pkt, double now)
+    cpdef _atomic_ack(self, Packet pkt, double now)
     @cython.locals(wqe=SendWQE, end=cython.longlong, off=cython.longlong)
     cpdef rewind(self, long long psn)
-    @cython.locals(wqe=SendWQE, info=WrInfo, ok=bint)
+    @cython.locals(wqe=SendWQE, info=WrInfo, ok=bint, cqe=CQE)
     cpdef complete(self, double now)

@@ -10,6 +10,7 @@ cimport softverbs.engine.psn as P
 from softverbs.engine.completer cimport Completer
 from softverbs.engine.rings cimport SendWQE
 from softverbs.engine.wr cimport WrInfo, move, pending
+from softverbs.wire.packet cimport Packet
 
 cdef class Requester:
     cdef public object qp, cancelled, sig, cc, paced_until, reported_rate
@@ -36,9 +37,11 @@ cdef class Requester:
     @cython.locals(n=cython.longlong, i=cython.longlong, psn=cython.longlong,
                    count=cython.longlong, ack=cython.longlong, window=cython.longlong,
                    room=cython.longlong, pmtu=cython.longlong, quantum=cython.longlong,
-                   again=cython.longlong)
+                   again=cython.longlong, pkt=Packet)
     cpdef bint _send_message(self, SendWQE wqe, WrInfo info, double now)
+    @cython.locals(pkt=Packet)
     cpdef bint _send_read(self, SendWQE wqe)
+    @cython.locals(pkt=Packet)
     cpdef _send_atomic(self, SendWQE wqe)
     cpdef _check_drained(self)
     cpdef signature_failed(self)

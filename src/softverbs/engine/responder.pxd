@@ -5,6 +5,8 @@
 cimport cython
 
 cimport softverbs.engine.psn as P
+from softverbs.engine.rings cimport CQE
+from softverbs.wire.packet cimport Packet
 
 cdef class Responder:
     cdef public object qp, replay, msg, rqe, views, wview, ack_req
@@ -12,23 +14,24 @@ cdef class Responder:
     cdef public bint nak_sent
 
     cpdef reset(self)
-    cpdef on_request(self, object pkt, object info, double now)
+    cpdef on_request(self, Packet pkt, object info, double now)
     @cython.locals(d=cython.longlong)
-    cpdef _rc_receive(self, object pkt, object info, double now)
+    cpdef _rc_receive(self, Packet pkt, object info, double now)
     @cython.locals(inside=bint)
     cpdef bint _out_of_sequence(self, object info)
-    cpdef _accept(self, object pkt, long long n=*, object asked=*)
+    cpdef _accept(self, Packet pkt, long long n=*, object asked=*)
     cpdef emit_ack(self)
-    cpdef _send_ack(self, object req, long long psn)
-    cpdef _take_rqe(self, object pkt)
-    cpdef _rqe_pd(self, object pkt)
+    cpdef _send_ack(self, Packet req, long long psn)
+    cpdef _take_rqe(self, Packet pkt)
+    cpdef _rqe_pd(self, Packet pkt)
     cpdef _rqe_views(self, object rqe, object pd)
+    @cython.locals(cqe=CQE)
     cpdef _complete_rqe(self, object rqe, object status, object byte_len, object opcode=*,
                         object flags=*, object imm=*, object src_qp=*, object solicited=*,
                         object reason=*)
-    cpdef _begin_recv(self, object pkt, double now)
+    cpdef _begin_recv(self, Packet pkt, double now)
     @cython.locals(n=cython.longlong)
-    cpdef _recv_send(self, object pkt, object info, double now)
+    cpdef _recv_send(self, Packet pkt, object info, double now)
     @cython.locals(n=cython.longlong, off=cython.longlong, pmtu=cython.longlong)
-    cpdef _recv_write(self, object pkt, object info, double now)
-    cpdef _remote(self, object pkt, object kind, object va, object length, double now)
+    cpdef _recv_write(self, Packet pkt, object info, double now)
+    cpdef _remote(self, Packet pkt, object kind, object va, object length, double now)

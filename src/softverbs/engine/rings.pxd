@@ -17,3 +17,18 @@ cdef class SendWQE:
     cdef public object state  # a WqeState member: its name appears in messages
     cdef public long long psn, npkts, tx, rxd
     cdef public object data, status, reason
+
+
+# RecvWQE and CQE: one of each per received message.  As extension types they
+# are allocated from a freelist and their fields are slots of a C struct.  The
+# fields stay Python objects, so what is stored is exactly what was given.
+@cython.freelist(64)
+cdef class RecvWQE:
+    cdef public object wr_id, sges, length, index, srq, bad
+
+
+@cython.freelist(64)
+cdef class CQE:
+    cdef public object wr_id, status, opcode, qp_num, byte_len, wc_flags, imm, vendor_err
+    cdef public object src_qp, pkey_index, sl, slid, solicited, reason, wq_kind, wq_handle
+    cdef public object index, dead

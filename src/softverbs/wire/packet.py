@@ -60,53 +60,58 @@ def gid_text(gid: bytes) -> str:
 DEFAULT_PKEY = 0xFFFF
 
 
+#: a :class:`Packet`'s fields, grouped by header (compiled, Packet is an extension
+#: type whose fields packet.pxd declares, and it has no ``__slots__`` to list them)
+FIELDS = (
+    # BTH
+    "opcode",
+    "se",
+    "mig",
+    "pad",
+    "tver",
+    "pkey",
+    "fecn",
+    "becn",
+    "dqpn",
+    "ackreq",
+    "psn",
+    # RETH / AtomicETH
+    "va",
+    "rkey",
+    "dma_len",
+    "swap_add",
+    "compare",
+    # AETH / AtomicAckETH
+    "syndrome",
+    "msn",
+    "orig",
+    # DETH
+    "qkey",
+    "src_qp",
+    # ImmDt, IETH, XRCETH
+    "imm",
+    "inv_rkey",
+    "srqn",
+    # data
+    "payload",
+    # network and UDP layers (GRH fields in IB terms)
+    "sgid",
+    "dgid",
+    "sport",
+    "tclass",
+    "flow_label",
+    "hop_limit",
+    # not on the wire: the sending QP, for the UDP source port and traces
+    "sqpn",
+    # not on the wire: fault injection flips this bit of the encoded packet
+    "corrupt_bit",
+)
+
+
 class Packet:
     """One RoCEv2 packet, decoded."""
 
-    __slots__ = (  # noqa: RUF023 - grouped by header, not sorted
-        # BTH
-        "opcode",
-        "se",
-        "mig",
-        "pad",
-        "tver",
-        "pkey",
-        "fecn",
-        "becn",
-        "dqpn",
-        "ackreq",
-        "psn",
-        # RETH / AtomicETH
-        "va",
-        "rkey",
-        "dma_len",
-        "swap_add",
-        "compare",
-        # AETH / AtomicAckETH
-        "syndrome",
-        "msn",
-        "orig",
-        # DETH
-        "qkey",
-        "src_qp",
-        # ImmDt, IETH, XRCETH
-        "imm",
-        "inv_rkey",
-        "srqn",
-        # data
-        "payload",
-        # network and UDP layers (GRH fields in IB terms)
-        "sgid",
-        "dgid",
-        "sport",
-        "tclass",
-        "flow_label",
-        "hop_limit",
-        # not on the wire: the sending QP, for the UDP source port and traces
-        "sqpn",
-        # not on the wire: fault injection flips this bit of the encoded packet
-        "corrupt_bit",
-    )
+    __slots__ = FIELDS
 
     opcode: int
     se: bool
@@ -315,7 +320,7 @@ def ackreq_indexes(first: int, n: int, ack_every: int, count: int) -> list[int]:
 def _make_copier() -> Any:
     # one generated function assigning every slot: several times faster than a
     # getattr/setattr loop, and packets are copied on the split path per packet
-    body = "".join(f"    dst.{name} = src.{name}\n" for name in Packet.__slots__)
+    body = "".join(f"    dst.{name} = src.{name}\n" for name in FIELDS)
     scope: dict[str, Any] = {}
     exec(f"def _copy_fields(src, dst):\n{body}", scope)
     return scope["_copy_fields"]

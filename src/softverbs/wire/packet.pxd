@@ -1,0 +1,19 @@
+# Cython declarations for packet.py (compiled mode only; see softverbs.compiled).
+# Packet becomes an extension type: one is made per message (and per ACK), and
+# its constructor's 34 stores are C struct stores; the freelist saves the
+# allocation.  The fields stay Python objects, so a field holds exactly what
+# was stored (a bool stays a bool, an IntEnum stays one).  Burst stays a
+# Python subclass with slots of its own.
+
+cimport cython
+
+@cython.freelist(64)
+cdef class Packet:
+    # BTH
+    cdef public object opcode, se, mig, pad, tver, pkey, fecn, becn, dqpn, ackreq, psn
+    # RETH / AtomicETH; AETH / AtomicAckETH; DETH; ImmDt, IETH, XRCETH
+    cdef public object va, rkey, dma_len, swap_add, compare, syndrome, msn, orig
+    cdef public object qkey, src_qp, imm, inv_rkey, srqn
+    # data; network and UDP layers; not on the wire
+    cdef public object payload, sgid, dgid, sport, tclass, flow_label, hop_limit
+    cdef public object sqpn, corrupt_bit
