@@ -690,13 +690,14 @@ class Service:
         """Serve what ``sock``'s client sent: drain it, or read one message.
 
         Draining costs a ``recvmsg`` that finds nothing (BlockingIOError) after
-        the last message; a ping-pong sends one message per turn, so that
-        empty call would be one system call in every three per message.  So
-        after a drain that found a single message, the next
-        :attr:`Client.quiet` turns read one message each (epoll,
-        level-triggered, reports the socket again in the next turn if more
-        wait), and that number doubles, up to :data:`QUIET_TURNS`, while
-        drains keep finding one; a drain that finds more drains again."""
+        the last message; a ping-pong sends one message per turn, so a drain
+        every turn would add that empty call to each message (one in seven of
+        the service's system calls per ``ib_send_lat`` message).  So after a
+        drain that found a single message, the next :attr:`Client.quiet` turns
+        read one message each (epoll, level-triggered, reports the socket again
+        in the next turn if more wait), and that number about doubles, up to
+        :data:`QUIET_TURNS`, while drains keep finding one; a drain that finds
+        more makes the next turn drain again."""
         client = self.clients.get(sock)
         if client is None:
             return
