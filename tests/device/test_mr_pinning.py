@@ -184,3 +184,29 @@ def test_a_key_whose_memory_went_stays_invalid_and_counts() -> None:
     span.mapped = True  # what is mapped there now is not what was registered
     assert isinstance(keys.remote(mk.key, pd, 1, 0x1000, 64, IBV_ACCESS_REMOTE_WRITE), str)
     assert counters["mr_unmapped"] == 2 and len(told) == 1
+
+
+def test_the_service_asks_again_after_each_message_and_each_fault(own_memory: Any) -> None:
+    """With ``reuse`` (the service's memory of a client), the kernel's answer
+    holds until the service serves its next message (``new_pass``) or a copy
+    faults: within one pass an unmap is not seen, after it always."""
+    import os
+
+    from softverbs.device.memory import ProcessMemory, new_pass
+
+    mem = ProcessMemory(os.open("/proc/self/mem", os.O_RDWR), os.getpid(), reuse=True)
+    try:
+        new_pass()
+        addr = hostmem.mmap(length=2 * PAGE)
+        span = mem.span(addr, 2 * PAGE, pinned=True)
+        assert span.still_mapped()
+        hostmem.munmap(addr + PAGE, PAGE)
+        assert span.still_mapped()  # the same pass: the answer it had
+        new_pass()  # the next message
+        assert not span.still_mapped() and span[:PAGE].still_mapped()
+        hostmem.munmap(addr, PAGE)
+        assert span[:PAGE].still_mapped()  # the same pass again
+        assert bytes(span[:PAGE].read()) == bytes(PAGE) and mem.faults == 1
+        assert not span[:PAGE].still_mapped()  # the fault made it ask the kernel
+    finally:
+        mem.close()

@@ -103,8 +103,9 @@ class Pin:
     A NIC pins a region's pages (``ib_umem_get``); the service cannot pin
     another process's pages, so it records what the region's address range
     was mapped to and, before every access, asks the kernel (one
-    ``PROCMAP_QUERY`` ioctl on the process's ``/proc/<pid>/maps``) whether it
-    still is.  A range that was unmapped, or mapped to another file or another
+    ``PROCMAP_QUERY`` ioctl on the process's ``/proc/<pid>/maps``, whose
+    answer the service reuses until its next message: :func:`new_pass`)
+    whether it still is.  A range that was unmapped, or mapped to another file or another
     offset of it, or from shared to private, no longer is: the access fails
     and the region stays invalid.  An anonymous mapping replaced by another
     anonymous one with the same sharing cannot be told apart from outside the
@@ -117,16 +118,44 @@ class Pin:
         self.segments = segments
 
 
+#: The service's count of messages served (:func:`new_pass`): what a
+#: :class:`ProcessMemory` with ``reuse`` keys its answers by.
+_pass = 0
+
+
+def new_pass() -> None:
+    """The service is about to serve a message (a request, a doorbell, a
+    packet): mappings checked before now must be checked again.
+
+    Between two calls, the engine's accesses to one process's memory ask
+    the kernel once per mapping, not once per access: a burst of WQEs on
+    one region costs one ``PROCMAP_QUERY``.  That is sound because nothing
+    the service serves in between can carry news of an unmap: a program
+    that unmaps a region and then tells anyone (a post, a message to a
+    peer that then posts) does it in a message the service has not read
+    yet, and an unmap that races the service's access was a race before
+    too -- the query and the copy are two system calls
+    (docs/architecture.md, *Registered memory and munmap*)."""
+    global _pass
+    _pass += 1
+
+
 class ProcessMemory:
     """One process's address space, through its ``/proc/<pid>/mem`` descriptor."""
 
-    __slots__ = ("_query", "closed", "faults", "fd", "maps", "pid")
+    __slots__ = ("_query", "_seen", "_seen_pass", "closed", "faults", "fd", "maps", "pid",
+                 "reuse")  # fmt: skip
 
-    def __init__(self, fd: int, pid: int = 0) -> None:
+    def __init__(self, fd: int, pid: int = 0, reuse: bool = False) -> None:
         self.fd = fd
         self.pid = pid
         self.faults = 0  #: accesses the kernel refused (unmapped pages, process gone)
         self.closed = False
+        #: reuse the kernel's answers until the next :func:`new_pass` (the service)
+        self.reuse = reuse
+        #: the mappings the kernel described since pass :attr:`_seen_pass`
+        self._seen: list[tuple[int, int, Backing]] = []
+        self._seen_pass = -1
         #: the process's /proc/<pid>/maps, for PROCMAP_QUERY (-1: none, no checks)
         self.maps = -1
         #: one PROCMAP_QUERY argument, reused: only the address changes between calls
@@ -153,6 +182,14 @@ class ProcessMemory:
         nothing is mapped there (or it cannot be asked)."""
         if self.maps < 0:
             return None
+        if self.reuse:
+            if self._seen_pass == _pass:
+                for seen in self._seen:
+                    if seen[0] <= addr < seen[1]:
+                        return seen
+            else:
+                self._seen.clear()
+                self._seen_pass = _pass
         buf = self._query
         _ADDR.pack_into(buf, 16, addr)
         try:
@@ -160,8 +197,11 @@ class ProcessMemory:
         except OSError:
             return None
         start, end, flags, _, offset, inode, major, minor = _PROCMAP_VMA.unpack_from(buf, 24)
-        return start, end, (flags & _VMA_SHARED, major, minor, inode,
-                            offset - start if inode else 0)  # fmt: skip
+        got = start, end, (flags & _VMA_SHARED, major, minor, inode,
+                           offset - start if inode else 0)  # fmt: skip
+        if self.reuse:
+            self._seen.append(got)
+        return got
 
     def pin(self, addr: int, length: int) -> Pin | None:
         """What backs ``[addr, addr + length)`` now (None: no checks on this kernel,
@@ -204,6 +244,7 @@ class ProcessMemory:
                     done += n
         if done < length:
             self.faults += 1
+            self._seen.clear()  # the kernel says the mappings changed: ask it again
         return buf
 
     def write(self, addr: int, data: Buffer) -> None:
@@ -218,6 +259,7 @@ class ProcessMemory:
                     done += n
         if done < len(view):
             self.faults += 1
+            self._seen.clear()  # the kernel says the mappings changed: ask it again
 
     def span(self, addr: int, length: int, pinned: bool = False) -> ProcessSpan:
         """``length`` bytes at ``addr``; with ``pinned``, checked before every access

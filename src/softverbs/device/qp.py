@@ -467,12 +467,30 @@ def detach_mcast(host: Host, owner: Owner, req: records.Mcast, res: Resources) -
 
 
 def doorbell(host: Host, owner: Owner, req: records.Doorbell, res: Resources) -> records.Empty:
+    dev = ring_deferred(host, owner, req)
+    with dev.runtime.lock:
+        dev.runtime.progress()
+    return _NO_REPLY
+
+
+def send_queue_header(host: Host, owner: Owner, handle: int) -> memoryview | None:
+    """The header words of QP ``handle``'s send queue (``PI``, ``DB``, ``STATE``
+    and the ``polled`` word of doorbell suppression, docs/rings.md); None for
+    a QP without one.  In the service they are shared with the client."""
+    sq = host.obj(owner, handle, QPObj).engine.sq
+    return None if sq is None else sq.hdr
+
+
+def ring_deferred(host: Host, owner: Owner, req: records.Doorbell) -> Device:
+    """DOORBELL without running the engine: the device whose engine must run
+    next.  The service rings every doorbell it has read in a turn first and
+    runs each device's engine once after them (service/server.py ``_turn``);
+    the caller holds ``host.lock``."""
     rec = host.obj(owner, req.qp, QPObj)
     dev = rec.device
     with dev.runtime.lock:
         ring_doorbell(rec.engine, req.queue, dev.runtime.clock.now())
-        dev.runtime.progress()
-    return _NO_REPLY
+    return dev
 
 
 def cancel_send(host: Host, owner: Owner, req: records.CancelSend, res: Resources) -> records.Count:

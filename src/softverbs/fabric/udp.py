@@ -90,6 +90,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from softverbs.device.memory import new_pass
 from softverbs.engine.hca import HCA
 from softverbs.errors import PyverbsRDMAError, WireError
 from softverbs.fabric.runtime import Clock, Runtime, flip_bit
@@ -691,6 +692,7 @@ class UdpRuntime(Runtime):
                     log.debug("recvmsg failed: %s", exc)
                     break
                 got = True
+                new_pass()  # a packet may follow an unmap: check mappings again
                 if hca is None:
                     continue
                 now = clock.now()
