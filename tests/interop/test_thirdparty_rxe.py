@@ -107,30 +107,47 @@ def _qperf_figures(out: str) -> list[str]:
     return tests
 
 
+#: qperf's own race (docs/interop.md): its server sends the client the RDMA CM port
+#: before it calls rdma_listen, so a quick client's REQ finds no listener and the
+#: server's CM rejects it (REJ reason 8, invalid service ID), on rxe as on softverbs.
+QPERF_RACE = "unexpected event from RDMA CM: Event rejected"
+QPERF_TRIES = 3  #: runs of the client; each retry runs only the tests not yet measured
+
+
 @pytest.mark.parametrize("direction", ["softverbs-client", "rxe-client"])
 def test_qperf_rc_tests_against_rxe(clean: Peer, direction: str, tmp_path: Path) -> None:
     qperf = _ship("qperf")
     env = _c_env(clean, tmp_path)
     clean.guest("killall -q qperf; true")
+    done: list[str] = []
+    log = ""
     try:
         if direction == "softverbs-client":
             _guest_background(clean, qperf, "/tmp/qperf.out")
             _guest_listening(clean, 19765)
-            ours = finish(_ours(env, "qperf", "-cm1", "-t", "1", GUEST_IP, *QPERF_TESTS),
-                          RUN_TIMEOUT)  # fmt: skip
-            out = ours.stdout
-            assert ours.returncode == 0, out
         else:
             server = _ours(env, "qperf")
             wait_listening(19765, server, read=clean.ns_read)
-            rc, out = clean.guest(f"{qperf} -cm1 -t 1 {HOST_IP} {' '.join(QPERF_TESTS)}",
-                                  timeout=RUN_TIMEOUT)  # fmt: skip
+        for _ in range(QPERF_TRIES):
+            todo = [t for t in QPERF_TESTS if t not in done]
+            if direction == "softverbs-client":
+                ours = finish(_ours(env, "qperf", "-cm1", "-t", "1", GUEST_IP, *todo),
+                              RUN_TIMEOUT)  # fmt: skip
+                rc, out = ours.returncode, ours.stdout
+            else:
+                rc, out = clean.guest(f"{qperf} -cm1 -t 1 {HOST_IP} {' '.join(todo)}",
+                                      timeout=RUN_TIMEOUT)  # fmt: skip
+            log += out
+            done += _qperf_figures(out)
+            if rc == 0 or QPERF_RACE not in out:
+                break
+        if direction == "rxe-client":
             server.kill()
-            assert rc == 0, out
     finally:
         clean.guest("killall -q qperf; true")
         _stop_service(env)
-    assert _qperf_figures(out) == list(QPERF_TESTS), out
+    assert rc == 0, log
+    assert done == list(QPERF_TESTS), log
 
 
 @pytest.mark.parametrize("ep", ["msg", "dgram"])
