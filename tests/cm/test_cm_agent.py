@@ -415,6 +415,31 @@ def test_loopback_connection_on_one_device(sim: Simulation) -> None:
     assert act.dev_name == child.dev_name == "a"
 
 
+def test_a_loopback_address_no_device_holds_binds_as_the_wildcard(sim: Simulation) -> None:
+    """The kernel's cma_any_addr: rdma_bind_addr(127.0.0.1) acquires no device
+    (even with an rxe on ``lo``), and the listener takes a request for any of
+    its port's addresses on any device (what libfabric's verbs provider relies
+    on when it binds 'localhost').  Here no device holds 127.0.0.1."""
+    pch, lst = listener(7494, ip="127.0.0.1")
+    assert lst.src_addr == ("127.0.0.1", 7494)
+    with pytest.raises(PyverbsRDMAError) as info:
+        lst.dev_name  # noqa: B018 -- bound to no device, as a wildcard is
+    assert info.value.error_code == errno.ENODEV
+    with pytest.raises(PyverbsRDMAError) as info:  # cma_check_port: it holds every address
+        listener(7494, ip=B)
+    assert info.value.error_code == errno.EADDRNOTAVAIL
+    for dst, dev in ((B, "b"), (A, "a")):
+        ach, act = active(7494, dst=dst)
+        act.connect(ConnParam())
+        req = expect(pch, RDMA_CM_EVENT_CONNECT_REQUEST)
+        child = CMID(creator=req, listen_id=lst)
+        assert child.dev_name == dev and child.src_addr == (dst, 7494)
+        child.create_qp(qp_init(RDMA_PS_TCP))
+        child.accept(ConnParam())
+        expect(ach, RDMA_CM_EVENT_ESTABLISHED)
+        expect(pch, RDMA_CM_EVENT_ESTABLISHED)
+
+
 def _inject(sim: Simulation, dev: str, payload: bytes, opcode: int = 0x64,
             qkey: int = mad.GSI_QKEY) -> None:  # fmt: skip
     from softverbs.wire.packet import Packet

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from pingpong_kit import ROOT, finish, wait_listening
-from rxe_kit import DEV, GUEST_IP, HOST_IP, NS, OUT, RUN_TIMEOUT, Peer
+from rxe_kit import GUEST_IP, HOST_IP, NS, OUT, RUN_TIMEOUT, Peer
 
 pytestmark = pytest.mark.interop
 
@@ -57,8 +57,15 @@ def _ours(env: dict[str, str], *argv: str) -> subprocess.Popen[str]:
 
 
 def _c_env(peer: Peer, tmp: Path) -> dict[str, str]:
-    """A private host device, started in the namespace by the first program."""
-    return {**peer.env, "SOFTVERBS_SERVICE": str(tmp / "sv.sock")}
+    """A private host device, started in the namespace by the first program.
+
+    The namespace looks like the guest: one RDMA device, on the veth bridge,
+    and no in-process ``sv0`` (whose identity addresses are 127.0.0.N).  So
+    libfabric's verbs provider finds the one device for a dgram endpoint, and
+    its msg server's bind to 'localhost' binds no device, as in the kernel
+    (docs/cm.md), and listens on the device's address."""
+    return {**peer.env, "SOFTVERBS_SERVICE": str(tmp / "sv.sock"),
+            "SOFTVERBS_INPROC_DEVICES": ""}  # fmt: skip
 
 
 def _stop_service(env: dict[str, str]) -> None:
@@ -100,67 +107,66 @@ def _qperf_figures(out: str) -> list[str]:
     return tests
 
 
+#: qperf's own race (docs/interop.md): its server sends the client the RDMA CM port
+#: before it calls rdma_listen, so a quick client's REQ finds no listener and the
+#: server's CM rejects it (REJ reason 8, invalid service ID), on rxe as on softverbs.
+QPERF_RACE = "unexpected event from RDMA CM: Event rejected"
+QPERF_TRIES = 3  #: runs of the client; each retry runs only the tests not yet measured
+
+
 @pytest.mark.parametrize("direction", ["softverbs-client", "rxe-client"])
 def test_qperf_rc_tests_against_rxe(clean: Peer, direction: str, tmp_path: Path) -> None:
     qperf = _ship("qperf")
     env = _c_env(clean, tmp_path)
     clean.guest("killall -q qperf; true")
+    done: list[str] = []
+    log = ""
     try:
         if direction == "softverbs-client":
             _guest_background(clean, qperf, "/tmp/qperf.out")
             _guest_listening(clean, 19765)
-            ours = finish(_ours(env, "qperf", "-cm1", "-t", "1", GUEST_IP, *QPERF_TESTS),
-                          RUN_TIMEOUT)  # fmt: skip
-            out = ours.stdout
-            assert ours.returncode == 0, out
         else:
             server = _ours(env, "qperf")
             wait_listening(19765, server, read=clean.ns_read)
-            rc, out = clean.guest(f"{qperf} -cm1 -t 1 {HOST_IP} {' '.join(QPERF_TESTS)}",
-                                  timeout=RUN_TIMEOUT)  # fmt: skip
+        for _ in range(QPERF_TRIES):
+            todo = [t for t in QPERF_TESTS if t not in done]
+            if direction == "softverbs-client":
+                ours = finish(_ours(env, "qperf", "-cm1", "-t", "1", GUEST_IP, *todo),
+                              RUN_TIMEOUT)  # fmt: skip
+                rc, out = ours.returncode, ours.stdout
+            else:
+                rc, out = clean.guest(f"{qperf} -cm1 -t 1 {HOST_IP} {' '.join(todo)}",
+                                      timeout=RUN_TIMEOUT)  # fmt: skip
+            log += out
+            done += _qperf_figures(out)
+            if rc == 0 or QPERF_RACE not in out:
+                break
+        if direction == "rxe-client":
             server.kill()
-            assert rc == 0, out
     finally:
         clean.guest("killall -q qperf; true")
         _stop_service(env)
-    assert _qperf_figures(out) == list(QPERF_TESTS), out
-
-
-#: Why fi_pingpong msg with the server on softverbs fails (docs/interop.md).
-OUR_MSG_SERVER = (
-    "fi_pingpong's server gives fi_getinfo no address, so libfabric's verbs provider binds "
-    "'localhost'; in the kernel 127.0.0.1 belongs to no RDMA device (the bind fails and the "
-    "provider listens on its device's interface address, 10.77.0.2 on the guest), but "
-    "softverbs' RDMA CM gives 127.0.0.1 to sv0, so the server listens on 127.0.0.1 on sv0 and "
-    "sends that address to the client: rxe's rdma_resolve_route answers ENODEV. fi_pingpong "
-    "1.17 has no option for the server's address"
-)
+    assert rc == 0, log
+    assert done == list(QPERF_TESTS), log
 
 
 @pytest.mark.parametrize("ep", ["msg", "dgram"])
 @pytest.mark.parametrize("direction", ["softverbs-client", "rxe-client"])
-def test_fi_pingpong_against_rxe(clean: Peer, direction: str, ep: str, tmp_path: Path,
-                                 request: pytest.FixtureRequest) -> None:  # fmt: skip
-    if direction == "rxe-client" and ep == "msg":
-        request.applymarker(pytest.mark.xfail(reason=OUR_MSG_SERVER, strict=True))
+def test_fi_pingpong_against_rxe(clean: Peer, direction: str, ep: str, tmp_path: Path) -> None:
     fi = _ship("fi_pingpong")
     env = _c_env(clean, tmp_path)
     args = f"-p verbs -e {ep} -I 20 -c -S 1024"
-    # Ours names its domain: the namespace has two devices, and libfabric's verbs
-    # provider takes the first for a dgram endpoint, sv0-dgram, whose GID is
-    # unreachable from the guest (rxe's ibv_create_ah then times out resolving it).
-    our_args = [*args.split(), *(["-d", f"{DEV}-dgram"] if ep == "dgram" else [])]
     port = 47592
     try:
         if direction == "softverbs-client":
             _guest_background(clean, f"{fi} {args} -B {port}", "/tmp/fi.out")
             _guest_listening(clean, port)
-            ours = finish(_ours(env, "fi_pingpong", *our_args, "-P", str(port), GUEST_IP),
+            ours = finish(_ours(env, "fi_pingpong", *args.split(), "-P", str(port), GUEST_IP),
                           RUN_TIMEOUT)  # fmt: skip
             rc, theirs = _guest_result(clean, "/tmp/fi.out")
             client, client_rc = ours.stdout, ours.returncode
         else:
-            server = _ours(env, "fi_pingpong", *our_args, "-B", str(port))
+            server = _ours(env, "fi_pingpong", *args.split(), "-B", str(port))
             wait_listening(port, server, read=clean.ns_read)
             client_rc, client = clean.guest(f"{fi} {args} -P {port} {HOST_IP}",
                                             timeout=RUN_TIMEOUT)  # fmt: skip

@@ -74,6 +74,7 @@ from softverbs.cm.route import (
     cm_error,
     gid_of,
     is_any,
+    is_wildcard,
 )
 from softverbs.cm.states import (
     CONNECTED_STATES,
@@ -268,12 +269,12 @@ class CmAgent:
         ip, port = a
         if not cid.afonly_set:  # rdma_bind_addr: IPv4 is always, IPv6 as the sysctl says
             cid.afonly = len(ip) == 4 or bindv6only()
-        port = self._take_port(cid, ip, port)
+        port = self._take_port(cid, ip, port, dev)
         cid.src = (ip, port)
         cid.dev = dev
         self.move(cid, "bind")
 
-    def _take_port(self, cid: CmId, ip: bytes, port: int) -> int:
+    def _take_port(self, cid: CmId, ip: bytes, port: int, dev: str | None) -> int:
         """rdma_cm's port space: ``cma_alloc_any_port`` / ``cma_use_port``."""
         ps = cid.ps
         if port == 0:
@@ -289,17 +290,20 @@ class CmAgent:
                 raise cm_error("no free port in the ephemeral range", errno.EADDRNOTAVAIL)
             self._last_port = port
         else:
-            self._check_port(cid, ip, port, self.binds.get((ps, port), []), cid.reuseaddr)
+            self._check_port(cid, ip, dev, port, self.binds.get((ps, port), []),
+                             cid.reuseaddr)  # fmt: skip
         self.binds.setdefault((ps, port), []).append(cid)
         cid.bound = (ps, port)
         return port
 
     @staticmethod
-    def _check_port(cid: CmId, ip: bytes, port: int, owners: list[CmId], reuse: bool) -> None:
-        """``cma_check_port``: may ``cid`` hold ``ip``:``port`` next to its
-        other owners?  Two IDs that both set REUSEADDR share it; two AFONLY IDs
-        of different families never conflict; otherwise a wildcard address
-        on either side is EADDRNOTAVAIL and the same address EADDRINUSE."""
+    def _check_port(cid: CmId, ip: bytes, dev: str | None, port: int, owners: list[CmId],
+                    reuse: bool) -> None:  # fmt: skip
+        """``cma_check_port``: may ``cid`` hold ``ip``:``port`` (on ``dev``) next
+        to its other owners?  Two IDs that both set REUSEADDR share it; two AFONLY
+        IDs of different families never conflict; otherwise a wildcard address
+        (:func:`is_wildcard`) on either side is EADDRNOTAVAIL and the same
+        address EADDRINUSE."""
         for other in owners:
             if other is cid or other.src is None:
                 continue
@@ -308,7 +312,7 @@ class CmAgent:
             oip = other.src[0]
             if cid.afonly and other.afonly and len(ip) != len(oip):
                 continue
-            if is_any(ip) or is_any(oip):
+            if is_wildcard(ip, dev) or is_wildcard(oip, other.dev):
                 raise cm_error(f"port {port} is already bound (a wildcard address is "
                                "involved)", errno.EADDRNOTAVAIL)  # fmt: skip
             if oip == ip:
@@ -406,7 +410,8 @@ class CmAgent:
             cid = self._get(handle, owner)
             if cid.reuseaddr and cid.bound is not None and cid.src is not None:
                 # cma_bind_listen: a listener shares its port with no one
-                self._check_port(cid, cid.src[0], cid.src[1], self.binds[cid.bound], False)
+                self._check_port(cid, cid.src[0], cid.dev, cid.src[1], self.binds[cid.bound],
+                                 False)  # fmt: skip
             self.move(cid, "listen")
             cid.backlog = backlog
             self.ib.move(cid, "listen")
@@ -422,8 +427,9 @@ class CmAgent:
             ip = cid.src[0]
             # cma_match_private_data: a wildcard listener without AFONLY takes
             # both families; otherwise the request's family must be its own
-            if not (is_any(ip) and not cid.afonly) and (
-                    len(ip) != len(dst_ip) or not (is_any(ip) or ip == dst_ip)):  # fmt: skip
+            wild = is_wildcard(ip, cid.dev)
+            if not (wild and not cid.afonly) and (
+                    len(ip) != len(dst_ip) or not (wild or ip == dst_ip)):  # fmt: skip
                 continue
             if sidr != (cid.qp_type == IBV_QPT_UD):
                 continue

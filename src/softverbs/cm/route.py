@@ -44,6 +44,16 @@ def is_any(ip: bytes) -> bool:
     return not any(ip)
 
 
+def is_wildcard(ip: bytes, dev: str | None) -> bool:
+    """Does a CM ID bound to ``ip`` (on device ``dev``) stand for every address?
+
+    The zero address does; so does a loopback address (127.0.0.0/8, ``::1``)
+    that bound no device. The kernel's ``cma_any_addr`` counts loopback as
+    "any": ``rdma_bind_addr(127.0.0.1)`` acquires no device, the listener
+    listens on every device and takes a request for any address."""
+    return is_any(ip) or (dev is None and ipaddress.ip_address(ip).is_loopback)
+
+
 def host_owns(ip: bytes) -> bool:
     """Is ``ip`` an address of this host (can a socket bind it)?"""
     fam = socket.AF_INET if len(ip) == 4 else socket.AF_INET6
@@ -112,9 +122,14 @@ class Router:
                 return str(getattr(spec, "kind", ""))
         return ""
 
-    def bind_device(self, ip: bytes) -> str:
+    def bind_device(self, ip: bytes) -> str | None:
+        """The device ``rdma_bind_addr(ip)`` binds: the one whose GIDs hold
+        ``ip``; none for a loopback address no device holds (the kernel binds
+        loopback as the wildcard, see :func:`is_wildcard`); else an error."""
         dev = self.owner_of(ip)
         if dev is None:
+            if ipaddress.ip_address(ip).is_loopback:
+                return None
             if host_owns(ip):
                 raise cm_error(f"{ipaddress.ip_address(ip)} belongs to no softverbs device "
                                "(see 'softverbs link')", errno.ENODEV)  # fmt: skip
