@@ -415,7 +415,7 @@ def test_module_exports_equal_class_members() -> None:
             members[name] = member
             assert getattr(e, name) is member, name
     # nothing upper-case at module level that is neither a member nor a known constant
-    extras = {"RNR_TIMER_US"} | set(PLAIN_CONSTANTS)
+    extras = {"RNR_TIMER_US", "QP_ATTR_MASK"} | set(PLAIN_CONSTANTS)
     extras |= {f"_{name}" for name in PYVERBS_UNDERSCORE}
     for name in vars(e):
         if name.lstrip("_").isupper() and not name.startswith("__"):
@@ -506,3 +506,10 @@ def test_mtu_helpers() -> None:
     for bad in (0, 128, 1500, 4095, 8192, 9000):
         with pytest.raises(ValueError):
             e.bytes_to_mtu(bad)
+
+
+def test_qp_attr_mask_names_each_single_field_bit_once() -> None:
+    bits = list(e.QP_ATTR_MASK.values())
+    assert len(set(bits)) == len(bits)
+    groups = {e.IBV_QP_ALT_PATH, e.IBV_QP_CAP}
+    assert set(bits) | groups == set(e.ibv_qp_attr_mask.__members__.values())

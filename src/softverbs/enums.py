@@ -1408,6 +1408,21 @@ RNR_TIMER_US: Final[tuple[float, ...]] = (
 )
 # fmt: on
 
+#: The ``struct ibv_qp_attr`` field each ``ibv_qp_attr_mask`` bit names, for the
+#: bits that name one field (``IBV_QP_ALT_PATH`` and ``IBV_QP_CAP`` name groups):
+#: what a modify sends, a query reports and a CM answer carries, spelled once.
+QP_ATTR_MASK: Final[dict[str, ibv_qp_attr_mask]] = {
+    "qp_state": IBV_QP_STATE, "cur_qp_state": IBV_QP_CUR_STATE,
+    "en_sqd_async_notify": IBV_QP_EN_SQD_ASYNC_NOTIFY, "qp_access_flags": IBV_QP_ACCESS_FLAGS,
+    "pkey_index": IBV_QP_PKEY_INDEX, "port_num": IBV_QP_PORT, "qkey": IBV_QP_QKEY,
+    "ah_attr": IBV_QP_AV, "path_mtu": IBV_QP_PATH_MTU, "timeout": IBV_QP_TIMEOUT,
+    "retry_cnt": IBV_QP_RETRY_CNT, "rnr_retry": IBV_QP_RNR_RETRY, "rq_psn": IBV_QP_RQ_PSN,
+    "max_rd_atomic": IBV_QP_MAX_QP_RD_ATOMIC, "min_rnr_timer": IBV_QP_MIN_RNR_TIMER,
+    "sq_psn": IBV_QP_SQ_PSN, "max_dest_rd_atomic": IBV_QP_MAX_DEST_RD_ATOMIC,
+    "path_mig_state": IBV_QP_PATH_MIG_STATE, "dest_qp_num": IBV_QP_DEST_QPN,
+    "rate_limit": IBV_QP_RATE_LIMIT,
+}  # fmt: skip
+
 _MTU_BYTES: Final[dict[ibv_mtu, int]] = {m: 128 << m.value for m in ibv_mtu}
 _BYTES_MTU: Final[dict[int, ibv_mtu]] = {n: m for m, n in _MTU_BYTES.items()}
 

@@ -31,22 +31,8 @@ from softverbs.cm.agent import CmAgent
 from softverbs.cm.states import CmState, RdmaState
 from softverbs.device import ops, records
 from softverbs.enums import (
-    IBV_QP_ACCESS_FLAGS,
     IBV_QP_AV,
-    IBV_QP_DEST_QPN,
-    IBV_QP_MAX_DEST_RD_ATOMIC,
-    IBV_QP_MAX_QP_RD_ATOMIC,
-    IBV_QP_MIN_RNR_TIMER,
-    IBV_QP_PATH_MTU,
-    IBV_QP_PKEY_INDEX,
-    IBV_QP_PORT,
-    IBV_QP_QKEY,
-    IBV_QP_RETRY_CNT,
-    IBV_QP_RNR_RETRY,
-    IBV_QP_RQ_PSN,
-    IBV_QP_SQ_PSN,
-    IBV_QP_STATE,
-    IBV_QP_TIMEOUT,
+    QP_ATTR_MASK,
     RDMA_CM_EVENT_CONNECT_REQUEST,
 )
 from softverbs.errors import PyverbsRDMAError
@@ -153,15 +139,10 @@ def ah_dict(rec: records.AddressVector) -> dict[str, Any]:
 
 # --- QP attributes ------------------------------------------------------------------------
 
-#: the attribute each mask bit of rdma_init_qp_attr's answer names
-_QP_FIELDS = (
-    (IBV_QP_STATE, "qp_state"), (IBV_QP_ACCESS_FLAGS, "qp_access_flags"),
-    (IBV_QP_PKEY_INDEX, "pkey_index"), (IBV_QP_PORT, "port_num"), (IBV_QP_QKEY, "qkey"),
-    (IBV_QP_PATH_MTU, "path_mtu"), (IBV_QP_DEST_QPN, "dest_qp_num"), (IBV_QP_RQ_PSN, "rq_psn"),
-    (IBV_QP_MAX_DEST_RD_ATOMIC, "max_dest_rd_atomic"), (IBV_QP_MIN_RNR_TIMER, "min_rnr_timer"),
-    (IBV_QP_SQ_PSN, "sq_psn"), (IBV_QP_RETRY_CNT, "retry_cnt"), (IBV_QP_RNR_RETRY, "rnr_retry"),
-    (IBV_QP_MAX_QP_RD_ATOMIC, "max_rd_atomic"), (IBV_QP_TIMEOUT, "timeout"),
-)  # fmt: skip
+#: the attribute each mask bit of rdma_init_qp_attr's answer names (the address
+#: vector apart: it is a record of its own)
+_QP_FIELDS = tuple((bit, name) for name, bit in QP_ATTR_MASK.items()
+                   if name in {f.name for f in dataclasses.fields(records.QPAttrs)})  # fmt: skip
 
 
 def qp_attr_record(got: dict[str, Any]) -> records.CmQpAttr:

@@ -20,7 +20,7 @@ Theory of operation
    and :func:`rts_attrs` give, for a QP type, the ``ibv_qp_attr`` fields
    rdma-core's examples set in each step (what differs by type is in
    :data:`RTR_EXTRA` and :data:`RTS_EXTRA`); :func:`mask_of` gives the
-   ``ibv_qp_attr_mask`` naming exactly those fields (:data:`ATTR_MASK`), so
+   ``ibv_qp_attr_mask`` naming exactly those fields (``enums.QP_ATTR_MASK``), so
    a field is never set without its mask bit nor the reverse.
    :func:`modify` applies one step to a QP; :func:`connect` is
    ``pp_connect_ctx``, INIT -> RTR -> RTS.
@@ -43,22 +43,6 @@ from typing import Any
 from softverbs import GID, QP, AHAttr, Context, GlobalRoute, PyverbsError, QPAttr
 from softverbs.enums import (
     IBV_LINK_LAYER_ETHERNET,
-    IBV_QP_ACCESS_FLAGS,
-    IBV_QP_AV,
-    IBV_QP_DEST_QPN,
-    IBV_QP_MAX_DEST_RD_ATOMIC,
-    IBV_QP_MAX_QP_RD_ATOMIC,
-    IBV_QP_MIN_RNR_TIMER,
-    IBV_QP_PATH_MTU,
-    IBV_QP_PKEY_INDEX,
-    IBV_QP_PORT,
-    IBV_QP_QKEY,
-    IBV_QP_RETRY_CNT,
-    IBV_QP_RNR_RETRY,
-    IBV_QP_RQ_PSN,
-    IBV_QP_SQ_PSN,
-    IBV_QP_STATE,
-    IBV_QP_TIMEOUT,
     IBV_QPS_INIT,
     IBV_QPS_RTR,
     IBV_QPS_RTS,
@@ -66,6 +50,7 @@ from softverbs.enums import (
     IBV_QPT_UD,
     IBV_QPT_XRC_RECV,
     IBV_QPT_XRC_SEND,
+    QP_ATTR_MASK,
 )
 
 DEFAULT_PORT = 18515  #: the TCP rendezvous port of every ibv_*_pingpong (and perftest)
@@ -219,16 +204,6 @@ def ah_attr(*, lid: int, gid: bytes, sl: int, port: int, sgid_index: int,
 
 # --- the QP transitions -----------------------------------------------------------------------
 
-#: each ibv_qp_attr field the examples set, and the ibv_qp_attr_mask bit that names it
-ATTR_MASK: dict[str, int] = {
-    "qp_state": IBV_QP_STATE, "pkey_index": IBV_QP_PKEY_INDEX, "port_num": IBV_QP_PORT,
-    "qkey": IBV_QP_QKEY, "qp_access_flags": IBV_QP_ACCESS_FLAGS, "ah_attr": IBV_QP_AV,
-    "path_mtu": IBV_QP_PATH_MTU, "dest_qp_num": IBV_QP_DEST_QPN, "rq_psn": IBV_QP_RQ_PSN,
-    "max_dest_rd_atomic": IBV_QP_MAX_DEST_RD_ATOMIC, "min_rnr_timer": IBV_QP_MIN_RNR_TIMER,
-    "sq_psn": IBV_QP_SQ_PSN, "timeout": IBV_QP_TIMEOUT, "retry_cnt": IBV_QP_RETRY_CNT,
-    "rnr_retry": IBV_QP_RNR_RETRY, "max_rd_atomic": IBV_QP_MAX_QP_RD_ATOMIC,
-}  # fmt: skip
-
 #: what a QP type adds in RTR to the path (MTU, dest QPN, PSN, address): the
 #: responder's resources -- rdma-core's examples' values (UC and XRC send: none)
 RTR_EXTRA: dict[int, dict[str, int]] = {
@@ -274,7 +249,7 @@ def mask_of(attrs: Attrs) -> int:
     """The ibv_qp_attr_mask that names exactly ``attrs``."""
     mask = 0
     for name in attrs:
-        mask |= ATTR_MASK[name]
+        mask |= QP_ATTR_MASK[name]
     return mask
 
 
