@@ -192,7 +192,8 @@ def test_the_service_asks_again_after_each_message_and_each_fault(own_memory: An
     faults: within one pass an unmap is not seen, after it always."""
     import os
 
-    from softverbs.device.memory import ProcessMemory, new_pass
+    from softverbs.device.memory import ProcessMemory
+    from softverbs.engine.memory import new_pass
 
     mem = ProcessMemory(os.open("/proc/self/mem", os.O_RDWR), os.getpid(), reuse=True)
     try:

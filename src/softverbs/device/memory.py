@@ -38,6 +38,7 @@ import fcntl
 import os
 import struct
 
+from softverbs.engine.memory import current_pass
 from softverbs.enums import (
     IBV_ACCESS_LOCAL_WRITE,
     IBV_ACCESS_MW_BIND,
@@ -104,7 +105,8 @@ class Pin:
     another process's pages, so it records what the region's address range
     was mapped to and, before every access, asks the kernel (one
     ``PROCMAP_QUERY`` ioctl on the process's ``/proc/<pid>/maps``, whose
-    answer the service reuses until its next message: :func:`new_pass`)
+    answer the service reuses until its next message:
+    :func:`softverbs.engine.memory.new_pass`)
     whether it still is.  A range that was unmapped, or mapped to another file or another
     offset of it, or from shared to private, no longer is: the access fails
     and the region stays invalid.  An anonymous mapping replaced by another
@@ -116,28 +118,6 @@ class Pin:
     def __init__(self, segments: list[tuple[int, int, Backing]]) -> None:
         #: (start, end, backing) of each mapping the region lay in
         self.segments = segments
-
-
-#: The service's count of messages served (:func:`new_pass`): what a
-#: :class:`ProcessMemory` with ``reuse`` keys its answers by.
-_pass = 0
-
-
-def new_pass() -> None:
-    """The service is about to serve a message (a request, a doorbell, a
-    packet): mappings checked before now must be checked again.
-
-    Between two calls, the engine's accesses to one process's memory ask
-    the kernel once per mapping, not once per access: a burst of WQEs on
-    one region costs one ``PROCMAP_QUERY``.  That is sound because nothing
-    the service serves in between can carry news of an unmap: a program
-    that unmaps a region and then tells anyone (a post, a message to a
-    peer that then posts) does it in a message the service has not read
-    yet, and an unmap that races the service's access was a race before
-    too -- the query and the copy are two system calls
-    (docs/architecture.md, *Registered memory and munmap*)."""
-    global _pass
-    _pass += 1
 
 
 class ProcessMemory:
@@ -183,13 +163,14 @@ class ProcessMemory:
         if self.maps < 0:
             return None
         if self.reuse:
-            if self._seen_pass == _pass:
+            now = current_pass()
+            if self._seen_pass == now:
                 for seen in self._seen:
                     if seen[0] <= addr < seen[1]:
                         return seen
             else:
                 self._seen.clear()
-                self._seen_pass = _pass
+                self._seen_pass = now
         buf = self._query
         _ADDR.pack_into(buf, 16, addr)
         try:

@@ -401,3 +401,33 @@ _RIGHT_NAMES: dict[int, str] = {
 
 def _right_name(right: int) -> str:
     return _RIGHT_NAMES.get(right, hex(right))
+
+
+# --- the service's passes over process memory -----------------------------------------------
+
+#: The service's count of messages served (:func:`new_pass`): what a
+#: :class:`~softverbs.device.memory.ProcessMemory` with ``reuse`` keys its answers by.
+_pass = 0
+
+
+def new_pass() -> None:
+    """The service is about to serve a message (a request, a doorbell, a
+    packet): mappings checked before now must be checked again.
+
+    Between two calls, the engine's accesses to one process's memory ask
+    the kernel once per mapping, not once per access: a burst of WQEs on
+    one region costs one ``PROCMAP_QUERY``.  That is sound because nothing
+    the service serves in between can carry news of an unmap: a program
+    that unmaps a region and then tells anyone (a post, a message to a
+    peer that then posts) does it in a message the service has not read
+    yet, and an unmap that races the service's access was a race before
+    too -- the query and the copy are two system calls
+    (docs/architecture.md, *Registered memory and munmap*)."""
+    global _pass
+    _pass += 1
+
+
+def current_pass() -> int:
+    """The pass :func:`new_pass` last began."""
+    return _pass
+

@@ -90,8 +90,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from softverbs.device.memory import new_pass
 from softverbs.engine.hca import HCA
+from softverbs.engine.memory import new_pass
 from softverbs.errors import PyverbsRDMAError, WireError
 from softverbs.fabric.runtime import Clock, Runtime, flip_bit
 from softverbs.wire.codec import (

@@ -70,10 +70,11 @@ from typing import Any
 from softverbs import compiled, config
 from softverbs.device import ops, protocol, records
 from softverbs.device.core import ALLOWED_OPCODES, Device, Owner, Resources
-from softverbs.device.memory import ProcessMemory, new_pass
+from softverbs.device.memory import ProcessMemory
 from softverbs.device.protocol import ProtocolError
 from softverbs.device.qp import ring_deferred, send_queue_header
 from softverbs.device.srq import SRQObj
+from softverbs.engine.memory import new_pass
 from softverbs.engine.rings import (
     C_CONSTANTS,
     CQE_SIZE,
