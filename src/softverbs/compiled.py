@@ -67,6 +67,7 @@ MODULES: tuple[str, ...] = (
 #: the other's C functions fails).  If any of them is stale, all run from source.
 LINKED: frozenset[str] = frozenset({
     "softverbs.engine.completer",
+    "softverbs.engine.core",
     "softverbs.engine.psn",
     "softverbs.engine.requester",
     "softverbs.engine.responder",

@@ -5,13 +5,15 @@
 cimport cython
 
 cimport softverbs.engine.psn as P
+from softverbs.engine.core cimport QPCore
 from softverbs.engine.requester cimport Requester
 from softverbs.engine.rings cimport CQE, SendWQE
 from softverbs.engine.wr cimport WrInfo, finished, move
 from softverbs.wire.packet cimport Packet
 
 cdef class Completer:
-    cdef public object qp, inflight, deadline, rnr_until
+    cdef public QPCore qp
+    cdef public object inflight, deadline, rnr_until
     cdef public Requester req
     cdef public long long una, retry_left, rnr_left, rnr_psn
     cdef public bint resending

@@ -7,13 +7,15 @@
 cimport cython
 
 cimport softverbs.engine.psn as P
+from softverbs.engine.core cimport QPCore
 from softverbs.engine.completer cimport Completer
 from softverbs.engine.rings cimport SendWQE
 from softverbs.engine.wr cimport WrInfo, move, pending
 from softverbs.wire.packet cimport Packet
 
 cdef class Requester:
-    cdef public object qp, cancelled, sig, cc, paced_until, reported_rate
+    cdef public QPCore qp
+    cdef public object cancelled, sig, cc, paced_until, reported_rate
     cdef public Completer comp
     cdef public long long sq_next, npsn, rd_out, sent_end, resent_pkts
     cdef public bint blocked, draining

@@ -5,11 +5,13 @@
 cimport cython
 
 cimport softverbs.engine.psn as P
+from softverbs.engine.core cimport QPCore
 from softverbs.engine.rings cimport CQE
 from softverbs.wire.packet cimport Packet
 
 cdef class Responder:
-    cdef public object qp, replay, msg, rqe, views, wview, ack_req
+    cdef public QPCore qp
+    cdef public object replay, msg, rqe, views, wview, ack_req
     cdef public long long epsn, msn, rq_next, off, wkey, ack_psn
     cdef public bint nak_sent
 

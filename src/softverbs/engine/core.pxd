@@ -1,0 +1,28 @@
+# Cython declarations for core.py (compiled mode only; see softverbs.compiled).
+# QPCore becomes an extension type: the requester, completer and responder
+# hold it typed (their .pxd), so their reads of the QP's attributes are C
+# struct reads and its per-packet methods are C calls.  QPEngine stays a
+# Python subclass, so an attribute not declared here (the parts, anything a
+# test or the device hangs on it) lives in its instance dictionary.
+# Integers the parts do arithmetic on are C integers; the attributes whose
+# Python type is part of what they say (qp_type and the state are IntEnum
+# members, the access flags, sq_sig_all as given) stay Python objects.
+
+cdef class QPCore:
+    cdef public object hca, transport, pd, send_cq, recv_cq, sq, rq, srq, owner, xrcd
+    cdef public object qp_type, _state, sq_sig_all, route, timer_at, rare_counts, last_error
+    # attributes set by modify
+    cdef public object port, pkey_index, pkey, qkey, access, dest_qpn, sq_psn, rq_psn
+    cdef public object timeout, retry_cnt, rnr_retry, min_rnr_timer, max_rd_atomic
+    cdef public object max_dest_rd_atomic, en_sqd_async_notify, sport
+    cdef public long long qpn, pmtu, window, timer_token, sent_pkts, rcvd_pkts
+    cdef public bint reliable, comm_established, sig_pipelining, block_self_mcast_lb
+    cdef public double cnp_sent_at
+
+    cpdef send(self, object pkt)
+    cpdef count(self, object name)
+    cpdef arm(self, double deadline)
+    cpdef push_cqe(self, object cq, object cqe)
+    cpdef new_request(self, object opcode, object psn, object payload=*)
+    cpdef address(self, object pkt, object route)
+    cpdef reply(self, object req, object opcode, object psn, object payload=*)
