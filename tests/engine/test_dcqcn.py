@@ -22,7 +22,7 @@ from softverbs.wire.opcodes import CNP_OPCODE
 from softverbs.wire.packet import Packet
 
 PAPER = {
-    "min_time_between_cnps": 50, "rate_reduce_monitor_period": 50, "clamp_tgt_rate": 1,
+    "min_time_between_cnps": 50, "cnp_per_port": 0, "rate_reduce_monitor_period": 50, "clamp_tgt_rate": 1,
     "dce_tcp_rtt": 55,
     "dce_tcp_g": 1020, "rpg_time_reset": 55, "rpg_byte_reset": 10_000_000,
     "rpg_threshold": 5, "rpg_ai_rate": 40, "rpg_hai_rate": 100,
@@ -88,12 +88,23 @@ def test_every_marked_packet_makes_a_cnp_without_a_minimum_interval() -> None:
 
 def test_at_most_one_cnp_per_qp_per_interval() -> None:
     mark_all = Topology(kmin=0, kmax=0, pmax=1.0)
-    r = run_incast(1, "dcqcn", duration=0.002, topology=mark_all,
-                   cc_params={"min_time_between_cnps": 100, "rpg_min_dec_fac": 100})  # fmt: skip
-    # one QP, 2 ms, at most one CNP per 100 us; every packet after the first was marked
-    assert 5 <= r.cnps <= 21 < r.marks
+    r = run_incast(4, "dcqcn", duration=0.002, topology=mark_all,
+                   cc_params={"min_time_between_cnps": 100, "cnp_per_port": 0,
+                              "rpg_min_dec_fac": 100})  # fmt: skip
+    # four QPs, 2 ms, at most one CNP per QP per 100 us; every packet was marked
+    assert 4 * 15 <= r.cnps <= 4 * 21 < r.marks
     # rpg_min_dec_fac 100: CNPs are handled, but no cut is deeper than 0 %
     assert r.cnps_handled == r.cnps and r.utilisation > 0.9
+
+
+def test_at_most_one_cnp_per_port_per_interval() -> None:
+    """mlx5's default scope: the receiving port's CNPs, all QPs together, are spaced
+    by ``min_time_between_cnps`` (the same run as above sends a quarter as many)."""
+    mark_all = Topology(kmin=0, kmax=0, pmax=1.0)
+    r = run_incast(4, "dcqcn", duration=0.002, topology=mark_all,
+                   cc_params={"min_time_between_cnps": 100, "rpg_min_dec_fac": 100})  # fmt: skip
+    assert 15 <= r.cnps <= 21 < r.marks
+    assert r.cnps_handled == r.cnps
 
 
 def test_no_cnps_without_dcqcn() -> None:
