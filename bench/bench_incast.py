@@ -47,7 +47,8 @@ from softverbs.incast import IncastResult, run_incast
 #: with g = 1/256, the increase timer 55 us, the byte counter 10 MB, F = 5, R_AI 40 Mb/s;
 #: R_HAI (100 Mb/s) is ours.
 PAPER: dict[str, int] = {
-    "min_time_between_cnps": 50, "cnp_per_port": 0, "rate_reduce_monitor_period": 50, "clamp_tgt_rate": 1,
+    "min_time_between_cnps": 50, "cnp_per_port": 0, "rate_reduce_monitor_period": 50,
+    "clamp_tgt_rate": 1,
     "dce_tcp_rtt": 55,
     "dce_tcp_g": 1020, "rpg_time_reset": 55, "rpg_byte_reset": 10_000_000,
     "rpg_threshold": 5, "rpg_ai_rate": 40, "rpg_hai_rate": 100,

@@ -22,7 +22,8 @@ from softverbs.wire.opcodes import CNP_OPCODE
 from softverbs.wire.packet import Packet
 
 PAPER = {
-    "min_time_between_cnps": 50, "cnp_per_port": 0, "rate_reduce_monitor_period": 50, "clamp_tgt_rate": 1,
+    "min_time_between_cnps": 50, "cnp_per_port": 0, "rate_reduce_monitor_period": 50,
+    "clamp_tgt_rate": 1,
     "dce_tcp_rtt": 55,
     "dce_tcp_g": 1020, "rpg_time_reset": 55, "rpg_byte_reset": 10_000_000,
     "rpg_threshold": 5, "rpg_ai_rate": 40, "rpg_hai_rate": 100,
