@@ -99,11 +99,12 @@ def test_at_most_one_cnp_per_qp_per_interval() -> None:
 
 
 def test_at_most_one_cnp_per_port_per_interval() -> None:
-    """mlx5's default scope: the receiving port's CNPs, all QPs together, are spaced
-    by ``min_time_between_cnps`` (the same run as above sends a quarter as many)."""
+    """``cnp_per_port``: the receiving port's CNPs, all QPs together, are spaced by
+    ``min_time_between_cnps`` (the same run as above sends a quarter as many)."""
     mark_all = Topology(kmin=0, kmax=0, pmax=1.0)
     r = run_incast(4, "dcqcn", duration=0.002, topology=mark_all,
-                   cc_params={"min_time_between_cnps": 100, "rpg_min_dec_fac": 100})  # fmt: skip
+                   cc_params={"min_time_between_cnps": 100, "cnp_per_port": 1,
+                              "rpg_min_dec_fac": 100})  # fmt: skip
     assert 15 <= r.cnps <= 21 < r.marks
     assert r.cnps_handled == r.cnps
 

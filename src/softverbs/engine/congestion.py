@@ -121,10 +121,11 @@ DCQCN_PARAMS: tuple[Param, ...] = (
     # notification point
     Param("min_time_between_cnps", 4, 0, 4095, "us",
           "at most one CNP per this long, from the port (cnp_per_port) or per QP"),
-    # Not an mlx5 knob: the scope of min_time_between_cnps.  The firmware's register
-    # description (mstflint's tools_open_roce_cc_ecn) says "from the port"; the paper
-    # says per flow.  1: one interval for the whole device, 0: one per QP.
-    Param("cnp_per_port", 1, 0, 1, "bool",
+    # Not an mlx5 knob: the scope of min_time_between_cnps.  The paper spaces each
+    # flow's CNPs; a firmware register description (mstflint's tools_open_roce_cc_ecn,
+    # ConnectX-3 Pro era) says "from the port".  0: one interval per QP, 1: one for the
+    # whole device.  Per QP by default: see docs/congestion.md for what per port does here.
+    Param("cnp_per_port", 0, 0, 1, "bool",
           "min_time_between_cnps spaces the device's CNPs (1) or each QP's (0)"),
     Param("cnp_dscp", 48, 0, 63, "DSCP", "the CNP's IP DSCP"),
     Param("cnp_802p_prio", 6, 0, 7, "PCP", "the CNP's 802.1p priority (recorded, no VLANs)"),

@@ -328,8 +328,8 @@ class HCA:
     def ecn_marked(self, pkt: Packet, qp: QPEngine | None, now: float) -> None:
         """The notification point: a packet arrived with ECN CE.  With DCQCN on,
         the QP it reached answers its sender with a CNP -- at most one per
-        ``min_time_between_cnps`` from the whole port (``cnp_per_port``, as the
-        firmware's register description has it) or from each QP (the paper's NP)."""
+        ``min_time_between_cnps`` from each QP (the paper's NP, the default) or
+        from the whole port (``cnp_per_port``)."""
         self.counters["np_ecn_marked_roce_packets"] += pkt.count
         cc = self.cc
         if qp is None or not cc.ecn:
