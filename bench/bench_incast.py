@@ -39,15 +39,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from softverbs.engine.congestion import check_params
 from softverbs.fabric.switch import Topology
 from softverbs.incast import IncastResult, run_incast
 
-#: The DCQCN paper's parameters (Zhu et al., SIGCOMM 2015) as mlx5 knobs: a CNP and a
-#: rate cut at most every 50 us, every cut setting Rt = Rc, alpha updated every 55 us
+#: The DCQCN paper's parameters (Zhu et al., SIGCOMM 2015) as mlx5 knobs: a CNP per flow
+#: and a rate cut at most every 50 us, every cut setting Rt = Rc, alpha updated every 55 us
 #: with g = 1/256, the increase timer 55 us, the byte counter 10 MB, F = 5, R_AI 40 Mb/s;
 #: R_HAI (100 Mb/s) is ours.
 PAPER: dict[str, int] = {
-    "min_time_between_cnps": 50, "rate_reduce_monitor_period": 50, "clamp_tgt_rate": 1,
+    "min_time_between_cnps": 50, "cnp_per_port": 0, "rate_reduce_monitor_period": 50,
+    "clamp_tgt_rate": 1,
     "dce_tcp_rtt": 55,
     "dce_tcp_g": 1020, "rpg_time_reset": 55, "rpg_byte_reset": 10_000_000,
     "rpg_threshold": 5, "rpg_ai_rate": 40, "rpg_hai_rate": 100,
@@ -141,6 +143,13 @@ def main() -> int:
         help="DCQCN parameters: mlx5's defaults (default) or the paper's",
     )
     ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="one DCQCN parameter over the set (repeatable), e.g. cnp_per_port=1",
+    )
+    ap.add_argument(
         "--buffer",
         type=int,
         default=800_000,
@@ -172,7 +181,18 @@ def main() -> int:
         ap.error(f"--buffer must hold a packet (>= 4200 bytes), not {args.buffer}")
     if not 1 <= args.timeout <= 31:
         ap.error(f"--timeout is an exponent 1..31, not {args.timeout}")
-    params = PAPER if args.params == "paper" else {}
+    params = dict(PAPER) if args.params == "paper" else {}
+    for item in args.set:
+        name, eq, value = item.partition("=")
+        try:
+            params[name] = int(value, 0)
+        except ValueError:
+            ap.error(f"--set: NAME=VALUE with an integer value, not {item!r}")
+        if not eq:
+            ap.error(f"--set: NAME=VALUE, not {item!r}")
+    problem = check_params("dcqcn", params)
+    if problem:
+        ap.error(f"--set: {problem}")
     results: list[IncastResult] = []
     for n in counts:
         for fabric in fabrics:
@@ -192,6 +212,7 @@ def main() -> int:
             f"bottleneck {args.bandwidth / 1e9:g} Gb/s, buffer {args.buffer / 1000:g} KB, "
             f"MTU {args.mtu}, {args.duration * 1e3:g} ms virtual per run, ACK timeout "
             f"{4.096 * 2**args.timeout / 1000:.3g} ms, DCQCN parameters: {args.params}"
+            + "".join(f" {s}" for s in args.set)
         )
         print(table(results))
     if args.plot:

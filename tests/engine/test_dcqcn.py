@@ -22,7 +22,8 @@ from softverbs.wire.opcodes import CNP_OPCODE
 from softverbs.wire.packet import Packet
 
 PAPER = {
-    "min_time_between_cnps": 50, "rate_reduce_monitor_period": 50, "clamp_tgt_rate": 1,
+    "min_time_between_cnps": 50, "cnp_per_port": 0, "rate_reduce_monitor_period": 50,
+    "clamp_tgt_rate": 1,
     "dce_tcp_rtt": 55,
     "dce_tcp_g": 1020, "rpg_time_reset": 55, "rpg_byte_reset": 10_000_000,
     "rpg_threshold": 5, "rpg_ai_rate": 40, "rpg_hai_rate": 100,
@@ -88,12 +89,24 @@ def test_every_marked_packet_makes_a_cnp_without_a_minimum_interval() -> None:
 
 def test_at_most_one_cnp_per_qp_per_interval() -> None:
     mark_all = Topology(kmin=0, kmax=0, pmax=1.0)
-    r = run_incast(1, "dcqcn", duration=0.002, topology=mark_all,
-                   cc_params={"min_time_between_cnps": 100, "rpg_min_dec_fac": 100})  # fmt: skip
-    # one QP, 2 ms, at most one CNP per 100 us; every packet after the first was marked
-    assert 5 <= r.cnps <= 21 < r.marks
+    r = run_incast(4, "dcqcn", duration=0.002, topology=mark_all,
+                   cc_params={"min_time_between_cnps": 100, "cnp_per_port": 0,
+                              "rpg_min_dec_fac": 100})  # fmt: skip
+    # four QPs, 2 ms, at most one CNP per QP per 100 us; every packet was marked
+    assert 4 * 15 <= r.cnps <= 4 * 21 < r.marks
     # rpg_min_dec_fac 100: CNPs are handled, but no cut is deeper than 0 %
     assert r.cnps_handled == r.cnps and r.utilisation > 0.9
+
+
+def test_at_most_one_cnp_per_port_per_interval() -> None:
+    """``cnp_per_port``: the receiving port's CNPs, all QPs together, are spaced by
+    ``min_time_between_cnps`` (the same run as above sends a quarter as many)."""
+    mark_all = Topology(kmin=0, kmax=0, pmax=1.0)
+    r = run_incast(4, "dcqcn", duration=0.002, topology=mark_all,
+                   cc_params={"min_time_between_cnps": 100, "cnp_per_port": 1,
+                              "rpg_min_dec_fac": 100})  # fmt: skip
+    assert 15 <= r.cnps <= 21 < r.marks
+    assert r.cnps_handled == r.cnps
 
 
 def test_no_cnps_without_dcqcn() -> None:
@@ -211,3 +224,15 @@ def test_a_pause_holds_the_sender_and_a_resume_lets_it_go() -> None:
     assert r.drops == 0 and r.pauses > 0 and r.utilisation > 0.9  # paused, never idle
     with pytest.raises(ValueError, match="pfc_beta"):
         Simulation(devices=("a", "b"), topology=Topology(pfc=True, pfc_beta=0))
+
+
+def test_a_resume_never_overtakes_its_pause() -> None:
+    """A host's packet that leaves an idle queue at once (the receiver's CNPs and
+    ACKs) may get its PAUSE and its resume in the same instant; rounding once put
+    the resume first, so the receiver stayed paused for good and every later CNP and
+    ACK of a 16:1 incast sat in its NIC (3 of 118 CNPs arrived, no WRITE finished)."""
+    r = run_incast(16, "dcqcn", duration=0.0005, topology=_topo(True), mtu=1024,
+                   cc_params={"cnp_per_port": 1})  # fmt: skip
+    assert r.pauses > 0 and r.cnps > 50
+    assert r.cnps_handled >= r.cnps - 16  # (the last few in flight)
+    assert r.utilisation > 0.9

@@ -119,7 +119,14 @@ DCQCN_PARAMS: tuple[Param, ...] = (
     Param("rpg_ai_rate", 5, 1, 400_000, "Mb/s", "additive increase of rt per event"),
     Param("rpg_hai_rate", 50, 1, 400_000, "Mb/s", "hyper increase of rt per stage"),
     # notification point
-    Param("min_time_between_cnps", 4, 0, 4095, "us", "at most one CNP per QP per this long"),
+    Param("min_time_between_cnps", 4, 0, 4095, "us",
+          "at most one CNP per this long, from the port (cnp_per_port) or per QP"),
+    # Not an mlx5 knob: the scope of min_time_between_cnps.  The paper spaces each
+    # flow's CNPs; a firmware register description (mstflint's tools_open_roce_cc_ecn,
+    # ConnectX-3 Pro era) says "from the port".  0: one interval per QP, 1: one for the
+    # whole device.  Per QP by default: see docs/congestion.md for what per port does here.
+    Param("cnp_per_port", 0, 0, 1, "bool",
+          "min_time_between_cnps spaces the device's CNPs (1) or each QP's (0)"),
     Param("cnp_dscp", 48, 0, 63, "DSCP", "the CNP's IP DSCP"),
     Param("cnp_802p_prio", 6, 0, 7, "PCP", "the CNP's 802.1p priority (recorded, no VLANs)"),
 )  # fmt: skip

@@ -125,6 +125,7 @@ class HCA:
         self.on_mcast: Callable[[bytes, bool], None] | None = None
         #: the congestion control each new (or reset) QP gets (:mod:`.congestion`)
         self.cc = CCConfig()
+        self.cnp_sent_at = -1.0  #: when the port last sent a CNP (``cnp_per_port``)
 
     # --- multicast -----------------------------------------------------------------
     def attach_mcast(self, qp: QPEngine, mgid: bytes) -> str | None:
@@ -327,14 +328,20 @@ class HCA:
     def ecn_marked(self, pkt: Packet, qp: QPEngine | None, now: float) -> None:
         """The notification point: a packet arrived with ECN CE.  With DCQCN on,
         the QP it reached answers its sender with a CNP -- at most one per
-        ``min_time_between_cnps``, as mlx5's NP does."""
+        ``min_time_between_cnps`` from each QP (the paper's NP, the default) or
+        from the whole port (``cnp_per_port``)."""
         self.counters["np_ecn_marked_roce_packets"] += pkt.count
         cc = self.cc
         if qp is None or not cc.ecn:
             return
-        if now - qp.cnp_sent_at < cc.params["min_time_between_cnps"] * 1e-6:
-            return
-        qp.cnp_sent_at = now
+        per_port = cc.params["cnp_per_port"]
+        last = self.cnp_sent_at if per_port else qp.cnp_sent_at
+        if now - last < cc.params["min_time_between_cnps"] * 1e-6:
+            return  # a marked packet inside the interval makes no CNP
+        if per_port:
+            self.cnp_sent_at = now
+        else:
+            qp.cnp_sent_at = now
         dqpn = pkt.src_qp if qp.qp_type == IBV_QPT_UD else qp.dest_qpn
         cnp = Packet(CNP_OPCODE, dqpn, 0, _CNP_BODY)
         cnp.becn = True

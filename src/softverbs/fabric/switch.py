@@ -243,6 +243,8 @@ class SwitchedRuntime(InprocRuntime):
         self.ingress: dict[str, int] = {}
         self.used = 0
         self.pausing: set[str] = set()  #: hosts the switch has told to pause
+        #: when the last PAUSE to each host was sent: its resume may not overtake it
+        self.paused_when: dict[str, float] = {}
 
     def attach(self, hca: HCA) -> None:
         with self.lock:
@@ -360,6 +362,7 @@ class SwitchedRuntime(InprocRuntime):
         self.ingress[name] = held
         if name not in self.pausing and held >= self._threshold():
             self.pausing.add(name)
+            self.paused_when[name] = when
             self.egress[name].pfc_xoff += 1
             self._push(when + self.topology.delay, _PAUSE, src, None)
 
@@ -375,7 +378,12 @@ class SwitchedRuntime(InprocRuntime):
         if name in self.pausing and (held == 0 or held + 2 * MAX_WIRE <= self._threshold()):
             self.pausing.discard(name)
             self.egress[name].pfc_xon += 1
-            self._push(when + self.topology.delay, _RESUME, src, None)
+            # A packet that leaves an idle queue at once has a dequeue time computed
+            # back from its arrival, which rounding can put a hair before the arrival
+            # that sent the PAUSE: the resume must still reach the host after it, or
+            # the host stays paused for good.
+            sent = max(when, self.paused_when.get(name, when))
+            self._push(sent + self.topology.delay, _RESUME, src, None)
 
     def next_deadline(self) -> float | None:
         deadline = super().next_deadline()
