@@ -5,7 +5,10 @@ unmodified on the host device through ``softverbs exec`` (docs/c-programs.md)
 as two processes on one host, and ``ucx_perftest`` (Debian ``ucx-utils``)
 runs ``ucp_put_bw`` and ``tag_lat`` over kernel TCP on loopback, for scale.
 The table gives perftest's own figures (its ``BW average`` and its
-``t_typical`` and 99% latency columns) and each as a ratio to UCX's.
+``t_typical`` and 99% latency columns) and each as a ratio to UCX's.  Beside
+``ib_send_lat`` it gives Open MPI's (Debian ``openmpi-bin``, ``pml ucx``)
+8-byte half round trip over UCX's ``rc_verbs`` on the same device, measured by
+``tests/thirdparty/mpi_pingpong.c`` (``--no-mpi`` leaves it out).
 
     python bench/bench_perftest.py [--sizes 4096,65536,1048576] [--plot FILE.png] [--cpu]
     python bench/bench_perftest.py --baseline DIR [--rounds 3] [--sizes ...] [--env VAR=VALUE]
@@ -39,6 +42,11 @@ from progress import Progress, add_quiet
 
 TIMEOUT = float(os.environ.get("BENCH_TIMEOUT", "300"))
 LAT_SIZE = 8
+MPI_PINGPONG = Path(__file__).resolve().parents[1] / "tests" / "thirdparty" / "mpi_pingpong.c"
+#: Open MPI over UCX's rc_verbs on sv0 and nothing else (tests/thirdparty/test_mpi.py)
+MPI_ARGS = ["--allow-run-as-root", "-np", "2", "--mca", "pml", "ucx", "--mca", "btl", "self",
+            "--mca", "osc", "ucx"]  # fmt: skip
+MPI_ENV = {"UCX_TLS": "rc_v,self", "UCX_NET_DEVICES": "sv0:1", "UCX_UD_ETH_DGID_CHECK": "n"}
 CPU_WINDOW = 2.0  #: seconds over which --cpu samples the processes
 
 
@@ -91,6 +99,29 @@ def perftest(tool: str, args: list[str], env: dict[str, str],
     if cpu is not None and any(v == 0 for v in cpu.values()):
         raise SystemExit(f"{tool} ended within {CPU_WINDOW} s: give it more iterations (--iters)")
     return out
+
+
+def mpi_half_round_trip(env: dict[str, str], iters: int) -> float | None:
+    """Open MPI's 8-byte half round trip in µs over UCX ``rc_verbs`` on the host
+    device, or None (with the reason on stderr) where Open MPI is not installed."""
+    import shutil
+
+    if shutil.which("mpicc.openmpi") is None or shutil.which("mpirun.openmpi") is None:
+        print("Open MPI row left out: mpicc.openmpi/mpirun.openmpi not installed "
+              "(Debian libopenmpi-dev, openmpi-bin)", file=sys.stderr)  # fmt: skip
+        return None
+    prog = os.path.join(tempfile.mkdtemp(prefix="svmpi", dir="/tmp"), "mpi_pingpong")
+    subprocess.run(["mpicc.openmpi", "-O2", str(MPI_PINGPONG), "-o", prog], check=True,
+                   capture_output=True, timeout=TIMEOUT)  # fmt: skip
+    cmd = [sys.executable, "-m", "softverbs", "exec", "--", "mpirun.openmpi", *MPI_ARGS, prog,
+           str(iters), str(LAT_SIZE)]  # fmt: skip
+    r = subprocess.run(cmd, env={**env, **MPI_ENV}, capture_output=True, text=True,
+                       timeout=TIMEOUT, stdin=subprocess.DEVNULL, check=False)  # fmt: skip
+    m = re.search(rf"^pingpong {LAT_SIZE} bytes \d+ iterations errors 0 usec/roundtrip (\S+)",
+                  r.stdout, re.M)  # fmt: skip
+    if r.returncode != 0 or m is None:
+        raise SystemExit(f"Open MPI ping-pong failed ({r.returncode}):\n{r.stdout}{r.stderr}")
+    return float(m.group(1)) / 2
 
 
 def row(out: str, size: int) -> list[float]:
@@ -164,6 +195,8 @@ def main() -> int:
     ap.add_argument("--cpu", action="store_true",
                     help="also print the cores the service and the two perftest processes "
                          "use during ib_write_bw at the largest size")  # fmt: skip
+    ap.add_argument("--no-mpi", dest="mpi", action="store_false",
+                    help="leave out Open MPI's ping-pong over UCX rc_verbs")
     ap.add_argument("--baseline", metavar="DIR",
                     help="compare with the softverbs checkout in DIR instead of UCX")
     ap.add_argument("--rounds", type=int, default=3, help="--baseline: interleaved rounds")
@@ -174,7 +207,7 @@ def main() -> int:
     sizes = [int(x) for x in args.sizes.split(",")]
     if args.baseline:
         return compare(args, sizes)
-    progress = Progress(2 * len(sizes) + 2, args.quiet)
+    progress = Progress(2 * len(sizes) + 2 + args.mpi, args.quiet)
     run_dir = tempfile.mkdtemp(prefix="svpt", dir="/tmp")
     # the service runs in the mode asked of this run (SOFTVERBS_PURE, bench_modes.py)
     env = {k: v for k, v in os.environ.items()
@@ -201,6 +234,10 @@ def main() -> int:
     progress.step("ucx_perftest tag_lat 8 B over TCP")
     ucx_lat = {rank: ucx_run(["-t", "tag_lat", "-s", str(LAT_SIZE), "-n", str(args.lat_iters),
                               "-R", str(rank)], TIMEOUT)[1] for rank in (50, 99)}  # fmt: skip
+    mpi = None
+    if args.mpi:
+        progress.step("Open MPI over UCX rc_verbs, 8 B ping-pong on softverbs")
+        mpi = mpi_half_round_trip(env, args.lat_iters)
     subprocess.run([sys.executable, "-m", "softverbs", "service", "stop"], env=env,
                    capture_output=True, check=False, timeout=60)  # fmt: skip
     print(f"perftest on softverbs (host device, two processes) vs ucx_perftest over TCP "
@@ -212,6 +249,9 @@ def main() -> int:
     print(f"{'  typical / median':<22}{lat[2]:>14.1f}{ucx_lat[50]:>14.1f}"
           f"{lat[2] / ucx_lat[50]:>9.1f}")  # fmt: skip
     print(f"{'  99%':<22}{lat[5]:>14.1f}{ucx_lat[99]:>14.1f}{lat[5] / ucx_lat[99]:>9.1f}")
+    if mpi is not None:
+        print(f"{'  Open MPI, UCX rc_verbs':<22}{mpi:>14.1f}{ucx_lat[50]:>14.1f}"
+              f"{mpi / ucx_lat[50]:>9.1f}   (half round trip, mean)")  # fmt: skip
     if cpu:
         print(f"cores used during ib_write_bw at {max(sizes)} B (CPU s per s, over {CPU_WINDOW} s)")
         for name, cores in cpu.items():
