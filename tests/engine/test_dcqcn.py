@@ -14,7 +14,7 @@ from sim_kit import rc_pair, stream
 
 from softverbs.engine.congestion import Dcqcn
 from softverbs.engine.hca import HCA
-from softverbs.fabric.switch import WIRE_OVERHEAD, Port, Topology, wire_bytes
+from softverbs.fabric.switch import RED_PROFILES, WIRE_OVERHEAD, Port, Topology, wire_bytes
 from softverbs.incast import run_incast
 from softverbs.sim import Simulation
 from softverbs.wire.codec import decode_udp_payload, encode_udp_payload
@@ -76,6 +76,23 @@ def test_topology_is_checked() -> None:
         Simulation(devices=("a", "b"), topology=Topology(kmin=10, kmax=5))
     with pytest.raises(ValueError, match="pmax is a probability"):
         Simulation(devices=("a", "b"), topology=Topology(pmax=2))
+
+
+def test_red_profiles_are_data_applied_by_name() -> None:
+    base = Topology(bandwidth=40e9, buffer=123_456, pfc=True)
+    topo = base.with_red("cumulus")
+    # Cumulus Linux's RoCE mode: 150,000 to 1,501,500 bytes, probability 100 %
+    assert (topo.kmin, topo.kmax, topo.pmax) == (150_000, 1_501_500, 1.0)
+    assert (topo.bandwidth, topo.buffer, topo.pfc) == (40e9, 123_456, True)  # the rest kept
+    assert topo.check() is None and base.kmin == Topology().kmin  # base unchanged
+    for name, profile in RED_PROFILES.items():
+        t = base.with_red(name)
+        assert (t.kmin, t.kmax, t.pmax) == (profile.kmin, profile.kmax, profile.pmax)
+        assert t.check() is None and profile.source
+    port = _port(buffer=3_000_000, kmin=topo.kmin, kmax=topo.kmax, pmax=topo.pmax)
+    assert port.red(150_000) == 0.0 and port.red(825_750) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="RED profile 'arista': choose one of paper, cumulus"):
+        base.with_red("arista")
 
 
 # --- the notification point --------------------------------------------------------------
