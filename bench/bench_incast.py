@@ -174,6 +174,13 @@ def main() -> int:
         default=12,
         help="the QPs' ACK timeout exponent: 4.096 us * 2**N (default 12)",
     )
+    ap.add_argument(
+        "--stagger",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="sender i starts i x this late (default 0: all at once; 20 us resolution)",
+    )
     ap.add_argument("--json", action="store_true", help="one JSON object per configuration")
     ap.add_argument(
         "--plot", metavar="FILE", help="plot the largest sender count on the first fabric (PNG)"
@@ -192,6 +199,8 @@ def main() -> int:
         ap.error(f"--bandwidth must be a positive number of bit/s, not {args.bandwidth}")
     if args.buffer is not None and args.buffer < 4200:
         ap.error(f"--buffer must hold a packet (>= 4200 bytes), not {args.buffer}")
+    if not 0 <= args.stagger < args.duration:
+        ap.error(f"--stagger must be >= 0 and below --duration, not {args.stagger}")
     if not 1 <= args.timeout <= 31:
         ap.error(f"--timeout is an exponent 1..31, not {args.timeout}")
     params = dict(PAPER) if args.params == "paper" else {}
@@ -212,7 +221,7 @@ def main() -> int:
             for cc in ("dcqcn", "none"):
                 t0 = time.monotonic()
                 res = run_incast(n, cc, duration=args.duration, mtu=args.mtu,
-                                 timeout=args.timeout,
+                                 timeout=args.timeout, stagger=args.stagger,
                                  topology=topology(args.bandwidth, FABRICS[fabric], args.buffer,
                                                    args.red),
                                  cc_params=params if cc == "dcqcn" else None)  # fmt: skip
@@ -229,6 +238,7 @@ def main() -> int:
             f"Pmax {topo.pmax:.0%}), "
             f"MTU {args.mtu}, {args.duration * 1e3:g} ms virtual per run, ACK timeout "
             f"{4.096 * 2**args.timeout / 1000:.3g} ms, DCQCN parameters: {args.params}"
+            + (f", senders staggered by {args.stagger * 1e6:g} us" if args.stagger else "")
             + "".join(f" {s}" for s in args.set)
         )
         print(table(results))

@@ -233,6 +233,24 @@ def test_small_incast_lossless_dcqcn_keeps_pfc_quiet() -> None:
     assert on.jain > 0.95
 
 
+def test_staggered_senders_start_one_after_another() -> None:
+    """``stagger``: sender i sends nothing before i x stagger; all at once without."""
+    bin = 20e-6
+    late = run_incast(3, "none", duration=0.0004, topology=_topo(True), mtu=1024, bin=bin,
+                      stagger=100e-6)  # fmt: skip
+    together = run_incast(3, "none", duration=0.0004, topology=_topo(True), mtu=1024, bin=bin)
+
+    def first(series: list[tuple[float, float]]) -> float:
+        """When a sender's first bytes left the bottleneck (the bin's start)."""
+        return next(t for t, rate in series if rate > 0)
+
+    s1, s2, s3 = (first(late.throughput[n]) for n in ("s1", "s2", "s3"))
+    # a late sender's first packet leaves the bottleneck after its start (behind
+    # the queue the others built), and before the run's end
+    assert s1 == 0.0 and s2 >= 100e-6 - 1e-9 and s3 >= 200e-6 - 1e-9 and s3 > s2
+    assert [first(together.throughput[n]) for n in ("s1", "s2", "s3")] == [0.0, 0.0, 0.0]
+
+
 def test_a_pause_holds_the_sender_and_a_resume_lets_it_go() -> None:
     """PFC's mechanics: over the threshold the switch pauses the host (counted on
     its port), the host's QPs stop, and the resume lets them finish."""
