@@ -134,6 +134,8 @@ def main() -> int:
         default="lossless,lossy",
         help="fabrics (comma-separated): lossless (PFC), lossy (tail drop)",
     )
+    ap.add_argument("--cc", default="dcqcn,none",
+                    help="congestion controls (comma-separated): dcqcn, none")  # fmt: skip
     ap.add_argument("--bandwidth", type=float, default=40e9, help="bit/s of every link")
     ap.add_argument(
         "--mtu",
@@ -195,6 +197,9 @@ def main() -> int:
     fabrics = args.fabric.split(",")
     if not fabrics or any(f not in FABRICS for f in fabrics):
         ap.error(f"--fabric: comma-separated {' or '.join(FABRICS)}, not {args.fabric!r}")
+    ccs = args.cc.split(",")
+    if not ccs or any(c not in ("dcqcn", "none") for c in ccs):
+        ap.error(f"--cc: comma-separated dcqcn or none, not {args.cc!r}")
     if not 0 < args.bandwidth < 1e13:
         ap.error(f"--bandwidth must be a positive number of bit/s, not {args.bandwidth}")
     if args.buffer is not None and args.buffer < 4200:
@@ -218,7 +223,7 @@ def main() -> int:
     results: list[IncastResult] = []
     for n in counts:
         for fabric in fabrics:
-            for cc in ("dcqcn", "none"):
+            for cc in ccs:
                 t0 = time.monotonic()
                 res = run_incast(n, cc, duration=args.duration, mtu=args.mtu,
                                  timeout=args.timeout, stagger=args.stagger,
@@ -242,7 +247,9 @@ def main() -> int:
             + "".join(f" {s}" for s in args.set)
         )
         print(table(results))
-    if args.plot:
+    if args.plot and len(ccs) < 2:
+        print("--plot draws DCQCN on against off: it needs --cc dcqcn,none")
+    elif args.plot:
         top = max(counts)
         pfc = FABRICS[fabrics[0]]
         on = next(r for r in results if (r.senders, r.pfc, r.cc) == (top, pfc, "dcqcn"))
