@@ -6,8 +6,10 @@ control on; lossy: tail drop) and each congestion control (``dcqcn`` and
 ``none``), :func:`softverbs.incast.run_incast` builds a Simulation: N
 senders and one receiver around one switch, every link 40 Gb/s with 1 us of
 propagation delay (the DCQCN paper's link speed), the switch's port toward
-the receiver the bottleneck (an 800 KB buffer, 4 x Kmax; RED/ECN with Kmin
-5 KB, Kmax 200 KB, Pmax 1 %, judged at dequeue).  Every sender keeps two
+the receiver the bottleneck (a buffer of 4 x Kmax; RED/ECN judged at dequeue
+with the DCQCN paper's Kmin 5 KB, Kmax 200 KB, Pmax 1 %, or with ``--red
+cumulus`` the profile Cumulus Linux's RoCE mode sets: 150 KB, 1.5 MB, 100 %;
+:data:`softverbs.fabric.switch.RED_PROFILES`).  Every sender keeps two
 1 MiB RDMA WRITEs posted on its RC QP (1024-byte MTU) for ``--duration``
 virtual seconds.  Everything runs on the virtual clock: a run is exactly
 reproducible and takes no wall time in waiting.
@@ -35,12 +37,13 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from softverbs.engine.congestion import check_params
-from softverbs.fabric.switch import Topology
+from softverbs.fabric.switch import RED_PROFILES, Topology
 from softverbs.incast import IncastResult, run_incast
 
 #: The DCQCN paper's parameters (Zhu et al., SIGCOMM 2015) as mlx5 knobs: a CNP per flow
@@ -59,9 +62,12 @@ PAPER: dict[str, int] = {
 FABRICS = {"lossless": True, "lossy": False}
 
 
-def topology(bandwidth: float, pfc: bool, buffer: int = 800_000) -> Topology:
-    return Topology(bandwidth=bandwidth, delay=1e-6, buffer=buffer, kmin=5_000, kmax=200_000,
-                    pmax=0.01, pfc=pfc)  # fmt: skip
+def topology(bandwidth: float, pfc: bool, buffer: int | None = None,
+             red: str = "paper") -> Topology:  # fmt: skip
+    """The incast's star: 1 us links, the RED profile ``red``, a buffer of ``buffer``
+    bytes (default 4 x the profile's Kmax)."""
+    topo = Topology(bandwidth=bandwidth, delay=1e-6, pfc=pfc).with_red(red)
+    return replace(topo, buffer=buffer if buffer is not None else 4 * topo.kmax)
 
 
 def table(results: list[IncastResult]) -> str:
@@ -128,6 +134,8 @@ def main() -> int:
         default="lossless,lossy",
         help="fabrics (comma-separated): lossless (PFC), lossy (tail drop)",
     )
+    ap.add_argument("--cc", default="dcqcn,none",
+                    help="congestion controls (comma-separated): dcqcn, none")  # fmt: skip
     ap.add_argument("--bandwidth", type=float, default=40e9, help="bit/s of every link")
     ap.add_argument(
         "--mtu",
@@ -150,16 +158,30 @@ def main() -> int:
         help="one DCQCN parameter over the set (repeatable), e.g. cnp_per_port=1",
     )
     ap.add_argument(
+        "--red",
+        choices=tuple(RED_PROFILES),
+        default="paper",
+        help="the switch's RED/ECN profile: the DCQCN paper's (Kmin 5 KB, Kmax 200 KB, "
+        "Pmax 1 %%, default) or Cumulus Linux's RoCE mode (150 KB, 1.5 MB, 100 %%)",
+    )
+    ap.add_argument(
         "--buffer",
         type=int,
-        default=800_000,
-        help="bytes of the bottleneck's buffer (default 800000, 4 x Kmax)",
+        default=None,
+        help="bytes of the bottleneck's buffer (default 4 x the profile's Kmax)",
     )
     ap.add_argument(
         "--timeout",
         type=int,
         default=12,
         help="the QPs' ACK timeout exponent: 4.096 us * 2**N (default 12)",
+    )
+    ap.add_argument(
+        "--stagger",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="sender i starts i x this late (default 0: all at once; 20 us resolution)",
     )
     ap.add_argument("--json", action="store_true", help="one JSON object per configuration")
     ap.add_argument(
@@ -175,10 +197,15 @@ def main() -> int:
     fabrics = args.fabric.split(",")
     if not fabrics or any(f not in FABRICS for f in fabrics):
         ap.error(f"--fabric: comma-separated {' or '.join(FABRICS)}, not {args.fabric!r}")
+    ccs = args.cc.split(",")
+    if not ccs or any(c not in ("dcqcn", "none") for c in ccs):
+        ap.error(f"--cc: comma-separated dcqcn or none, not {args.cc!r}")
     if not 0 < args.bandwidth < 1e13:
         ap.error(f"--bandwidth must be a positive number of bit/s, not {args.bandwidth}")
-    if args.buffer < 4200:
+    if args.buffer is not None and args.buffer < 4200:
         ap.error(f"--buffer must hold a packet (>= 4200 bytes), not {args.buffer}")
+    if not 0 <= args.stagger < args.duration:
+        ap.error(f"--stagger must be >= 0 and below --duration, not {args.stagger}")
     if not 1 <= args.timeout <= 31:
         ap.error(f"--timeout is an exponent 1..31, not {args.timeout}")
     params = dict(PAPER) if args.params == "paper" else {}
@@ -196,11 +223,12 @@ def main() -> int:
     results: list[IncastResult] = []
     for n in counts:
         for fabric in fabrics:
-            for cc in ("dcqcn", "none"):
+            for cc in ccs:
                 t0 = time.monotonic()
                 res = run_incast(n, cc, duration=args.duration, mtu=args.mtu,
-                                 timeout=args.timeout,
-                                 topology=topology(args.bandwidth, FABRICS[fabric], args.buffer),
+                                 timeout=args.timeout, stagger=args.stagger,
+                                 topology=topology(args.bandwidth, FABRICS[fabric], args.buffer,
+                                                   args.red),
                                  cc_params=params if cc == "dcqcn" else None)  # fmt: skip
                 results.append(res)
                 if args.json:
@@ -208,14 +236,20 @@ def main() -> int:
                     row["wall_s"] = round(time.monotonic() - t0, 2)
                     print(json.dumps(row), flush=True)
     if not args.json:
+        topo = topology(args.bandwidth, True, args.buffer, args.red)
         print(
-            f"bottleneck {args.bandwidth / 1e9:g} Gb/s, buffer {args.buffer / 1000:g} KB, "
+            f"bottleneck {args.bandwidth / 1e9:g} Gb/s, buffer {topo.buffer / 1000:g} KB, "
+            f"RED {args.red} (Kmin {topo.kmin / 1000:g} KB, Kmax {topo.kmax / 1000:g} KB, "
+            f"Pmax {topo.pmax:.0%}), "
             f"MTU {args.mtu}, {args.duration * 1e3:g} ms virtual per run, ACK timeout "
             f"{4.096 * 2**args.timeout / 1000:.3g} ms, DCQCN parameters: {args.params}"
+            + (f", senders staggered by {args.stagger * 1e6:g} us" if args.stagger else "")
             + "".join(f" {s}" for s in args.set)
         )
         print(table(results))
-    if args.plot:
+    if args.plot and len(ccs) < 2:
+        print("--plot draws DCQCN on against off: it needs --cc dcqcn,none")
+    elif args.plot:
         top = max(counts)
         pfc = FABRICS[fabrics[0]]
         on = next(r for r in results if (r.senders, r.pfc, r.cc) == (top, pfc, "dcqcn"))

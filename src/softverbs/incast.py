@@ -130,9 +130,12 @@ def run_incast(
     bin: float = 500e-6,
     timeout: int = 12,
     mtu: int = 4096,
+    stagger: float = 0.0,
 ) -> IncastResult:
     """Run one incast (see the module docstring); ``timeout`` is the QPs' ACK
-    timeout exponent (4.096 us * 2**timeout)."""
+    timeout exponent (4.096 us * 2**timeout).  Sender ``i`` (from 0) posts its
+    first WRITE ``i * stagger`` seconds in (rounded up to ``step``): 0 starts
+    them all in the same microsecond, the hardest case."""
     topo = topology or Topology()
     topo.record = True
     names = [f"s{i + 1}" for i in range(senders)]
@@ -168,8 +171,9 @@ def run_incast(
         bottleneck = sim.port("r")
         t = 0.0
         while t < duration:
-            for name, _ctx, _cq, qp, mr, rmr in flows:
-                while outstanding[name] < depth:
+            for i, (name, _ctx, _cq, qp, mr, rmr) in enumerate(flows):
+                # (1e-12: ``t`` is a sum of steps, rounded)
+                while outstanding[name] < depth and t >= i * stagger - 1e-12:
                     wr = SendWR(0, IBV_WR_RDMA_WRITE, 1, sg=[SGE(mr.buf, message, mr.lkey)])
                     wr.set_wr_rdma(rmr.rkey, rmr.buf)
                     qp.post_send(wr)

@@ -44,7 +44,23 @@ def test_bad_arguments_are_refused() -> None:
     r = subprocess.run([sys.executable, "bench/bench_incast.py", "--fabric", "lossles"], cwd=ROOT,
                        capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
     assert r.returncode == 2 and "--fabric" in r.stderr
-    for args, words in ((["--buffer", "100"], "--buffer"), (["--timeout", "40"], "--timeout")):
+    for args, words in ((["--buffer", "100"], "--buffer"), (["--timeout", "40"], "--timeout"),
+                        (["--cc", "dcqcn,reno"], "--cc"), (["--red", "arista"], "--red"),
+                        (["--stagger", "-1e-6"], "--stagger")):  # fmt: skip
         r = subprocess.run([sys.executable, "bench/bench_incast.py", *args], cwd=ROOT,
                            capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
         assert r.returncode == 2 and words in r.stderr, r.stderr
+
+
+def test_red_profile_and_one_cc() -> None:
+    """``--red cumulus --cc dcqcn``: Cumulus Linux's Kmax in the rows, the buffer 4 x it,
+    and only the DCQCN rows."""
+    r = subprocess.run(
+        [sys.executable, "bench/bench_incast.py", "--senders", "2", "--duration", "0.0003",
+         "--red", "cumulus", "--cc", "dcqcn", "--fabric", "lossy"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "buffer 6006 KB, RED cumulus (Kmin 150 KB, Kmax 1501.5 KB, Pmax 100%)" in r.stdout
+    rows = [line.split() for line in r.stdout.splitlines() if line.split()[:1] == ["2"]]
+    assert [row[:3] for row in rows] == [["2", "lossy", "dcqcn"]]

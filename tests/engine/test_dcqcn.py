@@ -14,7 +14,7 @@ from sim_kit import rc_pair, stream
 
 from softverbs.engine.congestion import Dcqcn
 from softverbs.engine.hca import HCA
-from softverbs.fabric.switch import WIRE_OVERHEAD, Port, Topology, wire_bytes
+from softverbs.fabric.switch import RED_PROFILES, WIRE_OVERHEAD, Port, Topology, wire_bytes
 from softverbs.incast import run_incast
 from softverbs.sim import Simulation
 from softverbs.wire.codec import decode_udp_payload, encode_udp_payload
@@ -76,6 +76,23 @@ def test_topology_is_checked() -> None:
         Simulation(devices=("a", "b"), topology=Topology(kmin=10, kmax=5))
     with pytest.raises(ValueError, match="pmax is a probability"):
         Simulation(devices=("a", "b"), topology=Topology(pmax=2))
+
+
+def test_red_profiles_are_data_applied_by_name() -> None:
+    base = Topology(bandwidth=40e9, buffer=123_456, pfc=True)
+    topo = base.with_red("cumulus")
+    # Cumulus Linux's RoCE mode: 150,000 to 1,501,500 bytes, probability 100 %
+    assert (topo.kmin, topo.kmax, topo.pmax) == (150_000, 1_501_500, 1.0)
+    assert (topo.bandwidth, topo.buffer, topo.pfc) == (40e9, 123_456, True)  # the rest kept
+    assert topo.check() is None and base.kmin == Topology().kmin  # base unchanged
+    for name, profile in RED_PROFILES.items():
+        t = base.with_red(name)
+        assert (t.kmin, t.kmax, t.pmax) == (profile.kmin, profile.kmax, profile.pmax)
+        assert t.check() is None and profile.source
+    port = _port(buffer=3_000_000, kmin=topo.kmin, kmax=topo.kmax, pmax=topo.pmax)
+    assert port.red(150_000) == 0.0 and port.red(825_750) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="RED profile 'arista': choose one of paper, cumulus"):
+        base.with_red("arista")
 
 
 # --- the notification point --------------------------------------------------------------
@@ -214,6 +231,45 @@ def test_small_incast_lossless_dcqcn_keeps_pfc_quiet() -> None:
     assert off.pauses > 0 and on.pauses < off.pauses / 4
     assert on.queue_p99 < on.kmax < off.queue_p50
     assert on.jain > 0.95
+
+
+def test_cumulus_profile_and_its_4x_kmax_buffer_hold_an_8_to_1_start() -> None:
+    """Lossy 8:1 with the paper's parameters: the paper's RED profile and its 4 x Kmax
+    (800 KB) drop at the line-rate start; Cumulus Linux's profile and its 4 x Kmax (6 MB)
+    hold it -- nothing dropped or resent, where ``none`` drops and resends thousands."""
+
+    def lossy(red: str) -> Topology:
+        topo = Topology(bandwidth=40e9, pfc=False).with_red(red)
+        topo.buffer = 4 * topo.kmax
+        return topo
+
+    paper = run_incast(8, "dcqcn", duration=0.003, topology=lossy("paper"), cc_params=PAPER,
+                       mtu=1024)  # fmt: skip
+    cumulus = run_incast(8, "dcqcn", duration=0.003, topology=lossy("cumulus"),
+                         cc_params=PAPER, mtu=1024)  # fmt: skip
+    off = run_incast(8, "none", duration=0.003, topology=lossy("cumulus"), mtu=1024)
+    assert paper.drops > 0 and paper.retransmits > 0
+    assert cumulus.kmax == 1_501_500 and cumulus.cnps > 0
+    assert cumulus.drops == 0 and cumulus.retransmits == 0 and cumulus.queue_p99 < cumulus.kmax
+    assert off.drops > 1000 and off.retransmits > 1000
+
+
+def test_staggered_senders_start_one_after_another() -> None:
+    """``stagger``: sender i sends nothing before i x stagger; all at once without."""
+    bin = 20e-6
+    late = run_incast(3, "none", duration=0.0004, topology=_topo(True), mtu=1024, bin=bin,
+                      stagger=100e-6)  # fmt: skip
+    together = run_incast(3, "none", duration=0.0004, topology=_topo(True), mtu=1024, bin=bin)
+
+    def first(series: list[tuple[float, float]]) -> float:
+        """When a sender's first bytes left the bottleneck (the bin's start)."""
+        return next(t for t, rate in series if rate > 0)
+
+    s1, s2, s3 = (first(late.throughput[n]) for n in ("s1", "s2", "s3"))
+    # a late sender's first packet leaves the bottleneck after its start (behind
+    # the queue the others built), and before the run's end
+    assert s1 == 0.0 and s2 >= 100e-6 - 1e-9 and s3 >= 200e-6 - 1e-9 and s3 > s2
+    assert [first(together.throughput[n]) for n in ("s1", "s2", "s3")] == [0.0, 0.0, 0.0]
 
 
 def test_a_pause_holds_the_sender_and_a_resume_lets_it_go() -> None:

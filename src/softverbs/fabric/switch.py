@@ -59,7 +59,7 @@ import heapq
 import math
 import random
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from softverbs.engine.hca import HCA
 from softverbs.fabric.runtime import Clock, InprocRuntime
@@ -89,6 +89,29 @@ def wire_bytes(pkt: Packet) -> int:
     return hdr + n + (-n & 3) + WIRE_OVERHEAD
 
 
+@dataclass(frozen=True)
+class RedProfile:
+    """A switch's ECN marking profile: RED's thresholds and probability."""
+
+    kmin: int  #: bytes: no marking at or below
+    kmax: int  #: bytes: marking certain above
+    pmax: float  #: marking probability at kmax
+    source: str  #: where the numbers come from
+
+
+#: Named RED/ECN profiles (:meth:`Topology.with_red`).  ``paper``: the DCQCN paper's
+#: (Zhu et al., SIGCOMM 2015) switch setting.  ``cumulus``: what NVIDIA Cumulus Linux's
+#: RoCE mode (``nv set qos roce``, lossy and lossless alike) configures on traffic class 3
+#: of a Spectrum switch: an absolute ECN threshold of 150,000 bytes rising to 1,501,500
+#: bytes, probability 100 % (the "Default RoCE Mode Configuration" table and the ``nv
+#: show qos roce`` output of the Cumulus Linux 5.x RoCE page: 146.48 KB, 1.43 MB, 100),
+#: on a shared buffer of some 16 MB.
+RED_PROFILES: dict[str, RedProfile] = {
+    "paper": RedProfile(5_000, 200_000, 0.01, "DCQCN paper, SIGCOMM 2015"),
+    "cumulus": RedProfile(150_000, 1_501_500, 1.0, "NVIDIA Cumulus Linux 5.x RoCE mode"),
+}
+
+
 @dataclass
 class Topology:
     """A star of hosts around one switch (see the module docstring)."""
@@ -109,6 +132,13 @@ class Topology:
         """Bytes that may still arrive from a host after the switch decided to
         pause it: the wire both ways and a packet being sent at each end."""
         return math.ceil(2 * self.delay * self.bandwidth / 8) + 2 * MAX_WIRE
+
+    def with_red(self, name: str) -> Topology:
+        """This topology with the RED/ECN profile ``name`` (:data:`RED_PROFILES`)."""
+        profile = RED_PROFILES.get(name)
+        if profile is None:
+            raise ValueError(f"RED profile {name!r}: choose one of {', '.join(RED_PROFILES)}")
+        return replace(self, kmin=profile.kmin, kmax=profile.kmax, pmax=profile.pmax)
 
     def check(self) -> str | None:
         """Why this topology cannot be built, or None."""
