@@ -100,6 +100,24 @@ def test_stale_extension_gives_way_to_the_edited_source(
     assert finder.find_spec("svstale.other", [str(pkg)]) is None  # not a hot module
 
 
+def test_leftover_extension_of_an_unlisted_module_runs_the_source(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An extension of a module no longer in MODULES (an older build's) never hides
+    the .py, even when it is newer than the source."""
+    pkg = tmp_path / "svleft"
+    pkg.mkdir()
+    (pkg / "gone.py").write_text("VALUE = 'source'\n")
+    (pkg / ("gone" + importlib.machinery.EXTENSION_SUFFIXES[0])).write_bytes(b"not really")
+    monkeypatch.setattr(compiled, "MODULES", ("svleft.hot",))
+    monkeypatch.setattr(compiled, "stale", set())
+    for pure in (False, True):
+        spec = compiled._SourceFirst(pure=pure).find_spec("svleft.gone", [str(pkg)])
+        assert spec is not None and spec.origin == str(pkg / "gone.py")
+    assert compiled.stale == {"svleft.gone"}
+    assert compiled._SourceFirst(pure=False).find_spec("otherpkg.gone", [str(pkg)]) is None
+
+
 def test_linked_modules_run_from_source_together(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

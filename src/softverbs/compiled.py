@@ -97,7 +97,11 @@ stale: set[str] = set()
 class _SourceFirst(importlib.abc.MetaPathFinder):
     """Imports a module of :data:`MODULES` from its ``.py`` when interpreted
     mode is asked for, or when its compiled module is stale; otherwise it
-    leaves the module to the ordinary finders (which prefer the extension)."""
+    leaves the module to the ordinary finders (which prefer the extension).
+
+    An extension module of the same package that is not in :data:`MODULES` is
+    a leftover of an older build (a module compiled once and no longer listed):
+    its ``.py`` runs, and it is recorded in :data:`stale`."""
 
     def __init__(self, pure: bool) -> None:
         self.pure = pure
@@ -105,23 +109,30 @@ class _SourceFirst(importlib.abc.MetaPathFinder):
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname not in MODULES or not path:
+        if not path or not fullname.startswith(_packages()):
             return None
         leaf = fullname.rpartition(".")[2]
         for entry in path:
-            source = os.path.join(entry, leaf + ".py")
-            if not os.path.isfile(source):
+            base = os.path.join(entry, leaf)
+            if not os.path.isfile(base + ".py"):
                 continue
-            if not self.pure:
-                built = _built(os.path.join(entry, leaf))
-                if built is None:
-                    return None  # not compiled: the ordinary finders take the .py
-                if _is_stale(os.path.join(entry, leaf), built):
+            built = _built(base)
+            if built is None:
+                return None  # not compiled: the ordinary finders take the .py
+            if fullname not in MODULES:
+                stale.add(fullname)  # a leftover of an older build
+            elif not self.pure:
+                if _is_stale(base, built):
                     stale.add(fullname)
                 elif not (fullname in LINKED and _linked_stale(entry, fullname)):
                     return None
-            return importlib.util.spec_from_file_location(fullname, source)
+            return importlib.util.spec_from_file_location(fullname, base + ".py")
         return None
+
+
+def _packages() -> tuple[str, ...]:
+    """The top packages of :data:`MODULES`, as prefixes (``"softverbs."``)."""
+    return tuple({name.partition(".")[0] + "." for name in MODULES})
 
 
 def _built(base: str) -> str | None:
