@@ -15,6 +15,7 @@ import functools
 import json
 import os
 import random
+import select
 import socket
 import time
 from collections.abc import Iterator
@@ -556,7 +557,14 @@ def test_a_long_drain_sends_the_acks_it_owes_every_64_packets() -> None:
     sink = _Sink()
     sink.counters = Counter()
     runtime.hcas = [sink]  # type: ignore[list-item]
-    runtime._rx = {Backlog(): udp.LocalAddr("127.0.0.2", DST)}  # type: ignore[dict-item]
+
+    class Ready:  # the epoll set of the receiving sockets: fd 3 while the backlog lasts
+        def poll(self, timeout: float) -> list[tuple[int, int]]:
+            assert timeout == 0  # a drain never waits
+            return [(3, select.EPOLLIN)] if datagrams else []
+
+    runtime._rx_fd = {3: (Backlog(), udp.LocalAddr("127.0.0.2", DST))}  # type: ignore[dict-item]
+    runtime._ready = Ready()  # type: ignore[assignment]
     flushed_at: list[int] = []
     runtime.send_outboxes = lambda now: flushed_at.append(len(sink.got)) or False  # type: ignore[method-assign]
     assert runtime._drain()
