@@ -383,6 +383,13 @@ STAND_BACK_SLEEP = 0.005
 DRIVE_SLICE = 0.05
 
 
+#: where a datagram is sent: (IPv4 address, port) or (IPv6 address, port, flow, scope)
+Dest = tuple[str, int] | tuple[str, int, int, int]
+#: how a packet leaves (UdpRuntime._route): socket, source port, source and
+#: destination IP, destination
+Route = tuple[socket.socket, int, bytes, bytes, Dest]
+
+
 class UdpRuntime(Runtime):
     """One UDP device's sockets, progress thread and progress loop."""
 
@@ -399,6 +406,8 @@ class UdpRuntime(Runtime):
         self._ready = select.epoll()
         self._tx: dict[tuple[bytes, int], socket.socket] = {}
         self._main: dict[bytes, socket.socket] = {}
+        #: how packets leave, by (source GID, destination GID, source port): see _route
+        self._routes: dict[tuple[bytes, bytes, int], Route] = {}
         self._sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -580,25 +589,12 @@ class UdpRuntime(Runtime):
         return sock, sport
 
     def transmit(self, src: HCA, pkt: Packet, now: float) -> None:
-        src_ip = _ip_of_gid(pkt.sgid)
-        local = self._by_ip.get(src_ip)
-        if local is None:
-            src.counters["drop_no_route"] += 1
-            return
-        dst_ip = _ip_of_gid(pkt.dgid)
-        if len(dst_ip) != len(src_ip):
-            src.counters["drop_no_route"] += 1
-            return
-        sock, sport = self._sender(local, pkt.sport or ROCEV2_PORT)
-        if is_multicast_gid(pkt.dgid):
-            self._mc_sender(sock, local, pkt.hop_limit or 1)
-            src.counters["mcast_sent_pkts"] += 1
-        dst_text = _ip_text(dst_ip)
-        dest: tuple[str, int] | tuple[str, int, int, int]
-        if len(dst_ip) == 4:
-            dest = (dst_text, ROCEV2_PORT)
-        else:
-            dest = (dst_text, ROCEV2_PORT, 0, local.scope_id)
+        route = self._routes.get((pkt.sgid, pkt.dgid, pkt.sport))
+        if route is None:
+            route = self._route(src, pkt)
+            if route is None:
+                return
+        sock, sport, src_ip, dst_ip, dest = route
         if pkt.count > 1:  # a burst (only when self.bursts): GSO runs
             datagrams, sizes, runs = encode_udp_burst(
                 pkt, src_ip, dst_ip, sport, runs=gso_runs if self.gso else None
@@ -614,6 +610,35 @@ class UdpRuntime(Runtime):
             self._send_tos(src, sock, data, dest, pkt.tclass)
             return
         self._sendto(src, sock, [data], dest)
+
+    def _route(self, src: HCA, pkt: Packet) -> Route | None:
+        """How ``pkt`` leaves: the socket, its source port, the source and
+        destination IPs and the address to send to; None (counted) if no
+        address of this device can send it.  Kept for the next packet of the
+        same addresses and port, unless multicast (its TTL is the packet's)."""
+        src_ip = _ip_of_gid(pkt.sgid)
+        local = self._by_ip.get(src_ip)
+        if local is None:
+            src.counters["drop_no_route"] += 1
+            return None
+        dst_ip = _ip_of_gid(pkt.dgid)
+        if len(dst_ip) != len(src_ip):
+            src.counters["drop_no_route"] += 1
+            return None
+        sock, sport = self._sender(local, pkt.sport or ROCEV2_PORT)
+        dst_text = _ip_text(dst_ip)
+        dest: Dest
+        if len(dst_ip) == 4:
+            dest = (dst_text, ROCEV2_PORT)
+        else:
+            dest = (dst_text, ROCEV2_PORT, 0, local.scope_id)
+        route = (sock, sport, src_ip, dst_ip, dest)
+        if is_multicast_gid(pkt.dgid):
+            self._mc_sender(sock, local, pkt.hop_limit or 1)
+            src.counters["mcast_sent_pkts"] += 1
+        else:
+            self._routes[(pkt.sgid, pkt.dgid, pkt.sport)] = route
+        return route
 
     @staticmethod
     def _send_tos(src: HCA, sock: socket.socket, data: bytes | bytearray,
@@ -707,14 +732,12 @@ class UdpRuntime(Runtime):
         # A message's packets merge across receives too, each socket's on their own.
         mergers: dict[int, BurstMerger] = {}
         failed: set[int] = set()  # sockets whose receive failed: not again this drain
-        while True:
-            # Which sockets hold datagrams: an epoll_wait that returns at once costs a
-            # fifth of the receive that would find a socket empty (and raise), so
-            # neither a drain nor a busy poller's empty poll makes one.
-            ready = [fd for fd, _ in self._ready.poll(0) if fd not in failed]
-            if not ready:
-                break
-            for fd in ready:
+        # Which sockets hold datagrams: asking epoll without waiting is cheaper than
+        # the receive that would find a socket empty (and raise), so neither a
+        # drain nor a busy poller's empty poll makes one (module docstring).
+        ready = self._ready.poll(0)
+        while ready:
+            for fd, _ in ready:
                 sock, local = self._rx_fd[fd]
                 try:
                     data, anc, _flags, peer = sock.recvmsg(MAX_DATAGRAM, _GRO_CMSG)
@@ -755,6 +778,9 @@ class UdpRuntime(Runtime):
                     # window would close, and both ends would take turns idling.
                     self.send_outboxes(now)
                     unanswered = 0
+            ready = self._ready.poll(0)
+            if failed:
+                ready = [r for r in ready if r[0] not in failed]
         if hca is not None:
             for merger in mergers.values():
                 self._deliver(hca, merger.flush(), clock.now())
@@ -781,11 +807,14 @@ class UdpRuntime(Runtime):
     def _deliver(self, hca: HCA, pkts: Sequence[Packet | WireError], now: float) -> int:
         """Hand decoded packets to the device, and count the datagrams that were
         not; how many datagrams they were."""
+        datagrams = 0
         for pkt in pkts:
             if isinstance(pkt, WireError):
                 hca.counters["rcvd_pkts"] += 1
                 hca.counters[f"drop_{pkt.reason}"] += 1
+                datagrams += 1
                 continue
+            datagrams += pkt.count
             if self.taps:
                 for seg in pkt.segments():  # a capture shows the datagrams received
                     self.tap(seg, now)
@@ -794,7 +823,7 @@ class UdpRuntime(Runtime):
             except Exception:  # never let a packet kill the device
                 hca.counters["drop_internal_error"] += 1
                 log.exception("internal error while receiving %r", pkt)
-        return sum(1 if isinstance(p, WireError) else p.count for p in pkts)
+        return datagrams
 
     def progress(self) -> bool:
         got = self._drain()
@@ -817,6 +846,8 @@ class UdpRuntime(Runtime):
         return did
 
     def _timers_moved(self) -> None:
+        if self._sleep_until == -math.inf:
+            return  # the thread stands back: it takes no timer until a poller stops
         if self._thread is not None and threading.current_thread() is not self._thread:
             # A verb may have armed a timer earlier than the thread sleeps on.
             nxt = self.next_deadline()
@@ -949,6 +980,7 @@ class UdpRuntime(Runtime):
                     sock.close()
             self._rx.clear()
             self._rx_fd.clear()
+            self._routes.clear()
             self._ready.close()
             self._tx.clear()
             self._main.clear()
