@@ -376,7 +376,8 @@ def _gro_size(ancdata: list[tuple[int, int, bytes]]) -> int:
 #: is a busy poller: its polls drain the sockets and run the timers
 POLLER_STANDS_BACK = 0.0005
 #: how long the progress thread then sleeps, away from the sockets, before it
-#: looks again (a poller that blocks in a wait wakes it at once: wait_for)
+#: looks again (a poller that blocks in a wait it cannot drive wakes it at
+#: once, and one that drives counts as polling when its wait ends: wait_for)
 STAND_BACK_SLEEP = 0.005
 #: the longest a thread that drives the device from wait_for sleeps in select
 #: before it looks at the timers again
@@ -870,14 +871,16 @@ class UdpRuntime(Runtime):
         the progress thread, which stands back meanwhile.  Other threads that
         block at the same time wait to be notified, as before.
         """
-        if self._poller_seen != -math.inf:
-            # A thread that blocks is no longer busy-polling.
-            self._poller_seen = -math.inf
-            self._resume.set()
         with self.lock:
             driving = self._driver is None and not self.clock.virtual and not self._stop.is_set()
             if driving:
                 self._driver = threading.current_thread()
+        if self._poller_seen != -math.inf:
+            # A thread that blocks is no longer busy-polling: unless it drives the
+            # device, the progress thread takes the sockets at once.
+            self._poller_seen = -math.inf
+            if not driving:
+                self._resume.set()
         if not driving:
             return super().wait_for(ready, timeout)
         try:
@@ -885,7 +888,12 @@ class UdpRuntime(Runtime):
         finally:
             with self.lock:
                 self._driver = None
-            self._resume.set()  # the progress thread takes the sockets again
+                # The thread goes on to poll its CQ, as a busy poller does: the
+                # progress thread, asleep, takes the sockets again when its nap
+                # ends unless a poll or another wait has come by then.  Waking it
+                # here cost every blocking wait a thread hand-off (the GIL, the
+                # lock and a select of its own on each datagram).
+                self._poller_seen = time.monotonic()
 
     def _drive(self, ready: Callable[[], bool], timeout: float | None) -> bool:
         end = None if timeout is None else time.monotonic() + timeout
