@@ -728,6 +728,16 @@ class BurstMerger:
         n = len(mv)
         if size <= 0:
             size = max(n, 1)
+        if self.head is None and size >= n:
+            # One datagram and no burst open (every ACK, every message of one
+            # packet): decoded alone, unless it may start a burst.
+            try:
+                pkt = decode_udp_payload(mv, src_ip, dst_ip, sport, dport)
+            except WireError as exc:
+                return [exc]
+            if (pkt.opcode not in _CONTINUE or pkt.ackreq or pkt.pad
+                    or not len(pkt.payload)):  # fmt: skip
+                return [pkt]
         v4 = len(src_ip) == 4
         flow = (src_ip, dst_ip, sport, dport)
         out: list[Packet | WireError] = []
