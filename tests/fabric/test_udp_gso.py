@@ -570,3 +570,40 @@ def test_a_long_drain_sends_the_acks_it_owes_every_64_packets() -> None:
     assert runtime._drain()
     assert len(sink.got) == 200
     assert flushed_at == [64, 128, 192] and udp.ACK_FLUSH_PACKETS == 64
+
+
+def test_a_drain_receives_only_where_a_datagram_waits() -> None:
+    """The drain asks the epoll set of its sockets which hold datagrams: no
+    receive fails with EAGAIN, and a drain of empty sockets (a busy poller's
+    empty poll) makes no receive at all."""
+    x = 100 + os.getpid() % 100
+    runtime = udp.UdpRuntime(udp.explicit_addresses([f"127.{x}.9.1"]))
+    try:
+        ((fd, (sock, local)),) = runtime._rx_fd.items()
+        calls: list[str] = []
+
+        class Counted:  # the socket, each receive recorded: a datagram, or EAGAIN
+            def recvmsg(self, *args: int) -> tuple[bytes, list[tuple[int, int, bytes]], int,
+                                                  tuple[str, int]]:  # fmt: skip
+                try:
+                    got = sock.recvmsg(*args)
+                except BlockingIOError:
+                    calls.append("EAGAIN")
+                    raise
+                calls.append("datagram")
+                return got
+
+        runtime._rx_fd[fd] = (Counted(), local)  # type: ignore[assignment]
+        assert not runtime._drain() and calls == []
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as peer:
+            for _ in range(3):
+                peer.sendto(b"x" * 24, (local.text, 4791))
+            deadline = time.monotonic() + 5
+            while not select.select([sock], [], [], 0)[0] and time.monotonic() < deadline:
+                time.sleep(0.001)
+            assert runtime._drain()  # no device attached: taken and dropped
+        assert calls and set(calls) == {"datagram"}, calls
+        taken = len(calls)
+        assert not runtime._drain() and len(calls) == taken
+    finally:
+        runtime.stop()
