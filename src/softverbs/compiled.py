@@ -53,6 +53,7 @@ MODULES: tuple[str, ...] = (
     "softverbs.device.protocol",
     "softverbs.service.server",
     "softverbs.fabric.runtime",
+    "softverbs.fabric.udp",  # the UDP fabric's receive and send, on every datagram
     "softverbs.verbs.base",
     "softverbs.verbs.cq",
     "softverbs.verbs.provider",

@@ -15,6 +15,7 @@ import functools
 import json
 import os
 import random
+import select
 import socket
 import time
 from collections.abc import Iterator
@@ -556,9 +557,53 @@ def test_a_long_drain_sends_the_acks_it_owes_every_64_packets() -> None:
     sink = _Sink()
     sink.counters = Counter()
     runtime.hcas = [sink]  # type: ignore[list-item]
-    runtime._rx = {Backlog(): udp.LocalAddr("127.0.0.2", DST)}  # type: ignore[dict-item]
+
+    class Ready:  # the epoll set of the receiving sockets: fd 3 while the backlog lasts
+        def poll(self, timeout: float) -> list[tuple[int, int]]:
+            assert timeout == 0  # a drain never waits
+            return [(3, select.EPOLLIN)] if datagrams else []
+
+    runtime._rx_fd = {3: (Backlog(), udp.LocalAddr("127.0.0.2", DST))}  # type: ignore[dict-item]
+    runtime._ready = Ready()  # type: ignore[assignment]
     flushed_at: list[int] = []
     runtime.send_outboxes = lambda now: flushed_at.append(len(sink.got)) or False  # type: ignore[method-assign]
     assert runtime._drain()
     assert len(sink.got) == 200
     assert flushed_at == [64, 128, 192] and udp.ACK_FLUSH_PACKETS == 64
+
+
+def test_a_drain_receives_only_where_a_datagram_waits() -> None:
+    """The drain asks the epoll set of its sockets which hold datagrams: no
+    receive fails with EAGAIN, and a drain of empty sockets (a busy poller's
+    empty poll) makes no receive at all."""
+    x = 100 + os.getpid() % 100
+    runtime = udp.UdpRuntime(udp.explicit_addresses([f"127.{x}.9.1"]))
+    try:
+        ((fd, (sock, local)),) = runtime._rx_fd.items()
+        calls: list[str] = []
+
+        class Counted:  # the socket, each receive recorded: a datagram, or EAGAIN
+            def recvmsg(self, *args: int) -> tuple[bytes, list[tuple[int, int, bytes]], int,
+                                                  tuple[str, int]]:  # fmt: skip
+                try:
+                    got = sock.recvmsg(*args)
+                except BlockingIOError:
+                    calls.append("EAGAIN")
+                    raise
+                calls.append("datagram")
+                return got
+
+        runtime._rx_fd[fd] = (Counted(), local)  # type: ignore[assignment]
+        assert not runtime._drain() and calls == []
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as peer:
+            for _ in range(3):
+                peer.sendto(b"x" * 24, (local.text, 4791))
+            deadline = time.monotonic() + 5
+            while not select.select([sock], [], [], 0)[0] and time.monotonic() < deadline:
+                time.sleep(0.001)
+            assert runtime._drain()  # no device attached: taken and dropped
+        assert calls and set(calls) == {"datagram"}, calls
+        taken = len(calls)
+        assert not runtime._drain() and len(calls) == taken
+    finally:
+        runtime.stop()

@@ -18,7 +18,8 @@ program against rxe; the write must not block.
 While an application thread busy-polls, the progress thread stands back
 away from the sockets, and posts take no datagrams: the polls do.  A poller
 that then blocks in ``get_cq_event`` must not wait for the standing back to
-end.
+end; one that drives the device from its wait leaves the progress thread
+asleep, going in and coming out.
 """
 
 from __future__ import annotations
@@ -183,3 +184,40 @@ def test_a_poller_that_blocks_ends_the_standing_back(
         n, wcs = cq_rx.poll(1)
         assert n == 1 and wcs[0].status == IBV_WC_SUCCESS
 
+
+def test_a_thread_that_drives_its_waits_leaves_the_progress_thread_asleep(
+        two_udp_devices: tuple[str, str], monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """A thread that blocks in get_cq_event drives the device itself; neither the
+    start nor the end of its wait wakes the progress thread, which would take the
+    next datagram from it and hand the GIL and the lock between the two threads
+    on every message (the standing back is made a minute long: only a wakeup
+    can end it)."""
+    monkeypatch.setattr(udp, "POLLER_STANDS_BACK", 60.0)
+    monkeypatch.setattr(udp, "STAND_BACK_SLEEP", 60.0)
+    name_tx, name_rx = two_udp_devices
+    with Context(name=name_tx) as tx, Context(name=name_rx) as rx:
+        channel = CompChannel(rx)
+        cq_tx, qp_tx, cq_rx, qp_rx, wr, recvs = _ud_pair(tx, rx, channel)
+        rt = rx.runtime
+        assert isinstance(rt, UdpRuntime)
+        by_thread: list[str] = []
+        progress = UdpRuntime.progress
+
+        def counted(self: UdpRuntime) -> bool:
+            if self is rt and threading.current_thread() is rt._thread:
+                by_thread.append("progress")
+            return progress(self)
+
+        monkeypatch.setattr(UdpRuntime, "progress", counted)
+        qp_rx.post_recv(recvs[0])
+        assert cq_rx.poll(1)[0] == 0  # a poller: the thread stands back from now on
+        for i in range(20):
+            qp_rx.post_recv(recvs[(i + 1) % 2])
+            cq_rx.req_notify()
+            qp_tx.post_send(wr)
+            assert cq_tx.poll(1)[0] == 1  # the send queue's slot back
+            channel.get_cq_event(cq_rx, timeout=5.0)
+            cq_rx.ack_events(1)
+            n, wcs = cq_rx.poll(1)
+            assert n == 1 and wcs[0].status == IBV_WC_SUCCESS, f"message {i}"
+        assert by_thread == [], f"the progress thread ran {len(by_thread)} times"

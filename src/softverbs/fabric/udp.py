@@ -42,7 +42,12 @@ Segmentation offload (GSO and GRO)
 Receiving and progress
     Datagrams are decoded (ICRC checked) and handed to the engine.  A
     malformed datagram is dropped and counted under ``drop_<reason>``; it
-    never raises.  A progress thread waits on the sockets and the next timer
+    never raises.  An epoll set of the receiving sockets, asked without
+    waiting, says which hold datagrams, so a receive is made only where one
+    waits: a receive that finds its socket empty fails with EAGAIN, and Python
+    raises for it, which made an empty drain 2.5 times the cost of the
+    epoll_wait (a busy poller pays one on every empty poll, and every drain
+    ended with one).  A progress thread waits on the sockets and the next timer
     deadline, so ACKs, READ responses and atomics are answered while the
     application is busy elsewhere.  A poll drains the sockets too, so a
     polling loop sees its completions without a thread hop, and so does a
@@ -80,6 +85,7 @@ import json
 import logging
 import math
 import os
+import select
 import selectors
 import socket
 import struct
@@ -370,11 +376,19 @@ def _gro_size(ancdata: list[tuple[int, int, bytes]]) -> int:
 #: is a busy poller: its polls drain the sockets and run the timers
 POLLER_STANDS_BACK = 0.0005
 #: how long the progress thread then sleeps, away from the sockets, before it
-#: looks again (a poller that blocks in a wait wakes it at once: wait_for)
+#: looks again (a poller that blocks in a wait it cannot drive wakes it at
+#: once, and one that drives counts as polling when its wait ends: wait_for)
 STAND_BACK_SLEEP = 0.005
 #: the longest a thread that drives the device from wait_for sleeps in select
 #: before it looks at the timers again
 DRIVE_SLICE = 0.05
+
+
+#: where a datagram is sent: (IPv4 address, port) or (IPv6 address, port, flow, scope)
+Dest = tuple[str, int] | tuple[str, int, int, int]
+#: how a packet leaves (UdpRuntime._route): socket, source port, source and
+#: destination IP, destination
+Route = tuple[socket.socket, int, bytes, bytes, Dest]
 
 
 class UdpRuntime(Runtime):
@@ -387,8 +401,14 @@ class UdpRuntime(Runtime):
         self.addrs = addrs
         self._by_ip: dict[bytes, LocalAddr] = {a.packed: a for a in addrs}
         self._rx: dict[socket.socket, LocalAddr] = {}
+        #: the receiving sockets by file descriptor, and an epoll set of them that
+        #: says which have datagrams waiting (see _drain)
+        self._rx_fd: dict[int, tuple[socket.socket, LocalAddr]] = {}
+        self._ready = select.epoll()
         self._tx: dict[tuple[bytes, int], socket.socket] = {}
         self._main: dict[bytes, socket.socket] = {}
+        #: how packets leave, by (source GID, destination GID, source port): see _route
+        self._routes: dict[tuple[bytes, bytes, int], Route] = {}
         self._sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -429,9 +449,8 @@ class UdpRuntime(Runtime):
             else:
                 sock.setsockopt(socket.IPPROTO_IPV6, IPV6_RECVTCLASS, 1)
             sock.setblocking(False)
-            self._rx[sock] = addr
             self._main[addr.packed] = sock
-            self._sel.register(sock, selectors.EVENT_READ)
+            self._add_rx(sock, addr)
 
     @property
     def gids(self) -> list[bytes]:
@@ -464,9 +483,7 @@ class UdpRuntime(Runtime):
         if not join:
             sock = self._groups.pop(ip, None)
             if sock is not None:
-                with contextlib.suppress(KeyError, ValueError):
-                    self._sel.unregister(sock)
-                self._rx.pop(sock, None)
+                self._remove_rx(sock)
                 sock.close()  # closing leaves the group
             return
         if ip in self._groups:
@@ -498,8 +515,22 @@ class UdpRuntime(Runtime):
         _set_rcvbuf(sock, RECV_BUFFER)
         sock.setblocking(False)
         self._groups[ip] = sock
-        self._rx[sock] = group
+        self._add_rx(sock, group)
+
+    def _add_rx(self, sock: socket.socket, local: LocalAddr) -> None:
+        """Receive on ``sock`` (its datagrams are addressed to ``local``)."""
+        self._rx[sock] = local
+        self._rx_fd[sock.fileno()] = (sock, local)
+        self._ready.register(sock.fileno(), select.EPOLLIN)
         self._sel.register(sock, selectors.EVENT_READ)
+
+    def _remove_rx(self, sock: socket.socket) -> None:
+        with contextlib.suppress(KeyError, ValueError, OSError):
+            self._sel.unregister(sock)
+        with contextlib.suppress(KeyError, ValueError, OSError):
+            self._ready.unregister(sock.fileno())
+        self._rx_fd.pop(sock.fileno(), None)
+        self._rx.pop(sock, None)
 
     def _mc_sender(self, sock: socket.socket, local: LocalAddr, ttl: int) -> None:
         """Make ``sock`` send multicast from ``local``'s interface with ``ttl``."""
@@ -559,25 +590,12 @@ class UdpRuntime(Runtime):
         return sock, sport
 
     def transmit(self, src: HCA, pkt: Packet, now: float) -> None:
-        src_ip = _ip_of_gid(pkt.sgid)
-        local = self._by_ip.get(src_ip)
-        if local is None:
-            src.counters["drop_no_route"] += 1
-            return
-        dst_ip = _ip_of_gid(pkt.dgid)
-        if len(dst_ip) != len(src_ip):
-            src.counters["drop_no_route"] += 1
-            return
-        sock, sport = self._sender(local, pkt.sport or ROCEV2_PORT)
-        if is_multicast_gid(pkt.dgid):
-            self._mc_sender(sock, local, pkt.hop_limit or 1)
-            src.counters["mcast_sent_pkts"] += 1
-        dst_text = _ip_text(dst_ip)
-        dest: tuple[str, int] | tuple[str, int, int, int]
-        if len(dst_ip) == 4:
-            dest = (dst_text, ROCEV2_PORT)
-        else:
-            dest = (dst_text, ROCEV2_PORT, 0, local.scope_id)
+        route = self._routes.get((pkt.sgid, pkt.dgid, pkt.sport))
+        if route is None:
+            route = self._route(src, pkt)
+            if route is None:
+                return
+        sock, sport, src_ip, dst_ip, dest = route
         if pkt.count > 1:  # a burst (only when self.bursts): GSO runs
             datagrams, sizes, runs = encode_udp_burst(
                 pkt, src_ip, dst_ip, sport, runs=gso_runs if self.gso else None
@@ -593,6 +611,35 @@ class UdpRuntime(Runtime):
             self._send_tos(src, sock, data, dest, pkt.tclass)
             return
         self._sendto(src, sock, [data], dest)
+
+    def _route(self, src: HCA, pkt: Packet) -> Route | None:
+        """How ``pkt`` leaves: the socket, its source port, the source and
+        destination IPs and the address to send to; None (counted) if no
+        address of this device can send it.  Kept for the next packet of the
+        same addresses and port, unless multicast (its TTL is the packet's)."""
+        src_ip = _ip_of_gid(pkt.sgid)
+        local = self._by_ip.get(src_ip)
+        if local is None:
+            src.counters["drop_no_route"] += 1
+            return None
+        dst_ip = _ip_of_gid(pkt.dgid)
+        if len(dst_ip) != len(src_ip):
+            src.counters["drop_no_route"] += 1
+            return None
+        sock, sport = self._sender(local, pkt.sport or ROCEV2_PORT)
+        dst_text = _ip_text(dst_ip)
+        dest: Dest
+        if len(dst_ip) == 4:
+            dest = (dst_text, ROCEV2_PORT)
+        else:
+            dest = (dst_text, ROCEV2_PORT, 0, local.scope_id)
+        route = (sock, sport, src_ip, dst_ip, dest)
+        if is_multicast_gid(pkt.dgid):
+            self._mc_sender(sock, local, pkt.hop_limit or 1)
+            src.counters["mcast_sent_pkts"] += 1
+        else:
+            self._routes[(pkt.sgid, pkt.dgid, pkt.sport)] = route
+        return route
 
     @staticmethod
     def _send_tos(src: HCA, sock: socket.socket, data: bytes | bytearray,
@@ -677,24 +724,37 @@ class UdpRuntime(Runtime):
         from when the drain began, or the timer fires early and a whole window is
         sent again for nothing -- which only makes the next drain longer.
         """
+        if not self._rx_fd:
+            return False  # stopped
         got = False
         clock = self.clock
         hca = self.hcas[0] if self.hcas else None
         unanswered = 0  # packets taken since the ACKs due were last sent
-        merger = BurstMerger()  # a message's packets merge across receives too
-        for sock, local in self._rx.items():
-            while True:
+        # A message's packets merge across receives too, each socket's on their own.
+        mergers: dict[int, BurstMerger] = {}
+        failed: set[int] = set()  # sockets whose receive failed: not again this drain
+        # Which sockets hold datagrams: asking epoll without waiting is cheaper than
+        # the receive that would find a socket empty (and raise), so neither a
+        # drain nor a busy poller's empty poll makes one (module docstring).
+        ready = self._ready.poll(0)
+        while ready:
+            for fd, _ in ready:
+                sock, local = self._rx_fd[fd]
                 try:
                     data, anc, _flags, peer = sock.recvmsg(MAX_DATAGRAM, _GRO_CMSG)
                 except (BlockingIOError, InterruptedError):
-                    break
+                    continue
                 except OSError as exc:
                     log.debug("recvmsg failed: %s", exc)
-                    break
+                    failed.add(fd)
+                    continue
                 got = True
                 new_pass()  # a packet may follow an unmap: check mappings again
                 if hca is None:
                     continue
+                merger = mergers.get(fd)
+                if merger is None:
+                    merger = mergers[fd] = BurstMerger()
                 now = clock.now()
                 if _tos(anc) & ECN_MASK == ECN_CE:
                     # Congestion experienced: these packets go alone, marked, to
@@ -719,7 +779,11 @@ class UdpRuntime(Runtime):
                     # window would close, and both ends would take turns idling.
                     self.send_outboxes(now)
                     unanswered = 0
-            if hca is not None:
+            ready = self._ready.poll(0)
+            if failed:
+                ready = [r for r in ready if r[0] not in failed]
+        if hca is not None:
+            for merger in mergers.values():
                 self._deliver(hca, merger.flush(), clock.now())
         return got
 
@@ -744,11 +808,14 @@ class UdpRuntime(Runtime):
     def _deliver(self, hca: HCA, pkts: Sequence[Packet | WireError], now: float) -> int:
         """Hand decoded packets to the device, and count the datagrams that were
         not; how many datagrams they were."""
+        datagrams = 0
         for pkt in pkts:
             if isinstance(pkt, WireError):
                 hca.counters["rcvd_pkts"] += 1
                 hca.counters[f"drop_{pkt.reason}"] += 1
+                datagrams += 1
                 continue
+            datagrams += pkt.count
             if self.taps:
                 for seg in pkt.segments():  # a capture shows the datagrams received
                     self.tap(seg, now)
@@ -757,7 +824,7 @@ class UdpRuntime(Runtime):
             except Exception:  # never let a packet kill the device
                 hca.counters["drop_internal_error"] += 1
                 log.exception("internal error while receiving %r", pkt)
-        return sum(1 if isinstance(p, WireError) else p.count for p in pkts)
+        return datagrams
 
     def progress(self) -> bool:
         got = self._drain()
@@ -780,6 +847,8 @@ class UdpRuntime(Runtime):
         return did
 
     def _timers_moved(self) -> None:
+        if self._sleep_until == -math.inf:
+            return  # the thread stands back: it takes no timer until a poller stops
         if self._thread is not None and threading.current_thread() is not self._thread:
             # A verb may have armed a timer earlier than the thread sleeps on.
             nxt = self.next_deadline()
@@ -802,14 +871,16 @@ class UdpRuntime(Runtime):
         the progress thread, which stands back meanwhile.  Other threads that
         block at the same time wait to be notified, as before.
         """
-        if self._poller_seen != -math.inf:
-            # A thread that blocks is no longer busy-polling.
-            self._poller_seen = -math.inf
-            self._resume.set()
         with self.lock:
             driving = self._driver is None and not self.clock.virtual and not self._stop.is_set()
             if driving:
                 self._driver = threading.current_thread()
+        if self._poller_seen != -math.inf:
+            # A thread that blocks is no longer busy-polling: unless it drives the
+            # device, the progress thread takes the sockets at once.
+            self._poller_seen = -math.inf
+            if not driving:
+                self._resume.set()
         if not driving:
             return super().wait_for(ready, timeout)
         try:
@@ -817,7 +888,12 @@ class UdpRuntime(Runtime):
         finally:
             with self.lock:
                 self._driver = None
-            self._resume.set()  # the progress thread takes the sockets again
+                # The thread goes on to poll its CQ, as a busy poller does: the
+                # progress thread, asleep, takes the sockets again when its nap
+                # ends unless a poll or another wait has come by then.  Waking it
+                # here cost every blocking wait a thread hand-off (the GIL, the
+                # lock and a select of its own on each datagram).
+                self._poller_seen = time.monotonic()
 
     def _drive(self, ready: Callable[[], bool], timeout: float | None) -> bool:
         end = None if timeout is None else time.monotonic() + timeout
@@ -911,6 +987,9 @@ class UdpRuntime(Runtime):
                 with contextlib.suppress(OSError):
                     sock.close()
             self._rx.clear()
+            self._rx_fd.clear()
+            self._routes.clear()
+            self._ready.close()
             self._tx.clear()
             self._main.clear()
             with contextlib.suppress(Exception):

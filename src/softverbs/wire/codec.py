@@ -458,9 +458,9 @@ def encode_udp_payload(
     ``seal=False`` the ICRC is left for :func:`seal_udp_payload` (a caller
     that learns the IPv4 ID later: a UDP GSO run's segments).
     """
-    buf, _, _ = _encode(pkt, 0, ICRC_SIZE)
+    buf, w0, end = _encode(pkt, 0, ICRC_SIZE)
     if seal:
-        seal_udp_payload(buf, src_ip, dst_ip, sport, dport, ip_id=ip_id)
+        _seal(buf, end, w0, src_ip, dst_ip, sport, dport, ip_id)
     return buf
 
 
@@ -470,7 +470,20 @@ def seal_udp_payload(buf: bytearray, src_ip: bytes, dst_ip: bytes, sport: int,
     ``ip_id`` (IPv6 has none).  The kernel numbers the segments of a UDP GSO
     send 0, 1, 2 ... (DF or not), and the ICRC covers the ID: segment k of a run
     is sealed with ``ip_id=k`` (see :func:`seal_udp_datagrams`)."""
-    seal_udp_datagrams(buf, 0, [len(buf)], src_ip, dst_ip, sport, dport, ip_id=ip_id)
+    end = len(buf) - ICRC_SIZE
+    _seal(buf, end, _U32.unpack_from(buf, 0)[0], src_ip, dst_ip, sport, dport, ip_id)
+
+
+def _seal(buf: bytearray, end: int, w0: int, src_ip: bytes, dst_ip: bytes, sport: int,
+          dport: int, ip_id: int) -> None:  # fmt: skip
+    """Write the ICRC of the one datagram in ``buf`` (transport ``buf[:end]``,
+    BTH word 0 ``w0``) for IPv4 ID ``ip_id``: :func:`seal_udp_datagrams` for a
+    single datagram, without its loop (every packet sent alone comes here)."""
+    crc = crc32(memoryview(buf)[5:end], _pseudo_crc(end, w0, src_ip, dst_ip, sport, dport))
+    ip_id &= 0xFFFF
+    if ip_id and len(src_ip) == 4:
+        crc ^= _id_delta(end + 22, ip_id)  # CRC-32 is affine in the ID's bits
+    _ICRC.pack_into(buf, end, crc)
 
 
 def seal_udp_datagrams(buf: bytearray, start: int, sizes: list[int], src_ip: bytes,
@@ -715,6 +728,16 @@ class BurstMerger:
         n = len(mv)
         if size <= 0:
             size = max(n, 1)
+        if self.head is None and size >= n:
+            # One datagram and no burst open (every ACK, every message of one
+            # packet): decoded alone, unless it may start a burst.
+            try:
+                pkt = decode_udp_payload(mv, src_ip, dst_ip, sport, dport)
+            except WireError as exc:
+                return [exc]
+            if (pkt.opcode not in _CONTINUE or pkt.ackreq or pkt.pad
+                    or not len(pkt.payload)):  # fmt: skip
+                return [pkt]
         v4 = len(src_ip) == 4
         flow = (src_ip, dst_ip, sport, dport)
         out: list[Packet | WireError] = []
