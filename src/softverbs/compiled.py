@@ -75,6 +75,8 @@ LINKED: frozenset[str] = frozenset({
     "softverbs.engine.rings",
     "softverbs.engine.wr",
     "softverbs.wire.packet",
+    "softverbs.verbs.base",
+    "softverbs.verbs.cq",
 })  # fmt: skip
 
 #: the environment switch that runs the .py files even where compiled ones exist

@@ -19,7 +19,14 @@ from softverbs.errors import PyverbsUserError, ebusy
 
 
 class PyverbsObject:
-    """Carries a logger, as pyverbs objects do."""
+    """Carries a logger, as pyverbs objects do.
+
+    An extension type when compiled (base.pxd), as pyverbs' is; its one slot
+    keeps the interpreted class the same shape (subclasses without
+    ``__slots__`` get an instance dictionary either way).
+    """
+
+    __slots__ = ("logger",)
 
     def __init__(self) -> None:
         self.logger = logging.getLogger(type(self).__name__)

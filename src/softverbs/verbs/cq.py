@@ -148,24 +148,7 @@ class WC(PyverbsObject):
 
     @classmethod
     def from_cqe(cls, cqe: CQE) -> WC:
-        wc = cls.__new__(cls)
-        wc.wr_id = cqe.wr_id
-        wc.status = cqe.status
-        wc.opcode = cqe.opcode
-        wc.vendor_err = cqe.vendor_err
-        wc.byte_len = cqe.byte_len
-        wc.qp_num = cqe.qp_num
-        wc.src_qp = cqe.src_qp
-        # ibv_wc.imm_data is a __be32 (the ImmDt bytes as they came); the
-        # invalidated rkey sharing its place is host order
-        wc.imm_data = be32_field(cqe.imm) if cqe.wc_flags & _WITH_IMM else cqe.imm
-        wc.wc_flags = cqe.wc_flags
-        wc.pkey_index = 0
-        wc.slid = cqe.slid
-        wc.sl = cqe.sl
-        wc.dlid_path_bits = 0
-        wc.reason = cqe.reason
-        return wc
+        return _fill_wc(cls.__new__(cls), cqe)
 
     @property
     def invalidated_rkey(self) -> int:
@@ -188,6 +171,27 @@ class WC(PyverbsObject):
             + f.format("WC flags", self.wc_flags) + f.format("imm_data", self.imm_data)
             + (f.format("reason", self.reason) if self.reason else "")
         )  # fmt: skip
+
+
+def _fill_wc(wc: WC, cqe: CQE) -> WC:
+    """``wc`` with the fields of ``cqe`` (typed in cq.pxd: C struct reads and writes)."""
+    wc.wr_id = cqe.wr_id
+    wc.status = cqe.status
+    wc.opcode = cqe.opcode
+    wc.vendor_err = cqe.vendor_err
+    wc.byte_len = cqe.byte_len
+    wc.qp_num = cqe.qp_num
+    wc.src_qp = cqe.src_qp
+    # ibv_wc.imm_data is a __be32 (the ImmDt bytes as they came); the
+    # invalidated rkey sharing its place is host order
+    wc.imm_data = be32_field(cqe.imm) if cqe.wc_flags & _WITH_IMM else cqe.imm
+    wc.wc_flags = cqe.wc_flags
+    wc.pkey_index = 0
+    wc.slid = cqe.slid
+    wc.sl = cqe.sl
+    wc.dlid_path_bits = 0
+    wc.reason = cqe.reason
+    return wc
 
 
 class CompChannel(PyverbsCM):
@@ -357,7 +361,8 @@ class CQ(CQBase):
     def poll(self, num_entries: int = 1) -> tuple[int, list[WC]]:
         """Take up to ``num_entries`` completions: ``(npolled, [WC, ...])``."""
         self._check_open()
-        out = [WC.from_cqe(cqe) for cqe in self._take(as_count(num_entries, "num_entries"))]
+        out = [_fill_wc(WC.__new__(WC), cqe)
+               for cqe in self._take(as_count(num_entries, "num_entries"))]  # fmt: skip
         return len(out), out
 
     def resize(self, cqe: int) -> None:

@@ -69,8 +69,8 @@ from softverbs.verbs.device import LIMITS, Context
 from softverbs.verbs.mr import MW, MWBind, MWBindInfo, inc_rkey
 from softverbs.verbs.pd import PD
 from softverbs.verbs.provider import Attach, destroy, forked_error
-from softverbs.verbs.srq import SRQ, recv_wqe
-from softverbs.verbs.wr import SGE, RecvWR, SendWR
+from softverbs.verbs.srq import SRQ
+from softverbs.verbs.wr import SGE, RecvWR, SendWR, recv_wqe
 from softverbs.verbs.xrcd import XRCD
 
 SEND_FLAGS = int(IBV_SEND_FENCE | IBV_SEND_SIGNALED | IBV_SEND_SOLICITED | IBV_SEND_INLINE)
@@ -661,35 +661,45 @@ class QP(PyverbsCM):
 
     def _build_send(self, w: SendWR, n: int, type1_bind: bool = False) -> SendWQE:
         qp_type = self.qp_type
-        where = _Where(n, w)  # formatted only if an error is raised
         sq = self.sq
+        # the checks, cheapest first; the messages' prefix (_Where) is made only on an error
         if sq is None:
+            where = _Where(n, w)
             raise einval(f"{where}: an {_name(ibv_qp_type, qp_type)} QP has no send queue")
         state = self._state()
         if state not in _POST_SEND_STATES:
+            where = _Where(n, w)
             raise einval(
                 f"{where}: the QP is in {_name(ibv_qp_state, state)}; send WRs may be "
                 "posted only in RTS (or SQD, SQE, ERR). Move the QP to RTS first"
             )
         opcode = w.opcode
         if opcode not in ALLOWED_OPCODES[qp_type]:
+            where = _Where(n, w)
             raise einval(f"{where}: opcode {_name(ibv_wr_opcode, opcode)} is not "
                          f"supported on {_name(ibv_qp_type, qp_type)} QPs")  # fmt: skip
         flags = w.send_flags
         if flags & ~_ALLOWED_SEND_FLAGS:
+            where = _Where(n, w)
             raise einval(f"{where}: unsupported send_flags bits "
                          f"{flags & ~_ALLOWED_SEND_FLAGS:#x}")  # fmt: skip
         if sq.used >= sq.capacity:
-            raise self._sq_full(where)
+            raise self._sq_full(_Where(n, w))
         cap = self.cap
-        if len(w.sg) > cap.max_send_sge:
-            raise einval(f"{where}: {len(w.sg)} SGEs exceed max_send_sge={cap.max_send_sge}")
+        sg = w.sg
+        if len(sg) > cap.max_send_sge:
+            raise einval(f"{_Where(n, w)}: {len(sg)} SGEs exceed max_send_sge={cap.max_send_sge}")
         info = WR_INFO[opcode]
-        sges: list[Sge] = [(s.addr, s.length, s.lkey) for s in w.sg]
-        length = sum(s[1] for s in sges)
+        sges: list[Sge] = []
+        length = 0
+        for s in sg:
+            size = s.length
+            sges.append((s.addr, size, s.lkey))
+            length += size
         signaled = bool(flags & _SIGNALED) or self.sq_sig_all
         wqe = SendWQE(w.wr_id, opcode, signaled, sges, length)
         if flags & _INLINE:
+            where = _Where(n, w)
             if info.klass not in _INLINE_OK:
                 raise einval(f"{where}: IBV_SEND_INLINE applies only to SEND and RDMA WRITE")
             if length > cap.max_inline_data:
@@ -713,7 +723,7 @@ class QP(PyverbsCM):
             wqe.swap = w.swap & 0xFFFFFFFFFFFFFFFF
         if qp_type == IBV_QPT_UD:
             if w.ah is None:
-                raise einval(f"{where}: a UD send needs an address handle (set_wr_ud)")
+                raise einval(f"{_Where(n, w)}: a UD send needs an address handle (set_wr_ud)")
             w.ah._check_open()
             wqe.ah = w.ah.dev_handle
             wqe.remote_qpn = w.remote_qpn & 0xFFFFFF
@@ -721,7 +731,7 @@ class QP(PyverbsCM):
         elif qp_type == IBV_QPT_XRC_SEND:
             wqe.xrc_srqn = w.remote_srqn & 0xFFFFFF
         if opcode == IBV_WR_BIND_MW:
-            self._bind_args(wqe, w.mw, w.bind_info, w.bind_rkey, where, type2=not type1_bind)
+            self._bind_args(wqe, w.mw, w.bind_info, w.bind_rkey, _Where(n, w), type2=not type1_bind)
         return wqe
 
     def _sq_full(self, where: object) -> PyverbsRDMAError:
@@ -856,26 +866,31 @@ class QP(PyverbsCM):
             n = 0
             posted = 0
             try:
+                # what holds for the whole list is checked once, and names its first WR
+                if self.srq is not None:
+                    raise einval(f"{_Where(n, w, 'post_recv')}: this QP takes its receives "
+                                 "from an SRQ; post them to the SRQ")  # fmt: skip
+                rq = self.rq
+                if rq is None:
+                    raise einval(
+                        f"{_Where(n, w, 'post_recv')}: an "
+                        f"{_name(ibv_qp_type, self.qp_type)} QP has no receive queue"
+                    )
+                if self._state() == IBV_QPS_RESET:
+                    raise einval(f"{_Where(n, w, 'post_recv')}: the QP is in RESET; move it "
+                                 "to INIT first")  # fmt: skip
+                if not rq.capacity:
+                    raise enomem(f"{_Where(n, w, 'post_recv')}: the QP was created with "
+                                 "max_recv_wr=0: its receive queue holds no WR")  # fmt: skip
+                max_sge = self.cap.max_recv_sge
                 while w is not None:
-                    where = _Where(n, w, "post_recv")
-                    if self.srq is not None:
-                        raise einval(f"{where}: this QP takes its receives from an SRQ; "
-                                     "post them to the SRQ")  # fmt: skip
-                    rq = self.rq
-                    if rq is None:
-                        raise einval(f"{where}: an {_name(ibv_qp_type, self.qp_type)} QP "
-                                     "has no receive queue")  # fmt: skip
-                    if self._state() == IBV_QPS_RESET:
-                        raise einval(f"{where}: the QP is in RESET; move it to INIT first")
-                    if not rq.capacity:
-                        raise enomem(f"{where}: the QP was created with max_recv_wr=0: its "
-                                     "receive queue holds no WR")  # fmt: skip
                     if rq.used >= rq.capacity:
                         raise enomem(
-                            f"{where}: the receive queue is full: {rq.used} of {rq.capacity} "
-                            "receive WRs are posted and not yet completed and polled"
+                            f"{_Where(n, w, 'post_recv')}: the receive queue is full: "
+                            f"{rq.used} of {rq.capacity} receive WRs are posted and not yet "
+                            "completed and polled"
                         )
-                    rq.push(recv_wqe(w, self.cap.max_recv_sge, where))
+                    rq.push(recv_wqe(w, max_sge, n, "post_recv"))
                     posted += 1
                     w = w.next_wr
                     n += 1

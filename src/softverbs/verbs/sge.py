@@ -11,16 +11,31 @@ from __future__ import annotations
 from softverbs import hostmem
 from softverbs.verbs.base import CStruct, PyverbsCM
 
+_U32 = 1 << 32
+_U64 = 1 << 64
+
 
 class SGE(CStruct, PyverbsCM):
     """A scatter/gather element: ``SGE(addr, length, lkey)``."""
 
     _c_fields = {"addr": 64, "length": 32, "lkey": 32}
+    addr: int
+    length: int
+    lkey: int
 
     def __init__(self, addr: int, length: int, lkey: int) -> None:
-        self.addr = addr
-        self.length = length
-        self.lkey = lkey
+        # an SGE per buffer, often one per WR: the fields go straight into the
+        # instance dictionary when they fit, as CStruct.__setattr__ would store them
+        if (type(addr) is int and 0 <= addr < _U64 and type(length) is int
+                and 0 <= length < _U32 and type(lkey) is int and 0 <= lkey < _U32):  # fmt: skip
+            d = self.__dict__
+            d["addr"] = addr
+            d["length"] = length
+            d["lkey"] = lkey
+        else:  # the checked path, with its message
+            self.addr = addr
+            self.length = length
+            self.lkey = lkey
 
     def read(self, length: int, offset: int) -> bytes:
         """Read memory at the SGE's address (EFAULT if it is not mapped)."""

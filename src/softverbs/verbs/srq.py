@@ -13,7 +13,7 @@ import errno
 from typing import Any
 
 from softverbs.device import ops, records
-from softverbs.engine.rings import WQ_SRQ, RecvWQE, SharedRecvRing
+from softverbs.engine.rings import WQ_SRQ, SharedRecvRing
 from softverbs.enums import (
     IBV_OPS_SIGNALED,
     IBV_SRQ_LIMIT,
@@ -28,16 +28,8 @@ from softverbs.verbs.cq import CQBase
 from softverbs.verbs.device import LIMITS, Context
 from softverbs.verbs.pd import PD
 from softverbs.verbs.provider import Attach, destroy, forked_error
-from softverbs.verbs.wr import RecvWR
+from softverbs.verbs.wr import RecvWR, recv_wqe
 from softverbs.verbs.xrcd import XRCD
-
-
-def recv_wqe(w: RecvWR, max_sge: int, where: object) -> RecvWQE:
-    """Check a receive WR and turn it into a ring entry."""
-    if len(w.sg) > max_sge:
-        raise einval(f"{where}: {len(w.sg)} SGEs exceed max_recv_sge={max_sge}")
-    sges = [(s.addr, s.length, s.lkey) for s in w.sg]
-    return RecvWQE(w.wr_id, sges, sum(s[1] for s in sges))
 
 
 class SrqAttr(CStruct, PyverbsObject):
@@ -211,13 +203,13 @@ class SRQ(PyverbsCM):
             n = 0
             try:
                 while w is not None:
-                    where = f"post_srq_recv: WR #{n} (wr_id={w.wr_id})"
                     if ring.outstanding >= ring.max_wr:
                         raise enomem(
-                            f"{where}: the SRQ is full: {ring.outstanding} of {ring.max_wr} "
-                            "WRs are posted or taken and not yet polled"
+                            f"post_srq_recv: WR #{n} (wr_id={w.wr_id}): the SRQ is full: "
+                            f"{ring.outstanding} of {ring.max_wr} WRs are posted or taken and "
+                            "not yet polled"
                         )
-                    ring.post(recv_wqe(w, ring.max_sge, where))
+                    ring.post(recv_wqe(w, ring.max_sge, n, "post_srq_recv"))
                     w = w.next_wr
                     n += 1
             except PyverbsRDMAError:

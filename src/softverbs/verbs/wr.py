@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from softverbs.engine.rings import RecvWQE
 from softverbs.enums import (
     IBV_SEND_FENCE,
     IBV_SEND_INLINE,
@@ -20,14 +21,25 @@ from softverbs.enums import (
     IBV_WR_SEND,
     IBV_WR_SEND_WITH_INV,
 )
-from softverbs.errors import PyverbsUserError
+from softverbs.errors import PyverbsUserError, einval
 from softverbs.verbs.addr import AH
 from softverbs.verbs.base import CStruct, PyverbsCM, as_uint
 from softverbs.verbs.mr import MW, MWBindInfo, inc_rkey
 from softverbs.verbs.sge import SGE as SGE
 
+_U32 = 1 << 32
+_U64 = 1 << 64
 
-def _sg_list(sg: Any, num_sge: int) -> list[SGE]:
+
+def _sg_list(sg: Any, num_sge: Any) -> list[SGE]:
+    """The first ``num_sge`` entries of ``sg`` as a new list, every one an SGE."""
+    if type(sg) is list and type(num_sge) is int and num_sge == len(sg) and num_sge < _U32:
+        # the usual call, RecvWR(wr_id, len(sges), sges): one pass, one copy
+        for s in sg:
+            if not isinstance(s, SGE):
+                break
+        else:
+            return sg[:]
     num_sge = as_uint(num_sge, 32, "num_sge")
     if num_sge == 0:
         return []
@@ -46,17 +58,37 @@ def _sg_list(sg: Any, num_sge: int) -> list[SGE]:
     return sges[:num_sge]
 
 
+def _u64(value: Any, obj: object, name: str) -> int:
+    """``value`` if it fits the ``uint64_t`` member ``name`` of ``obj``, else as_uint's error."""
+    if type(value) is int and 0 <= value < _U64:
+        return value
+    return as_uint(value, 64, f"{type(obj).__name__}.{name}")
+
+
+def _u32(value: Any, obj: object, name: str) -> int:
+    """``value`` if it fits the ``uint32_t`` member ``name`` of ``obj``, else as_uint's error."""
+    if type(value) is int and 0 <= value < _U32:
+        return value
+    return as_uint(value, 32, f"{type(obj).__name__}.{name}")
+
+
 class RecvWR(CStruct, PyverbsCM):
     """A receive work request: ``RecvWR(wr_id, num_sge, sg, next_wr)``."""
 
     _c_fields = {"wr_id": 64}
+    wr_id: int
+    sg: list[SGE]
+    next_wr: RecvWR | None
 
     def __init__(
         self, wr_id: int = 0, num_sge: int = 0, sg: Any = None, next_wr: RecvWR | None = None
     ) -> None:
-        self.wr_id = wr_id
-        self.sg = _sg_list(sg, num_sge)
-        self.next_wr = next_wr
+        # one WR per receive: the fields go straight into the instance dictionary,
+        # checked here as CStruct.__setattr__ checks a later assignment
+        d = self.__dict__
+        d["wr_id"] = _u64(wr_id, self, "wr_id")
+        d["sg"] = _sg_list(sg, num_sge)
+        d["next_wr"] = next_wr
 
     @property
     def num_sge(self) -> int:
@@ -71,6 +103,22 @@ class RecvWR(CStruct, PyverbsCM):
 
     def __str__(self) -> str:
         return f"{'WR ID':22}: {self.wr_id:<20}\n{'Num SGE':22}: {self.num_sge:<20}\n"
+
+
+def recv_wqe(w: RecvWR, max_sge: int, n: int, verb: str) -> RecvWQE:
+    """Check a receive WR and turn it into a ring entry (``n``: its place in the
+    posted list and ``verb``, for the message)."""
+    sg = w.sg
+    if len(sg) > max_sge:
+        raise einval(f"{verb}: WR #{n} (wr_id={w.wr_id}): {len(sg)} SGEs exceed "
+                     f"max_recv_sge={max_sge}")  # fmt: skip
+    sges = []
+    length = 0
+    for s in sg:
+        size = s.length
+        sges.append((s.addr, size, s.lkey))
+        length += size
+    return RecvWQE(w.wr_id, sges, length)
 
 
 _NO_SGE_OPCODES = (IBV_WR_LOCAL_INV, IBV_WR_BIND_MW, IBV_WR_SEND_WITH_INV)
@@ -91,6 +139,12 @@ class SendWR(CStruct, PyverbsCM):
     _c_fields = {"wr_id": 64, "opcode": 32, "imm_data": 32, "send_flags": 32,
                  "remote_addr": 64, "rkey_remote": 32, "compare_add": 64, "swap": 64,
                  "remote_qpn": 32, "remote_qkey": 32, "remote_srqn": 32}  # fmt: skip
+    wr_id: int
+    opcode: int
+    sg: list[SGE]
+    imm_data: int
+    send_flags: int
+    next_wr: SendWR | None
     # the union members of ibv_send_wr.wr (set together, zeroed, by __init__)
     remote_addr: int
     rkey_remote: int
@@ -117,13 +171,15 @@ class SendWR(CStruct, PyverbsCM):
         num_sge = as_uint(num_sge, 32, "num_sge")
         if opcode not in _NO_SGE_OPCODES and (num_sge < 1 or sg is None):
             raise PyverbsUserError("A WR needs at least one SGE")
-        self.wr_id = wr_id
-        self.opcode = opcode
-        self.sg = _sg_list(sg, num_sge)
-        self.imm_data = imm_data
-        self.send_flags = send_flags
-        self.next_wr = next_wr
-        self.__dict__.update(_UNION_ZERO)  # the union members of ibv_send_wr.wr, zeroed
+        # straight into the instance dictionary, checked as CStruct.__setattr__ would
+        d = self.__dict__
+        d["wr_id"] = _u64(wr_id, self, "wr_id")
+        d["opcode"] = _u32(opcode, self, "opcode")
+        d["sg"] = _sg_list(sg, num_sge)
+        d["imm_data"] = _u32(imm_data, self, "imm_data")
+        d["send_flags"] = _u32(send_flags, self, "send_flags")
+        d["next_wr"] = next_wr
+        d.update(_UNION_ZERO)  # the union members of ibv_send_wr.wr, zeroed
 
     @classmethod
     def without_sges(cls, wr_id: int, opcode: int, send_flags: int) -> SendWR:
