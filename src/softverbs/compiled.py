@@ -68,6 +68,8 @@ MODULES: tuple[str, ...] = (
 LINKED: frozenset[str] = frozenset({
     "softverbs.engine.completer",
     "softverbs.engine.core",
+    "softverbs.engine.hca",
+    "softverbs.engine.memory",
     "softverbs.engine.psn",
     "softverbs.engine.requester",
     "softverbs.engine.responder",

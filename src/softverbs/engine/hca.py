@@ -251,10 +251,19 @@ class HCA:
         ACK, and any other packet still leaves after the ACKs before it.
         """
         if self._acks:
-            acks, self._acks = self._acks, []
-            for qp in acks:
-                qp.emit_ack()
+            self._flush_acks()
         return self._outbox
+
+    def _flush_acks(self) -> None:
+        acks, self._acks = self._acks, []
+        for qp in acks:
+            qp.emit_ack()
+
+    def queue(self, pkt: Packet) -> None:
+        """Send ``pkt``: into :attr:`outbox`, after the ACKs deferred before it."""
+        if self._acks:
+            self._flush_acks()
+        self._outbox.append(pkt)
 
     def defer_ack(self, qp: QPCore) -> None:
         self._acks.append(cast("QPEngine", qp))
