@@ -71,6 +71,7 @@ LINKED: frozenset[str] = frozenset({
     "softverbs.engine.hca",
     "softverbs.engine.memory",
     "softverbs.engine.psn",
+    "softverbs.engine.qp",
     "softverbs.engine.requester",
     "softverbs.engine.responder",
     "softverbs.engine.rings",
