@@ -665,6 +665,19 @@ _W_PI, _W_DB, _W_STATE = 0, 1, 2
 _S_PI, _S_TAKEN, _S_LIMIT, _S_DISCARDED = 0, 1, 2, 3
 _C_PI, _C_CI, _C_ARM, _C_FIRED, _C_ERROR = 0, 1, 2, 3, 4
 
+#: Beyond any index a ring reaches (2**62 WQEs or CQEs), and within the C integer the
+#: compiled rings keep their indices in.
+MAX_INDEX = (1 << 62) - 1
+
+
+def start_index(word: int) -> int:
+    """A header word the device starts counting from when it takes a ring over.  The
+    application's memory may hold anything: a word no ring can reach starts it at 0
+    (the indices it then publishes are its own; what the application claims later is
+    bounded as it is read)."""
+    value = int(word)
+    return value if 0 <= value <= MAX_INDEX else 0
+
 
 class WorkRing:
     """A send or receive queue (see the module docstring).
@@ -689,7 +702,7 @@ class WorkRing:
         self.hdr = hdr
         self.tag = tag
         self.ci = 0  #: application: slots below this were released by a poll
-        self.seen_db = hdr[_W_DB]  #: device: the doorbell as last fetched
+        self.seen_db = start_index(hdr[_W_DB])  #: device: the doorbell as last fetched
         self.fetched: list[Any] = [None] * size  #: device: its copies of fetched WQEs
         self.fetch: Callable[[Any], str | None] | None = None
 
@@ -807,7 +820,7 @@ class SharedRecvRing:
         self.tag = (WQ_SRQ, 0)
         self.posted = 0  #: application: WQEs posted
         self.released = 0  #: application: WQEs whose CQE it polled
-        self.seen_taken = int(hdr[_S_TAKEN])  #: device
+        self.seen_taken = start_index(hdr[_S_TAKEN])  #: device
         self.on_limit: Callable[[SharedRecvRing], None] | None = None
         # set by the device: who may use it and where it completes
         self.pd: object = None
@@ -898,9 +911,9 @@ class CompletionRing:
         self.slots = slots
         self.hdr = hdr
         # device-private copies of the words it writes or trusts
-        self.tail = int(hdr[_C_PI])  #: next CQE index
-        self.seen_ci = int(hdr[_C_CI])
-        self.fired = int(hdr[_C_FIRED])
+        self.tail = start_index(hdr[_C_PI])  #: next CQE index
+        self.seen_ci = start_index(hdr[_C_CI])
+        self.fired = start_index(hdr[_C_FIRED])
         self.error = bool(hdr[_C_ERROR])
         #: called when an armed CQ fires (a completion event)
         self.notify: Callable[[], None] | None = None
