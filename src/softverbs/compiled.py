@@ -69,7 +69,10 @@ MODULES: tuple[str, ...] = (
 LINKED: frozenset[str] = frozenset({
     "softverbs.engine.completer",
     "softverbs.engine.core",
+    "softverbs.engine.hca",
+    "softverbs.engine.memory",
     "softverbs.engine.psn",
+    "softverbs.engine.qp",
     "softverbs.engine.requester",
     "softverbs.engine.responder",
     "softverbs.engine.rings",

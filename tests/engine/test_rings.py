@@ -300,3 +300,27 @@ def test_cq_resize_moves_what_was_not_polled(make: Any) -> None:
     for i in range(3, 8):
         assert cq.push(_cqe(i))
     assert [c.wr_id for c in cq.take(16)] == [2, 3, 4, 5, 6, 7]
+
+
+def test_a_device_takes_over_a_scribbled_header() -> None:
+    """The service builds its rings over a header the application wrote: words
+    no ring can reach (here 2**64 - 1) start the device's indices at 0 -- the
+    same in both modes (compiled, the indices are C integers) -- and the rings
+    work from there."""
+    huge = (1 << 64) - 1
+    regions = [SharedRegion(64 + 4 * send_slot_size(2, 16)), SharedRegion(64 + 4 * 128),
+               SharedRegion(64 + 4 * recv_slot_size(2))]  # fmt: skip
+    for region in regions:
+        words = region.words()
+        for i in range(len(words)):
+            words[i] = huge
+    sq = shared_work_ring(regions[0], 4, send_slot_size(2, 16), True, OPCODES)
+    cq = shared_cq(regions[1], 4)
+    srq = shared_srq(regions[2], 4, recv_slot_size(2), 2)
+    assert (sq.seen_db, cq.tail, cq.seen_ci, cq.fired, srq.seen_taken) == (0, 0, 0, 0, 0)
+    assert sq.latch() == 4  # pi and db claim 2**64 - 1: one ring's worth, of scribbled slots
+    assert all(sq.get(i).opcode == WR_DRIVER1 and sq.get(i).reason for i in range(4))
+    cq.hdr[cq.ERROR] = 0
+    cq.error = False
+    assert cq.push(_cqe(1)) and cq.hdr[cq.PI] == 1
+    assert srq.available() == 4  # pi claims 2**64 - 1: at most one ring's worth

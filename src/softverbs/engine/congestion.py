@@ -69,7 +69,9 @@ import math
 from collections.abc import Mapping
 from typing import ClassVar
 
-from softverbs.engine.core import MIN_WINDOW
+# the module, not the name: compiled, importing core first runs hca (core.pxd
+# cimports HCA), which imports this module before core's body has run
+from softverbs.engine import core
 
 #: Packets a congestion window grows by per window of acknowledged packets, after a loss.
 CWND_GROWTH = 16
@@ -259,7 +261,7 @@ class SlowRestart(CongestionControl):
             self.cwnd = min(self.limit, self.cwnd + step)
 
     def on_loss(self, now: float) -> None:
-        self.cwnd = max(MIN_WINDOW, min(self.cwnd, self.limit) // 2)
+        self.cwnd = max(core.MIN_WINDOW, min(self.cwnd, self.limit) // 2)
         self.cwnd_credit = 0
 
 

@@ -8,8 +8,16 @@
 # Python type is part of what they say (qp_type and the state are IntEnum
 # members, the access flags, sq_sig_all as given) stay Python objects.
 
+from softverbs.engine.hca cimport HCA
+from softverbs.engine.rings cimport CompletionRing, SharedRecvRing, WorkRing
+
 cdef class QPCore:
-    cdef public object hca, transport, pd, send_cq, recv_cq, sq, rq, srq, owner, xrcd
+    # the device, the rings and the CQs, typed (hca.pxd, rings.pxd): None where absent
+    cdef public HCA hca
+    cdef public WorkRing sq, rq
+    cdef public SharedRecvRing srq
+    cdef public CompletionRing send_cq, recv_cq
+    cdef public object transport, pd, owner, xrcd
     cdef public object qp_type, _state, sq_sig_all, route, timer_at, rare_counts, last_error
     # attributes set by modify
     cdef public object port, pkey_index, pkey, qkey, access, dest_qpn, sq_psn, rq_psn

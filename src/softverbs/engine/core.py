@@ -63,6 +63,7 @@ class HCAPort(Protocol):
     @property
     def outbox(self) -> deque[Packet]: ...
 
+    def queue(self, pkt: Packet) -> None: ...
     def schedule(self, qp: QPCore, deadline: float) -> None: ...
     def window_for(self, pmtu: int) -> int: ...
     def defer_ack(self, qp: QPCore) -> None: ...
@@ -199,7 +200,7 @@ class QPCore:
     # --- device links -------------------------------------------------------
     def send(self, pkt: Packet) -> None:
         self.sent_pkts += pkt.count
-        self.hca.outbox.append(pkt)
+        self.hca.queue(pkt)
         obs = self.hca.observer
         if obs is not None:
             obs.packet_out(self, pkt)

@@ -29,8 +29,10 @@ from collections import Counter, deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
-from softverbs.engine.congestion import CCConfig
-from softverbs.engine.core import DEFAULT_WINDOW, MIN_WINDOW, QPCore
+# The modules, not their names: compiled, core cimports HCA (core.pxd), so importing
+# core (or congestion, which imports core) first runs this module while core's own
+# body has not run yet; its names are read when a device is made.
+from softverbs.engine import congestion, core
 from softverbs.engine.memory import KeyByteSource, KeyTable
 from softverbs.engine.observe import Observer
 from softverbs.engine.rings import CompletionRing, SharedRecvRing
@@ -45,6 +47,7 @@ from softverbs.wire.opcodes import CNP_OPCODE, CNP_RESERVED, OPINFO, Kind
 from softverbs.wire.packet import Packet
 
 if TYPE_CHECKING:
+    from softverbs.engine.core import QPCore
     from softverbs.engine.qp import QPEngine
 
 QPN_MASK = 0xFFFFFF
@@ -109,7 +112,7 @@ class HCA:
         #: a trace or a sanitizer watching the engine (:mod:`.observe`), or None
         self.observer: Observer | None = None
         #: the most packets a requester keeps unacknowledged (see :meth:`window_for`)
-        self.max_window = DEFAULT_WINDOW
+        self.max_window = core.DEFAULT_WINDOW
         #: bytes of datagrams a receive socket of this device holds (SO_RCVBUF, as
         #: the kernel grants it), or None where nothing is buffered (in process)
         self.rx_buffer: int | None = None
@@ -124,7 +127,7 @@ class HCA:
         #: detach here, so the fabric can join and leave it; None: nothing to tell
         self.on_mcast: Callable[[bytes, bool], None] | None = None
         #: the congestion control each new (or reset) QP gets (:mod:`.congestion`)
-        self.cc = CCConfig()
+        self.cc = congestion.CCConfig()
         self.cnp_sent_at = -1.0  #: when the port last sent a CNP (``cnp_per_port``)
 
     # --- multicast -----------------------------------------------------------------
@@ -190,7 +193,7 @@ class HCA:
         if self.rx_buffer is None:
             return self.max_window
         truesize = (1 << (pmtu + 512 - 1).bit_length()) + 256
-        return max(MIN_WINDOW, min(self.max_window, self.rx_buffer * 3 // 4 // truesize))
+        return max(core.MIN_WINDOW, min(self.max_window, self.rx_buffer * 3 // 4 // truesize))
 
     def alloc_qpn(self, xrc_recv: bool = False) -> int:
         """A fresh QP number.
@@ -251,10 +254,19 @@ class HCA:
         ACK, and any other packet still leaves after the ACKs before it.
         """
         if self._acks:
-            acks, self._acks = self._acks, []
-            for qp in acks:
-                qp.emit_ack()
+            self._flush_acks()
         return self._outbox
+
+    def _flush_acks(self) -> None:
+        acks, self._acks = self._acks, []
+        for qp in acks:
+            qp.emit_ack()
+
+    def queue(self, pkt: Packet) -> None:
+        """Send ``pkt``: into :attr:`outbox`, after the ACKs deferred before it."""
+        if self._acks:
+            self._flush_acks()
+        self._outbox.append(pkt)
 
     def defer_ack(self, qp: QPCore) -> None:
         self._acks.append(cast("QPEngine", qp))

@@ -90,7 +90,7 @@ class QPEngine(QPCore):
     # --- packets in --------------------------------------------------------------
     def receive(self, pkt: Packet, info: OpInfo, now: float) -> None:
         counters = self.hca.counters
-        if self.state not in _RESPONDING:
+        if self._state not in _RESPONDING:
             counters["drop_qp_state"] += pkt.count
             return
         if info.transport != self.transport:
@@ -105,14 +105,14 @@ class QPEngine(QPCore):
                 return
             if not self.comm_established:
                 self.comm_established = True
-                if self.state == IBV_QPS_RTR:
+                if self._state == IBV_QPS_RTR:
                     self.hca.post_event(IBV_EVENT_COMM_EST, self)
             rstate = self.resp.on_request(pkt, info, now)
             obs = self.hca.observer
             if obs is not None:
                 obs.step(self, RESPONDER, rstate)
         else:
-            if self.state == IBV_QPS_RTR or self.qp_type == IBV_QPT_XRC_RECV:
+            if self._state == IBV_QPS_RTR or self.qp_type == IBV_QPT_XRC_RECV:
                 counters["drop_qp_state"] += pkt.count
                 return
             cstate = self.comp.on_response(pkt, info, now)

@@ -9,7 +9,8 @@ cimport cython
 cimport softverbs.engine.psn as P
 from softverbs.engine.core cimport QPCore
 from softverbs.engine.completer cimport Completer
-from softverbs.engine.rings cimport SendWQE
+from softverbs.engine.memory cimport KeyTable
+from softverbs.engine.rings cimport SendWQE, WorkRing
 from softverbs.engine.wr cimport WrInfo, move, pending
 from softverbs.wire.packet cimport Packet
 
@@ -22,15 +23,16 @@ cdef class Requester:
 
     cpdef reset(self)
     cpdef doorbell(self, double now)
-    @cython.locals(wqe=SendWQE, info=WrInfo, comp=Completer, held=bint, rd=bint)
+    @cython.locals(wqe=SendWQE, info=WrInfo, comp=Completer, held=bint, rd=bint, sq=WorkRing)
     cpdef pump_sq(self, double now)
     cpdef bint _may_send(self, double now)
     cpdef bint started(self, long long psn)
     cpdef rd_answered(self)
     cpdef acked(self, long long npkts, double now)
     cpdef lost(self, double now)
-    @cython.locals(comp=Completer, npkts=cython.longlong)
+    @cython.locals(comp=Completer, npkts=cython.longlong, keys=KeyTable)
     cpdef _start(self, SendWQE wqe, WrInfo info, double now)
+    @cython.locals(keys=KeyTable)
     cpdef _resolve(self, SendWQE wqe, object klass)
     cpdef fail(self, SendWQE wqe, object status, object reason)
     cpdef _execute_local(self, SendWQE wqe)

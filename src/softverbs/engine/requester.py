@@ -156,7 +156,8 @@ class Requester:
             if pending(wqe) and (not self._may_send(now) or not self._transmit(wqe, now)):
                 held = True
                 break
-        while not held and self.sq_next < sq.db and qp.state == IBV_QPS_RTS and not self.blocked:
+        while (not held and self.sq_next < sq.seen_db and qp.state == IBV_QPS_RTS
+               and not self.blocked):  # fmt: skip
             wqe = sq.get(self.sq_next)
             info = WR_INFO[wqe.opcode]
             rd = info.rd

@@ -6,7 +6,8 @@ cimport cython
 
 cimport softverbs.engine.psn as P
 from softverbs.engine.core cimport QPCore
-from softverbs.engine.rings cimport CQE
+from softverbs.engine.memory cimport KeyTable
+from softverbs.engine.rings cimport CQE, SharedRecvRing, WorkRing
 from softverbs.wire.packet cimport Packet
 
 cdef class Responder:
@@ -24,8 +25,10 @@ cdef class Responder:
     cpdef _accept(self, Packet pkt, long long n=*, object asked=*)
     cpdef emit_ack(self)
     cpdef _send_ack(self, Packet req, long long psn)
+    @cython.locals(rq=WorkRing, srq=SharedRecvRing)
     cpdef _take_rqe(self, Packet pkt)
     cpdef _rqe_pd(self, Packet pkt)
+    @cython.locals(keys=KeyTable)
     cpdef _rqe_views(self, object rqe, object pd)
     @cython.locals(cqe=CQE)
     cpdef _complete_rqe(self, object rqe, object status, object byte_len, object opcode=*,

@@ -389,7 +389,7 @@ class Responder:
         # the doorbell word is in shared memory: read it now, as a NIC reads the
         # doorbell record when a SEND finds no WQE, rather than wait for the
         # doorbell message (the SEND's own doorbell may have been read first)
-        if self.rq_next >= rq.db and not rq.latch():
+        if self.rq_next >= rq.seen_db and not rq.latch():
             return None
         rqe: RecvWQE = rq.get(self.rq_next)
         self.rq_next += 1

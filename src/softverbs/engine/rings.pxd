@@ -32,3 +32,47 @@ cdef class CQE:
     cdef public object wr_id, status, opcode, qp_num, byte_len, wc_flags, imm, vendor_err
     cdef public object src_qp, pkey_index, sl, slid, solicited, reason, wq_kind, wq_handle
     cdef public object index, dead
+
+
+# The rings: extension types, held typed by QPCore (core.pxd), so the parts'
+# fetches, takes and CQE pushes are C calls.  The indices the device keeps
+# for itself are C integers; what it reads from a header (memory the
+# application writes, possibly anything) is read as a Python integer and
+# bounded before it is stored in one.  The header word numbers are C
+# constants here and class attributes (PI, DB, ...) for everyone else.
+cdef long long _W_PI, _W_DB, _W_STATE
+cdef long long _S_PI, _S_TAKEN, _S_LIMIT, _S_DISCARDED
+cdef long long _C_PI, _C_CI, _C_ARM, _C_FIRED, _C_ERROR
+
+
+cdef class WorkRing:
+    cdef public long long size, capacity, ci, seen_db
+    cdef public object slots, hdr, tag, fetch
+    cdef public list fetched
+
+    cpdef push(self, object wqe)
+    cpdef bint ring(self, object upto)
+    cpdef long long _bound(self, object value)
+    @cython.locals(seen=cython.longlong, new=cython.longlong, i=cython.longlong)
+    cpdef long long latch(self, bint everything=*)
+    cpdef _fetch_one(self, long long index)
+    cpdef get(self, long long index)
+    cpdef publish_state(self, object state)
+
+
+cdef class SharedRecvRing:
+    cdef public long long size, max_sge, srqn, posted, released, seen_taken
+    cdef public object slots, hdr, tag, on_limit, pd, xrcd, cq, owner
+
+    @cython.locals(taken=cython.longlong, pi=cython.longlong, wqe=RecvWQE)
+    cpdef take(self)
+
+
+cdef class CompletionRing:
+    cdef public long long capacity, tail, seen_ci, fired
+    cdef public bint error
+    cdef public object slots, hdr, notify, owner
+
+    cpdef long long _ci(self)
+    @cython.locals(tail=cython.longlong)
+    cpdef bint push(self, CQE cqe)

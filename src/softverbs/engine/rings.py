@@ -658,6 +658,27 @@ class CQESlots(PackedSlots):
 # --- the rings -----------------------------------------------------------------------------------
 
 
+# The words of each ring's header (docs/rings.md; the classes' PI, DB, ... and
+# C_CONSTANTS' SQ_PI, ...), as module constants: the device reads them per WQE and
+# per CQE, and a class attribute lookup costs several times a global's.
+_W_PI, _W_DB, _W_STATE = 0, 1, 2
+_S_PI, _S_TAKEN, _S_LIMIT, _S_DISCARDED = 0, 1, 2, 3
+_C_PI, _C_CI, _C_ARM, _C_FIRED, _C_ERROR = 0, 1, 2, 3, 4
+
+#: Beyond any index a ring reaches (2**62 WQEs or CQEs), and within the C integer the
+#: compiled rings keep their indices in.
+MAX_INDEX = (1 << 62) - 1
+
+
+def start_index(word: int) -> int:
+    """A header word the device starts counting from when it takes a ring over.  The
+    application's memory may hold anything: a word no ring can reach starts it at 0
+    (the indices it then publishes are its own; what the application claims later is
+    bounded as it is read)."""
+    value = int(word)
+    return value if 0 <= value <= MAX_INDEX else 0
+
+
 class WorkRing:
     """A send or receive queue (see the module docstring).
 
@@ -667,7 +688,7 @@ class WorkRing:
     it returns None, or why the WQE cannot run.
     """
 
-    PI, DB, STATE = 0, 1, 2
+    PI, DB, STATE = _W_PI, _W_DB, _W_STATE
 
     __slots__ = ("capacity", "ci", "fetch", "fetched", "hdr", "seen_db", "size", "slots", "tag")
 
@@ -681,14 +702,14 @@ class WorkRing:
         self.hdr = hdr
         self.tag = tag
         self.ci = 0  #: application: slots below this were released by a poll
-        self.seen_db = hdr[self.DB]  #: device: the doorbell as last fetched
+        self.seen_db = start_index(hdr[_W_DB])  #: device: the doorbell as last fetched
         self.fetched: list[Any] = [None] * size  #: device: its copies of fetched WQEs
         self.fetch: Callable[[Any], str | None] | None = None
 
     # --- the application's face -----------------------------------------------------------
     @property
     def pi(self) -> int:
-        return int(self.hdr[self.PI])
+        return int(self.hdr[_W_PI])
 
     @property
     def used(self) -> int:
@@ -696,16 +717,16 @@ class WorkRing:
 
     def push(self, wqe: Any) -> None:
         """Write ``wqe`` at ``pi`` and publish it (the caller checked ``used``)."""
-        pi = int(self.hdr[self.PI])
+        pi = int(self.hdr[_W_PI])
         wqe.index = pi
         self.slots.write(pi, wqe)
-        self.hdr[self.PI] = pi + 1
+        self.hdr[_W_PI] = pi + 1
 
     def ring(self, upto: int) -> bool:
         """Move the doorbell index to ``upto``; False if it is already there."""
-        if upto <= self.hdr[self.DB]:
+        if upto <= self.hdr[_W_DB]:
             return False
-        self.hdr[self.DB] = upto
+        self.hdr[_W_DB] = upto
         return True
 
     def release(self, index: int) -> None:
@@ -713,7 +734,7 @@ class WorkRing:
 
         A packed CQE carries the low 32 bits of the index; the WQE was
         posted below ``pi`` and less than 2**32 WQEs ago, which fixes the rest."""
-        pi = int(self.hdr[self.PI])
+        pi = int(self.hdr[_W_PI])
         index = pi - ((pi - index) & 0xFFFFFFFF)
         if index >= self.ci:
             self.ci = index + 1
@@ -723,7 +744,7 @@ class WorkRing:
         self.ci = self.pi
 
     def published_state(self) -> int | None:
-        value = int(self.hdr[self.STATE])
+        value = int(self.hdr[_W_STATE])
         return value - 1 if value else None
 
     # --- the device's face ------------------------------------------------------------------
@@ -735,12 +756,12 @@ class WorkRing:
     def _bound(self, value: int) -> int:
         """``value`` clamped to what the application can honestly have posted."""
         seen = self.seen_db
-        return max(seen, min(value, int(self.hdr[self.PI]), seen + self.size))
+        return max(seen, min(value, int(self.hdr[_W_PI]), seen + self.size))
 
     def latch(self, everything: bool = False) -> int:
         """Fetch the WQEs below the doorbell (or below ``pi``); how many."""
         seen = self.seen_db
-        new = self._bound(int(self.hdr[self.PI] if everything else self.hdr[self.DB]))
+        new = self._bound(int(self.hdr[_W_PI] if everything else self.hdr[_W_DB]))
         for i in range(seen, new):
             self.fetched[i % self.size] = self._fetch_one(i)
         self.seen_db = new
@@ -763,7 +784,7 @@ class WorkRing:
 
     def posted(self) -> int:
         """How far the application has posted (``pi``, bounded)."""
-        return self._bound(int(self.hdr[self.PI]))
+        return self._bound(int(self.hdr[_W_PI]))
 
     def peek_wr_id(self, index: int) -> int | None:
         """The wr_id of a posted WQE the device has not fetched (None: unreadable)."""
@@ -774,17 +795,17 @@ class WorkRing:
 
     def discard(self) -> None:
         """RESET, device side: drop every posted WQE unseen."""
-        self.seen_db = self._bound(int(self.hdr[self.PI]))
+        self.seen_db = self._bound(int(self.hdr[_W_PI]))
         self.fetched = [None] * self.size
 
     def publish_state(self, state: int) -> None:
-        self.hdr[self.STATE] = state + 1
+        self.hdr[_W_STATE] = state + 1
 
 
 class SharedRecvRing:
     """A shared receive queue (see the module docstring)."""
 
-    PI, TAKEN, LIMIT, DISCARDED = 0, 1, 2, 3
+    PI, TAKEN, LIMIT, DISCARDED = _S_PI, _S_TAKEN, _S_LIMIT, _S_DISCARDED
 
     __slots__ = ("cq", "hdr", "max_sge", "on_limit", "owner", "pd", "posted", "released",
                  "seen_taken", "size", "slots", "srqn", "tag", "xrcd")  # fmt: skip
@@ -799,7 +820,7 @@ class SharedRecvRing:
         self.tag = (WQ_SRQ, 0)
         self.posted = 0  #: application: WQEs posted
         self.released = 0  #: application: WQEs whose CQE it polled
-        self.seen_taken = int(hdr[self.TAKEN])  #: device
+        self.seen_taken = start_index(hdr[_S_TAKEN])  #: device
         self.on_limit: Callable[[SharedRecvRing], None] | None = None
         # set by the device: who may use it and where it completes
         self.pd: object = None
@@ -815,13 +836,13 @@ class SharedRecvRing:
     @property
     def outstanding(self) -> int:
         """WQEs posted and not yet given back by a poll (or a RESET)."""
-        return self.posted - self.released - int(self.hdr[self.DISCARDED])
+        return self.posted - self.released - int(self.hdr[_S_DISCARDED])
 
     def post(self, wqe: RecvWQE) -> None:
-        pi = int(self.hdr[self.PI])
+        pi = int(self.hdr[_S_PI])
         wqe.index = pi
         self.slots.write(pi, wqe)
-        self.hdr[self.PI] = pi + 1
+        self.hdr[_S_PI] = pi + 1
         self.posted += 1
 
     def release(self, index: int) -> None:
@@ -829,35 +850,35 @@ class SharedRecvRing:
 
     @property
     def armed_limit(self) -> int:
-        return int(self.hdr[self.LIMIT])
+        return int(self.hdr[_S_LIMIT])
 
     # --- the device's face ------------------------------------------------------------------
     def take(self) -> RecvWQE | None:
         """The next posted WQE, or None; fires the limit event when it is crossed."""
         taken = self.seen_taken
-        pi = max(taken, min(int(self.hdr[self.PI]), taken + self.size))
+        pi = max(taken, min(int(self.hdr[_S_PI]), taken + self.size))
         if taken >= pi:
             return None
         wqe: RecvWQE = self.slots.read(taken)
         wqe.index = taken
         wqe.srq = self
         self.seen_taken = taken + 1
-        self.hdr[self.TAKEN] = taken + 1
-        limit = int(self.hdr[self.LIMIT])
+        self.hdr[_S_TAKEN] = taken + 1
+        limit = int(self.hdr[_S_LIMIT])
         if limit and pi - taken - 1 < limit:
-            self.hdr[self.LIMIT] = 0
+            self.hdr[_S_LIMIT] = 0
             if self.on_limit is not None:
                 self.on_limit(self)
         return wqe
 
     def set_limit(self, limit: int) -> None:
-        self.hdr[self.LIMIT] = limit
+        self.hdr[_S_LIMIT] = limit
 
     def move_to(self, slots: SlotStore[Any], hdr: memoryview, size: int) -> None:
         """Resize, device side: copy the WQEs not yet taken (at the same
         indices) and the header into new memory, then use it."""
         taken = self.seen_taken
-        end = max(taken, min(int(self.hdr[self.PI]), taken + self.size))
+        end = max(taken, min(int(self.hdr[_S_PI]), taken + self.size))
         for i in range(taken, end):
             slots.write(i, self.slots.read(i))
         for word in range(len(hdr)):
@@ -870,17 +891,17 @@ class SharedRecvRing:
 
     def discarded(self, count: int = 1) -> None:
         """WQEs taken and dropped without a CQE (their QP was reset)."""
-        self.hdr[self.DISCARDED] = int(self.hdr[self.DISCARDED]) + count
+        self.hdr[_S_DISCARDED] = int(self.hdr[_S_DISCARDED]) + count
 
     def available(self) -> int:
         taken = self.seen_taken
-        return max(0, min(int(self.hdr[self.PI]), taken + self.size) - taken)
+        return max(0, min(int(self.hdr[_S_PI]), taken + self.size) - taken)
 
 
 class CompletionRing:
     """A completion queue (see the module docstring)."""
 
-    PI, CI, ARM, FIRED, ERROR = range(5)
+    PI, CI, ARM, FIRED, ERROR = _C_PI, _C_CI, _C_ARM, _C_FIRED, _C_ERROR
 
     __slots__ = ("capacity", "error", "fired", "hdr", "notify", "owner", "seen_ci", "slots",
                  "tail")  # fmt: skip
@@ -890,17 +911,17 @@ class CompletionRing:
         self.slots = slots
         self.hdr = hdr
         # device-private copies of the words it writes or trusts
-        self.tail = int(hdr[self.PI])  #: next CQE index
-        self.seen_ci = int(hdr[self.CI])
-        self.fired = int(hdr[self.FIRED])
-        self.error = bool(hdr[self.ERROR])
+        self.tail = start_index(hdr[_C_PI])  #: next CQE index
+        self.seen_ci = start_index(hdr[_C_CI])
+        self.fired = start_index(hdr[_C_FIRED])
+        self.error = bool(hdr[_C_ERROR])
         #: called when an armed CQ fires (a completion event)
         self.notify: Callable[[], None] | None = None
         self.owner: Any = None
 
     # --- the device's face ------------------------------------------------------------------
     def _ci(self) -> int:
-        ci = max(self.seen_ci, min(int(self.hdr[self.CI]), self.tail))
+        ci = max(self.seen_ci, min(int(self.hdr[_C_CI]), self.tail))
         self.seen_ci = ci
         return ci
 
@@ -911,19 +932,19 @@ class CompletionRing:
         tail = self.tail
         if tail - self._ci() >= self.capacity:
             self.error = True
-            self.hdr[self.ERROR] = 1
+            self.hdr[_C_ERROR] = 1
             return False
         self.slots.write(tail, cqe)
         self.tail = tail + 1
-        self.hdr[self.PI] = tail + 1
+        self.hdr[_C_PI] = tail + 1
         # The arm request is read after the CQE is published: an application
         # that arms and then finds the CQ empty is sure to get its event.
-        arm = int(self.hdr[self.ARM])
+        arm = int(self.hdr[_C_ARM])
         if arm >> 1 != self.fired and (
             not arm & 1 or cqe.solicited or cqe.status != IBV_WC_SUCCESS
         ):
             self.fired = arm >> 1
-            self.hdr[self.FIRED] = self.fired
+            self.hdr[_C_FIRED] = self.fired
             if self.notify is not None:
                 self.notify()
         return True
@@ -966,7 +987,7 @@ class CompletionRing:
     def set_error(self) -> None:
         """Destroyed: take nothing more."""
         self.error = True
-        self.hdr[self.ERROR] = 1
+        self.hdr[_C_ERROR] = 1
 
     def waiting(self) -> int:
         """CQEs written and not yet polled, as the device sees it."""
@@ -976,7 +997,7 @@ class CompletionRing:
     def take(self, n: int) -> list[CQE]:
         """Consume up to ``n`` live CQEs (dead ones are skipped)."""
         hdr = self.hdr
-        ci, pi = int(hdr[self.CI]), int(hdr[self.PI])
+        ci, pi = int(hdr[_C_CI]), int(hdr[_C_PI])
         out: list[CQE] = []
         read = self.slots.read
         while ci < pi and len(out) < n:
@@ -984,20 +1005,20 @@ class CompletionRing:
             ci += 1
             if not cqe.dead:
                 out.append(cqe)
-        hdr[self.CI] = ci
+        hdr[_C_CI] = ci
         return out
 
     def pending(self) -> int:
-        return int(self.hdr[self.PI]) - int(self.hdr[self.CI])
+        return int(self.hdr[_C_PI]) - int(self.hdr[_C_CI])
 
     def arm(self, solicited_only: bool) -> None:
-        seq = (int(self.hdr[self.ARM]) >> 1) + 1
-        self.hdr[self.ARM] = seq << 1 | int(solicited_only)
+        seq = (int(self.hdr[_C_ARM]) >> 1) + 1
+        self.hdr[_C_ARM] = seq << 1 | int(solicited_only)
 
     @property
     def in_error(self) -> bool:
         """The application's view of ``error``."""
-        return bool(self.hdr[self.ERROR])
+        return bool(self.hdr[_C_ERROR])
 
 
 #: Constants a C implementation of the application's side needs (protocol.h).

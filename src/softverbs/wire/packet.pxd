@@ -17,3 +17,7 @@ cdef class Packet:
     # data; network and UDP layers; not on the wire
     cdef public object payload, sgid, dgid, sport, tclass, flow_label, hop_limit
     cdef public object sqpn, corrupt_bit
+
+
+# every field of src onto dst: C struct copies (a burst and each packet split from it)
+cpdef _copy_fields(Packet src, Packet dst)

@@ -317,17 +317,44 @@ def ackreq_indexes(first: int, n: int, ack_every: int, count: int) -> list[int]:
     return out
 
 
-def _make_copier() -> Any:
-    # one generated function assigning every slot: several times faster than a
-    # getattr/setattr loop, and packets are copied on the split path per packet
-    body = "".join(f"    dst.{name} = src.{name}\n" for name in FIELDS)
-    scope: dict[str, Any] = {}
-    exec(f"def _copy_fields(src, dst):\n{body}", scope)
-    return scope["_copy_fields"]
-
-
-#: ``_copy_fields(src, dst)``: every :class:`Packet` field of ``src`` onto ``dst``
-_copy_fields = _make_copier()
+def _copy_fields(src: Packet, dst: Packet) -> None:
+    """Every :class:`Packet` field of ``src`` onto ``dst`` (all of :data:`FIELDS`,
+    which tests/wire/test_packet.py checks): one store each, which compiled are
+    C struct copies (packet.pxd); a burst and each packet split from one are
+    made this way."""
+    dst.opcode = src.opcode
+    dst.se = src.se
+    dst.mig = src.mig
+    dst.pad = src.pad
+    dst.tver = src.tver
+    dst.pkey = src.pkey
+    dst.fecn = src.fecn
+    dst.becn = src.becn
+    dst.dqpn = src.dqpn
+    dst.ackreq = src.ackreq
+    dst.psn = src.psn
+    dst.va = src.va
+    dst.rkey = src.rkey
+    dst.dma_len = src.dma_len
+    dst.swap_add = src.swap_add
+    dst.compare = src.compare
+    dst.syndrome = src.syndrome
+    dst.msn = src.msn
+    dst.orig = src.orig
+    dst.qkey = src.qkey
+    dst.src_qp = src.src_qp
+    dst.imm = src.imm
+    dst.inv_rkey = src.inv_rkey
+    dst.srqn = src.srqn
+    dst.payload = src.payload
+    dst.sgid = src.sgid
+    dst.dgid = src.dgid
+    dst.sport = src.sport
+    dst.tclass = src.tclass
+    dst.flow_label = src.flow_label
+    dst.hop_limit = src.hop_limit
+    dst.sqpn = src.sqpn
+    dst.corrupt_bit = src.corrupt_bit
 
 
 def is_ipv4_gid(gid: bytes) -> bool:

@@ -1,0 +1,26 @@
+# Cython declarations for hca.py (compiled mode only; see softverbs.compiled).
+# HCA becomes an extension type and QPCore holds it typed (core.pxd), so the
+# reads every part makes of its device per packet (counters, observer, keys,
+# cc) are C struct reads and the per-packet calls (queue, defer_ack, hold_tx,
+# schedule, find_srq) are C calls.  The fields keep their Python types; the
+# instance keeps a __dict__, so what the fabric or a test hangs on a device
+# (or an instance method it replaces, such as receive) still works.
+
+from softverbs.engine.core cimport QPCore
+from softverbs.engine.memory cimport KeyTable
+
+cdef class HCA:
+    cdef dict __dict__
+    cdef public object name, gids, counters, _outbox, _acks, qps, srqs, cqs, _timers
+    cdef public object xrc_refs, xrcds, events, on_event, observer, rx_buffer, tx_waiting
+    cdef public object mcast, on_mcast, cc, max_window
+    cdef public KeyTable keys
+    cdef public long long _timer_seq, _next_qpn, _xrc_gen, _xrc_slot, _next_srqn, _next_xrcd
+    cdef public bint tx_paused
+    cdef public double cnp_sent_at
+
+    cpdef queue(self, object pkt)
+    cpdef defer_ack(self, QPCore qp)
+    cpdef find_srq(self, object srqn)
+    cpdef bint hold_tx(self, QPCore qp)
+    cpdef schedule(self, QPCore qp, double deadline)

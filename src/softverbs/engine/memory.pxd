@@ -1,0 +1,30 @@
+# Cython declarations for memory.py (compiled mode only; see softverbs.compiled).
+# MemKey and KeyTable become extension types: the requester and the responder
+# hold the key table typed (through HCA.keys), so the lkey and rkey checks
+# they make per SGE and per remote access are C calls reading C struct fields.
+# The key, its rights and its window bookkeeping are C integers; a region's
+# address and length stay Python integers (an implicit region is 2**64 long,
+# and an address may use all 64 bits), as do the arguments that come from
+# the application or the wire.
+
+cimport cython
+
+cdef class MemKey:
+    cdef public object kind, pd, owner, iova, length, view, mr, resolver, xform
+    cdef public long long key, access, qpn, binds
+    cdef public bint valid, unmapped
+
+    cpdef slice(self, object addr, object length)
+
+
+cdef class KeyTable:
+    cdef public object counters, on_unmapped, _key_byte
+    cdef public dict _keys
+    cdef public long long _next_index, integrity_errors
+
+    @cython.locals(mk=MemKey)
+    cpdef local(self, object lkey, object pd, object addr, object length, bint write)
+    @cython.locals(mk=MemKey)
+    cpdef remote(self, object rkey, object pd, object qpn, object va, object length,
+                 long long right)
+    cpdef unmapped(self, MemKey mk, object what)

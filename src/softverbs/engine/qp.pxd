@@ -1,0 +1,18 @@
+# Cython declarations for qp.py (compiled mode only; see softverbs.compiled).
+# QPEngine becomes an extension type (a subclass of QPCore) holding its three
+# parts typed: a packet's dispatch to the responder or the completer and a
+# doorbell's to the requester are C calls.  It keeps a __dict__ and weak
+# references, as a Python subclass had: what the device or a test hangs on a
+# QP still works, and GsiQP stays a Python subclass of it.
+
+from softverbs.engine.completer cimport Completer
+from softverbs.engine.core cimport QPCore
+from softverbs.engine.requester cimport Requester
+from softverbs.engine.responder cimport Responder
+
+cdef class QPEngine(QPCore):
+    cdef dict __dict__
+    cdef object __weakref__
+    cdef public Requester req
+    cdef public Completer comp
+    cdef public Responder resp
