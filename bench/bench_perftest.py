@@ -14,8 +14,11 @@ The table gives perftest's own figures (its ``BW average`` and its
 holds its ``src/``; e.g. ``git archive main | tar -x -C DIR``) instead of UCX: each
 round runs every figure once with each tree, in alternating order, each tree
 on a service of its own started from its own sources, and the table gives the
-median of the rounds for both and their ratio.  ``--env VAR=VALUE`` (repeatable) sets a
-variable for this tree's service and programs only, e.g. ``SOFTVERBS_SPIN_US=50``.
+median of the rounds for both and their ratio, with each service's CPU time per
+one-way ``ib_send_lat`` message (``/proc/PID/stat``, connection set-up included;
+a compiled DIR needs its built modules copied with it, ``cp -a``).
+``--env VAR=VALUE`` (repeatable) sets a variable for this tree's service and programs
+only, e.g. ``SOFTVERBS_SPIN_US=50``.
 ``BENCH_TIMEOUT`` (seconds, default 300) bounds each program.
 
 A benchmark, never a test: the machine is shared and noisy, so compare the
