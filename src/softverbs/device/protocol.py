@@ -44,17 +44,19 @@ import dataclasses
 import fcntl
 import os
 import socket
+import struct
 from collections.abc import Callable
 from typing import Any
 
 from softverbs import config
-from softverbs.device.ops import BY_CODE, OPS
+from softverbs.device.ops import BY_CODE, DOORBELL, OPS
 from softverbs.device.records import (
     KIND_NAMES,
     AsyncEventRecord,
     CmEvent,
     CompEventRecord,
     DeviceEntry,
+    Doorbell,
     Empty,
     MkeyConf,
     MkeyEntry,
@@ -225,6 +227,25 @@ def decode(data: bytes) -> Message:
         raise ProtocolError(f"a {op.name} request is its {kind.__name__} record of "
                             f"{kind.size()} bytes, not {len(rest)}")  # fmt: skip
     return Message(hdr, op, body, bytes(rest[kind.size() :]))
+
+
+#: A DOORBELL request, header and body, as one struct: the service reads one per
+#: post, so it is recognised with one ``unpack`` before the general :func:`decode`
+#: (which builds a header record, a body record and a :class:`Message`).
+_DOORBELL = struct.Struct("<" + Header._struct.format.lstrip("<")
+                          + Doorbell._struct.format.lstrip("<"))  # fmt: skip
+_DOORBELL_CODE = DOORBELL.code
+
+
+def decode_doorbell(data: bytes) -> tuple[int, int] | None:
+    """``(qp, queue)`` if ``data`` is a well-formed DOORBELL request, else None
+    (anything else, a malformed doorbell included, is :func:`decode`'s)."""
+    if len(data) != _DOORBELL.size:
+        return None
+    length, op, flags, _seq, status, qp, queue = _DOORBELL.unpack(data)
+    if op != _DOORBELL_CODE or flags or status or length != _DOORBELL.size:
+        return None
+    return qp, queue
 
 
 def send(sock: socket.socket, data: bytes, fds: list[int] | None = None) -> None:

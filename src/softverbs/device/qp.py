@@ -467,7 +467,7 @@ def detach_mcast(host: Host, owner: Owner, req: records.Mcast, res: Resources) -
 
 
 def doorbell(host: Host, owner: Owner, req: records.Doorbell, res: Resources) -> records.Empty:
-    dev = ring_deferred(host, owner, req)
+    dev = ring_deferred(host, owner, req.qp, req.queue)
     with dev.runtime.lock:
         dev.runtime.progress()
     return _NO_REPLY
@@ -481,15 +481,15 @@ def send_queue_header(host: Host, owner: Owner, handle: int) -> memoryview | Non
     return None if sq is None else sq.hdr
 
 
-def ring_deferred(host: Host, owner: Owner, req: records.Doorbell) -> Device:
-    """DOORBELL without running the engine: the device whose engine must run
-    next.  The service rings every doorbell it has read in a turn first and
-    runs each device's engine once after them (service/server.py ``_turn``);
-    the caller holds ``host.lock``."""
-    rec = host.obj(owner, req.qp, QPObj)
+def ring_deferred(host: Host, owner: Owner, qp: int, queue: int) -> Device:
+    """DOORBELL (of QP handle ``qp``) without running the engine: the device
+    whose engine must run next.  The service rings every doorbell it has read
+    in a turn first and runs each device's engine once after them
+    (service/server.py ``_turn``); the caller holds ``host.lock``."""
+    rec = host.obj(owner, qp, QPObj)
     dev = rec.device
     with dev.runtime.lock:
-        ring_doorbell(rec.engine, req.queue, dev.runtime.clock.now())
+        ring_doorbell(rec.engine, queue, dev.runtime.clock.now())
     return dev
 
 

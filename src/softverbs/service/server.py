@@ -150,11 +150,11 @@ class _Polled:
     """A send queue the loop polls while it spins: its header words, the
     doorbell it last acted on, and whose it is."""
 
-    __slots__ = ("body", "client", "db", "hdr")
+    __slots__ = ("client", "db", "handle", "hdr")
 
     def __init__(self, client: Client, handle: int, hdr: memoryview) -> None:
         self.client = client
-        self.body = records.Doorbell(handle, records.DB_SQ)
+        self.handle = handle
         self.hdr = hdr
         self.db = int(hdr[SQ_DB])
 
@@ -602,7 +602,7 @@ class Service:
             served = True
             new_pass()  # as for a DOORBELL message (handle)
             self.stats["doorbells_polled"] += 1
-            self._doorbell(polled.client, polled.body)
+            self._doorbell(polled.client, polled.handle, records.DB_SQ)
         if served:
             self._busy = time.monotonic()
         return served
@@ -745,6 +745,11 @@ class Service:
     def handle(self, client: Client, data: bytes, fds: list[int]) -> None:
         """Serve one message; every failure becomes an error reply."""
         new_pass()  # it may follow an unmap: check mappings again (device/memory.py)
+        if not fds and client.greeted:  # the data path first, in one unpack
+            rung = protocol.decode_doorbell(data)
+            if rung is not None:
+                self._ring(client, rung[0], rung[1])
+                return
         try:
             msg = protocol.decode(data)
         except ProtocolError as exc:
@@ -767,11 +772,9 @@ class Service:
             self._close(fds)
             self._kick(client, op.code, seq, f"{op.name} before HELLO")
             return
-        if op is ops.DOORBELL:  # the data path: no reply, no resources
+        if op is ops.DOORBELL:  # with descriptors (decode_doorbell takes the others)
             self._close(fds)
-            if self.spin and msg.body.queue == records.DB_SQ and msg.body.qp not in self._polled:
-                self._watch(client, msg.body.qp)  # before the doorbell runs: see _watch
-            self._doorbell(client, msg.body)
+            self._ring(client, msg.body.qp, msg.body.queue)
             return
         self._forget_polled()
         if self._rung:  # the request sees what the doorbells before it started
@@ -781,7 +784,13 @@ class Service:
         if client.kicked:
             client.alive = False
 
-    def _doorbell(self, client: Client, body: records.Doorbell) -> bool:
+    def _ring(self, client: Client, qp: int, queue: int) -> None:
+        """A DOORBELL message: the data path, no reply, no resources."""
+        if self.spin and queue == records.DB_SQ and qp not in self._polled:
+            self._watch(client, qp)  # before the doorbell runs: see _watch
+        self._doorbell(client, qp, queue)
+
+    def _doorbell(self, client: Client, qp: int, queue: int) -> bool:
         """Ring one doorbell, rung by message or found by polling; whether it rang.
 
         The engine does not run here: :meth:`_turn` runs each device's engine
@@ -791,7 +800,7 @@ class Service:
             if client.owner.closed:
                 raise PyverbsRDMAError("the owner of this doorbell is gone", errno.EIO)
             with self.host.lock:
-                self._rung.add(ring_deferred(self.host, client.owner, body))
+                self._rung.add(ring_deferred(self.host, client.owner, qp, queue))
         except PyverbsError as exc:
             self.stats["doorbell_errors"] += 1
             log.debug("doorbell of pid %d: %s", client.pid, exc)
