@@ -218,6 +218,18 @@ class Completer:
             state = self._response(pkt, info, now)
             if state is _C_INVALID:
                 return state
+        if (state is _C_AFTER_GAP or state is _C_DUPLICATE or state is _C_ERROR_RETRY) \
+                and self.deadline is not None:  # fmt: skip
+            # No progress, but the responder is at work on requests of ours: ones
+            # sent before a loss (answered while the retry waits behind them), or a
+            # retry's replay.  The ACK timer measures its silence, so it starts
+            # again, as rxe's completer re-arms it on every response it takes in;
+            # otherwise a responder with a long queue sees a retry of every
+            # outstanding READ per timeout, each a queue longer, until retry_cnt
+            # is spent (tests/engine/test_read_pacing.py).
+            timeout = P.ack_timeout_s(qp.timeout)
+            if timeout is not None:
+                self.deadline = now + timeout
         self.complete(now)
         self.req.pump_sq(now)
         return state
