@@ -536,9 +536,12 @@ class Completer:
         if not any(not finished(w) and w.npkts for w in self.inflight):
             return
         qp.count("local_ack_timeout_err")
+        # A timeout always goes back and spends a retry, even during an episode; the
+        # episode then goes on until progress, as after a NAK: the responses to what
+        # was asked before the timeout are no news of a further loss (rxe's
+        # started_retry), and each new episode would ask for everything again.
         self.resending = False
         self._retry(now, self.una, "local ACK timeout")
-        self.resending = False
         self.complete(now)
         self.req.pump_sq(now)
 
