@@ -573,3 +573,29 @@ def test_accept_above_the_device_is_refused_before_the_rep(sim: Simulation) -> N
     assert info.value.error_code == errno.EINVAL
     assert child.qp.qp_state == IBV_QPS_INIT  # nothing moved; no REP went out
     assert fabric_counters(sim)["cm_tx_rep"] == 0
+
+
+def test_each_mad_goes_through_the_dispatch_checks(sim: Simulation) -> None:
+    """ib_cm's one dispatch step (cm/ibcm.py ``_RX``) on an established connection's
+    passive side: a MAD naming another connection of the peer's is unknown (a DREQ still
+    gets its DREP), a repeat is counted, one its state does not take is unexpected --
+    and none of them touches the connection."""
+    seen: list[mad.CmMessage] = []
+    sim.runtime.faults = DropMads(lambda pkt: bool(seen.append(mad.decode(bytes(pkt.payload)))))
+    p = connect_pair(7496)
+    rep = next(m for m in seen if isinstance(m, mad.Rep))
+    ours, theirs = rep.local_comm_id, rep.remote_comm_id  # b (passive), a (active)
+    before = cm_counters(p["child"])
+    _inject(sim, "b", mad.Rep(local_comm_id=theirs ^ 1, remote_comm_id=ours).encode())
+    _inject(sim, "b", mad.Rtu(local_comm_id=theirs, remote_comm_id=ours).encode())
+    _inject(sim, "b", mad.Mra(local_comm_id=theirs, remote_comm_id=ours,
+                              message_mraed=mad.MSG_REP).encode())  # fmt: skip
+    _inject(sim, "b", mad.Dreq(local_comm_id=theirs ^ 1, remote_comm_id=ours).encode())
+    after = cm_counters(p["child"])
+    delta = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
+    assert delta == {"cm_rx_rep": 1, "cm_drop_unknown_rep": 1, "cm_rx_rtu": 1,
+                     "cm_duplicate_rtu": 1, "cm_rx_mra": 1, "cm_drop_unexpected_mra": 1,
+                     "cm_rx_dreq": 1, "cm_drop_unknown_dreq": 1, "cm_tx_drep": 1}, delta
+    assert p["child"].qp.qp_state == IBV_QPS_RTS
+    p["act"].disconnect()  # the real DREQ names both IDs: taken
+    expect(p["pch"], RDMA_CM_EVENT_DISCONNECTED).ack_cm_event()

@@ -73,6 +73,22 @@ def test_rereg_to_read_only_pages_for_writing_is_efault(pd: PD, read_only: int) 
     mr.close()
 
 
+def test_in_process_registration_by_address_of_unmapped_pages_is_efault(pd: PD) -> None:
+    """REG_MR with neither a mapping nor a pid reaches the device's own process
+    through its ``AddressSpace`` (``verbs.memory.SelfMemory``), whose answer for
+    pages that are not mapped is a reason, not bytes: EFAULT, no key."""
+    from softverbs.device import ops, records
+    from softverbs.verbs.provider import Attach
+
+    addr = hostmem.mmap(length=PAGE)
+    hostmem.munmap(addr, PAGE)
+    body = records.RegMR(addr, PAGE, addr, 0, pd.device_pd, IBV_ACCESS_LOCAL_WRITE, 0, 0)
+    with pytest.raises(PyverbsRDMAError) as exc:
+        pd.ctx.provider.call(ops.REG_MR, body, Attach())
+    assert exc.value.error_code == errno.EFAULT
+    assert f"{addr:#x}" in str(exc.value) and "not mapped" in str(exc.value)
+
+
 # --- the served device's check that a region is still mapped as registered ----------------
 
 

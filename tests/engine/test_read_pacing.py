@@ -121,3 +121,114 @@ def test_lost_response_asks_again_to_the_end_of_its_piece_only() -> None:
     assert reqs == [(0, window), (window, window), (lost, 2 * window - lost),
                     (2 * window, n - 2 * window)]  # fmt: skip
     assert b.b.counters.get("duplicate_request", 0) == 1  # answered from the replay cache
+
+
+def _run_paced(b: Bench, gap: float, until: float, stall: tuple[int, float] = (0, 0.0)) -> None:
+    """Run ``b`` with a responder that sends one packet every ``gap`` seconds: its
+    responses queue up in order (behind what it owes already) and reach the requester
+    one by one, as from Linux rxe under TCG (tests/interop).  Requests go at once.
+    ``stall`` = (n, seconds): after its n-th packet the responder sends nothing for
+    that long (the guest was not scheduled)."""
+    from collections import deque
+
+    queue: deque[Packet] = deque()
+    a_hca = b.a.hca
+    sent = 0
+    next_at = 0.0  #: when the responder's next packet leaves
+    while b.now < until:
+        while batch := b._collect():
+            for dst, pkt in batch:
+                if dst is a_hca:
+                    queue.append(pkt)
+                else:
+                    dst.receive(pkt, b.now)
+        due = b.next_deadline()
+        if queue:
+            nxt = max(next_at, b.now)
+            if due is not None and due < nxt:
+                b.advance(due)
+                continue
+            b.advance(nxt)
+            a_hca.receive(queue.popleft(), b.now)
+            sent += 1
+            next_at = b.now + gap + (stall[1] if sent == stall[0] else 0.0)
+        elif due is None:
+            return
+        else:
+            b.advance(due)
+
+
+def test_responses_after_a_gap_keep_the_ack_timer_from_firing() -> None:
+    """Found by ``ib_read_bw -x 1 -n 200`` against rxe (tests/interop): one response
+    lost before the bridge, and the READs behind it still had ~600 responses queued at
+    the responder, which takes ~0.15 s to send them before it replays the lost one.
+    The requester's ACK timer (67 ms) fired meanwhile although responses kept
+    arriving, each time asking for every outstanding READ again (another full round of
+    work queued at the responder) and spending a retry: IBV_WC_RETRY_EXC_ERR after 97
+    of 200 READs.  Responses to the QP's own requests show the responder alive and at
+    work: they restart the timer (as rxe's completer does), and only silence spends
+    ``retry_cnt``."""
+    reads, per = 8, 16  # eight READs of 16 packets
+    lost = per // 2
+    seen = {"dropped": False}
+
+    def lose_once(seq: int, src: str, pkt: Packet) -> str:
+        if src == "b" and kind_of(pkt) is Kind.READ_RESP and pkt.psn == lost \
+                and not seen["dropped"]:  # fmt: skip
+            seen["dropped"] = True
+            return DROP
+        return DELIVER
+
+    n = reads * per
+    b = read_bench(n, lose_once)
+    b.a.qp.max_rd_atomic = reads
+    b.b.qp.max_dest_rd_atomic = reads
+    timeout = 4.096e-6 * 2**10  # Bench's timeout=10
+    gap = timeout / 10  # the backlog behind the loss takes ~11 timeouts to drain
+    for i in range(reads):
+        b.a.post_send(IBV_WR_RDMA_READ, n * PMTU + i * per * PMTU, per * PMTU,
+                      remote=BASE_B + i * per * PMTU, rkey=b.b.mr.key)  # fmt: skip
+    _run_paced(b, gap, until=1.0)
+    cqes = b.a.poll_send()
+    assert [c.status for c in cqes] == [IBV_WC_SUCCESS] * reads, [c.reason for c in cqes]
+    assert b.a.mem[n * PMTU : 2 * n * PMTU] == pattern(n * PMTU)
+    counts = b.a.counters
+    assert counts.get("local_ack_timeout_err", 0) == 0, counts
+    assert counts.get("completer_retry_err", 0) == 1, counts  # the implied NAK, once
+
+
+def test_a_timeout_retry_is_not_followed_by_another_for_the_old_responses() -> None:
+    """The responder stalls (sends nothing for 1.5 timeouts) while it still owes
+    responses to the READs asked for before a loss: the ACK timer fires once and asks
+    for every outstanding READ again.  The old responses that follow are not news of
+    another loss: as after a NAK, no new retry episode (another round of requests, and
+    another retry_cnt) starts before progress (rxe's ``started_retry``)."""
+    reads, per = 8, 16
+    lost = per // 2
+    seen = {"dropped": False}
+
+    def lose_once(seq: int, src: str, pkt: Packet) -> str:
+        if src == "b" and kind_of(pkt) is Kind.READ_RESP and pkt.psn == lost \
+                and not seen["dropped"]:  # fmt: skip
+            seen["dropped"] = True
+            return DROP
+        return DELIVER
+
+    n = reads * per
+    b = read_bench(n, lose_once)
+    b.a.qp.max_rd_atomic = reads
+    b.b.qp.max_dest_rd_atomic = reads
+    timeout = 4.096e-6 * 2**10
+    for i in range(reads):
+        b.a.post_send(IBV_WR_RDMA_READ, n * PMTU + i * per * PMTU, per * PMTU,
+                      remote=BASE_B + i * per * PMTU, rkey=b.b.mr.key)  # fmt: skip
+    _run_paced(b, timeout / 10, until=1.0, stall=(3 * per, 1.5 * timeout))
+    cqes = b.a.poll_send()
+    assert [c.status for c in cqes] == [IBV_WC_SUCCESS] * reads, [c.reason for c in cqes]
+    assert b.a.mem[n * PMTU : 2 * n * PMTU] == pattern(n * PMTU)
+    counts = b.a.counters
+    assert counts.get("local_ack_timeout_err", 0) == 1, counts  # the stall
+    # the implied NAK, then the timeout; the old responses after it start nothing
+    assert counts.get("completer_retry_err", 0) == 2, counts
+    rounds = [s.t for s in b.sent("a", is_read_request) if s.pkt.psn == lost]
+    assert len(rounds) == 2, rounds

@@ -577,3 +577,32 @@ def test_range_check_on_an_optional_attribute(ctx: Context, pd: PD, cq: CQ) -> N
         msg = einval_message(qp.modify, a, e.IBV_QP_STATE | e.IBV_QP_MIN_RNR_TIMER)
         assert "min_rnr_timer" in msg
         assert qp.engine.min_rnr_timer == 12
+
+
+def test_query_reports_what_each_modify_set(ctx: Context, pd: PD, cq: CQ) -> None:
+    """QUERY_QP answers every attribute a modify's mask named (device/qp.py
+    ``_REMEMBERED``, built from ``enums.QP_ATTR_MASK``), the alternate-path group
+    included, and keeps the ones the mask did not name."""
+    import dataclasses
+
+    from softverbs.device import records
+    from softverbs.device.qp import _REMEMBERED
+
+    remembered = [n for _, names in _REMEMBERED for n in names]
+    fields = {f.name for f in dataclasses.fields(records.QPAttrs)}
+    assert len(remembered) == len(set(remembered)) and set(remembered) <= fields
+    assert fields - set(remembered) == {"qp_state", "cur_qp_state", "sq_draining", "reserved"}
+    with make_qp(ctx, pd, cq, RC) as qp:
+        drive(ctx, qp, RTS)
+        a = full_attr(ctx, qp, RTS)
+        a.timeout, a.retry_cnt = 9, 3  # not in this modify's mask: must stay 14, 7
+        a.alt_pkey_index, a.alt_port_num, a.alt_timeout = 0, 1, 17
+        a.alt_ah_attr = route(ctx)
+        a.alt_ah_attr.sl = 5
+        a.min_rnr_timer = 20
+        qp.modify(a, e.IBV_QP_ALT_PATH | e.IBV_QP_MIN_RNR_TIMER)
+        got = qp.query()[0]
+        assert (got.alt_port_num, got.alt_timeout, got.alt_ah_attr.sl) == (1, 17, 5)
+        assert got.min_rnr_timer == 20
+        assert (got.timeout, got.retry_cnt, got.sq_psn, got.rq_psn) == (14, 7, 0x200, 0x100)
+        assert got.ah_attr.sgid_index == 1 and got.dest_qp_num == qp.qp_num

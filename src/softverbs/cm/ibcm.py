@@ -5,7 +5,12 @@ kernel's ``ib_cm`` module is: it builds and parses the CM MADs
 (:mod:`softverbs.cm.mad`: REQ, REP, RTU, REJ, MRA, DREQ, DREP, SIDR_REQ,
 SIDR_REP), queues them for QP1 (:mod:`softverbs.cm.gsi`), retransmits them
 on its timers and moves each connection through :data:`CM_TRANSITIONS`.
-It is QP1's sink: received MADs and timer expiries arrive here.
+It is QP1's sink: received MADs and timer expiries arrive here.  Each received
+message goes through one dispatch step, driven by its row of ``_RX``: find the ID
+it names (or the one an earlier copy opened), count and answer a repeat, check
+that the ID's state takes it (its ``rx_<name>`` transition), and only then run
+the message's own ``_take_<name>``; what fails a check is counted
+(``cm_drop_unknown_<name>``, ``cm_duplicate_<name>``, ``cm_drop_unexpected_<name>``).
 
 What ib_cm hands up to rdma_cm -- a request for a listener, a new ID for a
 request, an event for the user, an rdma_cm state change -- it asks of its
@@ -20,7 +25,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from softverbs.cm import mad
@@ -350,7 +356,7 @@ class IbCm:
             gsi.send_mad(data, route, now)
         gsi.arm_agent_timer()
 
-    # --- receiving ---------------------------------------------------------------------------
+    # --- receiving ------------------------------------------------------------------------
     def on_mad(self, gsi: GsiQP, data: bytes, sgid: bytes, dgid: bytes, now: float) -> None:
         counters = gsi.hca.counters
         try:
@@ -363,35 +369,107 @@ class IbCm:
         if ctx is None:
             counters["cm_drop_no_agent"] += 1
             return
-        handler = _RX[type(msg)]
         with self.lock:
-            handler(self, ctx, msg, sgid, dgid, now)
+            self._dispatch(ctx, msg, sgid, dgid, now)
         self._push(gsi, now)
 
-    def _by_comm(self, ctx: DeviceCtx, comm_id: int, what: str) -> CmId | None:
-        cid = self.by_comm.get(comm_id)
+    def _dispatch(self, ctx: DeviceCtx, msg: mad.CmMessage, sgid: bytes, dgid: bytes,
+                  now: float) -> None:  # fmt: skip
+        """The checks every received message goes through, by its row of :data:`_RX`
+        (cm_req_handler, cm_rep_handler, ... each begin so in the kernel): the ID it
+        names, whether it repeats one already taken, whether the ID's state takes it
+        (its ``rx_<name>`` transition); only then its own work."""
+        rx = _RX[type(msg)]
+        what = msg.NAME.lower()
+        counters = ctx.device.hca.counters
+        cid = rx.find(self, ctx, msg, sgid)
+        if isinstance(rx, Opens):
+            if cid is None:
+                rx.take(self, ctx, msg, sgid, dgid)
+                return
+            counters[f"cm_duplicate_{what}"] += 1
+            again = rx.again.get(cid.cm)
+            if again is not None:
+                again(self, cid, msg)
+            return
         if cid is None or cid.dev != ctx.name:
-            ctx.device.hca.counters[f"cm_drop_unknown_{what}"] += 1
+            counters[f"cm_drop_unknown_{what}"] += 1
+            if rx.unknown is not None:
+                rx.unknown(self, ctx, msg, sgid, dgid)
+            return
+        if cid.cm in rx.again:
+            counters[f"cm_duplicate_{what}"] += 1
+            again = rx.again[cid.cm]
+            if again is not None:
+                again(self, cid, msg)
+            return
+        if not self.move(cid, f"rx_{what}"):
+            counters[f"cm_drop_unexpected_{what}"] += 1
+            return
+        rx.take(self, ctx, msg, cid, now)
+
+    # --- finding the ID a message names ------------------------------------------------------
+    def _find_comm(self, ctx: DeviceCtx, msg: Any, sgid: bytes) -> CmId | None:
+        """Our comm ID, which the peer echoes as its remote comm ID (RTU, MRA, DREP)."""
+        return self.by_comm.get(msg.remote_comm_id)
+
+    def _find_peer(self, ctx: DeviceCtx, msg: Any, sgid: bytes) -> CmId | None:
+        """Our comm ID and, once the ID knows it, the peer's (cm_rep_handler, and
+        cm_dup_rep_handler's cm_acquire_id with both: a REP of another connection of
+        the peer's is not for this one)."""
+        cid = self.by_comm.get(msg.remote_comm_id)
+        if cid is not None and cid.remote_comm_id not in (0, msg.local_comm_id):
             return None
         return cid
 
-    def _unexpected(self, ctx: DeviceCtx, what: str) -> None:
-        ctx.device.hca.counters[f"cm_drop_unexpected_{what}"] += 1
+    def _find_dreq(self, ctx: DeviceCtx, dreq: mad.Dreq, sgid: bytes) -> CmId | None:
+        """Both comm IDs (cm_dreq_handler's cm_acquire_id)."""
+        cid = self.by_comm.get(dreq.remote_comm_id)
+        return cid if cid is not None and cid.remote_comm_id == dreq.local_comm_id else None
 
-    def _duplicate(self, ctx: DeviceCtx, what: str) -> None:
-        ctx.device.hca.counters[f"cm_duplicate_{what}"] += 1
+    def _find_rej(self, ctx: DeviceCtx, rej: mad.Rej, sgid: bytes) -> CmId | None:
+        if rej.reason == mad.REJ_TIMEOUT and rej.reject_info_length >= 8:
+            # cm_acquire_rejected_id: the sender may not have known our comm ID;
+            # the ARI carries its CA GUID, which with its comm ID names the connection.
+            return self.by_remote.get((rej.local_comm_id, int.from_bytes(rej.ari[:8], "big")))
+        return self.by_comm.get(rej.remote_comm_id)
 
-    def _rx_req(self, ctx: DeviceCtx, req: mad.Req, sgid: bytes, dgid: bytes, now: float) -> None:
-        assert isinstance(req, mad.Req)
-        old = self.by_remote.get((req.local_comm_id, req.local_ca_guid))
-        if old is not None:
-            self._duplicate(ctx, "req")
-            if old.cm == C.MRA_REQ_SENT:  # the delayed MRA goes out now
-                self._send(old, mad.Mra(tid=old.tid, local_comm_id=old.local_comm_id,
-                                        remote_comm_id=old.remote_comm_id,
-                                        message_mraed=mad.MSG_REQ,
-                                        service_timeout=MRA_SERVICE_TIMEOUT))  # fmt: skip
-            return
+    def _find_req(self, ctx: DeviceCtx, req: mad.Req, sgid: bytes) -> CmId | None:
+        """The ID an earlier copy of this REQ made (the peer's comm ID and CA GUID)."""
+        return self.by_remote.get((req.local_comm_id, req.local_ca_guid))
+
+    def _find_sidr_req(self, ctx: DeviceCtx, req: mad.SidrReq, sgid: bytes) -> CmId | None:
+        return self.by_remote.get((req.request_id, int.from_bytes(sgid[8:], "big")))
+
+    def _find_sidr_rep(self, ctx: DeviceCtx, rep: mad.SidrRep, sgid: bytes) -> CmId | None:
+        return self.by_comm.get(rep.request_id)
+
+    # --- what a repeat sends again -----------------------------------------------------------
+    def _again_mra(self, cid: CmId, msg: Any) -> None:
+        """Our MRA for the REQ or REP that came again (a delayed MRA goes out now)."""
+        mraed = mad.MSG_REQ if isinstance(msg, mad.Req) else mad.MSG_REP
+        self._send(cid, mad.Mra(tid=cid.tid, local_comm_id=cid.local_comm_id,
+                                remote_comm_id=cid.remote_comm_id, message_mraed=mraed,
+                                service_timeout=MRA_SERVICE_TIMEOUT))  # fmt: skip
+
+    def _again_rtu(self, cid: CmId, msg: Any) -> None:
+        """A REP on an established connection: our RTU was lost, send it again."""
+        self._send(cid, mad.Rtu(tid=cid.tid, local_comm_id=cid.local_comm_id,
+                                remote_comm_id=cid.remote_comm_id))  # fmt: skip
+
+    def _again_drep(self, cid: CmId, dreq: Any) -> None:
+        """A DREQ in time-wait: our DREP was lost, send it again."""
+        self._send(cid, mad.Drep(tid=dreq.tid, local_comm_id=cid.local_comm_id,
+                                 remote_comm_id=cid.remote_comm_id))  # fmt: skip
+
+    def _unknown_dreq(self, ctx: DeviceCtx, dreq: Any, sgid: bytes, dgid: bytes) -> None:
+        """cm_issue_drep: a DREQ for a connection we no longer know still gets its DREP."""
+        drep = mad.Drep(tid=dreq.tid, local_comm_id=dreq.remote_comm_id,
+                        remote_comm_id=dreq.local_comm_id)  # fmt: skip
+        self._reply(ctx, drep, sgid, dgid)
+
+    # --- each message's own work, once the dispatch took it ----------------------------------
+    def _take_req(self, ctx: DeviceCtx, req: mad.Req, sgid: bytes, dgid: bytes) -> None:
         ps, port = mad.split_service_id(req.service_id)
         try:
             cma = mad.CmaHeader.decode(req.private_data)
@@ -440,26 +518,7 @@ class IbCm:
         self.rdma.emit(child, RDMA_CM_EVENT_CONNECT_REQUEST, 0, target=listener,
                    child=child.info(), conn=conn)  # fmt: skip
 
-    def _rx_rep(self, ctx: DeviceCtx, rep: mad.Rep, sgid: bytes, dgid: bytes, now: float) -> None:
-        assert isinstance(rep, mad.Rep)
-        cid = self._by_comm(ctx, rep.remote_comm_id, "rep")
-        if cid is None:
-            return
-        if cid.cm == C.ESTABLISHED and rep.local_comm_id == cid.remote_comm_id:
-            self._duplicate(ctx, "rep")  # our RTU was lost: send it again
-            self._send(cid, mad.Rtu(tid=cid.tid, local_comm_id=cid.local_comm_id,
-                                    remote_comm_id=cid.remote_comm_id))  # fmt: skip
-            return
-        if cid.cm == C.MRA_REP_SENT:
-            self._duplicate(ctx, "rep")
-            self._send(cid, mad.Mra(tid=cid.tid, local_comm_id=cid.local_comm_id,
-                                    remote_comm_id=cid.remote_comm_id,
-                                    message_mraed=mad.MSG_REP,
-                                    service_timeout=MRA_SERVICE_TIMEOUT))  # fmt: skip
-            return
-        if not self.move(cid, "rx_rep"):
-            self._unexpected(ctx, "rep")
-            return
+    def _take_rep(self, ctx: DeviceCtx, rep: mad.Rep, cid: CmId, now: float) -> None:
         self.cancel(cid)
         cid.remote_comm_id = rep.local_comm_id
         cid.remote_ca_guid = rep.local_ca_guid
@@ -478,110 +537,40 @@ class IbCm:
                 "qp_num": rep.local_qpn}  # fmt: skip
         self.rdma.emit(cid, RDMA_CM_EVENT_CONNECT_RESPONSE, 0, conn=conn)
 
-    def _rx_rtu(self, ctx: DeviceCtx, rtu: mad.Rtu, sgid: bytes, dgid: bytes, now: float) -> None:
-        assert isinstance(rtu, mad.Rtu)
-        cid = self._by_comm(ctx, rtu.remote_comm_id, "rtu")
-        if cid is None:
-            return
-        if cid.cm == C.ESTABLISHED:
-            self._duplicate(ctx, "rtu")
-            return
-        if not self.move(cid, "rx_rtu"):
-            self._unexpected(ctx, "rtu")
-            return
+    def _take_rtu(self, ctx: DeviceCtx, rtu: mad.Rtu, cid: CmId, now: float) -> None:
         self.cancel(cid)
-        conn = {"private_data": rtu.private_data.hex()}
-        self.rdma.emit(cid, RDMA_CM_EVENT_ESTABLISHED, 0, conn=conn)
+        self.rdma.emit(cid, RDMA_CM_EVENT_ESTABLISHED, 0,
+                       conn={"private_data": rtu.private_data.hex()})  # fmt: skip
 
-    def _rx_rej(self, ctx: DeviceCtx, rej: mad.Rej, sgid: bytes, dgid: bytes, now: float) -> None:
-        assert isinstance(rej, mad.Rej)
-        if rej.reason == mad.REJ_TIMEOUT and rej.reject_info_length >= 8:
-            # cm_acquire_rejected_id: the sender may not have known our comm ID;
-            # the ARI carries its CA GUID, which with its comm ID names the connection.
-            guid = int.from_bytes(rej.ari[:8], "big")
-            cid = self.by_remote.get((rej.local_comm_id, guid))
-            if cid is None or cid.dev != ctx.name:
-                ctx.device.hca.counters["cm_drop_unknown_rej"] += 1
-                return
-        else:
-            cid = self._by_comm(ctx, rej.remote_comm_id, "rej")
-            if cid is None:
-                return
-        if not self.move(cid, "rx_rej"):
-            self._unexpected(ctx, "rej")
-            return
+    def _take_rej(self, ctx: DeviceCtx, rej: mad.Rej, cid: CmId, now: float) -> None:
         self.cancel(cid)
         self.forget_remote(cid)
         if cid.cm == C.TIMEWAIT:
             self._timewait(cid)
-        conn = {"private_data": rej.private_data.hex()}
-        self.rdma.emit(cid, RDMA_CM_EVENT_REJECTED, rej.reason, conn=conn)
+        self.rdma.emit(cid, RDMA_CM_EVENT_REJECTED, rej.reason,
+                       conn={"private_data": rej.private_data.hex()})  # fmt: skip
 
-    def _rx_mra(self, ctx: DeviceCtx, mra: mad.Mra, sgid: bytes, dgid: bytes, now: float) -> None:
-        assert isinstance(mra, mad.Mra)
-        cid = self._by_comm(ctx, mra.remote_comm_id, "mra")
-        if cid is None:
-            return
-        if cid.cm in (C.MRA_REQ_RCVD, C.MRA_REP_RCVD):
-            self._duplicate(ctx, "mra")
-            return
-        if not self.move(cid, "rx_mra"):
-            self._unexpected(ctx, "mra")
-            return
+    def _take_mra(self, ctx: DeviceCtx, mra: mad.Mra, cid: CmId, now: float) -> None:
         # The peer needs more time: the outstanding REQ/REP waits longer before a resend.
         if cid.deadline is not None:
             cid.msg_timeout = (mad.ms_of(mra.service_timeout) + mad.ms_of(cid.av_timeout)) / 1e3
             cid.deadline = now + cid.msg_timeout
 
-    def _rx_dreq(self, ctx: DeviceCtx, dreq: mad.Dreq, sgid: bytes, dgid: bytes,
-                 now: float) -> None:  # fmt: skip
-        assert isinstance(dreq, mad.Dreq)
-        cid = self.by_comm.get(dreq.remote_comm_id)
-        if cid is None or cid.dev != ctx.name or cid.remote_comm_id != dreq.local_comm_id:
-            # cm_issue_drep: a DREQ for a connection we no longer know still gets its DREP
-            ctx.device.hca.counters["cm_drop_unknown_dreq"] += 1
-            drep = mad.Drep(tid=dreq.tid, local_comm_id=dreq.remote_comm_id,
-                            remote_comm_id=dreq.local_comm_id)  # fmt: skip
-            self._reply(ctx, drep, sgid, dgid)
-            return
-        if cid.cm == C.TIMEWAIT:
-            self._duplicate(ctx, "dreq")
-            self._send(cid, mad.Drep(tid=dreq.tid, local_comm_id=cid.local_comm_id,
-                                     remote_comm_id=cid.remote_comm_id))  # fmt: skip
-            return
-        if cid.cm == C.DREQ_RCVD:
-            self._duplicate(ctx, "dreq")
-            return
-        if not self.move(cid, "rx_dreq"):
-            self._unexpected(ctx, "dreq")
-            return
+    def _take_dreq(self, ctx: DeviceCtx, dreq: mad.Dreq, cid: CmId, now: float) -> None:
         self.cancel(cid)
         cid.tid = dreq.tid
         if self.rdma.move(cid, "disconnected", strict=False):
-            conn = {"private_data": dreq.private_data.hex()}
-            self.rdma.emit(cid, RDMA_CM_EVENT_DISCONNECTED, 0, conn=conn)
+            self.rdma.emit(cid, RDMA_CM_EVENT_DISCONNECTED, 0,
+                           conn={"private_data": dreq.private_data.hex()})  # fmt: skip
 
-    def _rx_drep(self, ctx: DeviceCtx, drep: mad.Drep, sgid: bytes, dgid: bytes,
-                 now: float) -> None:  # fmt: skip
-        assert isinstance(drep, mad.Drep)
-        cid = self._by_comm(ctx, drep.remote_comm_id, "drep")
-        if cid is None:
-            return
-        if not self.move(cid, "rx_drep"):
-            self._unexpected(ctx, "drep")
-            return
+    def _take_drep(self, ctx: DeviceCtx, drep: mad.Drep, cid: CmId, now: float) -> None:
         self._timewait(cid)
         if self.rdma.move(cid, "disconnected", strict=False):
-            conn = {"private_data": drep.private_data.hex()}
-            self.rdma.emit(cid, RDMA_CM_EVENT_DISCONNECTED, 0, conn=conn)
+            self.rdma.emit(cid, RDMA_CM_EVENT_DISCONNECTED, 0,
+                           conn={"private_data": drep.private_data.hex()})  # fmt: skip
 
-    def _rx_sidr_req(self, ctx: DeviceCtx, req: mad.SidrReq, sgid: bytes, dgid: bytes,
-                     now: float) -> None:  # fmt: skip
-        assert isinstance(req, mad.SidrReq)
-        old = self.by_remote.get((req.request_id, int.from_bytes(sgid[8:], "big")))
-        if old is not None:
-            self._duplicate(ctx, "sidr_req")
-            return
+    def _take_sidr_req(self, ctx: DeviceCtx, req: mad.SidrReq, sgid: bytes,
+                       dgid: bytes) -> None:  # fmt: skip
         ps, port = mad.split_service_id(req.service_id)
         try:
             cma = mad.CmaHeader.decode(req.private_data)
@@ -609,15 +598,7 @@ class IbCm:
         self.rdma.emit(child, RDMA_CM_EVENT_CONNECT_REQUEST, 0, target=listener,
                    child=child.info(), ud=ud)  # fmt: skip
 
-    def _rx_sidr_rep(self, ctx: DeviceCtx, rep: mad.SidrRep, sgid: bytes, dgid: bytes,
-                     now: float) -> None:  # fmt: skip
-        assert isinstance(rep, mad.SidrRep)
-        cid = self._by_comm(ctx, rep.request_id, "sidr_rep")
-        if cid is None:
-            return
-        if not self.move(cid, "rx_sidr_rep"):
-            self._unexpected(ctx, "sidr_rep")
-            return
+    def _take_sidr_rep(self, ctx: DeviceCtx, rep: mad.SidrRep, cid: CmId, now: float) -> None:
         self.cancel(cid)
         if self.by_comm.get(cid.local_comm_id) is cid:
             del self.by_comm[cid.local_comm_id]
@@ -639,9 +620,49 @@ class IbCm:
         self.rdma.emit(cid, RDMA_CM_EVENT_ESTABLISHED, 0, ud=ud)
 
 
-#: the handler of each CM message ib_cm receives
-_RX: dict[type[mad.CmMessage], Callable[[IbCm, DeviceCtx, Any, bytes, bytes, float], None]] = {
-    mad.Req: IbCm._rx_req, mad.Rep: IbCm._rx_rep, mad.Rtu: IbCm._rx_rtu, mad.Rej: IbCm._rx_rej,
-    mad.Mra: IbCm._rx_mra, mad.Dreq: IbCm._rx_dreq, mad.Drep: IbCm._rx_drep,
-    mad.SidrReq: IbCm._rx_sidr_req, mad.SidrRep: IbCm._rx_sidr_rep,
+#: (ib_cm, device, message, sgid) -> the ID the message names, or None
+Find = Callable[[IbCm, DeviceCtx, Any, bytes], "CmId | None"]
+#: what a repeated message sends again beyond being counted (``cm_duplicate_<name>``)
+Again = Callable[[IbCm, CmId, Any], None]
+
+
+@dataclass(frozen=True)
+class Opens:
+    """How ib_cm takes a message that opens a connection (REQ, SIDR_REQ): ``find``
+    names the ID an earlier copy made; with one it is a repeat (and ``again[state]``
+    answers it), without one ``take`` makes the new ID (or rejects the request)."""
+
+    find: Find
+    take: Callable[[IbCm, DeviceCtx, Any, bytes, bytes], None]
+    again: Mapping[C, Again] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Moves:
+    """How ib_cm takes a message about a known connection.  ``find`` names its ID:
+    none (or another device's) is counted ``cm_drop_unknown_<name>`` and handed to
+    ``unknown``; in a state of ``again`` the message is a repeat (counted, and the
+    state's answer sent again if it has one); otherwise the ID's ``rx_<name>``
+    transition (:data:`CM_TRANSITIONS`) must exist -- else ``cm_drop_unexpected_<name>``
+    -- and ``take`` does the message's work in the new state."""
+
+    find: Find
+    take: Callable[[IbCm, DeviceCtx, Any, CmId, float], None]
+    again: Mapping[C, Again | None] = field(default_factory=dict)
+    unknown: Callable[[IbCm, DeviceCtx, Any, bytes, bytes], None] | None = None
+
+
+#: how ib_cm takes each CM message (``IbCm._dispatch``)
+_RX: dict[type[mad.CmMessage], Opens | Moves] = {
+    mad.Req: Opens(IbCm._find_req, IbCm._take_req, {C.MRA_REQ_SENT: IbCm._again_mra}),
+    mad.Rep: Moves(IbCm._find_peer, IbCm._take_rep,
+                   {C.ESTABLISHED: IbCm._again_rtu, C.MRA_REP_SENT: IbCm._again_mra}),
+    mad.Rtu: Moves(IbCm._find_comm, IbCm._take_rtu, {C.ESTABLISHED: None}),
+    mad.Rej: Moves(IbCm._find_rej, IbCm._take_rej),
+    mad.Mra: Moves(IbCm._find_comm, IbCm._take_mra, {C.MRA_REQ_RCVD: None, C.MRA_REP_RCVD: None}),
+    mad.Dreq: Moves(IbCm._find_dreq, IbCm._take_dreq,
+                    {C.TIMEWAIT: IbCm._again_drep, C.DREQ_RCVD: None}, IbCm._unknown_dreq),
+    mad.Drep: Moves(IbCm._find_comm, IbCm._take_drep),
+    mad.SidrReq: Opens(IbCm._find_sidr_req, IbCm._take_sidr_req),
+    mad.SidrRep: Moves(IbCm._find_sidr_rep, IbCm._take_sidr_rep),
 }  # fmt: skip

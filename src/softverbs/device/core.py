@@ -62,6 +62,7 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO, ClassVar, Protocol, TypeVar
 
 from softverbs.device import records
+from softverbs.device.memory import AddressSpace
 from softverbs.device.records import (
     KIND_AH,
     KIND_CAPTURE,
@@ -321,7 +322,7 @@ class Resources:
     #: the asking process's memory when it is not the owner's: a forked child that
     #: joined its parent's owner registers its own pages, as ib_umem_get pins the
     #: caller's (None: the owner's memory)
-    memory: Any = None
+    memory: AddressSpace | None = None
     cq: CompletionRing | None = None  #: CQ_RING
     srq: SharedRecvRing | None = None  #: SRQ_RING
     sq: WorkRing | None = None  #: QP_RINGS
@@ -405,11 +406,12 @@ def kind_class(cls: type[O]) -> type[O]:
 class Owner:
     """Who holds objects: this process, or one process connected to the service."""
 
-    def __init__(self, label: str, pid: int = 0, uid: int = 0, memory: Any = None) -> None:
+    def __init__(self, label: str, pid: int = 0, uid: int = 0,
+                 memory: AddressSpace | None = None) -> None:  # fmt: skip
         self.label = label
         self.pid = pid
         self.uid = uid
-        self.memory = memory  #: the process's memory (device.memory.ProcessMemory), or None
+        self.memory = memory  #: the process's memory, or None (none given to the device)
         self.objects: dict[int, Obj] = {}
         self.closed = False
         #: names this owner to a forked child that joins it (HELLO_JOIN)

@@ -28,6 +28,11 @@ anything outside a registered region.  If the process unmaps the pages or
 dies mid-transfer, the access fails inside the kernel: a read returns
 zeros, a write goes nowhere, and :attr:`ProcessMemory.faults` counts it --
 the service never raises, and never touches another process.
+
+:class:`AddressSpace` is what the device asks of a process's memory reached by
+address (a registration without a mapping, an implicit ODP key): this module's
+:class:`ProcessMemory` for a client of the service, ``verbs.memory.SelfMemory``
+for the device's own process.
 """
 
 from __future__ import annotations
@@ -37,8 +42,9 @@ import errno
 import fcntl
 import os
 import struct
+from typing import Protocol
 
-from softverbs.engine.memory import current_pass
+from softverbs.engine.memory import Bytes, current_pass
 from softverbs.enums import (
     IBV_ACCESS_LOCAL_WRITE,
     IBV_ACCESS_MW_BIND,
@@ -118,6 +124,25 @@ class Pin:
     def __init__(self, segments: list[tuple[int, int, Backing]]) -> None:
         #: (start, end, backing) of each mapping the region lay in
         self.segments = segments
+
+
+class AddressSpace(Protocol):
+    """A process's memory as the device reaches it by address."""
+
+    @property
+    def pid(self) -> int:
+        """The process, whose mappings a registration is checked against and
+        pinned to; 0 for the device's own process (its caller's pages)."""
+        ...
+
+    def span(self, addr: int, length: int, pinned: bool = False) -> Bytes | str:
+        """``length`` bytes at ``addr``, or why they cannot be reached; with
+        ``pinned``, checked before every access to be backed as now (:class:`Pin`)."""
+        ...
+
+    def close(self) -> None:
+        """Let go of the process's memory (its owner is gone)."""
+        ...
 
 
 class ProcessMemory:

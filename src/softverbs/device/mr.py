@@ -113,18 +113,18 @@ def _span(owner: Owner, res: Resources, addr: int, length: int,
                          "(HELLO without /proc/self/mem): pass the region as a memfd")
     if addr + length > 1 << 64:
         raise einval(f"[{addr:#x}, +{length}) is not a valid address range")
-    pid = getattr(memory, "pid", 0)
+    pid = memory.pid
     writable = bool(access & WRITABLE_ACCESS)
     if pid and not mapped(addr, length, pid, writable):
         what = "mapped writable" if writable else "mapped"
         raise PyverbsRDMAError(f"Failed to register memory: [{addr:#x}, +{length}) is not "
                                f"{what} in process {pid}", errno.EFAULT)  # fmt: skip
-    if not pid:
-        mine: Bytes = memory.span(addr, length)
-        return mine
     # As ib_umem_get pins a region: every access first checks that the range is
-    # still backed as it was registered.  An ODP region follows the mapping instead.
-    span: Bytes = memory.span(addr, length, pinned=not access & IBV_ACCESS_ON_DEMAND)
+    # still backed as it was registered.  An ODP region follows the mapping instead;
+    # the device's own process (pid 0) holds its caller's pages itself.
+    span = memory.span(addr, length, pinned=bool(pid) and not access & IBV_ACCESS_ON_DEMAND)
+    if isinstance(span, str):
+        raise PyverbsRDMAError(f"Failed to register memory: {span}", errno.EFAULT)
     return span
 
 
@@ -145,8 +145,7 @@ def reg_mr(host: Host, owner: Owner, req: records.RegMR, res: Resources) -> reco
             def resolve(addr: int, length: int) -> Bytes | str:
                 if addr + length > 1 << 64:
                     return f"[{addr:#x}, +{length}) is not a valid address range"
-                span: Bytes = mem.span(addr, length)
-                return span
+                return mem.span(addr, length)
 
             key = dev.hca.keys.register_implicit(pd.engine, resolve, req.access)
         else:

@@ -76,7 +76,6 @@ from softverbs.enums import (
     IBV_QP_PKEY_INDEX,
     IBV_QP_PORT,
     IBV_QP_QKEY,
-    IBV_QP_RATE_LIMIT,
     IBV_QP_RETRY_CNT,
     IBV_QP_RNR_RETRY,
     IBV_QP_RQ_PSN,
@@ -93,6 +92,7 @@ from softverbs.enums import (
     IBV_QPT_XRC_RECV,
     IBV_QPT_XRC_SEND,
     IBV_WR_BIND_MW,
+    QP_ATTR_MASK,
     ibv_qp_state,
     ibv_qp_type,
     mtu_to_bytes,
@@ -177,28 +177,19 @@ class QPInfo:
     attrs: records.QPAttrs = field(default_factory=empty_attrs)
 
 
-#: mask bit -> the QPAttrs fields a modify sets (what QUERY_QP reports back)
+#: ``records.QPAttrs`` spells the address vectors without ``_attr``
+_RECORD_NAME = {"ah_attr": "ah", "alt_ah_attr": "alt_ah"}
+#: the ``ibv_qp_attr`` fields ``IBV_QP_ALT_PATH`` sets together (ibv_modify_qp(3)); a
+#: group, so not in ``QP_ATTR_MASK``, which lists the bits that name one field
+_ALT_PATH_ATTRS = ("alt_ah_attr", "alt_pkey_index", "alt_port_num", "alt_timeout")
+#: mask bit -> the QPAttrs fields a modify sets (what QUERY_QP reports back), from
+#: ``enums.QP_ATTR_MASK`` and the alternate-path group.  The state bits are left out:
+#: QUERY_QP reports the engine's own state, not the last one asked for.
 _REMEMBERED: tuple[tuple[int, tuple[str, ...]], ...] = (
-    (IBV_QP_PKEY_INDEX, ("pkey_index",)),
-    (IBV_QP_PORT, ("port_num",)),
-    (IBV_QP_QKEY, ("qkey",)),
-    (IBV_QP_ACCESS_FLAGS, ("qp_access_flags",)),
-    (IBV_QP_PATH_MTU, ("path_mtu",)),
-    (IBV_QP_DEST_QPN, ("dest_qp_num",)),
-    (IBV_QP_RQ_PSN, ("rq_psn",)),
-    (IBV_QP_SQ_PSN, ("sq_psn",)),
-    (IBV_QP_TIMEOUT, ("timeout",)),
-    (IBV_QP_RETRY_CNT, ("retry_cnt",)),
-    (IBV_QP_RNR_RETRY, ("rnr_retry",)),
-    (IBV_QP_MIN_RNR_TIMER, ("min_rnr_timer",)),
-    (IBV_QP_MAX_QP_RD_ATOMIC, ("max_rd_atomic",)),
-    (IBV_QP_MAX_DEST_RD_ATOMIC, ("max_dest_rd_atomic",)),
-    (IBV_QP_EN_SQD_ASYNC_NOTIFY, ("en_sqd_async_notify",)),
-    (IBV_QP_PATH_MIG_STATE, ("path_mig_state",)),
-    (IBV_QP_ALT_PATH, ("alt_pkey_index", "alt_port_num", "alt_timeout", "alt_ah")),
-    (IBV_QP_AV, ("ah",)),
-    (IBV_QP_RATE_LIMIT, ("rate_limit",)),
-)
+    *((bit, (_RECORD_NAME.get(name, name),)) for name, bit in QP_ATTR_MASK.items()
+      if bit not in (IBV_QP_STATE, IBV_QP_CUR_STATE)),
+    (IBV_QP_ALT_PATH, tuple(_RECORD_NAME.get(n, n) for n in _ALT_PATH_ATTRS)),
+)  # fmt: skip
 
 #: The send_ops_flags a QP may be created with: every opcode softverbs executes
 #: (ibv_qp_create_send_ops_flags: SEND .. BIND_MW, LOCAL_INV).

@@ -218,6 +218,18 @@ class Completer:
             state = self._response(pkt, info, now)
             if state is _C_INVALID:
                 return state
+        if (state is _C_AFTER_GAP or state is _C_DUPLICATE or state is _C_ERROR_RETRY) \
+                and self.deadline is not None:  # fmt: skip
+            # No progress, but the responder is at work on requests of ours: ones
+            # sent before a loss (answered while the retry waits behind them), or a
+            # retry's replay.  The ACK timer measures its silence, so it starts
+            # again, as rxe's completer re-arms it on every response it takes in;
+            # otherwise a responder with a long queue sees a retry of every
+            # outstanding READ per timeout, each a queue longer, until retry_cnt
+            # is spent (tests/engine/test_read_pacing.py).
+            timeout = P.ack_timeout_s(qp.timeout)
+            if timeout is not None:
+                self.deadline = now + timeout
         self.complete(now)
         self.req.pump_sq(now)
         return state
@@ -524,9 +536,12 @@ class Completer:
         if not any(not finished(w) and w.npkts for w in self.inflight):
             return
         qp.count("local_ack_timeout_err")
+        # A timeout always goes back and spends a retry, even during an episode; the
+        # episode then goes on until progress, as after a NAK: the responses to what
+        # was asked before the timeout are no news of a further loss (rxe's
+        # started_retry), and each new episode would ask for everything again.
         self.resending = False
         self._retry(now, self.una, "local ACK timeout")
-        self.resending = False
         self.complete(now)
         self.req.pump_sq(now)
 

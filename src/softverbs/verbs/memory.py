@@ -98,9 +98,14 @@ def from_address(addr: int, length: int, access: int = 0) -> Memory:
 
 class SelfMemory:
     """This process's address space, as the device reaches it in-process: for
-    implicit ODP keys, and registrations by address."""
+    implicit ODP keys, and registrations by address (a
+    :class:`softverbs.device.memory.AddressSpace`)."""
 
-    def span(self, addr: int, length: int) -> memoryview | str:
+    pid = 0  #: the device's own process: no other process's mappings to check
+
+    def span(self, addr: int, length: int, pinned: bool = False) -> memoryview | str:
+        """The bytes at ``addr``; ``pinned`` asks nothing more here: the caller
+        holds its own pages."""
         return implicit_resolver(addr, length)
 
     def close(self) -> None:
