@@ -158,6 +158,40 @@ def _run_paced(b: Bench, gap: float, until: float, stall: tuple[int, float] = (0
             b.advance(due)
 
 
+_READS, _PER = 8, 16  #: eight READs of 16 packets
+
+
+def _outstanding_reads_one_response_lost() -> Bench:
+    """A bench with eight 16-packet READs posted, all outstanding at once, whose
+    responder's response for PSN 8 is lost once."""
+    seen = {"dropped": False}
+
+    def lose_once(seq: int, src: str, pkt: Packet) -> str:
+        if src == "b" and kind_of(pkt) is Kind.READ_RESP and pkt.psn == _PER // 2 \
+                and not seen["dropped"]:  # fmt: skip
+            seen["dropped"] = True
+            return DROP
+        return DELIVER
+
+    n = _READS * _PER
+    b = read_bench(n, lose_once)
+    b.a.qp.max_rd_atomic = _READS
+    b.b.qp.max_dest_rd_atomic = _READS
+    for i in range(_READS):
+        b.a.post_send(IBV_WR_RDMA_READ, n * PMTU + i * _PER * PMTU, _PER * PMTU,
+                      remote=BASE_B + i * _PER * PMTU, rkey=b.b.mr.key)  # fmt: skip
+    return b
+
+
+def _all_read(b: Bench) -> dict[str, int]:
+    """Check that every READ completed with the responder's bytes; the requester's counters."""
+    n = _READS * _PER
+    cqes = b.a.poll_send()
+    assert [c.status for c in cqes] == [IBV_WC_SUCCESS] * _READS, [c.reason for c in cqes]
+    assert b.a.mem[n * PMTU : 2 * n * PMTU] == pattern(n * PMTU)
+    return dict(b.a.counters)
+
+
 def test_responses_after_a_gap_keep_the_ack_timer_from_firing() -> None:
     """Found by ``ib_read_bw -x 1 -n 200`` against rxe (tests/interop): one response
     lost before the bridge, and the READs behind it still had ~600 responses queued at
@@ -168,31 +202,10 @@ def test_responses_after_a_gap_keep_the_ack_timer_from_firing() -> None:
     of 200 READs.  Responses to the QP's own requests show the responder alive and at
     work: they restart the timer (as rxe's completer does), and only silence spends
     ``retry_cnt``."""
-    reads, per = 8, 16  # eight READs of 16 packets
-    lost = per // 2
-    seen = {"dropped": False}
-
-    def lose_once(seq: int, src: str, pkt: Packet) -> str:
-        if src == "b" and kind_of(pkt) is Kind.READ_RESP and pkt.psn == lost \
-                and not seen["dropped"]:  # fmt: skip
-            seen["dropped"] = True
-            return DROP
-        return DELIVER
-
-    n = reads * per
-    b = read_bench(n, lose_once)
-    b.a.qp.max_rd_atomic = reads
-    b.b.qp.max_dest_rd_atomic = reads
+    b = _outstanding_reads_one_response_lost()
     timeout = 4.096e-6 * 2**10  # Bench's timeout=10
-    gap = timeout / 10  # the backlog behind the loss takes ~11 timeouts to drain
-    for i in range(reads):
-        b.a.post_send(IBV_WR_RDMA_READ, n * PMTU + i * per * PMTU, per * PMTU,
-                      remote=BASE_B + i * per * PMTU, rkey=b.b.mr.key)  # fmt: skip
-    _run_paced(b, gap, until=1.0)
-    cqes = b.a.poll_send()
-    assert [c.status for c in cqes] == [IBV_WC_SUCCESS] * reads, [c.reason for c in cqes]
-    assert b.a.mem[n * PMTU : 2 * n * PMTU] == pattern(n * PMTU)
-    counts = b.a.counters
+    _run_paced(b, timeout / 10, until=1.0)  # the backlog takes ~11 timeouts to drain
+    counts = _all_read(b)
     assert counts.get("local_ack_timeout_err", 0) == 0, counts
     assert counts.get("completer_retry_err", 0) == 1, counts  # the implied NAK, once
 
@@ -203,32 +216,12 @@ def test_a_timeout_retry_is_not_followed_by_another_for_the_old_responses() -> N
     for every outstanding READ again.  The old responses that follow are not news of
     another loss: as after a NAK, no new retry episode (another round of requests, and
     another retry_cnt) starts before progress (rxe's ``started_retry``)."""
-    reads, per = 8, 16
-    lost = per // 2
-    seen = {"dropped": False}
-
-    def lose_once(seq: int, src: str, pkt: Packet) -> str:
-        if src == "b" and kind_of(pkt) is Kind.READ_RESP and pkt.psn == lost \
-                and not seen["dropped"]:  # fmt: skip
-            seen["dropped"] = True
-            return DROP
-        return DELIVER
-
-    n = reads * per
-    b = read_bench(n, lose_once)
-    b.a.qp.max_rd_atomic = reads
-    b.b.qp.max_dest_rd_atomic = reads
+    b = _outstanding_reads_one_response_lost()
     timeout = 4.096e-6 * 2**10
-    for i in range(reads):
-        b.a.post_send(IBV_WR_RDMA_READ, n * PMTU + i * per * PMTU, per * PMTU,
-                      remote=BASE_B + i * per * PMTU, rkey=b.b.mr.key)  # fmt: skip
-    _run_paced(b, timeout / 10, until=1.0, stall=(3 * per, 1.5 * timeout))
-    cqes = b.a.poll_send()
-    assert [c.status for c in cqes] == [IBV_WC_SUCCESS] * reads, [c.reason for c in cqes]
-    assert b.a.mem[n * PMTU : 2 * n * PMTU] == pattern(n * PMTU)
-    counts = b.a.counters
+    _run_paced(b, timeout / 10, until=1.0, stall=(3 * _PER, 1.5 * timeout))
+    counts = _all_read(b)
     assert counts.get("local_ack_timeout_err", 0) == 1, counts  # the stall
     # the implied NAK, then the timeout; the old responses after it start nothing
     assert counts.get("completer_retry_err", 0) == 2, counts
-    rounds = [s.t for s in b.sent("a", is_read_request) if s.pkt.psn == lost]
+    rounds = [s.t for s in b.sent("a", is_read_request) if s.pkt.psn == _PER // 2]
     assert len(rounds) == 2, rounds
