@@ -1220,6 +1220,8 @@ def open_device(args: argparse.Namespace) -> tuple[Context, int, bytes]:
     )
     if softverbs_main(["link", "add", DEVICE, "--netdev", args.netdev]) != 0:
         raise AgentError(f"softverbs link add {DEVICE} --netdev {args.netdev} failed")
+    if args.cc and softverbs_main(["link", "set", DEVICE, "cc", *args.cc.split()]) != 0:
+        raise AgentError(f"softverbs link set {DEVICE} cc {args.cc} failed")
     ctx = Context(name=DEVICE)
     for index in range(16):
         raw = ctx.query_gid(1, index).raw
@@ -1300,6 +1302,18 @@ def engine_state(ctx: Context) -> list[dict[str, Any]]:
     return out
 
 
+def rate_state(ctx: Context) -> list[dict[str, Any]]:
+    """Each QP's rate limiter, where its congestion control has one (DCQCN): the rate
+    cuts it made and its current and line rates, bit/s."""
+    out = []
+    for qp in list(getattr(getattr(ctx, "hca", None), "qps", {}).values()):
+        cc = getattr(getattr(qp, "req", None), "cc", None)
+        if hasattr(cc, "cuts"):
+            out.append({"qpn": qp.qpn, "kind": type(cc).__name__, "cuts": cc.cuts,
+                        "rc": cc.rc, "line_rate": cc.line_rate})  # fmt: skip
+    return out
+
+
 def udp_stats(prefix: str = "Udp:", path: str = "/proc/net/snmp") -> dict[str, int]:
     """This namespace's UDP counters (/proc/net/snmp): were datagrams lost in buffers?"""
     try:
@@ -1356,6 +1370,8 @@ def main() -> int:
     p.add_argument("--qps", type=int, default=64, help="many: QP pairs")
     p.add_argument("--rounds", type=int, default=4, help="many: rounds of WRITE/READ/SEND")
     p.add_argument("--tag", default="c0", help="many: this client's name")
+    p.add_argument("--cc", default="", help="the device's congestion control: softverbs link "
+                   "set svnet cc KIND [KEY=VALUE ...], e.g. 'dcqcn'")  # fmt: skip
     args = p.parse_args()
     start = time.monotonic()
     deadline = start + args.deadline
@@ -1376,6 +1392,7 @@ def main() -> int:
         errors = [f"{type(exc).__name__}: {exc}"]
         result["traceback"] = traceback.format_exc()
     result["counters"] = {k: v for k, v in counters(ctx).items() if v}
+    result["rate"] = rate_state(ctx)
     result["udp"] = udp_stats()
     if errors:
         result["net"] = net_stats(args.netdev)
