@@ -15,8 +15,10 @@ virtual seconds.  Everything runs on the virtual clock: a run is exactly
 reproducible and takes no wall time in waiting.
 
 The DCQCN parameters are the DCQCN paper's recommended ones expressed with
-mlx5's knobs (:data:`PAPER`), or mlx5's firmware defaults with
-``--params mlx5``.  ``none`` sends the whole window whatever happens
+mlx5's knobs (:data:`PAPER`, ``--params paper``), mlx5's firmware defaults
+(``--params mlx5``, the default), or the DCQCN of the HPCC paper's ns-3
+simulator (:data:`HPCC_SIM`, ``--params hpcc``: mlx5's timers without the byte
+counter).  ``none`` sends the whole window whatever happens
 (go-back-N on loss), as a NIC without congestion control.
 
 Printed: one row per configuration -- bottleneck utilisation and Jain's
@@ -57,6 +59,23 @@ PAPER: dict[str, int] = {
     "dce_tcp_g": 1020, "rpg_time_reset": 55, "rpg_byte_reset": 10_000_000,
     "rpg_threshold": 5, "rpg_ai_rate": 40, "rpg_hai_rate": 100,
 }  # fmt: skip
+
+#: The DCQCN of the ns-3 simulator published with the HPCC paper (Li et al., SIGCOMM 2019;
+#: github.com/alibaba-edu/High-Precision-Congestion-Control, simulation/run.py ``--cc
+#: dcqcn`` and rdma-hw.cc's "Mellanox's version of DCQCN") as mlx5 knobs: mlx5's 1 us
+#: alpha period, 4 us cut period, 300 us timer, F = 1 and its clamping rule, but g = 1/256,
+#: a 1 Gb/s floor, R_AI 5 Mb/s per 25 Gb/s of link (8 at 40 Gb/s), a CNP for every marked
+#: packet -- and no byte counter: the timer alone raises the rate.  Differences left:
+#: that simulator reaches hyper increase on the timer alone (here QCN's rule needs the
+#: byte stage too, so recovery stays additive) and bounds no cut by rpg_min_dec_fac (a
+#: cut of at most alpha/2 never reaches the 50 % bound anyway).
+HPCC_SIM: dict[str, int] = {
+    "rpg_byte_reset": 0, "rpg_min_rate": 1000, "dce_tcp_g": 1020,
+    "min_time_between_cnps": 0, "rpg_ai_rate": 8,
+}  # fmt: skip
+
+#: ``--params``: the named DCQCN parameter sets, over mlx5's defaults.
+PARAM_SETS: dict[str, dict[str, int]] = {"mlx5": {}, "paper": PAPER, "hpcc": HPCC_SIM}
 
 
 FABRICS = {"lossless": True, "lossy": False}
@@ -146,9 +165,10 @@ def main() -> int:
     )
     ap.add_argument(
         "--params",
-        choices=("mlx5", "paper"),
+        choices=tuple(PARAM_SETS),
         default="mlx5",
-        help="DCQCN parameters: mlx5's defaults (default) or the paper's",
+        help="DCQCN parameters: mlx5's defaults (default), the paper's, or those of the "
+        "HPCC paper's ns-3 simulator (mlx5's timers without the byte counter)",
     )
     ap.add_argument(
         "--set",
@@ -208,7 +228,7 @@ def main() -> int:
         ap.error(f"--stagger must be >= 0 and below --duration, not {args.stagger}")
     if not 1 <= args.timeout <= 31:
         ap.error(f"--timeout is an exponent 1..31, not {args.timeout}")
-    params = dict(PAPER) if args.params == "paper" else {}
+    params = dict(PARAM_SETS[args.params])
     for item in args.set:
         name, eq, value = item.partition("=")
         try:

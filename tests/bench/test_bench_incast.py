@@ -64,3 +64,26 @@ def test_red_profile_and_one_cc() -> None:
     assert "buffer 6006 KB, RED cumulus (Kmin 150 KB, Kmax 1501.5 KB, Pmax 100%)" in r.stdout
     rows = [line.split() for line in r.stdout.splitlines() if line.split()[:1] == ["2"]]
     assert [row[:3] for row in rows] == [["2", "lossy", "dcqcn"]]
+
+
+def test_named_parameter_sets_are_valid_mlx5_knobs() -> None:
+    """``--params``: every named set passes the device's own parameter check (the HPCC
+    simulator's turns the byte counter off with ``rpg_byte_reset=0``), and one runs."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import bench_incast
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    from softverbs.engine.congestion import check_params
+
+    assert set(bench_incast.PARAM_SETS) == {"mlx5", "paper", "hpcc"}
+    for name, params in bench_incast.PARAM_SETS.items():
+        assert check_params("dcqcn", params) is None, name
+    assert bench_incast.PARAM_SETS["hpcc"]["rpg_byte_reset"] == 0
+    r = subprocess.run(
+        [sys.executable, "bench/bench_incast.py", "--senders", "2", "--duration", "0.0003",
+         "--params", "hpcc", "--cc", "dcqcn", "--fabric", "lossy"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "DCQCN parameters: hpcc" in r.stdout

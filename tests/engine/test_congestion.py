@@ -182,6 +182,28 @@ def test_byte_counter_drives_increase_events() -> None:
     assert cc.byte_stage == 2
 
 
+def test_byte_reset_zero_turns_the_byte_counter_off() -> None:
+    # mstflint's register description of rpg_byte_reset: bytes, "0 == disabled".
+    assert check_params("dcqcn", {"rpg_byte_reset": 0}) is None
+    assert "out of range: 0.." in (check_params("dcqcn", {"rpg_byte_reset": -1}) or "")
+    cc = dcqcn(rpg_byte_reset=0, rpg_time_reset=100, rpg_threshold=1, dce_tcp_rtt=131071)
+    cc.on_cnp(0.0)
+    rc = cc.rc
+    for _ in range(1000):  # 4 MB below the line rate, before the timer: no event
+        cc.on_packet_sent(4096, 1, 1e-6)
+    assert cc.events == 0 and cc.byte_stage == 0 and cc.rc == rc
+    # The timer alone drives recovery: with F = 1 every event is additive (T >= F),
+    # never hyper (that needs the byte stage at F too); rt is capped at the line.
+    cc.can_send(100e-6 + 1e-9)
+    assert cc.events == 1 and cc.rt == LINE and cc.rc == pytest.approx((LINE + rc) / 2)
+    cc.on_cnp(150e-6)  # a timer event came since the last cut: rt = rc, then cut
+    rt = cc.rt
+    assert rt < LINE
+    cc.can_send(350e-6 + 1e-9)  # T = 2 events since the cut at 150 us, BC = 0
+    assert cc.timer_stage == 2 and cc.byte_stage == 0
+    assert cc.rt == pytest.approx(rt + 2 * 5e6)  # two rpg_ai_rate steps; hyper: + 50 Mb/s
+
+
 def test_pacing_spends_the_rate() -> None:
     cc = dcqcn(rpg_time_reset=131071)
     cc.on_cnp(0.0)

@@ -45,7 +45,10 @@ at the line rate) and ``alpha`` (an estimate of how congested the path is).
   ``alpha = g * alpha + (1 - g)`` if a CNP arrived in the period, else
   ``alpha = g * alpha`` (the paper's ``(1-g')alpha + g'`` with ``g' = 1 - g``).
 * **Increase events** come from a timer (every ``rpg_time_reset`` us without
-  a CNP) and a byte counter (every ``rpg_byte_reset`` bytes sent).  With ``T``
+  a CNP) and a byte counter (every ``rpg_byte_reset`` bytes sent; 0 turns it
+  off, as the firmware's register description says, and its stage ``BC`` then
+  stays 0 -- whether the firmware then still reaches hyper increase is not
+  documented; QCN's rule, kept here, needs both stages at ``F``).  With ``T``
   and ``BC`` the timer and byte stages since the last CNP and ``F =
   rpg_threshold``: while ``max(T, BC) < F`` *fast recovery* (``rt`` kept);
   once one of them reaches ``F`` *additive increase* (``rt += rpg_ai_rate``);
@@ -116,7 +119,12 @@ DCQCN_PARAMS: tuple[Param, ...] = (
     Param("initial_alpha_value", 1023, 0, 1023, "1/1024", "alpha at a flow's first CNP"),
     # reaction point: rate increase
     Param("rpg_time_reset", 300, 1, 131071, "us", "a timer increase event every this long"),
-    Param("rpg_byte_reset", 32767, 1, 0x7FFFFFFF, "bytes", "a byte-counter event every this many"),
+    # Bytes, 0 turning the byte counter off: mstflint's tools_open_roce_cc_ecn layout
+    # ("Given in Bytes", "0 == disabled"; a 15-bit field there, so 32767 is its largest
+    # value) and mlxconfig's RPG_BYTE_RESET ("Disabled=0"); mlx5_ifc.h's
+    # cong_control_r_roce_ecn_rp gives it a 32-bit word, which the paper's 10 MB needs.
+    Param("rpg_byte_reset", 32767, 0, 0x7FFFFFFF, "bytes",
+          "a byte-counter event every this many (0: no byte counter)"),
     Param("rpg_threshold", 1, 1, 31, "events", "F: stages of fast recovery"),
     Param("rpg_ai_rate", 5, 1, 400_000, "Mb/s", "additive increase of rt per event"),
     Param("rpg_hai_rate", 50, 1, 400_000, "Mb/s", "hyper increase of rt per stage"),
@@ -401,7 +409,7 @@ class Dcqcn(CongestionControl):
         # Paced at rc even at line rate: the limiter is where packets leave the
         # NIC, so nothing piles up behind it that a later cut could not slow.
         self.debt += nbytes * 8
-        if self.rc < self.line_rate:
+        if self.rc < self.line_rate and self.byte_reset:  # byte_reset 0: no byte counter
             self.bytes_left -= nbytes
             while self.bytes_left <= 0 and self.rc < self.line_rate:
                 self.bytes_left += self.byte_reset
