@@ -148,7 +148,7 @@ class Runtime:
             for seg in pkt.segments():  # each packet on its own, exactly as sent singly
                 self._send(src, seg, now)
             return
-        src.counters["sent_pkts"] += pkt.count
+        src.sent_pkts += pkt.count
         if self.taps:
             self.tap(pkt, now)
         faults = self.faults
