@@ -63,6 +63,7 @@ ECN_CE = 3
 #: The reserved bytes of a CNP (they are sent as zeros and ignored on receipt).
 _CNP_BODY = bytes(CNP_RESERVED)
 _CNP_STATES = frozenset({IBV_QPS_RTS, IBV_QPS_SQD})
+_KIND_CNP = Kind.CNP  # a global: an enum member read from its class costs several times more
 
 #: Signature of the async event sink: (event type, engine object).
 EventSink = Callable[[int, Any], None]
@@ -346,7 +347,7 @@ class HCA:
         if info is None:
             self.counters["drop_bad_opcode"] += 1
             return
-        if info.kind is Kind.CNP:
+        if info.kind is _KIND_CNP:
             self.receive_cnp(pkt, now)
             return
         if pkt.dqpn == MCAST_QPN:
