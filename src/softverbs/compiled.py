@@ -34,6 +34,7 @@ MODULES: tuple[str, ...] = (
     "softverbs.layout",
     "softverbs.hostmem",
     "softverbs.engine.completer",
+    "softverbs.engine.congestion",  # the window and pacing asked per packet
     "softverbs.engine.core",
     "softverbs.engine.hca",
     "softverbs.engine.memory",

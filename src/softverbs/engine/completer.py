@@ -550,7 +550,6 @@ class Completer:
         """Write CQEs for the finished WQEs at the head, in posting order."""
         qp = self.qp
         inflight = self.inflight
-        counters = qp.hca.counters
         obs = qp.hca.observer
         while inflight and finished(inflight[0]):
             wqe = inflight.popleft()
@@ -559,7 +558,7 @@ class Completer:
             ok = wqe.state != _W_FAILED
             info = WR_INFO[wqe.opcode]
             if wqe.state == _W_DONE and info.klass is _WR_SEND:
-                counters["rdma_sends"] += 1  # rxe: every completed SEND WQE
+                qp.hca.rdma_sends += 1  # rxe: every completed SEND WQE
             if ok and not (wqe.signaled or qp.sq_sig_all):
                 continue
             cqe = CQE(wqe.wr_id, wqe.status, info.wc_opcode, qp.qpn)
@@ -571,7 +570,7 @@ class Completer:
             cqe.index = wqe.index
             qp.push_cqe(qp.send_cq, cqe)
             if not ok:
-                counters["send_err" if qp.reliable else "send_queue_err"] += 1
+                qp.hca.counters["send_err" if qp.reliable else "send_queue_err"] += 1
                 if qp.reliable:
                     qp.to_error(now)
                 else:

@@ -9,7 +9,7 @@
 # members, the access flags, sq_sig_all as given) stay Python objects.
 
 from softverbs.engine.hca cimport HCA
-from softverbs.engine.rings cimport CompletionRing, SharedRecvRing, WorkRing
+from softverbs.engine.rings cimport CQE, CompletionRing, SharedRecvRing, WorkRing
 
 cdef class QPCore:
     # the device, the rings and the CQs, typed (hca.pxd, rings.pxd): None where absent
@@ -30,7 +30,7 @@ cdef class QPCore:
     cpdef send(self, object pkt)
     cpdef count(self, object name)
     cpdef arm(self, double deadline)
-    cpdef push_cqe(self, object cq, object cqe)
+    cpdef push_cqe(self, CompletionRing cq, CQE cqe)  # the CQ's error flag and push: C
     cpdef new_request(self, object opcode, object psn, object payload=*)
     cpdef address(self, object pkt, object route)
     cpdef reply(self, object req, object opcode, object psn, object payload=*)

@@ -49,6 +49,7 @@ from softverbs.wire.packet import Packet, qp_sport
 
 if TYPE_CHECKING:
     from softverbs.engine.congestion import CCConfig
+    from softverbs.engine.hca import DeviceCounters
     from softverbs.engine.observe import Observer
 
 
@@ -56,7 +57,14 @@ class HCAPort(Protocol):
     """What a QP engine needs from its device."""
 
     keys: KeyTable
-    counters: Counter[str]
+    counters: DeviceCounters
+    # the hot counters (hca.HOT_COUNTERS), added to directly
+    sent_pkts: int
+    rcvd_pkts: int
+    doorbells: int
+    rdma_sends: int
+    rdma_recvs: int
+    ack_deferred: int
     observer: Observer | None
     cc: CCConfig
 

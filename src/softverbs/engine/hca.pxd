@@ -17,6 +17,8 @@ cdef class HCA:
     cdef public KeyTable keys
     cdef public long long _timer_seq, _next_qpn, _xrc_gen, _xrc_slot, _next_srqn, _next_xrcd
     cdef public bint tx_paused
+    # the hot counters (hca.HOT_COUNTERS), which DeviceCounters shows by name
+    cdef public long long sent_pkts, rcvd_pkts, doorbells, rdma_sends, rdma_recvs, ack_deferred
     cdef public double cnp_sent_at
 
     cpdef queue(self, object pkt)

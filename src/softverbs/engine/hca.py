@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, MutableMapping
 from typing import TYPE_CHECKING, Any, cast
 
 # The modules, not their names: compiled, core cimports HCA (core.pxd), so importing
@@ -63,9 +63,71 @@ ECN_CE = 3
 #: The reserved bytes of a CNP (they are sent as zeros and ignored on receipt).
 _CNP_BODY = bytes(CNP_RESERVED)
 _CNP_STATES = frozenset({IBV_QPS_RTS, IBV_QPS_SQD})
+_KIND_CNP = Kind.CNP  # a global: an enum member read from its class costs several times more
 
 #: Signature of the async event sink: (event type, engine object).
 EventSink = Callable[[int, Any], None]
+
+#: The device counters a packet or a message moves (rxe's names): each is an integer
+#: field of :class:`HCA` of the same name (a C integer when compiled), which the data
+#: path adds to directly; :class:`DeviceCounters` shows them with all the others.
+HOT_COUNTERS = ("sent_pkts", "rcvd_pkts", "doorbells", "rdma_sends", "rdma_recvs", "ack_deferred")
+_HOT = frozenset(HOT_COUNTERS)
+
+
+class DeviceCounters(MutableMapping[str, int]):
+    """The device's counters by name, as a ``collections.Counter`` reads: an unknown
+    name is 0, ``counters[name] += n`` counts.
+
+    The names in :data:`HOT_COUNTERS` read and write the device's own integer fields
+    (always listed, zeros included); every other name is counted in a ``Counter``
+    and listed once counted.  So ``softverbs stat``, the ``hw_counters`` files and
+    every other reader see one set of names whichever side counts them.
+    """
+
+    __slots__ = ("_hca", "_rest")
+
+    def __init__(self, hca: HCA) -> None:
+        self._hca = hca
+        self._rest: Counter[str] = Counter()
+
+    def __getitem__(self, name: str) -> int:
+        if name in _HOT:
+            return cast(int, getattr(self._hca, name))
+        return self._rest[name]
+
+    def __setitem__(self, name: str, value: int) -> None:
+        if name in _HOT:
+            setattr(self._hca, name, value)
+        else:
+            self._rest[name] = value
+
+    def __delitem__(self, name: str) -> None:
+        if name in _HOT:
+            setattr(self._hca, name, 0)
+        else:
+            del self._rest[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in _HOT or name in self._rest
+
+    def __iter__(self) -> Iterator[str]:
+        yield from HOT_COUNTERS
+        yield from self._rest
+
+    def __len__(self) -> int:
+        return len(HOT_COUNTERS) + len(self._rest)
+
+    def copy(self) -> Counter[str]:
+        """A snapshot, as a ``Counter``."""
+        return Counter(dict(self.items()))
+
+    def __sub__(self, other: Counter[str]) -> Counter[str]:
+        """What was counted since ``other`` (a :meth:`copy`), as ``Counter`` subtracts."""
+        return self.copy() - other
+
+    def __repr__(self) -> str:
+        return f"DeviceCounters({dict(self.items())!r})"
 
 
 class XrcDomain:
@@ -88,7 +150,14 @@ class HCA:
     def __init__(self, name: str, gids: list[bytes], key_byte: KeyByteSource) -> None:
         self.name = name
         self.gids = gids
-        self.counters: Counter[str] = Counter()
+        # --- the hot counters (HOT_COUNTERS), then the view of all of them by name
+        self.sent_pkts = 0
+        self.rcvd_pkts = 0
+        self.doorbells = 0
+        self.rdma_sends = 0
+        self.rdma_recvs = 0
+        self.ack_deferred = 0
+        self.counters = DeviceCounters(self)
         #: memory keys; ``key_byte`` draws their random key bytes (engine/memory.py)
         self.keys = KeyTable(key_byte, self.counters)
         self._outbox: deque[Packet] = deque()
@@ -273,13 +342,12 @@ class HCA:
 
     def receive(self, pkt: Packet, now: float) -> None:
         """Deliver one decoded packet addressed to this device."""
-        counters = self.counters
-        counters["rcvd_pkts"] += pkt.count
+        self.rcvd_pkts += pkt.count
         info = OPINFO[pkt.opcode]
         if info is None:
-            counters["drop_bad_opcode"] += 1
+            self.counters["drop_bad_opcode"] += 1
             return
-        if info.kind is Kind.CNP:
+        if info.kind is _KIND_CNP:
             self.receive_cnp(pkt, now)
             return
         if pkt.dqpn == MCAST_QPN:
@@ -289,7 +357,7 @@ class HCA:
         if pkt.tclass & ECN_CE == ECN_CE:
             self.ecn_marked(pkt, qp, now)
         if qp is None:
-            counters["drop_unknown_qp"] += 1
+            self.counters["drop_unknown_qp"] += 1
             return
         qp.rcvd_pkts += pkt.count  # here, once: a QP splitting a burst re-enters receive()
         if self.observer is not None:

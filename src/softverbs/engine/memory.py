@@ -28,7 +28,7 @@ slice of the region's own buffer, bounds-checked first.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from enum import IntEnum
 from typing import Any, Protocol
 
@@ -181,9 +181,11 @@ _MW2 = MemKind.MW2
 class KeyTable:
     """All keys of one device, by index."""
 
-    def __init__(self, key_byte: KeyByteSource, counters: Counter[str] | None = None) -> None:
-        #: the device's counters (``mr_unmapped``)
-        self.counters: Counter[str] = Counter() if counters is None else counters
+    def __init__(
+        self, key_byte: KeyByteSource, counters: MutableMapping[str, int] | None = None
+    ) -> None:
+        #: the device's counters (``mr_unmapped``): its ``DeviceCounters``, or a ``Counter``
+        self.counters: MutableMapping[str, int] = Counter() if counters is None else counters
         #: told of each key whose memory was found unmapped (the sanitizer's mr-unmapped)
         self.on_unmapped: Callable[[MemKey, str], None] | None = None
         self._keys: dict[int, MemKey] = {}

@@ -133,7 +133,7 @@ class Requester:
     def doorbell(self, now: float) -> None:
         """The driver advanced ``sq.db``: fetch the new WQEs, then run."""
         qp = self.qp
-        qp.hca.counters["doorbells"] += 1
+        qp.hca.doorbells += 1
         self.fetch_sq()
         obs = qp.hca.observer
         if obs is not None and qp.sq is not None:

@@ -245,7 +245,7 @@ class Responder:
                     n -= 1
                 self.ack_req = pkt
                 self.ack_psn = P.add(self.epsn, -1)
-            qp.hca.counters["ack_deferred"] += n  # coalesced into one ACK
+            qp.hca.ack_deferred += n  # coalesced into one ACK
 
     def emit_ack(self) -> None:
         """Send the coalesced ACK (see HCA.outbox)."""
@@ -439,7 +439,7 @@ class Responder:
             cqe.wq_kind, cqe.wq_handle = ring.tag
         cqe.index = rqe.index
         if status == IBV_WC_SUCCESS:
-            qp.hca.counters["rdma_recvs"] += 1  # rxe: every completed receive WQE
+            qp.hca.rdma_recvs += 1  # rxe: every completed receive WQE
         cq = srq.cq if srq is not None and srq.cq is not None else qp.recv_cq
         qp.push_cqe(cq, cqe)
 

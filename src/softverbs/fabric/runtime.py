@@ -148,7 +148,7 @@ class Runtime:
             for seg in pkt.segments():  # each packet on its own, exactly as sent singly
                 self._send(src, seg, now)
             return
-        src.counters["sent_pkts"] += pkt.count
+        src.sent_pkts += pkt.count
         if self.taps:
             self.tap(pkt, now)
         faults = self.faults
@@ -311,13 +311,16 @@ class InprocRuntime(Runtime):
 
     def __init__(self, clock: Clock | None = None) -> None:
         super().__init__(clock)
+        #: the attached devices by their unicast GIDs: a multicast GID is never a key,
+        #: so a packet whose destination is found here is unicast (see transmit)
         self.by_gid: dict[bytes, HCA] = {}
 
     def attach(self, hca: HCA) -> None:
         with self.lock:
             super().attach(hca)
             for gid in hca.gids:
-                self.by_gid[gid] = hca
+                if not is_multicast_gid(gid):
+                    self.by_gid[gid] = hca
 
     def detach(self, hca: HCA) -> None:
         with self.lock:
@@ -327,16 +330,17 @@ class InprocRuntime(Runtime):
                     del self.by_gid[gid]
 
     def transmit(self, src: HCA, pkt: Packet, now: float) -> None:
-        if is_multicast_gid(pkt.dgid):
-            members = [h for h in self.hcas if pkt.dgid in h.mcast]
-            if not members:
-                src.counters["drop_mcast_no_member"] += 1
-            for hca in members:
-                self.inbox.append((hca, pkt))
-            return
+        # the device lookup first: it is one dict probe, and a hit is never multicast
         dst = self.by_gid.get(pkt.dgid)
         if dst is None:
-            src.counters["drop_no_route"] += 1
+            if is_multicast_gid(pkt.dgid):
+                members = [h for h in self.hcas if pkt.dgid in h.mcast]
+                if not members:
+                    src.counters["drop_mcast_no_member"] += 1
+                for hca in members:
+                    self.inbox.append((hca, pkt))
+            else:
+                src.counters["drop_no_route"] += 1
             return
         if pkt.corrupt_bit >= 0:
             # In-process packets carry no ICRC; to corrupt one, put it on the
