@@ -901,7 +901,12 @@ class UdpRuntime(Runtime):
             did = super().progress()
         finally:
             self._holding = False
-        self._acks_held = any(h._acks for h in self.hcas)
+        held = False
+        for hca in self.hcas:
+            if hca._acks:
+                held = True
+                break
+        self._acks_held = held
         return did
 
     def posted(self) -> bool:
