@@ -54,7 +54,10 @@ Receiving and progress
     thread blocked in ``get_cq_event`` (it waits on the sockets itself);
     meanwhile the progress thread stands back, away from the sockets.  A
     post does not drain them: it only sends what it made (``posted``).  All
-    run the same loop under the runtime's one lock.
+    run the same loop under the runtime's one lock.  A busy poller's poll hands
+    back the completions it found before it sends the ACKs they owe, and a
+    turn's requests leave before its responses, so a ping-pong's reply is not
+    queued behind the ACK of the request it answers (``UdpRuntime.progress``).
 
 Multicast
     A UD SEND to a multicast GID (destination QP 0xFFFFFF) leaves as a
