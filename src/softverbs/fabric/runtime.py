@@ -113,6 +113,9 @@ class Runtime:
         self._delay_seq = 0
         self.taps: list[tuple[PacketSink, frozenset[bytes] | None]] = []
         self.generation = 0  #: bumped whenever progress did something
+        #: threads asleep on :attr:`cond` in :meth:`wait_for` (under the lock): a
+        #: turn notifies only when there are any (notify_all is Python code)
+        self.sleepers = 0
 
     def attach(self, hca: HCA) -> None:
         with self.lock:
@@ -199,9 +202,15 @@ class Runtime:
                 break
             did = True
         if did:
-            self.generation += 1
-            self.cond.notify_all()
+            self.moved()
         return did
+
+    def moved(self) -> None:
+        """Something happened: wake the threads asleep in :meth:`wait_for`.
+        Call with :attr:`lock` held."""
+        self.generation += 1
+        if self.sleepers:
+            self.cond.notify_all()
 
     def posted(self) -> bool:
         """A verb queued work (a post rang a doorbell): run the devices until
@@ -236,10 +245,12 @@ class Runtime:
             self.transmit(src, pkt, now)
 
     def next_deadline(self) -> float | None:
-        deadlines = [d for d in (h.next_deadline() for h in self.hcas) if d is not None]
-        if self._delayed:
-            deadlines.append(self._delayed[0][0])
-        return min(deadlines) if deadlines else None
+        nxt = self._delayed[0][0] if self._delayed else None
+        for hca in self.hcas:
+            d = hca.next_deadline()
+            if d is not None and (nxt is None or d < nxt):
+                nxt = d
+        return nxt
 
     def wait_for(self, ready: Callable[[], bool], timeout: float | None = None) -> bool:
         """Block until ``ready()`` (checked under the lock); False on timeout.
@@ -252,7 +263,11 @@ class Runtime:
                 return self._wait_virtual(ready, timeout)
             end = None if timeout is None else time.monotonic() + timeout
             while (done := self.wait_pass(ready, end)) is None:
-                self.cond.wait(self.wait_time(time.monotonic(), end))
+                self.sleepers += 1
+                try:
+                    self.cond.wait(self.wait_time(time.monotonic(), end))
+                finally:
+                    self.sleepers -= 1
             return done
 
     def wait_pass(self, ready: Callable[[], bool], end: float | None) -> bool | None:
