@@ -346,12 +346,13 @@ def _fetcher(host: Host, owner: Owner, dev: Device,
     handles = host.handles
     qp_type = eng.qp_type
     pd = eng.pd
+    allowed = ALLOWED_OPCODES.get(qp_type, frozenset())
 
     def fetch(wqe: SendWQE) -> str | None:
         if wqe.opcode == WR_DRIVER1:
             if qp_type != IBV_QPT_RC:
                 return "a provider (driver) WQE runs on RC QPs only"
-        elif wqe.opcode not in ALLOWED_OPCODES.get(qp_type, ()):
+        elif wqe.opcode not in allowed:
             return f"opcode {wqe.opcode} is not executed on {_name(ibv_qp_type, qp_type)} QPs"
         if qp_type == IBV_QPT_UD:
             ah = handles.get(wqe.ah)

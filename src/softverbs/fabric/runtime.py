@@ -245,12 +245,14 @@ class Runtime:
             self.transmit(src, pkt, now)
 
     def next_deadline(self) -> float | None:
-        nxt = self._delayed[0][0] if self._delayed else None
+        """The earliest timer of any device or held packet; None if none.
+        (A plain loop: the service asks after every message.)"""
+        first = self._delayed[0][0] if self._delayed else None
         for hca in self.hcas:
             d = hca.next_deadline()
-            if d is not None and (nxt is None or d < nxt):
-                nxt = d
-        return nxt
+            if d is not None and (first is None or d < first):
+                first = d
+        return first
 
     def wait_for(self, ready: Callable[[], bool], timeout: float | None = None) -> bool:
         """Block until ``ready()`` (checked under the lock); False on timeout.

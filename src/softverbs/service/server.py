@@ -457,6 +457,8 @@ class Service:
         self._flagged = False
         #: devices whose doorbells rang since their engines last ran (_doorbell)
         self._rung: set[Device] = set()
+        #: the next wait's timeout: the earliest engine timer (_progress)
+        self._timeout = 1.0
         self._pid_fd = claim_pidfile(self.pidfile, path)
         try:
             # We hold the lock: a socket file left here is a dead service's.
@@ -496,15 +498,13 @@ class Service:
         return [d for d in list(self.registry.devices.values()) if d.core is not None]
 
     def _turn(self) -> None:
-        """One pass of the loop: wait, serve what is ready, run the engines."""
-        timeout = 1.0
-        for dev in self._devices():
-            with dev.runtime.lock:
-                nxt = dev.runtime.next_deadline()
-                if nxt is not None:
-                    timeout = min(timeout, max(0.0, nxt - dev.runtime.clock.now()))
-        self._register_writers()
-        for key, mask in self._wait(timeout):
+        """One pass of the loop: wait, serve what is ready, run the engines.
+
+        The wait's timeout is the earliest engine timer, as :meth:`_progress`
+        found it at the end of the turn before (nothing runs between the two)."""
+        if self._writers:  # _want_write wakes the loop after it adds one
+            self._register_writers()
+        for key, mask in self._wait(self._timeout):
             if key.data == "listen":
                 self._accept()
             elif key.data == "wake":
@@ -517,21 +517,29 @@ class Service:
                 if mask & selectors.EVENT_READ:
                     self._read(sock)
                     self._busy = time.monotonic()
-        self._progress(self._devices())
+        self._timeout = self._progress(self._devices())
         for client in [c for c in self.clients.values() if not c.alive]:
             self.drop(client)
         self._check_idle()
 
-    def _progress(self, devices: Iterable[Device]) -> None:
-        """Run the engines of ``devices``: every doorbell rung so far is served."""
+    def _progress(self, devices: Iterable[Device]) -> float:
+        """Run the engines of ``devices``: every doorbell rung so far is served.
+        The seconds until the earliest of their timers (at most one), under the
+        same hold of each device's lock."""
+        timeout = 1.0
         for dev in list(devices):
-            with dev.runtime.lock:
+            runtime = dev.runtime
+            with runtime.lock:
                 try:
-                    dev.runtime.progress()
+                    runtime.progress()
+                    nxt = runtime.next_deadline()
+                    if nxt is not None:
+                        timeout = min(timeout, max(0.0, nxt - runtime.clock.now()))
                 except Exception:  # the engine must not take the service down
                     self.stats["engine_errors"] += 1
                     log.exception("engine progress on %s", dev.name)
         self._rung.clear()
+        return timeout
 
     def _wait(self, timeout: float) -> list[tuple[selectors.SelectorKey, int]]:
         """What is ready, waiting at most ``timeout`` seconds.
@@ -702,7 +710,14 @@ class Service:
         read one message each (epoll, level-triggered, reports the socket again
         in the next turn if more wait), and that number about doubles, up to
         :data:`QUIET_TURNS`, while drains keep finding one; a drain that finds
-        more makes the next turn drain again."""
+        more makes the next turn drain again.
+
+        The DOORBELL messages of a drain ring once per queue (:meth:`_ring_held`),
+        after the drain or before the first other request in it: the device
+        reads the queue's doorbell record when it rings, which covers every WQE
+        whose DOORBELL message was read, so a burst of posts (``ib_write_bw``
+        refilling its send queue) costs one fetch and one pass of the requester,
+        not one per WQE."""
         client = self.clients.get(sock)
         if client is None:
             return
@@ -711,29 +726,56 @@ class Service:
             client.single -= 1
             budget = 1
         got = 0
+        held: dict[tuple[int, int], int] = {}  # (qp, queue) -> DOORBELL messages read
+        decode_doorbell, recv = protocol.decode_doorbell, protocol.recv
         while got < budget:
             try:
-                data, fds = protocol.recv(sock)
+                data, fds = recv(sock)
             except BlockingIOError:
                 break
-            except (EOFError, OSError):
+            except (EOFError, OSError):  # what it rang before it went is served
+                self._ring_held(client, held)
                 self.drop(client)
                 return
             except ProtocolError as exc:
+                self._ring_held(client, held)
                 self._kick(client, 0, 0, str(exc))
                 return
             got += 1
+            if not fds and client.greeted:  # the data path first, in one unpack
+                rung = decode_doorbell(data)
+                if rung is not None:
+                    held[rung] = held.get(rung, 0) + 1
+                    continue
+            if held:  # the request sees what the doorbells before it started
+                self._ring_held(client, held)
             self.handle(client, data, fds)
             if not client.alive:
                 client.flush()  # the error that explains the disconnect, if it fits
                 self.drop(client)
                 return
+        if held:
+            self._ring_held(client, held)
         if budget > 1:  # a drain
             if got <= 1:
                 client.quiet = min(2 * client.quiet + 1, QUIET_TURNS)
                 client.single = client.quiet
             else:
                 client.quiet = 0
+
+    def _ring_held(self, client: Client, held: dict[tuple[int, int], int]) -> None:
+        """Ring each queue of ``held`` (:meth:`_read`) once, in the order the
+        first DOORBELL of each was read, and forget them.  One that fails
+        counts one error per DOORBELL message it stood for."""
+        if not held:
+            return
+        new_pass()  # they may follow an unmap: check mappings again (device/memory.py)
+        for (qp, queue), n in held.items():
+            if not self._ring(client, qp, queue) and n > 1:
+                self.stats["doorbell_errors"] += n - 1
+            if n > 1:
+                self.stats["doorbells_coalesced"] += n - 1
+        held.clear()
 
     def _kick(self, client: Client, op: int, seq: int, why: str) -> None:
         self.stats["protocol_errors"] += 1
@@ -784,11 +826,11 @@ class Service:
         if client.kicked:
             client.alive = False
 
-    def _ring(self, client: Client, qp: int, queue: int) -> None:
-        """A DOORBELL message: the data path, no reply, no resources."""
+    def _ring(self, client: Client, qp: int, queue: int) -> bool:
+        """A DOORBELL message: the data path, no reply, no resources; whether it rang."""
         if self.spin and queue == records.DB_SQ and qp not in self._polled:
             self._watch(client, qp)  # before the doorbell runs: see _watch
-        self._doorbell(client, qp, queue)
+        return self._doorbell(client, qp, queue)
 
     def _doorbell(self, client: Client, qp: int, queue: int) -> bool:
         """Ring one doorbell, rung by message or found by polling; whether it rang.

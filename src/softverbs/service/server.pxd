@@ -1,0 +1,34 @@
+# Cython declarations for server.py (compiled mode only; see softverbs.compiled).
+# The loop's own objects become extension types: the turn, the read of a
+# client's socket and the ring of its doorbells read and write their fields as
+# C struct members (the counters and flags as C integers), and call each other
+# as C functions.  Nothing else in softverbs cimports them.
+
+cimport cython
+
+
+cdef class Client:
+    cdef public object sock, pid, uid, owner, memory, outq, cm_events, _want_write, _send_lock
+    cdef public bint memory_lent, alive, greeted, kicked
+    cdef public long long events_dropped, single, quiet
+
+
+cdef class Service:
+    cdef public object path, pidfile, registry, host, idle_exit, sel, stats, started
+    cdef public object _idle_since, _stop, _writers_lock, _fence, _pid_fd
+    cdef public object listener, _wake_r, _wake_w
+    cdef public dict clients, _polled
+    cdef public set _writers, _rung
+    cdef public double spin, _busy, _timeout
+    cdef public bint _flagged
+    cdef object __weakref__  # softverbs.cm.service keeps its agents by service
+
+    cpdef _turn(self)
+    @cython.locals(timeout=cython.double)
+    cpdef double _progress(self, object devices)
+    @cython.locals(client=Client, budget=cython.longlong, got=cython.longlong, held=dict)
+    cpdef _read(self, object sock)
+    @cython.locals(n=cython.longlong)
+    cpdef _ring_held(self, Client client, dict held)
+    cpdef bint _ring(self, Client client, object qp, object queue)
+    cpdef bint _doorbell(self, Client client, object qp, object queue)
