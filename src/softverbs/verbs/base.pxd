@@ -4,3 +4,9 @@
 
 cdef class PyverbsObject:
     cdef public object logger
+
+cimport cython
+
+# the C-member rule: a C call from the constructors of sge.py and wr.py (their .pxd cimport it)
+@cython.locals(bits=cython.int, limits=dict)
+cpdef object c_member(object obj, str name, object value)

@@ -138,20 +138,37 @@ def as_count(value: Any, what: str) -> int:
 _LIMIT = {bits: 1 << bits for bits in (8, 16, 32, 64)}
 
 
+def c_member(obj: CStruct, name: str, value: object) -> int:
+    """The value C member ``name`` of ``obj`` holds when given ``value``.
+
+    The member's width is ``obj._c_fields[name]`` (negative: signed).  An int
+    that fits an unsigned member -- nearly every value a program gives -- is
+    returned as it is, with no call and no message; anything else goes to
+    :func:`as_uint` / :func:`as_int`, which convert it or say what is wrong
+    with ``TypeName.name`` in the message.  The one rule for every C member:
+    ``CStruct.__setattr__`` applies it to an assignment, and the hot
+    constructors (``SGE``, ``SendWR``, ``RecvWR``) to their arguments
+    (compiled, a C call: base.pxd).
+    """
+    bits: int = obj._c_fields[name]
+    limits: dict[int, int] = _LIMIT  # typed in base.pxd: a C dict lookup
+    if type(value) is int and 0 <= value < limits.get(bits, 0):
+        return value
+    what = f"{type(obj).__name__}.{name}"
+    return as_uint(value, bits, what) if bits > 0 else as_int(value, what, -bits)
+
+
 class CStruct:
     """Mixin for attribute objects whose fields are members of a C struct.
 
     ``_c_fields`` maps a field name to its width in bits (negative: signed).
     Setting such a field checks the value as the C member would take it
-    (:func:`as_uint` / :func:`as_int`); other attributes are free.
+    (:func:`c_member`); other attributes are free.
     """
 
     _c_fields: ClassVar[dict[str, int]] = {}
 
     def __setattr__(self, name: str, value: object) -> None:
-        bits = self._c_fields.get(name)
-        # an int that fits an unsigned member is the common case: no call, no message
-        if bits is not None and not (type(value) is int and 0 <= value < _LIMIT.get(bits, 0)):
-            what = f"{type(self).__name__}.{name}"
-            value = as_uint(value, bits, what) if bits > 0 else as_int(value, what, -bits)
+        if name in self._c_fields:
+            value = c_member(self, name, value)
         object.__setattr__(self, name, value)
