@@ -3,7 +3,7 @@
 # be one too; every other verbs class stays an ordinary Python subclass.
 
 cdef class PyverbsObject:
-    cdef public object logger
+    cdef object _logger  # None until the logger property first looks it up
 
 cimport cython
 

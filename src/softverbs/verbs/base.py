@@ -21,15 +21,34 @@ from softverbs.errors import PyverbsUserError, ebusy
 class PyverbsObject:
     """Carries a logger, as pyverbs objects do.
 
+    Every object's ``logger`` is the one named after its class, as
+    pyverbs' ``PyverbsObject`` gives every object it makes, ``poll``'s
+    ``WC``s included.  It is looked up when first used, not made by a
+    constructor: the records made in bulk (``SGE``, the WRs, ``poll``'s
+    ``WC``s) fill their fields without calling this class's constructor,
+    and the answer is the same in both modes either way.
+
     An extension type when compiled (base.pxd), as pyverbs' is; its one slot
     keeps the interpreted class the same shape (subclasses without
     ``__slots__`` get an instance dictionary either way).
     """
 
-    __slots__ = ("logger",)
+    __slots__ = ("_logger",)
+    _logger: logging.Logger | None
 
-    def __init__(self) -> None:
-        self.logger = logging.getLogger(type(self).__name__)
+    @property
+    def logger(self) -> logging.Logger:
+        try:
+            log: logging.Logger | None = self._logger
+        except AttributeError:  # interpreted, never set (compiled, the slot starts as None)
+            log = None
+        if log is None:
+            log = self._logger = logging.getLogger(type(self).__name__)
+        return log
+
+    @logger.setter
+    def logger(self, log: logging.Logger) -> None:
+        self._logger = log
 
     def set_log_level(self, val: int) -> None:
         self.logger.setLevel(val)
