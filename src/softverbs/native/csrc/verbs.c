@@ -104,6 +104,26 @@ static void wait_acked(pthread_mutex_t *mutex, pthread_cond_t *cond, const uint3
 	pthread_mutex_unlock(mutex);
 }
 
+/* The two halves of a create verb as one step: the device call that makes
+ * the object, then `size` zeroed bytes for this library's side of it.  If
+ * that memory cannot be had, the device's new object (its handle in the
+ * reply, at *handle) is destroyed again, so a create that fails leaves
+ * nothing on the device.  NULL with errno set when either half fails.
+ * (handle is not const: it points into rep, which the call fills.) */
+static void *call_and_alloc(uint16_t op, const void *req, size_t req_len, const int *fds, int nfds,
+			    void *rep, size_t rep_len, uint32_t kind, uint32_t *handle, size_t size)
+{
+	int err = sv_call(op, req, req_len, fds, nfds, rep, rep_len, NULL, NULL);
+	if (err)
+		return sv_fail_null(err);
+	void *obj = calloc(1, size);
+	if (!obj) {
+		sv_destroy(kind, *handle);
+		return sv_fail_null(ENOMEM);
+	}
+	return obj;
+}
+
 /* --- protection domains and memory regions ------------------------------------------- */
 
 /* A PD, or a parent domain (ibv_alloc_parent_domain): a PD of this library's
@@ -131,14 +151,10 @@ struct ibv_pd *ibv_alloc_pd(struct ibv_context *context)
 		return sv_fail_null(EINVAL);
 	struct sv_ctx req = {.ctx = sv_ctx(context)->handle};
 	struct sv_handle rep;
-	int err = sv_call(SV_OP_ALLOC_PD, &req, sizeof(req), NULL, 0, &rep, sizeof(rep), NULL, NULL);
-	if (err)
-		return sv_fail_null(err);
-	struct sv_pd *p = calloc(1, sizeof(*p));
-	if (!p) {
-		sv_destroy(SV_KIND_PD, rep.handle);
-		return sv_fail_null(ENOMEM);
-	}
+	struct sv_pd *p = call_and_alloc(SV_OP_ALLOC_PD, &req, sizeof(req), NULL, 0,
+					 &rep, sizeof(rep), SV_KIND_PD, &rep.handle, sizeof(*p));
+	if (!p)
+		return NULL;
 	p->pd.context = context;
 	p->pd.handle = rep.handle;
 	sv_map_put(sv_ctx(context), SV_KIND_PD, rep.handle, p);	/* for ibv_import_pd */
@@ -422,15 +438,10 @@ static struct ibv_mr *reg_dm_mr(struct ibv_pd *pd, struct ibv_dm *dm, uint64_t o
 	struct sv_reg_mr req = {.length = length, .offset = d->start + offset, .pd = pd->handle,
 				.access = access, .flags = SV_REG_MR_HAS_FD};
 	struct sv_reg_mr_reply rep;
-	int err = sv_call(SV_OP_REG_MR, &req, sizeof(req), &pool->fd, 1, &rep, sizeof(rep), NULL,
-			  NULL);
-	if (err)
-		return sv_fail_null(err);
-	struct ibv_mr *mr = calloc(1, sizeof(*mr));
-	if (!mr) {
-		sv_destroy(SV_KIND_MR, rep.mr);
-		return sv_fail_null(ENOMEM);
-	}
+	struct ibv_mr *mr = call_and_alloc(SV_OP_REG_MR, &req, sizeof(req), &pool->fd, 1,
+					   &rep, sizeof(rep), SV_KIND_MR, &rep.mr, sizeof(*mr));
+	if (!mr)
+		return NULL;
 	mr->context = pd->context;
 	mr->pd = pd;
 	mr->addr = NULL;	/* zero-based: work requests address it from 0 */
@@ -458,14 +469,10 @@ static struct ibv_mw *alloc_mw(struct ibv_pd *pd, enum ibv_mw_type type)
 		return sv_fail_null(EINVAL);
 	struct sv_alloc_mw req = {.pd = pd->handle, .type = (uint32_t)type};
 	struct sv_alloc_mw_reply rep;
-	int err = sv_call(SV_OP_ALLOC_MW, &req, sizeof(req), NULL, 0, &rep, sizeof(rep), NULL, NULL);
-	if (err)
-		return sv_fail_null(err);
-	struct ibv_mw *mw = calloc(1, sizeof(*mw));
-	if (!mw) {
-		sv_destroy(SV_KIND_MW, rep.mw);
-		return sv_fail_null(ENOMEM);
-	}
+	struct ibv_mw *mw = call_and_alloc(SV_OP_ALLOC_MW, &req, sizeof(req), NULL, 0,
+					   &rep, sizeof(rep), SV_KIND_MW, &rep.mw, sizeof(*mw));
+	if (!mw)
+		return NULL;
 	mw->context = pd->context;
 	mw->pd = pd;
 	mw->rkey = rep.rkey;
@@ -549,14 +556,10 @@ struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length, ui
 	if (!addr && length == SIZE_MAX && (access & IBV_ACCESS_ON_DEMAND))
 		req.flags = SV_REG_MR_IMPLICIT;
 	struct sv_reg_mr_reply rep;
-	int err = sv_call(SV_OP_REG_MR, &req, sizeof(req), NULL, 0, &rep, sizeof(rep), NULL, NULL);
-	if (err)
-		return sv_fail_null(err);
-	struct sv_mr *m = calloc(1, sizeof(*m));
-	if (!m) {
-		sv_destroy(SV_KIND_MR, rep.mr);
-		return sv_fail_null(ENOMEM);
-	}
+	struct sv_mr *m = call_and_alloc(SV_OP_REG_MR, &req, sizeof(req), NULL, 0,
+					 &rep, sizeof(rep), SV_KIND_MR, &rep.mr, sizeof(*m));
+	if (!m)
+		return NULL;
 	struct ibv_mr *mr = &m->mr;
 	mr->context = pd->context;
 	mr->pd = pd;
@@ -2155,14 +2158,10 @@ struct ibv_ah *ibv_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr)
 	req.pd = pd->handle;
 	req.reserved = 0;
 	struct sv_handle rep;
-	int err = sv_call(SV_OP_CREATE_AH, &req, sizeof(req), NULL, 0, &rep, sizeof(rep), NULL, NULL);
-	if (err)
-		return sv_fail_null(err);
-	struct ibv_ah *ah = calloc(1, sizeof(*ah));
-	if (!ah) {
-		sv_destroy(SV_KIND_AH, rep.handle);
-		return sv_fail_null(ENOMEM);
-	}
+	struct ibv_ah *ah = call_and_alloc(SV_OP_CREATE_AH, &req, sizeof(req), NULL, 0,
+					   &rep, sizeof(rep), SV_KIND_AH, &rep.handle, sizeof(*ah));
+	if (!ah)
+		return NULL;
 	ah->context = pd->context;
 	ah->pd = pd;
 	ah->handle = rep.handle;
@@ -2270,15 +2269,11 @@ static struct ibv_xrcd *open_xrcd(struct ibv_context *context, struct ibv_xrcd_i
 						     ? (uint32_t)attr->oflags : 0,
 				   .flags = has_fd ? SV_OPEN_XRCD_HAS_FD : 0};
 	struct sv_handle rep;
-	int err = sv_call(SV_OP_OPEN_XRCD, &req, sizeof(req), &attr->fd, has_fd ? 1 : 0, &rep,
-			  sizeof(rep), NULL, NULL);
-	if (err)
-		return sv_fail_null(err);
-	struct sv_xrcd *x = calloc(1, sizeof(*x));
-	if (!x) {
-		sv_destroy(SV_KIND_XRCD, rep.handle);
-		return sv_fail_null(ENOMEM);
-	}
+	struct sv_xrcd *x = call_and_alloc(SV_OP_OPEN_XRCD, &req, sizeof(req), &attr->fd,
+					   has_fd ? 1 : 0, &rep, sizeof(rep), SV_KIND_XRCD,
+					   &rep.handle, sizeof(*x));
+	if (!x)
+		return NULL;
 	x->xrcd.context = context;
 	x->handle = rep.handle;
 	return &x->xrcd;
@@ -2302,14 +2297,10 @@ static struct ibv_qp *open_qp(struct ibv_context *context, struct ibv_qp_open_at
 				 .xrcd = sv_xrcd_handle(attr->xrcd),
 				 .qpn = attr->qp_num, .qp_type = attr->qp_type};
 	struct sv_open_qp_reply rep;
-	int err = sv_call(SV_OP_OPEN_QP, &req, sizeof(req), NULL, 0, &rep, sizeof(rep), NULL, NULL);
-	if (err)
-		return sv_fail_null(err);
-	struct sv_qp *qp = calloc(1, sizeof(*qp));
-	if (!qp) {
-		sv_destroy(SV_KIND_QP, rep.qp);
-		return sv_fail_null(ENOMEM);
-	}
+	struct sv_qp *qp = call_and_alloc(SV_OP_OPEN_QP, &req, sizeof(req), NULL, 0,
+					  &rep, sizeof(rep), SV_KIND_QP, &rep.qp, sizeof(*qp));
+	if (!qp)
+		return NULL;
 	qp->sq.fd = qp->rq.fd = -1;
 	qp->ctx = ctx;
 	struct ibv_qp *q = &qp->qpx.qp_base;
