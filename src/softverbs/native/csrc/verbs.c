@@ -41,16 +41,21 @@ void sv_map_put(struct sv_context *ctx, uint32_t kind, uint32_t handle, void *ob
 	pthread_mutex_unlock(&ctx->map_lock);
 }
 
+/* The entry of (kind, handle) in home's map, or NULL; the caller holds map_lock. */
+static struct sv_map_entry *map_find(struct sv_context *home, uint32_t kind, uint32_t handle)
+{
+	for (size_t i = 0; i < home->map_len; i++)
+		if (home->map[i].handle == handle && home->map[i].kind == kind)
+			return &home->map[i];
+	return NULL;
+}
+
 void *sv_map_get(struct sv_context *ctx, uint32_t kind, uint32_t handle)
 {
 	ctx = sv_home(ctx);
-	void *obj = NULL;
 	pthread_mutex_lock(&ctx->map_lock);
-	for (size_t i = 0; i < ctx->map_len; i++)
-		if (ctx->map[i].handle == handle && ctx->map[i].kind == kind) {
-			obj = ctx->map[i].obj;
-			break;
-		}
+	struct sv_map_entry *e = map_find(ctx, kind, handle);
+	void *obj = e ? e->obj : NULL;
 	pthread_mutex_unlock(&ctx->map_lock);
 	return obj;
 }
@@ -58,17 +63,15 @@ void *sv_map_get(struct sv_context *ctx, uint32_t kind, uint32_t handle)
 void *sv_map_get_event(struct sv_context *ctx, uint32_t kind, uint32_t handle, int comp)
 {
 	ctx = sv_home(ctx);
-	void *obj = NULL;
 	pthread_mutex_lock(&ctx->map_lock);
-	for (size_t i = 0; i < ctx->map_len; i++)
-		if (ctx->map[i].handle == handle && ctx->map[i].kind == kind) {
-			obj = ctx->map[i].obj;
-			if (comp)
-				ctx->map[i].comp_events++;
-			else
-				ctx->map[i].events++;
-			break;
-		}
+	struct sv_map_entry *e = map_find(ctx, kind, handle);
+	if (e) {
+		if (comp)
+			e->comp_events++;
+		else
+			e->events++;
+	}
+	void *obj = e ? e->obj : NULL;
 	pthread_mutex_unlock(&ctx->map_lock);
 	return obj;
 }
@@ -79,13 +82,12 @@ void sv_map_del(struct sv_context *ctx, uint32_t kind, uint32_t handle, uint32_t
 	ctx = sv_home(ctx);
 	uint32_t ev = 0, comp = 0;
 	pthread_mutex_lock(&ctx->map_lock);
-	for (size_t i = 0; i < ctx->map_len; i++)
-		if (ctx->map[i].handle == handle && ctx->map[i].kind == kind) {
-			ev = ctx->map[i].events;
-			comp = ctx->map[i].comp_events;
-			ctx->map[i] = ctx->map[--ctx->map_len];
-			break;
-		}
+	struct sv_map_entry *e = map_find(ctx, kind, handle);
+	if (e) {
+		ev = e->events;
+		comp = e->comp_events;
+		*e = ctx->map[--ctx->map_len];
+	}
 	pthread_mutex_unlock(&ctx->map_lock);
 	if (events)
 		*events = ev;
@@ -2379,10 +2381,8 @@ struct ibv_mr *ibv_import_mr(struct ibv_pd *pd, uint32_t mr_handle)
 	struct sv_context *ctx = sv_ctx(pd->context);
 	pthread_mutex_lock(&sv_home(ctx)->map_lock);	/* the MR stays while it is copied */
 	struct sv_context *home = sv_home(ctx);
-	const struct ibv_mr *orig = NULL;
-	for (size_t i = 0; i < home->map_len; i++)
-		if (home->map[i].handle == mr_handle && home->map[i].kind == SV_KIND_MR)
-			orig = home->map[i].obj;
+	const struct sv_map_entry *e = map_find(home, SV_KIND_MR, mr_handle);
+	const struct ibv_mr *orig = e ? e->obj : NULL;
 	struct sv_mr *m = orig ? calloc(1, sizeof(*m)) : NULL;
 	if (m) {
 		m->mr = *orig;
@@ -2406,10 +2406,8 @@ struct ibv_dm *ibv_import_dm(struct ibv_context *context, uint32_t dm_handle)
 		return sv_fail_null(EINVAL);
 	struct sv_context *home = sv_home(sv_ctx(context));
 	pthread_mutex_lock(&home->map_lock);
-	const struct sv_dm *orig = NULL;
-	for (size_t i = 0; i < home->map_len; i++)
-		if (home->map[i].handle == dm_handle && home->map[i].kind == SV_MAP_DM)
-			orig = home->map[i].obj;
+	const struct sv_map_entry *e = map_find(home, SV_MAP_DM, dm_handle);
+	const struct sv_dm *orig = e ? e->obj : NULL;
 	struct sv_dm *d = orig ? calloc(1, sizeof(*d)) : NULL;
 	if (d) {
 		d->dm = orig->dm;
