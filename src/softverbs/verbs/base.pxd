@@ -8,5 +8,5 @@ cdef class PyverbsObject:
 cimport cython
 
 # the C-member rule: a C call from the constructors of sge.py and wr.py (their .pxd cimport it)
-@cython.locals(bits=cython.int, limits=dict)
+@cython.locals(fields=dict, limits=dict)
 cpdef object c_member(object obj, str name, object value)

@@ -169,8 +169,9 @@ def c_member(obj: CStruct, name: str, value: object) -> int:
     constructors (``SGE``, ``SendWR``, ``RecvWR``) to their arguments
     (compiled, a C call: base.pxd).
     """
-    bits: int = obj._c_fields[name]
-    limits: dict[int, int] = _LIMIT  # typed in base.pxd: a C dict lookup
+    fields: dict[str, int] = obj._c_fields  # typed in base.pxd: C dict lookups
+    limits: dict[int, int] = _LIMIT
+    bits = fields[name]
     if type(value) is int and 0 <= value < limits.get(bits, 0):
         return value
     what = f"{type(obj).__name__}.{name}"
