@@ -81,6 +81,8 @@ LINKED: frozenset[str] = frozenset({
     "softverbs.wire.packet",
     "softverbs.verbs.base",
     "softverbs.verbs.cq",
+    "softverbs.verbs.sge",
+    "softverbs.verbs.wr",
 })  # fmt: skip
 
 #: the environment switch that runs the .py files even where compiled ones exist

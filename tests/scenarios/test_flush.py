@@ -29,7 +29,7 @@ from scenario_kit import (
     write_wr,
 )
 
-from softverbs import CQ, MR, PD, SRQ, SrqAttr, SrqInitAttr
+from softverbs import CQ, MR, PD, SGE, SRQ, RecvWR, SendWR, SrqAttr, SrqInitAttr
 from softverbs.enums import (
     IBV_EVENT_QP_ACCESS_ERR,
     IBV_EVENT_QP_LAST_WQE_REACHED,
@@ -161,19 +161,24 @@ def test_err_then_reset_at_once_removes_the_flushed_cqes(ctx):
         a.qp.post_recv(recv_wr(100 + i, a, 8))
 
 
-def test_reset_removes_unpolled_cqes_of_that_qp_only(ctx):
+def _two_sends_on_one_cq(ctx):
+    """Two connected RC QPs with one CQ for everything: a posts two SENDs (wr_id 0, 1)
+    that b receives (wr_id 100, 101), four CQEs in all."""
     pd = PD(ctx)
-    cq = CQ(ctx, 64)  # one CQ for everything
+    cq = CQ(ctx, 64)
     a_qp = make_qp(pd, IBV_QPT_RC, cq)
     b_qp = make_qp(pd, IBV_QPT_RC, cq)
     connect(a_qp, b_qp.qp_num)
     connect(b_qp, a_qp.qp_num)
     mr = MR(pd, 4096, 1)
-    from softverbs import SGE, RecvWR, SendWR
-
     for i in range(2):
         b_qp.post_recv(RecvWR(100 + i, 1, [SGE(mr.buf + 1024, 64, mr.lkey)]))
         a_qp.post_send(SendWR(i, num_sge=1, sg=[SGE(mr.buf, 8, mr.lkey)]))
+    return cq, a_qp, b_qp
+
+
+def test_reset_removes_unpolled_cqes_of_that_qp_only(ctx):
+    cq, a_qp, b_qp = _two_sends_on_one_cq(ctx)
     # 4 CQEs wait in the CQ: 2 sends of a, 2 receives of b
     modify_state(a_qp, IBV_QPS_RESET)
     wcs = poll_exact(cq, 2)
@@ -187,18 +192,7 @@ def test_destroy_leaves_the_qps_cqes_to_be_polled(ctx):
     rxe: libfabric's RXM destroys a connection's QP on the peer's disconnect
     and reads the CQ afterwards (fi_pingpong -e rdm hung when they were
     removed)."""
-    pd = PD(ctx)
-    cq = CQ(ctx, 64)
-    a_qp = make_qp(pd, IBV_QPT_RC, cq)
-    b_qp = make_qp(pd, IBV_QPT_RC, cq)
-    connect(a_qp, b_qp.qp_num)
-    connect(b_qp, a_qp.qp_num)
-    mr = MR(pd, 4096, 1)
-    from softverbs import SGE, RecvWR, SendWR
-
-    for i in range(2):
-        b_qp.post_recv(RecvWR(100 + i, 1, [SGE(mr.buf + 1024, 64, mr.lkey)]))
-        a_qp.post_send(SendWR(i, num_sge=1, sg=[SGE(mr.buf, 8, mr.lkey)]))
+    cq, a_qp, b_qp = _two_sends_on_one_cq(ctx)
     a_qpn, b_qpn = a_qp.qp_num, b_qp.qp_num
     deadline = time.monotonic() + 10
     while cq.ring.pending() < 4 and time.monotonic() < deadline:
@@ -309,14 +303,10 @@ def _srq_setup(ctx, max_wr=16):
 
 
 def _srq_recv(srq, mr, wr_id, slot, size=4096):
-    from softverbs import SGE, RecvWR
-
     srq.post_recv(RecvWR(wr_id, 1, [SGE(mr.buf + 8192 + slot * size, size, mr.lkey)]))
 
 
 def _send(qp, mr, wr_id, length):
-    from softverbs import SGE, SendWR
-
     qp.post_send(SendWR(wr_id, num_sge=1, sg=[SGE(mr.buf, length, mr.lkey)]))
 
 

@@ -194,3 +194,22 @@ def test_qpex_inline_data_list_with_data_buffers(ctx: Context) -> None:
     assert sorted(wc.wr_id for wc in wcs) == [5, 9]
     assert all(wc.status == e.IBV_WC_SUCCESS for wc in wcs)
     assert dst.read(12, 0) == b"hello, world"
+
+
+# --- QPInitAttr's flattened capabilities ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("cls", [QPInitAttr, QPInitAttrEx])
+def test_init_attr_reads_and_sets_its_cap_fields(cls: type[QPInitAttr | QPInitAttrEx]) -> None:
+    """pyverbs' init attributes expose each QPCap field as their own: a read is
+    the cap's, an assignment goes to the cap and is checked as a QPCap member."""
+    attr = cls(cap=QPCap(5, 6, 2, 3, 64))
+    fields = ("max_send_wr", "max_recv_wr", "max_send_sge", "max_recv_sge", "max_inline_data")
+    assert [getattr(attr, f) for f in fields] == [5, 6, 2, 3, 64]
+    for i, f in enumerate(fields):
+        setattr(attr, f, 100 + i)
+        assert getattr(attr.cap, f) == getattr(attr, f) == 100 + i
+        with pytest.raises(PyverbsUserError, match=rf"QPCap\.{f}=-1 does not fit"):
+            setattr(attr, f, -1)
+        assert getattr(attr, f) == 100 + i
+    assert cls().max_recv_wr == 0  # no QPCap given: every capability is 0, as in pyverbs

@@ -9,11 +9,17 @@ with ``SOFTVERBS_PURE=1``.
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
+from softverbs import compiled
 from softverbs import enums as e
 from softverbs.engine.rings import CQE
 from softverbs.errors import PyverbsUserError
@@ -103,3 +109,66 @@ def test_from_cqe_makes_the_class_it_is_called_on() -> None:
 
     wc = MyWC.from_cqe(_cqe())
     assert type(wc) is MyWC and wc.wr_id == 0x1234
+
+
+#: every record's logger after a real SEND on a simulated pair, ``poll``'s WCs included
+LOGGER_PROBE = """
+import json, logging, softverbs
+from softverbs import testing
+from softverbs.verbs.cq import WC
+from softverbs.verbs.wr import SGE, RecvWR, SendWR
+
+def named(obj):
+    log = obj.logger
+    return log.name if log is logging.getLogger(log.name) else repr(log)
+
+with testing.world("sim") as w:
+    p = testing.connected_pair(w)
+    p.b.qp.post_recv(RecvWR(1, 1, [p.b.sge(0, 64)]))
+    p.a.qp.post_send(SendWR(2, num_sge=1, sg=[p.a.sge(0, 64)]))
+    wcs = testing.wait_completions(w, p.a.cq, 1) + testing.wait_completions(w, p.b.cq, 1)
+    wcs[0].set_log_level(logging.DEBUG)  # pyverbs' set_log_level, on a polled WC
+    out = {"mode": softverbs.compiled.mode(), "polled": [named(wc) for wc in wcs],
+           "level": logging.getLogger("WC").level,
+           "made": [named(o) for o in (WC(), SGE(1, 2, 3), RecvWR(), SendWR(opcode=7))]}
+    p.close()
+print(json.dumps(out))
+"""
+
+
+def _loggers(pure: bool) -> dict[str, Any]:
+    env = {k: v for k, v in os.environ.items() if k != compiled.PURE_ENV}
+    if pure:
+        env[compiled.PURE_ENV] = "1"
+    r = subprocess.run([sys.executable, "-c", LOGGER_PROBE], env=env, capture_output=True,
+                       text=True, timeout=120, check=False)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    out: dict[str, Any] = json.loads(r.stdout)
+    return out
+
+
+def test_every_record_has_its_class_logger_in_both_modes() -> None:
+    """As in pyverbs (whose ``poll`` builds each ``WC`` through ``PyverbsObject``'s
+    constructor), a polled ``WC`` and the post-path records each have the logger
+    named after their class, and ``set_log_level`` sets it: the same compiled (where
+    the WC is an extension type) and interpreted."""
+    runs = {pure: _loggers(pure) for pure in (False, True)}
+    assert runs[True]["mode"].startswith("interpreted")
+    for out in runs.values():
+        assert out["polled"] == ["WC", "WC"]
+        assert out["level"] == logging.DEBUG
+        assert out["made"] == ["WC", "SGE", "RecvWR", "SendWR"]
+    assert {k: v for k, v in runs[False].items() if k != "mode"} == {
+        k: v for k, v in runs[True].items() if k != "mode"
+    }
+
+
+def test_a_logger_set_on_an_object_is_its_own() -> None:
+    class MyWC(WC):
+        pass
+
+    mine = logging.getLogger("softverbs.test.mine")
+    wc = MyWC.from_cqe(_cqe())
+    assert wc.logger is logging.getLogger("MyWC")  # named after the class it is
+    wc.logger = mine
+    assert wc.logger is mine and WC.from_cqe(_cqe()).logger is logging.getLogger("WC")

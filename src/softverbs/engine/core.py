@@ -188,6 +188,12 @@ class QPCore:
         self.sent_pkts = 0
         self.rcvd_pkts = 0
         self.rare_counts: Counter[str] = Counter()
+        self._make_parts()
+
+    def _make_parts(self) -> None:
+        """The subclass's parts, made last by the constructor it inherits
+        (QPEngine: its requester, completer and responder), so that the QP's
+        constructor and its parameters are written once, here."""
 
     @property
     def state(self) -> int:

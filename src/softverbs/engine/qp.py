@@ -37,11 +37,11 @@ from typing import Any
 from softverbs.engine import psn as P
 from softverbs.engine import qpstate
 from softverbs.engine.completer import Completer
-from softverbs.engine.core import HCAPort, QPCore
+from softverbs.engine.core import QPCore
 from softverbs.engine.observe import COMPLETER, RESPONDER, RQ
 from softverbs.engine.requester import Requester, SigStop
 from softverbs.engine.responder import Responder
-from softverbs.engine.rings import CQE, WQ_SRQ, CompletionRing, SharedRecvRing, WorkRing
+from softverbs.engine.rings import CQE, WQ_SRQ
 from softverbs.enums import (
     IBV_EVENT_COMM_EST,
     IBV_EVENT_QP_LAST_WQE_REACHED,
@@ -65,22 +65,7 @@ _RESPONDING = frozenset({IBV_QPS_RTR, IBV_QPS_RTS, IBV_QPS_SQD, IBV_QPS_SQE})
 class QPEngine(QPCore):
     """One queue pair's transport (see the module docstring)."""
 
-    def __init__(
-        self,
-        hca: HCAPort,
-        qpn: int,
-        qp_type: int,
-        pd: object,
-        send_cq: CompletionRing | None,
-        recv_cq: CompletionRing | None,
-        sq: WorkRing | None,
-        rq: WorkRing | None,
-        srq: SharedRecvRing | None,
-        sq_sig_all: bool,
-        owner: Any = None,
-    ) -> None:
-        super().__init__(hca, qpn, qp_type, pd, send_cq, recv_cq, sq, rq, srq, sq_sig_all,
-                         owner)  # fmt: skip
+    def _make_parts(self) -> None:
         self.req = Requester(self)
         self.comp = Completer(self)
         self.req.comp = self.comp

@@ -3,4 +3,10 @@
 # be one too; every other verbs class stays an ordinary Python subclass.
 
 cdef class PyverbsObject:
-    cdef public object logger
+    cdef object _logger  # None until the logger property first looks it up
+
+cimport cython
+
+# the C-member rule: a C call from the constructors of sge.py and wr.py (their .pxd cimport it)
+@cython.locals(fields=dict, limits=dict)
+cpdef object c_member(object obj, str name, object value)

@@ -21,15 +21,34 @@ from softverbs.errors import PyverbsUserError, ebusy
 class PyverbsObject:
     """Carries a logger, as pyverbs objects do.
 
+    Every object's ``logger`` is the one named after its class, as
+    pyverbs' ``PyverbsObject`` gives every object it makes, ``poll``'s
+    ``WC``s included.  It is looked up when first used, not made by a
+    constructor: the records made in bulk (``SGE``, the WRs, ``poll``'s
+    ``WC``s) fill their fields without calling this class's constructor,
+    and the answer is the same in both modes either way.
+
     An extension type when compiled (base.pxd), as pyverbs' is; its one slot
     keeps the interpreted class the same shape (subclasses without
     ``__slots__`` get an instance dictionary either way).
     """
 
-    __slots__ = ("logger",)
+    __slots__ = ("_logger",)
+    _logger: logging.Logger | None
 
-    def __init__(self) -> None:
-        self.logger = logging.getLogger(type(self).__name__)
+    @property
+    def logger(self) -> logging.Logger:
+        try:
+            log: logging.Logger | None = self._logger
+        except AttributeError:  # interpreted, never set (compiled, the slot starts as None)
+            log = None
+        if log is None:
+            log = self._logger = logging.getLogger(type(self).__name__)
+        return log
+
+    @logger.setter
+    def logger(self, log: logging.Logger) -> None:
+        self._logger = log
 
     def set_log_level(self, val: int) -> None:
         self.logger.setLevel(val)
@@ -138,20 +157,38 @@ def as_count(value: Any, what: str) -> int:
 _LIMIT = {bits: 1 << bits for bits in (8, 16, 32, 64)}
 
 
+def c_member(obj: CStruct, name: str, value: object) -> int:
+    """The value C member ``name`` of ``obj`` holds when given ``value``.
+
+    The member's width is ``obj._c_fields[name]`` (negative: signed).  An int
+    that fits an unsigned member -- nearly every value a program gives -- is
+    returned as it is, with no call and no message; anything else goes to
+    :func:`as_uint` / :func:`as_int`, which convert it or say what is wrong
+    with ``TypeName.name`` in the message.  The one rule for every C member:
+    ``CStruct.__setattr__`` applies it to an assignment, and the hot
+    constructors (``SGE``, ``SendWR``, ``RecvWR``) to their arguments
+    (compiled, a C call: base.pxd).
+    """
+    fields: dict[str, int] = obj._c_fields  # typed in base.pxd: C dict lookups
+    limits: dict[int, int] = _LIMIT
+    bits = fields[name]
+    if type(value) is int and 0 <= value < limits.get(bits, 0):
+        return value
+    what = f"{type(obj).__name__}.{name}"
+    return as_uint(value, bits, what) if bits > 0 else as_int(value, what, -bits)
+
+
 class CStruct:
     """Mixin for attribute objects whose fields are members of a C struct.
 
     ``_c_fields`` maps a field name to its width in bits (negative: signed).
     Setting such a field checks the value as the C member would take it
-    (:func:`as_uint` / :func:`as_int`); other attributes are free.
+    (:func:`c_member`); other attributes are free.
     """
 
     _c_fields: ClassVar[dict[str, int]] = {}
 
     def __setattr__(self, name: str, value: object) -> None:
-        bits = self._c_fields.get(name)
-        # an int that fits an unsigned member is the common case: no call, no message
-        if bits is not None and not (type(value) is int and 0 <= value < _LIMIT.get(bits, 0)):
-            what = f"{type(self).__name__}.{name}"
-            value = as_uint(value, bits, what) if bits > 0 else as_int(value, what, -bits)
+        if name in self._c_fields:
+            value = c_member(self, name, value)
         object.__setattr__(self, name, value)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import sys
-from typing import Any
+from typing import Any, overload
 
 from softverbs import sanitizer
 from softverbs.device import ops, records
@@ -153,6 +153,27 @@ class QPCap(CStruct, PyverbsObject):
         )
 
 
+class _CapField:
+    """A field of an init attribute's ``cap`` (its QPCap), read and set on the
+    init attribute itself, as pyverbs' QPInitAttr flattens them."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, obj: None, objtype: type | None = None) -> _CapField: ...
+    @overload
+    def __get__(self, obj: _InitAttrBase, objtype: type | None = None) -> int: ...
+    def __get__(self, obj: _InitAttrBase | None, objtype: type | None = None) -> int | _CapField:
+        if obj is None:
+            return self  # read on the class, as a property is
+        value: int = getattr(obj.cap, self.name)
+        return value
+
+    def __set__(self, obj: _InitAttrBase, val: int) -> None:
+        setattr(obj.cap, self.name, val)  # checked there, as a QPCap member
+
+
 class _InitAttrBase(CStruct, PyverbsObject):
     """Fields common to QPInitAttr and QPInitAttrEx."""
 
@@ -180,45 +201,11 @@ class _InitAttrBase(CStruct, PyverbsObject):
         self.sq_sig_all = sq_sig_all
 
     # the capability fields, flattened as pyverbs exposes them
-    @property
-    def max_send_wr(self) -> int:
-        return self.cap.max_send_wr
-
-    @max_send_wr.setter
-    def max_send_wr(self, val: int) -> None:
-        self.cap.max_send_wr = val
-
-    @property
-    def max_recv_wr(self) -> int:
-        return self.cap.max_recv_wr
-
-    @max_recv_wr.setter
-    def max_recv_wr(self, val: int) -> None:
-        self.cap.max_recv_wr = val
-
-    @property
-    def max_send_sge(self) -> int:
-        return self.cap.max_send_sge
-
-    @max_send_sge.setter
-    def max_send_sge(self, val: int) -> None:
-        self.cap.max_send_sge = val
-
-    @property
-    def max_recv_sge(self) -> int:
-        return self.cap.max_recv_sge
-
-    @max_recv_sge.setter
-    def max_recv_sge(self, val: int) -> None:
-        self.cap.max_recv_sge = val
-
-    @property
-    def max_inline_data(self) -> int:
-        return self.cap.max_inline_data
-
-    @max_inline_data.setter
-    def max_inline_data(self, val: int) -> None:
-        self.cap.max_inline_data = val
+    max_send_wr = _CapField()
+    max_recv_wr = _CapField()
+    max_send_sge = _CapField()
+    max_recv_sge = _CapField()
+    max_inline_data = _CapField()
 
 
 class QPInitAttr(_InitAttrBase):

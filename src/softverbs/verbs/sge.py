@@ -9,10 +9,7 @@ requests name AHs and memory windows, which are made on a PD.
 from __future__ import annotations
 
 from softverbs import hostmem
-from softverbs.verbs.base import CStruct, PyverbsCM
-
-_U32 = 1 << 32
-_U64 = 1 << 64
+from softverbs.verbs.base import CStruct, PyverbsCM, c_member
 
 
 class SGE(CStruct, PyverbsCM):
@@ -24,18 +21,12 @@ class SGE(CStruct, PyverbsCM):
     lkey: int
 
     def __init__(self, addr: int, length: int, lkey: int) -> None:
-        # an SGE per buffer, often one per WR: the fields go straight into the
-        # instance dictionary when they fit, as CStruct.__setattr__ would store them
-        if (type(addr) is int and 0 <= addr < _U64 and type(length) is int
-                and 0 <= length < _U32 and type(lkey) is int and 0 <= lkey < _U32):  # fmt: skip
-            d = self.__dict__
-            d["addr"] = addr
-            d["length"] = length
-            d["lkey"] = lkey
-        else:  # the checked path, with its message
-            self.addr = addr
-            self.length = length
-            self.lkey = lkey
+        # an SGE per buffer, often one per WR: the checked fields go straight into
+        # the instance dictionary (c_member is CStruct.__setattr__'s rule)
+        d = self.__dict__
+        d["addr"] = c_member(self, "addr", addr)
+        d["length"] = c_member(self, "length", length)
+        d["lkey"] = c_member(self, "lkey", lkey)
 
     def read(self, length: int, offset: int) -> bytes:
         """Read memory at the SGE's address (EFAULT if it is not mapped)."""

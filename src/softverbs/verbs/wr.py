@@ -23,17 +23,14 @@ from softverbs.enums import (
 )
 from softverbs.errors import PyverbsUserError, einval
 from softverbs.verbs.addr import AH
-from softverbs.verbs.base import CStruct, PyverbsCM, as_uint
+from softverbs.verbs.base import _LIMIT, CStruct, PyverbsCM, as_uint, c_member
 from softverbs.verbs.mr import MW, MWBindInfo, inc_rkey
 from softverbs.verbs.sge import SGE as SGE
-
-_U32 = 1 << 32
-_U64 = 1 << 64
 
 
 def _sg_list(sg: Any, num_sge: Any) -> list[SGE]:
     """The first ``num_sge`` entries of ``sg`` as a new list, every one an SGE."""
-    if type(sg) is list and type(num_sge) is int and num_sge == len(sg) and num_sge < _U32:
+    if type(sg) is list and type(num_sge) is int and num_sge == len(sg) and num_sge < _LIMIT[32]:
         # the usual call, RecvWR(wr_id, len(sges), sges): one pass, one copy
         for s in sg:
             if not isinstance(s, SGE):
@@ -58,20 +55,6 @@ def _sg_list(sg: Any, num_sge: Any) -> list[SGE]:
     return sges[:num_sge]
 
 
-def _u64(value: Any, obj: object, name: str) -> int:
-    """``value`` if it fits the ``uint64_t`` member ``name`` of ``obj``, else as_uint's error."""
-    if type(value) is int and 0 <= value < _U64:
-        return value
-    return as_uint(value, 64, f"{type(obj).__name__}.{name}")
-
-
-def _u32(value: Any, obj: object, name: str) -> int:
-    """``value`` if it fits the ``uint32_t`` member ``name`` of ``obj``, else as_uint's error."""
-    if type(value) is int and 0 <= value < _U32:
-        return value
-    return as_uint(value, 32, f"{type(obj).__name__}.{name}")
-
-
 class RecvWR(CStruct, PyverbsCM):
     """A receive work request: ``RecvWR(wr_id, num_sge, sg, next_wr)``."""
 
@@ -84,9 +67,9 @@ class RecvWR(CStruct, PyverbsCM):
         self, wr_id: int = 0, num_sge: int = 0, sg: Any = None, next_wr: RecvWR | None = None
     ) -> None:
         # one WR per receive: the fields go straight into the instance dictionary,
-        # checked here as CStruct.__setattr__ checks a later assignment
+        # checked by CStruct.__setattr__'s rule (c_member)
         d = self.__dict__
-        d["wr_id"] = _u64(wr_id, self, "wr_id")
+        d["wr_id"] = c_member(self, "wr_id", wr_id)
         d["sg"] = _sg_list(sg, num_sge)
         d["next_wr"] = next_wr
 
@@ -171,13 +154,13 @@ class SendWR(CStruct, PyverbsCM):
         num_sge = as_uint(num_sge, 32, "num_sge")
         if opcode not in _NO_SGE_OPCODES and (num_sge < 1 or sg is None):
             raise PyverbsUserError("A WR needs at least one SGE")
-        # straight into the instance dictionary, checked as CStruct.__setattr__ would
+        # straight into the instance dictionary, checked by CStruct.__setattr__'s rule
         d = self.__dict__
-        d["wr_id"] = _u64(wr_id, self, "wr_id")
-        d["opcode"] = _u32(opcode, self, "opcode")
+        d["wr_id"] = c_member(self, "wr_id", wr_id)
+        d["opcode"] = c_member(self, "opcode", opcode)
         d["sg"] = _sg_list(sg, num_sge)
-        d["imm_data"] = _u32(imm_data, self, "imm_data")
-        d["send_flags"] = _u32(send_flags, self, "send_flags")
+        d["imm_data"] = c_member(self, "imm_data", imm_data)
+        d["send_flags"] = c_member(self, "send_flags", send_flags)
         d["next_wr"] = next_wr
         d.update(_UNION_ZERO)  # the union members of ibv_send_wr.wr, zeroed
 

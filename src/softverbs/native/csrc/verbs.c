@@ -41,16 +41,21 @@ void sv_map_put(struct sv_context *ctx, uint32_t kind, uint32_t handle, void *ob
 	pthread_mutex_unlock(&ctx->map_lock);
 }
 
+/* The entry of (kind, handle) in home's map, or NULL; the caller holds map_lock. */
+static struct sv_map_entry *map_find(struct sv_context *home, uint32_t kind, uint32_t handle)
+{
+	for (size_t i = 0; i < home->map_len; i++)
+		if (home->map[i].handle == handle && home->map[i].kind == kind)
+			return &home->map[i];
+	return NULL;
+}
+
 void *sv_map_get(struct sv_context *ctx, uint32_t kind, uint32_t handle)
 {
 	ctx = sv_home(ctx);
-	void *obj = NULL;
 	pthread_mutex_lock(&ctx->map_lock);
-	for (size_t i = 0; i < ctx->map_len; i++)
-		if (ctx->map[i].handle == handle && ctx->map[i].kind == kind) {
-			obj = ctx->map[i].obj;
-			break;
-		}
+	struct sv_map_entry *e = map_find(ctx, kind, handle);
+	void *obj = e ? e->obj : NULL;
 	pthread_mutex_unlock(&ctx->map_lock);
 	return obj;
 }
@@ -58,17 +63,15 @@ void *sv_map_get(struct sv_context *ctx, uint32_t kind, uint32_t handle)
 void *sv_map_get_event(struct sv_context *ctx, uint32_t kind, uint32_t handle, int comp)
 {
 	ctx = sv_home(ctx);
-	void *obj = NULL;
 	pthread_mutex_lock(&ctx->map_lock);
-	for (size_t i = 0; i < ctx->map_len; i++)
-		if (ctx->map[i].handle == handle && ctx->map[i].kind == kind) {
-			obj = ctx->map[i].obj;
-			if (comp)
-				ctx->map[i].comp_events++;
-			else
-				ctx->map[i].events++;
-			break;
-		}
+	struct sv_map_entry *e = map_find(ctx, kind, handle);
+	if (e) {
+		if (comp)
+			e->comp_events++;
+		else
+			e->events++;
+	}
+	void *obj = e ? e->obj : NULL;
 	pthread_mutex_unlock(&ctx->map_lock);
 	return obj;
 }
@@ -79,13 +82,12 @@ void sv_map_del(struct sv_context *ctx, uint32_t kind, uint32_t handle, uint32_t
 	ctx = sv_home(ctx);
 	uint32_t ev = 0, comp = 0;
 	pthread_mutex_lock(&ctx->map_lock);
-	for (size_t i = 0; i < ctx->map_len; i++)
-		if (ctx->map[i].handle == handle && ctx->map[i].kind == kind) {
-			ev = ctx->map[i].events;
-			comp = ctx->map[i].comp_events;
-			ctx->map[i] = ctx->map[--ctx->map_len];
-			break;
-		}
+	struct sv_map_entry *e = map_find(ctx, kind, handle);
+	if (e) {
+		ev = e->events;
+		comp = e->comp_events;
+		*e = ctx->map[--ctx->map_len];
+	}
 	pthread_mutex_unlock(&ctx->map_lock);
 	if (events)
 		*events = ev;
@@ -102,6 +104,26 @@ static void wait_acked(pthread_mutex_t *mutex, pthread_cond_t *cond, const uint3
 	while (*completed != reported)
 		pthread_cond_wait(cond, mutex);
 	pthread_mutex_unlock(mutex);
+}
+
+/* The two halves of a create verb as one step: the device call that makes
+ * the object, then `size` zeroed bytes for this library's side of it.  If
+ * that memory cannot be had, the device's new object (its handle in the
+ * reply, at *handle) is destroyed again, so a create that fails leaves
+ * nothing on the device.  NULL with errno set when either half fails.
+ * (handle is not const: it points into rep, which the call fills.) */
+static void *call_and_alloc(uint16_t op, const void *req, size_t req_len, const int *fds, int nfds,
+			    void *rep, size_t rep_len, uint32_t kind, uint32_t *handle, size_t size)
+{
+	int err = sv_call(op, req, req_len, fds, nfds, rep, rep_len, NULL, NULL);
+	if (err)
+		return sv_fail_null(err);
+	void *obj = calloc(1, size);
+	if (!obj) {
+		sv_destroy(kind, *handle);
+		return sv_fail_null(ENOMEM);
+	}
+	return obj;
 }
 
 /* --- protection domains and memory regions ------------------------------------------- */
@@ -131,14 +153,10 @@ struct ibv_pd *ibv_alloc_pd(struct ibv_context *context)
 		return sv_fail_null(EINVAL);
 	struct sv_ctx req = {.ctx = sv_ctx(context)->handle};
 	struct sv_handle rep;
-	int err = sv_call(SV_OP_ALLOC_PD, &req, sizeof(req), NULL, 0, &rep, sizeof(rep), NULL, NULL);
-	if (err)
-		return sv_fail_null(err);
-	struct sv_pd *p = calloc(1, sizeof(*p));
-	if (!p) {
-		sv_destroy(SV_KIND_PD, rep.handle);
-		return sv_fail_null(ENOMEM);
-	}
+	struct sv_pd *p = call_and_alloc(SV_OP_ALLOC_PD, &req, sizeof(req), NULL, 0,
+					 &rep, sizeof(rep), SV_KIND_PD, &rep.handle, sizeof(*p));
+	if (!p)
+		return NULL;
 	p->pd.context = context;
 	p->pd.handle = rep.handle;
 	sv_map_put(sv_ctx(context), SV_KIND_PD, rep.handle, p);	/* for ibv_import_pd */
@@ -422,15 +440,10 @@ static struct ibv_mr *reg_dm_mr(struct ibv_pd *pd, struct ibv_dm *dm, uint64_t o
 	struct sv_reg_mr req = {.length = length, .offset = d->start + offset, .pd = pd->handle,
 				.access = access, .flags = SV_REG_MR_HAS_FD};
 	struct sv_reg_mr_reply rep;
-	int err = sv_call(SV_OP_REG_MR, &req, sizeof(req), &pool->fd, 1, &rep, sizeof(rep), NULL,
-			  NULL);
-	if (err)
-		return sv_fail_null(err);
-	struct ibv_mr *mr = calloc(1, sizeof(*mr));
-	if (!mr) {
-		sv_destroy(SV_KIND_MR, rep.mr);
-		return sv_fail_null(ENOMEM);
-	}
+	struct ibv_mr *mr = call_and_alloc(SV_OP_REG_MR, &req, sizeof(req), &pool->fd, 1,
+					   &rep, sizeof(rep), SV_KIND_MR, &rep.mr, sizeof(*mr));
+	if (!mr)
+		return NULL;
 	mr->context = pd->context;
 	mr->pd = pd;
 	mr->addr = NULL;	/* zero-based: work requests address it from 0 */
@@ -458,14 +471,10 @@ static struct ibv_mw *alloc_mw(struct ibv_pd *pd, enum ibv_mw_type type)
 		return sv_fail_null(EINVAL);
 	struct sv_alloc_mw req = {.pd = pd->handle, .type = (uint32_t)type};
 	struct sv_alloc_mw_reply rep;
-	int err = sv_call(SV_OP_ALLOC_MW, &req, sizeof(req), NULL, 0, &rep, sizeof(rep), NULL, NULL);
-	if (err)
-		return sv_fail_null(err);
-	struct ibv_mw *mw = calloc(1, sizeof(*mw));
-	if (!mw) {
-		sv_destroy(SV_KIND_MW, rep.mw);
-		return sv_fail_null(ENOMEM);
-	}
+	struct ibv_mw *mw = call_and_alloc(SV_OP_ALLOC_MW, &req, sizeof(req), NULL, 0,
+					   &rep, sizeof(rep), SV_KIND_MW, &rep.mw, sizeof(*mw));
+	if (!mw)
+		return NULL;
 	mw->context = pd->context;
 	mw->pd = pd;
 	mw->rkey = rep.rkey;
@@ -549,14 +558,10 @@ struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length, ui
 	if (!addr && length == SIZE_MAX && (access & IBV_ACCESS_ON_DEMAND))
 		req.flags = SV_REG_MR_IMPLICIT;
 	struct sv_reg_mr_reply rep;
-	int err = sv_call(SV_OP_REG_MR, &req, sizeof(req), NULL, 0, &rep, sizeof(rep), NULL, NULL);
-	if (err)
-		return sv_fail_null(err);
-	struct sv_mr *m = calloc(1, sizeof(*m));
-	if (!m) {
-		sv_destroy(SV_KIND_MR, rep.mr);
-		return sv_fail_null(ENOMEM);
-	}
+	struct sv_mr *m = call_and_alloc(SV_OP_REG_MR, &req, sizeof(req), NULL, 0,
+					 &rep, sizeof(rep), SV_KIND_MR, &rep.mr, sizeof(*m));
+	if (!m)
+		return NULL;
 	struct ibv_mr *mr = &m->mr;
 	mr->context = pd->context;
 	mr->pd = pd;
@@ -2155,14 +2160,10 @@ struct ibv_ah *ibv_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr)
 	req.pd = pd->handle;
 	req.reserved = 0;
 	struct sv_handle rep;
-	int err = sv_call(SV_OP_CREATE_AH, &req, sizeof(req), NULL, 0, &rep, sizeof(rep), NULL, NULL);
-	if (err)
-		return sv_fail_null(err);
-	struct ibv_ah *ah = calloc(1, sizeof(*ah));
-	if (!ah) {
-		sv_destroy(SV_KIND_AH, rep.handle);
-		return sv_fail_null(ENOMEM);
-	}
+	struct ibv_ah *ah = call_and_alloc(SV_OP_CREATE_AH, &req, sizeof(req), NULL, 0,
+					   &rep, sizeof(rep), SV_KIND_AH, &rep.handle, sizeof(*ah));
+	if (!ah)
+		return NULL;
 	ah->context = pd->context;
 	ah->pd = pd;
 	ah->handle = rep.handle;
@@ -2270,15 +2271,11 @@ static struct ibv_xrcd *open_xrcd(struct ibv_context *context, struct ibv_xrcd_i
 						     ? (uint32_t)attr->oflags : 0,
 				   .flags = has_fd ? SV_OPEN_XRCD_HAS_FD : 0};
 	struct sv_handle rep;
-	int err = sv_call(SV_OP_OPEN_XRCD, &req, sizeof(req), &attr->fd, has_fd ? 1 : 0, &rep,
-			  sizeof(rep), NULL, NULL);
-	if (err)
-		return sv_fail_null(err);
-	struct sv_xrcd *x = calloc(1, sizeof(*x));
-	if (!x) {
-		sv_destroy(SV_KIND_XRCD, rep.handle);
-		return sv_fail_null(ENOMEM);
-	}
+	struct sv_xrcd *x = call_and_alloc(SV_OP_OPEN_XRCD, &req, sizeof(req), &attr->fd,
+					   has_fd ? 1 : 0, &rep, sizeof(rep), SV_KIND_XRCD,
+					   &rep.handle, sizeof(*x));
+	if (!x)
+		return NULL;
 	x->xrcd.context = context;
 	x->handle = rep.handle;
 	return &x->xrcd;
@@ -2302,14 +2299,10 @@ static struct ibv_qp *open_qp(struct ibv_context *context, struct ibv_qp_open_at
 				 .xrcd = sv_xrcd_handle(attr->xrcd),
 				 .qpn = attr->qp_num, .qp_type = attr->qp_type};
 	struct sv_open_qp_reply rep;
-	int err = sv_call(SV_OP_OPEN_QP, &req, sizeof(req), NULL, 0, &rep, sizeof(rep), NULL, NULL);
-	if (err)
-		return sv_fail_null(err);
-	struct sv_qp *qp = calloc(1, sizeof(*qp));
-	if (!qp) {
-		sv_destroy(SV_KIND_QP, rep.qp);
-		return sv_fail_null(ENOMEM);
-	}
+	struct sv_qp *qp = call_and_alloc(SV_OP_OPEN_QP, &req, sizeof(req), NULL, 0,
+					  &rep, sizeof(rep), SV_KIND_QP, &rep.qp, sizeof(*qp));
+	if (!qp)
+		return NULL;
 	qp->sq.fd = qp->rq.fd = -1;
 	qp->ctx = ctx;
 	struct ibv_qp *q = &qp->qpx.qp_base;
@@ -2388,10 +2381,8 @@ struct ibv_mr *ibv_import_mr(struct ibv_pd *pd, uint32_t mr_handle)
 	struct sv_context *ctx = sv_ctx(pd->context);
 	pthread_mutex_lock(&sv_home(ctx)->map_lock);	/* the MR stays while it is copied */
 	struct sv_context *home = sv_home(ctx);
-	const struct ibv_mr *orig = NULL;
-	for (size_t i = 0; i < home->map_len; i++)
-		if (home->map[i].handle == mr_handle && home->map[i].kind == SV_KIND_MR)
-			orig = home->map[i].obj;
+	const struct sv_map_entry *e = map_find(home, SV_KIND_MR, mr_handle);
+	const struct ibv_mr *orig = e ? e->obj : NULL;
 	struct sv_mr *m = orig ? calloc(1, sizeof(*m)) : NULL;
 	if (m) {
 		m->mr = *orig;
@@ -2415,10 +2406,8 @@ struct ibv_dm *ibv_import_dm(struct ibv_context *context, uint32_t dm_handle)
 		return sv_fail_null(EINVAL);
 	struct sv_context *home = sv_home(sv_ctx(context));
 	pthread_mutex_lock(&home->map_lock);
-	const struct sv_dm *orig = NULL;
-	for (size_t i = 0; i < home->map_len; i++)
-		if (home->map[i].handle == dm_handle && home->map[i].kind == SV_MAP_DM)
-			orig = home->map[i].obj;
+	const struct sv_map_entry *e = map_find(home, SV_MAP_DM, dm_handle);
+	const struct sv_dm *orig = e ? e->obj : NULL;
 	struct sv_dm *d = orig ? calloc(1, sizeof(*d)) : NULL;
 	if (d) {
 		d->dm = orig->dm;
