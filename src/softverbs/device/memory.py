@@ -227,7 +227,14 @@ class ProcessMemory:
     def still_pinned(self, pin: Pin, addr: int, length: int) -> bool:
         """Is ``[addr, addr + length)`` (inside ``pin``'s range) backed as it was?"""
         pos, end = addr, addr + length
-        for seg in pin.segments:
+        segments = pin.segments
+        if len(segments) == 1:  # the usual region: one mapping, one question
+            got = self.backing(pos)
+            if got is None or got[2] != segments[0][2]:
+                return False
+            if got[1] >= end:
+                return True
+        for seg in segments:
             while seg[0] <= pos < min(end, seg[1]):
                 got = self.backing(pos)
                 if got is None or got[2] != seg[2]:
@@ -237,32 +244,67 @@ class ProcessMemory:
                 break
         return True
 
-    def read(self, addr: int, length: int) -> bytearray:
-        buf = bytearray(length)
-        done = 0
+    def read(self, addr: int, length: int) -> bytes:
+        """``length`` bytes at ``addr``: one ``pread`` when the pages are there; what
+        the kernel refuses reads as zeros and counts in :attr:`faults`."""
         if not self.closed:
-            with contextlib.suppress(OSError):
-                view = memoryview(buf)
-                while done < length:
-                    n = os.preadv(self.fd, [view[done:]], addr + done)
-                    if n <= 0:
-                        break
-                    done += n
+            try:
+                data = os.pread(self.fd, length, addr)
+            except OSError:
+                data = b""
+            if len(data) == length:
+                return data
+        else:
+            data = b""
+        return self._read_rest(data, addr, length)
+
+    def _read_rest(self, data: bytes, addr: int, length: int) -> bytes:
+        """:meth:`read` after a short first ``pread``: the rest as far as the kernel
+        gives it, then zeros, and one fault."""
+        done = len(data)
+        parts = [data]
+        while done < length and not self.closed:
+            try:
+                more = os.pread(self.fd, length - done, addr + done)
+            except OSError:
+                break
+            if not more:
+                break
+            parts.append(more)
+            done += len(more)
         if done < length:
+            parts.append(bytes(length - done))
             self.faults += 1
             self._seen.clear()  # the kernel says the mappings changed: ask it again
-        return buf
+        return b"".join(parts)
 
     def write(self, addr: int, data: Buffer) -> None:
-        view = memoryview(data).cast("B")
+        """Store ``data`` at ``addr``: one ``pwrite`` when the pages are there; what
+        the kernel refuses is not stored and counts in :attr:`faults`."""
+        if type(data) is memoryview and data.itemsize != 1:
+            data = data.cast("B")  # its length in bytes, as pwrite counts
         done = 0
         if not self.closed:
-            with contextlib.suppress(OSError):
-                while done < len(view):
-                    n = os.pwrite(self.fd, view[done:], addr + done)
-                    if n <= 0:
-                        break
-                    done += n
+            try:  # not contextlib.suppress: no context manager made per copy
+                done = os.pwrite(self.fd, data, addr)
+            except OSError:
+                done = 0
+            if done == len(data):  # bytes, or a memoryview of them (the engine's)
+                return
+        self._write_rest(addr, data, done)
+
+    def _write_rest(self, addr: int, data: Buffer, done: int) -> None:
+        """:meth:`write` after a short first ``pwrite`` of ``done`` bytes (or data
+        that is not a byte buffer): the rest as far as the kernel takes it."""
+        view = memoryview(data).cast("B")
+        while done < len(view) and not self.closed:
+            try:
+                n = os.pwrite(self.fd, view[done:], addr + done)
+            except OSError:
+                break
+            if n <= 0:
+                break
+            done += n
         if done < len(view):
             self.faults += 1
             self._seen.clear()  # the kernel says the mappings changed: ask it again
@@ -301,11 +343,11 @@ class ProcessSpan:
         start, stop, step = index.indices(self.length)
         if step != 1:
             raise ValueError("a memory span is sliced with step 1")
-        return ProcessSpan(self.mem, self.addr + start, max(0, stop - start), self.pin)
+        return _subspan(self, start, stop - start if stop > start else 0)
 
     def __setitem__(self, index: slice, data: Buffer) -> None:
         start, stop, step = index.indices(self.length)
-        if step != 1 or len(data) != max(0, stop - start):
+        if step != 1 or len(data) != (stop - start if stop > start else 0):
             # as a memoryview: slice assignment never changes the length
             raise ValueError("memory span assignment: wrong length")
         self.mem.write(self.addr + start, data)
@@ -320,3 +362,14 @@ class ProcessSpan:
 
     def __repr__(self) -> str:
         return f"<ProcessSpan pid={self.mem.pid} [{self.addr:#x}, +{self.length})>"
+
+
+def _subspan(span: ProcessSpan, start: int, length: int) -> ProcessSpan:
+    """``length`` bytes of ``span`` from ``start``: a span made without
+    ``__init__``'s argument handling (compiled, a C call and a freelist entry)."""
+    part = ProcessSpan.__new__(ProcessSpan)
+    part.mem = span.mem
+    part.addr = span.addr + start
+    part.length = length
+    part.pin = span.pin
+    return part
