@@ -100,12 +100,10 @@ class Connection:
         self.lock = threading.RLock()
         self._seq = 1
         self.pid = os.getpid()
-        mem = os.open("/proc/self/mem", os.O_RDWR | os.O_CLOEXEC)
-        try:
-            reply, _ = self.call(ops.HELLO, records.Hello(0, protocol.PROTOCOL_VERSION,
-                                                       records.HELLO_MEMORY, os.getpid(), 0), [mem])
-        finally:
-            os.close(mem)
+        #: the doorbell eventfd the service took (SOFTVERBS_DOORBELL=eventfd), or -1:
+        #: send queues ring by writing it, not by a DOORBELL message (docs/rings.md)
+        self.bell = -1
+        reply = self._hello(0, records.HELLO_MEMORY)
         self.service_pid: int = reply.service_pid
         self.token: int = reply.token
         value = sanitizer.from_environment()
@@ -204,18 +202,43 @@ class Connection:
         self.lock = threading.RLock()
         self.pid = os.getpid()
         self.sock = self._connect(self.path, spawn=False)
-        # its own memory too: the regions it registers are its pages, not the parent's
-        mem = os.open("/proc/self/mem", os.O_RDWR | os.O_CLOEXEC)
+        # its own memory too: the regions it registers are its pages, not the parent's;
+        # and a doorbell eventfd of its own (the parent's copy rings the parent's queues)
+        self._hello(self.token, records.HELLO_JOIN | records.HELLO_MEMORY)
+
+    def _hello(self, token: int, flags: int) -> records.HelloReply:
+        """HELLO, passing this process's memory and, if the setting asks for
+        it, a doorbell eventfd (kept in :attr:`bell` if the service took it)."""
+        fds = [os.open("/proc/self/mem", os.O_RDWR | os.O_CLOEXEC)]
+        if config.doorbell_mode() == "eventfd":
+            fds.append(os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC))
+            flags |= records.HELLO_DOORBELL_FD
         try:
-            self.call(ops.HELLO, records.Hello(self.token, protocol.PROTOCOL_VERSION,
-                                               records.HELLO_JOIN | records.HELLO_MEMORY,
-                                               os.getpid(), 0), [mem])  # fmt: skip
+            reply, _ = self.call(ops.HELLO, records.Hello(token, protocol.PROTOCOL_VERSION,
+                                                       flags, os.getpid(), 0), fds)  # fmt: skip
+        except BaseException:
+            for fd in fds[1:]:
+                os.close(fd)
+            raise
         finally:
-            os.close(mem)
+            os.close(fds[0])
+        old, self.bell = self.bell, -1
+        if old >= 0:
+            os.close(old)
+        if len(fds) > 1:
+            if reply.features & records.FEATURE_DOORBELL_FD:
+                self.bell = fds[1]
+            else:
+                os.close(fds[1])
+        return reply
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self.sock.close()
+        if self.bell >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.bell)
+            self.bell = -1
 
     def abandon(self) -> None:
         """In a forked child: let go of the parent's socket without a word (a
@@ -482,7 +505,16 @@ class ServiceProvider:
             self.runtime.unwatch(sock)
 
     def doorbell(self, qp: int, queue: int) -> None:
-        self.conn.post(ops.DOORBELL, records.Doorbell(qp, queue))
+        """The send queue's ``db`` moved: a write of the doorbell eventfd, if the
+        service took one, else (and for a receive queue) a DOORBELL message."""
+        conn = self.conn
+        if queue == records.DB_SQ and conn.bell >= 0 and conn.pid == os.getpid():
+            try:
+                os.eventfd_write(conn.bell, 1)
+                return
+            except OSError:  # the counter is full, or the descriptor gone: by message
+                pass
+        conn.post(ops.DOORBELL, records.Doorbell(qp, queue))
 
     # --- rings and memory ------------------------------------------------------------------
     def _region(self, size: int, name: str) -> SharedRegion:
