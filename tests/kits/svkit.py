@@ -708,6 +708,15 @@ class RcPeer:
         return 0, ""
 
 
+class EnvPeer(RcPeer):
+    """An RcPeer in a process with ``env`` set first (the fork server's
+    children inherit the environment it started with, not the test's)."""
+
+    def __init__(self, env: dict[str, str], *args: Any) -> None:
+        os.environ.update(env)
+        super().__init__(*args)
+
+
 class Allocator(XrcReceiver):
     """Allocates and destroys receive QPs; the numbers it got."""
 

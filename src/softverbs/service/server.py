@@ -170,9 +170,11 @@ class _Bell:
     item goes back on the ready list at each wake-up), writes between two
     turns wake it once, and the counter the service never reads is the
     client's alone.  Whatever the client does to its side -- never writes,
-    writes any value, reads the counter back, fills it so that its own writes
-    fail, clears ``O_NONBLOCK``, closes it -- only delays its own queues: the
-    service makes no system call on the descriptor but ``epoll_ctl``.  A
+    writes any value, reads the counter back (epoll checks that it is still
+    readable when it reports it, so a read right after a write can lose that
+    write's wake-up), fills it so that its own writes fail, clears
+    ``O_NONBLOCK``, closes it -- only delays its own queues: the service makes
+    no system call on the descriptor but ``epoll_ctl``.  A
     flood costs the service one scan per turn, as a turn's reads of a flood of
     messages are bounded by READ_BATCH.
 
