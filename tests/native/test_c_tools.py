@@ -409,13 +409,17 @@ def test_tools_under_address_sanitizer(env: dict[str, str], sanitized_libs: tupl
     assert "usec/iter" in client or re.search(r"^ #bytes", client, re.M), client
 
 
+@pytest.mark.parametrize("doorbell", ["message", "eventfd"])
 def test_a_forked_child_shares_the_context_not_the_rings(env: dict[str, str],
                                                          sanitized_libs: tuple[Path, str],
-                                                         tmp_path: Path) -> None:  # fmt: skip
+                                                         tmp_path: Path,
+                                                         doorbell: str) -> None:  # fmt: skip
     """``fork.c``: a child uses its parent's context (queries, a PD, a CQ it
     polls, an MR of pages only it has, device memory that no other process's
     allocation overlaps); posting to or polling its parent's queues is EPERM,
-    and the parent's rings are untouched."""
+    and the parent's rings are untouched.  With either doorbell: a child
+    connects with a doorbell eventfd of its own and closes its copy of the
+    parent's."""
     libdir, _ = sanitized_libs
     cc = native.compiler() or "gcc"
     prog = tmp_path / "fork"
@@ -424,7 +428,8 @@ def test_a_forked_child_shares_the_context_not_the_rings(env: dict[str, str],
                             "-o", str(prog), f"-L{libdir}", "-l:libibverbs.so.1"],
                            capture_output=True, text=True, check=False)  # fmt: skip
     assert build.returncode == 0, build.stderr
-    r = subprocess.run([str(prog)], env=dict(env, LD_LIBRARY_PATH=str(libdir)),
+    r = subprocess.run([str(prog)], env=dict(env, LD_LIBRARY_PATH=str(libdir),
+                                             SOFTVERBS_DOORBELL=doorbell),
                        capture_output=True, text=True, timeout=TIMEOUT, check=False)  # fmt: skip
     assert r.returncode == 0 and "FAIL" not in r.stdout, r.stdout + r.stderr
     assert r.stdout.count("ok ") == 23, r.stdout

@@ -114,3 +114,22 @@ def test_last_byte_polling_with_doorbell_suppression(spinning_service: str, last
                             capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
     polled = re.search(r"doorbells_polled (\d+)", status.stdout)
     assert polled is not None and int(polled.group(1)) > 0, status.stdout
+
+
+@pytest.mark.parametrize("op", ["write", "send"])
+def test_last_byte_polling_with_the_eventfd_doorbell(env: dict[str, str], lastbyte: Path,
+                                                     op: str) -> None:  # fmt: skip
+    """The program rings its send queue by writing the eventfd it passed with
+    HELLO (``SOFTVERBS_DOORBELL=eventfd``, docs/rings.md) instead of sending
+    DOORBELL messages: every post must still run (a lost wake-up shows as a
+    last byte that never comes), and the service must have rung them so."""
+    def rung() -> int:
+        status = subprocess.run([sys.executable, "-m", "softverbs", "service", "status"],
+                                env=env, capture_output=True, text=True, timeout=60,
+                                check=True)  # fmt: skip
+        found = re.search(r"doorbells_eventfd (\d+)", status.stdout)
+        return int(found.group(1)) if found else 0
+
+    before = rung()
+    _run(dict(env, SOFTVERBS_DOORBELL="eventfd"), lastbyte, op, 2000, SMALL)
+    assert rung() - before >= 2000
