@@ -136,7 +136,10 @@ def service_disabled() -> bool:
 #: a ``DOORBELL`` message per post, or a write of the eventfd it passed with
 #: ``HELLO`` (docs/rings.md).  The C library reads the same variable (conn.c).
 DOORBELLS = ("message", "eventfd")
-DEFAULT_DOORBELL = "message"
+DEFAULT_DOORBELL = "eventfd"
+#: a process rings by eventfd while it holds at most this many send queues (each
+#: write makes the service read every one's db), by message beyond (C: SV_BELL_MAX_QUEUES)
+BELL_MAX_QUEUES = 16
 
 
 def doorbell_mode() -> str:

@@ -398,6 +398,21 @@ def test_tools_under_address_sanitizer(env: dict[str, str], sanitized_libs: tupl
                                        tool: str, args: list[str]) -> None:  # fmt: skip
     """Debian's unmodified tools on the library built with ASan and UBSan: no
     report from start to teardown, and no leak (a leak fails the exit code)."""
+    _sanitized_pair(env, sanitized_libs, tool, args)
+
+
+@pytest.mark.parametrize(("tool", "args"), [SANITIZED[0], SANITIZED[4]],
+                         ids=["ibv_rc_pingpong", "ib_send_lat"])  # fmt: skip
+def test_tools_under_address_sanitizer_with_the_eventfd_doorbell(
+        env: dict[str, str], sanitized_libs: tuple[Path, str], tool: str,
+        args: list[str]) -> None:  # fmt: skip
+    """The same with SOFTVERBS_DOORBELL=eventfd: the eventfd's making, passing,
+    writes and closing draw no report and leak nothing."""
+    _sanitized_pair(dict(env, SOFTVERBS_DOORBELL="eventfd"), sanitized_libs, tool, args)
+
+
+def _sanitized_pair(env: dict[str, str], sanitized_libs: tuple[Path, str], tool: str,
+                    args: list[str]) -> None:  # fmt: skip
     _need(tool)
     libdir, preload = sanitized_libs
     san = dict(env, LD_LIBRARY_PATH=str(libdir), LD_PRELOAD=preload,

@@ -103,6 +103,9 @@ class Connection:
         #: the doorbell eventfd the service took (SOFTVERBS_DOORBELL=eventfd), or -1:
         #: send queues ring by writing it, not by a DOORBELL message (docs/rings.md)
         self.bell = -1
+        #: send queues this process holds: the eventfd rings while they are at
+        #: most config.BELL_MAX_QUEUES (the service reads every db per write)
+        self.send_queues = 0
         reply = self._hello(0, records.HELLO_MEMORY)
         self.service_pid: int = reply.service_pid
         self.token: int = reply.token
@@ -384,6 +387,7 @@ class ServiceProvider:
         #: once, and for the sanitizer's checks (docs/rings.md)
         self.rings_rq = conn.sanitized
         self._regions: dict[int, SharedRegion] = {}  #: id(ring) -> its shared memory
+        self._send_rings: set[int] = set()  #: id(ring) of the send queues
         self._sockets: dict[tuple[int, int], socket.socket] = {}  #: (kind, handle) -> events
         # a context of the registry's own, for the device's GIDs and MTU
         self._ctx = self.call(ops.OPEN_DEVICE, records.OpenDevice(name), Attach(sink=_ignore)).ctx
@@ -508,7 +512,8 @@ class ServiceProvider:
         """The send queue's ``db`` moved: a write of the doorbell eventfd, if the
         service took one, else (and for a receive queue) a DOORBELL message."""
         conn = self.conn
-        if queue == records.DB_SQ and conn.bell >= 0 and conn.pid == os.getpid():
+        if (queue == records.DB_SQ and conn.bell >= 0 and conn.pid == os.getpid()
+                and conn.send_queues <= config.BELL_MAX_QUEUES):  # fmt: skip
             try:
                 os.eventfd_write(conn.bell, 1)
                 return
@@ -526,6 +531,9 @@ class ServiceProvider:
         region = self._region(HEADER_SIZE + size * slot, "sq" if send else "rq")
         ring = shared_work_ring(region, size, slot, send)
         self._regions[id(ring)] = region
+        if send:
+            self._send_rings.add(id(ring))
+            self.conn.send_queues += 1
         return ring
 
     def cq_ring(self, capacity: int) -> CompletionRing:
@@ -557,6 +565,9 @@ class ServiceProvider:
         self._swap(ring, new)
 
     def free_ring(self, ring: Any) -> None:
+        if id(ring) in self._send_rings:
+            self._send_rings.discard(id(ring))
+            self.conn.send_queues -= 1
         region = self._regions.pop(id(ring), None)
         if region is not None:
             region.close()

@@ -53,6 +53,15 @@ static uint32_t conn_seq;
  * its parent's is not its own). */
 static int bell_fd = -1;
 static unsigned bell_forks;
+/* Send queues this process holds: each write of the eventfd makes the service
+ * read the db of every one, so beyond SV_BELL_MAX_QUEUES a post rings by
+ * message, whose cost does not grow with them. */
+static unsigned bell_queues;
+
+void sv_bell_queues(int delta)
+{
+	__atomic_add_fetch(&bell_queues, (unsigned)delta, __ATOMIC_RELAXED);
+}
 static __thread char last_error[256];
 
 const char *sv_last_error(void)
@@ -288,15 +297,15 @@ int sv_sanitizing(void)
 	return strncmp(v, "json", 4) ? 1 : 2;
 }
 
-/* SOFTVERBS_DOORBELL (softverbs.config.DOORBELLS; unset: "message", as
+/* SOFTVERBS_DOORBELL (softverbs.config.DOORBELLS; unset: "eventfd", as
  * config.DEFAULT_DOORBELL): an eventfd to pass with HELLO, or -1.  A word it
- * does not know is reported once and rings by message. */
+ * does not know is reported and rings by message. */
 static int doorbell_eventfd(void)
 {
 	const char *v = getenv("SOFTVERBS_DOORBELL");
-	if (!v || !*v || !strcasecmp(v, "message"))
+	if (v && *v && !strcasecmp(v, "message"))
 		return -1;
-	if (strcasecmp(v, "eventfd")) {
+	if (v && *v && strcasecmp(v, "eventfd")) {
 		fprintf(stderr, "softverbs: SOFTVERBS_DOORBELL=%s: give message or eventfd (how a "
 			"process rings its send queues); ringing by message\n", v);
 		return -1;
@@ -426,7 +435,8 @@ void sv_doorbell(uint32_t qp, uint32_t queue)
 	 * failed write (the counter full, the descriptor closed): the message. */
 	int bell = __atomic_load_n(&bell_fd, __ATOMIC_ACQUIRE);
 	if (queue == SV_DB_SQ && bell >= 0 &&
-	    bell_forks == __atomic_load_n(&sv_forks, __ATOMIC_RELAXED)) {
+	    bell_forks == __atomic_load_n(&sv_forks, __ATOMIC_RELAXED) &&
+	    __atomic_load_n(&bell_queues, __ATOMIC_RELAXED) <= SV_BELL_MAX_QUEUES) {
 		uint64_t one = 1;
 		if (write(bell, &one, sizeof(one)) == (ssize_t)sizeof(one))
 			return;
