@@ -180,7 +180,11 @@ class _Bell:
 
     On a wake the loop compares each of the owner's send queues' ``db`` with
     the last it acted on (:attr:`seen`) and rings those that moved -- the
-    doorbell a message would ring.  The list of queues (:attr:`queues`) holds
+    doorbell a message would ring.  The loop also compares them before it
+    serves any other request of the client: a write of the eventfd has no
+    place in the socket's order, and a request must see the posts made before
+    it (a destroy, a move to ERR, the sanitizer's checks).  The list of queues
+    (:attr:`queues`) holds
     views of the rings, which a destroy must be able to release: it is dropped
     before every other request (:meth:`Service._forget_bells`) and built again
     at the next wake."""
@@ -887,6 +891,8 @@ class Service:
             self._ring(client, msg.body.qp, msg.body.queue)
             return
         self._forget_polled()
+        if client.bell is not None:  # its posts before this request run before it, as a
+            self._rang(client.bell)  # DOORBELL message before it on the socket would
         self._forget_bells()
         if self._rung:  # the request sees what the doorbells before it started
             self._progress(self._rung)
