@@ -38,7 +38,8 @@ exclusive ``flock`` while the service lives).  A service started on demand
 (``--idle-exit``) stops after that many seconds without a client; one
 started with ``softverbs service start`` stays until stopped.  The loop is
 single-threaded; replies that cannot be sent at once wait in a bounded
-per-client queue.  It sleeps in epoll between messages; with
+per-client queue.  It sleeps in epoll between messages and the writes
+of the clients' doorbell eventfds (``_Bell``, docs/rings.md); with
 ``SOFTVERBS_SPIN_US`` it polls for that long after serving a client first,
 and drivers then skip the doorbell messages of the send queues it polls
 (doorbell suppression: docs/rings.md, where the ordering argument is).
