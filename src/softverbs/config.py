@@ -132,6 +132,25 @@ def service_disabled() -> bool:
     return os.environ.get("SOFTVERBS_SERVICE", "").strip().lower() in ("0", "off", "no", "false")
 
 
+#: ``SOFTVERBS_DOORBELL``: how a client of the service rings its send queues --
+#: a ``DOORBELL`` message per post, or a write of the eventfd it passed with
+#: ``HELLO`` (docs/rings.md).  The C library reads the same variable (conn.c).
+DOORBELLS = ("message", "eventfd")
+DEFAULT_DOORBELL = "eventfd"
+#: a process rings by eventfd while it holds at most this many send queues (each
+#: write makes the service read every one's db), by message beyond (C: SV_BELL_MAX_QUEUES)
+BELL_MAX_QUEUES = 16
+
+
+def doorbell_mode() -> str:
+    """``SOFTVERBS_DOORBELL``, one of :data:`DOORBELLS` (ConfigError for another word)."""
+    text = os.environ.get("SOFTVERBS_DOORBELL", "").strip().lower() or DEFAULT_DOORBELL
+    if text not in DOORBELLS:
+        raise ConfigError(f"SOFTVERBS_DOORBELL={text!r}: give one of {', '.join(DOORBELLS)} "
+                          f"(how a process rings its send queues)")  # fmt: skip
+    return text
+
+
 #: what --socket options say of the default
 SOCKET_HELP = ("the service's socket (default: $SOFTVERBS_SERVICE if it is a path, else "
                "softverbsd.sock in $XDG_RUNTIME_DIR, softverbsd-netINODE.sock in another "

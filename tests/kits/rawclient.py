@@ -85,6 +85,8 @@ STATUS = 41
 
 HELLO_MEMORY = 1  # Hello.flags bit 0: the request passes /proc/self/mem
 HELLO_JOIN = 2  # Hello.flags bit 1: join the owner that `token` names
+HELLO_DOORBELL_FD = 4  # Hello.flags bit 2: an eventfd follows; writing it rings the send queues
+FEATURE_DOORBELL_FD = 1  # HelloReply.features: the service took the eventfd
 DESTROY_CASCADE = 1  # Destroy.flags
 REG_MR_HAS_FD = 1  # RegMR.flags / ReregMR.flags: a memfd holding the region is passed
 DB_SQ, DB_RQ = 1, 2  # Doorbell.queue
@@ -529,13 +531,18 @@ class RawClient:
         pid: int | None = None,
         token: int = 0,
         memory: bool = False,
+        bell: int | None = None,
         **header: Any,
     ) -> dict[str, Any]:
-        """HELLO; with ``memory``, pass /proc/self/mem (and set HELLO_MEMORY)."""
+        """HELLO; with ``memory``, pass /proc/self/mem (and set HELLO_MEMORY);
+        with ``bell``, pass that descriptor as the doorbell eventfd (and set
+        HELLO_DOORBELL_FD; the caller keeps its copy)."""
         fds: list[int] = []
         if memory:
             flags |= HELLO_MEMORY
             fds.append(os.open("/proc/self/mem", os.O_RDWR | os.O_CLOEXEC))
+        if bell is not None:
+            flags |= HELLO_DOORBELL_FD
         try:
             body = Hello.pack(
                 token=token,
@@ -543,7 +550,8 @@ class RawClient:
                 flags=flags,
                 pid=os.getpid() if pid is None else pid,
             )
-            return self.call(HELLO, body, fds, **header).body(HelloReply)
+            passed = fds if bell is None else [*fds, bell]
+            return self.call(HELLO, body, passed, **header).body(HelloReply)
         finally:
             for fd in fds:
                 os.close(fd)

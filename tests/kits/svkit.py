@@ -708,6 +708,16 @@ class RcPeer:
         return 0, ""
 
 
+class EnvPeer(RcPeer):
+    """An RcPeer in a process with ``env`` set first (the fork server's
+    children inherit the environment it started with, not the test's)."""
+
+    def __init__(self, env: dict[str, str], extra_qps: int = 0, *args: Any) -> None:
+        os.environ.update(env)
+        super().__init__(*args)
+        self.more = [rc_qp(self.pd, self.cq) for _ in range(extra_qps)]
+
+
 class Allocator(XrcReceiver):
     """Allocates and destroys receive QPs; the numbers it got."""
 

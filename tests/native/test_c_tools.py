@@ -398,6 +398,21 @@ def test_tools_under_address_sanitizer(env: dict[str, str], sanitized_libs: tupl
                                        tool: str, args: list[str]) -> None:  # fmt: skip
     """Debian's unmodified tools on the library built with ASan and UBSan: no
     report from start to teardown, and no leak (a leak fails the exit code)."""
+    _sanitized_pair(env, sanitized_libs, tool, args)
+
+
+@pytest.mark.parametrize(("tool", "args"), [SANITIZED[0], SANITIZED[4]],
+                         ids=["ibv_rc_pingpong", "ib_send_lat"])  # fmt: skip
+def test_tools_under_address_sanitizer_with_the_eventfd_doorbell(
+        env: dict[str, str], sanitized_libs: tuple[Path, str], tool: str,
+        args: list[str]) -> None:  # fmt: skip
+    """The same with SOFTVERBS_DOORBELL=eventfd: the eventfd's making, passing,
+    writes and closing draw no report and leak nothing."""
+    _sanitized_pair(dict(env, SOFTVERBS_DOORBELL="eventfd"), sanitized_libs, tool, args)
+
+
+def _sanitized_pair(env: dict[str, str], sanitized_libs: tuple[Path, str], tool: str,
+                    args: list[str]) -> None:  # fmt: skip
     _need(tool)
     libdir, preload = sanitized_libs
     san = dict(env, LD_LIBRARY_PATH=str(libdir), LD_PRELOAD=preload,
@@ -409,13 +424,17 @@ def test_tools_under_address_sanitizer(env: dict[str, str], sanitized_libs: tupl
     assert "usec/iter" in client or re.search(r"^ #bytes", client, re.M), client
 
 
+@pytest.mark.parametrize("doorbell", ["message", "eventfd"])
 def test_a_forked_child_shares_the_context_not_the_rings(env: dict[str, str],
                                                          sanitized_libs: tuple[Path, str],
-                                                         tmp_path: Path) -> None:  # fmt: skip
+                                                         tmp_path: Path,
+                                                         doorbell: str) -> None:  # fmt: skip
     """``fork.c``: a child uses its parent's context (queries, a PD, a CQ it
     polls, an MR of pages only it has, device memory that no other process's
     allocation overlaps); posting to or polling its parent's queues is EPERM,
-    and the parent's rings are untouched."""
+    and the parent's rings are untouched.  With either doorbell: a child
+    connects with a doorbell eventfd of its own and closes its copy of the
+    parent's."""
     libdir, _ = sanitized_libs
     cc = native.compiler() or "gcc"
     prog = tmp_path / "fork"
@@ -424,7 +443,8 @@ def test_a_forked_child_shares_the_context_not_the_rings(env: dict[str, str],
                             "-o", str(prog), f"-L{libdir}", "-l:libibverbs.so.1"],
                            capture_output=True, text=True, check=False)  # fmt: skip
     assert build.returncode == 0, build.stderr
-    r = subprocess.run([str(prog)], env=dict(env, LD_LIBRARY_PATH=str(libdir)),
+    r = subprocess.run([str(prog)], env=dict(env, LD_LIBRARY_PATH=str(libdir),
+                                             SOFTVERBS_DOORBELL=doorbell),
                        capture_output=True, text=True, timeout=TIMEOUT, check=False)  # fmt: skip
     assert r.returncode == 0 and "FAIL" not in r.stdout, r.stdout + r.stderr
     assert r.stdout.count("ok ") == 23, r.stdout

@@ -114,3 +114,26 @@ def test_last_byte_polling_with_doorbell_suppression(spinning_service: str, last
                             capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
     polled = re.search(r"doorbells_polled (\d+)", status.stdout)
     assert polled is not None and int(polled.group(1)) > 0, status.stdout
+
+
+@pytest.mark.parametrize("doorbell", ["eventfd", "message"])
+def test_last_byte_polling_with_each_doorbell(env: dict[str, str], lastbyte: Path,
+                                              doorbell: str) -> None:  # fmt: skip
+    """The program rings its send queue by writing the eventfd it passed with
+    HELLO (``SOFTVERBS_DOORBELL=eventfd``, the default; docs/rings.md), or by
+    DOORBELL messages: every post must run (a lost wake-up shows as a last
+    byte that never comes), and the service counts the eventfd's rings only
+    where the program used it."""
+    def rung() -> int:
+        status = subprocess.run([sys.executable, "-m", "softverbs", "service", "status"],
+                                env=env, capture_output=True, text=True, timeout=60,
+                                check=True)  # fmt: skip
+        found = re.search(r"doorbells_eventfd (\d+)", status.stdout)
+        return int(found.group(1)) if found else 0
+
+    before = rung()
+    _run(dict(env, SOFTVERBS_DOORBELL=doorbell), lastbyte, "send", 2000, SMALL)
+    if doorbell == "eventfd":
+        assert rung() - before >= 2000
+    else:
+        assert rung() == before

@@ -91,9 +91,11 @@ def _refused(call: Callable[[], Any]) -> rc.Refused | None:
 class Hostile:
     """A raw client with a context, a PD, a CQ and an RC QP with both rings."""
 
-    def __init__(self, path: str, seal: bool = True, memory: bool = False) -> None:
+    def __init__(self, path: str, seal: bool = True, memory: bool = False,
+                 bell: int | None = None) -> None:  # fmt: skip
         self.raw = rc.RawClient(path)
-        self.raw.hello(memory=memory)  # memory: regions by address, through /proc/self/mem
+        # memory: regions by address, through /proc/self/mem; bell: a doorbell eventfd
+        self.hello = self.raw.hello(memory=memory, bell=bell)
         self.ctx = self.raw.open_device()
         self.pd = self.raw.alloc_pd(self.ctx)
         self.cq_ring = rc.Ring(16, rc.CQE_SIZE, seal=seal)

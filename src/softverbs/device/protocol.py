@@ -321,6 +321,10 @@ CONSTANT_TABLE: tuple[tuple[str, str, str], ...] = (
     ("HELLO_MEMORY", "Hello.flags", "the request passes the process's own /proc/self/mem"),
     ("HELLO_JOIN", "Hello.flags",
      "join the owner `token` names (a forked child uses its parent's objects)"),
+    ("HELLO_DOORBELL_FD", "Hello.flags",
+     "the request passes an eventfd, after the memory's descriptor: writing it rings the "
+     "client's send queues whose `db` moved"),
+    ("FEATURE_DOORBELL_FD", "HelloReply.features", "the service took the doorbell eventfd"),
     ("DESTROY_CASCADE", "Destroy.flags", "destroy what still uses the object first (else EBUSY)"),
     ("REG_MR_HAS_FD", "RegMR.flags, ReregMR.flags",
      "a memfd holding the region is passed; the region starts `offset` bytes in"),

@@ -238,7 +238,8 @@ class Takes:
 #: the request is its record alone (no descriptor)
 NOTHING = Takes("nothing")
 #: HELLO: optionally the process's /proc/self/mem
-PROCESS_MEMORY = Takes("process memory", "optional: the process's /proc/self/mem (flags bit 0)")
+PROCESS_MEMORY = Takes("process memory", "optional: the process's /proc/self/mem (flags bit 0), "
+                       "then the doorbell eventfd (flags bit 2)")
 ASYNC_SOCKET = Takes("async event socket",
                      "the context's async event socket (a SOCK_SEQPACKET end)")  # fmt: skip
 COMP_SOCKET = Takes("completion event socket",
@@ -292,13 +293,18 @@ class Empty(Record):
 
 HELLO_MEMORY = 1  #: the request passes the process's memory (/proc/self/mem)
 HELLO_JOIN = 2  #: a forked child joins the owner ``token`` names (its parent's objects)
+#: the request passes an eventfd (after the memory's descriptor): the client's send
+#: queues ring by writing it instead of sending DOORBELL messages (docs/rings.md)
+HELLO_DOORBELL_FD = 4
+#: HelloReply.features: the service took the HELLO_DOORBELL_FD eventfd
+FEATURE_DOORBELL_FD = 1
 
 
 class Hello(Record):
     DOCS = {"token": "HELLO_JOIN: the token the parent's HELLO reply gave"}
     token: U64
     version: U32
-    flags: U32  #: HELLO_MEMORY, HELLO_JOIN
+    flags: U32  #: HELLO_MEMORY, HELLO_JOIN, HELLO_DOORBELL_FD
     pid: U32
     reserved: U32
 

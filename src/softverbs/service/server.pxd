@@ -8,7 +8,7 @@ cimport cython
 
 
 cdef class Client:
-    cdef public object sock, pid, uid, owner, memory, outq, cm_events, _want_write, _send_lock
+    cdef public object sock, pid, uid, owner, memory, outq, cm_events, _want_write, _send_lock, bell
     cdef public bint memory_lent, alive, greeted, kicked
     cdef public long long events_dropped, single, quiet
 
@@ -18,7 +18,7 @@ cdef class Service:
     cdef public object _idle_since, _stop, _writers_lock, _fence, _pid_fd
     cdef public object listener, _wake_r, _wake_w
     cdef public dict clients, _polled
-    cdef public set _writers, _rung
+    cdef public set _writers, _rung, _built
     cdef public double spin, _busy, _timeout
     cdef public bint _flagged
     cdef object __weakref__  # softverbs.cm.service keeps its agents by service

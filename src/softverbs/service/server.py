@@ -38,7 +38,8 @@ exclusive ``flock`` while the service lives).  A service started on demand
 (``--idle-exit``) stops after that many seconds without a client; one
 started with ``softverbs service start`` stays until stopped.  The loop is
 single-threaded; replies that cannot be sent at once wait in a bounded
-per-client queue.  It sleeps in epoll between messages; with
+per-client queue.  It sleeps in epoll between messages and the writes
+of the clients' doorbell eventfds (``_Bell``, docs/rings.md); with
 ``SOFTVERBS_SPIN_US`` it polls for that long after serving a client first,
 and drivers then skip the doorbell messages of the send queues it polls
 (doorbell suppression: docs/rings.md, where the ordering argument is).
@@ -55,6 +56,7 @@ import json
 import logging
 import os
 import platform
+import select
 import selectors
 import signal
 import socket
@@ -72,7 +74,7 @@ from softverbs.device import ops, protocol, records
 from softverbs.device.core import ALLOWED_OPCODES, Device, Owner, Resources
 from softverbs.device.memory import ProcessMemory
 from softverbs.device.protocol import ProtocolError
-from softverbs.device.qp import ring_deferred, send_queue_header
+from softverbs.device.qp import ring_deferred, send_queue_header, send_queue_headers
 from softverbs.device.srq import SRQObj
 from softverbs.engine.memory import new_pass
 from softverbs.engine.rings import (
@@ -157,6 +159,64 @@ class _Polled:
         self.handle = handle
         self.hdr = hdr
         self.db = int(hdr[SQ_DB])
+
+
+class _Bell:
+    """A client's doorbell eventfd (``HELLO_DOORBELL_FD``, docs/rings.md).
+
+    The client stores a send queue's ``db`` and then writes 1 to the eventfd
+    instead of sending a ``DOORBELL`` message.  The loop's epoll holds the
+    eventfd *edge-triggered* and never reads it: every write is a wake-up (the
+    kernel wakes the eventfd's waiters on each write, and an edge-triggered
+    item goes back on the ready list at each wake-up), writes between two
+    turns wake it once, and the counter the service never reads is the
+    client's alone.  Whatever the client does to its side -- never writes,
+    writes any value, reads the counter back (epoll checks that it is still
+    readable when it reports it, so a read right after a write can lose that
+    write's wake-up), fills it so that its own writes fail, clears
+    ``O_NONBLOCK``, closes it -- only delays its own queues: the service makes
+    no system call on the descriptor but ``epoll_ctl``.  A
+    flood costs the service one scan per turn, as a turn's reads of a flood of
+    messages are bounded by READ_BATCH.
+
+    On a wake the loop compares each of the owner's send queues' ``db`` with
+    the last it acted on (:attr:`seen`) and rings those that moved -- the
+    doorbell a message would ring.  The loop also compares them before it
+    serves any other request of the client: a write of the eventfd has no
+    place in the socket's order, and a request must see the posts made before
+    it (a destroy, a move to ERR, the sanitizer's checks).  The list of queues
+    (:attr:`queues`) holds
+    views of the rings, which a destroy must be able to release: it is dropped
+    before every other request (:meth:`Service._forget_bells`) and built again
+    at the next wake."""
+
+    __slots__ = ("client", "fd", "queues", "seen")
+
+    def __init__(self, client: Client, fd: int) -> None:
+        self.client = client
+        self.fd = fd
+        self.queues: list[tuple[int, memoryview]] | None = None  #: None: to build
+        #: QP handle -> the last ``db`` rung for it (kept across rebuilds)
+        self.seen: dict[int, int] = {}
+
+
+class _Selector(selectors.EpollSelector):
+    """selectors' epoll, which can also hold a descriptor edge-triggered."""
+
+    def register_edge(self, fd: int, data: object) -> None:
+        """Hold ``fd`` for reading, reported once per wake-up of its waiters."""
+        self.register(fd, selectors.EVENT_READ, data)
+        # selectors has no edge-triggered mode; its epoll object is private
+        epoll: select.epoll = vars(self)["_selector"]
+        epoll.modify(fd, select.EPOLLIN | select.EPOLLET)
+
+
+def _eventfd(fd: int) -> bool:
+    """Whether ``fd`` is an eventfd (its /proc link names the anonymous inode)."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:[eventfd]"
+    except OSError:
+        return False
 
 
 def _spin_setting() -> float:
@@ -244,6 +304,7 @@ class Client:
         self.quiet = 0  #: how many such turns follow a drain that finds one message
         #: RDMA CM event channel number -> the socket its events go to
         self.cm_events: dict[int, EventSocket] = {}
+        self.bell: _Bell | None = None  #: its doorbell eventfd (HELLO_DOORBELL_FD)
         self._want_write = want_write
         self._send_lock = threading.Lock()
 
@@ -440,7 +501,7 @@ class Service:
         self.host = self.registry.host
         self.idle_exit = idle_exit
         self.clients: dict[socket.socket, Client] = {}
-        self.sel = selectors.DefaultSelector()
+        self.sel = _Selector()
         self.stats: Counter[str] = Counter()
         self.started = time.monotonic()
         self._idle_since: float | None = time.monotonic()
@@ -459,6 +520,8 @@ class Service:
         self._rung: set[Device] = set()
         #: the next wait's timeout: the earliest engine timer (_progress)
         self._timeout = 1.0
+        #: the doorbell eventfds whose lists of queues are built (_rang)
+        self._built: set[_Bell] = set()
         self._pid_fd = claim_pidfile(self.pidfile, path)
         try:
             # We hold the lock: a socket file left here is a dead service's.
@@ -510,6 +573,9 @@ class Service:
             elif key.data == "wake":
                 with contextlib.suppress(OSError):
                     self._wake_r.recv(4096)
+            elif isinstance(key.data, _Bell):
+                self._rang(key.data)
+                self._busy = time.monotonic()
             else:
                 sock: socket.socket = key.fileobj  # type: ignore[assignment]
                 if mask & selectors.EVENT_WRITE:
@@ -639,6 +705,55 @@ class Service:
             if self._flagged:
                 self._unflag()
             self._polled.clear()
+
+    # --- doorbell eventfds (_Bell) ---------------------------------------------------------------
+    def _rang(self, bell: _Bell) -> None:
+        """A client wrote its doorbell eventfd: ring its send queues whose ``db`` moved.
+
+        The ``db`` compared is read before the doorbell runs, as for polling
+        (_watch): a store racing with the doorbell is a change the next wake
+        sees.  A queue new to :attr:`_Bell.seen` rings once if anything was
+        ever posted to it (a doorbell run twice finds nothing new)."""
+        client = bell.client
+        if not client.alive:
+            return
+        queues = bell.queues
+        if queues is None:
+            try:
+                with self.host.lock:
+                    queues = bell.queues = send_queue_headers(client.owner)
+            except Exception:  # the owner is going: nothing to ring
+                self.stats["doorbell_errors"] += 1
+                return
+            self._built.add(bell)
+            live = {handle for handle, _ in queues}
+            for handle in [h for h in bell.seen if h not in live]:
+                del bell.seen[handle]
+        new_pass()  # as for a DOORBELL message (handle)
+        seen = bell.seen
+        for handle, hdr in queues:
+            db = int(hdr[SQ_DB])
+            if seen.get(handle, 0) != db:
+                seen[handle] = db
+                self.stats["doorbells_eventfd"] += 1
+                self._ring(client, handle, records.DB_SQ)
+
+    def _forget_bells(self) -> None:
+        """Drop the eventfds' views of the rings (before any request that may
+        destroy a QP and release its ring, and when a client goes)."""
+        if self._built:
+            for bell in self._built:
+                bell.queues = None
+            self._built.clear()
+
+    def _close_bell(self, client: Client) -> None:
+        bell, client.bell = client.bell, None
+        if bell is not None:
+            self._built.discard(bell)
+            with contextlib.suppress(KeyError, ValueError, OSError):
+                self.sel.unregister(bell.fd)
+            with contextlib.suppress(OSError):
+                os.close(bell.fd)
 
     def _check_idle(self) -> None:
         if not self.idle_exit:
@@ -819,6 +934,9 @@ class Service:
             self._ring(client, msg.body.qp, msg.body.queue)
             return
         self._forget_polled()
+        if client.bell is not None:  # its posts before this request run before it, as a
+            self._rang(client.bell)  # DOORBELL message before it on the socket would
+        self._forget_bells()
         if self._rung:  # the request sees what the doorbells before it started
             self._progress(self._rung)
         reply, passed = self._dispatch(client, op, msg, fds)
@@ -919,8 +1037,17 @@ class Service:
                                 f"{protocol.PROTOCOL_VERSION}")  # fmt: skip
         if client.greeted:
             raise ProtocolError("HELLO twice")
-        if req.flags & ~(records.HELLO_MEMORY | records.HELLO_JOIN):
+        if req.flags & ~(records.HELLO_MEMORY | records.HELLO_JOIN | records.HELLO_DOORBELL_FD):
             raise ProtocolError(f"unknown HELLO flags {req.flags:#x}")
+        want = (1 if req.flags & records.HELLO_MEMORY else 0) + (
+            1 if req.flags & records.HELLO_DOORBELL_FD else 0)
+        if len(fds) != want:
+            raise einval(f"HELLO: expected {want} file descriptor(s) (HELLO_MEMORY, then "
+                         f"HELLO_DOORBELL_FD), got {len(fds)}")  # fmt: skip
+        bell = fds[-1] if req.flags & records.HELLO_DOORBELL_FD else -1
+        if bell >= 0 and not _eventfd(bell):
+            raise einval("HELLO: the descriptor passed with HELLO_DOORBELL_FD is not an "
+                         "eventfd (create it with eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC))")
         if req.flags & records.HELLO_JOIN:
             parent = self.host.owner_by_token(req.token)
             if parent is None or parent.uid != client.uid:
@@ -930,7 +1057,7 @@ class Service:
             client.owner = parent
             parent.connections += 1
         if req.flags & records.HELLO_MEMORY:
-            (fd,) = _fds(fds, 1, "HELLO")
+            fd = fds.pop(0)
             try:
                 _own_memory(fd, client, req.pid)
             except BaseException:
@@ -942,9 +1069,20 @@ class Service:
             else:  # joined: kept while the owner lives, for the regions registered here
                 client.memory = memory
                 client.owner.release.append(memory.close)
+        features = 0
+        if bell >= 0:
+            fds.remove(bell)
+            client.bell = _Bell(client, bell)
+            try:
+                self.sel.register_edge(bell, client.bell)
+            except OSError:
+                client.bell = None
+                os.close(bell)
+            else:
+                features |= records.FEATURE_DOORBELL_FD
         client.greeted = True
         return records.HelloReply(client.owner.token, protocol.PROTOCOL_VERSION, os.getpid(),
-                              len(self.registry.entries()), 0), b""  # fmt: skip
+                              len(self.registry.entries()), features), b""  # fmt: skip
 
     def op_status(self, client: Client, req: records.Empty, tail: bytes,
                   fds: list[int]) -> tuple[Any, bytes]:  # fmt: skip
@@ -1010,6 +1148,8 @@ class Service:
         if self.clients.pop(client.sock, None) is None:
             return
         self._forget_polled()
+        self._forget_bells()
+        self._close_bell(client)
         with contextlib.suppress(Exception):
             self.sel.unregister(client.sock)
         client.alive = False

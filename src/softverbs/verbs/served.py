@@ -100,12 +100,13 @@ class Connection:
         self.lock = threading.RLock()
         self._seq = 1
         self.pid = os.getpid()
-        mem = os.open("/proc/self/mem", os.O_RDWR | os.O_CLOEXEC)
-        try:
-            reply, _ = self.call(ops.HELLO, records.Hello(0, protocol.PROTOCOL_VERSION,
-                                                       records.HELLO_MEMORY, os.getpid(), 0), [mem])
-        finally:
-            os.close(mem)
+        #: the doorbell eventfd the service took (SOFTVERBS_DOORBELL=eventfd), or -1:
+        #: send queues ring by writing it, not by a DOORBELL message (docs/rings.md)
+        self.bell = -1
+        #: send queues this process holds: the eventfd rings while they are at
+        #: most config.BELL_MAX_QUEUES (the service reads every db per write)
+        self.send_queues = 0
+        reply = self._hello(0, records.HELLO_MEMORY)
         self.service_pid: int = reply.service_pid
         self.token: int = reply.token
         value = sanitizer.from_environment()
@@ -204,18 +205,43 @@ class Connection:
         self.lock = threading.RLock()
         self.pid = os.getpid()
         self.sock = self._connect(self.path, spawn=False)
-        # its own memory too: the regions it registers are its pages, not the parent's
-        mem = os.open("/proc/self/mem", os.O_RDWR | os.O_CLOEXEC)
+        # its own memory too: the regions it registers are its pages, not the parent's;
+        # and a doorbell eventfd of its own (the parent's copy rings the parent's queues)
+        self._hello(self.token, records.HELLO_JOIN | records.HELLO_MEMORY)
+
+    def _hello(self, token: int, flags: int) -> records.HelloReply:
+        """HELLO, passing this process's memory and, if the setting asks for
+        it, a doorbell eventfd (kept in :attr:`bell` if the service took it)."""
+        fds = [os.open("/proc/self/mem", os.O_RDWR | os.O_CLOEXEC)]
+        if config.doorbell_mode() == "eventfd":
+            fds.append(os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC))
+            flags |= records.HELLO_DOORBELL_FD
         try:
-            self.call(ops.HELLO, records.Hello(self.token, protocol.PROTOCOL_VERSION,
-                                               records.HELLO_JOIN | records.HELLO_MEMORY,
-                                               os.getpid(), 0), [mem])  # fmt: skip
+            reply, _ = self.call(ops.HELLO, records.Hello(token, protocol.PROTOCOL_VERSION,
+                                                       flags, os.getpid(), 0), fds)  # fmt: skip
+        except BaseException:
+            for fd in fds[1:]:
+                os.close(fd)
+            raise
         finally:
-            os.close(mem)
+            os.close(fds[0])
+        old, self.bell = self.bell, -1
+        if old >= 0:
+            os.close(old)
+        if len(fds) > 1:
+            if reply.features & records.FEATURE_DOORBELL_FD:
+                self.bell = fds[1]
+            else:
+                os.close(fds[1])
+        return reply
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self.sock.close()
+        if self.bell >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.bell)
+            self.bell = -1
 
     def abandon(self) -> None:
         """In a forked child: let go of the parent's socket without a word (a
@@ -361,6 +387,7 @@ class ServiceProvider:
         #: once, and for the sanitizer's checks (docs/rings.md)
         self.rings_rq = conn.sanitized
         self._regions: dict[int, SharedRegion] = {}  #: id(ring) -> its shared memory
+        self._send_rings: set[int] = set()  #: id(ring) of the send queues
         self._sockets: dict[tuple[int, int], socket.socket] = {}  #: (kind, handle) -> events
         # a context of the registry's own, for the device's GIDs and MTU
         self._ctx = self.call(ops.OPEN_DEVICE, records.OpenDevice(name), Attach(sink=_ignore)).ctx
@@ -482,7 +509,17 @@ class ServiceProvider:
             self.runtime.unwatch(sock)
 
     def doorbell(self, qp: int, queue: int) -> None:
-        self.conn.post(ops.DOORBELL, records.Doorbell(qp, queue))
+        """The send queue's ``db`` moved: a write of the doorbell eventfd, if the
+        service took one, else (and for a receive queue) a DOORBELL message."""
+        conn = self.conn
+        if (queue == records.DB_SQ and conn.bell >= 0 and conn.pid == os.getpid()
+                and conn.send_queues <= config.BELL_MAX_QUEUES):  # fmt: skip
+            try:
+                os.eventfd_write(conn.bell, 1)
+                return
+            except OSError:  # the counter is full, or the descriptor gone: by message
+                pass
+        conn.post(ops.DOORBELL, records.Doorbell(qp, queue))
 
     # --- rings and memory ------------------------------------------------------------------
     def _region(self, size: int, name: str) -> SharedRegion:
@@ -494,6 +531,9 @@ class ServiceProvider:
         region = self._region(HEADER_SIZE + size * slot, "sq" if send else "rq")
         ring = shared_work_ring(region, size, slot, send)
         self._regions[id(ring)] = region
+        if send:
+            self._send_rings.add(id(ring))
+            self.conn.send_queues += 1
         return ring
 
     def cq_ring(self, capacity: int) -> CompletionRing:
@@ -525,6 +565,9 @@ class ServiceProvider:
         self._swap(ring, new)
 
     def free_ring(self, ring: Any) -> None:
+        if id(ring) in self._send_rings:
+            self._send_rings.discard(id(ring))
+            self.conn.send_queues -= 1
         region = self._regions.pop(id(ring), None)
         if region is not None:
             region.close()

@@ -16,6 +16,12 @@
  * own /proc/self/mem too: a region it registers is its own pages.  It never
  * touches the rings its parent made (sv_ring_foreign).  If the parent's
  * owner is already gone, the child starts an owner of its own.
+ *
+ * The send queues' doorbell (docs/rings.md): a DOORBELL message, or -- with
+ * SOFTVERBS_DOORBELL=eventfd -- a write of an eventfd passed with HELLO,
+ * after which the service rings every queue of ours whose db moved.  Which
+ * one is a value (bell_fd), chosen once per connection; a forked child makes
+ * its own with its own connection.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -25,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -41,6 +48,20 @@ static pid_t conn_pid;
 static uint64_t conn_token;	/* our owner's, from HELLO's reply: a forked child joins it */
 static int conn_joinable;	/* conn_token is set */
 static uint32_t conn_seq;
+/* The doorbell eventfd the service took (SV_FEATURE_DOORBELL_FD), -1: DOORBELL
+ * messages; bell_forks is sv_forks when it was made (a forked child's copy of
+ * its parent's is not its own). */
+static int bell_fd = -1;
+static unsigned bell_forks;
+/* Send queues this process holds: each write of the eventfd makes the service
+ * read the db of every one, so beyond SV_BELL_MAX_QUEUES a post rings by
+ * message, whose cost does not grow with them. */
+static unsigned bell_queues;
+
+void sv_bell_queues(int delta)
+{
+	__atomic_add_fetch(&bell_queues, (unsigned)delta, __ATOMIC_RELAXED);
+}
 static __thread char last_error[256];
 
 const char *sv_last_error(void)
@@ -276,6 +297,47 @@ int sv_sanitizing(void)
 	return strncmp(v, "json", 4) ? 1 : 2;
 }
 
+/* SOFTVERBS_DOORBELL (softverbs.config.DOORBELLS; unset: "eventfd", as
+ * config.DEFAULT_DOORBELL): an eventfd to pass with HELLO, or -1.  A word it
+ * does not know is reported and rings by message. */
+static int doorbell_eventfd(void)
+{
+	const char *v = getenv("SOFTVERBS_DOORBELL");
+	if (v && *v && !strcasecmp(v, "message"))
+		return -1;
+	if (v && *v && strcasecmp(v, "eventfd")) {
+		fprintf(stderr, "softverbs: SOFTVERBS_DOORBELL=%s: give message or eventfd (how a "
+			"process rings its send queues); ringing by message\n", v);
+		return -1;
+	}
+	return eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+}
+
+/* HELLO with our memory and, if asked for, a doorbell eventfd; the eventfd
+ * becomes bell_fd if the service took it. */
+static int hello_locked(struct sv_hello *hello, int mem, struct sv_hello_reply *rep)
+{
+	int fds[2], nfds = 0;
+	int bell = doorbell_eventfd();
+	if (mem >= 0)
+		fds[nfds++] = mem;
+	if (bell >= 0) {
+		fds[nfds++] = bell;
+		hello->flags |= SV_HELLO_DOORBELL_FD;
+	}
+	int err = exchange(SV_OP_HELLO, hello, sizeof(*hello), fds, nfds, rep, sizeof(*rep),
+			   NULL, NULL);
+	if (bell >= 0) {
+		if (!err && (rep->features & SV_FEATURE_DOORBELL_FD)) {
+			bell_forks = __atomic_load_n(&sv_forks, __ATOMIC_RELAXED);
+			__atomic_store_n(&bell_fd, bell, __ATOMIC_RELEASE);
+		} else {
+			close(bell);
+		}
+	}
+	return err;
+}
+
 static int connect_locked(void)
 {
 	if (conn_fd >= 0 && conn_pid == getpid())
@@ -285,6 +347,9 @@ static int connect_locked(void)
 		close(conn_fd);
 		conn_fd = -1;
 		join = conn_joinable;
+		int bell = __atomic_exchange_n(&bell_fd, -1, __ATOMIC_ACQ_REL);
+		if (bell >= 0)
+			close(bell);	/* our copy of the parent's: it rings the parent's queues */
 	}
 	char path[PATH_MAX];
 	int is_default;
@@ -320,14 +385,12 @@ static int connect_locked(void)
 		struct sv_hello joining = hello;
 		joining.flags |= SV_HELLO_JOIN;
 		joining.token = conn_token;
-		err = exchange(SV_OP_HELLO, &joining, sizeof(joining), &mem, mem >= 0 ? 1 : 0,
-			       &rep, sizeof(rep), NULL, NULL);
+		err = hello_locked(&joining, mem, &rep);
 		join = !err;
 	}
 	/* not forked, or the parent's owner is gone (EPERM): an owner of our own */
 	if (!join)
-		err = exchange(SV_OP_HELLO, &hello, sizeof(hello), &mem, mem >= 0 ? 1 : 0, &rep,
-			       sizeof(rep), NULL, NULL);
+		err = hello_locked(&hello, mem, &rep);
 	if (mem >= 0)
 		close(mem);
 	if (!err) {
@@ -367,6 +430,17 @@ int sv_call(uint16_t op, const void *req, size_t req_len, const int *fds, int nf
 
 void sv_doorbell(uint32_t qp, uint32_t queue)
 {
+	/* A send queue's db moved: a write of the eventfd is the whole doorbell
+	 * (the service compares every db of ours).  A receive queue's, or a
+	 * failed write (the counter full, the descriptor closed): the message. */
+	int bell = __atomic_load_n(&bell_fd, __ATOMIC_ACQUIRE);
+	if (queue == SV_DB_SQ && bell >= 0 &&
+	    bell_forks == __atomic_load_n(&sv_forks, __ATOMIC_RELAXED) &&
+	    __atomic_load_n(&bell_queues, __ATOMIC_RELAXED) <= SV_BELL_MAX_QUEUES) {
+		uint64_t one = 1;
+		if (write(bell, &one, sizeof(one)) == (ssize_t)sizeof(one))
+			return;
+	}
 	char buf[sizeof(struct sv_header) + sizeof(struct sv_doorbell)];
 	struct sv_header *h = (struct sv_header *)buf;
 	struct sv_doorbell db = {.qp = qp, .queue = queue};

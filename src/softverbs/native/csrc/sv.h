@@ -32,6 +32,10 @@ SV_HIDDEN int sv_call(uint16_t op, const void *req, size_t req_len, const int *f
 		      void *reply, size_t reply_len, void *tail, size_t *tail_len);
 /* The one-way doorbell: the application moved a queue's db. */
 SV_HIDDEN void sv_doorbell(uint32_t qp, uint32_t queue);
+/* The process made (+1) or destroyed (-1) a send queue: the eventfd doorbell
+ * is used while it holds at most SV_BELL_MAX_QUEUES of them (conn.c). */
+#define SV_BELL_MAX_QUEUES 16
+SV_HIDDEN void sv_bell_queues(int delta);
 /* The service's message for the last failed call of this thread. */
 SV_HIDDEN const char *sv_last_error(void);
 /* Connect (once per process; again after fork) and say HELLO; 0 or an errno. */

@@ -1192,6 +1192,8 @@ static struct ibv_qp *create_qp(struct ibv_context *context, struct ibv_qp_init_
 	if (req.send_ops_flags || dv_size)
 		qpx_init(qp);
 	sv_map_put(ctx, SV_KIND_QP, rep.qp, qp);
+	if (qp->has_sq)
+		sv_bell_queues(1);
 	return q;
 fail:
 	sv_ring_destroy(&qp->sq);
@@ -1235,6 +1237,8 @@ int ibv_destroy_qp(struct ibv_qp *ibqp)
 	uint32_t events;
 	sv_map_del(qp->ctx, SV_KIND_QP, ibqp->handle, &events, NULL);
 	wait_acked(&ibqp->mutex, &ibqp->cond, &ibqp->events_completed, events);
+	if (qp->has_sq)
+		sv_bell_queues(-1);
 	sv_ring_destroy(&qp->sq);
 	sv_ring_destroy(&qp->rq);
 	free(qp);
