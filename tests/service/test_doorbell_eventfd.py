@@ -140,6 +140,38 @@ def test_a_write_rings_the_queues_whose_db_moved_and_only_those(service: Service
         os.close(bell)
 
 
+def test_the_queues_are_listed_again_only_when_a_qp_comes_or_goes(
+        service: ServiceProc, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Every request of a process with an eventfd scans its send queues first;
+    the list of them is made again only when a QP was made or destroyed, so a
+    process registering thousands of regions does not walk all its objects
+    for each one."""
+    monkeypatch.setenv("SOFTVERBS_DOORBELL", "message")  # the STATUS connections: no eventfd
+
+    def lists() -> int:
+        return int(service.stats()["stats"].get("doorbell_lists", 0))
+
+    h, bell = _bell_hostile(service)
+    try:
+        h.raw.alloc_pd(h.ctx)  # a request: the queues are scanned (and listed) before it
+        before = lists()
+        assert before >= 1
+        for _ in range(20):  # requests that make objects, but no QP
+            h.raw.alloc_pd(h.ctx)
+        os.eventfd_write(bell, 1)
+        time.sleep(0.2)
+        assert lists() == before
+        other = Hostile(service.path)  # a QP made (by another process)
+        try:
+            os.eventfd_write(bell, 1)
+            _until(lambda: lists() == before + 1, "a new QP lists the queues again")
+        finally:
+            other.close()
+    finally:
+        h.close()
+        os.close(bell)
+
+
 def test_a_client_that_never_writes_its_eventfd_delays_only_itself(
         service: ServiceProc, spawn: Callable[..., Worker]) -> None:  # fmt: skip
     h, bell = _bell_hostile(service)

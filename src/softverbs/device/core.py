@@ -551,6 +551,9 @@ class Host:
         self.owners: set[Owner] = set()
         self.handles: dict[int, Obj] = {}
         self._next_handle = 1
+        #: objects made and destroyed, by kind: a kind's count moves whenever the set of
+        #: objects of that kind changes (the service lists a process's QPs again then)
+        self.changes: Counter[int] = Counter()
         self.lock = threading.RLock()
         self.stats: Counter[str] = Counter()
         #: the verbs sanitizer, once a process has asked for it (SANITIZE)
@@ -635,6 +638,7 @@ class Host:
                 parent.users += 1
         rec.owner.objects[handle] = rec
         self.handles[handle] = rec
+        self.changes[rec.KIND] += 1
         self.stats[f"created_{rec.kind_name}"] += 1
         return rec
 
@@ -741,6 +745,7 @@ class Host:
         rec.parents = []
         rec.owner.objects.pop(rec.handle, None)
         self.handles.pop(rec.handle, None)
+        self.changes[rec.KIND] += 1
         for close in rec.release:
             close()
         rec.release = []
@@ -763,6 +768,7 @@ class Host:
                     self.stats["cleanup_errors"] += 1
                     owner.objects.pop(rec.handle, None)
                     self.handles.pop(rec.handle, None)
+                    self.changes[rec.KIND] += 1
             for dev in self.devices.values():
                 with dev.runtime.lock:
                     for qpn, refs in list(dev.hca.xrc_refs.items()):

@@ -473,11 +473,11 @@ def send_queue_header(host: Host, owner: Owner, handle: int) -> memoryview | Non
     return None if sq is None else sq.hdr
 
 
-def send_queue_headers(owner: Owner) -> list[tuple[int, memoryview]]:
-    """Every send queue of ``owner``'s QPs: its QP's handle and its header words
-    (:func:`send_queue_header`); the service scans their ``db`` words when a
-    client's doorbell eventfd is written (service/server.py ``_Bell``)."""
-    return [(handle, obj.engine.sq.hdr) for handle, obj in list(owner.objects.items())
+def send_queues(owner: Owner) -> list[tuple[int, QPObj]]:
+    """Every QP of ``owner``'s with a send queue: its handle and its record; the
+    service reads their ``db`` words when a client's doorbell eventfd is
+    written (service/server.py ``_Bell``)."""
+    return [(handle, obj) for handle, obj in list(owner.objects.items())
             if isinstance(obj, QPObj) and obj.engine.sq is not None]  # fmt: skip
 
 

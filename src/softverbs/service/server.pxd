@@ -18,7 +18,7 @@ cdef class Service:
     cdef public object _idle_since, _stop, _writers_lock, _fence, _pid_fd
     cdef public object listener, _wake_r, _wake_w
     cdef public dict clients, _polled
-    cdef public set _writers, _rung, _built
+    cdef public set _writers, _rung
     cdef public double spin, _busy, _timeout
     cdef public bint _flagged
     cdef object __weakref__  # softverbs.cm.service keeps its agents by service

@@ -74,7 +74,7 @@ from softverbs.device import ops, protocol, records
 from softverbs.device.core import ALLOWED_OPCODES, Device, Owner, Resources
 from softverbs.device.memory import ProcessMemory
 from softverbs.device.protocol import ProtocolError
-from softverbs.device.qp import ring_deferred, send_queue_header, send_queue_headers
+from softverbs.device.qp import QPObj, ring_deferred, send_queue_header, send_queues
 from softverbs.device.srq import SRQObj
 from softverbs.engine.memory import new_pass
 from softverbs.engine.rings import (
@@ -184,18 +184,21 @@ class _Bell:
     doorbell a message would ring.  The loop also compares them before it
     serves any other request of the client: a write of the eventfd has no
     place in the socket's order, and a request must see the posts made before
-    it (a destroy, a move to ERR, the sanitizer's checks).  The list of queues
-    (:attr:`queues`) holds
-    views of the rings, which a destroy must be able to release: it is dropped
-    before every other request (:meth:`Service._forget_bells`) and built again
-    at the next wake."""
+    it (a destroy, a move to ERR, the sanitizer's checks).  The list of the
+    owner's QPs (:attr:`queues`) is built again only when the host made or
+    destroyed a QP since (:attr:`made`), so a scan costs one read per send
+    queue, not a walk of every object the process holds.  It
+    holds the QP records, not views of their rings, which a destroy must be
+    able to release; a QP destroyed since is skipped."""
 
-    __slots__ = ("client", "fd", "queues", "seen")
+    __slots__ = ("client", "fd", "made", "queues", "seen")
 
     def __init__(self, client: Client, fd: int) -> None:
         self.client = client
         self.fd = fd
-        self.queues: list[tuple[int, memoryview]] | None = None  #: None: to build
+        self.queues: list[tuple[int, QPObj]] = []  #: (handle, record) of the owner's QPs
+        #: the host's count of QPs made and destroyed when :attr:`queues` was built
+        self.made = -1
         #: QP handle -> the last ``db`` rung for it (kept across rebuilds)
         self.seen: dict[int, int] = {}
 
@@ -520,8 +523,6 @@ class Service:
         self._rung: set[Device] = set()
         #: the next wait's timeout: the earliest engine timer (_progress)
         self._timeout = 1.0
-        #: the doorbell eventfds whose lists of queues are built (_rang)
-        self._built: set[_Bell] = set()
         self._pid_fd = claim_pidfile(self.pidfile, path)
         try:
             # We hold the lock: a socket file left here is a dead service's.
@@ -717,39 +718,35 @@ class Service:
         client = bell.client
         if not client.alive:
             return
+        objects = client.owner.objects
+        made = self.host.changes[QPObj.KIND]
         queues = bell.queues
-        if queues is None:
+        if made != bell.made:  # a QP may have come or gone: list them again
             try:
                 with self.host.lock:
-                    queues = bell.queues = send_queue_headers(client.owner)
+                    queues = bell.queues = send_queues(client.owner)
             except Exception:  # the owner is going: nothing to ring
                 self.stats["doorbell_errors"] += 1
                 return
-            self._built.add(bell)
+            bell.made = made
+            self.stats["doorbell_lists"] += 1
             live = {handle for handle, _ in queues}
             for handle in [h for h in bell.seen if h not in live]:
                 del bell.seen[handle]
         new_pass()  # as for a DOORBELL message (handle)
         seen = bell.seen
-        for handle, hdr in queues:
-            db = int(hdr[SQ_DB])
+        for handle, rec in queues:
+            if objects.get(handle) is not rec:  # destroyed since the list was built
+                continue
+            db = int(rec.engine.sq.hdr[SQ_DB])
             if seen.get(handle, 0) != db:
                 seen[handle] = db
                 self.stats["doorbells_eventfd"] += 1
                 self._ring(client, handle, records.DB_SQ)
 
-    def _forget_bells(self) -> None:
-        """Drop the eventfds' views of the rings (before any request that may
-        destroy a QP and release its ring, and when a client goes)."""
-        if self._built:
-            for bell in self._built:
-                bell.queues = None
-            self._built.clear()
-
     def _close_bell(self, client: Client) -> None:
         bell, client.bell = client.bell, None
         if bell is not None:
-            self._built.discard(bell)
             with contextlib.suppress(KeyError, ValueError, OSError):
                 self.sel.unregister(bell.fd)
             with contextlib.suppress(OSError):
@@ -936,7 +933,6 @@ class Service:
         self._forget_polled()
         if client.bell is not None:  # its posts before this request run before it, as a
             self._rang(client.bell)  # DOORBELL message before it on the socket would
-        self._forget_bells()
         if self._rung:  # the request sees what the doorbells before it started
             self._progress(self._rung)
         reply, passed = self._dispatch(client, op, msg, fds)
@@ -1148,7 +1144,6 @@ class Service:
         if self.clients.pop(client.sock, None) is None:
             return
         self._forget_polled()
-        self._forget_bells()
         self._close_bell(client)
         with contextlib.suppress(Exception):
             self.sel.unregister(client.sock)
