@@ -349,21 +349,18 @@ class PingPong:
         out = b""
         while True:
             _, wcs = cq.poll(4)
-            done = False
-            # every completion of the batch is taken: a send's may come after the
-            # receive (the peer sends its reply before the ACK of our request)
             for wc in wcs:
                 _check(wc, "ping-pong")
                 if wc.opcode == self.recv_op:
                     slot = wc.wr_id
                     out = bytes(view[slot * LAT_SIZE : (slot + 1) * LAT_SIZE])
                     self.end.post_recv(slot)
-                    done = done or not block_on_send
+                    if not block_on_send:
+                        return out
                 else:
                     self.sends_out -= 1
-                    done = done or block_on_send
-            if done:
-                return out
+                    if block_on_send:
+                        return out
             if not wcs:
                 if self.events:
                     self._sleep(cq)

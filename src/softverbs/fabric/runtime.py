@@ -113,9 +113,6 @@ class Runtime:
         self._delay_seq = 0
         self.taps: list[tuple[PacketSink, frozenset[bytes] | None]] = []
         self.generation = 0  #: bumped whenever progress did something
-        #: threads asleep on :attr:`cond` in :meth:`wait_for` (under the lock): a
-        #: turn notifies only when there are any (notify_all is Python code)
-        self.sleepers = 0
 
     def attach(self, hca: HCA) -> None:
         with self.lock:
@@ -202,15 +199,9 @@ class Runtime:
                 break
             did = True
         if did:
-            self.moved()
-        return did
-
-    def moved(self) -> None:
-        """Something happened: wake the threads asleep in :meth:`wait_for`.
-        Call with :attr:`lock` held."""
-        self.generation += 1
-        if self.sleepers:
+            self.generation += 1
             self.cond.notify_all()
+        return did
 
     def posted(self) -> bool:
         """A verb queued work (a post rang a doorbell): run the devices until
@@ -265,11 +256,7 @@ class Runtime:
                 return self._wait_virtual(ready, timeout)
             end = None if timeout is None else time.monotonic() + timeout
             while (done := self.wait_pass(ready, end)) is None:
-                self.sleepers += 1
-                try:
-                    self.cond.wait(self.wait_time(time.monotonic(), end))
-                finally:
-                    self.sleepers -= 1
+                self.cond.wait(self.wait_time(time.monotonic(), end))
             return done
 
     def wait_pass(self, ready: Callable[[], bool], end: float | None) -> bool | None:

@@ -54,10 +54,7 @@ Receiving and progress
     thread blocked in ``get_cq_event`` (it waits on the sockets itself);
     meanwhile the progress thread stands back, away from the sockets.  A
     post does not drain them: it only sends what it made (``posted``).  All
-    run the same loop under the runtime's one lock.  A busy poller's poll hands
-    back the completions it found before it sends the ACKs they owe, and a
-    turn's requests leave before its responses, so a ping-pong's reply is not
-    queued behind the ACK of the request it answers (``UdpRuntime.progress``).
+    run the same loop under the runtime's one lock.
 
 Multicast
     A UD SEND to a multicast GID (destination QP 0xFFFFFF) leaves as a
@@ -110,7 +107,7 @@ from softverbs.wire.codec import (
     encode_udp_payload,
     seal_udp_datagrams,
 )
-from softverbs.wire.opcodes import OPINFO, ROCEV2_PORT
+from softverbs.wire.opcodes import ROCEV2_PORT
 from softverbs.wire.packet import IPV4_MAPPED_PREFIX, Packet, is_multicast_gid
 
 log = logging.getLogger(__name__)
@@ -424,13 +421,8 @@ class UdpRuntime(Runtime):
         #: the thread blocked in wait_for that drives the device (see there)
         self._driver: threading.Thread | None = None
         self._thread: threading.Thread | None = None
-        self._thread_id = 0  #: its threading.get_ident(), cheaper to compare than current_thread()
         self._sleep_until: float | None = None
         self._poller_seen = -math.inf  #: when a poll last found its CQ empty
-        #: a poller's turn is running that leaves the ACKs it owes for the next
-        #: turn (see progress); and whether ACKs were so left
-        self._holding = False
-        self._acks_held = False
         #: segmentation offload: bursts whole, runs of datagrams per sendmsg
         self.gso = gso_wanted()
         self.bursts = self.gso
@@ -834,108 +826,35 @@ class UdpRuntime(Runtime):
                 log.exception("internal error while receiving %r", pkt)
         return datagrams
 
-    def send_outboxes(self, now: float) -> bool:
-        """Send what every device has queued, a turn's requests before its
-        responses.
-
-        Requests and responses are two streams in opposite directions with PSN
-        spaces of their own, and IBA orders each stream, not one against the
-        other (a NIC's requester and responder send independently, as rxe's
-        tasks do).  So a request queued behind an ACK leaves first: the peer,
-        which waits for it, sees it one encoding and ``sendto`` sooner, and the
-        ACK follows at once.  Responses keep their order among themselves, and
-        requests theirs.  In a poller's holding turn (:meth:`progress`) only
-        what is queued leaves, not the ACKs the engine still coalesces."""
-        moved = False
-        holding = self._holding
-        for hca in self.hcas:
-            # hca.outbox adds the coalesced ACKs due; _outbox is what is queued
-            outbox = hca._outbox if holding else hca.outbox
-            if not outbox:
-                continue
-            moved = True
-            responses: list[Packet] = []
-            while outbox:
-                pkt = outbox.popleft()
-                if outbox or responses:
-                    info = OPINFO[pkt.opcode]
-                    if info is not None and not info.request:
-                        responses.append(pkt)
-                        continue
-                self._send(hca, pkt, now)
-            for pkt in responses:
-                self._send(hca, pkt, now)
-        return moved
-
     def progress(self) -> bool:
-        """Drain the sockets and run the devices.
-
-        A busy poller's turn that delivered packets hands its completions back
-        before it sends the ACKs it owes: the engine keeps coalescing them, and
-        they leave with the next packet the poller's posts make (after it:
-        :meth:`send_outboxes`), or in its next poll, whichever comes first; a
-        post that makes no packet (a receive) leaves them held.  A poll after a
-        holding poll sends everything, so they wait one poll at most.  Should
-        the poller stop, the progress thread comes back within
-        :data:`STAND_BACK_SLEEP` and sends them (the held ACKs make
-        :meth:`next_deadline` now, which wakes it if it sleeps on the sockets).
-        Only for a busy poller (a poll found its CQ empty a moment ago), which
-        the progress thread leaves the sockets to."""
         got = self._drain()
-        if got and not self._acks_held and threading.get_ident() != self._thread_id \
-                and time.monotonic() - self._poller_seen < POLLER_STANDS_BACK:  # fmt: skip
-            did = self._holding_turn()
-        else:
-            self._acks_held = False
-            did = super().progress()
+        did = super().progress()
         if got and not did:
             # A datagram that only made a CQE or an event (a UD or UC receive, an
             # ACK) sends nothing, so the loop above did not wake the threads
             # blocked in wait_for (get_cq_event, get_async_event): wake them here.
-            self.moved()
+            self.generation += 1
+            self.cond.notify_all()
         self._timers_moved()
         return did or got
-
-    def _holding_turn(self) -> bool:
-        """Run the devices, sending what is queued but not the ACKs the engine
-        still coalesces; remember whether any are left (see :meth:`progress`)."""
-        self._holding = True
-        try:
-            did = super().progress()
-        finally:
-            self._holding = False
-        held = False
-        for hca in self.hcas:
-            if hca._acks:
-                held = True
-                break
-        self._acks_held = held
-        return did
 
     def posted(self) -> bool:
         """Send what a post made, without looking for datagrams: a poll or the
         progress thread takes those (a receive system call on every post cost
         the ping-pong two per message and side)."""
-        # ACKs a poll left leave now if the post made a packet (after it:
-        # send_outboxes), and stay for the next poll if not (a receive)
-        did = self._holding_turn() if self._acks_held else super().progress()
+        did = super().progress()
         self._timers_moved()
         return did
 
     def _timers_moved(self) -> None:
         if self._sleep_until == -math.inf:
             return  # the thread stands back: it takes no timer until a poller stops
-        if self._thread is not None and threading.get_ident() != self._thread_id:
+        if self._thread is not None and threading.current_thread() is not self._thread:
             # A verb may have armed a timer earlier than the thread sleeps on.
             nxt = self.next_deadline()
             if nxt is not None and (self._sleep_until is None or nxt < self._sleep_until):
                 self.wake()
                 self._sleep_until = nxt  # one wakeup per earlier deadline, not one per poll
-
-    def next_deadline(self) -> float | None:
-        if self._acks_held:
-            return self.clock.now()  # ACKs a poller left for its next turn
-        return super().next_deadline()
 
     def idle_step(self) -> bool:
         """A poll found nothing: an application thread is busy-polling (the
@@ -1006,7 +925,6 @@ class UdpRuntime(Runtime):
         self._thread.start()
 
     def _run(self) -> None:
-        self._thread_id = threading.get_ident()
         while not self._stop.is_set():
             if self._standing_back():
                 self._resume.wait(STAND_BACK_SLEEP)
@@ -1062,7 +980,6 @@ class UdpRuntime(Runtime):
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
         self._thread = None
-        self._thread_id = 0
         with self.lock:
             with contextlib.suppress(Exception):
                 super().progress()
