@@ -736,9 +736,10 @@ class Service:
         new_pass()  # as for a DOORBELL message (handle)
         seen = bell.seen
         for handle, rec in queues:
-            if objects.get(handle) is not rec:  # destroyed since the list was built
+            sq = rec.engine.sq
+            if sq is None or objects.get(handle) is not rec:  # destroyed since it was listed
                 continue
-            db = int(rec.engine.sq.hdr[SQ_DB])
+            db = int(sq.hdr[SQ_DB])
             if seen.get(handle, 0) != db:
                 seen[handle] = db
                 self.stats["doorbells_eventfd"] += 1
