@@ -16,12 +16,14 @@ KEYS = {"senders", "cc", "utilisation", "jain", "queue_p50", "queue_p99", "kmax"
         "retransmits", "cnps"}  # fmt: skip
 
 
+def incast(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``bench/bench_incast.py ARGS`` from the project's root, its output captured."""
+    return subprocess.run([sys.executable, "bench/bench_incast.py", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout, check=False)  # fmt: skip
+
+
 def test_json_rows() -> None:
-    r = subprocess.run(
-        [sys.executable, "bench/bench_incast.py", "--senders", "2", "--duration", "0.0005",
-         "--json"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+    r = incast("--senders", "2", "--duration", "0.0005", "--json")
     assert r.returncode == 0, r.stdout + r.stderr
     rows = [json.loads(line) for line in r.stdout.splitlines()]
     assert [(row["senders"], row["pfc"], row["cc"]) for row in rows] == [
@@ -38,28 +40,22 @@ def test_json_rows() -> None:
 
 
 def test_bad_arguments_are_refused() -> None:
-    r = subprocess.run([sys.executable, "bench/bench_incast.py", "--senders", "two"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    r = incast("--senders", "two", timeout=60)
     assert r.returncode == 2 and "--senders" in r.stderr
-    r = subprocess.run([sys.executable, "bench/bench_incast.py", "--fabric", "lossles"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    r = incast("--fabric", "lossles", timeout=60)
     assert r.returncode == 2 and "--fabric" in r.stderr
     for args, words in ((["--buffer", "100"], "--buffer"), (["--timeout", "40"], "--timeout"),
                         (["--cc", "dcqcn,reno"], "--cc"), (["--red", "arista"], "--red"),
                         (["--stagger", "-1e-6"], "--stagger")):  # fmt: skip
-        r = subprocess.run([sys.executable, "bench/bench_incast.py", *args], cwd=ROOT,
-                           capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+        r = incast(*args, timeout=60)
         assert r.returncode == 2 and words in r.stderr, r.stderr
 
 
 def test_red_profile_and_one_cc() -> None:
     """``--red cumulus --cc dcqcn``: Cumulus Linux's Kmax in the rows, the buffer 4 x it,
     and only the DCQCN rows."""
-    r = subprocess.run(
-        [sys.executable, "bench/bench_incast.py", "--senders", "2", "--duration", "0.0003",
-         "--red", "cumulus", "--cc", "dcqcn", "--fabric", "lossy"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+    r = incast("--senders", "2", "--duration", "0.0003", "--red", "cumulus", "--cc", "dcqcn",
+               "--fabric", "lossy")  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
     assert "buffer 6006 KB, RED cumulus (Kmin 150 KB, Kmax 1501.5 KB, Pmax 100%)" in r.stdout
     rows = [line.split() for line in r.stdout.splitlines() if line.split()[:1] == ["2"]]
@@ -80,10 +76,7 @@ def test_named_parameter_sets_are_valid_mlx5_knobs() -> None:
     for name, params in bench_incast.PARAM_SETS.items():
         assert check_params("dcqcn", params) is None, name
     assert bench_incast.PARAM_SETS["hpcc"]["rpg_byte_reset"] == 0
-    r = subprocess.run(
-        [sys.executable, "bench/bench_incast.py", "--senders", "2", "--duration", "0.0003",
-         "--params", "hpcc", "--cc", "dcqcn", "--fabric", "lossy"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+    r = incast("--senders", "2", "--duration", "0.0003", "--params", "hpcc", "--cc", "dcqcn",
+               "--fabric", "lossy")  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
     assert "DCQCN parameters: hpcc" in r.stdout
