@@ -24,6 +24,37 @@ import pytest
 
 os.environ["SOFTVERBS_SERVICE"] = "0"
 
+#: The markers whose tests run only on demand, with what a plain run prints for each
+#: skipped test.  ``pytest -m slow`` (or ``SOFTVERBS_SLOW=1``) selects one; a test may
+#: say why it is slow with ``@pytest.mark.slow(reason=...)``.
+ON_DEMAND = {
+    "slow": "slow: select it with -m slow",
+    "interop": ("interop: talks to Linux rxe in a qemu guest (../shared/peer); run on demand "
+                "with 'pytest -m interop' or SOFTVERBS_INTEROP=1"),
+}
+
+
+def selected(config: pytest.Config, marker: str) -> bool:
+    """Whether this run asked for the on-demand ``marker`` (its name in ``-m``, not
+    negated, or ``SOFTVERBS_<MARKER>=1``)."""
+    if os.environ.get(f"SOFTVERBS_{marker.upper()}") == "1":
+        return True
+    expr = (config.getoption("markexpr", "") or "").replace(" ", "")
+    return marker in expr and f"not{marker}" not in expr
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip each on-demand test the run did not select, saying how to select it."""
+    for marker, how in ON_DEMAND.items():
+        if selected(config, marker):
+            continue
+        for item in items:
+            mark = item.get_closest_marker(marker)
+            if mark is not None:
+                why = mark.kwargs.get("reason")
+                reason = f"{marker} ({why}): select it with -m {marker}" if why else how
+                item.add_marker(pytest.mark.skip(reason=reason))
+
 #: the helpers that tests in several folders share (sim_kit, engine_kit, svkit, ...)
 KITS = Path(__file__).resolve().parent / "kits"
 sys.path.insert(0, str(KITS))

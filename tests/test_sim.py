@@ -180,9 +180,7 @@ def test_rc_delivers_every_message_once_in_order_at_10_percent_loss() -> None:
 
 
 @pytest.mark.slow
-def test_rc_delivers_100k_messages_at_10_percent_loss(request: pytest.FixtureRequest) -> None:
-    if "slow" not in (request.config.getoption("markexpr") or ""):
-        pytest.skip("slow: select it with -m slow")
+def test_rc_delivers_100k_messages_at_10_percent_loss() -> None:
     wall, virtual, stats = deliver(100_000, seed=4)
     print(f"100k messages at 10% loss: {wall:.1f} s wall, {virtual:.2f} s virtual, {stats}")
     assert stats["dropped"] > 10_000

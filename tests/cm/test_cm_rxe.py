@@ -66,19 +66,8 @@ class Guest:
                                 stderr=subprocess.PIPE)  # fmt: skip
 
 
-def _selected(config: pytest.Config) -> bool:
-    if os.environ.get("SOFTVERBS_INTEROP") == "1":
-        return True
-    expr = (config.getoption("markexpr", "") or "").replace(" ", "")
-    return "interop" in expr and "notinterop" not in expr
-
-
 @pytest.fixture(scope="module")
-def guest(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-          ) -> Iterator[Guest]:  # fmt: skip
-    if not _selected(request.config):
-        pytest.skip("interop: boots Linux rxe in qemu; run with 'pytest -m interop' or "
-                    "SOFTVERBS_INTEROP=1")  # fmt: skip
+def guest(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Guest]:
     if not (PEER / "boot.sh").exists() or shutil.which("qemu-system-x86_64") is None:
         pytest.skip("the rxe peer (../shared/peer) or qemu is missing")
     if os.geteuid() != 0:

@@ -14,15 +14,11 @@ HERE = Path(__file__).parent
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Every test here is ``netns``; ``slow`` ones run only when selected (-m slow)."""
-    markexpr = config.getoption("markexpr", "") or ""
-    skip_slow = pytest.mark.skip(reason="slow multi-host test: select it with -m slow")
+    """Every test here is ``netns`` (``slow`` ones run only when selected:
+    tests/conftest.py)."""
     for item in items:
-        if HERE not in Path(str(item.fspath)).parents:
-            continue
-        item.add_marker(pytest.mark.netns)
-        if "slow" in item.keywords and "slow" not in markexpr:
-            item.add_marker(skip_slow)
+        if HERE in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.netns)
 
 
 @pytest.fixture(scope="session")

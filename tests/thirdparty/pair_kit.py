@@ -8,7 +8,7 @@ the program offers a check), not only exit codes.
 
 A missing program skips its test with the package to install; under CI
 (``$CI`` set) it fails instead, since CI installs the packages.  Tests too slow
-for every run skip unless selected with ``-m slow`` and say so.
+for every run are marked ``slow`` (tests/conftest.py skips them unless selected).
 """
 
 from __future__ import annotations
@@ -40,12 +40,6 @@ def need(program: str, package: str) -> str:
             pytest.fail(msg)
         pytest.skip(msg)
     return path
-
-
-def only_if_slow(request: pytest.FixtureRequest, why: str) -> None:
-    """Skip unless ``-m slow`` selected this test; ``why`` says what makes it slow."""
-    if "slow" not in (request.config.getoption("markexpr") or ""):
-        pytest.skip(f"slow ({why}): select it with -m slow")
 
 
 def sv_env(host_service: str, **extra: str) -> dict[str, str]:

@@ -9,13 +9,12 @@ goes through softverbs' C ABI.  The test runs the suite the package ships
 count -- and fails below the committed floor (``pyverbs_floor.json``).  The
 floor only rises (compared with every earlier version in git history).
 
-The slow test runs the same suite with softverbs' own pyverbs on the same
+A second test runs the same suite with softverbs' own pyverbs on the same
 configuration and requires Debian's count to be at least as high (issue 23:
 the real pyverbs passes at least what softverbs' own does); on failure it names
-each test that passes with softverbs' own and not with Debian's.  That is a second
-run of the suite, so it is the slow test (``-m slow``; softverbs' own pyverbs takes
-about five minutes on two cores): the CI test compares Debian's count with the
-count of softverbs' own committed in the floor file.
+each test that passes with softverbs' own and not with Debian's.  Both runs
+together take about 30 s on two cores.  The first test also compares Debian's
+count with the count of softverbs' own committed in the floor file.
 """
 
 from __future__ import annotations
@@ -75,7 +74,7 @@ def test_debian_pyverbs_runs_rdma_core_tests_above_the_floor(tmp_path: Path) -> 
         + "\n".join(failing)
     )
     # issue 23: Debian's pyverbs passes at least what softverbs' own passes on this suite
-    # (that count measured by the slow test below, committed in the floor file)
+    # (that count measured by the test below, committed in the floor file)
     own = int(data["softverbs_pyverbs"])
     assert passed >= own, (
         f"Debian's pyverbs passed {passed} generic tests, fewer than softverbs' own pyverbs "
@@ -83,7 +82,6 @@ def test_debian_pyverbs_runs_rdma_core_tests_above_the_floor(tmp_path: Path) -> 
     )
 
 
-@pytest.mark.slow
 def test_debian_pyverbs_passes_what_softverbs_pyverbs_passes(tmp_path: Path) -> None:
     """Both pyverbs on the same suite and device, measured now: Debian's passes at least
     as many generic tests as softverbs' own, and the floor file's

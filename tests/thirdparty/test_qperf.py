@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from pair_kit import Server, free_port, need, on_softverbs, only_if_slow, run, sv_env, tcp_listening
+from pair_kit import Server, free_port, need, on_softverbs, run, sv_env, tcp_listening
 
 RC_TESTS = ("rc_bw", "rc_lat", "rc_bi_bw", "rc_rdma_write_bw", "rc_rdma_write_lat",
             "rc_rdma_read_bw", "rc_rdma_read_lat", "rc_compare_swap_mr", "rc_fetch_add_mr",
@@ -67,10 +67,8 @@ def test_qperf_rc_tests(qperf_server: tuple[dict[str, str], int]) -> None:
     print("\n".join(f"{t}: {f}" for t, f in figures.items()))
 
 
-@pytest.mark.slow
-def test_qperf_rc_tests_ten_times(request: pytest.FixtureRequest,
-                                  qperf_server: tuple[dict[str, str], int]) -> None:  # fmt: skip
-    only_if_slow(request, "ten passes of eleven qperf tests take about two minutes")
+@pytest.mark.slow(reason="ten passes of eleven qperf tests take about two minutes")
+def test_qperf_rc_tests_ten_times(qperf_server: tuple[dict[str, str], int]) -> None:
     env, port = qperf_server
     for i in range(10):
         figures = qperf_pass(env, port)
