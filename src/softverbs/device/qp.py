@@ -29,6 +29,7 @@ from softverbs.device.core import (
     PKEY_TABLE,
     CtxObj,
     Device,
+    DeviceRuntime,
     Host,
     Obj,
     Owner,
@@ -491,6 +492,18 @@ def ring_deferred(host: Host, owner: Owner, qp: int, queue: int) -> Device:
     with dev.runtime.lock:
         ring_doorbell(rec.engine, queue, dev.runtime.clock.now())
     return dev
+
+
+def ring_send_queue(rec: QPObj) -> DeviceRuntime:
+    """The send queue doorbell of QP ``rec``, which the caller holds already
+    (the service's scan of a process's send queues on an eventfd wake-up,
+    service/server.py ``_Bell``), without running the engine: the runtime
+    that must run next.  The caller holds ``host.lock`` and has checked that
+    ``rec`` is still its owner's."""
+    runtime = rec.device.runtime
+    with runtime.lock:
+        rec.engine.doorbell(runtime.clock.now())
+    return runtime
 
 
 def cancel_send(host: Host, owner: Owner, req: records.CancelSend, res: Resources) -> records.Count:

@@ -13,6 +13,13 @@ cdef class Client:
     cdef public long long events_dropped, single, quiet
 
 
+cdef class _Bell:
+    cdef public object client, fd
+    cdef public list queues
+    cdef public dict seen
+    cdef public long long made
+
+
 cdef class Service:
     cdef public object path, pidfile, registry, host, idle_exit, sel, stats, started
     cdef public object _idle_since, _stop, _writers_lock, _fence, _pid_fd
@@ -25,10 +32,12 @@ cdef class Service:
 
     cpdef _turn(self)
     @cython.locals(timeout=cython.double)
-    cpdef double _progress(self, object devices)
+    cpdef double _progress(self, object runtimes)
     @cython.locals(client=Client, budget=cython.longlong, got=cython.longlong, held=dict)
     cpdef _read(self, object sock)
     @cython.locals(n=cython.longlong)
     cpdef _ring_held(self, Client client, dict held)
+    @cython.locals(client=Client, made=cython.longlong, moved=list, seen=dict)
+    cpdef _rang(self, _Bell bell)
     cpdef bint _ring(self, Client client, object qp, object queue)
     cpdef bint _doorbell(self, Client client, object qp, object queue)

@@ -54,6 +54,7 @@ import errno
 import fcntl
 import json
 import logging
+import math
 import os
 import platform
 import select
@@ -71,10 +72,16 @@ from typing import Any
 
 from softverbs import compiled, config
 from softverbs.device import ops, protocol, records
-from softverbs.device.core import ALLOWED_OPCODES, Device, Owner, Resources
+from softverbs.device.core import ALLOWED_OPCODES, DeviceRuntime, Owner, Resources
 from softverbs.device.memory import ProcessMemory
 from softverbs.device.protocol import ProtocolError
-from softverbs.device.qp import QPObj, ring_deferred, send_queue_header, send_queues
+from softverbs.device.qp import (
+    QPObj,
+    ring_deferred,
+    ring_send_queue,
+    send_queue_header,
+    send_queues,
+)
 from softverbs.device.srq import SRQObj
 from softverbs.engine.memory import new_pass
 from softverbs.engine.rings import (
@@ -204,14 +211,39 @@ class _Bell:
 
 
 class _Selector(selectors.EpollSelector):
-    """selectors' epoll, which can also hold a descriptor edge-triggered."""
+    """selectors' epoll, which can also hold a descriptor edge-triggered, and
+    wait with one call into the epoll object (:meth:`ready`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        # selectors keeps its epoll object and its keys private; the loop's
+        # wait reads both directly (:meth:`ready`), once per turn
+        self._epoll: select.epoll = vars(self)["_selector"]
+        self._keys: dict[int, selectors.SelectorKey] = vars(self)["_fd_to_key"]
 
     def register_edge(self, fd: int, data: object) -> None:
         """Hold ``fd`` for reading, reported once per wake-up of its waiters."""
         self.register(fd, selectors.EVENT_READ, data)
-        # selectors has no edge-triggered mode; its epoll object is private
-        epoll: select.epoll = vars(self)["_selector"]
-        epoll.modify(fd, select.EPOLLIN | select.EPOLLET)
+        self._epoll.modify(fd, select.EPOLLIN | select.EPOLLET)  # selectors has no such mode
+
+    def ready(self, timeout: float) -> list[tuple[selectors.SelectorKey, int]]:
+        """What :meth:`select` returns, without its Python frames: the keys
+        ready within ``timeout`` seconds (rounded up to the millisecond epoll
+        counts in, as :meth:`select` does, so a timer is never woken for
+        early) and their events."""
+        keys = self._keys
+        out = []
+        for fd, ev in self._epoll.poll(math.ceil(timeout * 1e3) * 1e-3, len(keys) or 1):
+            key = keys.get(fd)
+            if key is not None:  # as select(): a descriptor it no longer holds is skipped
+                mask = (_WRITE if ev & _NOT_IN else 0) | (_READ if ev & _NOT_OUT else 0)
+                out.append((key, mask & key.events))
+        return out
+
+
+#: epoll's events as selectors' (selectors.EpollSelector.select)
+_READ, _WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
+_NOT_IN, _NOT_OUT = ~select.EPOLLIN, ~select.EPOLLOUT
 
 
 def _eventfd(fd: int) -> bool:
@@ -519,8 +551,8 @@ class Service:
         #: their ``polled`` words are set now
         self._polled: dict[int, _Polled] = {}
         self._flagged = False
-        #: devices whose doorbells rang since their engines last ran (_doorbell)
-        self._rung: set[Device] = set()
+        #: runtimes whose devices' doorbells rang since their engines last ran (_doorbell)
+        self._rung: set[DeviceRuntime] = set()
         #: the next wait's timeout: the earliest engine timer (_progress)
         self._timeout = 1.0
         self._pid_fd = claim_pidfile(self.pidfile, path)
@@ -568,6 +600,7 @@ class Service:
         found it at the end of the turn before (nothing runs between the two)."""
         if self._writers:  # _want_write wakes the loop after it adds one
             self._register_writers()
+        served = False
         for key, mask in self._wait(self._timeout):
             if key.data == "listen":
                 self._accept()
@@ -576,26 +609,39 @@ class Service:
                     self._wake_r.recv(4096)
             elif isinstance(key.data, _Bell):
                 self._rang(key.data)
-                self._busy = time.monotonic()
+                served = True
             else:
                 sock: socket.socket = key.fileobj  # type: ignore[assignment]
                 if mask & selectors.EVENT_WRITE:
                     self._write(sock)
                 if mask & selectors.EVENT_READ:
                     self._read(sock)
-                    self._busy = time.monotonic()
-        self._timeout = self._progress(self._devices())
-        for client in [c for c in self.clients.values() if not c.alive]:
-            self.drop(client)
+                    served = True
+        if served and self.spin:  # only the spin (_wait) asks when the loop last served
+            self._busy = time.monotonic()
+        self._timeout = self._progress(self._runtimes())
+        for client in self.clients.values():
+            if not client.alive:  # rare: list the gone ones, then drop them
+                for gone in [c for c in self.clients.values() if not c.alive]:
+                    self.drop(gone)
+                break
         self._check_idle()
 
-    def _progress(self, devices: Iterable[Device]) -> float:
-        """Run the engines of ``devices``: every doorbell rung so far is served.
+    def _runtimes(self) -> list[DeviceRuntime]:
+        """The runtimes of the open devices, each once: the in-process devices
+        share one, whose progress loop runs them all."""
+        out: list[DeviceRuntime] = []
+        for dev in list(self.registry.devices.values()):
+            if dev.core is not None and dev.runtime not in out:
+                out.append(dev.runtime)
+        return out
+
+    def _progress(self, runtimes: Iterable[DeviceRuntime]) -> float:
+        """Run the engines of ``runtimes``: every doorbell rung so far is served.
         The seconds until the earliest of their timers (at most one), under the
-        same hold of each device's lock."""
+        same hold of each runtime's lock."""
         timeout = 1.0
-        for dev in list(devices):
-            runtime = dev.runtime
+        for runtime in list(runtimes):
             with runtime.lock:
                 try:
                     runtime.progress()
@@ -604,7 +650,9 @@ class Service:
                         timeout = min(timeout, max(0.0, nxt - runtime.clock.now()))
                 except Exception:  # the engine must not take the service down
                     self.stats["engine_errors"] += 1
-                    log.exception("engine progress on %s", dev.name)
+                    names = [d.name for d in list(self.registry.devices.values())
+                             if d.runtime is runtime]  # fmt: skip
+                    log.exception("engine progress on %s", ", ".join(names))
         self._rung.clear()
         return timeout
 
@@ -627,7 +675,7 @@ class Service:
         now = time.monotonic()
         if now < spin_end and timeout > 0:
             self._flag()
-            sel, poll = self.sel.select, self._poll_rings
+            sel, poll = self.sel.ready, self._poll_rings
             while True:
                 if self._polled and poll():
                     return []
@@ -643,7 +691,7 @@ class Service:
             self._unflag()
             if self._poll_rings():  # posted before the client could see the flag go
                 return []
-        return self.sel.select(timeout)
+        return self.sel.ready(timeout)
 
     # --- doorbell suppression (docs/rings.md) ---------------------------------------------------
     def _watch(self, client: Client, handle: int) -> None:
@@ -735,6 +783,7 @@ class Service:
                 del bell.seen[handle]
         new_pass()  # as for a DOORBELL message (handle)
         seen = bell.seen
+        moved: list[QPObj] = []
         for handle, rec in queues:
             sq = rec.engine.sq
             if sq is None or objects.get(handle) is not rec:  # destroyed since it was listed
@@ -742,8 +791,23 @@ class Service:
             db = int(sq.hdr[SQ_DB])
             if seen.get(handle, 0) != db:
                 seen[handle] = db
-                self.stats["doorbells_eventfd"] += 1
-                self._ring(client, handle, records.DB_SQ)
+                moved.append(rec)
+        if not moved:
+            return
+        self.stats["doorbells_eventfd"] += len(moved)
+        if self.spin:  # doorbell suppression watches the queues it rings (_ring)
+            for rec in moved:
+                self._ring(client, rec.handle, records.DB_SQ)
+        elif client.owner.closed:  # as _doorbell
+            self.stats["doorbell_errors"] += len(moved)
+        else:  # the listed records are the owner's QPs: ring them without a lookup (_doorbell)
+            with self.host.lock:
+                for rec in moved:
+                    try:
+                        self._rung.add(ring_send_queue(rec))
+                    except PyverbsError as exc:
+                        self.stats["doorbell_errors"] += 1
+                        log.debug("doorbell of pid %d: %s", client.pid, exc)
 
     def _close_bell(self, client: Client) -> None:
         bell, client.bell = client.bell, None
@@ -957,7 +1021,7 @@ class Service:
             if client.owner.closed:
                 raise PyverbsRDMAError("the owner of this doorbell is gone", errno.EIO)
             with self.host.lock:
-                self._rung.add(ring_deferred(self.host, client.owner, qp, queue))
+                self._rung.add(ring_deferred(self.host, client.owner, qp, queue).runtime)
         except PyverbsError as exc:
             self.stats["doorbell_errors"] += 1
             log.debug("doorbell of pid %d: %s", client.pid, exc)
