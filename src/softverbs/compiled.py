@@ -81,6 +81,7 @@ LINKED: frozenset[str] = frozenset({
     "softverbs.wire.packet",
     "softverbs.verbs.base",
     "softverbs.verbs.cq",
+    "softverbs.verbs.qp",
     "softverbs.verbs.sge",
     "softverbs.verbs.wr",
 })  # fmt: skip
