@@ -69,6 +69,7 @@ MODULES: tuple[str, ...] = (
 #: the other's C functions fails).  If any of them is stale, all run from source.
 LINKED: frozenset[str] = frozenset({
     "softverbs.engine.completer",
+    "softverbs.engine.congestion",
     "softverbs.engine.core",
     "softverbs.engine.hca",
     "softverbs.engine.memory",
@@ -81,6 +82,7 @@ LINKED: frozenset[str] = frozenset({
     "softverbs.wire.packet",
     "softverbs.verbs.base",
     "softverbs.verbs.cq",
+    "softverbs.verbs.qp",
     "softverbs.verbs.sge",
     "softverbs.verbs.wr",
 })  # fmt: skip

@@ -9,7 +9,10 @@
 # members, the access flags, sq_sig_all as given) stay Python objects.
 
 from softverbs.engine.hca cimport HCA
-from softverbs.engine.rings cimport CQE, CompletionRing, SharedRecvRing, WorkRing
+from softverbs.engine.rings cimport CQE, CompletionRing, Route, SharedRecvRing, WorkRing
+from softverbs.wire.packet cimport Packet
+
+cimport cython
 
 cdef class QPCore:
     # the device, the rings and the CQs, typed (hca.pxd, rings.pxd): None where absent
@@ -31,6 +34,9 @@ cdef class QPCore:
     cpdef count(self, object name)
     cpdef arm(self, double deadline)
     cpdef push_cqe(self, CompletionRing cq, CQE cqe)  # the CQ's error flag and push: C
+    # the packets they make and address are typed: their fields are C struct stores
+    @cython.locals(pkt=Packet)
     cpdef new_request(self, object opcode, object psn, object payload=*)
-    cpdef address(self, object pkt, object route)
-    cpdef reply(self, object req, object opcode, object psn, object payload=*)
+    cpdef address(self, Packet pkt, Route route)
+    @cython.locals(pkt=Packet)
+    cpdef reply(self, Packet req, object opcode, object psn, object payload=*)

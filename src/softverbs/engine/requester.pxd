@@ -9,6 +9,7 @@ cimport cython
 cimport softverbs.engine.psn as P
 from softverbs.engine.core cimport QPCore
 from softverbs.engine.completer cimport Completer
+from softverbs.engine.congestion cimport CongestionControl
 from softverbs.engine.memory cimport KeyTable
 from softverbs.engine.rings cimport SendWQE, WorkRing
 from softverbs.engine.wr cimport WrInfo, move, pending
@@ -16,15 +17,18 @@ from softverbs.wire.packet cimport Packet
 
 cdef class Requester:
     cdef public QPCore qp
-    cdef public object cancelled, sig, cc, paced_until, reported_rate
+    cdef public object cancelled, sig, paced_until, reported_rate
+    cdef public CongestionControl cc  # window, quantum, may-send, per message: C calls
     cdef public Completer comp
     cdef public long long sq_next, npsn, rd_out, sent_end, resent_pkts
     cdef public bint blocked, draining
 
     cpdef reset(self)
     cpdef doorbell(self, double now)
-    @cython.locals(wqe=SendWQE, info=WrInfo, comp=Completer, held=bint, rd=bint, sq=WorkRing)
+    @cython.locals(wqe=SendWQE, info=WrInfo, comp=Completer, held=bint, rd=bint, sq=WorkRing,
+                   cc=CongestionControl)
     cpdef pump_sq(self, double now)
+    @cython.locals(cc=CongestionControl)
     cpdef bint _may_send(self, double now)
     cpdef bint started(self, long long psn)
     cpdef rd_answered(self)
@@ -41,7 +45,7 @@ cdef class Requester:
     @cython.locals(n=cython.longlong, i=cython.longlong, psn=cython.longlong,
                    count=cython.longlong, ack=cython.longlong, window=cython.longlong,
                    room=cython.longlong, pmtu=cython.longlong, quantum=cython.longlong,
-                   again=cython.longlong, pkt=Packet)
+                   again=cython.longlong, pkt=Packet, cc=CongestionControl)
     cpdef bint _send_message(self, SendWQE wqe, WrInfo info, double now)
     @cython.locals(pkt=Packet)
     cpdef bint _send_read(self, SendWQE wqe)

@@ -5,6 +5,21 @@
 
 cimport cython
 
+# Route: a QP's or an AH's GRH fields, read into every request packet (core.pxd's
+# address takes it typed, so the reads are C struct reads).
+cdef class Route:
+    cdef public object dgid, flow_label, hop_limit, port, sgid, sgid_index, tclass
+
+
+# ObjectSlots: the in-process store of every ring; write and read per WQE and CQE.
+cdef class ObjectSlots:
+    cdef public long long size
+    cdef public list items
+
+    cpdef write(self, long long index, object item)
+    cpdef read(self, long long index)
+
+
 @cython.freelist(64)
 cdef class SendWQE:
     # the WR as posted

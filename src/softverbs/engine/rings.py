@@ -70,7 +70,7 @@ import os
 import struct
 from collections.abc import Callable
 from enum import IntEnum
-from typing import Annotated, Any, Generic, Protocol, TypeVar
+from typing import Annotated, Any, Protocol, TypeVar
 
 from softverbs.enums import IBV_WC_SUCCESS
 from softverbs.layout import U8, U16, U32, U64, Record
@@ -150,6 +150,10 @@ WQE_MOVES: dict[WqeState, frozenset[WqeState]] = {
     WqeState.FAILED: frozenset(),
 }
 
+#: a new WQE's state, as a module constant: an enum member read from its class costs
+#: several times a global's, and every posted WQE starts here
+_QUEUED = WqeState.QUEUED
+
 
 class SendWQE:
     """A send-queue entry: the WR as posted, plus the requester's progress.
@@ -205,7 +209,7 @@ class SendWQE:
         #: returns None or why it failed
         self.local_op: Callable[[], str | None] | None = None
         # requester progress
-        self.state = WqeState.QUEUED
+        self.state = _QUEUED
         self.psn = 0
         self.npkts = 0
         self.tx = 0  #: packets of this WQE handed to the fabric in this pass
@@ -295,8 +299,12 @@ class SlotStore(Protocol[T]):
     def read(self, index: int) -> T: ...
 
 
-class ObjectSlots(Generic[T]):
-    """Slots holding Python objects: the application and the device in one process."""
+class ObjectSlots:
+    """Slots holding Python objects: the application and the device in one process.
+
+    Not generic (``Any`` items): compiled, it is an extension type (rings.pxd) whose
+    ``write`` and ``read`` -- a WQE posted and fetched, a CQE pushed and taken, six
+    a message -- run without a Python class's attribute lookups."""
 
     __slots__ = ("items", "size")
 
@@ -304,17 +312,17 @@ class ObjectSlots(Generic[T]):
         self.size = size
         self.items: list[Any] = [None] * size
 
-    def write(self, index: int, item: T) -> None:
+    def write(self, index: int, item: Any) -> None:
         self.items[index % self.size] = item
 
-    def read(self, index: int) -> T:
-        item: T = self.items[index % self.size]
+    def read(self, index: int) -> Any:
+        item = self.items[index % self.size]
         if item is None:
             raise CorruptSlot("an empty slot")
         return item
 
-    def resized(self, size: int, first: int, end: int) -> ObjectSlots[T]:
-        new: ObjectSlots[T] = ObjectSlots(size)
+    def resized(self, size: int, first: int, end: int) -> ObjectSlots:
+        new = ObjectSlots(size)
         for i in range(first, end):
             new.items[i % size] = self.items[i % self.size]
         return new

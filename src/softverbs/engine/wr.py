@@ -103,6 +103,12 @@ WR_INFO: dict[int, WrInfo] = {
 }
 
 
+#: the states finished() and pending() compare with, read per message: module constants
+#: (an enum member read from its class costs several times a global's)
+_CANCELLED = WqeState.CANCELLED
+_ACTIVE = WqeState.ACTIVE
+
+
 def move(wqe: SendWQE, new: WqeState) -> None:
     """Move ``wqe`` along :data:`~.rings.WQE_MOVES` (checked in debug runs)."""
     assert new in WQE_MOVES[wqe.state], f"WQE {wqe.wr_id}: {wqe.state.name} -> {new.name}"
@@ -111,9 +117,9 @@ def move(wqe: SendWQE, new: WqeState) -> None:
 
 def finished(wqe: SendWQE) -> bool:
     """Done, failed or cancelled: ready to complete once it reaches the head."""
-    return wqe.state >= WqeState.CANCELLED
+    return wqe.state >= _CANCELLED
 
 
 def pending(wqe: SendWQE) -> bool:
     """Started, with packets still to send."""
-    return wqe.state == WqeState.ACTIVE and wqe.tx < wqe.npkts
+    return wqe.state == _ACTIVE and wqe.tx < wqe.npkts

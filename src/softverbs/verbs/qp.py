@@ -85,7 +85,8 @@ _ALLOWED_SEND_FLAGS = SEND_FLAGS | _DEFER
 _INLINE_OK = (WrClass.SEND, WrClass.WRITE)
 #: WR classes that address remote memory; enum members as module constants,
 #: since a class attribute lookup of an IntEnum member costs several times a global's
-_REMOTE_CLASSES = (WrClass.WRITE, WrClass.READ, WrClass.ATOMIC)
+_WRITE = WrClass.WRITE
+_READ = WrClass.READ
 _ATOMIC = WrClass.ATOMIC
 _POST_SEND_STATES = (IBV_QPS_RTS, IBV_QPS_SQD, IBV_QPS_SQE, IBV_QPS_ERR)
 
@@ -622,104 +623,14 @@ class QP(PyverbsCM):
             raise forked_error("post_send")
         rt = self._ctx.runtime
         with rt.lock:
-            sq = self.sq
-            ring_to = int(sq.hdr[sq.DB]) if sq is not None else 0
-            w: SendWR | None = wr
-            n = 0
-            try:
-                while w is not None:
-                    wqe = self._build_send(w, n)
-                    assert sq is not None
-                    sq.push(wqe)
-                    self._unsignaled_run = 0 if wqe.signaled else self._unsignaled_run + 1
-                    if not w.send_flags & _DEFER:
-                        ring_to = sq.pi
-                    w = w.next_wr
-                    n += 1
-            except PyverbsRDMAError:
-                if sq is not None:
-                    self._ring(sq.pi)  # never strand deferred WQEs (seed 003)
-                rt.posted()
-                if bad_wr is not None and w is not None:
-                    _copy_send_wr(w, bad_wr)
-                raise
-            self._ring(ring_to)
+            _post_chain(self, wr, bad_wr)
             rt.posted()
 
     def _build_send(self, w: SendWR, n: int, type1_bind: bool = False) -> SendWQE:
-        qp_type = self.qp_type
-        sq = self.sq
-        # the checks, cheapest first; the messages' prefix (_Where) is made only on an error
-        if sq is None:
-            where = _Where(n, w)
-            raise einval(f"{where}: an {_name(ibv_qp_type, qp_type)} QP has no send queue")
-        state = self._state()
-        if state not in _POST_SEND_STATES:
-            where = _Where(n, w)
-            raise einval(
-                f"{where}: the QP is in {_name(ibv_qp_state, state)}; send WRs may be "
-                "posted only in RTS (or SQD, SQE, ERR). Move the QP to RTS first"
-            )
-        opcode = w.opcode
-        if opcode not in ALLOWED_OPCODES[qp_type]:
-            where = _Where(n, w)
-            raise einval(f"{where}: opcode {_name(ibv_wr_opcode, opcode)} is not "
-                         f"supported on {_name(ibv_qp_type, qp_type)} QPs")  # fmt: skip
-        flags = w.send_flags
-        if flags & ~_ALLOWED_SEND_FLAGS:
-            where = _Where(n, w)
-            raise einval(f"{where}: unsupported send_flags bits "
-                         f"{flags & ~_ALLOWED_SEND_FLAGS:#x}")  # fmt: skip
-        if sq.used >= sq.capacity:
-            raise self._sq_full(_Where(n, w))
-        cap = self.cap
-        sg = w.sg
-        if len(sg) > cap.max_send_sge:
-            raise einval(f"{_Where(n, w)}: {len(sg)} SGEs exceed max_send_sge={cap.max_send_sge}")
-        info = WR_INFO[opcode]
-        sges: list[Sge] = []
-        length = 0
-        for s in sg:
-            size = s.length
-            sges.append((s.addr, size, s.lkey))
-            length += size
-        signaled = bool(flags & _SIGNALED) or self.sq_sig_all
-        wqe = SendWQE(w.wr_id, opcode, signaled, sges, length)
-        if flags & _INLINE:
-            where = _Where(n, w)
-            if info.klass not in _INLINE_OK:
-                raise einval(f"{where}: IBV_SEND_INLINE applies only to SEND and RDMA WRITE")
-            if length > cap.max_inline_data:
-                raise einval(f"{where}: {length} bytes of inline data exceed "
-                             f"max_inline_data={cap.max_inline_data}")  # fmt: skip
-            wqe.inline = self._inline_bytes(sges, where)
-            wqe.sges = []
-        wqe.fence = bool(flags & _FENCE)
-        wqe.se = bool(flags & _SOLICITED)
-        if info.imm:
-            # imm_data is ibv_send_wr's __be32: its bytes go on the wire as they
-            # lie in memory; the WQE carries the ImmDt value (docs/rings.md)
-            wqe.imm = _htobe32(w.imm_data)
-        if opcode in (IBV_WR_SEND_WITH_INV, IBV_WR_LOCAL_INV):
-            wqe.inv_rkey = w.imm_data & 0xFFFFFFFF
-        if info.klass in _REMOTE_CLASSES:
-            wqe.rkey = w.rkey_remote
-            wqe.remote_addr = w.remote_addr
-        if info.klass is _ATOMIC:
-            wqe.compare_add = w.compare_add & 0xFFFFFFFFFFFFFFFF
-            wqe.swap = w.swap & 0xFFFFFFFFFFFFFFFF
-        if qp_type == IBV_QPT_UD:
-            if w.ah is None:
-                raise einval(f"{_Where(n, w)}: a UD send needs an address handle (set_wr_ud)")
-            w.ah._check_open()
-            wqe.ah = w.ah.dev_handle
-            wqe.remote_qpn = w.remote_qpn & 0xFFFFFF
-            wqe.remote_qkey = w.remote_qkey & 0xFFFFFFFF
-        elif qp_type == IBV_QPT_XRC_SEND:
-            wqe.xrc_srqn = w.remote_srqn & 0xFFFFFF
-        if opcode == IBV_WR_BIND_MW:
-            self._bind_args(wqe, w.mw, w.bind_info, w.bind_rkey, _Where(n, w), type2=not type1_bind)
-        return wqe
+        """The send WQE for WR #``n`` of a post (checked; EINVAL or ENOMEM if it
+        cannot be posted).  A provider's QP (``ext/mlx5dv.py``) overrides this to
+        add its own WRs and checks."""
+        return _send_wqe(self, w, n, type1_bind)
 
     def _sq_full(self, where: object) -> PyverbsRDMAError:
         """ENOMEM for a post to a full send queue (and the sanitizer's report)."""
@@ -900,6 +811,119 @@ class QP(PyverbsCM):
             for kind in (WQ_SQ, WQ_RQ):
                 ctx.device.rings.pop((kind, self.dev_handle), None)
             self._free_rings()
+
+
+def _post_chain(qp: QP, wr: SendWR, bad_wr: SendWR | None) -> None:
+    """``post_send``'s loop, under the runtime's lock: each WR's WQE
+    (``qp._build_send``) into the send ring, then the doorbell.
+
+    A module function so that the compiled build holds the ring and the WQEs
+    typed (``qp.pxd``): the push and the reads of the WQE are C calls and
+    C struct reads.  A WR that fails stops the list: the doorbell rings for
+    the WQEs written before it (never strand deferred WQEs, seed 003) and
+    ``bad_wr`` gets a copy of it."""
+    sq = qp.sq
+    ring_to = int(sq.hdr[sq.DB]) if sq is not None else 0
+    build = qp._build_send
+    w: SendWR | None = wr
+    n = 0
+    try:
+        while w is not None:
+            wqe = build(w, n)
+            assert sq is not None
+            sq.push(wqe)  # sets wqe.index
+            qp._unsignaled_run = 0 if wqe.signaled else qp._unsignaled_run + 1
+            if not w.send_flags & _DEFER:
+                ring_to = wqe.index + 1
+            w = w.next_wr
+            n += 1
+    except PyverbsRDMAError:
+        if sq is not None:
+            qp._ring(sq.pi)
+        qp._ctx.runtime.posted()
+        if bad_wr is not None and w is not None:
+            _copy_send_wr(w, bad_wr)
+        raise
+    qp._ring(ring_to)
+
+
+def _send_wqe(qp: QP, w: SendWR, n: int, type1_bind: bool) -> SendWQE:
+    """``QP._build_send``: WR #``n`` of a post checked and made a send WQE.
+
+    The checks go cheapest first, and an error's prefix (``_Where``) is made
+    only when one fails.  A module function so that the compiled build holds
+    the ring, the WQE and the opcode's facts typed (``qp.pxd``)."""
+    qp_type = qp.qp_type
+    sq = qp.sq
+    if sq is None:
+        raise einval(f"{_Where(n, w)}: an {_name(ibv_qp_type, qp_type)} QP has no send queue")
+    published = sq.published_state()
+    state = published if published is not None else IBV_QPS_RESET
+    if state not in _POST_SEND_STATES:
+        raise einval(
+            f"{_Where(n, w)}: the QP is in {_name(ibv_qp_state, state)}; send WRs may be "
+            "posted only in RTS (or SQD, SQE, ERR). Move the QP to RTS first"
+        )
+    opcode = w.opcode
+    if opcode not in ALLOWED_OPCODES[qp_type]:
+        raise einval(f"{_Where(n, w)}: opcode {_name(ibv_wr_opcode, opcode)} is not "
+                     f"supported on {_name(ibv_qp_type, qp_type)} QPs")  # fmt: skip
+    flags = w.send_flags
+    if flags & ~_ALLOWED_SEND_FLAGS:
+        raise einval(f"{_Where(n, w)}: unsupported send_flags bits "
+                     f"{flags & ~_ALLOWED_SEND_FLAGS:#x}")  # fmt: skip
+    if sq.used >= sq.capacity:
+        raise qp._sq_full(_Where(n, w))
+    cap = qp.cap
+    sg = w.sg
+    if len(sg) > cap.max_send_sge:
+        raise einval(f"{_Where(n, w)}: {len(sg)} SGEs exceed max_send_sge={cap.max_send_sge}")
+    info = WR_INFO[opcode]
+    sges: list[Sge] = []
+    length = 0
+    for s in sg:
+        size = s.length
+        sges.append((s.addr, size, s.lkey))
+        length += size
+    wqe = SendWQE(w.wr_id, opcode, bool(flags & _SIGNALED) or qp.sq_sig_all, sges, length)
+    if flags & _INLINE:
+        where = _Where(n, w)
+        if info.klass not in _INLINE_OK:
+            raise einval(f"{where}: IBV_SEND_INLINE applies only to SEND and RDMA WRITE")
+        if length > cap.max_inline_data:
+            raise einval(f"{where}: {length} bytes of inline data exceed "
+                         f"max_inline_data={cap.max_inline_data}")  # fmt: skip
+        wqe.inline = qp._inline_bytes(sges, where)
+        wqe.sges = []
+    if flags & _FENCE:
+        wqe.fence = True
+    if flags & _SOLICITED:
+        wqe.se = True
+    if info.imm:
+        # imm_data is ibv_send_wr's __be32: its bytes go on the wire as they
+        # lie in memory; the WQE carries the ImmDt value (docs/rings.md)
+        wqe.imm = _htobe32(w.imm_data)
+    if info.inv or opcode == IBV_WR_LOCAL_INV:
+        wqe.inv_rkey = w.imm_data & 0xFFFFFFFF
+    klass = info.klass
+    if klass is _WRITE or klass is _READ or klass is _ATOMIC:
+        wqe.rkey = w.rkey_remote
+        wqe.remote_addr = w.remote_addr
+        if klass is _ATOMIC:
+            wqe.compare_add = w.compare_add & 0xFFFFFFFFFFFFFFFF
+            wqe.swap = w.swap & 0xFFFFFFFFFFFFFFFF
+    if qp_type == IBV_QPT_UD:
+        if w.ah is None:
+            raise einval(f"{_Where(n, w)}: a UD send needs an address handle (set_wr_ud)")
+        w.ah._check_open()
+        wqe.ah = w.ah.dev_handle
+        wqe.remote_qpn = w.remote_qpn & 0xFFFFFF
+        wqe.remote_qkey = w.remote_qkey & 0xFFFFFFFF
+    elif qp_type == IBV_QPT_XRC_SEND:
+        wqe.xrc_srqn = w.remote_srqn & 0xFFFFFF
+    if opcode == IBV_WR_BIND_MW:
+        qp._bind_args(wqe, w.mw, w.bind_info, w.bind_rkey, _Where(n, w), type2=not type1_bind)
+    return wqe
 
 
 def _handle(obj: Any) -> int:
