@@ -183,8 +183,8 @@ def compare(args: argparse.Namespace, sizes: list[int]) -> int:
                 busy = (cpu_seconds(service) - busy) / n * 1e6
                 faults = (minor_faults(service) - faults) / n
                 for label, value in ((f"ib_write_bw {size} B, MB/s", bw),
-                                     (f"  softverbsd CPU us/WRITE, {size} B", busy),
-                                     (f"  softverbsd faults/WRITE, {size} B", faults)):  # fmt: skip
+                                     (f"  svc CPU us/WRITE {size} B", busy),
+                                     (f"  svc faults/WRITE {size} B", faults)):  # fmt: skip
                     figures.setdefault(label, {}).setdefault(name, []).append(value)
             progress.step(f"round {r + 1}: ib_send_lat {LAT_SIZE} B, {name}")
             busy = cpu_seconds(service)

@@ -221,3 +221,38 @@ def test_a_closed_memory_reads_zeros_into_a_pooled_buffer(mem: ProcessMemory, bi
     mem.close()
     assert bytes(mem.span(big, BIG).read()) == bytes(BIG)
     assert mem.faults == 1
+
+
+def test_threads_never_take_the_same_buffer(pool: ReadBuffers) -> None:
+    """A UDP fabric's progress thread reads beside the service's: each view a
+    thread holds keeps the bytes it wrote while the other thread takes buffers."""
+    import sys
+    import threading
+    import time
+
+    errors: list[str] = []
+    start = threading.Barrier(2)
+
+    def work(mark: int) -> None:
+        start.wait()
+        for _ in range(2000):
+            view = pool.take(POOLED_READ)
+            if view is None:
+                continue
+            view[:] = bytes([mark]) * POOLED_READ
+            time.sleep(0)  # let the other thread run
+            if view[0] != mark or view[-1] != mark:
+                errors.append(f"thread {mark}: its buffer was taken by the other thread")
+            del view
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=work, args=(mark,)) for mark in (1, 2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert errors == []

@@ -34,7 +34,7 @@ cdef class ProcessMemory:
     cpdef bytes read(self, object addr, Py_ssize_t length)
     @cython.locals(done=Py_ssize_t, parts=list, more=bytes)
     cpdef bytes _read_rest(self, bytes data, object addr, Py_ssize_t length)
-    @cython.locals(buf=bytearray, view=memoryview, done=Py_ssize_t)
+    @cython.locals(view=memoryview, done=Py_ssize_t)
     cpdef object read_pooled(self, object addr, Py_ssize_t length)
     @cython.locals(n=Py_ssize_t, length=Py_ssize_t)
     cpdef _read_rest_into(self, memoryview view, object addr, Py_ssize_t done)
@@ -53,10 +53,13 @@ cpdef bint _unshared(bytearray buf)
 cdef class ReadBuffers:
     cdef public dict rings, next
     cdef public Py_ssize_t held, limit
+    cdef public object lock
 
+    @cython.locals(buf=bytearray)
+    cpdef object take(self, Py_ssize_t length)
     @cython.locals(size=Py_ssize_t, ring=list, n=Py_ssize_t, i=Py_ssize_t, start=Py_ssize_t,
                    buf=bytearray)
-    cpdef object take(self, Py_ssize_t length)
+    cpdef object _find(self, Py_ssize_t length)
     @cython.locals(size=Py_ssize_t, ring=list, kept=list)
     cpdef release(self)
 

@@ -42,6 +42,7 @@ import errno
 import fcntl
 import os
 import struct
+import threading
 from typing import Protocol
 
 from softverbs.engine.memory import Bytes, current_pass
@@ -281,10 +282,9 @@ class ProcessMemory:
     def read_pooled(self, addr: int, length: int) -> memoryview | None:
         """:meth:`read`, into a buffer of :data:`READ_BUFFERS` (a read-only view
         of it); None when the pool has no free buffer and no room for one."""
-        buf = READ_BUFFERS.take(length)
-        if buf is None:
+        view = READ_BUFFERS.take(length)
+        if view is None:
             return None
-        view = memoryview(buf)[:length]
         done = 0
         if not self.closed:
             try:
@@ -403,16 +403,30 @@ class ReadBuffers:
     are kept (past that a read allocates as it would without them), and
     :meth:`release` -- when a client goes -- drops those no view holds."""
 
-    __slots__ = ("held", "limit", "next", "rings")
+    __slots__ = ("held", "limit", "lock", "next", "rings")
 
     def __init__(self, limit: int) -> None:
         self.rings: dict[int, list[bytearray]] = {}  #: the buffers of each size
         self.next: dict[int, int] = {}  #: each ring's next buffer to ask
         self.held = 0  #: bytes in :attr:`rings`
         self.limit = limit
+        #: a UDP fabric's progress thread reads too: a buffer is found free and
+        #: its view made in one step, so two threads never take the same one
+        self.lock = threading.Lock()
 
-    def take(self, length: int) -> bytearray | None:
-        """A buffer of at least ``length`` bytes that no view holds, or None."""
+    def take(self, length: int) -> memoryview | None:
+        """A writable view of ``length`` bytes of a buffer no other view holds
+        (it is this view's until the view and every view made from it are
+        gone), or None when every buffer is held and there is no room for one."""
+        self.lock.acquire()
+        try:
+            buf = self._find(length)
+            return None if buf is None else memoryview(buf)[:length]
+        finally:
+            self.lock.release()
+
+    def _find(self, length: int) -> bytearray | None:
+        """:meth:`take`'s buffer, under its lock."""
         size = 1 << (length - 1).bit_length()
         ring = self.rings.get(size)
         if ring is None:
@@ -439,11 +453,12 @@ class ReadBuffers:
 
     def release(self) -> None:
         """Drop the buffers no view holds (their pages go back to the kernel)."""
-        for size, ring in self.rings.items():
-            kept = [buf for buf in ring if not _unshared(buf)]
-            self.held -= size * (len(ring) - len(kept))
-            ring[:] = kept
-            self.next[size] = 0
+        with self.lock:
+            for size, ring in self.rings.items():
+                kept = [buf for buf in ring if not _unshared(buf)]
+                self.held -= size * (len(ring) - len(kept))
+                ring[:] = kept
+                self.next[size] = 0
 
 
 #: the process's (the service's) buffers for large reads
