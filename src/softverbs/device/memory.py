@@ -17,12 +17,14 @@ ways, chosen per memory region:
   permission and no root, and it reaches only that one process.
 
 Measured on this 2-core VM (see docs/architecture.md): a 4 KiB ``pread``
-from another process costs 0.7 µs (a memoryview slice copy: 0.36 µs), and
-1 MiB reads run at about 9 GB/s, so the data path is not the bottleneck.
+from another process costs 0.7 µs (a memoryview slice copy: 0.36 µs), and a
+1 MiB read 130 µs into pages already mapped -- but 650 µs into fresh ones, so
+large reads go into buffers that stay mapped (:class:`ReadBuffers`).
 
 A :class:`ProcessSpan` is what the engine gets for such a region: ``len``,
 slicing (another span, bounds-checked), slice assignment (a ``pwrite``) and
-:meth:`ProcessSpan.read` (a ``pread`` into a fresh buffer).  Every span
+:meth:`ProcessSpan.read` (a ``pread``: into new bytes, or from 16 KiB on into
+a reused buffer, a read-only view either way).  Every span
 comes from a memory key's bounds check, so the device never touches
 anything outside a registered region.  If the process unmaps the pages or
 dies mid-transfer, the access fails inside the kernel: a read returns
