@@ -18,7 +18,9 @@ holds its ``src/``; e.g. ``git archive main | tar -x -C DIR``) instead of UCX: e
 round runs every figure once with each tree, in alternating order, each tree
 on a service of its own started from its own sources, and the table gives the
 median of the rounds for both and their ratio, with each service's CPU time per
-one-way ``ib_send_lat`` message (``/proc/PID/stat``, connection set-up included;
+``ib_write_bw`` WRITE and per one-way ``ib_send_lat`` message, and its minor page
+faults per WRITE (``/proc/PID/stat``, connection set-up included; give
+``--iters`` enough for the 10 ms CPU ticks;
 a compiled DIR needs its built modules copied with it, ``cp -a``).
 ``--env VAR=VALUE`` (repeatable) sets a variable for this tree's service and programs
 only, e.g. ``SOFTVERBS_SPIN_US=50``.
@@ -60,6 +62,14 @@ def cpu_seconds(pid: int) -> float:
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def minor_faults(pid: int) -> int:
+    """Minor page faults of process ``pid`` so far (``/proc/PID/stat``; 0 once it is gone)."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[7])
+    except OSError:
+        return 0
 
 
 def perftest(tool: str, args: list[str], env: dict[str, str],
@@ -163,14 +173,20 @@ def compare(args: argparse.Namespace, sizes: list[int]) -> int:
         order = list(envs) if r % 2 == 0 else list(reversed(envs))
         for name in order:
             env = envs[name]
+            service = int(Path(env["SOFTVERBS_SERVICE"] + ".pid").read_text().split()[0])
             for size in sizes:
                 n = args.iters or max(100, min(5000, (64 << 20) // size))
                 progress.step(f"round {r + 1}: ib_write_bw {size} B, {name}")
+                busy, faults = cpu_seconds(service), minor_faults(service)
                 bw = row(perftest("ib_write_bw", ["-s", str(size), "-n", str(n)], env), size)[1]
-                label = f"ib_write_bw {size} B, MB/s"
-                figures.setdefault(label, {}).setdefault(name, []).append(bw)
+                # the service's CPU time and page faults over the run, per WRITE
+                busy = (cpu_seconds(service) - busy) / n * 1e6
+                faults = (minor_faults(service) - faults) / n
+                for label, value in ((f"ib_write_bw {size} B, MB/s", bw),
+                                     (f"  svc CPU us/WRITE {size} B", busy),
+                                     (f"  svc faults/WRITE {size} B", faults)):  # fmt: skip
+                    figures.setdefault(label, {}).setdefault(name, []).append(value)
             progress.step(f"round {r + 1}: ib_send_lat {LAT_SIZE} B, {name}")
-            service = int(Path(env["SOFTVERBS_SERVICE"] + ".pid").read_text().split()[0])
             busy = cpu_seconds(service)
             lat = row(perftest("ib_send_lat", ["-s", str(LAT_SIZE), "-n", str(args.lat_iters)],
                                env), LAT_SIZE)  # fmt: skip

@@ -4,7 +4,9 @@ Run on this process's own ``/proc/self/mem`` (the service opens a client's the
 same way), in both modes (``SOFTVERBS_PURE``): a copy of mapped pages is one
 ``pread``/``pwrite``; a copy that runs into a page the process unmapped stores
 or reads what is mapped before it, reads zeros for the rest, and counts one
-fault; a closed memory copies nothing and counts each refused copy."""
+fault; a closed memory copies nothing and counts each refused copy.  A large
+read lands in a reused buffer (``ReadBuffers``) that no one still holding a view
+of an earlier read ever sees change."""
 
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ from collections.abc import Iterator
 import pytest
 
 from softverbs import hostmem
-from softverbs.device.memory import ProcessMemory, ProcessSpan
+from softverbs.device import memory
+from softverbs.device.memory import POOLED_READ, ProcessMemory, ProcessSpan, ReadBuffers
 
 PAGE = mmap.PAGESIZE
 
@@ -122,3 +125,134 @@ def test_a_span_of_pages_unmapped_since_is_no_longer_mapped(mem: ProcessMemory) 
         assert not span[PAGE:].still_mapped()
     finally:
         hostmem.munmap(addr, PAGE)
+
+
+@pytest.fixture
+def pool(monkeypatch: pytest.MonkeyPatch) -> ReadBuffers:
+    """A pool of read buffers of this test's own, room for four of 64 KiB."""
+    buffers = ReadBuffers(4 * BIG)
+    monkeypatch.setattr(memory, "READ_BUFFERS", buffers)
+    return buffers
+
+
+BIG = 64 << 10  #: a read large enough to go into a pooled buffer
+assert BIG >= POOLED_READ
+
+
+@pytest.fixture
+def big() -> Iterator[int]:
+    """Two BIG mappings, the second one's second half unmapped."""
+    addr = hostmem.mmap(length=2 * BIG)
+    hostmem.munmap(addr + BIG + BIG // 2, BIG // 2)
+    yield addr
+    hostmem.munmap(addr, BIG + BIG // 2)
+
+
+def test_a_large_read_is_a_read_only_view_of_a_pooled_buffer(
+    mem: ProcessMemory, big: int, pool: ReadBuffers
+) -> None:
+    data = os.urandom(BIG)
+    _fill(big, data)
+    got = mem.span(big, BIG).read()
+    assert bytes(got) == data and got.readonly and len(got) == BIG
+    assert pool.held == BIG and len(pool.rings[BIG]) == 1
+    with pytest.raises(TypeError):
+        got[0] = 1
+    assert mem.faults == 0
+
+
+def test_a_pooled_buffer_is_not_reused_while_any_view_of_it_lives(
+    mem: ProcessMemory, big: int, pool: ReadBuffers
+) -> None:
+    first = os.urandom(BIG)
+    _fill(big, first)
+    snapshot = mem.span(big, BIG).read()
+    packet = snapshot[BIG - 100 :]  # a slice of it, as a packet's payload is
+    del snapshot
+    _fill(big, bytes(BIG))
+    again = mem.span(big, BIG).read()  # the memory changed; the slice must not
+    assert bytes(packet) == first[BIG - 100 :]
+    assert bytes(again) == bytes(BIG)
+    assert len(pool.rings[BIG]) == 2
+    del packet, again
+    for _ in range(5):  # every view gone: the same two buffers serve every read
+        assert bytes(mem.span(big, BIG).read()) == bytes(BIG)
+    assert len(pool.rings[BIG]) == 2 and pool.held == 2 * BIG
+
+
+def test_a_short_pooled_read_zeros_what_the_last_read_left(mem: ProcessMemory, big: int,
+                                                           pool: ReadBuffers) -> None:  # fmt: skip
+    _fill(big, b"\xcc" * BIG)
+    assert bytes(mem.span(big, BIG).read()) == b"\xcc" * BIG  # the buffer now holds 0xcc
+    tail = os.urandom(BIG // 2)
+    _fill(big + BIG, tail)
+    got = mem.span(big + BIG, BIG).read()  # its second half is unmapped
+    assert len(pool.rings[BIG]) == 1  # the same buffer
+    assert bytes(got) == tail + bytes(BIG // 2)
+    assert mem.faults == 1
+
+
+def test_pooled_reads_past_the_limit_are_fresh_copies(mem: ProcessMemory, big: int,
+                                                      pool: ReadBuffers) -> None:  # fmt: skip
+    data = os.urandom(BIG)
+    _fill(big, data)
+    held = [mem.span(big, BIG).read() for _ in range(6)]
+    assert pool.held == 4 * BIG
+    assert all(bytes(view) == data for view in held)
+    assert len({id(view.obj) for view in held}) == 6  # six buffers, none shared
+
+
+def test_release_drops_the_buffers_no_view_holds(mem: ProcessMemory, big: int,
+                                                 pool: ReadBuffers) -> None:  # fmt: skip
+    kept = mem.span(big, BIG).read()
+    dropped = mem.span(big, BIG).read()
+    mem.span(big, POOLED_READ).read()  # another size
+    assert pool.held == 2 * BIG + POOLED_READ
+    del dropped
+    mem.close()  # its owner went: what no view holds goes back
+    assert pool.held == BIG and pool.rings[BIG] == [kept.obj]
+    assert pool.rings[POOLED_READ] == []
+
+
+def test_a_closed_memory_reads_zeros_into_a_pooled_buffer(mem: ProcessMemory, big: int,
+                                                          pool: ReadBuffers) -> None:  # fmt: skip
+    _fill(big, b"\x11" * BIG)
+    assert bytes(mem.span(big, BIG).read()) == b"\x11" * BIG
+    mem.close()
+    assert bytes(mem.span(big, BIG).read()) == bytes(BIG)
+    assert mem.faults == 1
+
+
+def test_threads_never_take_the_same_buffer(pool: ReadBuffers) -> None:
+    """A UDP fabric's progress thread reads beside the service's: each view a
+    thread holds keeps the bytes it wrote while the other thread takes buffers."""
+    import sys
+    import threading
+    import time
+
+    errors: list[str] = []
+    start = threading.Barrier(2)
+
+    def work(mark: int) -> None:
+        start.wait()
+        for _ in range(2000):
+            view = pool.take(POOLED_READ)
+            if view is None:
+                continue
+            view[:] = bytes([mark]) * POOLED_READ
+            time.sleep(0)  # let the other thread run
+            if view[0] != mark or view[-1] != mark:
+                errors.append(f"thread {mark}: its buffer was taken by the other thread")
+            del view
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=work, args=(mark,)) for mark in (1, 2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert errors == []

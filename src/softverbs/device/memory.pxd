@@ -34,12 +34,34 @@ cdef class ProcessMemory:
     cpdef bytes read(self, object addr, Py_ssize_t length)
     @cython.locals(done=Py_ssize_t, parts=list, more=bytes)
     cpdef bytes _read_rest(self, bytes data, object addr, Py_ssize_t length)
+    @cython.locals(view=memoryview, done=Py_ssize_t)
+    cpdef object read_pooled(self, object addr, Py_ssize_t length)
+    @cython.locals(n=Py_ssize_t, length=Py_ssize_t)
+    cpdef _read_rest_into(self, memoryview view, object addr, Py_ssize_t done)
     @cython.locals(done=Py_ssize_t)
     cpdef write(self, object addr, object data)
     @cython.locals(n=Py_ssize_t)
     cpdef _write_rest(self, object addr, object data, Py_ssize_t done)
     cpdef ProcessSpan span(self, object addr, object length, bint pinned=*)
     cpdef close(self)
+
+
+cpdef bint _unshared(bytearray buf)
+
+
+@cython.final
+cdef class ReadBuffers:
+    cdef public dict rings, next
+    cdef public Py_ssize_t held, limit
+    cdef public object lock
+
+    @cython.locals(buf=bytearray)
+    cpdef object take(self, Py_ssize_t length)
+    @cython.locals(size=Py_ssize_t, ring=list, n=Py_ssize_t, i=Py_ssize_t, start=Py_ssize_t,
+                   buf=bytearray)
+    cpdef object _find(self, Py_ssize_t length)
+    @cython.locals(size=Py_ssize_t, ring=list, kept=list)
+    cpdef release(self)
 
 
 @cython.final

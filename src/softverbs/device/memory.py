@@ -17,12 +17,14 @@ ways, chosen per memory region:
   permission and no root, and it reaches only that one process.
 
 Measured on this 2-core VM (see docs/architecture.md): a 4 KiB ``pread``
-from another process costs 0.7 µs (a memoryview slice copy: 0.36 µs), and
-1 MiB reads run at about 9 GB/s, so the data path is not the bottleneck.
+from another process costs 0.7 µs (a memoryview slice copy: 0.36 µs), and a
+1 MiB read 130 µs into pages already mapped -- but 650 µs into fresh ones, so
+large reads go into buffers that stay mapped (:class:`ReadBuffers`).
 
 A :class:`ProcessSpan` is what the engine gets for such a region: ``len``,
 slicing (another span, bounds-checked), slice assignment (a ``pwrite``) and
-:meth:`ProcessSpan.read` (a ``pread`` into a fresh buffer).  Every span
+:meth:`ProcessSpan.read` (a ``pread``: into new bytes, or from 16 KiB on into
+a reused buffer, a read-only view either way).  Every span
 comes from a memory key's bounds check, so the device never touches
 anything outside a registered region.  If the process unmaps the pages or
 dies mid-transfer, the access fails inside the kernel: a read returns
@@ -42,6 +44,7 @@ import errno
 import fcntl
 import os
 import struct
+import threading
 from typing import Protocol
 
 from softverbs.engine.memory import Bytes, current_pass
@@ -278,6 +281,40 @@ class ProcessMemory:
             self._seen.clear()  # the kernel says the mappings changed: ask it again
         return b"".join(parts)
 
+    def read_pooled(self, addr: int, length: int) -> memoryview | None:
+        """:meth:`read`, into a buffer of :data:`READ_BUFFERS` (a read-only view
+        of it); None when the pool has no free buffer and no room for one."""
+        view = READ_BUFFERS.take(length)
+        if view is None:
+            return None
+        done = 0
+        if not self.closed:
+            try:
+                done = os.preadv(self.fd, [view], addr)
+            except OSError:
+                done = 0
+            if done == length:
+                return view.toreadonly()
+        self._read_rest_into(view, addr, done)
+        return view.toreadonly()
+
+    def _read_rest_into(self, view: memoryview, addr: int, done: int) -> None:
+        """:meth:`read_pooled` after a short first ``preadv`` of ``done`` bytes:
+        the rest as far as the kernel gives it, then zeros, and one fault."""
+        length = len(view)
+        while done < length and not self.closed:
+            try:
+                n = os.preadv(self.fd, [view[done:]], addr + done)
+            except OSError:
+                break
+            if n <= 0:
+                break
+            done += n
+        if done < length:
+            view[done:] = bytes(length - done)
+            self.faults += 1
+            self._seen.clear()  # the kernel says the mappings changed: ask it again
+
     def write(self, addr: int, data: Buffer) -> None:
         """Store ``data`` at ``addr``: one ``pwrite`` when the pages are there; what
         the kernel refuses is not stored and counts in :attr:`faults`."""
@@ -317,12 +354,117 @@ class ProcessMemory:
     def close(self) -> None:
         if not self.closed:
             self.closed = True
+            READ_BUFFERS.release()  # what its reads still hold stays until they go
             with contextlib.suppress(OSError):
                 os.close(self.fd)
             if self.maps >= 0:
                 with contextlib.suppress(OSError):
                     os.close(self.maps)
                 self.maps = -1
+
+
+#: Reads of at least this many bytes go into a reused buffer (:class:`ReadBuffers`).
+POOLED_READ = 16 << 10
+#: The most bytes of read buffers the service keeps mapped.
+READ_BUFFER_LIMIT = 256 << 20
+#: Buffers :meth:`ReadBuffers.take` asks before it makes another.
+_PROBES = 4
+
+
+def _unshared(buf: bytearray) -> bool:
+    """Does no view of ``buf`` exist any more?  A bytearray cannot change its
+    length while a buffer of it is exported (BufferError), so deleting its last
+    byte asks the interpreter exactly that in both modes; the byte is put back."""
+    try:
+        del buf[-1:]
+    except BufferError:
+        return False
+    buf.append(0)  # within its allocation: no reallocation
+    return True
+
+
+class ReadBuffers:
+    """The service's buffers for large reads of client memory, reused.
+
+    The device snapshots a WQE's data when it starts the WQE, and holds the
+    snapshot until the WQE completes (a retransmission sends it again), so a
+    program with 128 1 MiB WRITEs posted has 128 MiB of snapshots in the
+    service.  Fresh buffers for them cost page faults: the allocator gives
+    freed memory back to the kernel, and the next read copies into new zeroed
+    pages (205 faults and 0.82 ms of the service's CPU per 1 MiB WRITE of
+    ``ib_write_bw``, against 33 and 0.50 ms with the buffers kept,
+    ``perf stat`` on the service; docs/performance.md).
+
+    A buffer is handed out only as views (:class:`memoryview`), and is reused
+    only when no view of it is left (:func:`_unshared`): the WQE's snapshot,
+    the packets sliced from it, a queued datagram all hold one, so nothing that
+    can still see the bytes sees them change.  Buffers are powers of two, one
+    ring of them per size; WQEs complete in order, so the buffer after the one
+    taken last is the likeliest free, and :meth:`take` asks at most
+    :data:`_PROBES` of them before it makes another.  At most ``limit`` bytes
+    are kept (past that a read allocates as it would without them), and
+    :meth:`release` -- when a client goes -- drops those no view holds."""
+
+    __slots__ = ("held", "limit", "lock", "next", "rings")
+
+    def __init__(self, limit: int) -> None:
+        self.rings: dict[int, list[bytearray]] = {}  #: the buffers of each size
+        self.next: dict[int, int] = {}  #: each ring's next buffer to ask
+        self.held = 0  #: bytes in :attr:`rings`
+        self.limit = limit
+        #: a UDP fabric's progress thread reads too: a buffer is found free and
+        #: its view made in one step, so two threads never take the same one
+        self.lock = threading.Lock()
+
+    def take(self, length: int) -> memoryview | None:
+        """A writable view of ``length`` bytes of a buffer no other view holds
+        (it is this view's until the view and every view made from it are
+        gone), or None when every buffer is held and there is no room for one."""
+        self.lock.acquire()
+        try:
+            buf = self._find(length)
+            return None if buf is None else memoryview(buf)[:length]
+        finally:
+            self.lock.release()
+
+    def _find(self, length: int) -> bytearray | None:
+        """:meth:`take`'s buffer, under its lock."""
+        size = 1 << (length - 1).bit_length()
+        ring = self.rings.get(size)
+        if ring is None:
+            ring = self.rings[size] = []
+            self.next[size] = 0
+        n = len(ring)
+        start = self.next[size]
+        if start >= n:
+            start = 0
+        i = start
+        for _ in range(min(n, _PROBES)):
+            buf = ring[i]
+            i = i + 1 if i + 1 < n else 0
+            if _unshared(buf):
+                self.next[size] = i
+                return buf
+        if self.held + size > self.limit:
+            return None
+        buf = bytearray(size)
+        ring.insert(start, buf)  # taken last: just before the oldest, which is asked next
+        self.next[size] = start + 1
+        self.held += size
+        return buf
+
+    def release(self) -> None:
+        """Drop the buffers no view holds (their pages go back to the kernel)."""
+        with self.lock:
+            for size, ring in self.rings.items():
+                kept = [buf for buf in ring if not _unshared(buf)]
+                self.held -= size * (len(ring) - len(kept))
+                ring[:] = kept
+                self.next[size] = 0
+
+
+#: the process's (the service's) buffers for large reads
+READ_BUFFERS = ReadBuffers(READ_BUFFER_LIMIT)
 
 
 class ProcessSpan:
@@ -353,7 +495,12 @@ class ProcessSpan:
         self.mem.write(self.addr + start, data)
 
     def read(self) -> memoryview:
-        """The bytes as they are now (a copy)."""
+        """The bytes as they are now (a copy, read-only; a large one in a buffer
+        of :data:`READ_BUFFERS`, reused once nothing holds a view of it)."""
+        if self.length >= POOLED_READ:
+            got = self.mem.read_pooled(self.addr, self.length)
+            if got is not None:
+                return got
         return memoryview(self.mem.read(self.addr, self.length))
 
     def still_mapped(self) -> bool:
