@@ -68,7 +68,7 @@ from softverbs.verbs.cq import CQBase
 from softverbs.verbs.device import LIMITS, Context
 from softverbs.verbs.mr import MW, MWBind, MWBindInfo, inc_rkey
 from softverbs.verbs.pd import PD
-from softverbs.verbs.provider import Attach, destroy, forked_error
+from softverbs.verbs.provider import Attach, check_post, destroy
 from softverbs.verbs.srq import SRQ
 from softverbs.verbs.wr import SGE, RecvWR, SendWR, recv_wqe
 from softverbs.verbs.xrcd import XRCD
@@ -615,11 +615,7 @@ class QP(PyverbsCM):
     def post_send(self, wr: SendWR, bad_wr: SendWR | None = None) -> None:
         """Post a list of send WRs (``wr`` and its ``next_wr`` chain)."""
         self._check_open()
-        require(wr, SendWR, "wr")
-        if bad_wr is not None:
-            require(bad_wr, SendWR, "bad_wr")
-        if self._ctx.provider.forked:
-            raise forked_error("post_send")
+        check_post(self._ctx.provider, "post_send", SendWR, wr, bad_wr)
         rt = self._ctx.runtime
         with rt.lock:
             sq = self.sq
@@ -842,11 +838,7 @@ class QP(PyverbsCM):
     def post_recv(self, wr: RecvWR, bad_wr: RecvWR | None = None) -> None:
         """Post a list of receive WRs."""
         self._check_open()
-        require(wr, RecvWR, "wr")
-        if bad_wr is not None:
-            require(bad_wr, RecvWR, "bad_wr")
-        if self._ctx.provider.forked:
-            raise forked_error("post_recv")
+        check_post(self._ctx.provider, "post_recv", RecvWR, wr, bad_wr)
         rt = self._ctx.runtime
         with rt.lock:
             w: RecvWR | None = wr

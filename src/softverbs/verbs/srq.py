@@ -27,7 +27,7 @@ from softverbs.verbs.base import CStruct, PyverbsCM, PyverbsObject, as_uint, req
 from softverbs.verbs.cq import CQBase
 from softverbs.verbs.device import LIMITS, Context
 from softverbs.verbs.pd import PD
-from softverbs.verbs.provider import Attach, destroy, forked_error
+from softverbs.verbs.provider import Attach, check_post, destroy
 from softverbs.verbs.wr import RecvWR, recv_wqe
 from softverbs.verbs.xrcd import XRCD
 
@@ -192,11 +192,7 @@ class SRQ(PyverbsCM):
 
     def post_recv(self, wr: RecvWR, bad_wr: RecvWR | None = None) -> None:
         self._check_open()
-        require(wr, RecvWR, "wr")
-        if bad_wr is not None:
-            require(bad_wr, RecvWR, "bad_wr")
-        if self._ctx.provider.forked:
-            raise forked_error("post_srq_recv")
+        check_post(self._ctx.provider, "post_srq_recv", RecvWR, wr, bad_wr)
         ring = self.ring
         with self._ctx.lock:
             w: RecvWR | None = wr
