@@ -112,8 +112,7 @@ def check_post(provider: Provider, verb: str, cls: type, wr: object, bad_wr: obj
     """What every post verb checks before it touches a ring: the WR list and
     ``bad_wr`` are ``cls``, and this process is not a fork of the ring's owner."""
     require(wr, cls, "wr")
-    if bad_wr is not None:
-        require(bad_wr, cls, "bad_wr")
+    require(bad_wr, cls, "bad_wr", optional=True)
     if provider.forked:
         raise forked_error(verb)
 

@@ -187,10 +187,8 @@ class _InitAttrBase(CStruct, PyverbsObject):
         for cq, what in ((scq, "scq"), (rcq, "rcq")):
             if cq is not None and not isinstance(cq, CQBase):
                 raise PyverbsUserError(f"Expected CQ/CQEX, got {type(cq)} for {what}")
-        if srq is not None:
-            require(srq, SRQ, "srq")
-        if cap is not None:
-            require(cap, QPCap, "cap")
+        require(srq, SRQ, "srq", optional=True)
+        require(cap, QPCap, "cap", optional=True)
         self.qp_type = qp_type
         self.qp_context = qp_context
         self.send_cq = scq
@@ -250,8 +248,7 @@ class QPInitAttrEx(_InitAttrBase):
         send_ops_flags: int = 0,
     ) -> None:
         super().__init__(qp_type, qp_context, scq, rcq, srq, cap, sq_sig_all)
-        if pd is not None:
-            require(pd, PD, "pd")
+        require(pd, PD, "pd", optional=True)
         self.comp_mask = comp_mask
         self.pd = pd
         self.xrcd = xrcd
@@ -375,8 +372,7 @@ class QP(PyverbsCM):
 
     def __init__(self, creator: Any, init_attr: Any, qp_attr: QPAttr | None = None) -> None:
         super().__init__()
-        if qp_attr is not None:
-            require(qp_attr, QPAttr, "qp_attr")
+        require(qp_attr, QPAttr, "qp_attr", optional=True)
         if isinstance(creator, PD):
             require(init_attr, (QPInitAttr, QPInitAttrEx), "init_attr")
             pd: PD | None = creator

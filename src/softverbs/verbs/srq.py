@@ -49,8 +49,7 @@ class SrqInitAttr(PyverbsObject):
 
     def __init__(self, attr: SrqAttr | None = None) -> None:
         super().__init__()
-        if attr is not None:
-            require(attr, SrqAttr, "attr")
+        require(attr, SrqAttr, "attr", optional=True)
         self.attr = attr if attr is not None else SrqAttr()
 
     @property
@@ -97,8 +96,7 @@ class OpsWr(CStruct, PyverbsCM):
                  num_sge: int | None = None, tag: int = 0, mask: int = 0,
                  sg_list: list[Any] | None = None) -> None:  # fmt: skip
         super().__init__()
-        if next_wr is not None:
-            require(next_wr, OpsWr, "next_wr")
+        require(next_wr, OpsWr, "next_wr", optional=True)
         if sg_list is not None and not isinstance(sg_list, (list, tuple)):
             raise PyverbsUserError(f"sg_list must be a list of SGEs, got {type(sg_list).__name__}")
         self.wr_id = wr_id
@@ -143,12 +141,10 @@ class SRQ(PyverbsCM):
             if pd is None:
                 raise einval("an SRQ needs a PD (SrqInitAttrEx.pd)")
             require(pd, PD, "SrqInitAttrEx.pd")
-            if xrcd is not None:
-                require(xrcd, XRCD, "SrqInitAttrEx.xrcd")
+            require(xrcd, XRCD, "SrqInitAttrEx.xrcd", optional=True)
             if srq_type == IBV_SRQT_XRC and (xrcd is None or cq is None):
                 raise einval("an XRC SRQ needs an XRC domain and a CQ (SrqInitAttrEx.xrcd, .cq)")
-            if cq is not None:
-                require(cq, CQBase, "cq")
+            require(cq, CQBase, "cq", optional=True)
         else:
             raise PyverbsUserError("SRQ needs either a Context or a PD for creation")
         ctx._check_open()
