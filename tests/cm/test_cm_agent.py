@@ -24,6 +24,7 @@ from cm_kit import (
     fabric_counters,
     listener,
     qp_init,
+    requested,
 )
 
 from softverbs.cm import mad
@@ -123,11 +124,7 @@ def test_too_much_private_data_is_refused(sim: Simulation) -> None:
 
 
 def test_reject_reaches_the_client_with_its_reason_and_data(sim: Simulation) -> None:
-    pch, lst = listener(7474)
-    ach, act = active(7474)
-    act.connect(ConnParam())
-    req = expect(pch, RDMA_CM_EVENT_CONNECT_REQUEST)
-    child = CMID(creator=req, listen_id=lst)
+    _pch, _lst, ach, act, _req, child = requested(7474)
     child.reject(b"connection rejected")
     rej = expect(ach, RDMA_CM_EVENT_REJECTED)
     assert rej.status == mad.REJ_CONSUMER_DEFINED
@@ -227,11 +224,7 @@ def test_a_lost_rtu_is_repaired_by_the_rep_retransmission(sim: Simulation) -> No
 
 
 def test_duplicate_req_gets_the_delayed_mra(sim: Simulation) -> None:
-    pch, lst = listener(7481)
-    ach, act = active(7481)
-    act.connect(ConnParam())
-    req = expect(pch, RDMA_CM_EVENT_CONNECT_REQUEST)
-    child = CMID(creator=req, listen_id=lst)
+    pch, _lst, ach, _act, _req, child = requested(7481)
     child.create_qp(qp_init(RDMA_PS_TCP))
     # the passive takes its time: the REQ is resent, and the MRA asks for patience
     with pytest.raises(PyverbsRDMAError):
@@ -264,11 +257,7 @@ def test_destroying_a_connected_id_disconnects_the_peer(sim: Simulation) -> None
 
 
 def test_destroying_the_active_id_before_the_reply_rejects(sim: Simulation) -> None:
-    pch, lst = listener(7484)
-    _ach, act = active(7484)
-    act.connect(ConnParam())
-    req = expect(pch, RDMA_CM_EVENT_CONNECT_REQUEST)
-    child = CMID(creator=req, listen_id=lst)
+    pch, _lst, _ach, act, _req, child = requested(7484)
     act.close()
     rej = expect(pch, RDMA_CM_EVENT_REJECTED)
     assert rej.status == mad.REJ_TIMEOUT and rej.id is child._id
@@ -403,11 +392,7 @@ def test_addresses_and_ports(sim: Simulation) -> None:
 
 
 def test_loopback_connection_on_one_device(sim: Simulation) -> None:
-    pch, lst = listener(7493, ip=A)
-    ach, act = active(7493, src=A, dst=A)
-    act.connect(ConnParam())
-    req = expect(pch, RDMA_CM_EVENT_CONNECT_REQUEST)
-    child = CMID(creator=req, listen_id=lst)
+    pch, _lst, ach, act, _req, child = requested(7493, src=A, dst=A)
     child.create_qp(qp_init(RDMA_PS_TCP))
     child.accept(ConnParam())
     expect(ach, RDMA_CM_EVENT_ESTABLISHED)
@@ -561,11 +546,7 @@ def test_values_above_the_device_are_refused_by_the_agent(sim: Simulation, field
 
 
 def test_accept_above_the_device_is_refused_before_the_rep(sim: Simulation) -> None:
-    pch, lst = listener(7595)
-    _ach, act = active(7595)
-    act.connect(ConnParam())
-    req = expect(pch, RDMA_CM_EVENT_CONNECT_REQUEST)
-    child = CMID(creator=req, listen_id=lst)
+    _pch, _lst, _ach, _act, req, child = requested(7595)
     req.ack_cm_event()
     child.create_qp(qp_init(RDMA_PS_TCP))
     with pytest.raises(PyverbsRDMAError) as info:

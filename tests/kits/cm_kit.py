@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from softverbs.cm.api import CMID, AddrInfo, CMEvent, CMEventChannel, ConnParam
 from softverbs.cm.mad import GSI_QPN
@@ -63,14 +63,32 @@ def active(port: int, ps: int = RDMA_PS_TCP, src: str = A, dst: str = B,
     return ch, cid
 
 
+class Requested(NamedTuple):
+    """A connection request as the listener has it: its ID made, nothing answered."""
+
+    pch: CMEventChannel
+    lst: CMID
+    ach: CMEventChannel
+    act: CMID
+    req: CMEvent
+    child: CMID
+
+
+def requested(port: int, ps: int = RDMA_PS_TCP, param: ConnParam | None = None,
+              src: str = A, dst: str = B) -> Requested:  # fmt: skip
+    """A listener on ``dst``, an active ID on ``src`` that connects to it, and the
+    listener's new ID for the CONNECT_REQUEST (not yet acknowledged)."""
+    pch, lst = listener(port, ps, ip=dst)
+    ach, act = active(port, ps, src=src, dst=dst)
+    act.connect(param or ConnParam())
+    req = expect(pch, RDMA_CM_EVENT_CONNECT_REQUEST)
+    return Requested(pch, lst, ach, act, req, CMID(creator=req, listen_id=lst))
+
+
 def connect_pair(port: int, ps: int = RDMA_PS_TCP, param: ConnParam | None = None,
                  accept_param: ConnParam | None = None) -> dict[str, Any]:  # fmt: skip
     """Listener on b, active on a, connected; returns every object."""
-    pch, lst = listener(port, ps)
-    ach, act = active(port, ps)
-    act.connect(param or ConnParam())
-    req = expect(pch, RDMA_CM_EVENT_CONNECT_REQUEST)
-    child = CMID(creator=req, listen_id=lst)
+    pch, lst, ach, act, req, child = requested(port, ps, param)
     req.ack_cm_event()
     child.create_qp(qp_init(ps))
     child.accept(accept_param or ConnParam())

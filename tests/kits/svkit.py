@@ -717,6 +717,13 @@ class EnvPeer(RcPeer):
         super().__init__(*args)
         self.more = [rc_qp(self.pd, self.cq) for _ in range(extra_qps)]
 
+    def op_close_extra(self) -> int:
+        """Destroy the extra QPs; how many there were."""
+        for qp in self.more:
+            qp.close()
+        n, self.more = len(self.more), []
+        return n
+
 
 class Allocator(XrcReceiver):
     """Allocates and destroys receive QPs; the numbers it got."""

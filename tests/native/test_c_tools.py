@@ -11,6 +11,7 @@ the tests skip, and under CI they fail.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -21,7 +22,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -56,27 +57,42 @@ def exec_cmd(*argv: str) -> list[str]:
     return [sys.executable, "-m", "softverbs", "exec", "--", *argv]
 
 
+@contextlib.contextmanager
+def _server(argv: list[str], env: dict[str, str]) -> Iterator[subprocess.Popen[str]]:
+    """A tool's server, its output piped; killed on the way out if still running."""
+    server = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, stdin=subprocess.DEVNULL)  # fmt: skip
+    try:
+        yield server
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+
+
+def _client(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=TIMEOUT,
+                          check=False, stdin=subprocess.DEVNULL)  # fmt: skip
+
+
+def _outputs(tool: str, server: subprocess.Popen[str], out: str,
+             client: subprocess.CompletedProcess[str]) -> tuple[str, str]:  # fmt: skip
+    """Both sides' outputs, once each exited 0."""
+    assert client.returncode == 0, f"{tool} client: {client.stdout}{client.stderr}"
+    assert server.returncode == 0, f"{tool} server: {out}"
+    return out, client.stdout + client.stderr
+
+
 def pair(env: dict[str, str], tool: str, args: list[str], port_flag: str,
          launch: Callable[..., list[str]] = exec_cmd) -> tuple[str, str]:  # fmt: skip
     """Run ``tool`` as server and client; both outputs (each must exit 0)."""
     port = free_tcp_port()
     argv = [tool, *args, port_flag, str(port)]
-    server = subprocess.Popen(launch(*argv), env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True,
-                              stdin=subprocess.DEVNULL)  # fmt: skip
-    try:
+    with _server(launch(*argv), env) as server:
         wait_listening(port, server, 60)
-        client = subprocess.run(launch(*argv, "127.0.0.1"), env=env, capture_output=True,
-                                text=True, timeout=TIMEOUT, check=False,
-                                stdin=subprocess.DEVNULL)  # fmt: skip
+        client = _client(launch(*argv, "127.0.0.1"), env)
         out = server.communicate(timeout=TIMEOUT)[0]
-    finally:
-        if server.poll() is None:
-            server.kill()
-            server.wait()
-    assert client.returncode == 0, f"{tool} client: {client.stdout}{client.stderr}"
-    assert server.returncode == 0, f"{tool} server: {out}"
-    return out, client.stdout + client.stderr
+    return _outputs(tool, server, out, client)
 
 
 def test_faults_and_capture_apply_to_c_programs(env: dict[str, str], tmp_path: Path) -> None:
@@ -166,10 +182,7 @@ def cm_pair(env: dict[str, str], server_argv: list[str], client_argv: list[str],
     starts once the service's STATUS lists ``port`` among the CM's listening
     ports.  (Without a port, the client is retried until it connects.)"""
     tool = server_argv[0]
-    server = subprocess.Popen(launch(*server_argv), env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True,
-                              stdin=subprocess.DEVNULL)  # fmt: skip
-    try:
+    with _server(launch(*server_argv), env) as server:
         deadline = time.monotonic() + 60
         while port:
             assert server.poll() is None, f"{tool} server exited: {server.communicate()[0]}"
@@ -180,21 +193,13 @@ def cm_pair(env: dict[str, str], server_argv: list[str], client_argv: list[str],
         while True:
             time.sleep(0 if port else 0.3)
             assert server.poll() is None, f"{tool} server exited: {server.communicate()[0]}"
-            client = subprocess.run(launch(*client_argv), env=env, capture_output=True,
-                                    text=True, timeout=TIMEOUT, check=False,
-                                    stdin=subprocess.DEVNULL)  # fmt: skip
+            client = _client(launch(*client_argv), env)
             if client.returncode == 0 or port or time.monotonic() > deadline:
                 break
         if client.returncode != 0:  # its server would wait for it until the timeout
             server.kill()
         out = server.communicate(timeout=TIMEOUT)[0]
-    finally:
-        if server.poll() is None:
-            server.kill()
-            server.wait()
-    assert client.returncode == 0, f"{tool} client: {client.stdout}{client.stderr}"
-    assert server.returncode == 0, f"{tool} server: {out}"
-    return out, client.stdout + client.stderr
+    return _outputs(tool, server, out, client)
 
 
 def test_rping(env: dict[str, str]) -> None:

@@ -58,14 +58,20 @@ def _holds(service: ServiceProc, bell: int) -> bool:
     return False
 
 
-def _ping(spawn: Callable[..., Worker], rounds: int = 20, doorbell: str = "message",
-          extra_qps: int = 0) -> None:  # fmt: skip
-    """Another pair of processes, SENDs both ways: the service serves them."""
+def _pair(spawn: Callable[..., Worker], doorbell: str, extra_qps: int = 0,
+          ) -> tuple[Worker, Worker]:  # fmt: skip
+    """Two connected processes that ring by ``doorbell``, each with ``extra_qps``
+    more send queues."""
     env = {"SOFTVERBS_DOORBELL": doorbell}
     a = spawn(EnvPeer, env, extra_qps)
     b = spawn(EnvPeer, env, extra_qps)
     a.call("connect", qpn=b.info["qpn"])
     b.call("connect", qpn=a.info["qpn"])
+    return a, b
+
+
+def _rounds(a: Worker, b: Worker, rounds: int) -> None:
+    """SENDs both ways between ``a`` and ``b``, each checked end to end."""
     for i in range(rounds):
         src, dst = (a, b) if i % 2 == 0 else (b, a)
         dst.call("recv", n=1, off=0)
@@ -76,6 +82,13 @@ def _ping(spawn: Callable[..., Worker], rounds: int = 20, doorbell: str = "messa
         assert dst.call("poll", n=1) == [(IBV_WC_SUCCESS, IBV_WC_RECV, len(data),
                                           dst.info["qpn"])]  # fmt: skip
         assert dst.call("mr_read", off=0, length=len(data)) == data
+
+
+def _ping(spawn: Callable[..., Worker], rounds: int = 20, doorbell: str = "message",
+          extra_qps: int = 0) -> None:  # fmt: skip
+    """Another pair of processes, SENDs both ways: the service serves them."""
+    a, b = _pair(spawn, doorbell, extra_qps)
+    _rounds(a, b, rounds)
     a.finish()
     b.finish()
 
@@ -116,6 +129,22 @@ def test_a_process_with_more_send_queues_rings_by_message(
     _ping(spawn, rounds=4, doorbell="eventfd", extra_qps=BELL_MAX_QUEUES)
     stats = service.stats()["stats"]
     assert "doorbells_eventfd" not in stats, stats
+
+
+def test_destroying_send_queues_brings_the_eventfd_back(
+        service: ServiceProc, spawn: Callable[..., Worker]) -> None:  # fmt: skip
+    """The client counts its send queues down as it destroys them: once it is
+    back within config.BELL_MAX_QUEUES, it rings by the eventfd again."""
+    from softverbs.config import BELL_MAX_QUEUES
+
+    a, b = _pair(spawn, "eventfd", extra_qps=BELL_MAX_QUEUES)
+    _rounds(a, b, 2)
+    assert _count(service) == 0
+    assert a.call("close_extra") == b.call("close_extra") == BELL_MAX_QUEUES
+    _rounds(a, b, 4)
+    assert _count(service) >= 4
+    a.finish()
+    b.finish()
 
 
 def test_a_write_rings_the_queues_whose_db_moved_and_only_those(service: ServiceProc) -> None:

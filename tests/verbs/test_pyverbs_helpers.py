@@ -213,3 +213,19 @@ def test_init_attr_reads_and_sets_its_cap_fields(cls: type[QPInitAttr | QPInitAt
             setattr(attr, f, -1)
         assert getattr(attr, f) == 100 + i
     assert cls().max_recv_wr == 0  # no QPCap given: every capability is 0, as in pyverbs
+
+
+def test_require_names_the_argument_and_takes_none_only_where_optional() -> None:
+    from softverbs.verbs.base import require
+    from softverbs.verbs.qp import QPCap, QPInitAttr
+
+    require(QPCap(), QPCap, "cap")
+    require(None, QPCap, "cap", optional=True)
+    with pytest.raises(PyverbsUserError, match="cap must be a QPCap, got NoneType"):
+        require(None, QPCap, "cap")
+    with pytest.raises(PyverbsUserError, match="cap must be a QPCap, got str"):
+        require("x", QPCap, "cap", optional=True)
+    # a verb's optional argument: None is taken, anything else must be the type
+    QPInitAttr(cap=None)
+    with pytest.raises(PyverbsUserError, match="srq must be a SRQ, got int"):
+        QPInitAttr(srq=1)

@@ -54,8 +54,7 @@ class GlobalRoute(CStruct, PyverbsObject):
         traffic_class: int = 0,
     ) -> None:
         super().__init__()
-        if dgid is not None:
-            require(dgid, GID, "dgid")
+        require(dgid, GID, "dgid", optional=True)
         self.dgid: GID = dgid if dgid is not None else GID()
         self.flow_label = flow_label
         self.sgid_index = sgid_index
@@ -86,8 +85,7 @@ class GRH(CStruct, PyverbsObject):
     ) -> None:
         super().__init__()
         for gid, what in ((sgid, "sgid"), (dgid, "dgid")):
-            if gid is not None:
-                require(gid, GID, what)
+            require(gid, GID, what, optional=True)
         self.sgid = sgid or GID()
         self.dgid = dgid or GID()
         self.version_tclass_flow = version_tclass_flow

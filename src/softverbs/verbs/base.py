@@ -112,9 +112,10 @@ class PyverbsCM(PyverbsObject):
             raise PyverbsUserError(f"{type(self).__name__} is closed")
 
 
-def require(obj: object, cls: type | tuple[type, ...], what: str) -> None:
-    """Raise PyverbsUserError unless ``obj`` is an instance of ``cls``."""
-    if not isinstance(obj, cls):
+def require(obj: object, cls: type | tuple[type, ...], what: str, optional: bool = False) -> None:
+    """Raise PyverbsUserError unless ``obj`` is an instance of ``cls`` (or, if
+    ``optional``, None: an argument the verb may go without)."""
+    if not isinstance(obj, cls) and not (optional and obj is None):
         names = cls.__name__ if isinstance(cls, type) else "/".join(c.__name__ for c in cls)
         raise PyverbsUserError(f"{what} must be a {names}, got {type(obj).__name__}")
 

@@ -78,10 +78,8 @@ class CqInitAttrEx(PyverbsObject):
         parent_domain: Any = None,
     ) -> None:
         super().__init__()
-        if channel is not None:
-            require(channel, CompChannel, "channel")
-        if parent_domain is not None:
-            require(parent_domain, PD, "parent_domain")
+        require(channel, CompChannel, "channel", optional=True)
+        require(parent_domain, PD, "parent_domain", optional=True)
         for name, value in (("wc_flags", wc_flags), ("comp_mask", comp_mask), ("flags", flags)):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise PyverbsUserError(f"{name} must be an int, got {type(value).__name__}")

@@ -153,8 +153,7 @@ class ParentDomainInitAttr(PyverbsObject):
     def __init__(self, pd: PD, pd_context: ParentDomainContext | None = None) -> None:
         super().__init__()
         require(pd, PD, "pd")
-        if pd_context is not None:
-            require(pd_context, ParentDomainContext, "pd_context")
+        require(pd_context, ParentDomainContext, "pd_context", optional=True)
         self.pd = pd
         self.pd_context = pd_context
         self._comp_mask = (

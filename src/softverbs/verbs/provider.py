@@ -40,6 +40,7 @@ from softverbs.engine.rings import (
 )
 from softverbs.errors import PyverbsRDMAError
 from softverbs.layout import Record
+from softverbs.verbs.base import require
 
 if TYPE_CHECKING:
     from softverbs.fabric.runtime import DeviceRuntime
@@ -105,6 +106,15 @@ def forked_error(what: str) -> PyverbsRDMAError:
     return PyverbsRDMAError(f"{what}: this process is a fork of the one that made the queue; "
                             "its rings belong to the parent (open the device again here)",
                             errno.EIO)  # fmt: skip
+
+
+def check_post(provider: Provider, verb: str, cls: type, wr: object, bad_wr: object) -> None:
+    """What every post verb checks before it touches a ring: the WR list and
+    ``bad_wr`` are ``cls``, and this process is not a fork of the ring's owner."""
+    require(wr, cls, "wr")
+    require(bad_wr, cls, "bad_wr", optional=True)
+    if provider.forked:
+        raise forked_error(verb)
 
 
 def destroy(provider: Provider, kind: int, handle: int) -> None:

@@ -68,7 +68,7 @@ from softverbs.verbs.cq import CQBase
 from softverbs.verbs.device import LIMITS, Context
 from softverbs.verbs.mr import MW, MWBind, MWBindInfo, inc_rkey
 from softverbs.verbs.pd import PD
-from softverbs.verbs.provider import Attach, destroy, forked_error
+from softverbs.verbs.provider import Attach, check_post, destroy
 from softverbs.verbs.srq import SRQ
 from softverbs.verbs.wr import SGE, RecvWR, SendWR, recv_wqe
 from softverbs.verbs.xrcd import XRCD
@@ -188,10 +188,8 @@ class _InitAttrBase(CStruct, PyverbsObject):
         for cq, what in ((scq, "scq"), (rcq, "rcq")):
             if cq is not None and not isinstance(cq, CQBase):
                 raise PyverbsUserError(f"Expected CQ/CQEX, got {type(cq)} for {what}")
-        if srq is not None:
-            require(srq, SRQ, "srq")
-        if cap is not None:
-            require(cap, QPCap, "cap")
+        require(srq, SRQ, "srq", optional=True)
+        require(cap, QPCap, "cap", optional=True)
         self.qp_type = qp_type
         self.qp_context = qp_context
         self.send_cq = scq
@@ -251,8 +249,7 @@ class QPInitAttrEx(_InitAttrBase):
         send_ops_flags: int = 0,
     ) -> None:
         super().__init__(qp_type, qp_context, scq, rcq, srq, cap, sq_sig_all)
-        if pd is not None:
-            require(pd, PD, "pd")
+        require(pd, PD, "pd", optional=True)
         self.comp_mask = comp_mask
         self.pd = pd
         self.xrcd = xrcd
@@ -376,8 +373,7 @@ class QP(PyverbsCM):
 
     def __init__(self, creator: Any, init_attr: Any, qp_attr: QPAttr | None = None) -> None:
         super().__init__()
-        if qp_attr is not None:
-            require(qp_attr, QPAttr, "qp_attr")
+        require(qp_attr, QPAttr, "qp_attr", optional=True)
         if isinstance(creator, PD):
             require(init_attr, (QPInitAttr, QPInitAttrEx), "init_attr")
             pd: PD | None = creator
@@ -616,11 +612,7 @@ class QP(PyverbsCM):
     def post_send(self, wr: SendWR, bad_wr: SendWR | None = None) -> None:
         """Post a list of send WRs (``wr`` and its ``next_wr`` chain)."""
         self._check_open()
-        require(wr, SendWR, "wr")
-        if bad_wr is not None:
-            require(bad_wr, SendWR, "bad_wr")
-        if self._ctx.provider.forked:
-            raise forked_error("post_send")
+        check_post(self._ctx.provider, "post_send", SendWR, wr, bad_wr)
         rt = self._ctx.runtime
         with rt.lock:
             _post_chain(self, wr, bad_wr)
@@ -753,11 +745,7 @@ class QP(PyverbsCM):
     def post_recv(self, wr: RecvWR, bad_wr: RecvWR | None = None) -> None:
         """Post a list of receive WRs."""
         self._check_open()
-        require(wr, RecvWR, "wr")
-        if bad_wr is not None:
-            require(bad_wr, RecvWR, "bad_wr")
-        if self._ctx.provider.forked:
-            raise forked_error("post_recv")
+        check_post(self._ctx.provider, "post_recv", RecvWR, wr, bad_wr)
         rt = self._ctx.runtime
         with rt.lock:
             w: RecvWR | None = wr

@@ -47,6 +47,7 @@ from softverbs.engine.rings import (
     CQE_SIZE,
     HEADER_SIZE,
     CompletionRing,
+    SendSlots,
     SharedRecvRing,
     SharedRegion,
     WorkRing,
@@ -386,8 +387,9 @@ class ServiceProvider:
         #: a receive doorbell is a message: sent only where the device must act at
         #: once, and for the sanitizer's checks (docs/rings.md)
         self.rings_rq = conn.sanitized
-        self._regions: dict[int, SharedRegion] = {}  #: id(ring) -> its shared memory
-        self._send_rings: set[int] = set()  #: id(ring) of the send queues
+        #: id(ring) -> its shared memory: the one record of the rings this provider
+        #: holds (a send queue among them is the one whose slots are SendSlots)
+        self._regions: dict[int, SharedRegion] = {}
         self._sockets: dict[tuple[int, int], socket.socket] = {}  #: (kind, handle) -> events
         # a context of the registry's own, for the device's GIDs and MTU
         self._ctx = self.call(ops.OPEN_DEVICE, records.OpenDevice(name), Attach(sink=_ignore)).ctx
@@ -532,8 +534,7 @@ class ServiceProvider:
         ring = shared_work_ring(region, size, slot, send)
         self._regions[id(ring)] = region
         if send:
-            self._send_rings.add(id(ring))
-            self.conn.send_queues += 1
+            self.conn.send_queues += 1  # undone by free_ring, see there
         return ring
 
     def cq_ring(self, capacity: int) -> CompletionRing:
@@ -565,12 +566,16 @@ class ServiceProvider:
         self._swap(ring, new)
 
     def free_ring(self, ring: Any) -> None:
-        if id(ring) in self._send_rings:
-            self._send_rings.discard(id(ring))
-            self.conn.send_queues -= 1
+        """Unmap ``ring``'s memory; a send queue no longer counts towards the
+        eventfd doorbell's limit.  Only a ring still listed in ``_regions`` is
+        counted down, so freeing one twice (a failed create, then the QP's
+        destroy) counts it once; its slots say whether it was a send queue."""
         region = self._regions.pop(id(ring), None)
-        if region is not None:
-            region.close()
+        if region is None:
+            return
+        if isinstance(ring.slots, SendSlots):
+            self.conn.send_queues -= 1
+        region.close()
 
     def alloc_memory(self, length: int) -> Memory:
         """Zeroed memory in a memfd the service maps too."""

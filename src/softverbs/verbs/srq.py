@@ -27,7 +27,7 @@ from softverbs.verbs.base import CStruct, PyverbsCM, PyverbsObject, as_uint, req
 from softverbs.verbs.cq import CQBase
 from softverbs.verbs.device import LIMITS, Context
 from softverbs.verbs.pd import PD
-from softverbs.verbs.provider import Attach, destroy, forked_error
+from softverbs.verbs.provider import Attach, check_post, destroy
 from softverbs.verbs.wr import RecvWR, recv_wqe
 from softverbs.verbs.xrcd import XRCD
 
@@ -49,8 +49,7 @@ class SrqInitAttr(PyverbsObject):
 
     def __init__(self, attr: SrqAttr | None = None) -> None:
         super().__init__()
-        if attr is not None:
-            require(attr, SrqAttr, "attr")
+        require(attr, SrqAttr, "attr", optional=True)
         self.attr = attr if attr is not None else SrqAttr()
 
     @property
@@ -97,8 +96,7 @@ class OpsWr(CStruct, PyverbsCM):
                  num_sge: int | None = None, tag: int = 0, mask: int = 0,
                  sg_list: list[Any] | None = None) -> None:  # fmt: skip
         super().__init__()
-        if next_wr is not None:
-            require(next_wr, OpsWr, "next_wr")
+        require(next_wr, OpsWr, "next_wr", optional=True)
         if sg_list is not None and not isinstance(sg_list, (list, tuple)):
             raise PyverbsUserError(f"sg_list must be a list of SGEs, got {type(sg_list).__name__}")
         self.wr_id = wr_id
@@ -143,12 +141,10 @@ class SRQ(PyverbsCM):
             if pd is None:
                 raise einval("an SRQ needs a PD (SrqInitAttrEx.pd)")
             require(pd, PD, "SrqInitAttrEx.pd")
-            if xrcd is not None:
-                require(xrcd, XRCD, "SrqInitAttrEx.xrcd")
+            require(xrcd, XRCD, "SrqInitAttrEx.xrcd", optional=True)
             if srq_type == IBV_SRQT_XRC and (xrcd is None or cq is None):
                 raise einval("an XRC SRQ needs an XRC domain and a CQ (SrqInitAttrEx.xrcd, .cq)")
-            if cq is not None:
-                require(cq, CQBase, "cq")
+            require(cq, CQBase, "cq", optional=True)
         else:
             raise PyverbsUserError("SRQ needs either a Context or a PD for creation")
         ctx._check_open()
@@ -192,11 +188,7 @@ class SRQ(PyverbsCM):
 
     def post_recv(self, wr: RecvWR, bad_wr: RecvWR | None = None) -> None:
         self._check_open()
-        require(wr, RecvWR, "wr")
-        if bad_wr is not None:
-            require(bad_wr, RecvWR, "bad_wr")
-        if self._ctx.provider.forked:
-            raise forked_error("post_srq_recv")
+        check_post(self._ctx.provider, "post_srq_recv", RecvWR, wr, bad_wr)
         ring = self.ring
         with self._ctx.lock:
             w: RecvWR | None = wr

@@ -29,10 +29,8 @@ class WQInitAttr(PyverbsObject):
         from softverbs.verbs.pd import PD
 
         super().__init__()
-        if wq_pd is not None:
-            require(wq_pd, PD, "wq_pd")
-        if wq_cq is not None:
-            require(wq_cq, CQBase, "wq_cq")
+        require(wq_pd, PD, "wq_pd", optional=True)
+        require(wq_cq, CQBase, "wq_cq", optional=True)
         self.wq_context = wq_context
         self.pd = wq_pd
         self.cq = wq_cq
