@@ -18,51 +18,30 @@ service serves depends on timing, so ``--bw`` moves by a call or two.
 from __future__ import annotations
 
 import argparse
-import os
 import pstats
 import shutil
-import signal
-import subprocess
 import sys
-import tempfile
-import time
 from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_perftest import LAT_SIZE, perftest
+from bench_perftest import LAT_SIZE, on_wrapped_service
 
 
 def profiled_run(src: str, tool: str, size: int, iters: int) -> Counter[str]:
     """One interpreted service under cProfile serving one perftest run: its calls by module."""
-    tmp = tempfile.mkdtemp(prefix="svcalls", dir="/tmp")
-    sock, out = os.path.join(tmp, "sv.sock"), os.path.join(tmp, "service.prof")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SOFTVERBS_")}
-    env.update(PYTHONPATH=src, SOFTVERBS_SERVICE=sock, SOFTVERBS_PURE="1")
-    svc = subprocess.Popen([sys.executable, "-m", "cProfile", "-o", out, "-m",
-                            "softverbs.service", "--socket", sock],
-                           env=env, stdout=subprocess.PIPE, text=True)  # fmt: skip
-    try:
-        assert svc.stdout is not None
-        line = svc.stdout.readline()  # "softverbsd: serving on ..."
-        if "serving" not in line:
-            raise SystemExit(f"the service did not start: {line!r}")
-        perftest(tool, ["-s", str(size), "-n", str(iters)], env)
-    finally:
-        pid = int(Path(sock + ".pid").read_text().split()[0])
-        os.kill(pid, signal.SIGTERM)  # a clean exit: cProfile writes its file
-        svc.wait(timeout=60)
-    time.sleep(0.2)
-    by: Counter[str] = Counter()
     stats: dict[tuple[str, int, str], tuple[int, int, float, float, object]]
-    stats = pstats.Stats(out).stats  # type: ignore[attr-defined]
+    _, stats = on_wrapped_service(
+        [sys.executable, "-m", "cProfile", "-o", "{out}"],
+        lambda out: pstats.Stats(out).stats,  # type: ignore[attr-defined]
+        src, {"SOFTVERBS_PURE": "1"}, tool, size, iters)
+    by: Counter[str] = Counter()
     for (filename, _line, _name), (_prim, calls, _tt, _ct, _callers) in stats.items():
         if "softverbs/" in filename:
             module = "softverbs/" + filename.split("softverbs/")[-1]
         else:
             module = "builtins" if filename == "~" else "other Python (stdlib)"
         by[module] += calls
-    shutil.rmtree(tmp, ignore_errors=True)
     return by
 
 

@@ -39,7 +39,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_loopback import UCX_ENV, _free_tcp_port, ucx_outstanding, ucx_run
@@ -70,6 +72,9 @@ def minor_faults(pid: int) -> int:
         return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[7])
     except OSError:
         return 0
+
+
+T = TypeVar("T")
 
 
 def perftest(tool: str, args: list[str], env: dict[str, str],
@@ -135,6 +140,39 @@ def mpi_half_round_trip(env: dict[str, str], iters: int) -> float | None:
     if r.returncode != 0 or m is None:
         raise SystemExit(f"Open MPI ping-pong failed ({r.returncode}):\n{r.stdout}{r.stderr}")
     return float(m.group(1)) / 2
+
+
+def on_wrapped_service(wrapper: list[str], read: Callable[[str], T], src: str,
+                       extra: dict[str, str], tool: str, size: int, iters: int) -> tuple[str, T]:
+    """One ``tool`` run of ``size`` bytes on a softverbsd started from ``src`` under
+    ``wrapper`` (a tracer's or profiler's argv, ``{out}`` standing for the file it
+    writes), with ``extra`` in the environment; the service is stopped with SIGTERM,
+    a clean exit, so the wrapper writes its file.  perftest's output and what
+    ``read`` makes of that file (given its path)."""
+    import shutil
+    import signal
+
+    tmp = tempfile.mkdtemp(prefix="svwrap", dir="/tmp")
+    sock, out = os.path.join(tmp, "sv.sock"), os.path.join(tmp, "wrapper.out")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SOFTVERBS_")}
+    env.update(PYTHONPATH=src, SOFTVERBS_SERVICE=sock, **extra)
+    argv = [a.replace("{out}", out) for a in wrapper]
+    svc = subprocess.Popen([*argv, "-m", "softverbs.service", "--socket", sock],
+                           env=env, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert svc.stdout is not None
+        line = svc.stdout.readline()  # "softverbsd: serving on ..."
+        if "serving" not in line:
+            raise SystemExit(f"the service did not start: {line!r}")
+        output = perftest(tool, ["-s", str(size), "-n", str(iters)], env)
+    finally:
+        pid = int(Path(sock + ".pid").read_text().split()[0])
+        os.kill(pid, signal.SIGTERM)
+        svc.wait(timeout=60)
+    time.sleep(0.2)
+    got = read(out)
+    shutil.rmtree(tmp, ignore_errors=True)
+    return output, got
 
 
 def row(out: str, size: int) -> list[float]:

@@ -20,18 +20,13 @@ service (``SOFTVERBS_SPIN_US``) makes a number of polls that depends on timing.
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import shutil
-import signal
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_perftest import LAT_SIZE, perftest, row
+from bench_perftest import LAT_SIZE, on_wrapped_service, row
 
 ROW = re.compile(r"^\s*[\d.]+\s+[\d.]+\s+\d+\s+(\d+)\s+(\d*)\s*(\w+)\s*$")
 
@@ -49,27 +44,10 @@ def counts(summary: str) -> dict[str, tuple[int, int]]:
 def traced_run(src: str, extra: dict[str, str], tool: str, size: int,
                iters: int) -> tuple[dict[str, tuple[int, int]], list[float]]:  # fmt: skip
     """One service under strace serving one perftest run: its counts, perftest's row."""
-    tmp = tempfile.mkdtemp(prefix="svsc", dir="/tmp")
-    sock, out = os.path.join(tmp, "sv.sock"), os.path.join(tmp, "strace.txt")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SOFTVERBS_")}
-    env.update(PYTHONPATH=src, SOFTVERBS_SERVICE=sock, **extra)
-    svc = subprocess.Popen(["strace", "-f", "-c", "-o", out, sys.executable, "-m",
-                            "softverbs.service", "--socket", sock],
-                           env=env, stdout=subprocess.PIPE, text=True)  # fmt: skip
-    try:
-        assert svc.stdout is not None
-        line = svc.stdout.readline()  # "softverbsd: serving on ..."
-        if "serving" not in line:
-            raise SystemExit(f"the service did not start: {line!r}")
-        got = row(perftest(tool, ["-s", str(size), "-n", str(iters)], env), size)
-    finally:
-        pid = int(Path(sock + ".pid").read_text().split()[0])
-        os.kill(pid, signal.SIGTERM)
-        svc.wait(timeout=60)
-    time.sleep(0.2)
-    text = Path(out).read_text()
-    shutil.rmtree(tmp, ignore_errors=True)
-    return counts(text), got
+    output, text = on_wrapped_service(
+        ["strace", "-f", "-c", "-o", "{out}", sys.executable],
+        lambda out: Path(out).read_text(), src, extra, tool, size, iters)
+    return counts(text), row(output, size)
 
 
 def main() -> int:
