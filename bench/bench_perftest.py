@@ -22,6 +22,15 @@ median of the rounds for both and their ratio, with each service's CPU time per
 faults per WRITE (``/proc/PID/stat``, connection set-up included; give
 ``--iters`` enough for the 10 ms CPU ticks;
 a compiled DIR needs its built modules copied with it, ``cp -a``).
+``ib_send_lat`` runs twice: where the scheduler puts its three processes, and
+with the service pinned to a CPU of its own and both perftest processes to the
+others (``service own core``).  On two cores the two differ by about half:
+two polling perftests take turns on one core through the ``sched_yield`` of an
+empty ``poll_cq``, while a service that shares a core with one of them waits for
+it at every wake (docs/performance.md, *Where the three processes run*).  The
+scheduler moves between these placements within a run, so its figure is
+bimodal; give ``--lat-iters`` 20000 or more for a steady one.
+
 ``--env VAR=VALUE`` (repeatable) sets a variable for this tree's service and programs
 only, e.g. ``SOFTVERBS_SPIN_US=50``.
 ``BENCH_TIMEOUT`` (seconds, default 300) bounds each program.
@@ -77,15 +86,37 @@ def minor_faults(pid: int) -> int:
 T = TypeVar("T")
 
 
+def pin(pid: int, cpus: set[int]) -> None:
+    """Every thread of ``pid`` onto ``cpus`` (``taskset -a -p``)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        os.sched_setaffinity(int(task.name), cpus)
+
+
+def own_core_latency(env: dict[str, str], iters: int) -> list[float]:
+    """``ib_send_lat``'s row with env's running service alone on the last CPU and
+    perftest's two processes on the others (module docstring); needs two CPUs."""
+    cpus = sorted(os.sched_getaffinity(0))
+    service = int(Path(env["SOFTVERBS_SERVICE"] + ".pid").read_text().split()[0])
+    pin(service, {cpus[-1]})
+    try:
+        args = ["-s", str(LAT_SIZE), "-n", str(iters)]
+        return row(perftest("ib_send_lat", args, env, cpus=set(cpus[:-1])), LAT_SIZE)
+    finally:
+        pin(service, set(cpus))
+
+
 def perftest(tool: str, args: list[str], env: dict[str, str],
-             cpu: dict[str, float] | None = None) -> str:  # fmt: skip
+             cpu: dict[str, float] | None = None, cpus: set[int] | None = None) -> str:
     """Run ``tool`` as server and client on softverbs; the client's output.
 
     With ``cpu``, fill it with the cores each process used (CPU seconds per
-    second) over the middle of the run: the service, the client, the server."""
+    second) over the middle of the run: the service, the client, the server.
+    With ``cpus``, both processes run on those CPUs only."""
     port = str(_free_tcp_port())
     cmd = [sys.executable, "-m", "softverbs", "exec", "--", tool, "-d", "sv0", "-x", "1",
            "-p", port, *args]  # fmt: skip
+    if cpus is not None:
+        cmd = ["taskset", "-c", ",".join(map(str, sorted(cpus))), *cmd]
     server = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True)  # fmt: skip
     try:
@@ -230,9 +261,13 @@ def compare(args: argparse.Namespace, sizes: list[int]) -> int:
                                env), LAT_SIZE)  # fmt: skip
             # the service's CPU time over the run (connection set-up included) per one-way message
             busy = (cpu_seconds(service) - busy) / (2 * args.lat_iters) * 1e6
-            for label, value in ((f"ib_send_lat {LAT_SIZE} B typical, us", lat[2]),
-                                 (f"ib_send_lat {LAT_SIZE} B 99%, us", lat[5]),
-                                 ("softverbsd CPU us per message", busy)):  # fmt: skip
+            rows = [(f"ib_send_lat {LAT_SIZE} B typical, us", lat[2]),
+                    (f"ib_send_lat {LAT_SIZE} B 99%, us", lat[5]),
+                    ("softverbsd CPU us per message", busy)]  # fmt: skip
+            if len(os.sched_getaffinity(0)) >= 2:
+                own = own_core_latency(env, args.lat_iters)
+                rows.append(("  service own core: typical, us", own[2]))
+            for label, value in rows:
                 figures.setdefault(label, {}).setdefault(name, []).append(value)
     for env in envs.values():
         subprocess.run([sys.executable, "-m", "softverbs", "service", "stop"], env=env,
@@ -272,7 +307,7 @@ def main() -> int:
     sizes = [int(x) for x in args.sizes.split(",")]
     if args.baseline:
         return compare(args, sizes)
-    progress = Progress(2 * len(sizes) + 2 + args.mpi, args.quiet)
+    progress = Progress(2 * len(sizes) + 3 + args.mpi, args.quiet)
     run_dir = tempfile.mkdtemp(prefix="svpt", dir="/tmp")
     # the service runs in the mode asked of this run (SOFTVERBS_PURE, bench_modes.py)
     env = {k: v for k, v in os.environ.items()
@@ -293,8 +328,12 @@ def main() -> int:
                        "-O", str(ucx_outstanding(size))], TIMEOUT)[7] * size / 1e6  # fmt: skip
         bw[size] = (ours, ucx)
     progress.step("ib_send_lat 8 B on softverbs")
-    lat = row(perftest("ib_send_lat", ["-s", str(LAT_SIZE), "-n", str(args.lat_iters)], env),
-              LAT_SIZE)  # fmt: skip
+    lat_args = ["-s", str(LAT_SIZE), "-n", str(args.lat_iters)]
+    lat = row(perftest("ib_send_lat", lat_args, env), LAT_SIZE)
+    own = None
+    if len(os.sched_getaffinity(0)) >= 2:
+        progress.step("ib_send_lat 8 B on softverbs, the service on a core of its own")
+        own = own_core_latency(env, args.lat_iters)
     # ib_send_lat: t_min t_max t_typical t_avg t_stdev 99% 99.9% (usec, one way)
     progress.step("ucx_perftest tag_lat 8 B over TCP")
     ucx_lat = {rank: ucx_run(["-t", "tag_lat", "-s", str(LAT_SIZE), "-n", str(args.lat_iters),
@@ -314,6 +353,9 @@ def main() -> int:
     print(f"{'  typical / median':<22}{lat[2]:>14.1f}{ucx_lat[50]:>14.1f}"
           f"{lat[2] / ucx_lat[50]:>9.1f}")  # fmt: skip
     print(f"{'  99%':<22}{lat[5]:>14.1f}{ucx_lat[99]:>14.1f}{lat[5] / ucx_lat[99]:>9.1f}")
+    if own is not None:
+        print(f"{'  service own core':<22}{own[2]:>14.1f}{ucx_lat[50]:>14.1f}"
+              f"{own[2] / ucx_lat[50]:>9.1f}   (typical; 99%: {own[5]:.1f})")  # fmt: skip
     if mpi is not None:
         print(f"{'  Open MPI, UCX rc_verbs':<22}{mpi:>14.1f}{ucx_lat[50]:>14.1f}"
               f"{mpi / ucx_lat[50]:>9.1f}   (half round trip, mean)")  # fmt: skip
