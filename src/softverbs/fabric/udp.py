@@ -83,7 +83,6 @@ import functools
 import ipaddress
 import json
 import logging
-import math
 import os
 import select
 import socket
@@ -383,6 +382,11 @@ STAND_BACK_SLEEP = 0.005
 DRIVE_SLICE = 0.05
 
 
+#: a time that has long passed (the thread's sleep while it stands back, the last
+#: poll of a poller that has not polled): a constant, not ``-math.inf`` looked up
+#: on every check
+_NEVER = float("-inf")
+
 #: where a datagram is sent: (IPv4 address, port) or (IPv6 address, port, flow, scope)
 Dest = tuple[str, int] | tuple[str, int, int, int]
 #: how a packet leaves (UdpRuntime._route): socket, source port, source and
@@ -427,7 +431,7 @@ class UdpRuntime(Runtime):
         self._driver: threading.Thread | None = None
         self._thread: threading.Thread | None = None
         self._sleep_until: float | None = None
-        self._poller_seen = -math.inf  #: when a poll last found its CQ empty
+        self._poller_seen = _NEVER  #: when a poll last found its CQ empty
         #: segmentation offload: bursts whole, runs of datagrams per sendmsg
         self.gso = gso_wanted()
         self.bursts = self.gso
@@ -844,7 +848,7 @@ class UdpRuntime(Runtime):
 
     def progress(self) -> bool:
         got = self._drain()
-        did = super().progress()
+        did = Runtime.progress(self)  # (not super(): a proxy object made per call)
         if got and not did:
             # A datagram that only made a CQE or an event (a UD or UC receive, an
             # ACK) sends nothing, so the loop above did not wake the threads
@@ -858,12 +862,12 @@ class UdpRuntime(Runtime):
         """Send what a post made, without looking for datagrams: a poll or the
         progress thread takes those (a receive system call on every post cost
         the ping-pong two per message and side)."""
-        did = super().progress()
+        did = Runtime.progress(self)
         self._timers_moved()
         return did
 
     def _timers_moved(self) -> None:
-        if self._sleep_until == -math.inf:
+        if self._sleep_until == _NEVER:
             return  # the thread stands back: it takes no timer until a poller stops
         if self._thread is not None and threading.current_thread() is not self._thread:
             # A verb may have armed a timer earlier than the thread sleeps on.
@@ -876,7 +880,7 @@ class UdpRuntime(Runtime):
         """A poll found nothing: an application thread is busy-polling (the
         progress thread stands back while it does)."""
         self._poller_seen = time.monotonic()
-        return super().idle_step()
+        return Runtime.idle_step(self)
 
     def wait_for(self, ready: Callable[[], bool], timeout: float | None = None) -> bool:
         """Block until ``ready()``; False on timeout.  Called without the lock held.
@@ -891,10 +895,10 @@ class UdpRuntime(Runtime):
             driving = self._driver is None and not self.clock.virtual and not self._stop.is_set()
             if driving:
                 self._driver = threading.current_thread()
-        if self._poller_seen != -math.inf:
+        if self._poller_seen != _NEVER:
             # A thread that blocks is no longer busy-polling: unless it drives the
             # device, the progress thread takes the sockets at once.
-            self._poller_seen = -math.inf
+            self._poller_seen = _NEVER
             if not driving:
                 self._resume.set()
         if not driving:
@@ -993,7 +997,7 @@ class UdpRuntime(Runtime):
                 return True  # it waits on the sockets, and on the wake pipe
             if time.monotonic() - self._poller_seen < POLLER_STANDS_BACK:
                 # Nor does a verb's earlier timer need to wake this thread.
-                self._sleep_until = -math.inf
+                self._sleep_until = _NEVER
                 return True
             return False
 

@@ -10,6 +10,8 @@ cimport cython
 
 from softverbs.wire.packet cimport Packet
 
+cdef dict _PSEUDO_CRCS, _GIDS
+
 @cython.locals(h=cython.longlong, hlen=cython.longlong, n=cython.longlong,
                pad=cython.longlong, end=cython.longlong, off=cython.longlong,
                start=cython.longlong, b1=cython.longlong)

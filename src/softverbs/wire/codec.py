@@ -462,8 +462,19 @@ def ipv4_id_from_icrc(
 # UDP payloads (what a UDP socket sends and receives)
 
 
+#: _gid's results: a received packet's two GIDs, made once per address
+_GIDS: dict[bytes, bytes] = {}
+
+
 def _gid(ip: bytes) -> bytes:
-    return IPV4_MAPPED_PREFIX + ip if len(ip) == 4 else bytes(ip)
+    gid = _GIDS.get(ip) if type(ip) is bytes else None
+    if gid is None:
+        gid = IPV4_MAPPED_PREFIX + ip if len(ip) == 4 else bytes(ip)
+        if type(ip) is bytes:
+            if len(_GIDS) >= _PSEUDO_CRCS_MAX:
+                _GIDS.clear()
+            _GIDS[ip] = gid
+    return gid
 
 
 def encode_udp_payload(
