@@ -991,15 +991,20 @@ class UdpRuntime(Runtime):
         a thread blocked in :meth:`wait_for`.  Both drain the sockets and run
         the timers.  Waking here for each datagram would only hand the GIL and
         the lock between threads, which cost a busy poller a third of its
-        one-way latency (docs/performance.md)."""
-        with self.lock:
-            if self._driver is not None:
-                return True  # it waits on the sockets, and on the wake pipe
-            if time.monotonic() - self._poller_seen < POLLER_STANDS_BACK:
-                # Nor does a verb's earlier timer need to wake this thread.
-                self._sleep_until = _NEVER
-                return True
-            return False
+        one-way latency (docs/performance.md).
+
+        Asked without the lock: the two fields are single reads, and the lock,
+        which a busy poller holds most of the time, made each of this thread's
+        naps end in a futex wait and wake on both sides."""
+        if self._driver is not None:
+            return True  # it waits on the sockets, and on the wake pipe
+        if time.monotonic() - self._poller_seen < POLLER_STANDS_BACK:
+            # Nor does a verb's earlier timer need to wake this thread (at worst,
+            # racing a poller's _timers_moved, one wakeup more or one less while
+            # it stands back: it reads the deadline again when it resumes).
+            self._sleep_until = _NEVER
+            return True
+        return False
 
     def wake(self) -> None:
         with contextlib.suppress(OSError):
