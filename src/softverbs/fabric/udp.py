@@ -49,7 +49,10 @@ Receiving and progress
     epoll_wait (a busy poller pays one on every empty poll, and every drain
     ended with one).  A progress thread waits on the sockets and the next timer
     deadline, so ACKs, READ responses and atomics are answered while the
-    application is busy elsewhere.  A poll drains the sockets too, so a
+    application is busy elsewhere.  It waits in that same epoll set, which holds
+    the wake pipe too, and its drain starts with the sockets the wait reported,
+    not with an epoll_wait of its own; so does a thread blocked in
+    ``get_cq_event``.  A poll drains the sockets too, so a
     polling loop sees its completions without a thread hop, and so does a
     thread blocked in ``get_cq_event`` (it waits on the sockets itself);
     meanwhile the progress thread stands back, away from the sockets.  A
