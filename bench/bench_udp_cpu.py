@@ -24,7 +24,13 @@ two shapes a ping-pong takes:
 Rounds alternate softverbs and Python; the table gives the median of the rounds
 and their range.  The ratio is the figure to compare between runs.
 
-    python bench/bench_udp_cpu.py [--rounds 5] [--iters 3000] [--quick]
+With ``--baseline DIR`` each round runs this benchmark of the source tree DIR
+(``DIR/bench/bench_udp_cpu.py`` with ``DIR/src`` first on ``PYTHONPATH``, e.g. a
+checkout of main compiled in place) and then this tree's, each in a process of
+its own, and the table sets the two side by side: versions compared in
+alternation, as a loaded machine needs.
+
+    python bench/bench_udp_cpu.py [--rounds 5] [--iters 3000] [--quick] [--baseline DIR]
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ import os
 import random
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -207,6 +214,59 @@ def two_processes(side: Callable[..., None], args_a: tuple[Any, ...],
                 p.kill()
 
 
+# --- against another source tree ------------------------------------------------------------
+HERE = Path(__file__).resolve().parents[1]
+
+
+def _tree_round(tree: Path, iters: int) -> dict[str, Any]:
+    """One round of ``tree``'s benchmark, in a process of its own: its JSON."""
+    env = {**os.environ, "PYTHONPATH": str(tree / "src")}
+    cmd = [sys.executable, str(tree / "bench" / "bench_udp_cpu.py"), "--json", "--rounds", "1",
+           "--iters", str(iters)]  # fmt: skip
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False,
+                       timeout=bl.STALL_TIMEOUT + 600)  # fmt: skip
+    if r.returncode != 0:
+        raise bl.BenchError(f"{tree}: {(r.stderr or r.stdout).strip()[-500:]}")
+    out: dict[str, Any] = json.loads(r.stdout.strip().splitlines()[-1])
+    return out
+
+
+def compare(baseline: Path, rounds: int, iters: int) -> int:
+    """Rounds of ``baseline``'s benchmark and this tree's in turn; both in one table."""
+    if not (baseline / "bench" / "bench_udp_cpu.py").is_file():
+        print(f"bench_udp_cpu: {baseline} has no bench/bench_udp_cpu.py", file=sys.stderr)
+        return 2
+    trees = {"this tree": HERE, "baseline": baseline.resolve()}
+    got: dict[str, dict[str, list[float]]] = {t: {"inline": [], "events": []} for t in trees}
+    modes = {}
+    try:
+        for _ in range(rounds):
+            for name in ("baseline", "this tree"):
+                res = _tree_round(trees[name], iters)
+                modes[name] = res["mode"]
+                for key in ("inline", "events"):
+                    got[name][key].extend(res[key]["sv"])
+    except (bl.BenchError, ValueError, KeyError, subprocess.TimeoutExpired) as e:
+        print(f"bench_udp_cpu: {e}", file=sys.stderr)
+        return 1
+    print(f"this tree {HERE}: {modes['this tree']}\nbaseline {trees['baseline']}: "
+          f"{modes['baseline']}\nload {os.getloadavg()[0]:.2f}")  # fmt: skip
+    print(f"CPU time per message, usec: median of {rounds} alternated round(s) of {iters} "
+          "round trips (range)")  # fmt: skip
+    print(f" {'case':<52}{'this tree':>20}{'baseline':>20}{'ratio':>8}")
+    names = {"inline": "(1) one process, both ends, per one-way message",
+             "events": "(2) two processes blocking, per round trip and side"}  # fmt: skip
+
+    def cell(v: list[float]) -> str:
+        return f"{statistics.median(v):.1f} ({min(v):.1f}-{max(v):.1f})"
+
+    for key, name in names.items():
+        mine, base = got["this tree"][key], got["baseline"][key]
+        ratio = statistics.median(mine) / statistics.median(base)
+        print(f" {name:<52}{cell(mine):>20}{cell(base):>20}{ratio:>8.2f}")
+    return 0
+
+
 # --- main -----------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -214,8 +274,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=3000, help="timed round trips per run")
     ap.add_argument("--quick", action="store_true", help="a smoke run: 1 round, 200 round trips")
     ap.add_argument("--json", action="store_true", help="print one JSON object, not the table")
+    ap.add_argument("--baseline", metavar="DIR",
+                    help="alternate rounds with this benchmark of the source tree DIR")  # fmt: skip
     args = ap.parse_args(argv)
     rounds, iters = (1, 200) if args.quick else (args.rounds, args.iters)
+    if args.baseline:
+        return compare(Path(args.baseline), rounds, iters)
     a, b = _addrs()
     rows: dict[str, dict[str, list[float]]] = {
         "inline": {"sv": [], "py": []}, "events": {"sv": [], "py": []}}  # fmt: skip

@@ -24,3 +24,23 @@ def test_quick_run_prints_both_rows() -> None:
                  "two processes blocking, per round trip and side"):  # fmt: skip
         row = rf"^ \(\d\) {re.escape(case)}\s+{CELL}\s+{CELL}\s+\d+\.\d$"
         assert re.search(row, r.stdout, re.M), r.stdout
+
+
+def test_a_baseline_run_sets_two_trees_side_by_side() -> None:
+    """``--baseline`` runs the benchmark of another tree in turn with this one's
+    (here this tree against itself) and prints both, with their ratio."""
+    r = subprocess.run([sys.executable, "bench/bench_udp_cpu.py", "--quick", "--baseline",
+                        str(ROOT)], cwd=ROOT, capture_output=True, text=True, timeout=240,
+                       check=False)  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    for case in ("one process, both ends, per one-way message",
+                 "two processes blocking, per round trip and side"):  # fmt: skip
+        row = rf"^ \(\d\) {re.escape(case)}\s+{CELL}\s+{CELL}\s+\d+\.\d\d$"
+        assert re.search(row, r.stdout, re.M), r.stdout
+
+
+def test_a_baseline_without_the_benchmark_is_refused() -> None:
+    r = subprocess.run([sys.executable, "bench/bench_udp_cpu.py", "--quick", "--baseline",
+                        str(ROOT / "docs")], cwd=ROOT, capture_output=True, text=True,
+                       timeout=60, check=False)  # fmt: skip
+    assert r.returncode == 2 and "has no bench/bench_udp_cpu.py" in r.stderr, r.stderr

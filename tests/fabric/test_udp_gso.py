@@ -565,6 +565,7 @@ def test_a_long_drain_sends_the_acks_it_owes_every_64_packets() -> None:
 
     runtime._rx_fd = {3: (Backlog(), udp.LocalAddr("127.0.0.2", DST))}  # type: ignore[dict-item]
     runtime._ready = Ready()  # type: ignore[assignment]
+    runtime._woken, runtime._mergers = None, {}
     flushed_at: list[int] = []
     runtime.send_outboxes = lambda now: flushed_at.append(len(sink.got)) or False  # type: ignore[method-assign]
     assert runtime._drain()

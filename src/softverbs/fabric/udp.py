@@ -49,7 +49,10 @@ Receiving and progress
     epoll_wait (a busy poller pays one on every empty poll, and every drain
     ended with one).  A progress thread waits on the sockets and the next timer
     deadline, so ACKs, READ responses and atomics are answered while the
-    application is busy elsewhere.  A poll drains the sockets too, so a
+    application is busy elsewhere.  It waits in that same epoll set, which holds
+    the wake pipe too, and its drain starts with the sockets the wait reported,
+    not with an epoll_wait of its own; so does a thread blocked in
+    ``get_cq_event``.  A poll drains the sockets too, so a
     polling loop sees its completions without a thread hop, and so does a
     thread blocked in ``get_cq_event`` (it waits on the sockets itself);
     meanwhile the progress thread stands back, away from the sockets.  A
@@ -83,10 +86,8 @@ import functools
 import ipaddress
 import json
 import logging
-import math
 import os
 import select
-import selectors
 import socket
 import struct
 import subprocess
@@ -384,6 +385,11 @@ STAND_BACK_SLEEP = 0.005
 DRIVE_SLICE = 0.05
 
 
+#: a time that has long passed (the thread's sleep while it stands back, the last
+#: poll of a poller that has not polled): a constant, not ``-math.inf`` looked up
+#: on every check
+_NEVER = float("-inf")
+
 #: where a datagram is sent: (IPv4 address, port) or (IPv6 address, port, flow, scope)
 Dest = tuple[str, int] | tuple[str, int, int, int]
 #: how a packet leaves (UdpRuntime._route): socket, source port, source and
@@ -401,28 +407,34 @@ class UdpRuntime(Runtime):
         self.addrs = addrs
         self._by_ip: dict[bytes, LocalAddr] = {a.packed: a for a in addrs}
         self._rx: dict[socket.socket, LocalAddr] = {}
-        #: the receiving sockets by file descriptor, and an epoll set of them that
-        #: says which have datagrams waiting (see _drain)
+        #: the receiving sockets by file descriptor, and an epoll set of them and of
+        #: the wake pipe: asked without waiting, it says which sockets have
+        #: datagrams (see _drain); the threads that wait block in it (_run, _drive)
         self._rx_fd: dict[int, tuple[socket.socket, LocalAddr]] = {}
         self._ready = select.epoll()
+        #: what the wait that woke a thread found ready: that thread's drain starts
+        #: with it instead of asking the epoll set again
+        self._woken: list[tuple[int, int]] | None = None
+        #: each receiving socket's BurstMerger, kept from drain to drain
+        self._mergers: dict[int, BurstMerger] = {}
         self._tx: dict[tuple[bytes, int], socket.socket] = {}
         self._main: dict[bytes, socket.socket] = {}
         #: how packets leave, by (source GID, destination GID, source port): see _route
         self._routes: dict[tuple[bytes, bytes, int], Route] = {}
-        self._sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         # wake() runs under the lock; a blocking send into a full pair would wait
         # for the thread, which waits for the lock.  A full pair is a wakeup anyway.
         self._wake_w.setblocking(False)
-        self._sel.register(self._wake_r, selectors.EVENT_READ)
+        self._wake_fd = self._wake_r.fileno()
+        self._ready.register(self._wake_fd, select.EPOLLIN)
         self._stop = threading.Event()
         self._resume = threading.Event()  #: ends the thread's standing back early
         #: the thread blocked in wait_for that drives the device (see there)
         self._driver: threading.Thread | None = None
         self._thread: threading.Thread | None = None
         self._sleep_until: float | None = None
-        self._poller_seen = -math.inf  #: when a poll last found its CQ empty
+        self._poller_seen = _NEVER  #: when a poll last found its CQ empty
         #: segmentation offload: bursts whole, runs of datagrams per sendmsg
         self.gso = gso_wanted()
         self.bursts = self.gso
@@ -522,14 +534,12 @@ class UdpRuntime(Runtime):
         self._rx[sock] = local
         self._rx_fd[sock.fileno()] = (sock, local)
         self._ready.register(sock.fileno(), select.EPOLLIN)
-        self._sel.register(sock, selectors.EVENT_READ)
 
     def _remove_rx(self, sock: socket.socket) -> None:
         with contextlib.suppress(KeyError, ValueError, OSError):
-            self._sel.unregister(sock)
-        with contextlib.suppress(KeyError, ValueError, OSError):
             self._ready.unregister(sock.fileno())
         self._rx_fd.pop(sock.fileno(), None)
+        self._mergers.pop(sock.fileno(), None)
         self._rx.pop(sock, None)
 
     def _mc_sender(self, sock: socket.socket, local: LocalAddr, ttl: int) -> None:
@@ -724,28 +734,40 @@ class UdpRuntime(Runtime):
         from when the drain began, or the timer fires early and a whole window is
         sent again for nothing -- which only makes the next drain longer.
         """
-        if not self._rx_fd:
+        rx_fd = self._rx_fd
+        woken, self._woken = self._woken, None
+        if not rx_fd:
             return False  # stopped
         got = False
         clock = self.clock
         hca = self.hcas[0] if self.hcas else None
         unanswered = 0  # packets taken since the ACKs due were last sent
-        # A message's packets merge across receives too, each socket's on their own.
-        mergers: dict[int, BurstMerger] = {}
-        failed: set[int] = set()  # sockets whose receive failed: not again this drain
+        # A message's packets merge across receives too, each socket's on their own
+        # (the mergers are flushed at the end, so none is open between drains).
+        mergers = self._mergers
+        failed: set[int] | None = None  # sockets whose receive failed: not again this drain
         # Which sockets hold datagrams: asking epoll without waiting is cheaper than
         # the receive that would find a socket empty (and raise), so neither a
-        # drain nor a busy poller's empty poll makes one (module docstring).
-        ready = self._ready.poll(0)
+        # drain nor a busy poller's empty poll makes one (module docstring).  A
+        # thread woken by the epoll set already knows (_run, _drive).
+        poll = self._ready.poll
+        ready = poll(0) if woken is None else woken
         while ready:
+            took = False
             for fd, _ in ready:
-                sock, local = self._rx_fd[fd]
+                entry = rx_fd.get(fd)
+                if entry is None or (failed is not None and fd in failed):
+                    continue  # the wake pipe (the thread that waits reads it)
+                took = True
+                sock, local = entry
                 try:
                     data, anc, _flags, peer = sock.recvmsg(MAX_DATAGRAM, _GRO_CMSG)
                 except (BlockingIOError, InterruptedError):
                     continue
                 except OSError as exc:
                     log.debug("recvmsg failed: %s", exc)
+                    if failed is None:
+                        failed = set()
                     failed.add(fd)
                     continue
                 got = True
@@ -779,12 +801,13 @@ class UdpRuntime(Runtime):
                     # window would close, and both ends would take turns idling.
                     self.send_outboxes(now)
                     unanswered = 0
-            ready = self._ready.poll(0)
-            if failed:
-                ready = [r for r in ready if r[0] not in failed]
-        if hca is not None:
-            for merger in mergers.values():
+            if not took:
+                break  # only the wake pipe, or sockets that failed
+            ready = poll(0)
+        for merger in mergers.values():
+            if merger.head is not None and hca is not None:
                 self._deliver(hca, merger.flush(), clock.now())
+            merger.next_id = 1  # as a new merger: the next drain's GSO run starts at ID 1
         return got
 
     def _take(self, hca: HCA, merger: BurstMerger, data: bytes, size: int,
@@ -828,7 +851,7 @@ class UdpRuntime(Runtime):
 
     def progress(self) -> bool:
         got = self._drain()
-        did = super().progress()
+        did = Runtime.progress(self)  # (not super(): a proxy object made per call)
         if got and not did:
             # A datagram that only made a CQE or an event (a UD or UC receive, an
             # ACK) sends nothing, so the loop above did not wake the threads
@@ -842,12 +865,12 @@ class UdpRuntime(Runtime):
         """Send what a post made, without looking for datagrams: a poll or the
         progress thread takes those (a receive system call on every post cost
         the ping-pong two per message and side)."""
-        did = super().progress()
+        did = Runtime.progress(self)
         self._timers_moved()
         return did
 
     def _timers_moved(self) -> None:
-        if self._sleep_until == -math.inf:
+        if self._sleep_until == _NEVER:
             return  # the thread stands back: it takes no timer until a poller stops
         if self._thread is not None and threading.current_thread() is not self._thread:
             # A verb may have armed a timer earlier than the thread sleeps on.
@@ -860,7 +883,7 @@ class UdpRuntime(Runtime):
         """A poll found nothing: an application thread is busy-polling (the
         progress thread stands back while it does)."""
         self._poller_seen = time.monotonic()
-        return super().idle_step()
+        return Runtime.idle_step(self)
 
     def wait_for(self, ready: Callable[[], bool], timeout: float | None = None) -> bool:
         """Block until ``ready()``; False on timeout.  Called without the lock held.
@@ -875,10 +898,10 @@ class UdpRuntime(Runtime):
             driving = self._driver is None and not self.clock.virtual and not self._stop.is_set()
             if driving:
                 self._driver = threading.current_thread()
-        if self._poller_seen != -math.inf:
+        if self._poller_seen != _NEVER:
             # A thread that blocks is no longer busy-polling: unless it drives the
             # device, the progress thread takes the sockets at once.
-            self._poller_seen = -math.inf
+            self._poller_seen = _NEVER
             if not driving:
                 self._resume.set()
         if not driving:
@@ -897,9 +920,12 @@ class UdpRuntime(Runtime):
 
     def _drive(self, ready: Callable[[], bool], timeout: float | None) -> bool:
         end = None if timeout is None else time.monotonic() + timeout
+        woken = None
         while True:
             with self.lock:
+                self._woken = woken  # the drain starts with the sockets the wait found
                 done = self.wait_pass(ready, end)
+                self._woken = None
                 if done is not None:
                     return done
                 wait = self.wait_time(time.monotonic(), end)
@@ -908,14 +934,11 @@ class UdpRuntime(Runtime):
                 # should the progress thread take that wakeup, the slice bounds it).
                 self._sleep_until = self.next_deadline()
             try:
-                events = self._sel.select(wait)
+                events = self._ready.poll(wait)
             except (OSError, ValueError):  # the device was closed under us
                 left = None if end is None else max(0.0, end - time.monotonic())
                 return Runtime.wait_for(self, ready, left)
-            for key, _ in events:
-                if key.fileobj is self._wake_r:
-                    with contextlib.suppress(OSError):
-                        self._wake_r.recv(4096)
+            woken = self._woke(events)
 
     # --- the progress thread ----------------------------------------------------------
     def start(self) -> None:
@@ -923,6 +946,20 @@ class UdpRuntime(Runtime):
             return
         self._thread = threading.Thread(target=self._run, name="softverbs-progress", daemon=True)
         self._thread.start()
+
+    def _woke(self, events: list[tuple[int, int]]) -> list[tuple[int, int]] | None:
+        """After a wait in the epoll set: read the wake pipe if it was written, and
+        return the receiving sockets it found ready (None if none)."""
+        rx = None
+        for event in events:
+            if event[0] == self._wake_fd:
+                with contextlib.suppress(OSError):
+                    self._wake_r.recv(4096)
+            elif rx is None:
+                rx = [event]
+            else:
+                rx.append(event)
+        return rx
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -934,39 +971,43 @@ class UdpRuntime(Runtime):
                 nxt = self.next_deadline()
                 now = self.clock.now()
                 self._sleep_until = nxt
-            timeout = None if nxt is None else max(0.0, nxt - now)
+            timeout = -1.0 if nxt is None else max(0.0, nxt - now)
             try:
-                events = self._sel.select(timeout)
-            except OSError:
+                events = self._ready.poll(timeout)
+            except (OSError, ValueError):
                 break
-            for key, _ in events:
-                if key.fileobj is self._wake_r:
-                    with contextlib.suppress(OSError):
-                        self._wake_r.recv(4096)
+            rx = self._woke(events)
             if self._stop.is_set():
                 break
             if self._standing_back():
                 continue  # the poller or the driver takes it
             with self.lock:
+                self._woken = rx  # the drain starts with these sockets
                 try:
                     self.progress()
                 except Exception:
                     log.exception("softverbs progress loop error")
+                self._woken = None
 
     def _standing_back(self) -> bool:
         """Whether an application thread runs the device now: a busy poller, or
         a thread blocked in :meth:`wait_for`.  Both drain the sockets and run
         the timers.  Waking here for each datagram would only hand the GIL and
         the lock between threads, which cost a busy poller a third of its
-        one-way latency (docs/performance.md)."""
-        with self.lock:
-            if self._driver is not None:
-                return True  # it waits on the sockets, and on the wake pipe
-            if time.monotonic() - self._poller_seen < POLLER_STANDS_BACK:
-                # Nor does a verb's earlier timer need to wake this thread.
-                self._sleep_until = -math.inf
-                return True
-            return False
+        one-way latency (docs/performance.md).
+
+        Asked without the lock: the two fields are single reads, and the lock,
+        which a busy poller holds most of the time, made each of this thread's
+        naps end in a futex wait and wake on both sides."""
+        if self._driver is not None:
+            return True  # it waits on the sockets, and on the wake pipe
+        if time.monotonic() - self._poller_seen < POLLER_STANDS_BACK:
+            # Nor does a verb's earlier timer need to wake this thread (at worst,
+            # racing a poller's _timers_moved, one wakeup more or one less while
+            # it stands back: it reads the deadline again when it resumes).
+            self._sleep_until = _NEVER
+            return True
+        return False
 
     def wake(self) -> None:
         with contextlib.suppress(OSError):
@@ -992,8 +1033,7 @@ class UdpRuntime(Runtime):
             self._ready.close()
             self._tx.clear()
             self._main.clear()
-            with contextlib.suppress(Exception):
-                self._sel.close()
+            self._mergers.clear()
             for s in (self._wake_r, self._wake_w):
                 with contextlib.suppress(OSError):
                     s.close()

@@ -257,6 +257,11 @@ def decode_transport(data: BytesLike, *, has_icrc: bool = False) -> Packet:
     an opcode without payload (an ACK, a READ request) are returned as its
     payload for the engine to judge.
     """
+    return _decode_transport(data, has_icrc)
+
+
+def _decode_transport(data: BytesLike, has_icrc: bool) -> Packet:
+    """:func:`decode_transport` (its positional form, typed in codec.pxd)."""
     n = len(data)
     if n < BTH_SIZE:
         raise WireError("truncated", f"{n} bytes, a BTH needs {BTH_SIZE}")
@@ -319,12 +324,28 @@ def decode_transport(data: BytesLike, *, has_icrc: bool = False) -> Packet:
 # ICRC
 
 
+#: _pseudo_crc's results by its arguments; cleared when it holds _PSEUDO_CRCS_MAX
+_PSEUDO_CRCS: dict[tuple[int, int, bytes, bytes, int, int, int], int] = {}
+_PSEUDO_CRCS_MAX: Final = 4096
+
+
 def _pseudo_crc(tlen: int, w0: int, src: bytes, dst: bytes, sport: int, dport: int,
                 ip_id: int = 0) -> int:  # fmt: skip
     """The running CRC after the ICRC's pseudo header (the masked LRH, IP and UDP
     headers, BTH bytes 0..4) of a ``tlen``-byte transport sent from ``src`` to
     ``dst``: over IPv4 (4-byte addresses) with DF and ``ip_id``, else IPv6 with
-    no extension headers.  ``w0`` is the BTH's first 32-bit word."""
+    no extension headers.  ``w0`` is the BTH's first 32-bit word.
+
+    Remembered (:data:`_PSEUDO_CRCS`): a flow's packets of one opcode and
+    length -- every ACK, every 8-byte SEND of a ping-pong -- share it, and
+    packing the 16 fields cost about as much as the rest of a small packet's
+    ICRC."""
+    key = None
+    if type(src) is bytes and type(dst) is bytes:  # (a view could pin a receive buffer)
+        key = (tlen, w0, src, dst, sport, dport, ip_id)
+        crc = _PSEUDO_CRCS.get(key)
+        if crc is not None:
+            return crc
     udp_len = tlen + ICRC_SIZE + 8
     if len(src) == 4:
         pseudo = _PSEUDO4.pack(0x45, 0xFF, udp_len + 20, ip_id, _IP_DF, 0xFF, _UDP_PROTO, 0xFFFF,
@@ -332,7 +353,12 @@ def _pseudo_crc(tlen: int, w0: int, src: bytes, dst: bytes, sport: int, dport: i
     else:
         pseudo = _PSEUDO6.pack(0x6FFFFFFF, udp_len, _UDP_PROTO, 0xFF, src, dst, sport, dport,
                                udp_len, 0xFFFF, w0, 0xFF)  # fmt: skip
-    return crc32(pseudo, _SEED)
+    crc = crc32(pseudo, _SEED)
+    if key is not None:
+        if len(_PSEUDO_CRCS) >= _PSEUDO_CRCS_MAX:
+            _PSEUDO_CRCS.clear()  # many flows and lengths: start again rather than grow
+        _PSEUDO_CRCS[key] = crc
+    return crc
 
 
 def _icrc(mv: memoryview, start: int, end: int, w0: int, src: bytes, dst: bytes, sport: int,
@@ -436,8 +462,19 @@ def ipv4_id_from_icrc(
 # UDP payloads (what a UDP socket sends and receives)
 
 
+#: _gid's results: a received packet's two GIDs, made once per address
+_GIDS: dict[bytes, bytes] = {}
+
+
 def _gid(ip: bytes) -> bytes:
-    return IPV4_MAPPED_PREFIX + ip if len(ip) == 4 else bytes(ip)
+    gid = _GIDS.get(ip) if type(ip) is bytes else None
+    if gid is None:
+        gid = IPV4_MAPPED_PREFIX + ip if len(ip) == 4 else bytes(ip)
+        if type(ip) is bytes:
+            if len(_GIDS) >= _PSEUDO_CRCS_MAX:
+                _GIDS.clear()
+            _GIDS[ip] = gid
+    return gid
 
 
 def encode_udp_payload(
@@ -594,10 +631,16 @@ def decode_udp_payload(
     and sport on the packet; raises :class:`WireError` (``icrc_error`` and
     the reasons of :func:`decode_transport`).
     """
+    return _decode_udp(data, src_ip, dst_ip, sport, dport, check_icrc, ip_id)
+
+
+def _decode_udp(data: BytesLike, src_ip: bytes, dst_ip: bytes, sport: int, dport: int,
+                check_icrc: bool, ip_id: int | None) -> Packet:  # fmt: skip
+    """:func:`decode_udp_payload` (its positional form, typed in codec.pxd)."""
     view = data if type(data) is memoryview else memoryview(data)
     if view.format != "B" or view.ndim != 1:
         view = view.cast("B")
-    pkt = decode_transport(view, has_icrc=True)
+    pkt = _decode_transport(view, True)
     if check_icrc:
         end = len(view) - ICRC_SIZE
         w0 = _U32.unpack_from(view, 0)[0]
@@ -732,7 +775,7 @@ class BurstMerger:
             # One datagram and no burst open (every ACK, every message of one
             # packet): decoded alone, unless it may start a burst.
             try:
-                pkt = decode_udp_payload(mv, src_ip, dst_ip, sport, dport)
+                pkt = _decode_udp(mv, src_ip, dst_ip, sport, dport, True, None)
             except WireError as exc:
                 return [exc]
             if (pkt.opcode not in _CONTINUE or pkt.ackreq or pkt.pad
@@ -787,7 +830,7 @@ class BurstMerger:
                 out.append(_merged(head, tail, ops, False, False, False))
                 head = None
             try:
-                pkt = decode_udp_payload(mv[off:end], src_ip, dst_ip, sport, dport)
+                pkt = _decode_udp(mv[off:end], src_ip, dst_ip, sport, dport, True, None)
             except WireError as exc:
                 out.append(exc)
                 continue
@@ -969,7 +1012,7 @@ def decode_frame(frame: BytesLike, check_icrc: bool = True) -> Packet:
     if ulen < 8 or udp + ulen > ip_end:
         raise WireError("truncated", f"UDP length {ulen}")
     data = mv[udp + 8 : udp + ulen]
-    pkt = decode_transport(data, has_icrc=True)
+    pkt = _decode_transport(data, True)
     if check_icrc:
         end = len(data) - ICRC_SIZE
         stored = _ICRC.unpack_from(data, end)[0]
