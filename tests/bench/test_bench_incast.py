@@ -9,17 +9,16 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from bench_kit import ROOT, run_bench
+
 KEYS = {"senders", "cc", "utilisation", "jain", "queue_p50", "queue_p99", "kmax", "drops",
         "retransmits", "cnps"}  # fmt: skip
 
 
 def incast(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """``bench/bench_incast.py ARGS`` from the project's root, its output captured."""
-    return subprocess.run([sys.executable, "bench/bench_incast.py", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout, check=False)  # fmt: skip
+    return run_bench("bench_incast.py", *args, timeout=timeout)
 
 
 def test_json_rows() -> None:

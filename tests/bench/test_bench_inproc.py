@@ -6,22 +6,13 @@ A smoke test of the benchmark script, not a benchmark: no speed is asserted.
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from bench_kit import run_bench
 
 
 def test_quick_run_prints_tables(tmp_path: Path) -> None:
-    r = subprocess.run(
-        [sys.executable, "bench/bench_inproc.py", "--quick", "--plot", str(tmp_path / "p.png")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    r = run_bench("bench_inproc.py", "--quick", "--plot", str(tmp_path / "p.png"))
     assert r.returncode == 0, r.stdout + r.stderr
     out = r.stdout
     assert re.search(r"^machine: .*\d+ CPUs.*Python \d+\.\d+", out, re.M), out
@@ -48,14 +39,7 @@ def test_quick_run_prints_tables(tmp_path: Path) -> None:
 
 
 def test_quiet_run_prints_no_progress() -> None:
-    r = subprocess.run(
-        [sys.executable, "bench/bench_inproc.py", "--quick", "--quiet"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    r = run_bench("bench_inproc.py", "--quick", "--quiet")
     assert r.returncode == 0, r.stderr
     assert r.stderr == "" and "RDMA WRITE" in r.stdout
 
@@ -63,14 +47,7 @@ def test_quiet_run_prints_no_progress() -> None:
 def test_served_quick_run_prints_both_devices() -> None:
     """bench_served.py starts its own softverbsd and prints a row per figure with
     both devices and their ratio (no speed asserted)."""
-    r = subprocess.run(
-        [sys.executable, "bench/bench_served.py", "--quick", "--quiet"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
+    r = run_bench("bench_served.py", "--quick", "--quiet", timeout=180)
     assert r.returncode == 0, r.stdout + r.stderr
     for batch in (1, 16, 64):
         assert re.search(rf"^ SEND 64 B, batch {batch}\s+[\d,]+\s+[\d,]+\s+\d+\.\d\d$",
@@ -81,11 +58,8 @@ def test_served_quick_run_prints_both_devices() -> None:
 
 
 def test_scale_smoke_run_prints_a_row_per_step(tmp_path: Path) -> None:
-    r = subprocess.run(
-        [sys.executable, "bench/bench_scale.py", "--quiet", "--steps", "10,40",
-         "--plot", str(tmp_path / "s.png")],
-        cwd=ROOT, capture_output=True, text=True, timeout=180, check=False,
-    )  # fmt: skip
+    r = run_bench("bench_scale.py", "--quiet", "--steps", "10,40",
+                  "--plot", str(tmp_path / "s.png"), timeout=180)  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
     for n in (10, 40):
         assert re.search(rf"^\s+{n}\s+-?[\d.]+\s+[\d.]+\s+\d+\s+[\d.]+$", r.stdout, re.M), r.stdout

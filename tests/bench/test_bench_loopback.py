@@ -8,23 +8,14 @@ checks them by hash), and the tables have their rows and columns.
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from bench_kit import run_bench
+
 NUM = r"[\d,]+\.\d"
 
 
 def test_quick_run_prints_tables() -> None:
-    r = subprocess.run(
-        [sys.executable, "bench/bench_loopback.py", "--quick", "--no-ucx"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=90,
-        check=False,
-    )
+    r = run_bench("bench_loopback.py", "--quick", "--no-ucx", timeout=90)
     assert r.returncode == 0, r.stdout + r.stderr
     out = r.stdout
     assert re.search(r"^machine: .*\d+ CPUs.*Python \d+\.\d+", out, re.M), out
@@ -50,15 +41,8 @@ def test_quick_run_prints_tables() -> None:
 def test_loss_run_without_latency_prints_the_write_counters() -> None:
     """``--loss`` with ``--no-latency``: no softverbs ping-pong, and the client's
     counters after the WRITE runs on their own line (the loss table's source)."""
-    r = subprocess.run(
-        [sys.executable, "bench/bench_loopback.py", "--quick", "--no-ucx", "--sizes", "1M",
-         "--no-latency", "--loss", "0.01"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=90,
-        check=False,
-    )  # fmt: skip
+    r = run_bench("bench_loopback.py", "--quick", "--no-ucx", "--sizes", "1M", "--no-latency",
+                  "--loss", "0.01", timeout=90)  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
     out = r.stdout
     assert re.search(rf"^\s+1 MiB\s+{NUM}\s+n/a", out, re.M), out

@@ -8,17 +8,14 @@ and that the table has its rows, with a CPU time and a ratio in each.
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from bench_kit import run_bench
+
 CELL = r"\d+\.\d \(\d+\.\d-\d+\.\d\)"
 
 
 def test_quick_run_prints_both_rows() -> None:
-    r = subprocess.run([sys.executable, "bench/bench_udp_cpu.py", "--quick"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    r = run_bench("bench_udp_cpu.py", "--quick")
     assert r.returncode == 0, r.stdout + r.stderr
     for case in ("one process, both ends, per one-way message",
                  "two processes blocking, per round trip and side"):  # fmt: skip

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 from pcap_session import session
+from tshark_kit import TSHARK, payload_dissector_args
 
 from softverbs import Context, PyverbsRDMAError, capture
 from softverbs.errors import WireError
@@ -32,7 +33,6 @@ from softverbs.wire.codec import decode_frame
 from softverbs.wire.opcodes import AETH_RNR_NAK, OPINFO, Op, Transport, aeth_kind
 from softverbs.wire.packet import IPV4_MAPPED_PREFIX, Packet
 
-TSHARK = shutil.which("tshark")
 #: Expert notes that are not errors: the zero UDP checksum of IPv6 frames (rxe sends
 #: it too; RoCEv2 relies on the ICRC) and TTL 1, which is pyverbs' default hop_limit
 #: in a GlobalRoute (and ibv_rc_pingpong's): the IP TTL is the route's hop limit.
@@ -89,19 +89,6 @@ def check_wire_imm(path: Path) -> None:
     assert seen == {v.to_bytes(4, sys.byteorder) for v in (0x1234, 0xBEEF)}, seen
 
 
-def heuristic_args() -> list[str]:
-    """Disable the protocols of the heuristics on InfiniBand payloads (see test_tshark.py)."""
-    assert TSHARK is not None
-    out = subprocess.run([TSHARK, "-G", "heuristic-decodes"], capture_output=True, text=True,
-                         check=True).stdout  # fmt: skip
-    args: list[str] = []
-    for line in out.splitlines():
-        cols = line.split("\t")
-        if len(cols) >= 2 and cols[0] == "infiniband.payload" and cols[1] != "ethertype":
-            args += ["--disable-protocol", cols[1]]
-    return args
-
-
 def tshark_check(path: Path, count: int) -> None:
     """tshark reads every frame as InfiniBand over UDP, with nothing malformed."""
     if TSHARK is None:
@@ -109,7 +96,7 @@ def tshark_check(path: Path, count: int) -> None:
                     "CI installs it from scripts/apt-packages.txt)")  # fmt: skip
     fields = ["frame.number", "frame.protocols", "infiniband.bth.opcode", "_ws.malformed",
               "_ws.expert.message"]  # fmt: skip
-    cmd = [TSHARK, "-n", "-r", str(path), *heuristic_args(), "-T", "fields",
+    cmd = [TSHARK, "-n", "-r", str(path), *payload_dissector_args(), "-T", "fields",
            "-E", "separator=\t", "-E", "occurrence=a", "-E", "aggregator=|"]  # fmt: skip
     for name in fields:
         cmd += ["-e", name]

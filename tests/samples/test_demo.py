@@ -211,35 +211,42 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.mark.parametrize("op", ["send", "read", "fetch_add"])
-def test_two_processes_over_tcp(op: str, tmp_path: Path) -> None:
-    """``demo --listen`` and ``demo HOST`` in two processes, on one served device.
+Run = subprocess.CompletedProcess[str]
+
+
+def _pair(tmp_path: Path, base: list[str], server_args: list[str],
+          client_args: list[str]) -> tuple[Run, int, str, str]:  # fmt: skip
+    """``demo --listen`` and ``demo 127.0.0.1`` in two processes, on one served device.
 
     The device service stands in for a device every process shares (a private
-    socket, stopped at the end)."""
+    socket, stopped at the end). Returns the client's run and the server's
+    status, stdout and stderr."""
     env = _env(SOFTVERBS_SERVICE=str(tmp_path / "sv.sock"))
-    port = str(_free_port())
-    base = [sys.executable, "-m", "softverbs", "demo", "-p", port, "-n", "20", "--op", op, "--json"]
-    server = subprocess.Popen(
-        [*base, "--listen"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    server = subprocess.Popen([*base, "--listen", *server_args], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
         time.sleep(0.2)  # the client waits for the server anyway; this only saves retries
-        client = subprocess.run(
-            [*base, "127.0.0.1"], env=env, capture_output=True, text=True, timeout=120, check=False
-        )
+        client = subprocess.run([*base, *client_args, "127.0.0.1"], env=env, capture_output=True,
+                                text=True, timeout=120, check=False)  # fmt: skip
         out, err = server.communicate(timeout=120)
     finally:
         server.kill()
-        subprocess.run(
-            [sys.executable, "-m", "softverbs", "service", "stop"],
-            env=env,
-            capture_output=True,
-            timeout=60,
-            check=False,
-        )
+        subprocess.run([sys.executable, "-m", "softverbs", "service", "stop"], env=env,
+                       capture_output=True, timeout=60, check=False)  # fmt: skip
+    return client, server.returncode, out, err
+
+
+def _demo_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "softverbs", "demo", "-p", str(_free_port()), *args]
+
+
+@pytest.mark.parametrize("op", ["send", "read", "fetch_add"])
+def test_two_processes_over_tcp(op: str, tmp_path: Path) -> None:
+    """``demo --listen`` and ``demo HOST`` in two processes, on one served device."""
+    base = _demo_argv("-n", "20", "--op", op, "--json")
+    client, server_rc, out, err = _pair(tmp_path, base, [], [])
     assert client.returncode == 0, client.stderr
-    assert server.returncode == 0, err
+    assert server_rc == 0, err
     c, s = json.loads(client.stdout), json.loads(out)
     assert (c["role"], s["role"]) == ("client", "server")
     assert c["local"] == s["remote"] and c["remote"] == s["local"]
@@ -247,35 +254,8 @@ def test_two_processes_over_tcp(op: str, tmp_path: Path) -> None:
 
 
 def test_two_processes_must_agree_on_the_settings(tmp_path: Path) -> None:
-    env = _env(SOFTVERBS_SERVICE=str(tmp_path / "sv.sock"))
-    port = str(_free_port())
-    base = [sys.executable, "-m", "softverbs", "demo", "-p", port, "-n", "5"]
-    server = subprocess.Popen(
-        [*base, "--listen", "--op", "read"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        client = subprocess.run(
-            [*base, "--op", "send", "127.0.0.1"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        server.communicate(timeout=120)
-    finally:
-        server.kill()
-        subprocess.run(
-            [sys.executable, "-m", "softverbs", "service", "stop"],
-            env=env,
-            capture_output=True,
-            timeout=60,
-            check=False,
-        )
-    assert client.returncode == 1 and server.returncode == 1
+    base = _demo_argv("-n", "5")
+    client, server_rc, _out, _err = _pair(tmp_path, base, ["--op", "read"], ["--op", "send"])
+    assert client.returncode == 1 and server_rc == 1
     assert "op read here send" in client.stderr or "op send here read" in client.stderr
     assert "Traceback" not in client.stderr

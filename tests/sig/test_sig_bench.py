@@ -7,22 +7,12 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from bench_kit import run_bench
 
 
 def _run(*args: str) -> str:
-    r = subprocess.run(
-        [sys.executable, "bench/bench_sig.py", "--quick", "--iters", "3", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    r = run_bench("bench_sig.py", "--quick", "--iters", "3", *args)
     assert r.returncode == 0, r.stdout + r.stderr
     return r.stdout
 

@@ -25,12 +25,12 @@ Needs the ``tshark`` binary (Debian package ``tshark``); skipped without it.
 
 from __future__ import annotations
 
-import shutil
 import struct
 import subprocess
 from pathlib import Path
 
 import pytest
+from tshark_kit import TSHARK, payload_dissector_args
 from wire_strategies import OPCODES, sample_packet
 
 from softverbs.fabric.pcap import PcapWriter
@@ -38,7 +38,6 @@ from softverbs.wire.codec import encode_frame
 from softverbs.wire.opcodes import OPINFO, Hdr, Transport
 from softverbs.wire.packet import IPV4_MAPPED_PREFIX, Packet
 
-TSHARK = shutil.which("tshark")
 pytestmark = pytest.mark.skipif(TSHARK is None, reason="tshark not installed (apt: tshark)")
 
 ALLOWED_EXPERT_V6 = {"Illegal checksum value (0)"}
@@ -83,25 +82,6 @@ META = [
     "_ws.malformed",
     "_ws.expert.message",
 ]
-
-
-def payload_dissector_args() -> list[str]:
-    """``--disable-protocol`` for each heuristic on InfiniBand payloads.
-
-    ``-G heuristic-decodes`` lists the protocols, not the heuristics' short
-    names that ``--disable-heuristic`` wants, so the protocols are disabled
-    instead -- all but ``ethertype``, which Ethernet itself needs.
-    """
-    assert TSHARK is not None
-    out = subprocess.run(
-        [TSHARK, "-G", "heuristic-decodes"], capture_output=True, text=True, check=True
-    ).stdout
-    args: list[str] = []
-    for line in out.splitlines():
-        cols = line.split("\t")
-        if len(cols) >= 2 and cols[0] == "infiniband.payload" and cols[1] != "ethertype":
-            args += ["--disable-protocol", cols[1]]
-    return args
 
 
 def all_fields() -> list[str]:

@@ -101,6 +101,17 @@ def _locked_pid(path: str) -> int | None:
     return None
 
 
+def _service_pid(path: str) -> int | None:
+    """The pid of the service on ``path``: the pidfile lock's holder (-1 when its
+    pid cannot be read), else the pid a service answering there reports, else
+    None.  Raises :class:`ServiceError` for a socket that answers wrongly."""
+    pid = _locked_pid(path)
+    if pid is None:
+        stats = fetch_status(path)
+        pid = int(stats["pid"]) if stats else None
+    return pid
+
+
 class ServiceError(Exception):
     """A service listens on the socket but the exchange failed (it refused
     this user, or answered with an error): the message says what happened."""
@@ -180,14 +191,11 @@ def _remove_leftovers(path: str) -> None:
 
 
 def _start(path: str, foreground: bool, verbose: bool) -> int:
-    pid = _locked_pid(path)
-    if pid is None:
-        try:
-            stats = fetch_status(path)
-        except ServiceError as exc:
-            _say(f"a service already answers on {path}: {exc}")
-            return 1
-        pid = int(stats["pid"]) if stats else None
+    try:
+        pid = _service_pid(path)
+    except ServiceError as exc:
+        _say(f"a service already answers on {path}: {exc}")
+        return 1
     if pid is not None:
         _say(f"softverbsd is already running on {path} (pid {pid}); "
              "stop it first with 'softverbs service stop'")  # fmt: skip
@@ -237,14 +245,11 @@ def _last_line(log_path: str) -> str:
 
 
 def _stop(path: str, timeout: float) -> int:
-    pid = _locked_pid(path)
-    if pid is None:
-        try:
-            stats = fetch_status(path)
-        except ServiceError as exc:
-            _say(f"cannot stop it: {exc}")
-            return 1
-        pid = int(stats["pid"]) if stats else None
+    try:
+        pid = _service_pid(path)
+    except ServiceError as exc:
+        _say(f"cannot stop it: {exc}")
+        return 1
     if pid is None or pid < 0:
         stale = os.path.exists(path) or os.path.exists(_pidfile(path))
         _remove_leftovers(path)

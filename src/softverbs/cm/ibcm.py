@@ -469,14 +469,23 @@ class IbCm:
         self._reply(ctx, drep, sgid, dgid)
 
     # --- each message's own work, once the dispatch took it ----------------------------------
-    def _take_req(self, ctx: DeviceCtx, req: mad.Req, sgid: bytes, dgid: bytes) -> None:
-        ps, port = mad.split_service_id(req.service_id)
+    def _listener_for(self, ctx: DeviceCtx, service_id: int, private_data: bytes,
+                      sidr: bool) -> tuple[CmId | None, mad.CmaHeader] | None:  # fmt: skip
+        """The listener a REQ or SIDR REQ asks for (None: no listener) and the
+        request's CMA header; None for a malformed header, counted and dropped."""
+        ps, port = mad.split_service_id(service_id)
         try:
-            cma = mad.CmaHeader.decode(req.private_data)
+            cma = mad.CmaHeader.decode(private_data)
         except mad.MadError as exc:
             ctx.device.hca.counters[f"cm_drop_{exc.reason}"] += 1
+            return None
+        return self.rdma.find_listener(ps, port, cma.dst_ip, ctx.name, sidr=sidr), cma
+
+    def _take_req(self, ctx: DeviceCtx, req: mad.Req, sgid: bytes, dgid: bytes) -> None:
+        found = self._listener_for(ctx, req.service_id, req.private_data, sidr=False)
+        if found is None:
             return
-        listener = self.rdma.find_listener(ps, port, cma.dst_ip, ctx.name, sidr=False)
+        listener, cma = found
         if listener is None or req.transport_service_type != 0:
             rej = mad.Rej(tid=req.tid, remote_comm_id=req.local_comm_id,
                           message_rejected=mad.MSG_REQ, reason=mad.REJ_INVALID_SERVICE_ID)
@@ -571,13 +580,10 @@ class IbCm:
 
     def _take_sidr_req(self, ctx: DeviceCtx, req: mad.SidrReq, sgid: bytes,
                        dgid: bytes) -> None:  # fmt: skip
-        ps, port = mad.split_service_id(req.service_id)
-        try:
-            cma = mad.CmaHeader.decode(req.private_data)
-        except mad.MadError as exc:
-            ctx.device.hca.counters[f"cm_drop_{exc.reason}"] += 1
+        found = self._listener_for(ctx, req.service_id, req.private_data, sidr=True)
+        if found is None:
             return
-        listener = self.rdma.find_listener(ps, port, cma.dst_ip, ctx.name, sidr=True)
+        listener, cma = found
         if listener is None:
             rep = mad.SidrRep(tid=req.tid, request_id=req.request_id,
                               sidr_status=mad.SIDR_UNSUPPORTED, service_id=req.service_id)

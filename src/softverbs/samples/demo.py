@@ -1,8 +1,9 @@
 """``softverbs demo``: RC traffic between two queue pairs, with a perftest-style summary.
 
 This is rdma-core's ``ibv_rc_pingpong`` and perftest's latency tests, written
-with the pyverbs API.  By default both ends live in one process on the
-in-process device (``sv0``): a *client* QP and a *server* QP on one device.
+with the pyverbs API.  By default both ends live in one process on ``sv0``
+(the host device, or this process's own with ``SOFTVERBS_SERVICE=0``): a
+*client* QP and a *server* QP on one device.
 It also runs as two processes that meet over TCP, like ``ibv_rc_pingpong``::
 
     softverbs demo                       # both ends in this process
