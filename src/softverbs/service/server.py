@@ -534,7 +534,9 @@ class Service:
         self._eventfd_rung = 0
         self.started = time.monotonic()
         self._idle_since: float | None = time.monotonic()
-        self._stop = threading.Event()
+        #: stop() was called: the loop ends after its turn (a flag, not an Event: the
+        #: loop reads it every turn, and stop() wakes the wait itself)
+        self._stopping = False
         self._writers: set[Client] = set()
         self._writers_lock = threading.Lock()
         #: seconds the loop polls before it sleeps, after serving a client (_wait)
@@ -579,7 +581,7 @@ class Service:
     # --- the loop ------------------------------------------------------------------
     def serve_forever(self) -> None:
         try:
-            while not self._stop.is_set():
+            while not self._stopping:
                 self._turn()
         finally:
             self._shutdown()
@@ -844,10 +846,10 @@ class Service:
             self._idle_since = time.monotonic()
         elif time.monotonic() - self._idle_since >= self.idle_exit:
             log.info("no client for %.0f s: exiting", self.idle_exit)
-            self._stop.set()
+            self._stopping = True
 
     def stop(self) -> None:
-        self._stop.set()
+        self._stopping = True
         with contextlib.suppress(OSError):
             self._wake_w.send(b"\0")
 
