@@ -8,10 +8,15 @@
 
 from softverbs.engine.core cimport QPCore
 from softverbs.engine.memory cimport KeyTable
+from softverbs.wire.packet cimport Packet
+
+cimport cython
 
 cdef class HCA:
     cdef dict __dict__
-    cdef public object name, gids, counters, _outbox, _acks, qps, srqs, cqs, _timers
+    cdef public object name, gids, counters, _outbox, srqs, cqs
+    cdef public list _acks, _timers
+    cdef public dict qps
     cdef public object xrc_refs, xrcds, events, on_event, observer, rx_buffer, tx_waiting
     cdef public object mcast, on_mcast, cc, max_window
     cdef public KeyTable keys
@@ -26,3 +31,10 @@ cdef class HCA:
     cpdef find_srq(self, object srqn)
     cpdef bint hold_tx(self, QPCore qp)
     cpdef schedule(self, QPCore qp, double deadline)
+    # per packet and per pass of a runtime's progress loop: the packet, the QP and the
+    # timer heap's entries typed.  The runtimes call receive by attribute, so one set
+    # on an instance (a test's) still receives in its place.
+    @cython.locals(qp=QPCore, count=cython.longlong)
+    cpdef receive(self, Packet pkt, object now)
+    @cython.locals(timers=list, top=tuple, qp=QPCore)
+    cpdef next_deadline(self)

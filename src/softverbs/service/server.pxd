@@ -22,15 +22,22 @@ cdef class _Bell:
 
 cdef class Service:
     cdef public object path, pidfile, registry, host, idle_exit, sel, stats, started
-    cdef public object _idle_since, _stop, _writers_lock, _fence, _pid_fd
-    cdef public object listener, _wake_r, _wake_w
-    cdef public dict clients, _polled
+    cdef public object _idle_since, _writers_lock, _fence, _pid_fd
+    cdef public object listener, _wake_r, _wake_w, _epoll
+    cdef public dict clients, _polled, _keys
     cdef public set _writers, _rung
     cdef public double spin, _busy, _timeout
-    cdef public bint _flagged
+    cdef public bint _flagged, _stopping
+    cdef public long long _eventfd_rung
     cdef object __weakref__  # softverbs.cm.service keeps its agents by service
 
+    @cython.locals(served=cython.bint, client=Client)
     cpdef _turn(self)
+    @cython.locals(out=list)
+    cpdef list _runtimes(self)
+    cpdef list _wait(self, double timeout)
+    @cython.locals(keys=dict, out=list)
+    cpdef list _ready(self, double timeout)
     @cython.locals(timeout=cython.double)
     cpdef double _progress(self, object runtimes)
     @cython.locals(client=Client, budget=cython.longlong, got=cython.longlong, held=dict)

@@ -54,7 +54,6 @@ import errno
 import fcntl
 import json
 import logging
-import math
 import os
 import platform
 import select
@@ -122,6 +121,7 @@ SPIN_US = 0.0
 MAX_POLLED = 64
 #: the send queue header words the loop reads and writes (docs/rings.md)
 SQ_DB, SQ_POLLED = C_CONSTANTS["SQ_DB"], C_CONSTANTS["SQ_POLLED"]
+_KIND_QP = QPObj.KIND
 
 
 class _Fence:
@@ -194,16 +194,18 @@ class _Bell:
     it (a destroy, a move to ERR, the sanitizer's checks).  The list of the
     owner's QPs (:attr:`queues`) is built again only when the host made or
     destroyed a QP since (:attr:`made`), so a scan costs one read per send
-    queue, not a walk of every object the process holds.  It
-    holds the QP records, not views of their rings, which a destroy must be
-    able to release; a QP destroyed since is skipped."""
+    queue, not a walk of every object the process holds.  It holds the QP
+    records and their send queues' header words -- the ring's own view of
+    them, which a destroy releases (so the ring's memory is still unmapped);
+    a QP destroyed since it was listed is skipped before its header is read."""
 
     __slots__ = ("client", "fd", "made", "queues", "seen")
 
     def __init__(self, client: Client, fd: int) -> None:
         self.client = client
         self.fd = fd
-        self.queues: list[tuple[int, QPObj]] = []  #: (handle, record) of the owner's QPs
+        #: (handle, record, send queue header) of the owner's QPs with a send queue
+        self.queues: list[tuple[int, QPObj, memoryview]] = []
         #: the host's count of QPs made and destroyed when :attr:`queues` was built
         self.made = -1
         #: QP handle -> the last ``db`` rung for it (kept across rebuilds)
@@ -211,39 +213,27 @@ class _Bell:
 
 
 class _Selector(selectors.EpollSelector):
-    """selectors' epoll, which can also hold a descriptor edge-triggered, and
-    wait with one call into the epoll object (:meth:`ready`)."""
+    """selectors' epoll, which can also hold a descriptor edge-triggered; the
+    loop's wait reads its epoll object and its keys directly (:meth:`Service._ready`)."""
 
     def __init__(self) -> None:
         super().__init__()
         # selectors keeps its epoll object and its keys private; the loop's
-        # wait reads both directly (:meth:`ready`), once per turn
-        self._epoll: select.epoll = vars(self)["_selector"]
-        self._keys: dict[int, selectors.SelectorKey] = vars(self)["_fd_to_key"]
+        # wait reads both directly, once per turn
+        self.epoll: select.epoll = vars(self)["_selector"]
+        self.keys: dict[int, selectors.SelectorKey] = vars(self)["_fd_to_key"]
 
     def register_edge(self, fd: int, data: object) -> None:
         """Hold ``fd`` for reading, reported once per wake-up of its waiters."""
         self.register(fd, selectors.EVENT_READ, data)
-        self._epoll.modify(fd, select.EPOLLIN | select.EPOLLET)  # selectors has no such mode
-
-    def ready(self, timeout: float) -> list[tuple[selectors.SelectorKey, int]]:
-        """What :meth:`select` returns, without its Python frames: the keys
-        ready within ``timeout`` seconds (rounded up to the millisecond epoll
-        counts in, as :meth:`select` does, so a timer is never woken for
-        early) and their events."""
-        keys = self._keys
-        out = []
-        for fd, ev in self._epoll.poll(math.ceil(timeout * 1e3) * 1e-3, len(keys) or 1):
-            key = keys.get(fd)
-            if key is not None:  # as select(): a descriptor it no longer holds is skipped
-                mask = (_WRITE if ev & _NOT_IN else 0) | (_READ if ev & _NOT_OUT else 0)
-                out.append((key, mask & key.events))
-        return out
+        self.epoll.modify(fd, select.EPOLLIN | select.EPOLLET)  # selectors has no such mode
 
 
 #: epoll's events as selectors' (selectors.EpollSelector.select)
 _READ, _WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
 _NOT_IN, _NOT_OUT = ~select.EPOLLIN, ~select.EPOLLOUT
+#: what the loop's two descriptors of its own are registered with (compared by identity)
+_LISTEN, _WAKE = "listen", "wake"
 
 
 def _eventfd(fd: int) -> bool:
@@ -537,10 +527,16 @@ class Service:
         self.idle_exit = idle_exit
         self.clients: dict[socket.socket, Client] = {}
         self.sel = _Selector()
+        self._epoll, self._keys = self.sel.epoll, self.sel.keys  #: what the wait reads (_ready)
         self.stats: Counter[str] = Counter()
+        #: send queues rung by eventfd wake-ups, not yet in :attr:`stats` (a C integer
+        #: compiled: counted per wake-up, added to stats when they are read, op_status)
+        self._eventfd_rung = 0
         self.started = time.monotonic()
         self._idle_since: float | None = time.monotonic()
-        self._stop = threading.Event()
+        #: stop() was called: the loop ends after its turn (a flag, not an Event: the
+        #: loop reads it every turn, and stop() wakes the wait itself)
+        self._stopping = False
         self._writers: set[Client] = set()
         self._writers_lock = threading.Lock()
         #: seconds the loop polls before it sleeps, after serving a client (_wait)
@@ -573,8 +569,8 @@ class Service:
         self.listener.setblocking(False)
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_w.setblocking(False)
-        self.sel.register(self.listener, selectors.EVENT_READ, "listen")
-        self.sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        self.sel.register(self.listener, selectors.EVENT_READ, _LISTEN)
+        self.sel.register(self._wake_r, selectors.EVENT_READ, _WAKE)
 
     def _release_pidfile(self) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -585,7 +581,7 @@ class Service:
     # --- the loop ------------------------------------------------------------------
     def serve_forever(self) -> None:
         try:
-            while not self._stop.is_set():
+            while not self._stopping:
                 self._turn()
         finally:
             self._shutdown()
@@ -602,14 +598,15 @@ class Service:
             self._register_writers()
         served = False
         for key, mask in self._wait(self._timeout):
-            if key.data == "listen":
+            data = key.data
+            if type(data) is _Bell:  # the data path first: a client rang its eventfd
+                self._rang(data)
+                served = True
+            elif data is _LISTEN:
                 self._accept()
-            elif key.data == "wake":
+            elif data is _WAKE:
                 with contextlib.suppress(OSError):
                     self._wake_r.recv(4096)
-            elif isinstance(key.data, _Bell):
-                self._rang(key.data)
-                served = True
             else:
                 sock: socket.socket = key.fileobj  # type: ignore[assignment]
                 if mask & selectors.EVENT_WRITE:
@@ -625,7 +622,8 @@ class Service:
                 for gone in [c for c in self.clients.values() if not c.alive]:
                     self.drop(gone)
                 break
-        self._check_idle()
+        if self.idle_exit:
+            self._check_idle()
 
     def _runtimes(self) -> list[DeviceRuntime]:
         """The runtimes of the open devices, each once: the in-process devices
@@ -641,7 +639,7 @@ class Service:
         The seconds until the earliest of their timers (at most one), under the
         same hold of each runtime's lock."""
         timeout = 1.0
-        for runtime in list(runtimes):
+        for runtime in runtimes if type(runtimes) is list else list(runtimes):
             with runtime.lock:
                 try:
                     runtime.progress()
@@ -653,7 +651,8 @@ class Service:
                     names = [d.name for d in list(self.registry.devices.values())
                              if d.runtime is runtime]  # fmt: skip
                     log.exception("engine progress on %s", ", ".join(names))
-        self._rung.clear()
+        if self._rung:
+            self._rung.clear()
         return timeout
 
     def _wait(self, timeout: float) -> list[tuple[selectors.SelectorKey, int]]:
@@ -668,18 +667,20 @@ class Service:
         polls do not yield the core: a service that yields waits behind every
         other runnable task for its next poll, which made a spinning C program's
         SENDs six times slower on two cores (docs/performance.md).  An idle
-        service never spins; ``SOFTVERBS_SPIN_US`` unset, it never does."""
+        service never spins; ``SOFTVERBS_SPIN_US`` unset, it never does (nor
+        reads the clock)."""
+        if not self.spin:
+            return self._ready(timeout)
         if self._polled and not self._flagged and self._poll_rings():
             return []  # a store of db the loop missed (see _unflag): serve it now
         spin_end = self._busy + self.spin
         now = time.monotonic()
         if now < spin_end and timeout > 0:
             self._flag()
-            sel, poll = self.sel.ready, self._poll_rings
             while True:
-                if self._polled and poll():
+                if self._polled and self._poll_rings():
                     return []
-                ready = sel(0)
+                ready = self._ready(0.0)
                 if ready:
                     return ready
                 now = time.monotonic()
@@ -691,7 +692,22 @@ class Service:
             self._unflag()
             if self._poll_rings():  # posted before the client could see the flag go
                 return []
-        return self.sel.ready(timeout)
+        return self._ready(timeout)
+
+    def _ready(self, timeout: float) -> list[tuple[selectors.SelectorKey, int]]:
+        """What ``selectors``' ``select`` returns, without its Python frames: the
+        keys ready within ``timeout`` seconds and their events.  The epoll
+        object rounds the timeout up to the millisecond itself (CPython's
+        ``epoll.poll`` converts with ``_PyTime_ROUND_CEILING``), so a timer is
+        never woken for early."""
+        keys = self._keys
+        out = []
+        for fd, ev in self._epoll.poll(timeout, len(keys) or 1):
+            key = keys.get(fd)
+            if key is not None:  # as select(): a descriptor it no longer holds is skipped
+                mask = (_WRITE if ev & _NOT_IN else 0) | (_READ if ev & _NOT_OUT else 0)
+                out.append((key, mask & key.events))
+        return out
 
     # --- doorbell suppression (docs/rings.md) ---------------------------------------------------
     def _watch(self, client: Client, handle: int) -> None:
@@ -767,34 +783,38 @@ class Service:
         if not client.alive:
             return
         objects = client.owner.objects
-        made = self.host.changes[QPObj.KIND]
+        made = self.host.changes[_KIND_QP]
         queues = bell.queues
         if made != bell.made:  # a QP may have come or gone: list them again
             try:
                 with self.host.lock:
-                    queues = bell.queues = send_queues(client.owner)
+                    queues = bell.queues = [(handle, rec, sq.hdr)
+                                            for handle, rec in send_queues(client.owner)
+                                            if (sq := rec.engine.sq) is not None]  # fmt: skip
             except Exception:  # the owner is going: nothing to ring
                 self.stats["doorbell_errors"] += 1
                 return
             bell.made = made
             self.stats["doorbell_lists"] += 1
-            live = {handle for handle, _ in queues}
+            live = {handle for handle, _, _ in queues}
             for handle in [h for h in bell.seen if h not in live]:
                 del bell.seen[handle]
         new_pass()  # as for a DOORBELL message (handle)
         seen = bell.seen
-        moved: list[QPObj] = []
-        for handle, rec in queues:
-            sq = rec.engine.sq
-            if sq is None or objects.get(handle) is not rec:  # destroyed since it was listed
+        moved: list[QPObj] | None = None
+        for handle, rec, hdr in queues:
+            if objects.get(handle) is not rec:  # destroyed since it was listed: its header too
                 continue
-            db = int(sq.hdr[SQ_DB])
+            db = hdr[SQ_DB]
             if seen.get(handle, 0) != db:
                 seen[handle] = db
-                moved.append(rec)
-        if not moved:
+                if moved is None:
+                    moved = [rec]
+                else:
+                    moved.append(rec)
+        if moved is None:
             return
-        self.stats["doorbells_eventfd"] += len(moved)
+        self._eventfd_rung += len(moved)  # into stats when they are read (_stats)
         if self.spin:  # doorbell suppression watches the queues it rings (_ring)
             for rec in moved:
                 self._ring(client, rec.handle, records.DB_SQ)
@@ -826,10 +846,10 @@ class Service:
             self._idle_since = time.monotonic()
         elif time.monotonic() - self._idle_since >= self.idle_exit:
             log.info("no client for %.0f s: exiting", self.idle_exit)
-            self._stop.set()
+            self._stopping = True
 
     def stop(self) -> None:
-        self._stop.set()
+        self._stopping = True
         with contextlib.suppress(OSError):
             self._wake_w.send(b"\0")
 
@@ -1157,6 +1177,9 @@ class Service:
             others.append({"pid": o["pid"], "uid": o["uid"], "label": o["label"],
                            "objects": dict(mine), "handles": o["objects"]})  # fmt: skip
         hcas = [d.hca for d in self._devices() if d.hca is not None]
+        if self._eventfd_rung:
+            self.stats["doorbells_eventfd"] += self._eventfd_rung
+            self._eventfd_rung = 0
         out = {
             "pid": os.getpid(), "socket": self.path, "uptime": time.monotonic() - self.started,
             "mode": compiled.mode(),  # compiled with Cython, or interpreted
@@ -1282,8 +1305,12 @@ def _async_sink(ev: EventSocket) -> Callable[[records.AsyncEventRecord, str], No
 
 
 def _comp_sink(ev: EventSocket) -> Callable[[int], None]:
+    last: list[Any] = [None, b""]  # the last CQ's event record, packed: the next is its, mostly
+
     def sink(cq: int) -> None:
-        ev.write(records.CompEventRecord(cq, 0).pack())
+        if last[0] != cq:
+            last[0], last[1] = cq, records.CompEventRecord(cq, 0).pack()
+        ev.write(last[1])
 
     return sink
 
