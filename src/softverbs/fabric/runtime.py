@@ -113,6 +113,7 @@ class Runtime:
         self._delay_seq = 0
         self.taps: list[tuple[PacketSink, frozenset[bytes] | None]] = []
         self.generation = 0  #: bumped whenever progress did something
+        self.sleepers = 0  #: threads asleep in :meth:`wait_for` (under :attr:`lock`)
 
     def attach(self, hca: HCA) -> None:
         with self.lock:
@@ -199,9 +200,17 @@ class Runtime:
                 break
             did = True
         if did:
-            self.generation += 1
-            self.cond.notify_all()
+            self.woke()
         return did
+
+    def woke(self) -> None:
+        """Something happened: wake the threads asleep in :meth:`wait_for` (none,
+        mostly: the service and a polling program never sleep there, and a
+        ``notify_all`` with nobody to wake is still a Python call).  Call with
+        :attr:`lock` held, as the sleepers count under it."""
+        self.generation += 1
+        if self.sleepers:
+            self.cond.notify_all()
 
     def posted(self) -> bool:
         """A verb queued work (a post rang a doorbell): run the devices until
@@ -256,7 +265,11 @@ class Runtime:
                 return self._wait_virtual(ready, timeout)
             end = None if timeout is None else time.monotonic() + timeout
             while (done := self.wait_pass(ready, end)) is None:
-                self.cond.wait(self.wait_time(time.monotonic(), end))
+                self.sleepers += 1
+                try:
+                    self.cond.wait(self.wait_time(time.monotonic(), end))
+                finally:
+                    self.sleepers -= 1
             return done
 
     def wait_pass(self, ready: Callable[[], bool], end: float | None) -> bool | None:

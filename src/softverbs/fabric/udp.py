@@ -856,8 +856,7 @@ class UdpRuntime(Runtime):
             # A datagram that only made a CQE or an event (a UD or UC receive, an
             # ACK) sends nothing, so the loop above did not wake the threads
             # blocked in wait_for (get_cq_event, get_async_event): wake them here.
-            self.generation += 1
-            self.cond.notify_all()
+            self.woke()
         self._timers_moved()
         return did or got
 
