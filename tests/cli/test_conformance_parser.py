@@ -195,6 +195,18 @@ def test_vendor_opt_ins_are_cleared(monkeypatch: pytest.MonkeyPatch, tmp_path: P
         assert env["SOFTVERBS_MLX5"] == "sig" and "SOFTVERBS_FAULTS" not in env
 
 
+def test_embedded_and_udp_run_on_the_processes_own_devices(monkeypatch: pytest.MonkeyPatch,
+                                                           tmp_path: Path) -> None:  # fmt: skip
+    """Not the host device: the suite's processes each open their own devices
+    (in-process sv0, or a UDP device on lo), never the user's softverbsd; only
+    ``service`` names a socket, one started for the run."""
+    monkeypatch.setenv("SOFTVERBS_SERVICE", str(tmp_path / "users.sock"))
+    monkeypatch.setattr(conformance, "check_port_free", lambda: None)
+    for config, device in (("embedded", "sv0"), ("udp", "svlo")):
+        with conformance.configured(config, tmp_path) as (env, dev):
+            assert (env["SOFTVERBS_SERVICE"], dev) == ("0", device), config
+
+
 def test_progress_reports_each_file_and_the_running_counts(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

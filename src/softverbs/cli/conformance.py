@@ -420,6 +420,10 @@ def configured(config: str, work: Path,
         env.pop(key, None)
     links = work / "links.json"
     env["SOFTVERBS_CONFIG"] = str(links)
+    # embedded and udp are each process's own devices: without this the suite
+    # would open the host device, through whatever softverbsd answers on the
+    # user's default socket
+    env["SOFTVERBS_SERVICE"] = "0"
     if config == "embedded":
         env["SOFTVERBS_INPROC_DEVICES"] = "sv0"
         yield env, "sv0"
