@@ -352,7 +352,7 @@ class ClientRuntime:
 
     def add_tap(self, *args: Any) -> None:
         raise PyverbsRDMAError("to capture a served device's packets, use "
-                               "'softverbs capture' (the service writes the file)",
+                               "softverbs.capture(ctx, path) (the service writes the file)",
                                errno.EOPNOTSUPP)  # fmt: skip
 
 
