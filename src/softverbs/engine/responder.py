@@ -94,6 +94,7 @@ if TYPE_CHECKING:
 _MASK64 = (1 << 64) - 1
 _GRH_LEN = 40
 _ACK_SYNDROME = aeth_syndrome(AETH_ACK, AETH_CREDIT_INVALID)
+_OP_ACK = Op.ACKNOWLEDGE  # a global, not an enum class attribute lookup, per ACK
 
 # replay cache entry fields
 _R_PSN, _R_NPKTS, _R_KIND, _R_VA, _R_RKEY, _R_LEN, _R_ORIG = range(7)
@@ -324,14 +325,14 @@ class Responder:
     # --- ACKs and NAKs ----------------------------------------------------------------
     def _send_ack(self, req: Packet, psn: int) -> None:
         qp = self.qp
-        ack = qp.reply(req, qp.transport | Op.ACKNOWLEDGE, psn)
+        ack = qp.reply(req, qp.transport | _OP_ACK, psn)
         ack.syndrome = _ACK_SYNDROME
         ack.msn = self.msn
         qp.send(ack)
 
     def _send_nak(self, req: Packet, code: int, psn: int) -> None:
         qp = self.qp
-        nak = qp.reply(req, qp.transport | Op.ACKNOWLEDGE, psn)
+        nak = qp.reply(req, qp.transport | _OP_ACK, psn)
         nak.syndrome = aeth_syndrome(AETH_NAK, code)
         nak.msn = self.msn
         qp.send(nak)
