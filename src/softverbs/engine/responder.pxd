@@ -43,8 +43,8 @@ cdef class Responder:
                         object flags=*, object imm=*, object src_qp=*, object solicited=*,
                         object reason=*)
     cpdef _begin_recv(self, Packet pkt, double now)
-    @cython.locals(n=cython.longlong)
+    @cython.locals(n=cython.longlong, last=bint)
     cpdef _recv_send(self, Packet pkt, object info, double now)
-    @cython.locals(n=cython.longlong, off=cython.longlong, pmtu=cython.longlong)
+    @cython.locals(n=cython.longlong, off=cython.longlong, pmtu=cython.longlong, last=bint)
     cpdef _recv_write(self, Packet pkt, object info, double now)
     cpdef _remote(self, Packet pkt, object kind, object va, object length, double now)

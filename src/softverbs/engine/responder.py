@@ -475,6 +475,7 @@ class Responder:
     # --- SEND ----------------------------------------------------------------------
     def _recv_send(self, pkt: Packet, info: OpInfo, now: float) -> RespState:
         qp = self.qp
+        last = info.last  # read once: an OpInfo field is an attribute lookup by name
         if info.first:
             stop = self._begin_recv(pkt, now)
             if stop is not None:
@@ -482,17 +483,17 @@ class Responder:
             self.off = 0
         payload = pkt.payload
         n = len(payload)
-        if n > qp.pmtu or (not info.last and n != qp.pmtu):
+        if n > qp.pmtu or (not last and n != qp.pmtu):
             self._fail(pkt, NAK_INVALID_REQUEST, now, f"packet payload of {n} bytes is illegal")
             return _R_LENGTH
-        if not scatter(self.views, self.off, payload, last=info.last):
+        if not scatter(self.views, self.off, payload, last=last):
             self._fail(
                 pkt, NAK_INVALID_REQUEST, now,
                 "the message is longer than the receive WQE", IBV_WC_LOC_LEN_ERR,
             )  # fmt: skip
             return _R_LENGTH
         self.off += n
-        if not info.last:
+        if not last:
             self.msg = _MSG_SEND
             self._accept(pkt)
             return _R_DONE
@@ -520,6 +521,7 @@ class Responder:
 
     # --- WRITE ---------------------------------------------------------------------
     def _recv_write(self, pkt: Packet, info: OpInfo, now: float) -> RespState:
+        last = info.last  # read once: an OpInfo field is an attribute lookup by name
         if info.first:
             got = self._remote(pkt, _K_WRITE, pkt.va, pkt.dma_len, now)
             if got is _R_RKEY:
@@ -527,7 +529,7 @@ class Responder:
             self.wview = got
             self.wkey = pkt.rkey
             self.off = 0
-        if info.imm and info.last:
+        if info.imm and last:
             stop = self._begin_recv(pkt, now)
             if stop is not None:
                 return stop
@@ -537,20 +539,20 @@ class Responder:
         n = len(payload)
         off = self.off
         pmtu = self.qp.pmtu
-        if n > pmtu or (not info.last and n != pmtu) or off + n > len(view):
+        if n > pmtu or (not last and n != pmtu) or off + n > len(view):
             self._fail(
                 pkt, NAK_INVALID_REQUEST, now, "RDMA WRITE payload does not match its DMA length"
             )
             return _R_LENGTH
-        if info.last and off + n != len(view):
+        if last and off + n != len(view):
             self._fail(pkt, NAK_INVALID_REQUEST, now, "RDMA WRITE ended before its DMA length")
             return _R_LENGTH
-        if info.last:
+        if last:
             place(view, off, payload)
         else:
             view[off : off + n] = payload
         self.off = off + n
-        if not info.last:
+        if not last:
             self.msg = _MSG_WRITE
             self._accept(pkt)
             return _R_DONE
