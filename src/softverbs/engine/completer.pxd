@@ -11,6 +11,11 @@ from softverbs.engine.rings cimport CQE, SendWQE
 from softverbs.engine.wr cimport WrInfo, finished, move
 from softverbs.wire.packet cimport Packet
 
+# enum members the per-response path compares with: C globals, no dict lookup
+cdef object _C_ACK, _C_BURST, _C_DUPLICATE, _C_ERROR_RETRY, _C_AFTER_GAP, _C_INVALID
+cdef object _K_ACK, _K_READ_RESP, _W_DONE, _W_ACTIVE, _W_FAILED
+cdef object _WR_READ, _WR_ATOMIC, _WR_SEND, _RTS, _SQD
+
 cdef class Completer:
     cdef public QPCore qp
     cdef public object inflight, deadline, rnr_until

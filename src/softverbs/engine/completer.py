@@ -129,6 +129,8 @@ _W_FAILED = WqeState.FAILED
 _WR_READ = WrClass.READ
 _WR_ATOMIC = WrClass.ATOMIC
 _WR_SEND = WrClass.SEND
+_RTS = IBV_QPS_RTS
+_SQD = IBV_QPS_SQD
 
 
 class Completer:
@@ -205,7 +207,8 @@ class Completer:
     def on_response(self, pkt: Packet, info: OpInfo, now: float) -> CompState:
         """Handle one response (or a burst of them); where its handling ended."""
         qp = self.qp
-        if qp.state not in (IBV_QPS_RTS, IBV_QPS_SQD) or not self.inflight:
+        # qp._state: the attribute behind the property (a C struct read when compiled)
+        if (qp._state != _RTS and qp._state != _SQD) or not self.inflight:
             qp.hca.counters["drop_unexpected_response"] += pkt.count
             return _C_INVALID
         if pkt.count > 1:  # a burst of READ responses

@@ -9,6 +9,10 @@
 
 cimport cython
 
+# module constants read per SGE and per remote access: C globals, no dict lookup
+cdef long long _SHIFT, _LOCAL_WRITE
+cdef object _MR, _MKEY, _MW2
+
 cdef class MemKey:
     cdef public object kind, pd, owner, iova, length, view, mr, resolver, xform
     cdef public long long key, access, qpn, binds

@@ -176,6 +176,9 @@ class MemKey:
 _MR = MemKind.MR
 _MKEY = MemKind.MKEY
 _MW2 = MemKind.MW2
+# the same as C globals when compiled (memory.pxd): read without a dict lookup per SGE
+_SHIFT = KEY_INDEX_SHIFT
+_LOCAL_WRITE = LOCAL_WRITE
 
 
 class KeyTable:
@@ -262,14 +265,14 @@ class KeyTable:
     def local(self, lkey: int, pd: object, addr: int, length: int, write: bool) -> Any:
         """Resolve a local SGE: the bytes to read (a memoryview), or -- with
         ``write`` -- what the device stores into; or a sentence saying why not."""
-        mk = self._keys.get(lkey >> KEY_INDEX_SHIFT)
+        mk = self._keys.get(lkey >> _SHIFT)
         if mk is None or mk.key != lkey or (mk.kind is not _MR and mk.kind is not _MKEY):
             return f"lkey {lkey:#x} is not a registered memory region"
         if not mk.valid:
             return f"lkey {lkey:#x} was invalidated"
         if mk.pd is not pd:
             return f"lkey {lkey:#x} belongs to another protection domain"
-        if write and not mk.access & LOCAL_WRITE:
+        if write and not mk.access & _LOCAL_WRITE:
             return f"lkey {lkey:#x} lacks IBV_ACCESS_LOCAL_WRITE"
         if mk.xform is not None:
             return mk.xform.view(addr, length, write, False)
@@ -284,7 +287,7 @@ class KeyTable:
         """Resolve a remote access with ``right`` (one IBV_ACCESS_REMOTE_* bit):
         bytes to read for a READ, a target to store into for a WRITE, an
         8-byte cell for an atomic; or a sentence saying why not."""
-        mk = self._keys.get(rkey >> KEY_INDEX_SHIFT)
+        mk = self._keys.get(rkey >> _SHIFT)
         if mk is None or mk.key != rkey:
             return f"rkey {rkey:#x} is not valid on this device"
         if not mk.valid:

@@ -10,6 +10,9 @@ from softverbs.engine.core cimport QPCore
 from softverbs.engine.requester cimport Requester
 from softverbs.engine.responder cimport Responder
 
+# the states a QP takes requests and responses in: a C global, no dict lookup per packet
+cdef object _RESPONDING
+
 cdef class QPEngine(QPCore):
     cdef dict __dict__
     cdef object __weakref__

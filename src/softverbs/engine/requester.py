@@ -101,6 +101,13 @@ _WR_WRITE = WrClass.WRITE
 _WR_READ = WrClass.READ
 _WR_ATOMIC = WrClass.ATOMIC
 _WR_LOCAL = WrClass.LOCAL
+# The QP states the send queue's path compares with, read from ``qp._state``
+# (the attribute behind the ``state`` property: a C struct read when compiled,
+# where the property is a descriptor call)
+_RTS = IBV_QPS_RTS
+_SQD = IBV_QPS_SQD
+_ERR = IBV_QPS_ERR
+_SQE = IBV_QPS_SQE
 
 
 class Requester:
@@ -138,7 +145,7 @@ class Requester:
         obs = qp.hca.observer
         if obs is not None and qp.sq is not None:
             obs.doorbell(qp, SQ, qp.sq.db)
-        if qp.state in (IBV_QPS_ERR, IBV_QPS_SQE):
+        if qp._state == _ERR or qp._state == _SQE:
             self.flush_sq()
             return
         self.pump_sq(now)
@@ -148,7 +155,7 @@ class Requester:
         qp = self.qp
         sq = qp.sq
         comp = self.comp
-        if sq is None or qp.state not in (IBV_QPS_RTS, IBV_QPS_SQD) or comp.backing_off():
+        if sq is None or (qp._state != _RTS and qp._state != _SQD) or comp.backing_off():
             return
         held = False  #: a WQE has packets left to send: later PSNs must wait for them
         cc = self.cc
@@ -156,7 +163,7 @@ class Requester:
             if pending(wqe) and (not self._may_send(now) or not self._transmit(wqe, now)):
                 held = True
                 break
-        while (not held and self.sq_next < sq.seen_db and qp.state == IBV_QPS_RTS
+        while (not held and self.sq_next < sq.seen_db and qp._state == _RTS
                and not self.blocked):  # fmt: skip
             wqe = sq.get(self.sq_next)
             info = WR_INFO[wqe.opcode]
@@ -175,10 +182,10 @@ class Requester:
             self.sq_next += 1
             self._start(wqe, info, now)
             held = pending(wqe)  # a window-bound message, a long READ
-        if self.sig is _SIG_PENDING and qp.state == IBV_QPS_RTS and self.sq_next >= sq.db:
+        if self.sig is _SIG_PENDING and qp._state == _RTS and self.sq_next >= sq.db:
             self._sig_stop()  # nothing more to start: stop here
         comp.complete(now)
-        if qp.state == IBV_QPS_SQD and self.draining:
+        if qp._state == _SQD and self.draining:
             self._check_drained()
 
     def _may_send(self, now: float) -> bool:

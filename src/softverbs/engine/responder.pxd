@@ -7,8 +7,16 @@ cimport cython
 cimport softverbs.engine.psn as P
 from softverbs.engine.core cimport QPCore
 from softverbs.engine.memory cimport KeyTable
-from softverbs.engine.rings cimport CQE, SharedRecvRing, WorkRing
+from softverbs.engine.rings cimport CQE, RecvWQE, SharedRecvRing, WorkRing
 from softverbs.wire.packet cimport Packet
+
+# module constants the per-packet path reads: C globals, no dict lookup
+cdef object _K_ATOMIC, _K_READ_REQ, _K_SEND, _K_WRITE
+cdef object _MSG_DROPPING, _MSG_IDLE, _MSG_SEND, _MSG_WRITE
+cdef object _R_DONE, _R_BURST, _R_DUPLICATE, _R_PSN_OUT_OF_SEQ, _R_OP_SEQ, _R_RNR, _R_SRQ
+cdef object _R_RQE, _R_LENGTH, _R_RKEY, _R_QKEY
+cdef object _OP_ACK, _ACK_SYNDROME, _XRC_BAD_SRQ
+cdef dict _INSIDE
 
 cdef class Responder:
     cdef public QPCore qp
@@ -29,14 +37,14 @@ cdef class Responder:
     cpdef _take_rqe(self, Packet pkt)
     cpdef _rqe_pd(self, Packet pkt)
     @cython.locals(keys=KeyTable)
-    cpdef _rqe_views(self, object rqe, object pd)
-    @cython.locals(cqe=CQE)
-    cpdef _complete_rqe(self, object rqe, object status, object byte_len, object opcode=*,
+    cpdef _rqe_views(self, RecvWQE rqe, object pd)
+    @cython.locals(cqe=CQE, srq=SharedRecvRing)
+    cpdef _complete_rqe(self, RecvWQE rqe, object status, object byte_len, object opcode=*,
                         object flags=*, object imm=*, object src_qp=*, object solicited=*,
                         object reason=*)
     cpdef _begin_recv(self, Packet pkt, double now)
-    @cython.locals(n=cython.longlong)
+    @cython.locals(n=cython.longlong, last=bint)
     cpdef _recv_send(self, Packet pkt, object info, double now)
-    @cython.locals(n=cython.longlong, off=cython.longlong, pmtu=cython.longlong)
+    @cython.locals(n=cython.longlong, off=cython.longlong, pmtu=cython.longlong, last=bint)
     cpdef _recv_write(self, Packet pkt, object info, double now)
     cpdef _remote(self, Packet pkt, object kind, object va, object length, double now)

@@ -94,6 +94,7 @@ if TYPE_CHECKING:
 _MASK64 = (1 << 64) - 1
 _GRH_LEN = 40
 _ACK_SYNDROME = aeth_syndrome(AETH_ACK, AETH_CREDIT_INVALID)
+_OP_ACK = Op.ACKNOWLEDGE  # a global, not an enum class attribute lookup, per ACK
 
 # replay cache entry fields
 _R_PSN, _R_NPKTS, _R_KIND, _R_VA, _R_RKEY, _R_LEN, _R_ORIG = range(7)
@@ -324,14 +325,14 @@ class Responder:
     # --- ACKs and NAKs ----------------------------------------------------------------
     def _send_ack(self, req: Packet, psn: int) -> None:
         qp = self.qp
-        ack = qp.reply(req, qp.transport | Op.ACKNOWLEDGE, psn)
+        ack = qp.reply(req, qp.transport | _OP_ACK, psn)
         ack.syndrome = _ACK_SYNDROME
         ack.msn = self.msn
         qp.send(ack)
 
     def _send_nak(self, req: Packet, code: int, psn: int) -> None:
         qp = self.qp
-        nak = qp.reply(req, qp.transport | Op.ACKNOWLEDGE, psn)
+        nak = qp.reply(req, qp.transport | _OP_ACK, psn)
         nak.syndrome = aeth_syndrome(AETH_NAK, code)
         nak.msn = self.msn
         qp.send(nak)
@@ -474,6 +475,7 @@ class Responder:
     # --- SEND ----------------------------------------------------------------------
     def _recv_send(self, pkt: Packet, info: OpInfo, now: float) -> RespState:
         qp = self.qp
+        last = info.last  # read once: an OpInfo field is an attribute lookup by name
         if info.first:
             stop = self._begin_recv(pkt, now)
             if stop is not None:
@@ -481,17 +483,17 @@ class Responder:
             self.off = 0
         payload = pkt.payload
         n = len(payload)
-        if n > qp.pmtu or (not info.last and n != qp.pmtu):
+        if n > qp.pmtu or (not last and n != qp.pmtu):
             self._fail(pkt, NAK_INVALID_REQUEST, now, f"packet payload of {n} bytes is illegal")
             return _R_LENGTH
-        if not scatter(self.views, self.off, payload, last=info.last):
+        if not scatter(self.views, self.off, payload, last=last):
             self._fail(
                 pkt, NAK_INVALID_REQUEST, now,
                 "the message is longer than the receive WQE", IBV_WC_LOC_LEN_ERR,
             )  # fmt: skip
             return _R_LENGTH
         self.off += n
-        if not info.last:
+        if not last:
             self.msg = _MSG_SEND
             self._accept(pkt)
             return _R_DONE
@@ -519,6 +521,7 @@ class Responder:
 
     # --- WRITE ---------------------------------------------------------------------
     def _recv_write(self, pkt: Packet, info: OpInfo, now: float) -> RespState:
+        last = info.last  # read once: an OpInfo field is an attribute lookup by name
         if info.first:
             got = self._remote(pkt, _K_WRITE, pkt.va, pkt.dma_len, now)
             if got is _R_RKEY:
@@ -526,7 +529,7 @@ class Responder:
             self.wview = got
             self.wkey = pkt.rkey
             self.off = 0
-        if info.imm and info.last:
+        if info.imm and last:
             stop = self._begin_recv(pkt, now)
             if stop is not None:
                 return stop
@@ -536,20 +539,20 @@ class Responder:
         n = len(payload)
         off = self.off
         pmtu = self.qp.pmtu
-        if n > pmtu or (not info.last and n != pmtu) or off + n > len(view):
+        if n > pmtu or (not last and n != pmtu) or off + n > len(view):
             self._fail(
                 pkt, NAK_INVALID_REQUEST, now, "RDMA WRITE payload does not match its DMA length"
             )
             return _R_LENGTH
-        if info.last and off + n != len(view):
+        if last and off + n != len(view):
             self._fail(pkt, NAK_INVALID_REQUEST, now, "RDMA WRITE ended before its DMA length")
             return _R_LENGTH
-        if info.last:
+        if last:
             place(view, off, payload)
         else:
             view[off : off + n] = payload
         self.off = off + n
-        if not info.last:
+        if not last:
             self.msg = _MSG_WRITE
             self._accept(pkt)
             return _R_DONE

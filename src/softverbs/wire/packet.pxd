@@ -21,3 +21,11 @@ cdef class Packet:
 
 # every field of src onto dst: C struct copies (a burst and each packet split from it)
 cpdef _copy_fields(Packet src, Packet dst)
+
+# a one-packet message is shaped in place (burst -> _shape): C calls, and the
+# packet's fields C struct stores rather than attribute stores by name
+cpdef burst(Packet template, object ops, long long first_index, long long count,
+            long long msg_packets, long long seg, long long ack_every)
+cpdef _opcode_at(object ops, long long i, long long n)
+cpdef _shape(Packet pkt, object ops, long long i, long long n, long long ack_every)
+cpdef bint ackreq_at(long long i, long long n, long long ack_every)
