@@ -249,14 +249,14 @@ class ProcessMemory:
             return None
         segments: list[tuple[int, int, Backing]] = []
         pos, end = addr, addr + length
-        while pos < end:
-            got = self.backing(pos)
-            if got is None:
+        while pos < end:  # asked afresh, outside any pass's answers: a registration
+            if not self._ask(pos):
                 return None
+            got = self._answer()
             segments.append((pos, min(got[1], end), got[2]))
             pos = got[1]
         made = Pin(segments)
-        if len(segments) == 1 and self._ask(addr):
+        if len(segments) == 1:  # the answer for addr is still in _query
             self._adopt(made)
         return made
 
