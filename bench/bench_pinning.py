@@ -16,7 +16,8 @@ the client's ``/proc/self/mem``.  This measures, on this machine:
   (what an access costs anyway).
 * **The service's whole access per message** (``device/memory.py`` as the
   engine drives it, a new pass each time as for every message the service
-  serves): the slice of a registered span, its check and an 8-byte ``pread``
+  serves; and again within one pass, as for a burst of WQEs): the slice of a
+  registered span, its check and an 8-byte ``pread``
   (ib_send_lat's SGE), and a 4 KiB store with its last 64 bytes stored last
   (the end of a WRITE) as two ``pwrite`` calls (two slice assignments) or
   as one ``pwritev`` (``ProcessSpan.place``).
@@ -80,7 +81,11 @@ def per_message(pid: int, region: int, n: int) -> list[tuple[str, float, str]]:
             if part.still_mapped():
                 part.read()
 
+        def again() -> None:
+            span[64:72].still_mapped()
+
         rows.append(("slice + check (new pass)", per_call(check, n), "per access"))
+        rows.append(("slice + check, again in the same pass", per_call(again, n), "per access"))
         rows.append(("slice + check + 8 B pread (new pass)", per_call(read8, n), "per access"))
         data = memoryview(os.urandom(4096))
 
