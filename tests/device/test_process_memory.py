@@ -128,6 +128,12 @@ def test_place_stores_the_body_then_the_tail_in_one_store(mem: ProcessMemory,
     assert ctypes.string_at(pages + 508, 200) == bytes(range(200))
     with pytest.raises(ValueError, match="outside"):
         span.place(990, b"x" * 11, 64)
+    with pytest.raises(ValueError, match="outside"):  # 50 items, but 200 bytes
+        span.place(900, words, 64)
+    with pytest.raises(ValueError, match="wrong length"):
+        span[900:950] = words
+    span[0:200] = words
+    assert ctypes.string_at(pages + 8, 200) == bytes(range(200))
     with pytest.raises(ValueError, match="outside"):
         span.place(-1, b"x", 64)
     assert mem.faults == 0

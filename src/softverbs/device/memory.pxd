@@ -84,6 +84,7 @@ cdef class ProcessSpan:
     cdef public object addr, length
     cdef public Pin pin
 
+    @cython.locals(n=Py_ssize_t)
     cpdef place(self, object offset, object data, Py_ssize_t tail)
     cpdef object read(self)
     cpdef bint still_mapped(self)

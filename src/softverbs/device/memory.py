@@ -595,7 +595,9 @@ class ProcessSpan:
 
     def __setitem__(self, index: slice, data: Buffer) -> None:
         start, stop, step = index.indices(self.length)
-        if step != 1 or len(data) != (stop - start if stop > start else 0):
+        # in bytes: a memoryview of wider items is stored as all of its bytes
+        n = data.nbytes if type(data) is memoryview else len(data)
+        if step != 1 or n != (stop - start if stop > start else 0):
             # as a memoryview: slice assignment never changes the length
             raise ValueError("memory span assignment: wrong length")
         self.mem.write(self.addr + start, data)
@@ -603,8 +605,9 @@ class ProcessSpan:
     def place(self, offset: int, data: Buffer, tail: int) -> None:
         """``self[offset : offset + len(data)] = data``, its last ``tail`` bytes
         stored after the rest (:meth:`ProcessMemory.write_ordered`: one system call)."""
-        if offset < 0 or offset + len(data) > self.length:
-            raise ValueError(f"memory span store: [{offset}, +{len(data)}) is outside "
+        n = data.nbytes if type(data) is memoryview else len(data)  # bytes, as stored
+        if offset < 0 or offset + n > self.length:
+            raise ValueError(f"memory span store: [{offset}, +{n}) is outside "
                              f"[0, {self.length})")  # fmt: skip
         self.mem.write_ordered(self.addr + offset, data, tail)
 
