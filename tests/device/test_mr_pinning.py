@@ -144,6 +144,49 @@ def test_a_pinned_span_fails_once_unmapped_or_replaced(own_memory: Any) -> None:
     os.close(fd)
 
 
+def test_a_pinned_span_follows_its_mapping_as_it_grows(own_memory: Any) -> None:
+    """The check's fast path compares the kernel's whole answer for the region's
+    mapping with the one it had: a mapping grown by a neighbour (merged with it)
+    answers differently yet backs the region as before, and the new answer is
+    the one compared from then on; a region across mappings has none."""
+    addr = hostmem.mmap(length=3 * PAGE)
+    hostmem.munmap(addr + 2 * PAGE, PAGE)
+    try:
+        span = own_memory.span(addr, PAGE, pinned=True)
+        assert span.pin.answer is not None and span.still_mapped()
+        first = span.pin.answer
+        hostmem.mmap(addr + 2 * PAGE, PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+                     | hostmem.MAP_FIXED_)  # fmt: skip
+        assert span.still_mapped() and span[: PAGE // 2].still_mapped()
+        assert span.pin.answer != first  # the grown mapping's answer, adopted
+        assert own_memory.span(addr, 3 * PAGE, pinned=True).pin.answer is not None
+        fd = _memfd(PAGE)
+        hostmem.mmap(addr, PAGE, flags=mmap.MAP_SHARED | hostmem.MAP_FIXED_, fd=fd)
+        import os
+
+        os.close(fd)
+        assert not span.still_mapped() and not span[PAGE // 2 :].still_mapped()
+    finally:
+        hostmem.munmap(addr, 3 * PAGE)
+
+
+def test_a_span_across_mappings_is_checked_mapping_by_mapping(own_memory: Any) -> None:
+    import ctypes
+
+    addr = hostmem.mmap(length=2 * PAGE)
+    libc = ctypes.CDLL(None)
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    try:
+        assert libc.mprotect(addr + PAGE, PAGE, mmap.PROT_READ) == 0
+        span = own_memory.span(addr, 2 * PAGE, pinned=True)
+        assert span.pin.answer is None and len(span.pin.segments) == 2
+        assert span.still_mapped()
+        hostmem.munmap(addr + PAGE, PAGE)
+        assert span[:PAGE].still_mapped() and not span.still_mapped()
+    finally:
+        hostmem.munmap(addr, 2 * PAGE)
+
+
 def test_a_file_region_fails_when_mapped_at_another_offset(own_memory: Any) -> None:
     import os
 

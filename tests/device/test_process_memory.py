@@ -112,6 +112,49 @@ def test_span_slices_stay_inside_and_assignments_keep_the_length(mem: ProcessMem
     assert mem.faults == 0
 
 
+def test_place_stores_the_body_then_the_tail_in_one_store(mem: ProcessMemory,
+                                                         pages: int) -> None:  # fmt: skip
+    """``ProcessSpan.place``: the same bytes as a slice assignment, out of bounds a
+    ValueError, a store no longer than the tail one plain write."""
+    _fill(pages, bytes(PAGE))
+    span = mem.span(pages + 8, 1000)
+    data = os.urandom(300)
+    span.place(100, data, 64)
+    assert ctypes.string_at(pages + 100, 320) == bytes(8) + data + bytes(12)
+    span.place(0, b"\x55" * 40, 64)  # all of it is the tail
+    assert ctypes.string_at(pages + 8, 40) == b"\x55" * 40
+    words = memoryview(bytearray(range(200))).cast("I")  # 50 items of 4 bytes
+    span.place(500, words, 64)
+    assert ctypes.string_at(pages + 508, 200) == bytes(range(200))
+    with pytest.raises(ValueError, match="outside"):
+        span.place(990, b"x" * 11, 64)
+    with pytest.raises(ValueError, match="outside"):  # 50 items, but 200 bytes
+        span.place(900, words, 64)
+    with pytest.raises(ValueError, match="wrong length"):
+        span[900:950] = words
+    span[0:200] = words
+    assert ctypes.string_at(pages + 8, 200) == bytes(range(200))
+    with pytest.raises(ValueError, match="outside"):
+        span.place(-1, b"x", 64)
+    assert mem.faults == 0
+
+
+def test_place_into_an_unmapped_page_stores_the_mapped_part(mem: ProcessMemory,
+                                                            pages: int) -> None:  # fmt: skip
+    """A store running past the mapping: the body's mapped part is stored, then
+    the tail is tried on its own (as two stores would) -- each refused piece one fault."""
+    _fill(pages, bytes(2 * PAGE))
+    mem.write_ordered(pages + 2 * PAGE - 100, b"\xab" * 300, 64)  # body: 100 mapped, 136 not
+    assert ctypes.string_at(pages + 2 * PAGE - 101, 101) == b"\0" + b"\xab" * 100
+    assert mem.faults == 2  # the body's rest and the tail
+    mem.write_ordered(pages + 2 * PAGE - 200, b"\xcd" * 200, 64)  # all mapped
+    assert ctypes.string_at(pages + 2 * PAGE - 200, 200) == b"\xcd" * 200
+    assert mem.faults == 2
+    mem.close()
+    mem.write_ordered(pages, b"\xef" * 200, 64)
+    assert ctypes.string_at(pages, 1) == b"\0" and mem.faults == 4
+
+
 def test_a_span_of_pages_unmapped_since_is_no_longer_mapped(mem: ProcessMemory) -> None:
     if mem.maps < 0:
         pytest.skip("this kernel has no PROCMAP_QUERY (Linux 6.11+): mappings are not checked")

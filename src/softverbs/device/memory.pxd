@@ -13,6 +13,7 @@ cimport cython
 @cython.final
 cdef class Pin:
     cdef public list segments
+    cdef public bytes answer
 
 
 @cython.final
@@ -23,13 +24,23 @@ cdef class ProcessMemory:
     cdef public bint closed, reuse
     # the mapping-check cache: (start, end, backing) the kernel gave this pass
     cdef public list _seen
+    # the Pin.answer values the kernel gave again this pass
+    cdef public set _good
     cdef public bytearray _query
 
-    @cython.locals(seen=tuple, got=tuple)
+    cpdef bint _ask(self, object addr)
+    cpdef tuple _answer(self)
+    cpdef _new_pass(self, long long now)
+    @cython.locals(seen=tuple, got=tuple, now=cython.longlong)
     cpdef backing(self, object addr)
+    @cython.locals(segments=list, got=tuple, made=Pin)
     cpdef pin(self, object addr, object length)
-    @cython.locals(segments=list, got=tuple, seg=tuple)
+    @cython.locals(segments=list, backed=tuple)
+    cpdef object _adopt(self, Pin pin)
+    @cython.locals(answer=bytes, good=bytes, now=cython.longlong, seen=tuple, got=tuple)
     cpdef bint still_pinned(self, Pin pin, object addr, object length)
+    @cython.locals(seg=tuple)
+    cpdef bint _still_pinned(self, Pin pin, object addr, object length, tuple got)
     @cython.locals(data=bytes)
     cpdef bytes read(self, object addr, Py_ssize_t length)
     @cython.locals(done=Py_ssize_t, parts=list, more=bytes)
@@ -42,6 +53,8 @@ cdef class ProcessMemory:
     cpdef write(self, object addr, object data)
     @cython.locals(n=Py_ssize_t)
     cpdef _write_rest(self, object addr, object data, Py_ssize_t done)
+    @cython.locals(view=memoryview, n=Py_ssize_t, cut=Py_ssize_t, done=Py_ssize_t)
+    cpdef write_ordered(self, object addr, object data, Py_ssize_t tail)
     cpdef ProcessSpan span(self, object addr, object length, bint pinned=*)
     cpdef close(self)
 
@@ -71,6 +84,8 @@ cdef class ProcessSpan:
     cdef public object addr, length
     cdef public Pin pin
 
+    @cython.locals(n=Py_ssize_t)
+    cpdef place(self, object offset, object data, Py_ssize_t tail)
     cpdef object read(self)
     cpdef bint still_mapped(self)
 

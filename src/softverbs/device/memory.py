@@ -120,13 +120,24 @@ class Pin:
     offset of it, or from shared to private, no longer is: the access fails
     and the region stays invalid.  An anonymous mapping replaced by another
     anonymous one with the same sharing cannot be told apart from outside the
-    process (docs/architecture.md, *Registered memory and munmap*)."""
+    process (docs/architecture.md, *Registered memory and munmap*).
 
-    __slots__ = ("segments",)
+    :attr:`answer` makes the usual check one comparison of bytes: the
+    kernel's whole answer (the mapping's start, end, flags, page size, file
+    offset, inode and device) for a mapping that covered all of the region
+    with the backing it was registered with.  The same answer again means the
+    same mapping, so the region is still backed as registered; any other
+    answer (the mapping split by ``mprotect``, grown by a neighbour, or gone)
+    is judged field by field, and adopted when it passes."""
+
+    __slots__ = ("answer", "segments")
 
     def __init__(self, segments: list[tuple[int, int, Backing]]) -> None:
         #: (start, end, backing) of each mapping the region lay in
         self.segments = segments
+        #: a PROCMAP_QUERY answer (bytes 24-80) known to back all of the region as
+        #: registered; None until one is seen (or for a region across mappings)
+        self.answer: bytes | None = None
 
 
 class AddressSpace(Protocol):
@@ -151,8 +162,8 @@ class AddressSpace(Protocol):
 class ProcessMemory:
     """One process's address space, through its ``/proc/<pid>/mem`` descriptor."""
 
-    __slots__ = ("_query", "_seen", "_seen_pass", "closed", "faults", "fd", "maps", "pid",
-                 "reuse")  # fmt: skip
+    __slots__ = ("_good", "_query", "_seen", "_seen_pass", "closed", "faults", "fd", "maps",
+                 "pid", "reuse")  # fmt: skip
 
     def __init__(self, fd: int, pid: int = 0, reuse: bool = False) -> None:
         self.fd = fd
@@ -163,6 +174,8 @@ class ProcessMemory:
         self.reuse = reuse
         #: the mappings the kernel described since pass :attr:`_seen_pass`
         self._seen: list[tuple[int, int, Backing]] = []
+        #: the :attr:`Pin.answer` values the kernel gave again since that pass
+        self._good: set[bytes] = set()
         self._seen_pass = -1
         #: the process's /proc/<pid>/maps, for PROCMAP_QUERY (-1: none, no checks)
         self.maps = -1
@@ -185,6 +198,30 @@ class ProcessMemory:
             return exc.errno not in (errno.ENOTTY, errno.EINVAL)
         return True
 
+    def _ask(self, addr: int) -> bool:
+        """One PROCMAP_QUERY for the mapping covering ``addr``: its answer is in
+        :attr:`_query` (bytes 24-80); False if nothing is mapped there."""
+        buf = self._query
+        _ADDR.pack_into(buf, 16, addr)
+        try:
+            fcntl.ioctl(self.maps, _PROCMAP_QUERY, buf)
+        except OSError:
+            return False
+        return True
+
+    def _answer(self) -> tuple[int, int, Backing]:
+        """(start, end, backing) of the answer :meth:`_ask` left in :attr:`_query`."""
+        got = _PROCMAP_VMA.unpack_from(self._query, 24)
+        start, end, flags, _, offset, inode, major, minor = got
+        return start, end, (flags & _VMA_SHARED, major, minor, inode,
+                            offset - start if inode else 0)  # fmt: skip
+
+    def _new_pass(self, now: int) -> None:
+        """Forget the kernel's answers of earlier passes (or of a faulted copy: -1)."""
+        self._seen.clear()
+        self._good.clear()
+        self._seen_pass = now
+
     def backing(self, addr: int) -> tuple[int, int, Backing] | None:
         """(start, end, backing at ``addr``) of the mapping covering ``addr``; None if
         nothing is mapped there (or it cannot be asked)."""
@@ -197,17 +234,10 @@ class ProcessMemory:
                     if seen[0] <= addr < seen[1]:
                         return seen
             else:
-                self._seen.clear()
-                self._seen_pass = now
-        buf = self._query
-        _ADDR.pack_into(buf, 16, addr)
-        try:
-            fcntl.ioctl(self.maps, _PROCMAP_QUERY, buf)
-        except OSError:
+                self._new_pass(now)
+        if not self._ask(addr):
             return None
-        start, end, flags, _, offset, inode, major, minor = _PROCMAP_VMA.unpack_from(buf, 24)
-        got = start, end, (flags & _VMA_SHARED, major, minor, inode,
-                           offset - start if inode else 0)  # fmt: skip
+        got = self._answer()
         if self.reuse:
             self._seen.append(got)
         return got
@@ -219,28 +249,74 @@ class ProcessMemory:
             return None
         segments: list[tuple[int, int, Backing]] = []
         pos, end = addr, addr + length
-        while pos < end:
-            got = self.backing(pos)
-            if got is None:
+        while pos < end:  # asked afresh, outside any pass's answers: a registration
+            if not self._ask(pos):
                 return None
+            got = self._answer()
             segments.append((pos, min(got[1], end), got[2]))
             pos = got[1]
-        return Pin(segments)
+        made = Pin(segments)
+        if len(segments) == 1:  # the answer for addr is still in _query
+            self._adopt(made)
+        return made
+
+    def _adopt(self, pin: Pin) -> bytes | None:
+        """If the answer in :attr:`_query` backs all of ``pin``'s region as
+        registered, it becomes the pin's :attr:`Pin.answer` (and is returned)."""
+        start, end, backed = self._answer()
+        segments = pin.segments
+        if (len(segments) == 1 and start <= segments[0][0] and end >= segments[0][1]
+                and backed == segments[0][2]):  # fmt: skip
+            pin.answer = bytes(self._query[24:80])
+            return pin.answer
+        return None
 
     def still_pinned(self, pin: Pin, addr: int, length: int) -> bool:
-        """Is ``[addr, addr + length)`` (inside ``pin``'s range) backed as it was?"""
-        pos, end = addr, addr + length
-        segments = pin.segments
-        if len(segments) == 1:  # the usual region: one mapping, one question
-            got = self.backing(pos)
-            if got is None or got[2] != segments[0][2]:
-                return False
-            if got[1] >= end:
+        """Is ``[addr, addr + length)`` (inside ``pin``'s range) backed as it was?
+
+        The usual region lies in one mapping that has not changed since it was
+        registered: one ioctl (none if this pass asked already) and one
+        comparison of its answer's bytes with :attr:`Pin.answer`."""
+        if self.maps < 0:
+            return False
+        answer = pin.answer
+        if answer is not None:
+            if self.reuse:
+                now = current_pass()
+                if self._seen_pass != now:
+                    self._new_pass(now)
+                elif answer in self._good:
+                    return True
+                else:  # a mapping this pass found changed holds its answer too
+                    for seen in self._seen:
+                        if seen[0] <= addr < seen[1]:
+                            return self._still_pinned(pin, addr, length, seen)
+            if not self._ask(addr):
+                return False  # nothing is mapped there now
+            good = answer if self._query.startswith(answer, 24) else self._adopt(pin)
+            if good is not None:
+                if self.reuse:
+                    self._good.add(good)
                 return True
-        for seg in segments:
+            got = self._answer()
+            if self.reuse:
+                self._seen.append(got)
+            return self._still_pinned(pin, addr, length, got)
+        return self._still_pinned(pin, addr, length, None)
+
+    def _still_pinned(self, pin: Pin, addr: int, length: int,
+                      got: tuple[int, int, Backing] | None) -> bool:  # fmt: skip
+        """:meth:`still_pinned` mapping by mapping (a region across mappings, or
+        one whose mapping was split, or is gone); ``got``: the kernel's answer
+        for ``addr`` if it was just asked."""
+        pos, end = addr, addr + length
+        for seg in pin.segments:
             while seg[0] <= pos < min(end, seg[1]):
-                got = self.backing(pos)
-                if got is None or got[2] != seg[2]:
+                if got is None or not got[0] <= pos < got[1]:
+                    got = self.backing(pos)
+                    if got is None:
+                        return False
+                if got[2] != seg[2]:
                     return False
                 pos = min(got[1], seg[1])
             if pos >= end:
@@ -278,7 +354,7 @@ class ProcessMemory:
         if done < length:
             parts.append(bytes(length - done))
             self.faults += 1
-            self._seen.clear()  # the kernel says the mappings changed: ask it again
+            self._new_pass(-1)  # the kernel says the mappings changed: ask it again
         return b"".join(parts)
 
     def read_pooled(self, addr: int, length: int) -> memoryview | None:
@@ -313,7 +389,7 @@ class ProcessMemory:
         if done < length:
             view[done:] = bytes(length - done)
             self.faults += 1
-            self._seen.clear()  # the kernel says the mappings changed: ask it again
+            self._new_pass(-1)  # the kernel says the mappings changed: ask it again
 
     def write(self, addr: int, data: Buffer) -> None:
         """Store ``data`` at ``addr``: one ``pwrite`` when the pages are there; what
@@ -344,7 +420,37 @@ class ProcessMemory:
             done += n
         if done < len(view):
             self.faults += 1
-            self._seen.clear()  # the kernel says the mappings changed: ask it again
+            self._new_pass(-1)  # the kernel says the mappings changed: ask it again
+
+    def write_ordered(self, addr: int, data: Buffer, tail: int) -> None:
+        """:meth:`write`, with the last ``tail`` bytes of ``data`` stored after all
+        the others (a message's last cache line: ``engine.rings.place``), in one
+        system call: a ``pwritev`` of the two pieces.  ``/proc/PID/mem`` has a
+        ``.write`` and no ``.write_iter``, so the kernel's ``pwritev`` on it
+        (``do_loop_readv_writev``) is one ``mem_write`` per piece, in order,
+        stopping at the first short one: two copies, the second after the first,
+        as two ``pwrite`` calls would make them (docs/performance.md, *The last
+        cache line last*)."""
+        view = memoryview(data)
+        if view.itemsize != 1:
+            view = view.cast("B")
+        n = len(view)
+        cut = n - tail
+        if cut <= 0:
+            self.write(addr, view)
+            return
+        done = 0
+        if not self.closed:
+            try:
+                done = os.pwritev(self.fd, [view[:cut], view[cut:]], addr)
+            except OSError:
+                done = 0
+            if done == n:
+                return
+        if done < cut:  # the body fell short: the rest of it, then the tail, each in order
+            self._write_rest(addr, view[:cut], done)
+            done = cut
+        self._write_rest(addr + cut, view[cut:], done - cut)
 
     def span(self, addr: int, length: int, pinned: bool = False) -> ProcessSpan:
         """``length`` bytes at ``addr``; with ``pinned``, checked before every access
@@ -489,10 +595,21 @@ class ProcessSpan:
 
     def __setitem__(self, index: slice, data: Buffer) -> None:
         start, stop, step = index.indices(self.length)
-        if step != 1 or len(data) != (stop - start if stop > start else 0):
+        # in bytes: a memoryview of wider items is stored as all of its bytes
+        n = data.nbytes if type(data) is memoryview else len(data)
+        if step != 1 or n != (stop - start if stop > start else 0):
             # as a memoryview: slice assignment never changes the length
             raise ValueError("memory span assignment: wrong length")
         self.mem.write(self.addr + start, data)
+
+    def place(self, offset: int, data: Buffer, tail: int) -> None:
+        """``self[offset : offset + len(data)] = data``, its last ``tail`` bytes
+        stored after the rest (:meth:`ProcessMemory.write_ordered`: one system call)."""
+        n = data.nbytes if type(data) is memoryview else len(data)  # bytes, as stored
+        if offset < 0 or offset + n > self.length:
+            raise ValueError(f"memory span store: [{offset}, +{n}) is outside "
+                             f"[0, {self.length})")  # fmt: skip
+        self.mem.write_ordered(self.addr + offset, data, tail)
 
     def read(self) -> memoryview:
         """The bytes as they are now (a copy, read-only; a large one in a buffer
