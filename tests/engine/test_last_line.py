@@ -51,6 +51,13 @@ class Recorder:
         if stop > start:
             self.log.append((self.base + start, self.base + stop))
 
+    def place(self, offset: int, data: bytes | bytearray | memoryview, tail: int) -> None:
+        """The span's ordered store: its body, then its last ``tail`` bytes (a
+        ``ProcessSpan`` makes the two one ``pwritev``; tests/device checks that)."""
+        cut = len(data) - tail
+        self[offset : offset + cut] = data[:cut]
+        self[offset + cut : offset + len(data)] = data[cut:]
+
     def read(self) -> memoryview:
         return memoryview(bytes(self.buf[self.base : self.base + self.length]))
 
@@ -138,29 +145,35 @@ def test_scatter_stores_the_last_line_last(lengths: list[int], offset: int) -> N
     assert log == [], "a message that does not fit stores nothing"
 
 
-def test_place_on_process_memory_is_two_pwrites(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The served device's span (``/proc/PID/mem``): the message, then its last line."""
+def test_place_on_process_memory_is_one_ordered_pwritev(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The served device's span (``/proc/PID/mem``): the message, then its last line,
+    as the two pieces of one ``pwritev`` (the kernel writes them in order)."""
     target = bytearray(5000)
     addr = memoryview(target).cast("B")  # keep the buffer alive while its address is used
     import ctypes
 
     base = ctypes.addressof(ctypes.c_char.from_buffer(target))
-    calls: list[tuple[int, int]] = []
-    real = os.pwrite
+    calls: list[tuple[str, int, list[int]]] = []
+    real_pwrite, real_pwritev = os.pwrite, os.pwritev
 
     def pwrite(fd: int, data: memoryview, where: int) -> int:
-        calls.append((where - base, len(data)))
-        return real(fd, data, where)
+        calls.append(("pwrite", where - base, [len(data)]))
+        return real_pwrite(fd, data, where)
+
+    def pwritev(fd: int, pieces: list[memoryview], where: int) -> int:
+        calls.append(("pwritev", where - base, [len(p) for p in pieces]))
+        return real_pwritev(fd, pieces, where)
 
     monkeypatch.setattr(os, "pwrite", pwrite)
+    monkeypatch.setattr(os, "pwritev", pwritev)
     mem = ProcessMemory(os.open("/proc/self/mem", os.O_RDWR))
     try:
         place(mem.span(base, len(target)), 3, pattern(4097))  # type: ignore[arg-type]
-        assert calls == [(3, 4097 - 64), (4097 + 3 - 64, 64)]
+        assert calls == [("pwritev", 3, [4097 - 64, 64])]
         assert target[3:4100] == pattern(4097) and mem.faults == 0
         calls.clear()
         place(mem.span(base, len(target)), 0, pattern(64))  # type: ignore[arg-type]
-        assert calls == [(0, 64)], "a message of one line is one store"
+        assert calls == [("pwrite", 0, [64])], "a message of one line is one store"
     finally:
         mem.close()
         del addr

@@ -1163,6 +1163,9 @@ def scatter(views: list[memoryview], offset: int, data: bytes | bytearray | memo
     if last and n > CACHE_LINE:
         if offset + n > sum(len(v) for v in views):
             return False
+        if len(views) == 1 and type(views[0]) is not memoryview:
+            views[0].place(offset, data, CACHE_LINE)  # a span: both copies in one call
+            return True
         cut = n - CACHE_LINE
         whole = memoryview(data)
         _scatter(views, offset, whole[:cut])
@@ -1197,9 +1200,13 @@ def _scatter(views: list[memoryview], offset: int, data: bytes | bytearray | mem
 def place(view: memoryview, offset: int, data: bytes | bytearray | memoryview) -> None:
     """``view[offset : offset + len(data)] = data``, ending a message: the last
     :data:`CACHE_LINE` bytes stored last (see :func:`scatter`).  ``view`` is a
-    memoryview or a memory span (:class:`softverbs.engine.memory.Span`)."""
+    memoryview or a memory span (:class:`softverbs.engine.memory.Span`), whose
+    ``place`` makes the two copies one system call (``device/memory.py``)."""
     n = len(data)
     if n > CACHE_LINE:
+        if type(view) is not memoryview:  # a span: both copies in one call, in order
+            view.place(offset, data, CACHE_LINE)
+            return
         cut = n - CACHE_LINE
         whole = memoryview(data)
         view[offset : offset + cut] = whole[:cut]
