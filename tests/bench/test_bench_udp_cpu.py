@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from bench_kit import run_bench
+from bench_kit import ROOT, run_bench
 
 CELL = r"\d+\.\d \(\d+\.\d-\d+\.\d\)"
 
@@ -26,9 +26,7 @@ def test_quick_run_prints_both_rows() -> None:
 def test_a_baseline_run_sets_two_trees_side_by_side() -> None:
     """``--baseline`` runs the benchmark of another tree in turn with this one's
     (here this tree against itself) and prints both, with their ratio."""
-    r = subprocess.run([sys.executable, "bench/bench_udp_cpu.py", "--quick", "--baseline",
-                        str(ROOT)], cwd=ROOT, capture_output=True, text=True, timeout=240,
-                       check=False)  # fmt: skip
+    r = run_bench("bench_udp_cpu.py", "--quick", "--baseline", str(ROOT), timeout=240)
     assert r.returncode == 0, r.stdout + r.stderr
     for case in ("one process, both ends, per one-way message",
                  "two processes blocking, per round trip and side"):  # fmt: skip
@@ -37,7 +35,5 @@ def test_a_baseline_run_sets_two_trees_side_by_side() -> None:
 
 
 def test_a_baseline_without_the_benchmark_is_refused() -> None:
-    r = subprocess.run([sys.executable, "bench/bench_udp_cpu.py", "--quick", "--baseline",
-                        str(ROOT / "docs")], cwd=ROOT, capture_output=True, text=True,
-                       timeout=60, check=False)  # fmt: skip
+    r = run_bench("bench_udp_cpu.py", "--quick", "--baseline", str(ROOT / "docs"), timeout=60)
     assert r.returncode == 2 and "has no bench/bench_udp_cpu.py" in r.stderr, r.stderr
