@@ -1163,8 +1163,7 @@ def scatter(views: list[memoryview], offset: int, data: bytes | bytearray | memo
     if last and n > CACHE_LINE:
         if offset + n > sum(len(v) for v in views):
             return False
-        if len(views) == 1 and type(views[0]) is not memoryview:
-            views[0].place(offset, data, CACHE_LINE)  # a span: both copies in one call
+        if len(views) == 1 and _ordered_store(views[0], offset, data):
             return True
         cut = n - CACHE_LINE
         whole = memoryview(data)
@@ -1197,6 +1196,21 @@ def _scatter(views: list[memoryview], offset: int, data: bytes | bytearray | mem
             break
 
 
+def _ordered_store(view: memoryview, offset: int, data: bytes | bytearray | memoryview) -> bool:
+    """Store a message's ``data`` (longer than a line) at ``offset`` of ``view``, its
+    last line after the rest, through the view's own ordered store if it has one (a
+    :class:`~softverbs.engine.memory.Span`'s ``place``: one system call on the served
+    device); False, storing nothing, if it has none (a memoryview, a signature
+    key's writer): the caller then makes the two stores itself."""
+    if type(view) is memoryview:
+        return False
+    store = getattr(view, "place", None)
+    if store is None:
+        return False
+    store(offset, data, CACHE_LINE)
+    return True
+
+
 def place(view: memoryview, offset: int, data: bytes | bytearray | memoryview) -> None:
     """``view[offset : offset + len(data)] = data``, ending a message: the last
     :data:`CACHE_LINE` bytes stored last (see :func:`scatter`).  ``view`` is a
@@ -1204,8 +1218,7 @@ def place(view: memoryview, offset: int, data: bytes | bytearray | memoryview) -
     ``place`` makes the two copies one system call (``device/memory.py``)."""
     n = len(data)
     if n > CACHE_LINE:
-        if type(view) is not memoryview:  # a span: both copies in one call, in order
-            view.place(offset, data, CACHE_LINE)
+        if _ordered_store(view, offset, data):
             return
         cut = n - CACHE_LINE
         whole = memoryview(data)
