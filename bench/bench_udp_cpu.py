@@ -253,18 +253,27 @@ def compare(baseline: Path, rounds: int, iters: int) -> int:
           f"{modes['baseline']}\nload {os.getloadavg()[0]:.2f}")  # fmt: skip
     print(f"CPU time per message, usec: median of {rounds} alternated round(s) of {iters} "
           "round trips (range)")  # fmt: skip
-    print(f" {'case':<52}{'this tree':>20}{'baseline':>20}{'ratio':>8}")
-    names = {"inline": "(1) one process, both ends, per one-way message",
-             "events": "(2) two processes blocking, per round trip and side"}  # fmt: skip
+    _table(("this tree", "baseline"), {k: (got["this tree"][k], got["baseline"][k]) for k in CASES},
+           2)  # fmt: skip
+    return 0
+
+
+#: the two cases, as the table names them
+CASES = {"inline": "(1) one process, both ends, per one-way message",
+         "events": "(2) two processes blocking, per round trip and side"}  # fmt: skip
+
+
+def _table(heads: tuple[str, str], cells: dict[str, tuple[list[float], list[float]]],
+           digits: int) -> None:  # fmt: skip
+    """A row per case: the median (range) of each column and their ratio."""
 
     def cell(v: list[float]) -> str:
         return f"{statistics.median(v):.1f} ({min(v):.1f}-{max(v):.1f})"
 
-    for key, name in names.items():
-        mine, base = got["this tree"][key], got["baseline"][key]
-        ratio = statistics.median(mine) / statistics.median(base)
-        print(f" {name:<52}{cell(mine):>20}{cell(base):>20}{ratio:>8.2f}")
-    return 0
+    print(f" {'case':<52}{heads[0]:>20}{heads[1]:>20}{'ratio':>8}")
+    for key, (left, right) in cells.items():
+        ratio = statistics.median(left) / statistics.median(right)
+        print(f" {CASES[key]:<52}{cell(left):>20}{cell(right):>20}{ratio:>8.{digits}f}")
 
 
 # --- main -----------------------------------------------------------------------------------
@@ -306,17 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         f"CPU time per message, usec: median of {rounds} interleaved round(s) of {iters} "
         "round trips (range)"
     )
-    print(f" {'case':<52}{'softverbs':>20}{'Python UDP':>18}{'ratio':>8}")
-    names = {"inline": "(1) one process, both ends, per one-way message",
-             "events": "(2) two processes blocking, per round trip and side"}  # fmt: skip
-
-    def cell(v: list[float]) -> str:
-        return f"{statistics.median(v):.1f} ({min(v):.1f}-{max(v):.1f})"
-
-    for key, name in names.items():
-        sv, py = rows[key]["sv"], rows[key]["py"]
-        ratio = statistics.median(sv) / statistics.median(py)
-        print(f" {name:<52}{cell(sv):>20}{cell(py):>18}{ratio:>8.1f}")
+    _table(("softverbs", "Python UDP"), {k: (rows[k]["sv"], rows[k]["py"]) for k in CASES}, 1)
     return 0
 
 

@@ -8,30 +8,31 @@ and that the table has its rows, with a CPU time and a ratio in each.
 from __future__ import annotations
 
 import re
+import subprocess
 
 from bench_kit import ROOT, run_bench
 
 CELL = r"\d+\.\d \(\d+\.\d-\d+\.\d\)"
 
 
-def test_quick_run_prints_both_rows() -> None:
-    r = run_bench("bench_udp_cpu.py", "--quick")
+def assert_rows(r: subprocess.CompletedProcess[str], ratio: str) -> None:
+    """The run ended well and printed both cases' rows, each ending in a ratio like ``ratio``."""
     assert r.returncode == 0, r.stdout + r.stderr
     for case in ("one process, both ends, per one-way message",
                  "two processes blocking, per round trip and side"):  # fmt: skip
-        row = rf"^ \(\d\) {re.escape(case)}\s+{CELL}\s+{CELL}\s+\d+\.\d$"
+        row = rf"^ \(\d\) {re.escape(case)}\s+{CELL}\s+{CELL}\s+{ratio}$"
         assert re.search(row, r.stdout, re.M), r.stdout
+
+
+def test_quick_run_prints_both_rows() -> None:
+    assert_rows(run_bench("bench_udp_cpu.py", "--quick"), r"\d+\.\d")
 
 
 def test_a_baseline_run_sets_two_trees_side_by_side() -> None:
     """``--baseline`` runs the benchmark of another tree in turn with this one's
     (here this tree against itself) and prints both, with their ratio."""
     r = run_bench("bench_udp_cpu.py", "--quick", "--baseline", str(ROOT), timeout=240)
-    assert r.returncode == 0, r.stdout + r.stderr
-    for case in ("one process, both ends, per one-way message",
-                 "two processes blocking, per round trip and side"):  # fmt: skip
-        row = rf"^ \(\d\) {re.escape(case)}\s+{CELL}\s+{CELL}\s+\d+\.\d\d$"
-        assert re.search(row, r.stdout, re.M), r.stdout
+    assert_rows(r, r"\d+\.\d\d")
 
 
 def test_a_baseline_without_the_benchmark_is_refused() -> None:
