@@ -324,9 +324,11 @@ def _decode_transport(data: BytesLike, has_icrc: bool) -> Packet:
 # ICRC
 
 
-#: _pseudo_crc's results by its arguments; cleared when it holds _PSEUDO_CRCS_MAX
+#: how many results each of the codec's remembered tables (:data:`_PSEUDO_CRCS`,
+#: :data:`_GIDS`) holds before it is cleared and starts again, rather than grow
+_REMEMBERED_MAX: Final = 4096
+#: _pseudo_crc's results by its arguments
 _PSEUDO_CRCS: dict[tuple[int, int, bytes, bytes, int, int, int], int] = {}
-_PSEUDO_CRCS_MAX: Final = 4096
 
 
 def _pseudo_crc(tlen: int, w0: int, src: bytes, dst: bytes, sport: int, dport: int,
@@ -355,7 +357,7 @@ def _pseudo_crc(tlen: int, w0: int, src: bytes, dst: bytes, sport: int, dport: i
                                udp_len, 0xFFFF, w0, 0xFF)  # fmt: skip
     crc = crc32(pseudo, _SEED)
     if key is not None:
-        if len(_PSEUDO_CRCS) >= _PSEUDO_CRCS_MAX:
+        if len(_PSEUDO_CRCS) >= _REMEMBERED_MAX:
             _PSEUDO_CRCS.clear()  # many flows and lengths: start again rather than grow
         _PSEUDO_CRCS[key] = crc
     return crc
@@ -471,7 +473,7 @@ def _gid(ip: bytes) -> bytes:
     if gid is None:
         gid = IPV4_MAPPED_PREFIX + ip if len(ip) == 4 else bytes(ip)
         if type(ip) is bytes:
-            if len(_GIDS) >= _PSEUDO_CRCS_MAX:
+            if len(_GIDS) >= _REMEMBERED_MAX:
                 _GIDS.clear()
             _GIDS[ip] = gid
     return gid
