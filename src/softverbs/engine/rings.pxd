@@ -49,6 +49,44 @@ cdef class CQE:
     cdef public object index, dead
 
 
+# The packed slot stores: the byte layouts of the shared rings (docs/rings.md).  The
+# device reads a send or receive WQE and writes a CQE per message through them; as
+# extension types, the WQE and CQE they build or read are typed, so their fields are
+# stores and loads of a C struct.  Sizes are C constants (the public names stay
+# Python integers).
+cdef long long _HDR, _SEND_HDR, _SGE, _RECV_HDR, _CQE
+
+
+cdef class PackedSlots:
+    cdef public object buf
+    cdef public long long size, slot
+
+    cpdef long long offset(self, long long index)
+
+
+cdef class SendSlots(PackedSlots):
+    cdef public object opcodes
+
+    cpdef write(self, long long index, object w)
+    @cython.locals(off=cython.longlong, opcode=cython.longlong, flags=cython.longlong,
+                   nsge=cython.longlong, inline_len=cython.longlong, pos=cython.longlong,
+                   length=cython.longlong, _i=cython.longlong, sges=list, w=SendWQE)
+    cpdef read(self, long long index)
+
+
+cdef class RecvSlots(PackedSlots):
+    cpdef write(self, long long index, object w)
+    @cython.locals(off=cython.longlong, nsge=cython.longlong, pos=cython.longlong,
+                   length=cython.longlong, _i=cython.longlong, sges=list, bad=RecvWQE)
+    cpdef read(self, long long index)
+
+
+cdef class CQESlots(PackedSlots):
+    cpdef write(self, long long index, CQE c)
+    @cython.locals(c=CQE)
+    cpdef read(self, long long index)
+
+
 # The rings: extension types, held typed by QPCore (core.pxd), so the parts'
 # fetches, takes and CQE pushes are C calls.  The indices the device keeps
 # for itself are C integers; what it reads from a header (memory the

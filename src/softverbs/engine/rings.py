@@ -516,8 +516,15 @@ SEND_HEADER = SendWQEHeader._struct
 SGE = SGEntry._struct
 RECV_HEADER = RecvWQEHeader._struct
 CQE_FIELDS = struct.Struct("<" + "".join(f.code for f in CQEntry._fields[:-1]))
+#: the whole CQE with its reason: ``72s`` NUL-pads (and cuts) the UTF-8 bytes, so a
+#: CQE is one ``pack_into``
+CQE_PACKED = CQEntry._struct
 CQE_SIZE = CQEntry.size()
 REASON_BYTES = CQE_SIZE - CQE_FIELDS.size
+# the same sizes as C integers for the slot classes (rings.pxd); the public names
+# above stay Python objects for everyone else
+_HDR, _SEND_HDR, _SGE, _RECV_HDR, _CQE = (HEADER_SIZE, SEND_HEADER.size, SGE.size,
+                                          RECV_HEADER.size, CQE_SIZE)  # fmt: skip
 _CQE_FLAGS_OFFSET = next(f.offset for f in CQEntry._fields if f.name == "flags")
 _CQE_QPN_OFFSET = next(f.offset for f in CQEntry._fields if f.name == "qp_num")
 assert SEND_HEADER.size == 128 and CQE_SIZE == 128 and RingHeader.size() == HEADER_SIZE
@@ -560,28 +567,35 @@ class SendSlots(PackedSlots):
         self.buf[pos : pos + len(inline)] = inline
 
     def read(self, index: int) -> SendWQE:
-        off = self.offset(index)
+        buf = self.buf
+        off = _HDR + (index % self.size) * self.slot
         (wr_id, opcode, flags, nsge, inline_len, imm, inv_rkey, rkey, srqn, remote_addr,
          compare, swap, ah, rqpn, rqkey, mw, mr, bind_rkey, bind_addr, bind_len, bind_access,
-         driver_op, caller, _, _) = SEND_HEADER.unpack_from(self.buf, off)  # fmt: skip
+         driver_op, caller, _, _) = SEND_HEADER.unpack_from(buf, off)  # fmt: skip
         if opcode not in self.opcodes:
             raise CorruptSlot(f"opcode {opcode} is not a send opcode this device executes", wr_id)
         if flags & ~_SEND_FLAGS:
             raise CorruptSlot(f"unknown send flags {flags & ~_SEND_FLAGS:#x}", wr_id)
         if not flags & F_INLINE:
             inline_len = 0
-        if SEND_HEADER.size + nsge * SGE.size + inline_len > self.slot:
+        if _SEND_HDR + nsge * _SGE + inline_len > self.slot:
             raise CorruptSlot(f"{nsge} SGEs and {inline_len} inline bytes overflow the "
                               f"{self.slot}-byte slot", wr_id)  # fmt: skip
-        pos = off + SEND_HEADER.size
-        sges = [SGE.unpack_from(self.buf, pos + i * SGE.size) for i in range(nsge)]
-        length = sum(s[1] for s in sges)
-        w = SendWQE(wr_id, opcode, bool(flags & F_SIGNALED), sges, length)
-        w.fence = bool(flags & F_FENCE)
-        w.se = bool(flags & F_SOLICITED)
+        pos = off + _SEND_HDR
+        sges: list[Sge] = []
+        length = 0
+        for _i in range(nsge):
+            sge = SGE.unpack_from(buf, pos)
+            sges.append(sge)
+            length += sge[1]
+            pos += _SGE
+        # the WQE is built once, every field from the slot (compiled, these are
+        # stores into the extension type's struct)
+        w = SendWQE(wr_id, opcode, (flags & F_SIGNALED) != 0, sges, length)
+        w.fence = (flags & F_FENCE) != 0
+        w.se = (flags & F_SOLICITED) != 0
         if flags & F_INLINE:
-            pos += nsge * SGE.size
-            w.inline = bytes(self.buf[pos : pos + inline_len])
+            w.inline = bytes(buf[pos : pos + inline_len])
             w.length = inline_len
         w.imm, w.inv_rkey, w.rkey, w.xrc_srqn = imm, inv_rkey, rkey, srqn
         w.remote_addr, w.compare_add, w.swap = remote_addr, compare, swap
@@ -606,17 +620,24 @@ class RecvSlots(PackedSlots):
             pos += SGE.size
 
     def read(self, index: int) -> RecvWQE:
-        off = self.offset(index)
-        wr_id, nsge, _ = RECV_HEADER.unpack_from(self.buf, off)
-        if RECV_HEADER.size + nsge * SGE.size > self.slot:
+        buf = self.buf
+        off = _HDR + (index % self.size) * self.slot
+        wr_id, nsge, _ = RECV_HEADER.unpack_from(buf, off)
+        if _RECV_HDR + nsge * _SGE > self.slot:
             # more SGEs than the slot holds: a malformed WQE, which completes
             # with LOC_QP_OP_ERR under its wr_id (see poisoned())
             bad = RecvWQE(wr_id, [], 0)
             bad.bad = f"{nsge} SGEs overflow the {self.slot}-byte slot"
             return bad
-        pos = off + RECV_HEADER.size
-        sges = [SGE.unpack_from(self.buf, pos + i * SGE.size) for i in range(nsge)]
-        return RecvWQE(wr_id, sges, sum(s[1] for s in sges))
+        pos = off + _RECV_HDR
+        sges: list[Sge] = []
+        length = 0
+        for _i in range(nsge):
+            sge = SGE.unpack_from(buf, pos)
+            sges.append(sge)
+            length += sge[1]
+            pos += _SGE
+        return RecvWQE(wr_id, sges, length)
 
 
 class CQESlots(PackedSlots):
@@ -628,16 +649,14 @@ class CQESlots(PackedSlots):
         super().__init__(region, size, CQE_SIZE)
 
     def write(self, index: int, c: CQE) -> None:
-        off = self.offset(index)
-        reason = c.reason.encode("utf-8", "replace")[:REASON_BYTES]
-        flags = (CQE_DEAD if c.dead else 0) | (CQE_SOLICITED if c.solicited else 0)
-        CQE_FIELDS.pack_into(
-            self.buf, off, c.wr_id, c.status, c.opcode, c.vendor_err, c.byte_len,
-            c.imm & 0xFFFFFFFF, c.qp_num, c.src_qp, c.wc_flags, c.pkey_index, c.slid, c.sl, 0,
-            c.wq_kind, flags, c.wq_handle, c.index & 0xFFFFFFFF,
+        reason = c.reason
+        CQE_PACKED.pack_into(
+            self.buf, _HDR + (index % self.size) * _CQE, c.wr_id, c.status, c.opcode,
+            c.vendor_err, c.byte_len, c.imm & 0xFFFFFFFF, c.qp_num, c.src_qp, c.wc_flags,
+            c.pkey_index, c.slid, c.sl, 0, c.wq_kind,
+            (CQE_DEAD if c.dead else 0) | (CQE_SOLICITED if c.solicited else 0), c.wq_handle,
+            c.index & 0xFFFFFFFF, reason.encode("utf-8", "replace") if reason else b"",
         )  # fmt: skip
-        start = off + CQE_FIELDS.size
-        self.buf[start : start + REASON_BYTES] = reason.ljust(REASON_BYTES, b"\0")
 
     def read(self, index: int) -> CQE:
         off = self.offset(index)
