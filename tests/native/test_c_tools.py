@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 from pingpong_kit import free_tcp_port, wait_listening
+from svkit import WAIT, ServiceProc
 
 from softverbs import native
 from softverbs.fabric.pcap import read_pcap
@@ -172,6 +173,38 @@ def test_perftest(env: dict[str, str], tool: str, args: list[str]) -> None:
     assert re.search(r"^ (\d+)\s+100\s+[\d.]+", client, re.M), client
     for out in (server, client):
         assert not re.search(r"(?i)^\s*(error|failed|couldn't|unable)", out, re.M), out
+
+
+def test_sigterm_stops_a_busy_service(tmp_path: Path) -> None:
+    """SIGTERM stops softverbsd while ib_send_lat keeps it busy.  Compiled, a
+    signal that came while the loop served (not while it slept) once waited for
+    the next interpreted call, which a busy service never made: about one run in
+    three went on serving.  Five runs, each must stop within WAIT."""
+    _need("ib_send_lat")
+    for run in range(5):
+        svc = ServiceProc(str(tmp_path / f"sv{run}.sock"))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SOFTVERBS_")}
+        env["SOFTVERBS_SERVICE"] = svc.path
+        argv = ["ib_send_lat", "-d", "sv0", "-x", "1", "-s", "8", "-n", "10000000", "-p",
+                str(free_tcp_port())]  # fmt: skip
+        with _server(exec_cmd(*argv), env) as server:
+            wait_listening(int(argv[-1]), server, 60)
+            with _server(exec_cmd(*argv, "127.0.0.1"), env) as client:
+                deadline = time.monotonic() + WAIT
+                while svc.counters().get("rcvd_pkts", 0) < 1000:  # ping-ponging now
+                    assert time.monotonic() < deadline, "ib_send_lat did not start"
+                    assert server.poll() is None and client.poll() is None
+                    time.sleep(0.05)
+                # the counters' connection gone (serving its close runs interpreted
+                # code, which would run the handler), only the data path runs
+                time.sleep(0.5)
+                os.kill(svc.pid, signal.SIGTERM)
+                svc.proc.join(WAIT)
+                stopped = not svc.proc.is_alive()
+                if not stopped:
+                    svc.proc.kill()
+                    svc.proc.join(WAIT)
+        assert stopped, f"run {run}: softverbsd went on serving after SIGTERM"
 
 
 def cm_pair(env: dict[str, str], server_argv: list[str], client_argv: list[str],

@@ -141,3 +141,25 @@ def test_foreground_and_on_demand(sock: str) -> None:
     st = sv("status", "--socket", sock)
     assert st.returncode == 0 and "clients: 0" in st.stdout, st.stdout + st.stderr
     assert sv("stop", "--socket", sock).returncode == 0
+
+
+def test_a_stop_signal_stops_a_loop_that_runs_no_bytecode(tmp_path: Path) -> None:
+    """A stop signal reaches the loop through the wake socket, not only through
+    Python's handler: compiled, the loop may run no bytecode between two turns,
+    so the handler alone could wait for ever (a busy softverbsd ignored SIGTERM).
+    Here the Python handler does nothing, and one turn must still stop."""
+    from softverbs.service.server import STOP_SIGNALS, Service
+
+    service = Service(str(tmp_path / "sv.sock"))
+    old = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    try:
+        service.stop_on_signals()
+        signal.signal(signal.SIGTERM, lambda *_: None)
+        os.kill(os.getpid(), signal.SIGTERM)
+        service._turn()
+        assert service._stopping
+    finally:
+        signal.set_wakeup_fd(-1)
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+        service._shutdown()

@@ -234,6 +234,8 @@ _READ, _WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
 _NOT_IN, _NOT_OUT = ~select.EPOLLIN, ~select.EPOLLOUT
 #: what the loop's two descriptors of its own are registered with (compared by identity)
 _LISTEN, _WAKE = "listen", "wake"
+#: the signals that stop softverbsd (Service.stop_on_signals)
+STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
 
 
 def _eventfd(fd: int) -> bool:
@@ -605,8 +607,7 @@ class Service:
             elif data is _LISTEN:
                 self._accept()
             elif data is _WAKE:
-                with contextlib.suppress(OSError):
-                    self._wake_r.recv(4096)
+                self._woken()
             else:
                 sock: socket.socket = key.fileobj  # type: ignore[assignment]
                 if mask & selectors.EVENT_WRITE:
@@ -852,6 +853,28 @@ class Service:
         self._stopping = True
         with contextlib.suppress(OSError):
             self._wake_w.send(b"\0")
+
+    def stop_on_signals(self) -> None:
+        """SIGTERM, SIGINT and SIGHUP stop the loop (main thread only).
+
+        Python runs a signal's handler when the main thread next executes
+        bytecode, and the compiled loop may execute none: a signal that arrives
+        while it serves, not while it sleeps in epoll (where EINTR runs the
+        handler), would wait for the next interpreted call, which a busy
+        service may never make.  So the C-level handler also writes the signal's
+        number to the wake socket (``signal.set_wakeup_fd``), and the loop stops
+        when it reads it (:meth:`_woken`).  The Python handler stays, for a
+        loop that runs interpreted."""
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, lambda *_: self.stop())
+        signal.set_wakeup_fd(self._wake_w.fileno(), warn_on_full_buffer=False)
+
+    def _woken(self) -> None:
+        """Drain the wake socket: NUL bytes (:meth:`stop`, :meth:`_want_write`) or
+        the numbers of signals (:meth:`stop_on_signals`)."""
+        with contextlib.suppress(OSError):
+            if not STOP_SIGNALS.isdisjoint(self._wake_r.recv(4096)):
+                self._stopping = True
 
     def _want_write(self, client: Client) -> None:
         with self._writers_lock:
@@ -1532,8 +1555,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"softverbsd: cannot listen on {args.socket}: {exc.strerror or exc}",
               file=sys.stderr)  # fmt: skip
         return 1
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, lambda *_: service.stop())
+    service.stop_on_signals()
     print(f"softverbsd: serving on {args.socket} (pid {os.getpid()})", flush=True)
     service.serve_forever()
     return 0
