@@ -145,6 +145,25 @@ def test_linked_modules_run_from_source_together(
     assert spec is not None and spec.origin == str(pkg / "b.py")
 
 
+def test_a_compiled_install_compiled_every_hot_module() -> None:
+    """Where the install compiled any module, it compiled all of them.  A module that
+    does not compile (its ``.pxd`` out of step with its ``.py``, say) is left
+    interpreted with only a warning in pip's output (setup.py), and would run
+    correctly and slowly: this is where it shows."""
+    home = Path(softverbs.__file__).parent
+    missing = []
+    for name in compiled.MODULES:
+        base = home.joinpath(*name.split(".")[1:])
+        if not any(base.with_name(base.name + s).exists()
+                   for s in importlib.machinery.EXTENSION_SUFFIXES):  # fmt: skip
+            missing.append(name)
+    if len(missing) == len(compiled.MODULES):
+        pytest.skip("this install compiled nothing (no compiler, no Cython, or "
+                    "SOFTVERBS_NO_COMPILE)")  # fmt: skip
+    assert not missing, (f"not compiled: {missing}; see the warnings of `pip install -e .` "
+                         "(a module that fails to compile stays interpreted)")
+
+
 def test_version_reports_the_mode() -> None:
     r = subprocess.run([sys.executable, "-m", "softverbs", "--version"],
                        env={**os.environ, compiled.PURE_ENV: "1"}, capture_output=True,
