@@ -112,6 +112,29 @@ def test_span_slices_stay_inside_and_assignments_keep_the_length(mem: ProcessMem
     assert mem.faults == 0
 
 
+@pytest.mark.parametrize("start, stop, step", [
+    (0, 200, None), (10, 50, None), (50, 50, None), (0, 0, None), (199, 200, None),
+    (200, 200, None), (10, 50, 1), (50, 10, None), (150, 1000, None), (-20, None, None),
+    (None, 30, None), (None, None, None), (-300, 5, None), (2**64, 2**64 + 1, None),
+    (True, 5, None), (0, -1, None),
+])  # fmt: skip
+def test_span_slices_as_a_memoryview_slices(mem: ProcessMemory, pages: int,
+                                            start: int | None, stop: int | None,
+                                            step: int | None) -> None:  # fmt: skip
+    """Every slice -- the two in-bounds integers the engine uses, read from the
+    slice's fields, and any other, normalised as a sequence's -- cuts a span as
+    it cuts a memoryview of the same bytes."""
+    data = os.urandom(PAGE)
+    _fill(pages, data)
+    span = mem.span(pages + 100, 200, pinned=True)
+    like = memoryview(data)[100:300][start:stop:step]
+    part = span[start:stop:step]
+    assert isinstance(part, ProcessSpan) and part.pin is span.pin
+    assert len(part) == len(like) and bytes(part.read()) == bytes(like)
+    if len(like):
+        assert part.addr == pages + 100 + slice(start, stop, step).indices(200)[0]
+
+
 def test_place_stores_the_body_then_the_tail_in_one_store(mem: ProcessMemory,
                                                          pages: int) -> None:  # fmt: skip
     """``ProcessSpan.place``: the same bytes as a slice assignment, out of bounds a

@@ -90,5 +90,8 @@ cdef class ProcessSpan:
     cpdef bint still_mapped(self)
 
 
+cdef ProcessSpan _cut(ProcessSpan span, slice index)
+
+
 @cython.locals(part=ProcessSpan)
 cdef ProcessSpan _subspan(ProcessSpan span, object start, object length)

@@ -431,7 +431,8 @@ class ProcessMemory:
         stopping at the first short one: two copies, the second after the first,
         as two ``pwrite`` calls would make them (docs/performance.md, *The last
         cache line last*)."""
-        view = memoryview(data)
+        # the engine's payload is already a byte view: no new view of it
+        view = data if type(data) is memoryview else memoryview(data)
         if view.itemsize != 1:
             view = view.cast("B")
         n = len(view)
@@ -588,10 +589,7 @@ class ProcessSpan:
         return self.length
 
     def __getitem__(self, index: slice) -> ProcessSpan:
-        start, stop, step = index.indices(self.length)
-        if step != 1:
-            raise ValueError("a memory span is sliced with step 1")
-        return _subspan(self, start, stop - start if stop > start else 0)
+        return _cut(self, index)
 
     def __setitem__(self, index: slice, data: Buffer) -> None:
         start, stop, step = index.indices(self.length)
@@ -626,6 +624,23 @@ class ProcessSpan:
 
     def __repr__(self) -> str:
         return f"<ProcessSpan pid={self.mem.pid} [{self.addr:#x}, +{self.length})>"
+
+
+def _cut(span: ProcessSpan, index: slice) -> ProcessSpan:
+    """``span[index]``.  The engine slices a key's region with two integers inside
+    it (``MemKey.slice``, once per SGE and per remote access): that slice is
+    read from the slice's own fields (compiled, C struct reads), without
+    ``slice.indices``' tuple; any other slice is normalised by ``indices`` as
+    a sequence's would be."""
+    start = index.start
+    stop = index.stop
+    if (index.step is None and type(start) is int and type(stop) is int
+            and 0 <= start <= stop <= span.length):  # fmt: skip
+        return _subspan(span, start, stop - start)
+    start, stop, step = index.indices(span.length)
+    if step != 1:
+        raise ValueError("a memory span is sliced with step 1")
+    return _subspan(span, start, stop - start if stop > start else 0)
 
 
 def _subspan(span: ProcessSpan, start: int, length: int) -> ProcessSpan:
