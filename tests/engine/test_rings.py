@@ -166,6 +166,49 @@ def test_receive_queue(make: Any) -> None:
     assert (got.wr_id, got.sges, got.length) == (5, [(0x2000, 64, 9)], 64)
 
 
+# every field a send slot carries (SendWQEHeader), with values no default has
+_FIELDS = dict(imm=0x11223344, inv_rkey=0x55, rkey=0x66, xrc_srqn=0x77, remote_addr=1 << 63,
+               compare_add=(1 << 64) - 1, swap=0x99, ah=0xAA, remote_qpn=0xBB,
+               remote_qkey=0xCC, bind_mw=0xDD, bind_mr=0xEE, bind_rkey=0xFF, bind_addr=0x123,
+               bind_length=0x456, bind_access=0x7, driver_op=0x8, caller=0x9ABC)  # fmt: skip
+
+
+@pytest.mark.parametrize("sges", [[], [(0x1000, 8, 7)], [(0x1000, 8, 7), (1 << 63, 3, 9)]])
+@pytest.mark.parametrize("inline", [None, b"inline!"])
+def test_a_send_wqe_reads_back_field_for_field(make: Any, sges: list[Any],
+                                               inline: bytes | None) -> None:  # fmt: skip
+    """What the device fetches is what was posted, whatever the number of SGEs
+    (the packed store reads the first SGE with the header) and with inline data."""
+    sq = make[0](2)
+    length = len(inline) if inline is not None else sum(s[1] for s in sges)
+    w = SendWQE(42, IBV_WR_SEND, False, list(sges), length, inline, True, True, **_FIELDS)
+    sq.push(w)
+    sq.ring(1)
+    sq.latch()
+    got = sq.get(0)
+    assert (got.wr_id, got.opcode, got.signaled, got.fence, got.se) == (
+        42, IBV_WR_SEND, False, True, True)  # fmt: skip
+    assert (got.sges, got.length, got.inline) == (sges, length, inline)
+    assert {k: getattr(got, k) for k in _FIELDS} == _FIELDS
+    assert (got.route, got.bind, got.local_op, got.reason) == (None, None, None, "")
+
+
+@pytest.mark.parametrize("sges", [[], [(0x2000, 64, 9)], [(0x2000, 64, 9), (1 << 63, 5, 3)]])
+def test_a_recv_wqe_reads_back_field_for_field(make: Any, sges: list[Any]) -> None:
+    rq = make[1](2)
+    rq.push(RecvWQE(7, list(sges), sum(s[1] for s in sges)))
+    rq.ring(1)
+    rq.latch()
+    got = rq.get(0)
+    assert (got.wr_id, got.sges, got.length, got.bad) == (7, sges, sum(s[1] for s in sges), "")
+
+
+def test_a_slot_too_small_for_a_header_and_an_sge_is_refused() -> None:
+    for send, header in ((True, 128), (False, 16)):  # a header, without room for an SGE
+        with pytest.raises(ValueError, match="smaller than a header and one SGE"):
+            shared_work_ring(SharedRegion(64 + 4 * 256), 4, header, send, OPCODES)
+
+
 def test_a_fetch_hook_can_refuse_a_wqe(make: Any) -> None:
     sq = make[0](2)
     sq.fetch = lambda w: "no such address handle" if w.wr_id == 2 else None

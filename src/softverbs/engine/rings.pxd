@@ -55,6 +55,7 @@ cdef class CQE:
 # stores and loads of a C struct.  Sizes are C constants (the public names stay
 # Python integers).
 cdef long long _HDR, _SEND_HDR, _SGE, _RECV_HDR, _CQE
+cdef object _SEND_FIRST, _RECV_FIRST
 
 
 cdef class PackedSlots:
@@ -70,14 +71,16 @@ cdef class SendSlots(PackedSlots):
     cpdef write(self, long long index, object w)
     @cython.locals(off=cython.longlong, opcode=cython.longlong, flags=cython.longlong,
                    nsge=cython.longlong, inline_len=cython.longlong, pos=cython.longlong,
-                   length=cython.longlong, _i=cython.longlong, sges=list, w=SendWQE)
+                   length=cython.longlong, sge_len=cython.longlong, _i=cython.longlong,
+                   sges=list)
     cpdef read(self, long long index)
 
 
 cdef class RecvSlots(PackedSlots):
     cpdef write(self, long long index, object w)
     @cython.locals(off=cython.longlong, nsge=cython.longlong, pos=cython.longlong,
-                   length=cython.longlong, _i=cython.longlong, sges=list, bad=RecvWQE)
+                   length=cython.longlong, sge_len=cython.longlong, _i=cython.longlong,
+                   sges=list, bad=RecvWQE)
     cpdef read(self, long long index)
 
 
@@ -106,9 +109,9 @@ cdef class WorkRing:
     cpdef push(self, object wqe)
     cpdef bint ring(self, object upto)
     cpdef long long _bound(self, object value)
-    @cython.locals(seen=cython.longlong, new=cython.longlong, i=cython.longlong)
+    @cython.locals(seen=cython.longlong, new=cython.longlong, i=cython.longlong,
+                   size=cython.longlong, fetched=list)
     cpdef long long latch(self, bint everything=*)
-    cpdef _fetch_one(self, long long index)
     cpdef get(self, long long index)
     cpdef publish_state(self, object state)
 

@@ -173,34 +173,43 @@ class SendWQE:
         "se", "sges", "signaled", "state", "status", "swap", "tx", "wr_id", "xrc_srqn",
     )  # fmt: skip
 
-    def __init__(self, wr_id: int, opcode: int, signaled: bool, sges: list[Sge], length: int):
+    # The fields after ``length`` are the ones a send slot carries besides the
+    # SGEs (SendSlots.read passes them all, so each is stored once); everyone
+    # else names the few it sets.
+    def __init__(self, wr_id: int, opcode: int, signaled: bool, sges: list[Sge], length: int,
+                 inline: bytes | None = None, fence: bool = False, se: bool = False,
+                 imm: int = 0, inv_rkey: int = 0, rkey: int = 0, xrc_srqn: int = 0,
+                 remote_addr: int = 0, compare_add: int = 0, swap: int = 0, ah: int = 0,
+                 remote_qpn: int = 0, remote_qkey: int = 0, bind_mw: int = 0, bind_mr: int = 0,
+                 bind_rkey: int = 0, bind_addr: int = 0, bind_length: int = 0,
+                 bind_access: int = 0, driver_op: int = 0, caller: int = 0) -> None:  # fmt: skip
         self.wr_id = wr_id
         self.opcode = opcode
         self.signaled = signaled
         self.sges = sges
         self.length = length
         self.index = 0
-        self.inline: bytes | None = None
-        self.fence = False
-        self.se = False
-        self.imm = 0
-        self.inv_rkey = 0
-        self.rkey = 0
-        self.remote_addr = 0
-        self.compare_add = 0
-        self.swap = 0
-        self.ah = 0  #: UD: the address handle
-        self.remote_qpn = 0
-        self.remote_qkey = 0
-        self.xrc_srqn = 0
-        self.bind_mw = 0  #: BIND_MW: the window, the region, the window's new rkey ...
-        self.bind_mr = 0
-        self.bind_rkey = 0
-        self.bind_addr = 0
-        self.bind_length = 0
-        self.bind_access = 0
-        self.driver_op = 0  #: IBV_WR_DRIVER1: the provider operation's handle
-        self.caller = 0  #: where the program posted it (sanitizer reports)
+        self.inline = inline
+        self.fence = fence
+        self.se = se
+        self.imm = imm
+        self.inv_rkey = inv_rkey
+        self.rkey = rkey
+        self.remote_addr = remote_addr
+        self.compare_add = compare_add
+        self.swap = swap
+        self.ah = ah  #: UD: the address handle
+        self.remote_qpn = remote_qpn
+        self.remote_qkey = remote_qkey
+        self.xrc_srqn = xrc_srqn
+        self.bind_mw = bind_mw  #: BIND_MW: the window, the region, the window's new rkey ...
+        self.bind_mr = bind_mr
+        self.bind_rkey = bind_rkey
+        self.bind_addr = bind_addr
+        self.bind_length = bind_length
+        self.bind_access = bind_access
+        self.driver_op = driver_op  #: IBV_WR_DRIVER1: the provider operation's handle
+        self.caller = caller  #: where the program posted it (sanitizer reports)
         # resolved by the device when it fetches the WQE
         self.route: Route | None = None
         #: BIND_MW: (mw key, mr key, new rkey, addr, length, access)
@@ -516,6 +525,16 @@ SEND_HEADER = SendWQEHeader._struct
 SGE = SGEntry._struct
 RECV_HEADER = RecvWQEHeader._struct
 CQE_FIELDS = struct.Struct("<" + "".join(f.code for f in CQEntry._fields[:-1]))
+# A WQE slot's header and its first SGE as one struct (the reserved words
+# skipped): what the device reads per WQE in one unpack_from.
+_SEND_FIRST = struct.Struct("<" + "".join(f.code for f in SendWQEHeader._fields
+                                          if not f.name.startswith("reserved"))
+                            + f"{SEND_HEADER.size - SendWQEHeader._fields[-2].offset}x"
+                            + SGE.format.lstrip("<"))  # fmt: skip
+_RECV_FIRST = struct.Struct("<" + "".join(f.code for f in RecvWQEHeader._fields
+                                          if f.name != "reserved")
+                            + f"{RECV_HEADER.size - RecvWQEHeader._fields[-1].offset}x"
+                            + SGE.format.lstrip("<"))  # fmt: skip
 #: the whole CQE with its reason: ``72s`` NUL-pads (and cuts) the UTF-8 bytes, so a
 #: CQE is one ``pack_into``
 CQE_PACKED = CQEntry._struct
@@ -528,6 +547,8 @@ _HDR, _SEND_HDR, _SGE, _RECV_HDR, _CQE = (HEADER_SIZE, SEND_HEADER.size, SGE.siz
 _CQE_FLAGS_OFFSET = next(f.offset for f in CQEntry._fields if f.name == "flags")
 _CQE_QPN_OFFSET = next(f.offset for f in CQEntry._fields if f.name == "qp_num")
 assert SEND_HEADER.size == 128 and CQE_SIZE == 128 and RingHeader.size() == HEADER_SIZE
+assert _SEND_FIRST.size == SEND_HEADER.size + SGE.size
+assert _RECV_FIRST.size == RECV_HEADER.size + SGE.size
 
 
 def send_slot_size(max_sge: int, max_inline: int) -> int:
@@ -548,6 +569,8 @@ class SendSlots(PackedSlots):
 
     def __init__(self, region: SharedRegion, size: int, slot: int,
                  opcodes: frozenset[int]) -> None:  # fmt: skip
+        if slot < _SEND_FIRST.size:
+            raise ValueError(f"a send slot of {slot} bytes is smaller than a header and one SGE")
         super().__init__(region, size, slot)
         self.opcodes = opcodes  #: what the device accepts
 
@@ -569,9 +592,11 @@ class SendSlots(PackedSlots):
     def read(self, index: int) -> SendWQE:
         buf = self.buf
         off = _HDR + (index % self.size) * self.slot
+        # the header and the first SGE in one unpack: every send slot holds at
+        # least one SGE's bytes (send_slot_size), whatever num_sge says
         (wr_id, opcode, flags, nsge, inline_len, imm, inv_rkey, rkey, srqn, remote_addr,
          compare, swap, ah, rqpn, rqkey, mw, mr, bind_rkey, bind_addr, bind_len, bind_access,
-         driver_op, caller, _, _) = SEND_HEADER.unpack_from(buf, off)  # fmt: skip
+         driver_op, caller, addr, sge_len, lkey) = _SEND_FIRST.unpack_from(buf, off)  # fmt: skip
         if opcode not in self.opcodes:
             raise CorruptSlot(f"opcode {opcode} is not a send opcode this device executes", wr_id)
         if flags & ~_SEND_FLAGS:
@@ -581,35 +606,40 @@ class SendSlots(PackedSlots):
         if _SEND_HDR + nsge * _SGE + inline_len > self.slot:
             raise CorruptSlot(f"{nsge} SGEs and {inline_len} inline bytes overflow the "
                               f"{self.slot}-byte slot", wr_id)  # fmt: skip
-        pos = off + _SEND_HDR
-        sges: list[Sge] = []
-        length = 0
-        for _i in range(nsge):
-            sge = SGE.unpack_from(buf, pos)
-            sges.append(sge)
-            length += sge[1]
-            pos += _SGE
-        # the WQE is built once, every field from the slot (compiled, these are
-        # stores into the extension type's struct)
-        w = SendWQE(wr_id, opcode, (flags & F_SIGNALED) != 0, sges, length)
-        w.fence = (flags & F_FENCE) != 0
-        w.se = (flags & F_SOLICITED) != 0
+        pos = off + _SEND_HDR + _SGE
+        if nsge == 0:
+            sges: list[Sge] = []
+            length = 0
+            pos = off + _SEND_HDR
+        else:
+            sges = [(addr, sge_len, lkey)]
+            length = sge_len
+            for _i in range(1, nsge):
+                sge = SGE.unpack_from(buf, pos)
+                sges.append(sge)
+                length += sge[1]
+                pos += _SGE
+        inline = None
         if flags & F_INLINE:
-            w.inline = bytes(buf[pos : pos + inline_len])
-            w.length = inline_len
-        w.imm, w.inv_rkey, w.rkey, w.xrc_srqn = imm, inv_rkey, rkey, srqn
-        w.remote_addr, w.compare_add, w.swap = remote_addr, compare, swap
-        w.ah, w.remote_qpn, w.remote_qkey = ah, rqpn, rqkey
-        w.bind_mw, w.bind_mr, w.bind_rkey = mw, mr, bind_rkey
-        w.bind_addr, w.bind_length, w.bind_access = bind_addr, bind_len, bind_access
-        w.driver_op, w.caller = driver_op, caller
-        return w
+            inline = bytes(buf[pos : pos + inline_len])
+            length = inline_len
+        # the WQE is built once, every field stored once (compiled, these are
+        # stores into the extension type's struct)
+        return SendWQE(wr_id, opcode, (flags & F_SIGNALED) != 0, sges, length, inline,
+                       (flags & F_FENCE) != 0, (flags & F_SOLICITED) != 0, imm, inv_rkey, rkey,
+                       srqn, remote_addr, compare, swap, ah, rqpn, rqkey, mw, mr, bind_rkey,
+                       bind_addr, bind_len, bind_access, driver_op, caller)  # fmt: skip
 
 
 class RecvSlots(PackedSlots):
     """Receive WQEs in their byte layout."""
 
     __slots__ = ()
+
+    def __init__(self, region: SharedRegion, size: int, slot: int) -> None:
+        if slot < _RECV_FIRST.size:
+            raise ValueError(f"a receive slot of {slot} bytes is smaller than a header and one SGE")
+        super().__init__(region, size, slot)
 
     def write(self, index: int, w: RecvWQE) -> None:
         off = self.offset(index)
@@ -622,17 +652,21 @@ class RecvSlots(PackedSlots):
     def read(self, index: int) -> RecvWQE:
         buf = self.buf
         off = _HDR + (index % self.size) * self.slot
-        wr_id, nsge, _ = RECV_HEADER.unpack_from(buf, off)
+        # the header and the first SGE in one unpack (recv_slot_size: every
+        # receive slot holds at least one SGE's bytes)
+        wr_id, nsge, addr, sge_len, lkey = _RECV_FIRST.unpack_from(buf, off)
         if _RECV_HDR + nsge * _SGE > self.slot:
             # more SGEs than the slot holds: a malformed WQE, which completes
             # with LOC_QP_OP_ERR under its wr_id (see poisoned())
             bad = RecvWQE(wr_id, [], 0)
             bad.bad = f"{nsge} SGEs overflow the {self.slot}-byte slot"
             return bad
-        pos = off + _RECV_HDR
-        sges: list[Sge] = []
-        length = 0
-        for _i in range(nsge):
+        if nsge == 0:
+            return RecvWQE(wr_id, [], 0)
+        pos = off + _RECV_HDR + _SGE
+        sges: list[Sge] = [(addr, sge_len, lkey)]
+        length = sge_len
+        for _i in range(1, nsge):
             sge = SGE.unpack_from(buf, pos)
             sges.append(sge)
             length += sge[1]
@@ -786,24 +820,25 @@ class WorkRing:
         return max(seen, min(value, int(self.hdr[_W_PI]), seen + self.size))
 
     def latch(self, everything: bool = False) -> int:
-        """Fetch the WQEs below the doorbell (or below ``pi``); how many."""
+        """Fetch the WQEs below the doorbell (or below ``pi``); how many.
+
+        One pass over the doorbell's WQEs, with what each needs (the slots,
+        the device's hook, the fetched list) read once per doorbell."""
         seen = self.seen_db
         new = self._bound(int(self.hdr[_W_PI] if everything else self.hdr[_W_DB]))
+        slots, fetch, fetched, size = self.slots, self.fetch, self.fetched, self.size
         for i in range(seen, new):
-            self.fetched[i % self.size] = self._fetch_one(i)
+            try:
+                wqe = slots.read(i)
+                why = fetch(wqe) if fetch is not None else None
+            except CorruptSlot as exc:
+                wqe, why = SendWQE(exc.wr_id, 0, True, [], 0), str(exc)
+            if why is not None:
+                wqe = poisoned(wqe, why)
+            wqe.index = i
+            fetched[i % size] = wqe
         self.seen_db = new
         return new - seen
-
-    def _fetch_one(self, index: int) -> Any:
-        try:
-            wqe = self.slots.read(index)
-            why = self.fetch(wqe) if self.fetch is not None else None
-        except CorruptSlot as exc:
-            wqe, why = SendWQE(exc.wr_id, 0, True, [], 0), str(exc)
-        if why is not None:
-            wqe = poisoned(wqe, why)
-        wqe.index = index
-        return wqe
 
     def get(self, index: int) -> Any:
         """The fetched WQE at ``index`` (below :attr:`db`)."""
