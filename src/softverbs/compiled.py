@@ -67,6 +67,8 @@ MODULES: tuple[str, ...] = (
 #: another's extension types or functions, so a compiled one cannot run beside
 #: an interpreted one (its typed fields reject the Python class, its import of
 #: the other's C functions fails).  If any of them is stale, all run from source.
+#: tests/test_pxd.py checks that every module a ``.pxd`` cimports, and the
+#: module cimporting it, is here.
 LINKED: frozenset[str] = frozenset({
     "softverbs.engine.completer",
     "softverbs.engine.congestion",
@@ -79,6 +81,7 @@ LINKED: frozenset[str] = frozenset({
     "softverbs.engine.responder",
     "softverbs.engine.rings",
     "softverbs.engine.wr",
+    "softverbs.wire.codec",  # cimports Packet
     "softverbs.wire.packet",
     "softverbs.verbs.base",
     "softverbs.verbs.cq",
