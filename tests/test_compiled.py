@@ -145,6 +145,33 @@ def test_linked_modules_run_from_source_together(
     assert spec is not None and spec.origin == str(pkg / "b.py")
 
 
+def test_a_linked_module_that_did_not_compile_sends_its_links_to_source(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A module of LINKED with no compiled module beside it (it failed to compile:
+    setup.py leaves it interpreted) would meet its compiled links' typed fields and
+    cimports as a Python module: they run from source with it, and mode() says why."""
+    pkg = tmp_path / "svpartial"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    for leaf in ("a", "b"):
+        (pkg / (leaf + ".py")).write_text("VALUE = 'source'\n")
+    (pkg / ("a" + importlib.machinery.EXTENSION_SUFFIXES[0])).write_bytes(b"not really")
+    monkeypatch.setattr(compiled, "MODULES", ("svpartial.a", "svpartial.b"))
+    monkeypatch.setattr(compiled, "LINKED", frozenset({"svpartial.a", "svpartial.b"}))
+    monkeypatch.setattr(compiled, "stale", set())
+    monkeypatch.setattr(compiled, "uncompiled", set())
+    spec = compiled._SourceFirst(pure=False).find_spec("svpartial.a", [str(pkg)])
+    assert spec is not None and spec.origin == str(pkg / "a.py")
+    assert compiled.uncompiled == {"svpartial.b"} and not compiled.stale
+    monkeypatch.setattr(compiled, "compiled_modules", lambda: ["svpartial.a"])
+    assert compiled.mode() == ("compiled (1 of 2 modules, Cython; not compiled, so its "
+                               "links run from source: svpartial.b)")  # fmt: skip
+    (pkg / ("b" + importlib.machinery.EXTENSION_SUFFIXES[0])).write_bytes(b"not really")
+    compiled.uncompiled.clear()
+    assert compiled._SourceFirst(pure=False).find_spec("svpartial.a", [str(pkg)]) is None
+
+
 def test_a_compiled_install_compiled_every_hot_module() -> None:
     """Where the install compiled any module, it compiled all of them.  A module that
     does not compile (its ``.pxd`` out of step with its ``.py``, say) is left
@@ -160,8 +187,10 @@ def test_a_compiled_install_compiled_every_hot_module() -> None:
     if len(missing) == len(compiled.MODULES):
         pytest.skip("this install compiled nothing (no compiler, no Cython, or "
                     "SOFTVERBS_NO_COMPILE)")  # fmt: skip
-    assert not missing, (f"not compiled: {missing}; see the warnings of `pip install -e .` "
-                         "(a module that fails to compile stays interpreted)")
+    assert not missing, (
+        f"not compiled: {missing}; see the warnings of `pip install -v -e .` "
+        "(a module that fails to compile stays interpreted)"
+    )
 
 
 def test_version_reports_the_mode() -> None:
@@ -207,7 +236,6 @@ def test_install_without_a_compiler_runs_interpreted(tmp_path: Path) -> None:
                        timeout=120, check=False)  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
     assert json.loads(r.stdout)["iterations"] == 20
-
 
 
 def test_service_reports_its_mode(host_service: str) -> None:

@@ -66,7 +66,10 @@ MODULES: tuple[str, ...] = (
 #: The modules whose ``.pxd`` files link them at the C level: one ``cimport``s
 #: another's extension types or functions, so a compiled one cannot run beside
 #: an interpreted one (its typed fields reject the Python class, its import of
-#: the other's C functions fails).  If any of them is stale, all run from source.
+#: the other's C functions fails).  If any of them is stale, or has no compiled
+#: module (it failed to compile), all run from source.
+#: tests/test_pxd.py checks that every module a ``.pxd`` cimports, and the
+#: module cimporting it, is here.
 LINKED: frozenset[str] = frozenset({
     "softverbs.engine.completer",
     "softverbs.engine.congestion",
@@ -79,6 +82,7 @@ LINKED: frozenset[str] = frozenset({
     "softverbs.engine.responder",
     "softverbs.engine.rings",
     "softverbs.engine.wr",
+    "softverbs.wire.codec",  # cimports Packet
     "softverbs.wire.packet",
     "softverbs.verbs.base",
     "softverbs.verbs.cq",
@@ -103,6 +107,10 @@ STALE_AFTER = 2.0
 
 #: the modules found stale and imported from source instead
 stale: set[str] = set()
+
+#: the modules of :data:`LINKED` that have no compiled module (one that failed to
+#: compile): the others of :data:`LINKED` then run from source too
+uncompiled: set[str] = set()
 
 
 class _SourceFirst(importlib.abc.MetaPathFinder):
@@ -164,7 +172,8 @@ def _is_stale(base: str, built: str) -> bool:
 def _linked_stale(entry: str, fullname: str) -> bool:
     """Whether a module linked with ``fullname`` (:data:`LINKED`; ``entry`` is
     ``fullname``'s package directory, the others are found from the same root) is
-    stale; it is then recorded in :data:`stale`."""
+    stale, or was not compiled; it is then recorded in :data:`stale` or
+    :data:`uncompiled`."""
     root = entry
     for _ in range(fullname.count(".")):  # up from the package to the top package's parent
         root = os.path.dirname(root)
@@ -172,7 +181,10 @@ def _linked_stale(entry: str, fullname: str) -> bool:
     for other in LINKED:
         base = os.path.join(root, *other.split("."))
         built = _built(base)
-        if built is not None and _is_stale(base, built):
+        if built is None and os.path.isfile(base + ".py"):
+            uncompiled.add(other)
+            found = True
+        elif built is not None and _is_stale(base, built):
             stale.add(other)
             found = True
     return found
@@ -205,6 +217,8 @@ def mode() -> str:
     done = compiled_modules()
     if done:
         note = f"; stale, run from source: {', '.join(sorted(stale))}" if stale else ""
+        if uncompiled:
+            note += f"; not compiled, so its links run from source: {', '.join(sorted(uncompiled))}"
         return f"compiled ({len(done)} of {len(MODULES)} modules, Cython{note})"
     if pure_requested():
         return f"interpreted ({PURE_ENV} is set)"

@@ -10,6 +10,8 @@ softverbs should look like rxe's.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -95,24 +97,29 @@ def _rc_send(pd: PD, cq: CQ, mr: MR, gid: object, completions: int,
     return a, b
 
 
-def test_ud_and_rc_sends_use_rxe_ports() -> None:
+@contextmanager
+def _tapped() -> Iterator[tuple[Tap, PD, CQ, MR, object]]:
+    """sv0 with a tap on its runtime: the tap, a PD, a CQ, an MR and GID 1."""
     with Context(name="sv0") as ctx:
         tap = Tap()
         ctx.runtime.add_tap(tap)
         try:
             pd, cq = PD(ctx), CQ(ctx, 16)
-            mr = MR(pd, 256, IBV_ACCESS_LOCAL_WRITE)
-            gid = ctx.query_gid(1, 1)
-            # UD: one datagram
-            tx, rx = _qp(pd, cq, IBV_QPT_UD), _qp(pd, cq, IBV_QPT_UD)
-            rx.post_recv(RecvWR(1, 1, [SGE(mr.buf, 140, mr.lkey)]))
-            ah = AH(pd, attr=AHAttr(is_global=1, gr=GlobalRoute(dgid=gid, sgid_index=1)))
-            wr = SendWR(2, num_sge=1, sg=[SGE(mr.buf + 200, 50, mr.lkey)])
-            wr.set_wr_ud(ah, rx.qp_num, QKEY)
-            tx.post_send(wr)
-            a, b = _rc_send(pd, cq, mr, gid, completions=4)  # with the UD pair's two
+            yield tap, pd, cq, MR(pd, 256, IBV_ACCESS_LOCAL_WRITE), ctx.query_gid(1, 1)
         finally:
             ctx.runtime.remove_tap(tap)
+
+
+def test_ud_and_rc_sends_use_rxe_ports() -> None:
+    with _tapped() as (tap, pd, cq, mr, gid):
+        # UD: one datagram
+        tx, rx = _qp(pd, cq, IBV_QPT_UD), _qp(pd, cq, IBV_QPT_UD)
+        rx.post_recv(RecvWR(1, 1, [SGE(mr.buf, 140, mr.lkey)]))
+        ah = AH(pd, attr=AHAttr(is_global=1, gr=GlobalRoute(dgid=gid, sgid_index=1)))
+        wr = SendWR(2, num_sge=1, sg=[SGE(mr.buf + 200, 50, mr.lkey)])
+        wr.set_wr_ud(ah, rx.qp_num, QKEY)
+        tx.post_send(wr)
+        a, b = _rc_send(pd, cq, mr, gid, completions=4)  # with the UD pair's two
     ports = {(p.sqpn, p.dqpn): p.sport for p in tap.pkts}
     assert ports[(tx.qp_num, rx.qp_num)] == qp_sport(tx.qp_num)
     assert ports[(a.qp_num, b.qp_num)] == udp_sport(a.qp_num, b.qp_num)
@@ -122,17 +129,9 @@ def test_ud_and_rc_sends_use_rxe_ports() -> None:
 def test_flow_label_is_taken_as_its_low_20_bits() -> None:
     """The ABI's flow label is 32 bits and the kernel takes any value (UCX
     passes ``~0``): the IPv6 header and rxe's port use its low 20 bits."""
-    with Context(name="sv0") as ctx:
-        tap = Tap()
-        ctx.runtime.add_tap(tap)
-        try:
-            pd, cq = PD(ctx), CQ(ctx, 16)
-            mr = MR(pd, 256, IBV_ACCESS_LOCAL_WRITE)
-            gid = ctx.query_gid(1, 1)
-            route = GlobalRoute(dgid=gid, sgid_index=1, flow_label=0xFFFFFFFF)
-            AH(pd, attr=AHAttr(is_global=1, gr=route))
-            a, b = _rc_send(pd, cq, mr, gid, completions=2, flow_label=0xFFFFFFFF)
-        finally:
-            ctx.runtime.remove_tap(tap)
+    with _tapped() as (tap, pd, cq, mr, gid):
+        route = GlobalRoute(dgid=gid, sgid_index=1, flow_label=0xFFFFFFFF)
+        AH(pd, attr=AHAttr(is_global=1, gr=route))
+        a, b = _rc_send(pd, cq, mr, gid, completions=2, flow_label=0xFFFFFFFF)
     ports = {(p.sqpn, p.dqpn): p.sport for p in tap.pkts}
     assert ports[(a.qp_num, b.qp_num)] == udp_sport(a.qp_num, b.qp_num, 0xFFFFF) == 0xFFC0

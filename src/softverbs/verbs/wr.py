@@ -55,7 +55,22 @@ def _sg_list(sg: Any, num_sge: Any) -> list[SGE]:
     return sges[:num_sge]
 
 
-class RecvWR(CStruct, PyverbsCM):
+class _SgeList:
+    """A WR's ``sg`` and ``num_sge``, one list: ``num_sge`` is its length, and
+    setting it lower drops the SGEs past it (what the C WR's count does)."""
+
+    sg: list[SGE]
+
+    @property
+    def num_sge(self) -> int:
+        return len(self.sg)
+
+    @num_sge.setter
+    def num_sge(self, val: int) -> None:
+        self.sg = self.sg[:val]
+
+
+class RecvWR(_SgeList, CStruct, PyverbsCM):
     """A receive work request: ``RecvWR(wr_id, num_sge, sg, next_wr)``."""
 
     _c_fields = {"wr_id": 64}
@@ -72,14 +87,6 @@ class RecvWR(CStruct, PyverbsCM):
         d["wr_id"] = c_member(self, "wr_id", wr_id)
         d["sg"] = _sg_list(sg, num_sge)
         d["next_wr"] = next_wr
-
-    @property
-    def num_sge(self) -> int:
-        return len(self.sg)
-
-    @num_sge.setter
-    def num_sge(self, val: int) -> None:
-        self.sg = self.sg[:val]
 
     def close(self) -> None:
         pass
@@ -113,7 +120,7 @@ _UNION_ZERO: dict[str, Any] = {
 }  # fmt: skip
 
 
-class SendWR(CStruct, PyverbsCM):
+class SendWR(_SgeList, CStruct, PyverbsCM):
     """A send work request, shaped like pyverbs' ``SendWR``.
 
     ``send_flags`` defaults to ``IBV_SEND_SIGNALED``, as in pyverbs.
@@ -170,14 +177,6 @@ class SendWR(CStruct, PyverbsCM):
         wr = cls(wr_id, IBV_WR_LOCAL_INV, send_flags=send_flags)
         wr.opcode = opcode
         return wr
-
-    @property
-    def num_sge(self) -> int:
-        return len(self.sg)
-
-    @num_sge.setter
-    def num_sge(self, val: int) -> None:
-        self.sg = self.sg[:val]
 
     @property
     def sg_list(self) -> list[SGE]:
