@@ -47,7 +47,6 @@ MODULES: tuple[str, ...] = (
     "softverbs.engine.wr",
     "softverbs.wire.codec",
     "softverbs.wire.opcodes",
-    "softverbs.wire.opcodes",
     "softverbs.wire.packet",
     "softverbs.device.core",
     "softverbs.device.memory",
