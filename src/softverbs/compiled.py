@@ -83,6 +83,7 @@ LINKED: frozenset[str] = frozenset({
     "softverbs.engine.rings",
     "softverbs.engine.wr",
     "softverbs.wire.codec",  # cimports Packet
+    "softverbs.wire.opcodes",
     "softverbs.wire.packet",
     "softverbs.verbs.base",
     "softverbs.verbs.cq",

@@ -9,6 +9,7 @@ from softverbs.engine.core cimport QPCore
 from softverbs.engine.requester cimport Requester
 from softverbs.engine.rings cimport CQE, SendWQE
 from softverbs.engine.wr cimport WrInfo, finished, move
+from softverbs.wire.opcodes cimport OpInfo
 from softverbs.wire.packet cimport Packet
 
 # enum members the per-response path compares with: C globals, no dict lookup
@@ -33,12 +34,12 @@ cdef class Completer:
     cpdef next_deadline(self)
     cpdef stop_timers(self)
     cpdef arm_ack_timer(self, double now)
-    cpdef on_response(self, Packet pkt, object info, double now)
+    cpdef on_response(self, Packet pkt, OpInfo info, double now)
     @cython.locals(wqe=SendWQE, pmtu=cython.longlong, count=cython.longlong,
                    expected=cython.longlong, piece=cython.longlong, end=cython.longlong,
                    final=bint, size=cython.longlong)
     cpdef bint _read_burst(self, object b, double now)
-    cpdef _response(self, Packet pkt, object info, double now)
+    cpdef _response(self, Packet pkt, OpInfo info, double now)
     @cython.locals(wqe=SendWQE)
     cpdef SendWQE _find(self, long long psn)
     @cython.locals(wqe=SendWQE)
@@ -51,7 +52,7 @@ cdef class Completer:
     cpdef _fail_remote(self, SendWQE wqe, object status, object reason)
     @cython.locals(wqe=SendWQE, expected=cython.longlong, final=bint, bad_first=bint,
                    pmtu=cython.longlong)
-    cpdef _read_response(self, Packet pkt, object info, double now)
+    cpdef _read_response(self, Packet pkt, OpInfo info, double now)
     @cython.locals(wqe=SendWQE)
     cpdef _atomic_ack(self, Packet pkt, double now)
     @cython.locals(wqe=SendWQE, end=cython.longlong, off=cython.longlong)

@@ -9,6 +9,8 @@ from softverbs.engine.completer cimport Completer
 from softverbs.engine.core cimport QPCore
 from softverbs.engine.requester cimport Requester
 from softverbs.engine.responder cimport Responder
+from softverbs.wire.opcodes cimport OpInfo
+from softverbs.wire.packet cimport Packet
 
 # the states a QP takes requests and responses in: a C global, no dict lookup per packet
 cdef object _RESPONDING
@@ -19,3 +21,7 @@ cdef class QPEngine(QPCore):
     cdef public Requester req
     cdef public Completer comp
     cdef public Responder resp
+
+    # a packet's dispatch: its OpInfo fields are C struct reads (GsiQP, a Python
+    # subclass, overrides it; the device calls it by attribute, which finds that)
+    cpdef receive(self, Packet pkt, OpInfo info, double now)

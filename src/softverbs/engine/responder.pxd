@@ -8,6 +8,7 @@ cimport softverbs.engine.psn as P
 from softverbs.engine.core cimport QPCore
 from softverbs.engine.memory cimport KeyTable
 from softverbs.engine.rings cimport CQE, RecvWQE, SharedRecvRing, WorkRing
+from softverbs.wire.opcodes cimport OpInfo
 from softverbs.wire.packet cimport Packet
 
 # module constants the per-packet path reads: C globals, no dict lookup
@@ -25,11 +26,11 @@ cdef class Responder:
     cdef public bint nak_sent
 
     cpdef reset(self)
-    cpdef on_request(self, Packet pkt, object info, double now)
+    cpdef on_request(self, Packet pkt, OpInfo info, double now)
     @cython.locals(d=cython.longlong)
-    cpdef _rc_receive(self, Packet pkt, object info, double now)
+    cpdef _rc_receive(self, Packet pkt, OpInfo info, double now)
     @cython.locals(inside=bint)
-    cpdef bint _out_of_sequence(self, object info)
+    cpdef bint _out_of_sequence(self, OpInfo info)
     cpdef _accept(self, Packet pkt, long long n=*, object asked=*)
     cpdef emit_ack(self)
     cpdef _send_ack(self, Packet req, long long psn)
@@ -44,7 +45,7 @@ cdef class Responder:
                         object reason=*)
     cpdef _begin_recv(self, Packet pkt, double now)
     @cython.locals(n=cython.longlong, last=bint)
-    cpdef _recv_send(self, Packet pkt, object info, double now)
+    cpdef _recv_send(self, Packet pkt, OpInfo info, double now)
     @cython.locals(n=cython.longlong, off=cython.longlong, pmtu=cython.longlong, last=bint)
-    cpdef _recv_write(self, Packet pkt, object info, double now)
+    cpdef _recv_write(self, Packet pkt, OpInfo info, double now)
     cpdef _remote(self, Packet pkt, object kind, object va, object length, double now)

@@ -13,7 +13,6 @@ XRCETH, DETH, RETH, AtomicETH, AETH, AtomicAckETH, ImmDt, IETH, payload.
 from __future__ import annotations
 
 from enum import IntEnum, IntFlag
-from typing import NamedTuple
 
 
 class Transport(IntEnum):
@@ -88,8 +87,18 @@ MIDDLE = 0
 ONLY = FIRST | LAST
 
 
-class OpInfo(NamedTuple):
-    """Static facts about one opcode."""
+class OpInfo:
+    """Static facts about one opcode: one record per opcode in :data:`OPINFO`,
+    built once and never changed.
+
+    A plain record rather than a tuple: the engine reads several of its fields
+    for every packet, and compiled (opcodes.pxd) it is an extension type with
+    typed read-only fields, so an engine method that declares its ``info``
+    argument an ``OpInfo`` reads a field as a C struct member.
+    """
+
+    __slots__ = ("first", "hdrs", "imm", "inv", "kind", "last", "name", "op", "opcode", "payload",
+                 "position", "request", "transport")  # fmt: skip
 
     opcode: int
     name: str
@@ -106,6 +115,25 @@ class OpInfo(NamedTuple):
     last: bool  #: LAST or ONLY
     imm: bool  #: carries ImmDt
     inv: bool  #: carries IETH
+
+    def __init__(self, opcode: int, name: str, transport: Transport, op: Op, kind: Kind,
+                 position: int, hdrs: Hdr, payload: bool, request: bool) -> None:  # fmt: skip
+        self.opcode = opcode
+        self.name = name
+        self.transport = transport
+        self.op = op
+        self.kind = kind
+        self.position = position
+        self.hdrs = hdrs
+        self.payload = payload
+        self.request = request
+        self.first = bool(position & FIRST)
+        self.last = bool(position & LAST)
+        self.imm = bool(hdrs & Hdr.IMMDT)
+        self.inv = bool(hdrs & Hdr.IETH)
+
+    def __repr__(self) -> str:
+        return f"<OpInfo {self.name} {self.opcode:#04x}>"
 
 
 # (op, kind, position, headers before the transport-specific ones, payload)
@@ -165,18 +193,14 @@ def _build() -> tuple[OpInfo | None, ...]:
                 hdrs |= Hdr.XRCETH
             code = transport | op
             name = f"{transport.name}_{op.name}"
-            table[code] = OpInfo(
-                code, name, transport, op, kind, position, hdrs, payload, request,
-                bool(position & FIRST), bool(position & LAST),
-                bool(hdrs & Hdr.IMMDT), bool(hdrs & Hdr.IETH),
-            )  # fmt: skip
+            table[code] = OpInfo(code, name, transport, op, kind, position, hdrs, payload, request)
     # The RoCEv2 annex's CNP: opcode 0x81, a BTH (DestQP the QP to slow down,
     # BECN set, PSN 0) and 16 reserved bytes, then the ICRC.  It belongs to no
     # transport's operation table; its 16 bytes travel as its payload, so a CNP of
     # the wrong size reaches the device, which judges it (rp_cnp_ignored).
     table[CNP_OPCODE] = OpInfo(
         CNP_OPCODE, "CNP", Transport.CNP, Op(CNP_OPCODE & 0x1F), Kind.CNP, ONLY, Hdr(0), True,
-        False, True, True, False, False,
+        False,
     )  # fmt: skip
     return tuple(table)
 

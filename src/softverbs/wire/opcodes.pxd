@@ -1,0 +1,10 @@
+# Cython declarations for opcodes.py (compiled mode only; see softverbs.compiled).
+# OpInfo becomes an extension type with read-only typed fields: an engine
+# method whose .pxd types its ``info`` argument OpInfo reads first/last/imm/inv
+# as C ints and kind/transport as C struct members, with no attribute lookup
+# by name.  Python code reads them as before, through the attribute descriptors.
+
+cdef class OpInfo:
+    cdef readonly long long opcode, position
+    cdef readonly object name, transport, op, kind, hdrs
+    cdef readonly bint payload, request, first, last, imm, inv
