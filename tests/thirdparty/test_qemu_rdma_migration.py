@@ -33,6 +33,7 @@ from pair_kit import Server, free_port, need, on_softverbs, sv_env
 RAM_MIB = 32
 BLOCK_AT = 8 << 20  #: where the random block lands in guest RAM (below SeaBIOS's top area)
 BLOCK = 1 << 20
+PAGE = 4096
 
 QMP = Callable[..., dict[str, Any]]
 
@@ -105,14 +106,19 @@ def test_qemu_rdma_live_migration(guests: tuple[QMP, QMP, Path, int]) -> None:
     print(f"migrated {status['ram']['transferred']} bytes in {status['total-time']} ms "
           f"(downtime {status['downtime']} ms)")  # fmt: skip
     assert dst("query-status")["return"]["status"] in ("paused", "prelaunch"), dst("query-status")
-    digests = {}
+    ram = {}
     for side, qmp in (("src", src), ("dst", dst)):
         out = tmp / f"{side}.ram"
         assert "return" in qmp("pmemsave", val=0, size=RAM_MIB << 20, filename=str(out))
-        data = out.read_bytes()
-        assert len(data) == RAM_MIB << 20
-        digests[side] = hashlib.sha256(data).hexdigest()
-        if side == "dst":
-            assert data[BLOCK_AT:BLOCK_AT + BLOCK] == (tmp / "src.bin").read_bytes(), \
-                "the source's block did not arrive"  # fmt: skip
-    assert digests["src"] == digests["dst"], "the destination's RAM differs from the source's"
+        ram[side] = out.read_bytes()
+        assert len(ram[side]) == RAM_MIB << 20
+    assert ram["dst"][BLOCK_AT:BLOCK_AT + BLOCK] == (tmp / "src.bin").read_bytes(), \
+        "the source's block did not arrive"  # fmt: skip
+    if hashlib.sha256(ram["src"]).digest() != hashlib.sha256(ram["dst"]).digest():
+        differ = [a for a in range(0, RAM_MIB << 20, PAGE)
+                  if ram["src"][a:a + PAGE] != ram["dst"][a:a + PAGE]]  # fmt: skip
+        zeros = [a for a in differ if not any(ram["dst"][a:a + PAGE])]
+        raise AssertionError(
+            f"the destination's RAM differs from the source's in {len(differ)} pages of "
+            f"{PAGE} bytes ({len(zeros)} of them all zeros at the destination), first at "
+            f"{[hex(a) for a in differ[:8]]}")
