@@ -101,6 +101,9 @@ class Runtime:
     #: the fabric takes a :class:`~softverbs.wire.packet.Burst` whole; else
     #: every burst is split into its packets before :meth:`transmit`
     bursts = False
+    #: :meth:`release_due` has events of its own (a switch's) beside the packets the
+    #: fault layer holds, so :meth:`progress` calls it on every pass
+    own_events = False
 
     def __init__(self, clock: Clock | None = None) -> None:
         self.lock = threading.RLock()
@@ -190,7 +193,9 @@ class Runtime:
                 moved = True
                 hca, pkt = inbox.popleft()
                 hca.receive(pkt, now)
-            if self.release_due(now):
+            # the held packets' check inline: a call per pass for nothing, mostly
+            delayed = self._delayed
+            if ((delayed and delayed[0][0] <= now) or self.own_events) and self.release_due(now):
                 moved = True
             for hca in self.hcas:
                 deadline = hca.next_deadline()
@@ -325,6 +330,9 @@ class InprocRuntime(Runtime):
     to its member ports."""
 
     bursts = True
+    #: a unicast packet to an attached device goes straight to the inbox when no
+    #: tap or fault layer watches (:meth:`send_outboxes`); False: always :meth:`transmit`
+    direct = True
 
     def __init__(self, clock: Clock | None = None) -> None:
         super().__init__(clock)
@@ -345,6 +353,33 @@ class InprocRuntime(Runtime):
             for gid in hca.gids:
                 if self.by_gid.get(gid) is hca:
                     del self.by_gid[gid]
+
+    def send_outboxes(self, now: float) -> bool:
+        """As :meth:`Runtime.send_outboxes`, with the hand-off of a unicast packet
+        to a device of this fabric done in the loop: what :meth:`Runtime._send`
+        and :meth:`transmit` do for it (count it, find the device by GID, queue
+        it for delivery) without their two calls per packet.  The packet is
+        still queued, not received here: the receiver runs after every outbox
+        is drained, as for any other packet, so the order of events is the
+        same.  Taps, faults, multicast, a packet to nobody and one to corrupt
+        take the general path."""
+        if self.taps or self.faults is not None or not self.direct:
+            return super().send_outboxes(now)
+        by_gid = self.by_gid
+        inbox = self.inbox
+        moved = False
+        for hca in self.hcas:
+            outbox = hca.outbox
+            while outbox:
+                moved = True
+                pkt = outbox.popleft()
+                dst = by_gid.get(pkt.dgid)
+                if dst is None or pkt.corrupt_bit >= 0:
+                    self._send(hca, pkt, now)
+                else:
+                    hca.sent_pkts += pkt.count
+                    inbox.append((dst, pkt))
+        return moved
 
     def transmit(self, src: HCA, pkt: Packet, now: float) -> None:
         # the device lookup first: it is one dict probe, and a hit is never multicast

@@ -257,6 +257,8 @@ class SwitchedRuntime(InprocRuntime):
     docstring).  Packets go singly: the switch queues, marks and drops each."""
 
     bursts = False
+    own_events = True
+    direct = False  # every packet goes through the switch (transmit)
 
     def __init__(self, topology: Topology, clock: Clock | None = None) -> None:
         super().__init__(clock)
