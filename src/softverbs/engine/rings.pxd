@@ -71,16 +71,18 @@ cdef class SendSlots(PackedSlots):
     cpdef write(self, long long index, object w)
     @cython.locals(off=cython.longlong, opcode=cython.longlong, flags=cython.longlong,
                    nsge=cython.longlong, inline_len=cython.longlong, pos=cython.longlong,
-                   length=cython.longlong, sge_len=cython.longlong, _i=cython.longlong,
-                   sges=list)
+                   length=cython.longlong, sge_len=cython.longlong, sges=list)
     cpdef read(self, long long index)
+
+
+@cython.locals(length=cython.longlong, _i=cython.longlong)
+cdef long long _more_sges(object buf, long long pos, long long count, list sges)
 
 
 cdef class RecvSlots(PackedSlots):
     cpdef write(self, long long index, object w)
-    @cython.locals(off=cython.longlong, nsge=cython.longlong, pos=cython.longlong,
-                   length=cython.longlong, sge_len=cython.longlong, _i=cython.longlong,
-                   sges=list, bad=RecvWQE)
+    @cython.locals(off=cython.longlong, nsge=cython.longlong, length=cython.longlong,
+                   sge_len=cython.longlong, sges=list, bad=RecvWQE)
     cpdef read(self, long long index)
 
 

@@ -613,12 +613,8 @@ class SendSlots(PackedSlots):
             pos = off + _SEND_HDR
         else:
             sges = [(addr, sge_len, lkey)]
-            length = sge_len
-            for _i in range(1, nsge):
-                sge = SGE.unpack_from(buf, pos)
-                sges.append(sge)
-                length += sge[1]
-                pos += _SGE
+            length = sge_len + _more_sges(buf, pos, nsge - 1, sges)
+            pos += (nsge - 1) * _SGE
         inline = None
         if flags & F_INLINE:
             inline = bytes(buf[pos : pos + inline_len])
@@ -629,6 +625,18 @@ class SendSlots(PackedSlots):
                        (flags & F_FENCE) != 0, (flags & F_SOLICITED) != 0, imm, inv_rkey, rkey,
                        srqn, remote_addr, compare, swap, ah, rqpn, rqkey, mw, mr, bind_rkey,
                        bind_addr, bind_len, bind_access, driver_op, caller)  # fmt: skip
+
+
+def _more_sges(buf: memoryview, pos: int, count: int, sges: list[Sge]) -> int:
+    """Append the ``count`` SGEs at ``pos`` of a slot to ``sges`` (a WQE's second
+    and later: the first comes with its header); the sum of their lengths."""
+    length = 0
+    for _i in range(count):
+        sge = SGE.unpack_from(buf, pos)
+        sges.append(sge)
+        length += sge[1]
+        pos += _SGE
+    return length
 
 
 class RecvSlots(PackedSlots):
@@ -663,14 +671,8 @@ class RecvSlots(PackedSlots):
             return bad
         if nsge == 0:
             return RecvWQE(wr_id, [], 0)
-        pos = off + _RECV_HDR + _SGE
         sges: list[Sge] = [(addr, sge_len, lkey)]
-        length = sge_len
-        for _i in range(1, nsge):
-            sge = SGE.unpack_from(buf, pos)
-            sges.append(sge)
-            length += sge[1]
-            pos += _SGE
+        length = sge_len + _more_sges(buf, off + _RECV_HDR + _SGE, nsge - 1, sges)
         return RecvWQE(wr_id, sges, length)
 
 
