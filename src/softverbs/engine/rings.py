@@ -407,7 +407,7 @@ class PackedSlots:
         self.slot = slot
 
     def offset(self, index: int) -> int:
-        return HEADER_SIZE + (index % self.size) * self.slot
+        return _HDR + (index % self.size) * self.slot
 
     @staticmethod
     def region_size(size: int, slot: int) -> int:
@@ -525,16 +525,20 @@ SEND_HEADER = SendWQEHeader._struct
 SGE = SGEntry._struct
 RECV_HEADER = RecvWQEHeader._struct
 CQE_FIELDS = struct.Struct("<" + "".join(f.code for f in CQEntry._fields[:-1]))
-# A WQE slot's header and its first SGE as one struct (the reserved words
-# skipped): what the device reads per WQE in one unpack_from.
-_SEND_FIRST = struct.Struct("<" + "".join(f.code for f in SendWQEHeader._fields
-                                          if not f.name.startswith("reserved"))
-                            + f"{SEND_HEADER.size - SendWQEHeader._fields[-2].offset}x"
-                            + SGE.format.lstrip("<"))  # fmt: skip
-_RECV_FIRST = struct.Struct("<" + "".join(f.code for f in RecvWQEHeader._fields
-                                          if f.name != "reserved")
-                            + f"{RECV_HEADER.size - RecvWQEHeader._fields[-1].offset}x"
-                            + SGE.format.lstrip("<"))  # fmt: skip
+
+
+def _with_first_sge(record: type[Record]) -> struct.Struct:
+    """A WQE slot's header ``record`` and its first SGE as one struct, the header's
+    trailing reserved words skipped: what the device reads per WQE in one unpack_from."""
+    kept = [f for f in record._fields if not f.name.startswith("reserved")]
+    assert record._fields[: len(kept)] == tuple(kept), "reserved words come last"
+    end = kept[-1].offset + struct.calcsize("<" + kept[-1].code)
+    return struct.Struct("<" + "".join(f.code for f in kept)
+                         + f"{record._struct.size - end}x" + SGE.format.lstrip("<"))  # fmt: skip
+
+
+_SEND_FIRST = _with_first_sge(SendWQEHeader)
+_RECV_FIRST = _with_first_sge(RecvWQEHeader)
 #: the whole CQE with its reason: ``72s`` NUL-pads (and cuts) the UTF-8 bytes, so a
 #: CQE is one ``pack_into``
 CQE_PACKED = CQEntry._struct
@@ -591,7 +595,7 @@ class SendSlots(PackedSlots):
 
     def read(self, index: int) -> SendWQE:
         buf = self.buf
-        off = _HDR + (index % self.size) * self.slot
+        off = self.offset(index)
         # the header and the first SGE in one unpack: every send slot holds at
         # least one SGE's bytes (send_slot_size), whatever num_sge says
         (wr_id, opcode, flags, nsge, inline_len, imm, inv_rkey, rkey, srqn, remote_addr,
@@ -659,7 +663,7 @@ class RecvSlots(PackedSlots):
 
     def read(self, index: int) -> RecvWQE:
         buf = self.buf
-        off = _HDR + (index % self.size) * self.slot
+        off = self.offset(index)
         # the header and the first SGE in one unpack (recv_slot_size: every
         # receive slot holds at least one SGE's bytes)
         wr_id, nsge, addr, sge_len, lkey = _RECV_FIRST.unpack_from(buf, off)
@@ -687,7 +691,7 @@ class CQESlots(PackedSlots):
     def write(self, index: int, c: CQE) -> None:
         reason = c.reason
         CQE_PACKED.pack_into(
-            self.buf, _HDR + (index % self.size) * _CQE, c.wr_id, c.status, c.opcode,
+            self.buf, self.offset(index), c.wr_id, c.status, c.opcode,
             c.vendor_err, c.byte_len, c.imm & 0xFFFFFFFF, c.qp_num, c.src_qp, c.wc_flags,
             c.pkey_index, c.slid, c.sl, 0, c.wq_kind,
             (CQE_DEAD if c.dead else 0) | (CQE_SOLICITED if c.solicited else 0), c.wq_handle,
