@@ -8,8 +8,8 @@ cimport softverbs.engine.psn as P
 from softverbs.engine.core cimport QPCore
 from softverbs.engine.requester cimport Requester
 from softverbs.engine.rings cimport CQE, SendWQE
-from softverbs.engine.wr cimport WrInfo, finished, move
-from softverbs.wire.opcodes cimport OpInfo
+from softverbs.engine.wr cimport WrInfo, finished, move, wr_info
+from softverbs.wire.opcodes cimport OpInfo, aeth_kind, aeth_value
 from softverbs.wire.packet cimport Packet
 
 # enum members the per-response path compares with: C globals, no dict lookup

@@ -14,6 +14,9 @@ from softverbs.wire.packet cimport Packet
 
 cimport cython
 
+# every how many packets a message asks for an ACK: a C call from the requester
+cpdef long long ack_every(long long window)
+
 cdef class QPCore:
     # the device, the rings and the CQs, typed (hca.pxd, rings.pxd): None where absent
     cdef public HCA hca

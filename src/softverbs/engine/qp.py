@@ -78,10 +78,12 @@ class QPEngine(QPCore):
         if self._state not in _RESPONDING:
             counters["drop_qp_state"] += pkt.count
             return
-        if info.transport != self.transport:
+        if info.transport is not self.transport:  # Transport members: one each
             counters["drop_transport_mismatch"] += pkt.count
             return
-        if (pkt.pkey & 0x7FFF) != (self.pkey & 0x7FFF) or not (pkt.pkey | self.pkey) & 0x8000:
+        theirs = pkt.pkey  # compiled, C integers (qp.pxd): no Python arithmetic per packet
+        ours = self.pkey
+        if (theirs & 0x7FFF) != (ours & 0x7FFF) or not (theirs | ours) & 0x8000:
             counters["drop_bad_pkey"] += pkt.count
             return
         if info.request:

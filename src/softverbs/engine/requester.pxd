@@ -7,12 +7,12 @@
 cimport cython
 
 cimport softverbs.engine.psn as P
-from softverbs.engine.core cimport QPCore
+from softverbs.engine.core cimport QPCore, ack_every
 from softverbs.engine.completer cimport Completer
 from softverbs.engine.congestion cimport CongestionControl
 from softverbs.engine.memory cimport KeyTable
 from softverbs.engine.rings cimport SendWQE, WorkRing
-from softverbs.engine.wr cimport WrInfo, move, pending
+from softverbs.engine.wr cimport WrInfo, move, pending, wr_info
 from softverbs.wire.packet cimport Packet
 
 # enum members the per-WQE path compares with: C globals, no dict lookup

@@ -57,7 +57,7 @@ from softverbs.engine import psn as P
 from softverbs.engine.core import ack_every
 from softverbs.engine.observe import SQ
 from softverbs.engine.rings import CQE, WR_DRIVER1, SendWQE, WqeState
-from softverbs.engine.wr import WR_INFO, WrClass, WrInfo, move, pending
+from softverbs.engine.wr import WrClass, WrInfo, move, pending, wr_info
 from softverbs.enums import (
     IBV_QPS_ERR,
     IBV_QPS_RTS,
@@ -166,7 +166,7 @@ class Requester:
         while (not held and self.sq_next < sq.seen_db and qp._state == _RTS
                and not self.blocked):  # fmt: skip
             wqe = sq.get(self.sq_next)
-            info = WR_INFO[wqe.opcode]
+            info = wr_info(wqe.opcode)
             rd = info.rd
             if wqe.fence and self.sig is _SIG_PENDING:
                 self._sig_stop()  # never past a fence after a signature error
@@ -324,7 +324,7 @@ class Requester:
     def _transmit(self, wqe: SendWQE, now: float) -> bool:
         """Send this WQE's pending packets; False if the window closed."""
         qp = self.qp
-        info = WR_INFO[wqe.opcode]
+        info = wr_info(wqe.opcode)
         klass = info.klass
         asked_all = True
         if klass is _WR_READ:
@@ -525,7 +525,7 @@ class Requester:
             flushed.append(sq.get(self.sq_next))
             self.sq_next += 1
         for wqe in flushed:
-            info = WR_INFO[wqe.opcode]
+            info = wr_info(wqe.opcode)
             cqe = CQE(wqe.wr_id, IBV_WC_WR_FLUSH_ERR, info.wc_opcode, qp.qpn)
             cqe.reason = "flushed: the QP is in the error state"
             cqe.wq_kind, cqe.wq_handle = sq.tag

@@ -17,6 +17,9 @@ cdef class Packet:
     # data; network and UDP layers; not on the wire
     cdef public object payload, sgid, dgid, sport, tclass, flow_label, hop_limit
     cdef public object sqpn, corrupt_bit
+    # packets this object stands for (1; a Burst's count): read for every
+    # packet by the runtime, the device, the QP and its parts, a C integer
+    cdef public long long count
 
 
 # every field of src onto dst: C struct copies (a burst and each packet split from it)
