@@ -52,8 +52,6 @@ from softverbs.enums import (
     IBV_QPS_RTS,
     IBV_QPS_SQD,
     IBV_QPS_SQE,
-    IBV_QPT_XRC_RECV,
-    IBV_QPT_XRC_SEND,
 )
 from softverbs.wire.opcodes import OpInfo
 from softverbs.wire.packet import Packet, udp_sport
@@ -87,7 +85,7 @@ class QPEngine(QPCore):
             counters["drop_bad_pkey"] += pkt.count
             return
         if info.request:
-            if self.qp_type == IBV_QPT_XRC_SEND:
+            if self.is_xrc_send:
                 counters["drop_qp_state"] += pkt.count
                 return
             if not self.comm_established:
@@ -99,7 +97,7 @@ class QPEngine(QPCore):
             if obs is not None:
                 obs.step(self, RESPONDER, rstate)
         else:
-            if self._state == IBV_QPS_RTR or self.qp_type == IBV_QPT_XRC_RECV:
+            if self._state == IBV_QPS_RTR or self.is_xrc_recv:
                 counters["drop_qp_state"] += pkt.count
                 return
             cstate = self.comp.on_response(pkt, info, now)

@@ -7,7 +7,12 @@
 
 cimport cython
 
+# no_gc: a packet refers to no container that could refer back to it (its fields
+# are numbers, bytes, a memoryview of the payload; a Burst's ops a tuple of ints),
+# so it cannot be part of a cycle: the collector need not track the one or two
+# made per message
 @cython.freelist(64)
+@cython.no_gc
 cdef class Packet:
     # BTH
     cdef public object opcode, se, mig, pad, tver, pkey, fecn, becn, dqpn, ackreq, psn
