@@ -21,7 +21,7 @@ or not is whatever ``softverbs`` imports as (``softverbs --version``;
 ``SOFTVERBS_PURE=1`` for the interpreted modules).  Not a test: nothing
 asserts a speed.
 
-    python bench/bench_engine.py [--iters N] [--runs N]
+    python bench/bench_engine.py [--quick] [--iters N] [--runs N] [--kinds write4k,send8]
 """
 
 from __future__ import annotations
@@ -95,6 +95,8 @@ def make(kind: str) -> Callable[[int], None]:
     opcode = IBV_WR_RDMA_WRITE if kind == "write4k" else IBV_WR_SEND
     ha, hb = a.hca, b.hca
     sq, rq = a.sq, b.rq
+    a.mem[:length] = bytes((i * 7 + 1) & 0xFF for i in range(length))
+    target = 0 if kind == "write4k" else 4096  # where the bytes land in b's memory
 
     def carry(now: float) -> None:
         moved = True
@@ -123,30 +125,38 @@ def make(kind: str) -> Callable[[int], None]:
             hb.next_deadline()
             for cq, ring in ((a.scq, sq), (b.rcq, rq)):
                 for cqe in cq.take(cq.capacity):
-                    if cqe.status != IBV_WC_SUCCESS:
-                        raise SystemExit(f"{kind}: completion {cqe.status}: {cqe.reason}")
+                    if cqe.status != IBV_WC_SUCCESS or cqe.byte_len != length:
+                        raise SystemExit(f"{kind}: completion status {cqe.status}, "
+                                         f"{cqe.byte_len} bytes: {cqe.reason}")  # fmt: skip
                     ring.release(cqe.index)
+        if b.mem[target : target + length] != a.mem[:length]:
+            raise SystemExit(f"{kind}: the bytes that arrived are not the bytes sent")
 
     return run
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--iters", type=int, default=20000, help="messages per run")
-    ap.add_argument("--runs", type=int, default=7)
+    ap.add_argument("--quick", action="store_true", help="a fast smoke run (fewer, shorter runs)")
+    ap.add_argument("--iters", type=int, help="messages per run (default 20000; --quick 2000)")
+    ap.add_argument("--runs", type=int, help="timed runs per figure (default 7; --quick 3)")
     ap.add_argument("--kinds", default="write4k,send8")
     args = ap.parse_args()
+    iters = args.iters or (2000 if args.quick else 20000)
+    runs = args.runs or (3 if args.quick else 7)
     from softverbs.compiled import mode
 
     print(f"softverbs: {mode()}")
     for kind in args.kinds.split(","):
+        if kind not in ("write4k", "send8"):
+            raise SystemExit(f"--kinds: {kind!r} is not write4k or send8")
         run = make(kind)
         run(2000)  # warm up
         per: list[float] = []
-        for _ in range(args.runs):
+        for _ in range(runs):
             t = time.process_time()
-            run(args.iters)
-            per.append((time.process_time() - t) / args.iters * 1e6)
+            run(iters)
+            per.append((time.process_time() - t) / iters * 1e6)
         print(f"{kind:8} CPU us/message: best {min(per):.2f}  median {statistics.median(per):.2f}")
 
 
