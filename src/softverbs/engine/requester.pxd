@@ -12,13 +12,14 @@ from softverbs.engine.completer cimport Completer
 from softverbs.engine.congestion cimport CongestionControl
 from softverbs.engine.memory cimport KeyTable
 from softverbs.engine.rings cimport SendWQE, WorkRing
-from softverbs.engine.wr cimport WrInfo, move, pending, wr_info
+from softverbs.engine.wr cimport WrInfo, move, pending
 from softverbs.wire.packet cimport Packet
 
 # enum members the per-WQE path compares with: C globals, no dict lookup
 cdef object _SIG_PENDING, _W_QUEUED, _W_ACTIVE, _W_CANCELLED, _W_DONE, _W_FAILED
 cdef object _WR_SEND, _WR_WRITE, _WR_READ, _WR_ATOMIC, _WR_LOCAL
 cdef object _RTS, _SQD, _ERR, _SQE
+cdef dict _WR_INFO
 
 cdef class Requester:
     cdef public QPCore qp

@@ -57,7 +57,7 @@ from softverbs.engine import psn as P
 from softverbs.engine.core import ack_every
 from softverbs.engine.observe import SQ
 from softverbs.engine.rings import CQE, WR_DRIVER1, SendWQE, WqeState
-from softverbs.engine.wr import WrClass, WrInfo, move, pending, wr_info
+from softverbs.engine.wr import WR_INFO, WrClass, WrInfo, move, pending
 from softverbs.enums import (
     IBV_QPS_ERR,
     IBV_QPS_RTS,
@@ -105,6 +105,9 @@ _WR_LOCAL = WrClass.LOCAL
 _RTS = IBV_QPS_RTS
 _SQD = IBV_QPS_SQD
 _ERR = IBV_QPS_ERR
+# WR_INFO, read per WQE: compiled a dict-typed C global (requester.pxd), so the
+# lookup is a direct dictionary lookup; interpreted the same subscript as before
+_WR_INFO = WR_INFO
 _SQE = IBV_QPS_SQE
 
 
@@ -165,7 +168,7 @@ class Requester:
         while (not held and self.sq_next < sq.seen_db and qp._state == _RTS
                and not self.blocked):  # fmt: skip
             wqe = sq.get(self.sq_next)
-            info = wr_info(wqe.opcode)
+            info = _WR_INFO[wqe.opcode]
             rd = info.rd
             if wqe.fence and self.sig is _SIG_PENDING:
                 self._sig_stop()  # never past a fence after a signature error
@@ -323,7 +326,7 @@ class Requester:
     def _transmit(self, wqe: SendWQE, now: float) -> bool:
         """Send this WQE's pending packets; False if the window closed."""
         qp = self.qp
-        info = wr_info(wqe.opcode)
+        info = _WR_INFO[wqe.opcode]
         klass = info.klass
         asked_all = True
         if klass is _WR_READ:
@@ -524,7 +527,7 @@ class Requester:
             flushed.append(sq.get(self.sq_next))
             self.sq_next += 1
         for wqe in flushed:
-            info = wr_info(wqe.opcode)
+            info = _WR_INFO[wqe.opcode]
             cqe = CQE(wqe.wr_id, IBV_WC_WR_FLUSH_ERR, info.wc_opcode, qp.qpn)
             cqe.reason = "flushed: the QP is in the error state"
             cqe.wq_kind, cqe.wq_handle = sq.tag

@@ -8,8 +8,6 @@ cdef class WrInfo:
     cdef public bint imm, inv, rd
     cdef public dict ops
 
-cdef tuple _TABLE
-cpdef WrInfo wr_info(long long opcode)
 cpdef move(SendWQE wqe, object new)
 cpdef bint finished(SendWQE wqe)
 cpdef bint pending(SendWQE wqe)

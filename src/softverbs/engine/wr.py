@@ -103,21 +103,6 @@ WR_INFO: dict[int, WrInfo] = {
 }
 
 
-#: WR_INFO as a table indexed by the opcode, for wr_info() (None: no such opcode)
-_TABLE: tuple[WrInfo | None, ...] = tuple(WR_INFO.get(op) for op in range(max(WR_INFO) + 1))
-
-
-def wr_info(opcode: int) -> WrInfo:
-    """``WR_INFO[opcode]``, as a tuple index (compiled, a C call and a C index,
-    where the dictionary is a lookup by a Python integer); KeyError as the
-    dictionary's for an opcode it lacks."""
-    if 0 <= opcode < len(_TABLE):
-        info = _TABLE[opcode]
-        if info is not None:
-            return info
-    raise KeyError(opcode)
-
-
 #: the states finished() and pending() compare with, read per message: module constants
 #: (an enum member read from its class costs several times a global's)
 _CANCELLED = WqeState.CANCELLED
