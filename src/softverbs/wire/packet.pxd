@@ -1,9 +1,10 @@
 # Cython declarations for packet.py (compiled mode only; see softverbs.compiled).
 # Packet becomes an extension type: one is made per message (and per ACK), and
-# its constructor's 34 stores are C struct stores; the freelist saves the
-# allocation.  The fields stay Python objects, so a field holds exactly what
-# was stored (a bool stays a bool, an IntEnum stays one).  Burst stays a
-# Python subclass with slots of its own.
+# its constructor's 35 stores are C struct stores; the freelist saves the
+# allocation.  The header fields stay Python objects, so a field holds exactly
+# what was stored (a bool stays a bool, an IntEnum stays one); only count, no
+# header field, is a C integer.  Burst stays a Python subclass with slots of
+# its own.
 
 cimport cython
 
