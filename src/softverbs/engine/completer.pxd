@@ -9,13 +9,14 @@ from softverbs.engine.core cimport QPCore
 from softverbs.engine.requester cimport Requester
 from softverbs.engine.rings cimport CQE, SendWQE
 from softverbs.engine.wr cimport WrInfo, finished, move
-from softverbs.wire.opcodes cimport OpInfo
+from softverbs.wire.opcodes cimport OpInfo, aeth_kind, aeth_value
 from softverbs.wire.packet cimport Packet
 
 # enum members the per-response path compares with: C globals, no dict lookup
 cdef object _C_ACK, _C_BURST, _C_DUPLICATE, _C_ERROR_RETRY, _C_AFTER_GAP, _C_INVALID
 cdef object _K_ACK, _K_READ_RESP, _W_DONE, _W_ACTIVE, _W_FAILED
 cdef object _WR_READ, _WR_ATOMIC, _WR_SEND, _RTS, _SQD
+cdef dict _WR_INFO
 
 cdef class Completer:
     cdef public QPCore qp
@@ -42,7 +43,7 @@ cdef class Completer:
     cpdef _response(self, Packet pkt, OpInfo info, double now)
     @cython.locals(wqe=SendWQE)
     cpdef SendWQE _find(self, long long psn)
-    @cython.locals(wqe=SendWQE)
+    @cython.locals(wqe=SendWQE, info=WrInfo)
     cpdef _acked(self, long long psn, double now)
     cpdef _progress(self, double now, long long una)
     @cython.locals(wqe=SendWQE)

@@ -131,6 +131,9 @@ _WR_ATOMIC = WrClass.ATOMIC
 _WR_SEND = WrClass.SEND
 _RTS = IBV_QPS_RTS
 _SQD = IBV_QPS_SQD
+# WR_INFO, read per WQE: compiled a dict-typed C global (completer.pxd), so the
+# lookup is a direct dictionary lookup; interpreted the same subscript as before
+_WR_INFO = WR_INFO
 
 
 class Completer:
@@ -244,7 +247,7 @@ class Completer:
         side effect, for anything else (the packets then go one by one)."""
         qp = self.qp
         wqe = self._find(b.psn)
-        if wqe is None or WR_INFO[wqe.opcode].klass is not _WR_READ or finished(wqe):
+        if wqe is None or _WR_INFO[wqe.opcode].klass is not _WR_READ or finished(wqe):
             return False
         pmtu = qp.pmtu
         count = b.count
@@ -312,7 +315,8 @@ class Completer:
                 continue
             if P.diff(wqe.psn, psn) > 0:
                 break
-            if WR_INFO[wqe.opcode].rd:
+            info = _WR_INFO[wqe.opcode]
+            if info.rd:
                 # The responder is past this READ/atomic but its response is
                 # missing: an implied NAK (IBA 9.7.5.1.5; mlx5 counts it by this name).
                 self.qp.count("implied_nak_seq_err")
@@ -401,7 +405,7 @@ class Completer:
         qp = self.qp
         counters = qp.hca.counters
         wqe = self._find(pkt.psn)
-        if wqe is None or WR_INFO[wqe.opcode].klass is not _WR_READ or finished(wqe):
+        if wqe is None or _WR_INFO[wqe.opcode].klass is not _WR_READ or finished(wqe):
             counters["drop_unexpected_response"] += 1
             return _C_UNEXPECTED
         expected = P.add(wqe.psn, wqe.rxd)
@@ -449,7 +453,7 @@ class Completer:
     def _atomic_ack(self, pkt: Packet, now: float) -> CompState:
         counters = self.qp.hca.counters
         wqe = self._find(pkt.psn)
-        if wqe is None or WR_INFO[wqe.opcode].klass is not _WR_ATOMIC or finished(wqe):
+        if wqe is None or _WR_INFO[wqe.opcode].klass is not _WR_ATOMIC or finished(wqe):
             counters["drop_unexpected_response"] += 1
             return _C_UNEXPECTED
         self._acked(P.add(wqe.psn, -1), now)
@@ -499,7 +503,7 @@ class Completer:
             end = P.diff(P.add(wqe.psn, wqe.npkts), psn)
             if end <= 0:
                 continue  # entirely before psn
-            if WR_INFO[wqe.opcode].rd:
+            if _WR_INFO[wqe.opcode].rd:
                 wqe.tx = 0
             else:
                 off = P.diff(psn, wqe.psn)
@@ -559,7 +563,7 @@ class Completer:
             if obs is not None:
                 obs.wqe_done(qp, wqe)
             ok = wqe.state != _W_FAILED
-            info = WR_INFO[wqe.opcode]
+            info = _WR_INFO[wqe.opcode]
             if wqe.state == _W_DONE and info.klass is _WR_SEND:
                 qp.hca.rdma_sends += 1  # rxe: every completed SEND WQE
             if ok and not (wqe.signaled or qp.sq_sig_all):

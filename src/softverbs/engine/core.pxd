@@ -14,6 +14,9 @@ from softverbs.wire.packet cimport Packet
 
 cimport cython
 
+# every how many packets a message asks for an ACK: a C call from the requester
+cpdef long long ack_every(long long window)
+
 cdef class QPCore:
     # the device, the rings and the CQs, typed (hca.pxd, rings.pxd): None where absent
     cdef public HCA hca
@@ -28,6 +31,7 @@ cdef class QPCore:
     cdef public object max_dest_rd_atomic, en_sqd_async_notify, sport
     cdef public long long qpn, pmtu, window, timer_token, sent_pkts, rcvd_pkts
     cdef public bint reliable, comm_established, sig_pipelining, block_self_mcast_lb
+    cdef public bint is_ud, is_xrc_send, is_xrc_recv  # qp_type, as tested per packet
     cdef public double cnp_sent_at
 
     cpdef send(self, object pkt)

@@ -141,6 +141,11 @@ class QPCore:
         self.qp_type = qp_type
         self.transport = TRANSPORT_OF[qp_type]
         self.reliable = qp_type in (IBV_QPT_RC, IBV_QPT_XRC_SEND, IBV_QPT_XRC_RECV)
+        # the type tests of every message and packet, made once (compiled, C flags
+        # read in the struct rather than an IntEnum compared with a module global)
+        self.is_ud = qp_type == IBV_QPT_UD
+        self.is_xrc_send = qp_type == IBV_QPT_XRC_SEND
+        self.is_xrc_recv = qp_type == IBV_QPT_XRC_RECV
         self.pd = pd
         self.send_cq = send_cq
         self.recv_cq = recv_cq

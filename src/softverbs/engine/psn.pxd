@@ -6,3 +6,5 @@ cdef long long _MASK, _HALF, _SPACE
 
 cpdef long long add(long long psn, long long n)
 cpdef long long diff(long long a, long long b)
+# the ACK timer of every ACK and every first request: a C call (None: no timeout)
+cpdef object ack_timeout_s(object code)  # Python integers: 1 << 31 does not overflow

@@ -5,6 +5,8 @@
 # references, as a Python subclass had: what the device or a test hangs on a
 # QP still works, and GsiQP stays a Python subclass of it.
 
+cimport cython
+
 from softverbs.engine.completer cimport Completer
 from softverbs.engine.core cimport QPCore
 from softverbs.engine.requester cimport Requester
@@ -24,4 +26,5 @@ cdef class QPEngine(QPCore):
 
     # a packet's dispatch: its OpInfo fields are C struct reads (GsiQP, a Python
     # subclass, overrides it; the device calls it by attribute, which finds that)
+    @cython.locals(theirs=cython.longlong, ours=cython.longlong)
     cpdef receive(self, Packet pkt, OpInfo info, double now)

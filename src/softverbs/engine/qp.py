@@ -52,8 +52,6 @@ from softverbs.enums import (
     IBV_QPS_RTS,
     IBV_QPS_SQD,
     IBV_QPS_SQE,
-    IBV_QPT_XRC_RECV,
-    IBV_QPT_XRC_SEND,
 )
 from softverbs.wire.opcodes import OpInfo
 from softverbs.wire.packet import Packet, udp_sport
@@ -78,14 +76,16 @@ class QPEngine(QPCore):
         if self._state not in _RESPONDING:
             counters["drop_qp_state"] += pkt.count
             return
-        if info.transport != self.transport:
+        if info.transport is not self.transport:  # Transport members: one each
             counters["drop_transport_mismatch"] += pkt.count
             return
-        if (pkt.pkey & 0x7FFF) != (self.pkey & 0x7FFF) or not (pkt.pkey | self.pkey) & 0x8000:
+        theirs = pkt.pkey  # compiled, C integers (qp.pxd): no Python arithmetic per packet
+        ours = self.pkey
+        if (theirs & 0x7FFF) != (ours & 0x7FFF) or not (theirs | ours) & 0x8000:
             counters["drop_bad_pkey"] += pkt.count
             return
         if info.request:
-            if self.qp_type == IBV_QPT_XRC_SEND:
+            if self.is_xrc_send:
                 counters["drop_qp_state"] += pkt.count
                 return
             if not self.comm_established:
@@ -97,7 +97,7 @@ class QPEngine(QPCore):
             if obs is not None:
                 obs.step(self, RESPONDER, rstate)
         else:
-            if self._state == IBV_QPS_RTR or self.qp_type == IBV_QPT_XRC_RECV:
+            if self._state == IBV_QPS_RTR or self.is_xrc_recv:
                 counters["drop_qp_state"] += pkt.count
                 return
             cstate = self.comp.on_response(pkt, info, now)

@@ -7,7 +7,7 @@
 cimport cython
 
 cimport softverbs.engine.psn as P
-from softverbs.engine.core cimport QPCore
+from softverbs.engine.core cimport QPCore, ack_every
 from softverbs.engine.completer cimport Completer
 from softverbs.engine.congestion cimport CongestionControl
 from softverbs.engine.memory cimport KeyTable
@@ -19,6 +19,7 @@ from softverbs.wire.packet cimport Packet
 cdef object _SIG_PENDING, _W_QUEUED, _W_ACTIVE, _W_CANCELLED, _W_DONE, _W_FAILED
 cdef object _WR_SEND, _WR_WRITE, _WR_READ, _WR_ATOMIC, _WR_LOCAL
 cdef object _RTS, _SQD, _ERR, _SQE
+cdef dict _WR_INFO
 
 cdef class Requester:
     cdef public QPCore qp

@@ -63,8 +63,6 @@ from softverbs.enums import (
     IBV_QPS_RTS,
     IBV_QPS_SQD,
     IBV_QPS_SQE,
-    IBV_QPT_UD,
-    IBV_QPT_XRC_SEND,
     IBV_WC_LOC_LEN_ERR,
     IBV_WC_LOC_PROT_ERR,
     IBV_WC_LOC_QP_OP_ERR,
@@ -107,6 +105,9 @@ _WR_LOCAL = WrClass.LOCAL
 _RTS = IBV_QPS_RTS
 _SQD = IBV_QPS_SQD
 _ERR = IBV_QPS_ERR
+# WR_INFO, read per WQE: compiled a dict-typed C global (requester.pxd), so the
+# lookup is a direct dictionary lookup; interpreted the same subscript as before
+_WR_INFO = WR_INFO
 _SQE = IBV_QPS_SQE
 
 
@@ -159,14 +160,15 @@ class Requester:
             return
         held = False  #: a WQE has packets left to send: later PSNs must wait for them
         cc = self.cc
-        for wqe in comp.started():
+        started = comp.started()
+        for wqe in started if started else ():  # no iterator made for an empty queue
             if pending(wqe) and (not self._may_send(now) or not self._transmit(wqe, now)):
                 held = True
                 break
         while (not held and self.sq_next < sq.seen_db and qp._state == _RTS
                and not self.blocked):  # fmt: skip
             wqe = sq.get(self.sq_next)
-            info = WR_INFO[wqe.opcode]
+            info = _WR_INFO[wqe.opcode]
             rd = info.rd
             if wqe.fence and self.sig is _SIG_PENDING:
                 self._sig_stop()  # never past a fence after a signature error
@@ -273,7 +275,7 @@ class Requester:
                         return self.fail(wqe, IBV_WC_LOC_PROT_ERR, v)
                     views.append(v)
                 wqe.data = views[0] if len(views) == 1 else b"".join(views)
-            if qp.qp_type == IBV_QPT_UD and wqe.length > qp.pmtu:
+            if qp.is_ud and wqe.length > qp.pmtu:
                 return self.fail(
                     wqe, IBV_WC_LOC_LEN_ERR,
                     f"a UD message of {wqe.length} bytes exceeds the path MTU {qp.pmtu}",
@@ -324,7 +326,7 @@ class Requester:
     def _transmit(self, wqe: SendWQE, now: float) -> bool:
         """Send this WQE's pending packets; False if the window closed."""
         qp = self.qp
-        info = WR_INFO[wqe.opcode]
+        info = _WR_INFO[wqe.opcode]
         klass = info.klass
         asked_all = True
         if klass is _WR_READ:
@@ -365,7 +367,7 @@ class Requester:
             count = min(count, quantum)
         data = wqe.data
         payload = data if n == 1 else data[i * pmtu : (i + count) * pmtu]
-        if qp.qp_type == IBV_QPT_UD:
+        if qp.is_ud:
             pkt = Packet(0, wqe.remote_qpn, psn, payload)
             qp.address(pkt, wqe.route)
             qkey = wqe.remote_qkey
@@ -373,7 +375,7 @@ class Requester:
             pkt.src_qp = qp.qpn
         else:
             pkt = qp.new_request(0, psn, payload)
-        if qp.qp_type == IBV_QPT_XRC_SEND:
+        if qp.is_xrc_send:
             pkt.srqn = wqe.xrc_srqn
         if info.klass is _WR_WRITE:
             pkt.va = wqe.remote_addr
@@ -420,7 +422,7 @@ class Requester:
         end = min(wqe.npkts, (start // piece + 1) * piece)
         done = start * qp.pmtu
         pkt = qp.new_request(qp.transport | Op.RDMA_READ_REQUEST, P.add(wqe.psn, start))
-        if qp.qp_type == IBV_QPT_XRC_SEND:
+        if qp.is_xrc_send:
             pkt.srqn = wqe.xrc_srqn
         pkt.va = wqe.remote_addr + done
         pkt.rkey = wqe.rkey
@@ -434,7 +436,7 @@ class Requester:
         qp = self.qp
         op = Op.COMPARE_SWAP if wqe.opcode == IBV_WR_ATOMIC_CMP_AND_SWP else Op.FETCH_ADD
         pkt = qp.new_request(qp.transport | op, wqe.psn)
-        if qp.qp_type == IBV_QPT_XRC_SEND:
+        if qp.is_xrc_send:
             pkt.srqn = wqe.xrc_srqn
         pkt.va = wqe.remote_addr
         pkt.rkey = wqe.rkey
@@ -525,7 +527,7 @@ class Requester:
             flushed.append(sq.get(self.sq_next))
             self.sq_next += 1
         for wqe in flushed:
-            info = WR_INFO[wqe.opcode]
+            info = _WR_INFO[wqe.opcode]
             cqe = CQE(wqe.wr_id, IBV_WC_WR_FLUSH_ERR, info.wc_opcode, qp.qpn)
             cqe.reason = "flushed: the QP is in the error state"
             cqe.wq_kind, cqe.wq_handle = sq.tag

@@ -57,8 +57,6 @@ from softverbs.enums import (
     IBV_ACCESS_REMOTE_WRITE,
     IBV_EVENT_QP_ACCESS_ERR,
     IBV_EVENT_QP_REQ_ERR,
-    IBV_QPT_UD,
-    IBV_QPT_XRC_RECV,
     IBV_WC_GRH,
     IBV_WC_LOC_LEN_ERR,
     IBV_WC_LOC_PROT_ERR,
@@ -197,10 +195,10 @@ class Responder:
             self._burst(pkt, now)  # type: ignore[arg-type]
             return _R_BURST
         qp = self.qp
-        if qp.qp_type == IBV_QPT_UD:
-            return self._ud_receive(pkt, info, now)
         if qp.reliable:
             return self._rc_receive(pkt, info, now)
+        if qp.is_ud:
+            return self._ud_receive(pkt, info, now)
         return self._uc_receive(pkt, info, now)
 
     # --- RC / XRC ---------------------------------------------------------------
@@ -377,7 +375,7 @@ class Responder:
     # --- receive WQEs -------------------------------------------------------------
     def _take_rqe(self, pkt: Packet) -> RecvWQE | None:
         qp = self.qp
-        if qp.qp_type == IBV_QPT_XRC_RECV:
+        if qp.is_xrc_recv:
             srq = qp.hca.find_srq(pkt.srqn)
             if srq is None or srq.xrcd is None or srq.xrcd is not qp.xrcd:
                 return _XRC_BAD_SRQ
@@ -399,7 +397,7 @@ class Responder:
     def _rqe_pd(self, pkt: Packet) -> object:
         """The PD memory checks use: an XRC responder uses its SRQ's PD."""
         qp = self.qp
-        if qp.qp_type == IBV_QPT_XRC_RECV:
+        if qp.is_xrc_recv:
             srq = qp.hca.find_srq(pkt.srqn)
             return getattr(srq, "pd", None)
         return qp.pd

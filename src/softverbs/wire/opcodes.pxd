@@ -4,6 +4,10 @@
 # as C ints and kind/transport as C struct members, with no attribute lookup
 # by name.  Python code reads them as before, through the attribute descriptors.
 
+# the AETH syndrome's parts, read for every ACK: C calls from a cimporting module
+cpdef long long aeth_kind(long long syndrome)
+cpdef long long aeth_value(long long syndrome)
+
 cdef class OpInfo:
     cdef readonly long long opcode, position
     cdef readonly object name, transport, op, kind, hdrs

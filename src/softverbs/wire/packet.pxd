@@ -1,13 +1,19 @@
 # Cython declarations for packet.py (compiled mode only; see softverbs.compiled).
 # Packet becomes an extension type: one is made per message (and per ACK), and
-# its constructor's 34 stores are C struct stores; the freelist saves the
-# allocation.  The fields stay Python objects, so a field holds exactly what
-# was stored (a bool stays a bool, an IntEnum stays one).  Burst stays a
-# Python subclass with slots of its own.
+# its constructor's 35 stores are C struct stores; the freelist saves the
+# allocation.  The header fields stay Python objects, so a field holds exactly
+# what was stored (a bool stays a bool, an IntEnum stays one); only count, no
+# header field, is a C integer.  Burst stays a Python subclass with slots of
+# its own.
 
 cimport cython
 
+# no_gc: a packet refers to no container that could refer back to it (its fields
+# are numbers, bytes, a memoryview of the payload; a Burst's ops a tuple of ints),
+# so it cannot be part of a cycle: the collector need not track the one or two
+# made per message
 @cython.freelist(64)
+@cython.no_gc
 cdef class Packet:
     # BTH
     cdef public object opcode, se, mig, pad, tver, pkey, fecn, becn, dqpn, ackreq, psn
@@ -17,6 +23,9 @@ cdef class Packet:
     # data; network and UDP layers; not on the wire
     cdef public object payload, sgid, dgid, sport, tclass, flow_label, hop_limit
     cdef public object sqpn, corrupt_bit
+    # packets this object stands for (1; a Burst's count): read for every
+    # packet by the runtime, the device, the QP and its parts, a C integer
+    cdef public long long count
 
 
 # every field of src onto dst: C struct copies (a burst and each packet split from it)

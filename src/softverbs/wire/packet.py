@@ -111,7 +111,10 @@ FIELDS = (
 class Packet:
     """One RoCEv2 packet, decoded."""
 
-    __slots__ = FIELDS
+    # count is no header field: the packets this object stands for (a Burst has
+    # more than one), read for every packet -- a slot, which compiled is a C
+    # integer (packet.pxd), not a class attribute found by a lookup by name
+    __slots__ = (*FIELDS, "count")
 
     opcode: int
     se: bool
@@ -146,6 +149,7 @@ class Packet:
     hop_limit: int
     sqpn: int
     corrupt_bit: int
+    count: int  #: packets this object stands for: 1, or a Burst's count
 
     def __init__(self, opcode: int, dqpn: int, psn: int, payload: Any = b"") -> None:
         self.opcode = opcode
@@ -181,9 +185,7 @@ class Packet:
         self.hop_limit = 64
         self.sqpn = 0
         self.corrupt_bit = -1
-
-    #: packets this object stands for (a :class:`Burst` has more than one)
-    count = 1
+        self.count = 1
 
     def copy(self) -> Packet:
         """A shallow copy (the payload is shared; it is never mutated)."""
@@ -217,11 +219,9 @@ class Burst(Packet):
     asks, and so does every ``ack_every``-th packet of the message.
     """
 
-    __slots__ = ("ack_every", "count", "first_index", "last_opcode", "msg_packets", "ops",
-                 "seg")  # fmt: skip
+    __slots__ = ("ack_every", "first_index", "last_opcode", "msg_packets", "ops", "seg")
 
     ack_every: int
-    count: int
     first_index: int
     last_opcode: int
     msg_packets: int
@@ -319,9 +319,11 @@ def ackreq_indexes(first: int, n: int, ack_every: int, count: int) -> list[int]:
 
 def _copy_fields(src: Packet, dst: Packet) -> None:
     """Every :class:`Packet` field of ``src`` onto ``dst`` (all of :data:`FIELDS`,
-    which tests/wire/test_packet.py checks): one store each, which compiled are
-    C struct copies (packet.pxd); a burst and each packet split from one are
+    which tests/engine/test_bursts.py checks), ``dst`` one packet (``count`` 1;
+    :func:`burst` sets a burst's): one store each, which compiled are C struct
+    copies (packet.pxd); a copy, a burst and each packet split from one are
     made this way."""
+    dst.count = 1
     dst.opcode = src.opcode
     dst.se = src.se
     dst.mig = src.mig
