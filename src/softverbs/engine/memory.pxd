@@ -29,9 +29,12 @@ cdef class KeyTable:
     cdef public dict _keys
     cdef public long long _next_index, integrity_errors
 
-    @cython.locals(mk=MemKey, span=object, view=object, off=object, got=object)
+    @cython.locals(mk=MemKey)
     cpdef local(self, long long lkey, object pd, object addr, object length, bint write)
-    @cython.locals(mk=MemKey, span=object, view=object, off=object, got=object, target=object)
+    @cython.locals(mk=MemKey, got=object)
     cpdef remote(self, long long rkey, object pd, object qpn, object va, object length,
                  long long right)
+    @cython.locals(span=object, off=object, got=object, view=object)
+    cdef _access(self, MemKey mk, object addr, object length, bint write, str name,
+                 long long key)
     cpdef unmapped(self, MemKey mk, object what)

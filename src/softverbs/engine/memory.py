@@ -290,24 +290,7 @@ class KeyTable:
             return f"lkey {lkey:#x} lacks IBV_ACCESS_LOCAL_WRITE"
         if mk.xform is not None:
             return mk.xform.view(addr, length, write, False)
-        span = mk.view
-        if isinstance(span, memoryview) or span is None or mk.resolver is not None:
-            view = mk.slice(addr, length)  # this process's bytes, or an implicit region's
-            if isinstance(view, (str, memoryview)):
-                return view
-            if mk.unmapped or not view.still_mapped():
-                return self.unmapped(mk, f"lkey {lkey:#x}")
-            return view if write else view.read()
-        # another process's memory (a Span): the bounds here, then the mapping
-        # check with the copy (a read) or the target (a write) in one call
-        off = addr - mk.iova
-        if off < 0 or length < 0 or off + length > mk.length:
-            return _outside(mk, addr, length)
-        if not mk.unmapped:
-            got = span.part(off, length) if write else span.fetch(off, length)
-            if got is not None:
-                return got
-        return self.unmapped(mk, f"lkey {lkey:#x}")
+        return self._access(mk, addr, length, write, "lkey", lkey)
 
     def remote(self, rkey: int, pd: object, qpn: int, va: int, length: int, right: int) -> Any:
         """Resolve a remote access with ``right`` (one IBV_ACCESS_REMOTE_* bit):
@@ -328,29 +311,39 @@ class KeyTable:
             return mk.xform.view(
                 va, length, right != REMOTE_READ, right == REMOTE_ATOMIC
             )
+        got = self._access(mk, va, length, right != REMOTE_READ, "rkey", rkey)
+        if right == REMOTE_ATOMIC and not isinstance(got, (str, memoryview)):
+            return WriteBack(got)  # a Span: the atomic reads a copy and stores it back
+        return got
+
+    def _access(self, mk: MemKey, addr: int, length: int, write: bool, name: str,
+                key: int) -> Any:  # fmt: skip
+        """The bytes ``[addr, addr+length)`` of ``mk`` (whose rights were checked):
+        a copy to read, or -- with ``write`` -- the target to store into; or why not.
+
+        A region of this process's memory is a slice of its memoryview.  A region of
+        another process's (a :class:`Span`) is checked for its bounds here, then in
+        one call for its mapping with the copy (``fetch``) or the target (``part``):
+        no span is made for a read, and none is sliced before its check.  An
+        implicit region resolves the range, then checks what it got."""
         span = mk.view
-        if isinstance(span, memoryview) or span is None or mk.resolver is not None:
-            view = mk.slice(va, length)
-            if isinstance(view, (str, memoryview)):
-                return view
-            if mk.unmapped or not view.still_mapped():
-                return self.unmapped(mk, f"rkey {rkey:#x}")
-            if right == REMOTE_READ:
-                return view.read()
-            return WriteBack(view) if right == REMOTE_ATOMIC else view
-        off = va - mk.iova  # another process's memory: as in local
-        if off < 0 or length < 0 or off + length > mk.length:
-            return _outside(mk, va, length)
-        if not mk.unmapped:
-            if right == REMOTE_READ:
-                got = span.fetch(off, length)
+        if mk.resolver is None and span is not None:
+            off = addr - mk.iova
+            if off < 0 or length < 0 or off + length > mk.length:
+                return _outside(mk, addr, length)
+            if isinstance(span, memoryview):
+                return span[off : off + length]
+            if not mk.unmapped:
+                got = span.part(off, length) if write else span.fetch(off, length)
                 if got is not None:
                     return got
-            else:
-                target = span.part(off, length)
-                if target is not None:
-                    return WriteBack(target) if right == REMOTE_ATOMIC else target
-        return self.unmapped(mk, f"rkey {rkey:#x}")
+            return self.unmapped(mk, f"{name} {key:#x}")
+        view = mk.slice(addr, length)
+        if isinstance(view, (str, memoryview)):
+            return view
+        if mk.unmapped or not view.still_mapped():
+            return self.unmapped(mk, f"{name} {key:#x}")
+        return view if write else view.read()
 
     def unmapped(self, mk: MemKey, what: str) -> str:
         """``mk``'s memory is no longer what was registered (its owner unmapped or
