@@ -24,7 +24,10 @@ large reads go into buffers that stay mapped (:class:`ReadBuffers`).
 A :class:`ProcessSpan` is what the engine gets for such a region: ``len``,
 slicing (another span, bounds-checked), slice assignment (a ``pwrite``) and
 :meth:`ProcessSpan.read` (a ``pread``: into new bytes, or from 16 KiB on into
-a reused buffer, a read-only view either way).  Every span
+a reused buffer, a read-only view either way).  A key check makes one call
+of it per access: :meth:`ProcessSpan.fetch` (the mapping check, then the
+read, with no span made for the part) or :meth:`ProcessSpan.part` (the
+check, then the part as a span to store into).  Every span
 comes from a memory key's bounds check, so the device never touches
 anything outside a registered region.  If the process unmaps the pages or
 dies mid-transfer, the access fails inside the kernel: a read returns
