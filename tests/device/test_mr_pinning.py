@@ -229,6 +229,12 @@ def test_a_key_whose_memory_went_stays_invalid_and_counts() -> None:
         def still_mapped(self) -> bool:
             return self.mapped
 
+        def fetch(self, offset: int, length: int) -> memoryview | None:
+            return self.read()[offset : offset + length] if self.mapped else None
+
+        def part(self, offset: int, length: int) -> Span | None:
+            return self if self.mapped else None
+
     counters: Counter[str] = Counter()
     keys = KeyTable(functools.partial(random.Random(0).getrandbits, 8), counters)
     told: list[str] = []

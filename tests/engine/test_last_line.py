@@ -64,6 +64,12 @@ class Recorder:
     def still_mapped(self) -> bool:
         return True  # a buffer of this process: never unmapped under the engine
 
+    def fetch(self, offset: int, length: int) -> memoryview:
+        return self[offset : offset + length].read()
+
+    def part(self, offset: int, length: int) -> Recorder:
+        return self[offset : offset + length]
+
 
 def check_order(log: list[tuple[int, int]], start: int, size: int) -> None:
     """The stores tile ``[start, start + size)`` in increasing order, and the

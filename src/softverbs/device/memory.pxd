@@ -27,6 +27,8 @@ cdef class ProcessMemory:
     # the Pin.answer values the kernel gave again this pass
     cdef public set _good
     cdef public bytearray _query
+    # _query as native u64s: the address is word 2
+    cdef public memoryview _words
 
     cpdef bint _ask(self, object addr)
     cpdef tuple _answer(self)
@@ -88,6 +90,14 @@ cdef class ProcessSpan:
     cpdef place(self, object offset, object data, Py_ssize_t tail)
     cpdef object read(self)
     cpdef bint still_mapped(self)
+    @cython.locals(pin=Pin)
+    cpdef object fetch(self, object offset, object length)
+    @cython.locals(pin=Pin)
+    cpdef object part(self, object offset, object length)
+
+
+cdef object _read(ProcessMemory mem, object addr, Py_ssize_t length)
+cdef object _inside(ProcessSpan span, object offset, object length)
 
 
 cdef ProcessSpan _cut(ProcessSpan span, slice index)

@@ -24,7 +24,10 @@ large reads go into buffers that stay mapped (:class:`ReadBuffers`).
 A :class:`ProcessSpan` is what the engine gets for such a region: ``len``,
 slicing (another span, bounds-checked), slice assignment (a ``pwrite``) and
 :meth:`ProcessSpan.read` (a ``pread``: into new bytes, or from 16 KiB on into
-a reused buffer, a read-only view either way).  Every span
+a reused buffer, a read-only view either way).  A key check makes one call
+of it per access: :meth:`ProcessSpan.fetch` (the mapping check, then the
+read, with no span made for the part) or :meth:`ProcessSpan.part` (the
+check, then the part as a span to store into).  Every span
 comes from a memory key's bounds check, so the device never touches
 anything outside a registered region.  If the process unmaps the pages or
 dies mid-transfer, the access fails inside the kernel: a read returns
@@ -99,7 +102,6 @@ _PROCMAP_QUERY = (3 << 30) | (_PROCMAP_QUERY_FMT.size << 16) | (ord("f") << 8) |
 #: vma_offset, inode, dev_major, dev_minor
 _PROCMAP_VMA = struct.Struct("<6Q2I")
 _VMA_SHARED = 0x08  #: PROCMAP_QUERY_VMA_SHARED in vma_flags
-_ADDR = struct.Struct("<Q")
 
 #: What backs a mapping: (shared, device major, minor, inode, file offset minus
 #: address) -- the same for every address the mapping covers; for anonymous
@@ -162,8 +164,8 @@ class AddressSpace(Protocol):
 class ProcessMemory:
     """One process's address space, through its ``/proc/<pid>/mem`` descriptor."""
 
-    __slots__ = ("_good", "_query", "_seen", "_seen_pass", "closed", "faults", "fd", "maps",
-                 "pid", "reuse")  # fmt: skip
+    __slots__ = ("_good", "_query", "_seen", "_seen_pass", "_words", "closed", "faults", "fd",
+                 "maps", "pid", "reuse")  # fmt: skip
 
     def __init__(self, fd: int, pid: int = 0, reuse: bool = False) -> None:
         self.fd = fd
@@ -182,6 +184,9 @@ class ProcessMemory:
         #: one PROCMAP_QUERY argument, reused: only the address changes between calls
         self._query = bytearray(_PROCMAP_QUERY_FMT.pack(_PROCMAP_QUERY_FMT.size, 0, 0,
                                                         *[0] * 12))  # fmt: skip
+        #: :attr:`_query` as native u64s: the address is word 2, stored by an item
+        #: assignment (a third of ``struct.pack_into``'s cost, which parses its arguments)
+        self._words = memoryview(self._query).cast("Q")
         if pid:
             with contextlib.suppress(OSError):
                 self.maps = os.open(f"/proc/{pid}/maps", os.O_RDONLY | os.O_CLOEXEC)
@@ -201,10 +206,9 @@ class ProcessMemory:
     def _ask(self, addr: int) -> bool:
         """One PROCMAP_QUERY for the mapping covering ``addr``: its answer is in
         :attr:`_query` (bytes 24-80); False if nothing is mapped there."""
-        buf = self._query
-        _ADDR.pack_into(buf, 16, addr)
+        self._words[2] = addr
         try:
-            fcntl.ioctl(self.maps, _PROCMAP_QUERY, buf)
+            fcntl.ioctl(self.maps, _PROCMAP_QUERY, self._query)
         except OSError:
             return False
         return True
@@ -612,18 +616,51 @@ class ProcessSpan:
     def read(self) -> memoryview:
         """The bytes as they are now (a copy, read-only; a large one in a buffer
         of :data:`READ_BUFFERS`, reused once nothing holds a view of it)."""
-        if self.length >= POOLED_READ:
-            got = self.mem.read_pooled(self.addr, self.length)
-            if got is not None:
-                return got
-        return memoryview(self.mem.read(self.addr, self.length))
+        return _read(self.mem, self.addr, self.length)
 
     def still_mapped(self) -> bool:
         """Is this span still backed as when its region was registered (:class:`Pin`)?"""
         return self.pin is None or self.mem.still_pinned(self.pin, self.addr, self.length)
 
+    def fetch(self, offset: int, length: int) -> memoryview | None:
+        """``self[offset : offset + length].read()`` if that part is still backed as
+        registered, else None (``engine.memory.Span``: a key's read access, the
+        check and the copy with no span made for the part)."""
+        addr = _inside(self, offset, length)
+        pin = self.pin
+        if pin is not None and not self.mem.still_pinned(pin, addr, length):
+            return None
+        return _read(self.mem, addr, length)
+
+    def part(self, offset: int, length: int) -> ProcessSpan | None:
+        """``self[offset : offset + length]`` if that part is still backed as
+        registered, else None (``engine.memory.Span``: a key's write access)."""
+        addr = _inside(self, offset, length)
+        pin = self.pin
+        if pin is not None and not self.mem.still_pinned(pin, addr, length):
+            return None
+        return _subspan(self, offset, length)
+
     def __repr__(self) -> str:
         return f"<ProcessSpan pid={self.mem.pid} [{self.addr:#x}, +{self.length})>"
+
+
+def _read(mem: ProcessMemory, addr: int, length: int) -> memoryview:
+    """:meth:`ProcessSpan.read` of ``length`` bytes at ``addr``."""
+    if length >= POOLED_READ:
+        got = mem.read_pooled(addr, length)
+        if got is not None:
+            return got
+    return memoryview(mem.read(addr, length))
+
+
+def _inside(span: ProcessSpan, offset: int, length: int) -> int:
+    """The address of ``[offset, offset + length)`` of ``span``, which must lie in it
+    (the engine's key checked its bounds; this keeps a span's own)."""
+    if offset < 0 or length < 0 or offset + length > span.length:
+        raise ValueError(f"memory span access: [{offset}, +{length}) is outside "
+                         f"[0, {span.length})")  # fmt: skip
+    return span.addr + offset
 
 
 def _cut(span: ProcessSpan, index: slice) -> ProcessSpan:

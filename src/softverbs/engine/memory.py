@@ -81,6 +81,14 @@ class Span(Protocol):
 
     def read(self) -> memoryview: ...
     def still_mapped(self) -> bool: ...
+    def fetch(self, offset: int, length: int) -> memoryview | None:
+        """``self[offset : offset + length].read()`` if that part is still backed
+        as registered (:meth:`still_mapped`), else None: a read access's check and
+        copy in one call, with no span made for the part."""
+
+    def part(self, offset: int, length: int) -> Span | None:
+        """``self[offset : offset + length]`` if that part is still backed as
+        registered, else None: a write access's check and target in one call."""
 
 
 #: What a memory key covers: this process's bytes, or another process's.
@@ -167,11 +175,13 @@ class MemKey:
         assert self.view is not None
         off = addr - self.iova
         if off < 0 or length < 0 or off + length > self.length:
-            return (
-                f"[{addr:#x}, +{length}) is outside key {self.key:#x} "
-                f"[{self.iova:#x}, +{self.length})"
-            )
+            return _outside(self, addr, length)
         return self.view[off : off + length]
+
+
+def _outside(mk: MemKey, addr: int, length: int) -> str:
+    """Why ``[addr, addr+length)`` is out of ``mk``'s bounds."""
+    return f"[{addr:#x}, +{length}) is outside key {mk.key:#x} [{mk.iova:#x}, +{mk.length})"
 
 
 # MemKind members as module constants: KeyTable.local and .remote run for
@@ -280,12 +290,7 @@ class KeyTable:
             return f"lkey {lkey:#x} lacks IBV_ACCESS_LOCAL_WRITE"
         if mk.xform is not None:
             return mk.xform.view(addr, length, write, False)
-        view = mk.slice(addr, length)
-        if isinstance(view, (str, memoryview)):
-            return view
-        if mk.unmapped or not view.still_mapped():
-            return self.unmapped(mk, f"lkey {lkey:#x}")
-        return view if write else view.read()
+        return self._access(mk, addr, length, write, "lkey", lkey)
 
     def remote(self, rkey: int, pd: object, qpn: int, va: int, length: int, right: int) -> Any:
         """Resolve a remote access with ``right`` (one IBV_ACCESS_REMOTE_* bit):
@@ -306,14 +311,39 @@ class KeyTable:
             return mk.xform.view(
                 va, length, right != REMOTE_READ, right == REMOTE_ATOMIC
             )
-        view = mk.slice(va, length)
+        got = self._access(mk, va, length, right != REMOTE_READ, "rkey", rkey)
+        if right == REMOTE_ATOMIC and not isinstance(got, (str, memoryview)):
+            return WriteBack(got)  # a Span: the atomic reads a copy and stores it back
+        return got
+
+    def _access(self, mk: MemKey, addr: int, length: int, write: bool, name: str,
+                key: int) -> Any:  # fmt: skip
+        """The bytes ``[addr, addr+length)`` of ``mk`` (whose rights were checked):
+        a copy to read, or -- with ``write`` -- the target to store into; or why not.
+
+        A region of this process's memory is a slice of its memoryview.  A region of
+        another process's (a :class:`Span`) is checked for its bounds here, then in
+        one call for its mapping with the copy (``fetch``) or the target (``part``):
+        no span is made for a read, and none is sliced before its check.  An
+        implicit region resolves the range, then checks what it got."""
+        span = mk.view
+        if mk.resolver is None and span is not None:
+            off = addr - mk.iova
+            if off < 0 or length < 0 or off + length > mk.length:
+                return _outside(mk, addr, length)
+            if isinstance(span, memoryview):
+                return span[off : off + length]
+            if not mk.unmapped:
+                got = span.part(off, length) if write else span.fetch(off, length)
+                if got is not None:
+                    return got
+            return self.unmapped(mk, f"{name} {key:#x}")
+        view = mk.slice(addr, length)
         if isinstance(view, (str, memoryview)):
             return view
         if mk.unmapped or not view.still_mapped():
-            return self.unmapped(mk, f"rkey {rkey:#x}")
-        if right == REMOTE_READ:
-            return view.read()
-        return WriteBack(view) if right == REMOTE_ATOMIC else view
+            return self.unmapped(mk, f"{name} {key:#x}")
+        return view if write else view.read()
 
     def unmapped(self, mk: MemKey, what: str) -> str:
         """``mk``'s memory is no longer what was registered (its owner unmapped or
