@@ -27,6 +27,8 @@ cdef class HCA:
     cdef public double cnp_sent_at
 
     cpdef queue(self, object pkt)
+    cpdef pending(self)
+    cpdef _flush_acks(self)
     cpdef defer_ack(self, QPCore qp)
     cpdef find_srq(self, object srqn)
     cpdef bint hold_tx(self, QPCore qp)

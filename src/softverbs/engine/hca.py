@@ -322,6 +322,11 @@ class HCA:
         burst of requests taken from the network in one go is answered by one
         ACK, and any other packet still leaves after the ACKs before it.
         """
+        return self.pending()
+
+    def pending(self) -> deque[Packet]:
+        """:attr:`outbox`, as a method: a C call for the runtimes, compiled (a
+        property is looked up by name)."""
         if self._acks:
             self._flush_acks()
         return self._outbox
