@@ -49,9 +49,8 @@ cdef class Service:
     cpdef _read(self, object sock)
     @cython.locals(n=cython.longlong)
     cpdef _ring_held(self, Client client, dict held)
-    @cython.locals(client=Client, made=cython.longlong, moved=list, seen=dict)
+    @cython.locals(client=Client, made=cython.longlong, moved=list, seen=dict,
+                   n=cython.Py_ssize_t, i=cython.Py_ssize_t, runtime=Runtime, now=cython.double)
     cpdef _rang(self, _Bell bell)
-    @cython.locals(held=Runtime, runtime=Runtime, now=cython.double)
-    cpdef _ring_queues(self, Client client, list moved)
     cpdef bint _ring(self, Client client, object qp, object queue)
     cpdef bint _doorbell(self, Client client, object qp, object queue)

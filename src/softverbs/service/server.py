@@ -833,35 +833,27 @@ class Service:
         elif client.owner.closed:  # as _doorbell
             self.stats["doorbell_errors"] += len(moved)
         else:  # the listed records are the owner's QPs: ring them without a lookup (_doorbell)
+            # under one take of each runtime's lock and one read of its clock for
+            # the run of queues of its devices (one runtime, mostly), not per queue
+            n = len(moved)
+            i = 0
             with self.host.lock:
-                self._ring_queues(client, moved)
-
-    def _ring_queues(self, client: Client, moved: list[QPObj]) -> None:
-        """Ring the send queues of ``moved`` (records of ``client``'s QPs, :meth:`_rang`),
-        under ``host.lock``: each runtime's lock is taken, and its clock read,
-        once for the run of queues of its devices (one runtime, mostly), not per queue."""
-        held: DeviceRuntime | None = None
-        now = 0.0
-        try:
-            for rec in moved:
-                runtime = rec.device.runtime
-                if runtime is not held:
-                    if held is not None:
-                        held.lock.release()
-                        held = None
-                    runtime.lock.acquire()
-                    held = runtime
-                    now = runtime.clock.now()
-                try:
-                    ring_send_queue(rec, now)
-                except PyverbsError as exc:
-                    self.stats["doorbell_errors"] += 1
-                    log.debug("doorbell of pid %d: %s", client.pid, exc)
-                else:
-                    self._rung.add(runtime)
-        finally:
-            if held is not None:
-                held.lock.release()
+                while i < n:
+                    runtime = moved[i].device.runtime
+                    with runtime.lock:
+                        now = runtime.clock.now()
+                        while i < n:
+                            rec = moved[i]
+                            if rec.device.runtime is not runtime:
+                                break
+                            i += 1
+                            try:
+                                ring_send_queue(rec, now)
+                            except PyverbsError as exc:
+                                self.stats["doorbell_errors"] += 1
+                                log.debug("doorbell of pid %d: %s", client.pid, exc)
+                            else:
+                                self._rung.add(runtime)
 
     def _close_bell(self, client: Client) -> None:
         bell, client.bell = client.bell, None
