@@ -842,10 +842,8 @@ class Service:
                     runtime = moved[i].device.runtime
                     with runtime.lock:
                         now = runtime.clock.now()
-                        while i < n:
+                        while True:
                             rec = moved[i]
-                            if rec.device.runtime is not runtime:
-                                break
                             i += 1
                             try:
                                 ring_send_queue(rec, now)
@@ -854,6 +852,8 @@ class Service:
                                 log.debug("doorbell of pid %d: %s", client.pid, exc)
                             else:
                                 self._rung.add(runtime)
+                            if i == n or moved[i].device.runtime is not runtime:
+                                break  # the last, or the next is another runtime's
 
     def _close_bell(self, client: Client) -> None:
         bell, client.bell = client.bell, None
