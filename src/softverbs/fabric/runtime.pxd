@@ -27,7 +27,7 @@ cdef class Runtime:
     @cython.locals(moved=cython.bint, hca=HCA)
     cpdef bint send_outboxes(self, double now)
     @cython.locals(now=cython.double, did=cython.bint, moved=cython.bint, pkts=list, to=list,
-                   n=cython.Py_ssize_t, i=cython.Py_ssize_t, hca=HCA, delayed=list)
+                   i=cython.Py_ssize_t, hca=HCA, pkt=Packet, delayed=list)
     cpdef bint progress(self)
     cpdef woke(self)
     cpdef bint posted(self)

@@ -213,17 +213,16 @@ class Runtime:
                 moved = True
                 to = self.inbox_to
                 self.inbox, self.inbox_to = [], []
-                n = len(pkts)
                 i = 0
                 try:
-                    while i < n:
+                    for pkt in pkts:
                         hca = to[i]
                         i += 1
-                        hca.receive(pkts[i - 1], now)
-                finally:
-                    if i < n:
-                        self.inbox[0:0] = pkts[i:]
-                        self.inbox_to[0:0] = to[i:]
+                        hca.receive(pkt, now)
+                except BaseException:
+                    self.inbox[0:0] = pkts[i:]
+                    self.inbox_to[0:0] = to[i:]
+                    raise
             # the held packets' check inline: a call per pass for nothing, mostly
             delayed = self._delayed
             if ((delayed and delayed[0][0] <= now) or self.own_events) and self.release_due(now):
