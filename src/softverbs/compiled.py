@@ -83,6 +83,8 @@ LINKED: frozenset[str] = frozenset({
     "softverbs.engine.rings",
     "softverbs.engine.wr",
     "softverbs.wire.codec",  # cimports Packet
+    "softverbs.fabric.runtime",  # cimports HCA and Packet
+    "softverbs.service.server",  # cimports Runtime
     "softverbs.wire.opcodes",
     "softverbs.wire.packet",
     "softverbs.verbs.base",

@@ -435,7 +435,7 @@ def _inject(sim: Simulation, dev: str, payload: bytes, opcode: int = 0x64,
     pkt.sgid = b"\x00" * 10 + b"\xff\xff" + bytes([10, 0, 0, 1])
     pkt.dgid = b"\x00" * 10 + b"\xff\xff" + bytes([10, 0, 0, 2])
     with sim.runtime.lock:
-        sim.runtime.inbox.append((hca, pkt))
+        sim.runtime.arrive(hca, pkt)
         sim.runtime.progress()
 
 

@@ -29,7 +29,6 @@ from softverbs.device.core import (
     PKEY_TABLE,
     CtxObj,
     Device,
-    DeviceRuntime,
     Host,
     Obj,
     Owner,
@@ -501,16 +500,15 @@ def ring_deferred(host: Host, owner: Owner, qp: int, queue: int) -> Device:
     return dev
 
 
-def ring_send_queue(rec: QPObj) -> DeviceRuntime:
+def ring_send_queue(rec: QPObj, now: float) -> None:
     """The send queue doorbell of QP ``rec``, which the caller holds already
     (the service's scan of a process's send queues on an eventfd wake-up,
-    service/server.py ``_Bell``), without running the engine: the runtime
-    that must run next.  The caller holds ``host.lock`` and has checked that
-    ``rec`` is still its owner's."""
-    runtime = rec.device.runtime
-    with runtime.lock:
-        rec.engine.doorbell(runtime.clock.now())
-    return runtime
+    service/server.py ``_Bell``), without running the engine (its runtime,
+    ``rec.device.runtime``, must run next).  The caller holds ``host.lock``
+    and that runtime's lock, ``now`` is its clock's time (one take and one
+    read for every queue of the scan), and it has checked that ``rec`` is
+    still its owner's."""
+    rec.engine.doorbell(now)
 
 
 def cancel_send(host: Host, owner: Owner, req: records.CancelSend, res: Resources) -> records.Count:

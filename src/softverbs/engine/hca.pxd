@@ -9,6 +9,7 @@
 from softverbs.engine.core cimport QPCore
 from softverbs.engine.memory cimport KeyTable
 from softverbs.wire.packet cimport Packet
+from softverbs.wire.opcodes cimport OpInfo
 
 cimport cython
 
@@ -27,14 +28,16 @@ cdef class HCA:
     cdef public double cnp_sent_at
 
     cpdef queue(self, object pkt)
+    cpdef pending(self)
+    cpdef _flush_acks(self)
     cpdef defer_ack(self, QPCore qp)
     cpdef find_srq(self, object srqn)
     cpdef bint hold_tx(self, QPCore qp)
     cpdef schedule(self, QPCore qp, double deadline)
-    # per packet and per pass of a runtime's progress loop: the packet, the QP and the
-    # timer heap's entries typed.  The runtimes call receive by attribute, so one set
-    # on an instance (a test's) still receives in its place.
-    @cython.locals(qp=QPCore, count=cython.longlong)
+    # per packet and per pass of a runtime's progress loop: the packet, its OpInfo, the QP
+    # and the timer heap's entries typed.  The instance has a __dict__, so the runtimes'
+    # C call of receive finds one set on an instance (a test's), which receives instead.
+    @cython.locals(qp=QPCore, count=cython.longlong, info=OpInfo)
     cpdef receive(self, Packet pkt, object now)
     @cython.locals(timers=list, top=tuple, qp=QPCore)
     cpdef next_deadline(self)

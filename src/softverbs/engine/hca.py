@@ -322,6 +322,11 @@ class HCA:
         burst of requests taken from the network in one go is answered by one
         ACK, and any other packet still leaves after the ACKs before it.
         """
+        return self.pending()
+
+    def pending(self) -> deque[Packet]:
+        """:attr:`outbox`, as a method: a C call for the runtimes, compiled (a
+        property is looked up by name)."""
         if self._acks:
             self._flush_acks()
         return self._outbox
@@ -341,10 +346,12 @@ class HCA:
         self._acks.append(qp)  # type: ignore[arg-type]  # a QPEngine (no cast: a call at run time)
 
     def receive(self, pkt: Packet, now: float) -> None:
-        """Deliver one decoded packet addressed to this device.  The runtimes
-        call it by attribute, so what a test sets on an instance in its place
-        receives instead."""
-        count = pkt.count
+        """Deliver one decoded packet addressed to this device.  What a test
+        sets on an instance in its place receives instead (compiled, the
+        runtimes' C call of it looks in the instance's ``__dict__`` first)."""
+        # a Packet's count is a class attribute (1), a Burst's a slot of its own:
+        # the type check is a pointer compare compiled, the attribute a lookup by name
+        count = 1 if type(pkt) is Packet else pkt.count
         self.rcvd_pkts += count
         info = OPINFO[pkt.opcode]
         if info is None:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import heapq
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
@@ -96,21 +95,30 @@ class DeviceRuntime(Protocol):
 
 
 class Runtime:
-    """Lock, clock and progress loop shared by a set of devices."""
+    """Lock, clock and progress loop shared by a set of devices.
 
-    #: the fabric takes a :class:`~softverbs.wire.packet.Burst` whole; else
-    #: every burst is split into its packets before :meth:`transmit`
-    bursts = False
-    #: :meth:`release_due` has events of its own (a switch's) beside the packets the
-    #: fault layer holds, so :meth:`progress` calls it on every pass
-    own_events = False
+    Compiled, it is an extension type (``runtime.pxd``): the service's calls
+    into it and its own calls into the devices (:class:`HCA`, typed) are C
+    calls.  Subclasses are ordinary Python classes and override any method;
+    the settings below are instance fields, which a subclass sets in its
+    ``__init__`` (a class attribute of a subclass would not be seen by the
+    compiled methods)."""
 
     def __init__(self, clock: Clock | None = None) -> None:
+        #: the fabric takes a :class:`~softverbs.wire.packet.Burst` whole; else
+        #: every burst is split into its packets before :meth:`transmit`
+        self.bursts = False
+        #: :meth:`release_due` has events of its own (a switch's) beside the packets the
+        #: fault layer holds, so :meth:`progress` calls it on every pass
+        self.own_events = False
         self.lock = threading.RLock()
         self.cond = threading.Condition(self.lock)
         self.clock: Clock = clock or MonotonicClock()
         self.hcas: list[HCA] = []
-        self.inbox: deque[tuple[HCA, Packet]] = deque()
+        #: packets handed over and not yet received, and the device each is for (two
+        #: lists side by side, in the order they were handed over: :meth:`arrive`)
+        self.inbox: list[Packet] = []
+        self.inbox_to: list[HCA] = []
         self.faults: PacketFilter | None = None
         self._delayed: list[tuple[float, int, HCA, Packet]] = []
         self._delay_seq = 0
@@ -128,6 +136,12 @@ class Runtime:
                 self.hcas.remove(hca)
 
     # --- fabric ---------------------------------------------------------------
+    def arrive(self, dst: HCA, pkt: Packet) -> None:
+        """Queue ``pkt`` for ``dst``: :meth:`progress` delivers it after every
+        outbox is drained, in the order the packets were queued."""
+        self.inbox.append(pkt)
+        self.inbox_to.append(dst)
+
     def transmit(self, src: HCA, pkt: Packet, now: float) -> None:
         """Put one packet on the wire.  Subclasses route it."""
         raise NotImplementedError
@@ -148,11 +162,14 @@ class Runtime:
                 sink.write_packet(pkt, ts)
 
     def _send(self, src: HCA, pkt: Packet, now: float) -> None:
-        if pkt.count > 1 and (self.taps or self.faults is not None or not self.bursts):
+        # a Packet's count is a class attribute (1), a Burst's a slot of its own:
+        # the type check is a pointer compare compiled, the attribute a lookup by name
+        count = 1 if type(pkt) is Packet else pkt.count
+        if count > 1 and (self.taps or self.faults is not None or not self.bursts):
             for seg in pkt.segments():  # each packet on its own, exactly as sent singly
                 self._send(src, seg, now)
             return
-        src.sent_pkts += pkt.count
+        src.sent_pkts += count
         if self.taps:
             self.tap(pkt, now)
         faults = self.faults
@@ -172,7 +189,7 @@ class Runtime:
         there was anything."""
         moved = False
         for hca in self.hcas:
-            outbox = hca.outbox
+            outbox = hca.pending()
             while outbox:
                 moved = True
                 self._send(hca, outbox.popleft(), now)
@@ -183,16 +200,29 @@ class Runtime:
 
         Must be called with :attr:`lock` held.
         """
-        clock = self.clock
-        now = clock.now()
+        now = self.clock.now()
         did = False
         while True:
             moved = self.send_outboxes(now)
-            inbox = self.inbox
-            while inbox:
+            pkts = self.inbox
+            if pkts:
+                # what was handed over, in order: the lists are taken whole and new
+                # ones started, so a packet queued meanwhile waits for the next pass;
+                # should a device's receive raise, the packets after the one it
+                # raised on stay queued, first
                 moved = True
-                hca, pkt = inbox.popleft()
-                hca.receive(pkt, now)
+                to = self.inbox_to
+                self.inbox, self.inbox_to = [], []
+                i = 0
+                try:
+                    for pkt in pkts:
+                        hca = to[i]
+                        i += 1
+                        hca.receive(pkt, now)
+                except BaseException:
+                    self.inbox[0:0] = pkts[i:]
+                    self.inbox_to[0:0] = to[i:]
+                    raise
             # the held packets' check inline: a call per pass for nothing, mostly
             delayed = self._delayed
             if ((delayed and delayed[0][0] <= now) or self.own_events) and self.release_due(now):
@@ -204,8 +234,10 @@ class Runtime:
             if not moved:
                 break
             did = True
-        if did:
-            self.woke()
+        if did:  # woke(), inline: a call per progress
+            self.generation += 1
+            if self.sleepers:
+                self.cond.notify_all()
         return did
 
     def woke(self) -> None:
@@ -329,13 +361,12 @@ class InprocRuntime(Runtime):
     that group, the sender's own device included, as a switch floods a group
     to its member ports."""
 
-    bursts = True
-    #: a unicast packet to an attached device goes straight to the inbox when no
-    #: tap or fault layer watches (:meth:`send_outboxes`); False: always :meth:`transmit`
-    direct = True
-
     def __init__(self, clock: Clock | None = None) -> None:
         super().__init__(clock)
+        self.bursts = True
+        #: a unicast packet to an attached device goes straight to the inbox when no
+        #: tap or fault layer watches (:meth:`send_outboxes`); False: always :meth:`transmit`
+        self.direct = True
         #: the attached devices by their unicast GIDs: a multicast GID is never a key,
         #: so a packet whose destination is found here is unicast (see transmit)
         self.by_gid: dict[bytes, HCA] = {}
@@ -364,21 +395,21 @@ class InprocRuntime(Runtime):
         same.  Taps, faults, multicast, a packet to nobody and one to corrupt
         take the general path."""
         if self.taps or self.faults is not None or not self.direct:
-            return super().send_outboxes(now)
+            return Runtime.send_outboxes(self, now)
         by_gid = self.by_gid
-        inbox = self.inbox
         moved = False
         for hca in self.hcas:
-            outbox = hca.outbox
+            outbox = hca.pending()
             while outbox:
                 moved = True
                 pkt = outbox.popleft()
                 dst = by_gid.get(pkt.dgid)
                 if dst is None or pkt.corrupt_bit >= 0:
                     self._send(hca, pkt, now)
-                else:
-                    hca.sent_pkts += pkt.count
-                    inbox.append((dst, pkt))
+                else:  # what arrive() does, in the loop
+                    hca.sent_pkts += 1 if type(pkt) is Packet else pkt.count  # see _send
+                    self.inbox.append(pkt)
+                    self.inbox_to.append(dst)
         return moved
 
     def transmit(self, src: HCA, pkt: Packet, now: float) -> None:
@@ -390,7 +421,7 @@ class InprocRuntime(Runtime):
                 if not members:
                     src.counters["drop_mcast_no_member"] += 1
                 for hca in members:
-                    self.inbox.append((hca, pkt))
+                    self.arrive(hca, pkt)
             else:
                 src.counters["drop_no_route"] += 1
             return
@@ -405,7 +436,7 @@ class InprocRuntime(Runtime):
                 dst.counters["rcvd_pkts"] += 1
                 dst.counters[f"drop_{exc.reason}"] += 1
                 return
-        self.inbox.append((dst, pkt))
+        self.arrive(dst, pkt)
 
 
 def flip_bit(data: bytearray, bit: int) -> bytearray:

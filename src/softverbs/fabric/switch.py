@@ -256,12 +256,11 @@ class SwitchedRuntime(InprocRuntime):
     """The in-process fabric with a switch between the devices (see the module
     docstring).  Packets go singly: the switch queues, marks and drops each."""
 
-    bursts = False
-    own_events = True
-    direct = False  # every packet goes through the switch (transmit)
-
     def __init__(self, topology: Topology, clock: Clock | None = None) -> None:
         super().__init__(clock)
+        self.bursts = False
+        self.own_events = True
+        self.direct = False  # every packet goes through the switch (transmit)
         problem = topology.check()
         if problem:
             raise ValueError(f"topology: {problem}")
@@ -343,7 +342,7 @@ class SwitchedRuntime(InprocRuntime):
                 continue
             pkt = maybe
             if stage == _AT_HOST:
-                self.inbox.append((dst, pkt))
+                self.arrive(dst, pkt)
                 continue
             port = self.egress[dst.name]
             if stage == _DEQUEUE:  # it starts to leave

@@ -2,7 +2,10 @@
 # The loop's own objects become extension types: the turn, the read of a
 # client's socket and the ring of its doorbells read and write their fields as
 # C struct members (the counters and flags as C integers), and call each other
-# as C functions.  Nothing else in softverbs cimports them.
+# as C functions, and its runtimes are typed (fabric/runtime.pxd), so their
+# progress and next_deadline are C calls.  Nothing else in softverbs cimports them.
+
+from softverbs.fabric.runtime cimport Runtime
 
 cimport cython
 
@@ -25,6 +28,8 @@ cdef class Service:
     cdef public object _idle_since, _writers_lock, _fence, _pid_fd
     cdef public object listener, _wake_r, _wake_w, _epoll
     cdef public dict clients, _polled, _keys
+    cdef public list _runtime_list
+    cdef public long long _runtime_devices
     cdef public set _writers, _rung
     cdef public double spin, _busy, _timeout
     cdef public bint _flagged, _stopping
@@ -33,18 +38,19 @@ cdef class Service:
 
     @cython.locals(served=cython.bint, client=Client)
     cpdef _turn(self)
-    @cython.locals(out=list)
+    @cython.locals(out=list, devices=list)
     cpdef list _runtimes(self)
     cpdef list _wait(self, double timeout)
     @cython.locals(keys=dict, out=list)
     cpdef list _ready(self, double timeout)
-    @cython.locals(timeout=cython.double)
+    @cython.locals(timeout=cython.double, runtime=Runtime)
     cpdef double _progress(self, object runtimes)
     @cython.locals(client=Client, budget=cython.longlong, got=cython.longlong, held=dict)
     cpdef _read(self, object sock)
     @cython.locals(n=cython.longlong)
     cpdef _ring_held(self, Client client, dict held)
-    @cython.locals(client=Client, made=cython.longlong, moved=list, seen=dict)
+    @cython.locals(client=Client, made=cython.longlong, moved=list, seen=dict,
+                   n=cython.Py_ssize_t, i=cython.Py_ssize_t, runtime=Runtime, now=cython.double)
     cpdef _rang(self, _Bell bell)
     cpdef bint _ring(self, Client client, object qp, object queue)
     cpdef bint _doorbell(self, Client client, object qp, object queue)

@@ -553,6 +553,10 @@ class Service:
         self._rung: set[DeviceRuntime] = set()
         #: the next wait's timeout: the earliest engine timer (_progress)
         self._timeout = 1.0
+        #: the runtimes of the open devices (_runtimes), None when to be listed again,
+        #: and how many devices there were when they were listed
+        self._runtime_list: list[DeviceRuntime] | None = None
+        self._runtime_devices = 0
         self._pid_fd = claim_pidfile(self.pidfile, path)
         try:
             # We hold the lock: a socket file left here is a dead service's.
@@ -628,11 +632,18 @@ class Service:
 
     def _runtimes(self) -> list[DeviceRuntime]:
         """The runtimes of the open devices, each once: the in-process devices
-        share one, whose progress loop runs them all."""
-        out: list[DeviceRuntime] = []
-        for dev in list(self.registry.devices.values()):
-            if dev.core is not None and dev.runtime not in out:
-                out.append(dev.runtime)
+        share one, whose progress loop runs them all.  Kept from turn to turn
+        (:attr:`_runtime_list`): devices are opened and closed only by requests
+        and by a client's going, which drop it (:meth:`handle`, :meth:`drop`)."""
+        out = self._runtime_list
+        if out is None or len(self.registry.devices) != self._runtime_devices:
+            devices = list(self.registry.devices.values())
+            out = []
+            for dev in devices:
+                if dev.core is not None and dev.runtime not in out:
+                    out.append(dev.runtime)
+            self._runtime_list = out
+            self._runtime_devices = len(devices)
         return out
 
     def _progress(self, runtimes: Iterable[DeviceRuntime]) -> float:
@@ -822,13 +833,27 @@ class Service:
         elif client.owner.closed:  # as _doorbell
             self.stats["doorbell_errors"] += len(moved)
         else:  # the listed records are the owner's QPs: ring them without a lookup (_doorbell)
+            # under one take of each runtime's lock and one read of its clock for
+            # the run of queues of its devices (one runtime, mostly), not per queue
+            n = len(moved)
+            i = 0
             with self.host.lock:
-                for rec in moved:
-                    try:
-                        self._rung.add(ring_send_queue(rec))
-                    except PyverbsError as exc:
-                        self.stats["doorbell_errors"] += 1
-                        log.debug("doorbell of pid %d: %s", client.pid, exc)
+                while i < n:
+                    runtime = moved[i].device.runtime
+                    with runtime.lock:
+                        now = runtime.clock.now()
+                        while True:
+                            rec = moved[i]
+                            i += 1
+                            try:
+                                ring_send_queue(rec, now)
+                            except PyverbsError as exc:
+                                self.stats["doorbell_errors"] += 1
+                                log.debug("doorbell of pid %d: %s", client.pid, exc)
+                            else:
+                                self._rung.add(runtime)
+                            if i == n or moved[i].device.runtime is not runtime:
+                                break  # the last, or the next is another runtime's
 
     def _close_bell(self, client: Client) -> None:
         bell, client.bell = client.bell, None
@@ -1039,6 +1064,7 @@ class Service:
             self._ring(client, msg.body.qp, msg.body.queue)
             return
         self._forget_polled()
+        self._runtime_list = None  # the request may open or close a device
         if client.bell is not None:  # its posts before this request run before it, as a
             self._rang(client.bell)  # DOORBELL message before it on the socket would
         if self._rung:  # the request sees what the doorbells before it started
@@ -1255,6 +1281,7 @@ class Service:
         if self.clients.pop(client.sock, None) is None:
             return
         self._forget_polled()
+        self._runtime_list = None  # its going may close a device (Registry._idle)
         self._close_bell(client)
         with contextlib.suppress(Exception):
             self.sel.unregister(client.sock)
