@@ -349,9 +349,7 @@ class HCA:
         """Deliver one decoded packet addressed to this device.  What a test
         sets on an instance in its place receives instead (compiled, the
         runtimes' C call of it looks in the instance's ``__dict__`` first)."""
-        # a Packet's count is a class attribute (1), a Burst's a slot of its own:
-        # the type check is a pointer compare compiled, the attribute a lookup by name
-        count = 1 if type(pkt) is Packet else pkt.count
+        count = pkt.count
         self.rcvd_pkts += count
         info = OPINFO[pkt.opcode]
         if info is None:

@@ -162,9 +162,7 @@ class Runtime:
                 sink.write_packet(pkt, ts)
 
     def _send(self, src: HCA, pkt: Packet, now: float) -> None:
-        # a Packet's count is a class attribute (1), a Burst's a slot of its own:
-        # the type check is a pointer compare compiled, the attribute a lookup by name
-        count = 1 if type(pkt) is Packet else pkt.count
+        count = pkt.count
         if count > 1 and (self.taps or self.faults is not None or not self.bursts):
             for seg in pkt.segments():  # each packet on its own, exactly as sent singly
                 self._send(src, seg, now)
@@ -407,7 +405,7 @@ class InprocRuntime(Runtime):
                 if dst is None or pkt.corrupt_bit >= 0:
                     self._send(hca, pkt, now)
                 else:  # what arrive() does, in the loop
-                    hca.sent_pkts += 1 if type(pkt) is Packet else pkt.count  # see _send
+                    hca.sent_pkts += pkt.count
                     self.inbox.append(pkt)
                     self.inbox_to.append(dst)
         return moved
