@@ -386,6 +386,34 @@ def test_lost_ack_duplicate_is_reacked_not_redelivered() -> None:
     assert b.b.poll_recv() == [], "the duplicate must not consume a second receive"
 
 
+def test_lost_last_ack_and_the_peer_qp_gone_spends_every_retry() -> None:
+    """The ACK of the last message is lost and its receiver, having all it waited
+    for, destroys its QP (ibv_rc_pingpong's exit): each retransmission meets no QP
+    and is counted ``drop_unknown_qp`` there, and the sender's WR ends with
+    RETRY_EXC_ERR after its first transmission and retry_cnt retries, a timeout
+    apart, as on hardware.  (With the QP alive the same loss is mended by one
+    retransmission: test_lost_ack_duplicate_is_reacked_not_redelivered.)"""
+    timeout, retry_cnt = 12, 7
+    t_ack = P.ack_timeout_s(timeout)
+    assert t_ack is not None
+    b = bench(timeout=timeout, retry_cnt=retry_cnt, policy=drop_if(from_b(is_ack)))
+    b.b.post_recv(RECV_OFF, 4096)
+    b.a.post_send(IBV_WR_SEND, 0, 600)
+    b.pump()
+    assert [c.status for c in b.b.poll_recv()] == [IBV_WC_SUCCESS]
+    b.b.qp.reset()
+    b.b.hca.qps.pop(b.b.qp.qpn)
+    b.run()
+    (c,) = b.a.poll_send()
+    assert c.status == IBV_WC_RETRY_EXC_ERR
+    rounds = [0.0]
+    for _ in range(retry_cnt):
+        rounds.append(rounds[-1] + t_ack)
+    assert sorted({s.t for s in b.sent("a")}) == rounds
+    assert b.b.counters["drop_unknown_qp"] == retry_cnt * npkts(600)
+    assert b.a.counters["local_ack_timeout_err"] == retry_cnt + 1
+
+
 def test_lost_ack_covered_by_the_next_cumulative_ack() -> None:
     b = bench(policy=drop_if(from_b(is_ack)))
     for i in range(2):
