@@ -90,14 +90,13 @@ cdef class ProcessSpan:
     cpdef place(self, object offset, object data, Py_ssize_t tail)
     cpdef object read(self)
     cpdef bint still_mapped(self)
-    @cython.locals(pin=Pin)
     cpdef object fetch(self, object offset, object length)
-    @cython.locals(pin=Pin)
     cpdef object part(self, object offset, object length)
 
 
 cdef object _read(ProcessMemory mem, object addr, Py_ssize_t length)
-cdef object _inside(ProcessSpan span, object offset, object length)
+@cython.locals(pin=Pin)
+cdef object _backed(ProcessSpan span, object offset, object length)
 
 
 cdef ProcessSpan _cut(ProcessSpan span, slice index)

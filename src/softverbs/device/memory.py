@@ -626,18 +626,13 @@ class ProcessSpan:
         """``self[offset : offset + length].read()`` if that part is still backed as
         registered, else None (``engine.memory.Span``: a key's read access, the
         check and the copy with no span made for the part)."""
-        addr = _inside(self, offset, length)
-        pin = self.pin
-        if pin is not None and not self.mem.still_pinned(pin, addr, length):
-            return None
-        return _read(self.mem, addr, length)
+        addr = _backed(self, offset, length)
+        return None if addr is None else _read(self.mem, addr, length)
 
     def part(self, offset: int, length: int) -> ProcessSpan | None:
         """``self[offset : offset + length]`` if that part is still backed as
         registered, else None (``engine.memory.Span``: a key's write access)."""
-        addr = _inside(self, offset, length)
-        pin = self.pin
-        if pin is not None and not self.mem.still_pinned(pin, addr, length):
+        if _backed(self, offset, length) is None:
             return None
         return _subspan(self, offset, length)
 
@@ -654,13 +649,19 @@ def _read(mem: ProcessMemory, addr: int, length: int) -> memoryview:
     return memoryview(mem.read(addr, length))
 
 
-def _inside(span: ProcessSpan, offset: int, length: int) -> int:
-    """The address of ``[offset, offset + length)`` of ``span``, which must lie in it
-    (the engine's key checked its bounds; this keeps a span's own)."""
+def _backed(span: ProcessSpan, offset: int, length: int) -> int | None:
+    """The address of ``[offset, offset + length)`` of ``span`` if that part is still
+    backed as registered (:meth:`ProcessSpan.still_mapped`, for a part), else None.
+    The part must lie in the span (the engine's key checked its bounds; this keeps
+    a span's own)."""
     if offset < 0 or length < 0 or offset + length > span.length:
         raise ValueError(f"memory span access: [{offset}, +{length}) is outside "
                          f"[0, {span.length})")  # fmt: skip
-    return span.addr + offset
+    addr = span.addr + offset
+    pin = span.pin
+    if pin is not None and not span.mem.still_pinned(pin, addr, length):
+        return None
+    return addr
 
 
 def _cut(span: ProcessSpan, index: slice) -> ProcessSpan:
