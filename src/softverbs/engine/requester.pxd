@@ -13,7 +13,7 @@ from softverbs.engine.congestion cimport CongestionControl
 from softverbs.engine.memory cimport KeyTable
 from softverbs.engine.rings cimport SendWQE, WorkRing
 from softverbs.engine.wr cimport WrInfo, move, pending
-from softverbs.wire.packet cimport Packet
+from softverbs.wire.packet cimport Packet, burst, new_packet
 
 # enum members the per-WQE path compares with: C globals, no dict lookup
 cdef object _SIG_PENDING, _W_QUEUED, _W_ACTIVE, _W_CANCELLED, _W_DONE, _W_FAILED
