@@ -7,7 +7,7 @@ cimport cython
 cimport softverbs.engine.psn as P
 from softverbs.engine.core cimport QPCore
 from softverbs.engine.requester cimport Requester
-from softverbs.engine.rings cimport CQE, SendWQE
+from softverbs.engine.rings cimport CQE, SendWQE, new_cqe
 from softverbs.engine.wr cimport WrInfo, finished, move
 from softverbs.wire.opcodes cimport OpInfo, aeth_kind, aeth_value
 from softverbs.wire.packet cimport Packet
@@ -17,6 +17,7 @@ cdef object _C_ACK, _C_BURST, _C_DUPLICATE, _C_ERROR_RETRY, _C_AFTER_GAP, _C_INV
 cdef object _K_ACK, _K_READ_RESP, _W_DONE, _W_ACTIVE, _W_FAILED
 cdef object _WR_READ, _WR_ATOMIC, _WR_SEND, _RTS, _SQD
 cdef dict _WR_INFO
+cdef long long _AETH_ACK, _AETH_RNR_NAK, _AETH_NAK
 
 cdef class Completer:
     cdef public QPCore qp
@@ -58,5 +59,5 @@ cdef class Completer:
     cpdef _atomic_ack(self, Packet pkt, double now)
     @cython.locals(wqe=SendWQE, end=cython.longlong, off=cython.longlong)
     cpdef rewind(self, long long psn)
-    @cython.locals(wqe=SendWQE, info=WrInfo, ok=bint, cqe=CQE)
+    @cython.locals(wqe=SendWQE, info=WrInfo, ok=bint, cqe=CQE, tag=tuple)
     cpdef complete(self, double now)

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING
 
 from softverbs.engine import psn as P
 from softverbs.engine.core import NATIVE
-from softverbs.engine.rings import CQE, SendWQE, WqeState, scatter
+from softverbs.engine.rings import SendWQE, WqeState, new_cqe, scatter
 from softverbs.engine.wr import WR_INFO, WrClass, finished, move
 from softverbs.enums import (
     IBV_QPS_RTS,
@@ -131,6 +131,10 @@ _WR_ATOMIC = WrClass.ATOMIC
 _WR_SEND = WrClass.SEND
 _RTS = IBV_QPS_RTS
 _SQD = IBV_QPS_SQD
+# the AETH kinds every ACK is compared with: C constants compiled (completer.pxd)
+_AETH_ACK = AETH_ACK
+_AETH_RNR_NAK = AETH_RNR_NAK
+_AETH_NAK = AETH_NAK
 # WR_INFO, read per WQE: compiled a dict-typed C global (completer.pxd), so the
 # lookup is a direct dictionary lookup; interpreted the same subscript as before
 _WR_INFO = WR_INFO
@@ -280,7 +284,7 @@ class Completer:
         kind = info.kind
         if kind is _K_ACK:
             k = aeth_kind(pkt.syndrome)
-            if k == AETH_ACK:
+            if k == _AETH_ACK:
                 if P.diff(pkt.psn, self.una) < 0:
                     # Acknowledges nothing new (say, the re-ACK of a duplicate request).
                     counters["duplicate_response"] += 1
@@ -289,9 +293,9 @@ class Completer:
                     counters["drop_unexpected_response"] += 1  # a PSN never sent
                     return _C_INVALID
                 return self._acked(pkt.psn, now)
-            if k == AETH_RNR_NAK:
+            if k == _AETH_RNR_NAK:
                 return self._rnr_nak(pkt, now)
-            if k == AETH_NAK:
+            if k == _AETH_NAK:
                 return self._nak(pkt, now)
             counters["drop_bad_aeth"] += 1
             return _C_INVALID
@@ -568,12 +572,13 @@ class Completer:
                 qp.hca.rdma_sends += 1  # rxe: every completed SEND WQE
             if ok and not (wqe.signaled or qp.sq_sig_all):
                 continue
-            cqe = CQE(wqe.wr_id, wqe.status, info.wc_opcode, qp.qpn)
+            cqe = new_cqe(wqe.wr_id, wqe.status, info.wc_opcode, qp.qpn)
             if ok:
                 cqe.byte_len = 8 if info.klass is _WR_ATOMIC else wqe.length
             else:
                 cqe.reason = wqe.reason
-            cqe.wq_kind, cqe.wq_handle = qp.sq.tag  # type: ignore[union-attr]
+            tag = qp.sq.tag  # type: ignore[union-attr]
+            cqe.wq_kind, cqe.wq_handle = tag  # compiled a tuple: unpacked without an iterator
             cqe.index = wqe.index
             qp.push_cqe(qp.send_cq, cqe)
             if not ok:

@@ -10,11 +10,13 @@
 
 from softverbs.engine.hca cimport HCA
 from softverbs.engine.rings cimport CQE, CompletionRing, Route, SharedRecvRing, WorkRing
-from softverbs.wire.packet cimport Packet
+from softverbs.wire.packet cimport Packet, new_packet
 
 cimport cython
 
-# every how many packets a message asks for an ACK: a C call from the requester
+# every how many packets a message asks for an ACK: a C call from the requester,
+# dividing by a C constant (ACKS_PER_WINDOW stays a Python name)
+cdef long long _ACKS
 cpdef long long ack_every(long long window)
 
 cdef class QPCore:

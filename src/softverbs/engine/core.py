@@ -45,7 +45,7 @@ from softverbs.enums import (
     IBV_WC_WR_FLUSH_ERR,
 )
 from softverbs.wire.opcodes import Transport
-from softverbs.wire.packet import Packet, qp_sport
+from softverbs.wire.packet import Packet, new_packet, qp_sport
 
 if TYPE_CHECKING:
     from softverbs.engine.congestion import CCConfig
@@ -102,11 +102,12 @@ MIN_WINDOW = 4
 #: A long message asks for an ACK this many times per window, besides on its last
 #: packet, so that an ACK is on its way back long before the window closes.
 ACKS_PER_WINDOW = 4
+_ACKS = ACKS_PER_WINDOW  # a C constant compiled (core.pxd): ack_every's divisor, per message
 
 
 def ack_every(window: int) -> int:
     """Every how many packets a long message asks for an ACK, for this window."""
-    return max(1, window // ACKS_PER_WINDOW)
+    return max(1, window // _ACKS)
 
 
 #: What each QP counts of itself (``rdma statistic qp``), by rxe's device-wide names:
@@ -262,7 +263,7 @@ class QPCore:
 
     def new_request(self, opcode: int, psn: int, payload: Any = b"") -> Packet:
         """A request packet addressed to the connected peer."""
-        pkt = Packet(opcode, self.dest_qpn, psn, payload)
+        pkt = new_packet(opcode, self.dest_qpn, psn, payload)
         self.address(pkt, self.route)
         return pkt
 
@@ -282,7 +283,7 @@ class QPCore:
 
     def reply(self, req: Packet, opcode: int, psn: int, payload: Any = b"") -> Packet:
         """A response packet back to the sender of ``req``."""
-        pkt = Packet(opcode, self.dest_qpn, psn, payload)
+        pkt = new_packet(opcode, self.dest_qpn, psn, payload)
         pkt.pkey = self.pkey
         pkt.sqpn = self.qpn
         pkt.sport = self.sport or req.sport

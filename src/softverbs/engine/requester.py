@@ -71,7 +71,7 @@ from softverbs.enums import (
     IBV_WR_LOCAL_INV,
 )
 from softverbs.wire.opcodes import Op
-from softverbs.wire.packet import Packet, burst
+from softverbs.wire.packet import burst, new_packet
 
 if TYPE_CHECKING:
     from softverbs.engine.completer import Completer
@@ -368,7 +368,7 @@ class Requester:
         data = wqe.data
         payload = data if n == 1 else data[i * pmtu : (i + count) * pmtu]
         if qp.is_ud:
-            pkt = Packet(0, wqe.remote_qpn, psn, payload)
+            pkt = new_packet(0, wqe.remote_qpn, psn, payload)
             qp.address(pkt, wqe.route)
             qkey = wqe.remote_qkey
             pkt.qkey = qp.qkey if qkey & 0x80000000 else qkey

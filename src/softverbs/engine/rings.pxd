@@ -48,6 +48,18 @@ cdef class CQE:
     cdef public object src_qp, pkey_index, sl, slid, solicited, reason, wq_kind, wq_handle
     cdef public object index, dead
 
+    # the fields of a new CQE: the constructor's and new_cqe's
+    cdef _init(self, object wr_id, object status, object opcode, object qp_num,
+               object byte_len, object wc_flags, object imm)
+
+
+# a new CQE, as the engine makes one per completion: the object from the freelist
+# (tp_new, no call through the type, no argument parsing) filled by CQE._init,
+# which the constructor calls too (one list of the defaults)
+@cython.locals(c=CQE)
+cpdef CQE new_cqe(object wr_id, object status, object opcode, object qp_num,
+                  object byte_len=*, object wc_flags=*, object imm=*)
+
 
 # The packed slot stores: the byte layouts of the shared rings (docs/rings.md).  The
 # device reads a send or receive WQE and writes a CQE per message through them; as

@@ -267,6 +267,12 @@ class CQE:
         wc_flags: int = 0,
         imm: int = 0,
     ) -> None:
+        self._init(wr_id, status, opcode, qp_num, byte_len, wc_flags, imm)
+
+    def _init(self, wr_id: int, status: int, opcode: int, qp_num: int, byte_len: int,
+              wc_flags: int, imm: int) -> None:  # fmt: skip
+        """A new CQE's fields: the constructor's and :func:`new_cqe`'s one list
+        (compiled a C method, so new_cqe fills a CQE by a C call)."""
         self.wr_id = wr_id
         self.status = status
         self.opcode = opcode
@@ -285,6 +291,17 @@ class CQE:
         self.wq_handle = 0
         self.index = 0
         self.dead = False
+
+
+def new_cqe(wr_id: int, status: int, opcode: int, qp_num: int, byte_len: int = 0,
+            wc_flags: int = 0, imm: int = 0) -> CQE:  # fmt: skip
+    """``CQE(wr_id, status, opcode, qp_num, ...)``, as the engine makes one per
+    completion: compiled, the object comes from the type's free list and is filled
+    by a C call (:meth:`CQE._init`), without the constructor's call through the
+    type and its argument parsing."""
+    c = CQE.__new__(CQE)
+    c._init(wr_id, status, opcode, qp_num, byte_len, wc_flags, imm)
+    return c
 
 
 # --- slot stores -----------------------------------------------------------------------------

@@ -27,6 +27,15 @@ cdef class Packet:
     # packet by the runtime, the device, the QP and its parts, a C integer
     cdef public long long count
 
+    # the fields of a new packet: the constructor's and new_packet's
+    cdef _init(self, object opcode, object dqpn, object psn, object payload)
+
+
+# a new packet, as the engine makes its requests and responses: the object from the
+# freelist (tp_new, no call through the type, no argument parsing) filled by
+# Packet._init, which the constructor calls too (one list of the defaults)
+@cython.locals(pkt=Packet)
+cpdef Packet new_packet(object opcode, object dqpn, object psn, object payload=*)
 
 # every field of src onto dst: C struct copies (a burst and each packet split from it)
 cpdef _copy_fields(Packet src, Packet dst)

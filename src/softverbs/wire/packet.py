@@ -152,6 +152,11 @@ class Packet:
     count: int  #: packets this object stands for: 1, or a Burst's count
 
     def __init__(self, opcode: int, dqpn: int, psn: int, payload: Any = b"") -> None:
+        self._init(opcode, dqpn, psn, payload)
+
+    def _init(self, opcode: int, dqpn: int, psn: int, payload: Any) -> None:
+        """A new packet's fields: the constructor's and :func:`new_packet`'s one list
+        (compiled a C method, so new_packet fills a packet by a C call)."""
         self.opcode = opcode
         self.dqpn = dqpn
         self.psn = psn
@@ -203,6 +208,16 @@ class Packet:
         info = OPINFO[self.opcode]
         name = info.name if info else f"opcode {self.opcode:#04x}"
         return f"<Packet {name} dqpn={self.dqpn:#x} psn={self.psn} len={len(self.payload)}>"
+
+
+def new_packet(opcode: int, dqpn: int, psn: int, payload: Any = b"") -> Packet:
+    """``Packet(opcode, dqpn, psn, payload)``, as the engine makes its requests and
+    responses: compiled, the object comes from the type's free list and is filled
+    by a C call (:meth:`Packet._init`), without the constructor's call through the
+    type and its argument parsing (one of each per packet)."""
+    pkt = Packet.__new__(Packet)
+    pkt._init(opcode, dqpn, psn, payload)
+    return pkt
 
 
 class Burst(Packet):
