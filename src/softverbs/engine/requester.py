@@ -106,8 +106,11 @@ _RTS = IBV_QPS_RTS
 _SQD = IBV_QPS_SQD
 _ERR = IBV_QPS_ERR
 # WR_INFO, read per WQE: compiled a dict-typed C global (requester.pxd), so the
-# lookup is a direct dictionary lookup; interpreted the same subscript as before
-_WR_INFO = WR_INFO
+# lookup is a direct dictionary lookup; interpreted the same subscript as before.
+# Its keys are plain ints: WR_INFO's are IntEnum members, and a WQE's opcode (a
+# plain int) found under one was compared by a rich comparison through the enum
+# type (about 200 instructions a lookup, five lookups a WRITE)
+_WR_INFO = {int(op): info for op, info in WR_INFO.items()}
 _SQE = IBV_QPS_SQE
 
 

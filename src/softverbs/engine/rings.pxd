@@ -143,6 +143,7 @@ cdef class CompletionRing:
     cdef public bint error
     cdef public object slots, hdr, notify, owner
 
+    @cython.locals(word=cython.ulonglong, ci=cython.longlong)
     cpdef long long _ci(self)
     @cython.locals(tail=cython.longlong)
     cpdef bint push(self, CQE cqe)

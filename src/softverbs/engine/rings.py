@@ -1006,7 +1006,12 @@ class CompletionRing:
 
     # --- the device's face ------------------------------------------------------------------
     def _ci(self) -> int:
-        ci = max(self.seen_ci, min(int(self.hdr[_C_CI]), self.tail))
+        # the application's word, anything from 0 to 2**64-1 ('Q'), bounded by the
+        # tail and never below what was seen; compiled, all of it on C integers
+        word = self.hdr[_C_CI]
+        ci = self.tail if word >= self.tail else word
+        if ci < self.seen_ci:
+            ci = self.seen_ci
         self.seen_ci = ci
         return ci
 
