@@ -44,7 +44,7 @@ cdef class InprocRuntime(Runtime):
     cdef public bint direct
     cdef public object _to_gid, _to
 
-    @cython.locals(moved=cython.bint, hca=HCA, pkt=Packet, slow=Packet, dst=HCA,
+    @cython.locals(moved=cython.bint, hca=HCA, pkt=Packet, dst=HCA, n=cython.Py_ssize_t,
                    taken=cython.Py_ssize_t, _=cython.Py_ssize_t)
     cpdef bint send_outboxes(self, double now)
     cpdef transmit(self, HCA src, Packet pkt, double now)
