@@ -8,7 +8,10 @@ runtime's progress loop and hand-off, ``HCA.queue`` and the mapping check
 ``ProcessMemory.still_pinned``) it prints how many times it was called and its
 inclusive instructions per call and per WRITE, with the run's totals.
 
-    python bench/bench_svc_instructions.py [--iters 10000] [--src DIR/src] [--match RE]
+    python bench/bench_svc_instructions.py [--iters 10000] [--src DIR/src] [--match RE] [--lat]
+
+``--lat`` runs ``ib_send_lat -s 8`` instead (per WRITE is then per iteration, a
+round trip of two SENDs).
 
 Per call is the figure to compare between two trees: the service under
 valgrind runs some fifty times slower than the client posts, so a turn of its
@@ -82,19 +85,21 @@ def main() -> int:
     ap.add_argument("--python", default=sys.executable,
                     help="the interpreter that runs the service (the tree's venv)")  # fmt: skip
     ap.add_argument("--match", default=DEFAULT_MATCH, help="functions to show (a regex)")
+    ap.add_argument("--lat", action="store_true", help="ib_send_lat -s 8 instead")
     args = ap.parse_args()
-    for tool in ("ib_write_bw", "valgrind", "callgrind_annotate"):
+    perftest, size = ("ib_send_lat", 8) if args.lat else ("ib_write_bw", 4096)
+    for tool in (perftest, "valgrind", "callgrind_annotate"):
         if shutil.which(tool) is None:
             print(f"needs {tool} (perftest, valgrind)", file=sys.stderr)
             return 1
     wrapper = ["valgrind", "--tool=callgrind", "--callgrind-out-file={out}", args.python]
     _, (total, incl, ncalls) = on_wrapped_service(
-        wrapper, lambda out: (*inclusive(out), calls(out)), args.src, {}, "ib_write_bw", 4096,
+        wrapper, lambda out: (*inclusive(out), calls(out)), args.src, {}, perftest, size,
         args.iters)  # fmt: skip
     pattern = re.compile(args.match)
-    print(f"softverbsd ({args.src}) under callgrind, ib_write_bw -s 4096 -n {args.iters}: "
+    print(f"softverbsd ({args.src}) under callgrind, {perftest} -s {size} -n {args.iters}: "
           f"{total:,} instructions in all, {ncalls.get('epoll_wait', 0)} epoll_wait")  # fmt: skip
-    print(f"{'calls':>10} {'per call':>10} {'per WRITE':>10}  function")
+    print(f"{'calls':>10} {'per call':>10} {'per iter':>10}  function")
     for name in sorted(n for n in incl if pattern.search(n)):
         n = ncalls.get(name, 0)
         per_call = incl[name] / n if n else 0.0
