@@ -83,6 +83,7 @@ LINKED: frozenset[str] = frozenset({
     "softverbs.engine.rings",
     "softverbs.engine.wr",
     "softverbs.wire.codec",  # cimports Packet
+    "softverbs.device.memory",  # cimports engine.memory (current_pass)
     "softverbs.fabric.runtime",  # cimports HCA and Packet
     "softverbs.service.server",  # cimports Runtime
     "softverbs.wire.opcodes",

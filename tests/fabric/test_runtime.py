@@ -125,3 +125,41 @@ def test_a_subclass_sets_the_settings_in_its_init() -> None:
     with rt.lock:
         rt.progress()
     assert rt.sent == [5] and log == [("b", 5)]
+
+
+def test_a_packet_to_nobody_amid_an_outbox_is_dropped_alone_in_order() -> None:
+    """The hand-off takes an outbox whole; a packet for the general path (here one
+    to a GID no device has) leaves it first, with those before it, and is counted
+    as dropped, and the packets after it still go, in order."""
+    rt, hcas, log = _pair()
+    _send(hcas["a"], "b", 0)
+    nobody = Packet(Transport.RC | Op.ACKNOWLEDGE, 0x11, 1, b"")
+    nobody.sgid, nobody.dgid = GID["a"], IPV4_MAPPED_PREFIX + bytes([10, 0, 0, 99])
+    hcas["a"].queue(nobody)
+    _send(hcas["a"], "b", 2)
+    _send(hcas["a"], "a", 3)
+    with rt.lock:
+        assert rt.progress()
+    assert log == [("b", 0), ("b", 2), ("a", 3)]
+    assert not hcas["a"].outbox
+    assert hcas["a"].sent_pkts == 4 and hcas["a"].counters["drop_no_route"] == 1
+
+
+def test_a_detached_device_is_no_longer_found_by_its_gid() -> None:
+    """The hand-off keeps the device of the last GID it looked up; a detach (or an
+    attach) forgets it, so a packet to a detached device's GID is not delivered."""
+    rt, hcas, log = _pair()
+    _send(hcas["a"], "b", 0)
+    with rt.lock:
+        rt.progress()
+    rt.detach(hcas["b"])
+    _send(hcas["a"], "b", 1)  # the same GID object as before
+    with rt.lock:
+        rt.progress()
+    assert log == [("b", 0)]
+    assert hcas["a"].counters["drop_no_route"] == 1
+    rt.attach(hcas["b"])
+    _send(hcas["a"], "b", 2)
+    with rt.lock:
+        rt.progress()
+    assert log == [("b", 0), ("b", 2)]

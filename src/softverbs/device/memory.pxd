@@ -5,9 +5,11 @@
 # the bounds of a copy, the mapping check and the pread/pwrite are C calls
 # up to the system call.  Addresses and lengths stay Python integers: they
 # come from the application or the wire and may use all 64 bits.  Nothing
-# cimports this module (it is not in softverbs.compiled.LINKED).
+# cimports this module; it cimports engine/memory, whose current_pass every
+# mapping check asks (so both are in softverbs.compiled.LINKED).
 
 cimport cython
+cimport softverbs.engine.memory as engine_memory
 
 
 @cython.final

@@ -50,7 +50,8 @@ import struct
 import threading
 from typing import Protocol
 
-from softverbs.engine.memory import Bytes, current_pass
+from softverbs.engine import memory as engine_memory
+from softverbs.engine.memory import Bytes
 from softverbs.enums import (
     IBV_ACCESS_LOCAL_WRITE,
     IBV_ACCESS_MW_BIND,
@@ -232,7 +233,7 @@ class ProcessMemory:
         if self.maps < 0:
             return None
         if self.reuse:
-            now = current_pass()
+            now = engine_memory.current_pass()
             if self._seen_pass == now:
                 for seen in self._seen:
                     if seen[0] <= addr < seen[1]:
@@ -286,7 +287,7 @@ class ProcessMemory:
         answer = pin.answer
         if answer is not None:
             if self.reuse:
-                now = current_pass()
+                now = engine_memory.current_pass()
                 if self._seen_pass != now:
                     self._new_pass(now)
                 elif answer in self._good:

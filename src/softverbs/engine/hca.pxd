@@ -15,7 +15,7 @@ cimport cython
 
 cdef class HCA:
     cdef dict __dict__
-    cdef public object name, gids, counters, _outbox, srqs, cqs
+    cdef public object name, gids, counters, _outbox, _put, srqs, cqs
     cdef public list _acks, _timers
     cdef public dict qps
     cdef public object xrc_refs, xrcds, events, on_event, observer, rx_buffer, tx_waiting

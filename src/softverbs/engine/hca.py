@@ -161,6 +161,9 @@ class HCA:
         #: memory keys; ``key_byte`` draws their random key bytes (engine/memory.py)
         self.keys = KeyTable(key_byte, self.counters)
         self._outbox: deque[Packet] = deque()
+        #: its ``append``, bound once: :meth:`queue`'s call per packet is then a C call of
+        #: the deque's method, compiled, not a lookup of ``append`` by name
+        self._put: Callable[[Packet], None] = self._outbox.append
         #: responders with a coalesced ACK to send (see :attr:`outbox`)
         self._acks: list[QPEngine] = []
         self.qps: dict[int, QPEngine] = {}
@@ -340,7 +343,7 @@ class HCA:
         """Send ``pkt``: into :attr:`outbox`, after the ACKs deferred before it."""
         if self._acks:
             self._flush_acks()
-        self._outbox.append(pkt)
+        self._put(pkt)
 
     def defer_ack(self, qp: QPCore) -> None:
         self._acks.append(qp)  # type: ignore[arg-type]  # a QPEngine (no cast: a call at run time)

@@ -15,6 +15,8 @@ cdef long long _SHIFT, _LOCAL_WRITE
 cdef object _MR, _MKEY, _MW2
 # the service's pass (new_pass): a C counter, not a module dict entry rewritten per message
 cdef long long _pass
+# read by device/memory's mapping checks, twice per WRITE the service serves: a C call
+cpdef long long current_pass()
 
 cdef class MemKey:
     cdef public object kind, pd, owner, iova, length, view, mr, resolver, xform

@@ -26,7 +26,9 @@ cdef class Runtime:
     cpdef _send(self, HCA src, Packet pkt, double now)
     @cython.locals(moved=cython.bint, hca=HCA)
     cpdef bint send_outboxes(self, double now)
-    @cython.locals(now=cython.double, did=cython.bint, moved=cython.bint, pkts=list, to=list,
+    # now stays the clock's float object: every device's receive and run_timers takes
+    # it, and the timers' deadlines (Python floats) are compared with it, per packet
+    @cython.locals(did=cython.bint, moved=cython.bint, pkts=list, to=list,
                    i=cython.Py_ssize_t, hca=HCA, pkt=Packet, delayed=list)
     cpdef bint progress(self)
     cpdef woke(self)
@@ -40,7 +42,9 @@ cdef class Runtime:
 cdef class InprocRuntime(Runtime):
     cdef public dict by_gid
     cdef public bint direct
+    cdef public object _to_gid, _to
 
-    @cython.locals(moved=cython.bint, hca=HCA, pkt=Packet, by_gid=dict)
+    @cython.locals(moved=cython.bint, hca=HCA, pkt=Packet, dst=HCA, n=cython.Py_ssize_t,
+                   taken=cython.Py_ssize_t, _=cython.Py_ssize_t)
     cpdef bint send_outboxes(self, double now)
     cpdef transmit(self, HCA src, Packet pkt, double now)

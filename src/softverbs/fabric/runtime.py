@@ -368,6 +368,11 @@ class InprocRuntime(Runtime):
         #: the attached devices by their unicast GIDs: a multicast GID is never a key,
         #: so a packet whose destination is found here is unicast (see transmit)
         self.by_gid: dict[bytes, HCA] = {}
+        #: the last GID object :meth:`send_outboxes` looked up and what :attr:`by_gid`
+        #: gave for it (a QP's packets carry one GID object, its route's), forgotten
+        #: whenever :attr:`by_gid` changes (attach, detach)
+        self._to_gid: bytes | None = None
+        self._to: HCA | None = None
 
     def attach(self, hca: HCA) -> None:
         with self.lock:
@@ -375,6 +380,7 @@ class InprocRuntime(Runtime):
             for gid in hca.gids:
                 if not is_multicast_gid(gid):
                     self.by_gid[gid] = hca
+            self._to_gid = self._to = None
 
     def detach(self, hca: HCA) -> None:
         with self.lock:
@@ -382,6 +388,7 @@ class InprocRuntime(Runtime):
             for gid in hca.gids:
                 if self.by_gid.get(gid) is hca:
                     del self.by_gid[gid]
+            self._to_gid = self._to = None
 
     def send_outboxes(self, now: float) -> bool:
         """As :meth:`Runtime.send_outboxes`, with the hand-off of a unicast packet
@@ -391,23 +398,43 @@ class InprocRuntime(Runtime):
         still queued, not received here: the receiver runs after every outbox
         is drained, as for any other packet, so the order of events is the
         same.  Taps, faults, multicast, a packet to nobody and one to corrupt
-        take the general path."""
+        take the general path.
+
+        An outbox is read in order and emptied by one ``clear`` once all of it is
+        handed over, not by a ``popleft`` per packet; a packet for the general
+        path first takes the ones before it, and itself, off the outbox, so what
+        :meth:`Runtime._send` does (or raises) meets the outbox as it met it
+        before.  The device a GID names is looked up once per GID object in a
+        row (:attr:`_to_gid`): a dictionary probe of a 16-byte key that is not
+        the dictionary's own object is a comparison of the bytes."""
         if self.taps or self.faults is not None or not self.direct:
             return Runtime.send_outboxes(self, now)
-        by_gid = self.by_gid
         moved = False
         for hca in self.hcas:
             outbox = hca.pending()
             while outbox:
                 moved = True
-                pkt = outbox.popleft()
-                dst = by_gid.get(pkt.dgid)
-                if dst is None or pkt.corrupt_bit >= 0:
-                    self._send(hca, pkt, now)
-                else:  # what arrive() does, in the loop
+                n = len(outbox)
+                taken = 0
+                while taken < n:  # by index: no iterator object per outbox (a latency
+                    pkt = outbox[taken]  # test's holds one packet), the deque's C item
+                    gid = pkt.dgid
+                    if gid is not self._to_gid:
+                        self._to = self.by_gid.get(gid)
+                        self._to_gid = gid
+                    dst = self._to
+                    if dst is None or pkt.corrupt_bit >= 0:
+                        break  # the general path takes it
+                    taken += 1  # what arrive() does, in the loop
                     hca.sent_pkts += pkt.count
                     self.inbox.append(pkt)
                     self.inbox_to.append(dst)
+                if taken == n:
+                    outbox.clear()
+                else:
+                    for _ in range(taken):
+                        outbox.popleft()
+                    self._send(hca, outbox.popleft(), now)
         return moved
 
     def transmit(self, src: HCA, pkt: Packet, now: float) -> None:
