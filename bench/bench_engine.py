@@ -8,7 +8,12 @@ packets are carried from one device's outbox to the other's ``receive`` until
 both outboxes are empty; the send CQE (and, for a SEND, the receive CQE) is
 taken from its ring.  This is the path the service runs between the WQE
 leaving the ring and the CQE, without the system calls and with the memory a
-plain ``bytearray`` (so the copies are memcpy):
+plain ``bytearray`` (so the copies are memcpy) -- or, with ``--proc``, with the
+memory an anonymous mapping reached through this process's ``/proc/self/mem``
+and registered by address with its ``Pin``, as the service registers a C
+program's buffer (``device/memory.py``: the copies are the service's ``pread``
+and ``pwritev``, the key checks its span checks; one pass throughout, so no
+``PROCMAP_QUERY`` after the first):
 
 * ``write4k``: a signaled 4 KiB RDMA WRITE (one RDMA_WRITE_ONLY packet at
   path MTU 4096, its ACK);
@@ -22,17 +27,23 @@ or not is whatever ``softverbs`` imports as (``softverbs --version``;
 asserts a speed.
 
     python bench/bench_engine.py [--quick] [--iters N] [--runs N] [--kinds write4k,send8]
+                                 [--proc]
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import functools
+import mmap
+import os
 import random
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
+from softverbs.device.memory import ProcessMemory
 from softverbs.engine.hca import HCA
 from softverbs.engine.memory import MemKind
 from softverbs.engine.qp import QPEngine
@@ -57,7 +68,7 @@ BASE = 0x10_0000
 
 
 class Node:
-    def __init__(self, name: str, last: int) -> None:
+    def __init__(self, name: str, last: int, proc: ProcessMemory | None = None) -> None:
         self.gid = b"\x00" * 10 + b"\xff\xff" + bytes([10, 0, 0, last])
         self.hca = HCA(name, [self.gid], functools.partial(random.Random(name).getrandbits, 8))
         self.pd = object()
@@ -71,8 +82,17 @@ class Node:
         self.qp = QPEngine(self.hca, qpn, IBV_QPT_RC, self.pd, self.scq, self.rcq, self.sq,
                            self.rq, None, False)  # fmt: skip
         self.hca.qps[qpn] = self.qp
-        self.mem = bytearray(MEM)
-        self.mr = self.hca.keys.register(MemKind.MR, self.pd, memoryview(self.mem), BASE, ACCESS)
+        self.mem: bytearray | mmap.mmap
+        if proc is None:
+            self.mem = bytearray(MEM)
+            self.base = BASE
+            view: Any = memoryview(self.mem)
+        else:  # the service's view of a client's buffer
+            self.mem = mmap.mmap(-1, MEM)
+            self.mem.write(b"\0" * MEM)  # its pages present, as a program's written buffer
+            self.base = ctypes.addressof(ctypes.c_char.from_buffer(self.mem))
+            view = proc.span(self.base, MEM, pinned=True)
+        self.mr = self.hca.keys.register(MemKind.MR, self.pd, view, self.base, ACCESS)
 
 
 def connect(a: Node, b: Node) -> None:
@@ -87,9 +107,9 @@ def connect(a: Node, b: Node) -> None:
         qp.set_state(IBV_QPS_RTS, 0.0)
 
 
-def make(kind: str) -> Callable[[int], None]:
+def make(kind: str, proc: ProcessMemory | None = None) -> Callable[[int], None]:
     """A function running ``n`` messages of ``kind`` end to end."""
-    a, b = Node("a", 1), Node("b", 2)
+    a, b = Node("a", 1, proc), Node("b", 2, proc)
     connect(a, b)
     length = 4096 if kind == "write4k" else 8
     opcode = IBV_WR_RDMA_WRITE if kind == "write4k" else IBV_WR_SEND
@@ -111,11 +131,11 @@ def make(kind: str) -> Callable[[int], None]:
     def run(n: int) -> None:
         for i in range(n):
             if opcode == IBV_WR_SEND:
-                rq.push(RecvWQE(i, [(BASE + 4096, 64, b.mr.key)], 64))
+                rq.push(RecvWQE(i, [(b.base + 4096, 64, b.mr.key)], 64))
                 rq.ring(rq.pi)
                 b.qp.rq_doorbell(0.0)
-            wqe = SendWQE(i, opcode, True, [(BASE, length, a.mr.key)], length)
-            wqe.remote_addr = BASE
+            wqe = SendWQE(i, opcode, True, [(a.base, length, a.mr.key)], length)
+            wqe.remote_addr = b.base
             wqe.rkey = b.mr.key
             sq.push(wqe)
             sq.ring(sq.pi)
@@ -141,16 +161,24 @@ def main() -> None:
     ap.add_argument("--iters", type=int, help="messages per run (default 20000; --quick 2000)")
     ap.add_argument("--runs", type=int, help="timed runs per figure (default 7; --quick 3)")
     ap.add_argument("--kinds", default="write4k,send8")
+    ap.add_argument("--proc", action="store_true",
+                    help="the memory reached through /proc/self/mem, as the service's")
     args = ap.parse_args()
     iters = args.iters or (2000 if args.quick else 20000)
     runs = args.runs or (3 if args.quick else 7)
     from softverbs.compiled import mode
 
     print(f"softverbs: {mode()}")
+    proc = None
+    if args.proc:
+        proc = ProcessMemory(os.open("/proc/self/mem", os.O_RDWR | os.O_CLOEXEC), os.getpid(),
+                             reuse=True)  # fmt: skip
+        if proc.maps < 0:
+            raise SystemExit("--proc: no PROCMAP_QUERY on this kernel (Linux 6.11+)")
     for kind in args.kinds.split(","):
         if kind not in ("write4k", "send8"):
             raise SystemExit(f"--kinds: {kind!r} is not write4k or send8")
-        run = make(kind)
+        run = make(kind, proc)
         run(2000)  # warm up
         per: list[float] = []
         for _ in range(runs):

@@ -57,8 +57,9 @@ cdef class ProcessMemory:
     cpdef write(self, object addr, object data)
     @cython.locals(n=Py_ssize_t)
     cpdef _write_rest(self, object addr, object data, Py_ssize_t done)
-    @cython.locals(view=memoryview, n=Py_ssize_t, cut=Py_ssize_t, done=Py_ssize_t)
     cpdef write_ordered(self, object addr, object data, Py_ssize_t tail)
+    @cython.locals(n=Py_ssize_t, cut=Py_ssize_t, done=Py_ssize_t)
+    cpdef _write_ordered(self, object addr, object view, Py_ssize_t tail)
     cpdef ProcessSpan span(self, object addr, object length, bint pinned=*)
     cpdef close(self)
 
@@ -88,7 +89,7 @@ cdef class ProcessSpan:
     cdef public object addr, length
     cdef public Pin pin
 
-    @cython.locals(n=Py_ssize_t)
+    @cython.locals(n=Py_ssize_t, view=object)
     cpdef place(self, object offset, object data, Py_ssize_t tail)
     cpdef object read(self)
     cpdef bint still_mapped(self)
@@ -96,6 +97,7 @@ cdef class ProcessSpan:
     cpdef object part(self, object offset, object length)
 
 
+cdef object _byte_view(object data)
 cdef object _read(ProcessMemory mem, object addr, Py_ssize_t length)
 @cython.locals(pin=Pin)
 cdef object _backed(ProcessSpan span, object offset, object length)

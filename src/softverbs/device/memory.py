@@ -436,10 +436,10 @@ class ProcessMemory:
         stopping at the first short one: two copies, the second after the first,
         as two ``pwrite`` calls would make them (docs/performance.md, *The last
         cache line last*)."""
-        # the engine's payload is already a byte view: no new view of it
-        view = data if type(data) is memoryview else memoryview(data)
-        if view.itemsize != 1:
-            view = view.cast("B")
+        self._write_ordered(addr, _byte_view(data), tail)
+
+    def _write_ordered(self, addr: int, view: memoryview, tail: int) -> None:
+        """:meth:`write_ordered` of a view of bytes (:func:`_byte_view`)."""
         n = len(view)
         cut = n - tail
         if cut <= 0:
@@ -447,8 +447,8 @@ class ProcessMemory:
             return
         done = 0
         if not self.closed:
-            try:
-                done = os.pwritev(self.fd, [view[:cut], view[cut:]], addr)
+            try:  # the two pieces in a tuple: os.pwritev takes any sequence
+                done = os.pwritev(self.fd, (view[:cut], view[cut:]), addr)
             except OSError:
                 done = 0
             if done == n:
@@ -608,11 +608,12 @@ class ProcessSpan:
     def place(self, offset: int, data: Buffer, tail: int) -> None:
         """``self[offset : offset + len(data)] = data``, its last ``tail`` bytes
         stored after the rest (:meth:`ProcessMemory.write_ordered`: one system call)."""
-        n = data.nbytes if type(data) is memoryview else len(data)  # bytes, as stored
+        view = _byte_view(data)  # made once, for the bounds and the store
+        n = len(view)  # bytes, as stored
         if offset < 0 or offset + n > self.length:
             raise ValueError(f"memory span store: [{offset}, +{n}) is outside "
                              f"[0, {self.length})")  # fmt: skip
-        self.mem.write_ordered(self.addr + offset, data, tail)
+        self.mem._write_ordered(self.addr + offset, view, tail)
 
     def read(self) -> memoryview:
         """The bytes as they are now (a copy, read-only; a large one in a buffer
@@ -639,6 +640,14 @@ class ProcessSpan:
 
     def __repr__(self) -> str:
         return f"<ProcessSpan pid={self.mem.pid} [{self.addr:#x}, +{self.length})>"
+
+
+def _byte_view(data: Buffer) -> memoryview:
+    """``data`` as a view of bytes: the engine's payload, already one, as it is."""
+    view = data if type(data) is memoryview else memoryview(data)
+    if view.itemsize != 1:
+        view = view.cast("B")
+    return view
 
 
 def _read(mem: ProcessMemory, addr: int, length: int) -> memoryview:

@@ -11,7 +11,7 @@
 cimport cython
 
 # module constants read per SGE and per remote access: C globals, no dict lookup
-cdef long long _SHIFT, _LOCAL_WRITE
+cdef long long _SHIFT, _LOCAL_WRITE, _REMOTE_READ, _REMOTE_ATOMIC
 cdef object _MR, _MKEY, _MW2
 # the service's pass (new_pass): a C counter, not a module dict entry rewritten per message
 cdef long long _pass

@@ -58,6 +58,9 @@ REMOTE_WRITE = int(IBV_ACCESS_REMOTE_WRITE)
 REMOTE_ATOMIC = int(IBV_ACCESS_REMOTE_ATOMIC)
 ZERO_BASED = int(IBV_ACCESS_ZERO_BASED)
 REMOTE_ACCESS = REMOTE_READ | REMOTE_WRITE | REMOTE_ATOMIC
+# the rights KeyTable.remote compares with, per remote access (compiled: C constants)
+_REMOTE_READ = REMOTE_READ
+_REMOTE_ATOMIC = REMOTE_ATOMIC
 
 
 class MemKind(IntEnum):
@@ -309,10 +312,10 @@ class KeyTable:
             return f"rkey {rkey:#x} does not grant {_right_name(right)}"
         if mk.xform is not None:
             return mk.xform.view(
-                va, length, right != REMOTE_READ, right == REMOTE_ATOMIC
+                va, length, right != _REMOTE_READ, right == _REMOTE_ATOMIC
             )
-        got = self._access(mk, va, length, right != REMOTE_READ, "rkey", rkey)
-        if right == REMOTE_ATOMIC and not isinstance(got, (str, memoryview)):
+        got = self._access(mk, va, length, right != _REMOTE_READ, "rkey", rkey)
+        if right == _REMOTE_ATOMIC and not isinstance(got, (str, memoryview)):
             return WriteBack(got)  # a Span: the atomic reads a copy and stores it back
         return got
 

@@ -7,7 +7,7 @@ cimport cython
 cimport softverbs.engine.psn as P
 from softverbs.engine.core cimport QPCore
 from softverbs.engine.memory cimport KeyTable
-from softverbs.engine.rings cimport CQE, RecvWQE, SharedRecvRing, WorkRing
+from softverbs.engine.rings cimport CQE, RecvWQE, SharedRecvRing, WorkRing, place
 from softverbs.wire.opcodes cimport OpInfo
 from softverbs.wire.packet cimport Packet
 
@@ -33,6 +33,8 @@ cdef class Responder:
     cpdef bint _out_of_sequence(self, OpInfo info)
     cpdef _accept(self, Packet pkt, long long n=*, object asked=*)
     cpdef emit_ack(self)
+    # the ACK typed: its AETH fields are C struct stores
+    @cython.locals(ack=Packet)
     cpdef _send_ack(self, Packet req, long long psn)
     @cython.locals(rq=WorkRing, srq=SharedRecvRing)
     cpdef _take_rqe(self, Packet pkt)

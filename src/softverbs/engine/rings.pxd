@@ -147,3 +147,10 @@ cdef class CompletionRing:
     cpdef long long _ci(self)
     @cython.locals(tail=cython.longlong)
     cpdef bint push(self, CQE cqe)
+
+
+# a message's last store, its last cache line last: C functions for the responder, which
+# cimports place (the hook of a span's own ordered store is still looked up by name)
+@cython.locals(n=Py_ssize_t, cut=Py_ssize_t)
+cpdef place(object view, Py_ssize_t offset, object data)
+cpdef bint _ordered_store(object view, Py_ssize_t offset, object data)

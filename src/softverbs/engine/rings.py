@@ -1284,12 +1284,11 @@ def _ordered_store(view: memoryview, offset: int, data: bytes | bytearray | memo
     :class:`~softverbs.engine.memory.Span`'s ``place``: one system call on the served
     device); False, storing nothing, if it has none (a memoryview, a signature
     key's writer): the caller then makes the two stores itself."""
-    if type(view) is memoryview:
+    # the hook is looked up on the view's type (a span's class), and called as a method:
+    # no bound method made per store
+    if type(view) is memoryview or getattr(type(view), "place", None) is None:
         return False
-    store = getattr(view, "place", None)
-    if store is None:
-        return False
-    store(offset, data, CACHE_LINE)
+    view.place(offset, data, CACHE_LINE)
     return True
 
 
@@ -1303,7 +1302,8 @@ def place(view: memoryview, offset: int, data: bytes | bytearray | memoryview) -
         if _ordered_store(view, offset, data):
             return
         cut = n - CACHE_LINE
-        whole = memoryview(data)
+        # the engine's payload is already a view: slice it, no second view of it
+        whole = data if type(data) is memoryview else memoryview(data)
         view[offset : offset + cut] = whole[:cut]
         view[offset + cut : offset + n] = whole[cut:]
     else:
