@@ -2,7 +2,8 @@
 # The requester is an extension type with typed fields; its hot methods are
 # cpdef, so the completer (which cimports it) calls them as C functions.
 # Methods that hold a generator stay plain Python methods (Cython has no
-# closures in cpdef functions): cancel_posted, fetch_sq.
+# closures in cpdef functions): cancel_posted; fetch_sq, per doorbell, is cpdef and
+# leaves its generator to the module function _turn_cancelled.
 
 cimport cython
 
@@ -31,6 +32,8 @@ cdef class Requester:
 
     cpdef reset(self)
     cpdef doorbell(self, double now)
+    @cython.locals(sq=WorkRing, first=cython.longlong)
+    cpdef fetch_sq(self, bint everything=*)
     @cython.locals(wqe=SendWQE, info=WrInfo, comp=Completer, held=bint, rd=bint, sq=WorkRing,
                    cc=CongestionControl)
     cpdef pump_sq(self, double now)

@@ -77,6 +77,7 @@ if TYPE_CHECKING:
     from softverbs.engine.completer import Completer
     from softverbs.engine.congestion import CongestionControl
     from softverbs.engine.qp import QPEngine
+    from softverbs.engine.rings import WorkRing
 
 class SigStop(IntEnum):
     """Signature pipelining (MLX5DV_QP_CREATE_SIG_PIPELINING): where the SQ is."""
@@ -503,14 +504,10 @@ class Requester:
         sq = self.qp.sq
         if sq is None:
             return
-        first = sq.db
+        first = sq.seen_db
         sq.latch(everything)
         if self.cancelled:
-            for index in range(first, sq.db):
-                wqe: SendWQE = sq.get(index)
-                if any(index < below and wqe.wr_id == wr_id for below, wr_id in self.cancelled):
-                    _cancel(wqe)
-            self.cancelled = [c for c in self.cancelled if c[0] > sq.db]
+            self.cancelled = _turn_cancelled(sq, first, self.cancelled)
 
     # --- flushing ------------------------------------------------------------------
     def flush_sq(self) -> None:
@@ -536,6 +533,17 @@ class Requester:
         self.rd_out = 0
         self.blocked = False
         comp.stop_timers()
+
+
+def _turn_cancelled(sq: WorkRing, first: int,
+                    cancelled: list[tuple[int, int]]) -> list[tuple[int, int]]:  # fmt: skip
+    """Turn the WQEs fetched from ``first`` on that a cancel named before they were
+    fetched (``cancelled``: (posted below, wr_id)); the cancels still to come."""
+    for index in range(first, sq.db):
+        wqe: SendWQE = sq.get(index)
+        if any(index < below and wqe.wr_id == wr_id for below, wr_id in cancelled):
+            _cancel(wqe)
+    return [c for c in cancelled if c[0] > sq.db]
 
 
 def _cancel(wqe: SendWQE) -> None:
