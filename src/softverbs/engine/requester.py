@@ -147,7 +147,8 @@ class Requester:
         obs = qp.hca.observer
         if obs is not None and qp.sq is not None:
             obs.doorbell(qp, SQ, qp.sq.db)
-        if qp._state == _ERR or qp._state == _SQE:
+        state: int = qp._state  # compiled, a C integer: the compares below are C compares
+        if state in (_ERR, _SQE):
             self.flush_sq()
             return
         self.pump_sq(now)
@@ -157,7 +158,8 @@ class Requester:
         qp = self.qp
         sq = qp.sq
         comp = self.comp
-        if sq is None or (qp._state != _RTS and qp._state != _SQD) or comp.backing_off():
+        state: int = qp._state  # compiled, a C integer: the compares below are C compares
+        if sq is None or (state != _RTS and state != _SQD) or comp.backing_off():
             return
         held = False  #: a WQE has packets left to send: later PSNs must wait for them
         cc = self.cc
@@ -166,8 +168,10 @@ class Requester:
             if pending(wqe) and (not self._may_send(now) or not self._transmit(wqe, now)):
                 held = True
                 break
-        while (not held and self.sq_next < sq.seen_db and qp._state == _RTS
-               and not self.blocked):  # fmt: skip
+        while not held and self.sq_next < sq.seen_db and not self.blocked:
+            state = qp._state  # the WQE started last may have moved the QP on
+            if state != _RTS:
+                break
             wqe = sq.get(self.sq_next)
             info = _WR_INFO[wqe.opcode]
             rd = info.rd
@@ -188,7 +192,7 @@ class Requester:
         if self.sig is _SIG_PENDING and qp._state == _RTS and self.sq_next >= sq.db:
             self._sig_stop()  # nothing more to start: stop here
         comp.complete(now)
-        if qp._state == _SQD and self.draining:
+        if self.draining and qp._state == _SQD:
             self._check_drained()
 
     def _may_send(self, now: float) -> bool:
