@@ -19,6 +19,11 @@ and ``pwritev``, the key checks its span checks; one pass throughout, so no
   path MTU 4096, its ACK);
 * ``send8``: an 8-byte SEND into a posted receive (SEND_ONLY, its ACK, two CQEs).
 
+With ``--packed`` the send and receive queues are shared-memory rings in their byte
+layout (``SendSlots``, ``RecvSlots``: docs/rings.md), as the service's are for a C
+program, so each WQE is decoded from its slot when the device fetches it; without it
+they hold the Python records (``ObjectSlots``), as the in-process device's do.
+
 Each figure is microseconds of CPU time (``time.process_time``) per message,
 the best and the median of ``--runs`` runs; the posting of the WQE into the
 ring and the taking of the CQE are in it (the same in every tree).  Compiled
@@ -27,7 +32,7 @@ or not is whatever ``softverbs`` imports as (``softverbs --version``;
 asserts a speed.
 
     python bench/bench_engine.py [--quick] [--iters N] [--runs N] [--kinds write4k,send8]
-                                 [--proc]
+                                 [--proc] [--packed]
 """
 
 from __future__ import annotations
@@ -47,7 +52,22 @@ from softverbs.device.memory import ProcessMemory
 from softverbs.engine.hca import HCA
 from softverbs.engine.memory import MemKind
 from softverbs.engine.qp import QPEngine
-from softverbs.engine.rings import WQ_RQ, WQ_SQ, RecvWQE, Route, SendWQE, local_cq, local_work_ring
+from softverbs.engine.rings import (
+    HEADER_SIZE,
+    WQ_RQ,
+    WQ_SQ,
+    RecvWQE,
+    Route,
+    SendWQE,
+    SharedRegion,
+    WorkRing,
+    local_cq,
+    local_work_ring,
+    recv_slot_size,
+    send_slot_size,
+    shared_work_ring,
+)
+from softverbs.engine.wr import WR_INFO
 from softverbs.enums import (
     IBV_ACCESS_LOCAL_WRITE,
     IBV_ACCESS_REMOTE_READ,
@@ -67,15 +87,29 @@ MEM = 1 << 16
 BASE = 0x10_0000
 
 
+RING = 256
+
+
+def work_ring(packed: bool, send: bool) -> WorkRing:
+    """A queue of ``RING`` slots: Python records, or (``packed``) the byte layout in
+    shared memory with one SGE and no inline data per slot."""
+    if not packed:
+        return local_work_ring(RING)
+    slot = send_slot_size(1, 0) if send else recv_slot_size(1)
+    region = SharedRegion(HEADER_SIZE + RING * slot, name="bench-engine")
+    return shared_work_ring(region, RING, slot, send, frozenset(WR_INFO))
+
+
 class Node:
-    def __init__(self, name: str, last: int, proc: ProcessMemory | None = None) -> None:
+    def __init__(self, name: str, last: int, proc: ProcessMemory | None = None,
+                 packed: bool = False) -> None:
         self.gid = b"\x00" * 10 + b"\xff\xff" + bytes([10, 0, 0, last])
         self.hca = HCA(name, [self.gid], functools.partial(random.Random(name).getrandbits, 8))
         self.pd = object()
         self.scq = local_cq(4096)
         self.rcq = local_cq(4096)
-        self.sq = local_work_ring(256)
-        self.rq = local_work_ring(256)
+        self.sq = work_ring(packed, True)
+        self.rq = work_ring(packed, False)
         self.sq.tag = (WQ_SQ, 1)
         self.rq.tag = (WQ_RQ, 1)
         qpn = self.hca.alloc_qpn()
@@ -107,9 +141,10 @@ def connect(a: Node, b: Node) -> None:
         qp.set_state(IBV_QPS_RTS, 0.0)
 
 
-def make(kind: str, proc: ProcessMemory | None = None) -> Callable[[int], None]:
+def make(kind: str, proc: ProcessMemory | None = None,
+         packed: bool = False) -> Callable[[int], None]:
     """A function running ``n`` messages of ``kind`` end to end."""
-    a, b = Node("a", 1, proc), Node("b", 2, proc)
+    a, b = Node("a", 1, proc, packed), Node("b", 2, proc, packed)
     connect(a, b)
     length = 4096 if kind == "write4k" else 8
     opcode = IBV_WR_RDMA_WRITE if kind == "write4k" else IBV_WR_SEND
@@ -163,12 +198,14 @@ def main() -> None:
     ap.add_argument("--kinds", default="write4k,send8")
     ap.add_argument("--proc", action="store_true",
                     help="the memory reached through /proc/self/mem, as the service's")
+    ap.add_argument("--packed", action="store_true",
+                    help="the queues in their shared byte layout, as the service's")
     args = ap.parse_args()
     iters = args.iters or (2000 if args.quick else 20000)
     runs = args.runs or (3 if args.quick else 7)
     from softverbs.compiled import mode
 
-    print(f"softverbs: {mode()}")
+    print(f"softverbs: {mode()}{', packed queues' if args.packed else ''}")
     proc = None
     if args.proc:
         proc = ProcessMemory(os.open("/proc/self/mem", os.O_RDWR | os.O_CLOEXEC), os.getpid(),
@@ -178,7 +215,7 @@ def main() -> None:
     for kind in args.kinds.split(","):
         if kind not in ("write4k", "send8"):
             raise SystemExit(f"--kinds: {kind!r} is not write4k or send8")
-        run = make(kind, proc)
+        run = make(kind, proc, args.packed)
         run(2000)  # warm up
         per: list[float] = []
         for _ in range(runs):

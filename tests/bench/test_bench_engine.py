@@ -24,3 +24,12 @@ def test_an_unknown_kind_is_named() -> None:
     r = run_bench("bench_engine.py", "--quick", "--kinds", "read")
     assert r.returncode != 0
     assert "'read' is not write4k or send8" in r.stderr
+
+
+def test_packed_queues_run_to_the_end() -> None:
+    """``--packed``: the queues in their shared byte layout, each WQE decoded from its slot."""
+    r = run_bench("bench_engine.py", "--quick", "--packed", "--iters", "500")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert re.search(r"^softverbs: .*, packed queues$", r.stdout, re.M), r.stdout
+    for kind in ("write4k", "send8"):
+        assert re.search(rf"^{kind}\s+CPU us/message: best", r.stdout, re.M), r.stdout

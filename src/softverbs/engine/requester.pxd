@@ -2,7 +2,8 @@
 # The requester is an extension type with typed fields; its hot methods are
 # cpdef, so the completer (which cimports it) calls them as C functions.
 # Methods that hold a generator stay plain Python methods (Cython has no
-# closures in cpdef functions): cancel_posted, fetch_sq.
+# closures in cpdef functions): cancel_posted; fetch_sq, per doorbell, is cpdef and
+# leaves its generator to the module function _turn_cancelled.
 
 cimport cython
 
@@ -18,7 +19,9 @@ from softverbs.wire.packet cimport Packet, burst, new_packet
 # enum members the per-WQE path compares with: C globals, no dict lookup
 cdef object _SIG_PENDING, _W_QUEUED, _W_ACTIVE, _W_CANCELLED, _W_DONE, _W_FAILED
 cdef object _WR_SEND, _WR_WRITE, _WR_READ, _WR_ATOMIC, _WR_LOCAL
-cdef object _RTS, _SQD, _ERR, _SQE
+# the QP states the send queue's path compares with: C integers, compared with the
+# state read once into a C local (pump_sq, doorbell)
+cdef long long _RTS, _SQD, _ERR, _SQE
 cdef dict _WR_INFO
 
 cdef class Requester:
@@ -30,9 +33,12 @@ cdef class Requester:
     cdef public bint blocked, draining
 
     cpdef reset(self)
+    @cython.locals(state=cython.longlong)
     cpdef doorbell(self, double now)
+    @cython.locals(sq=WorkRing, first=cython.longlong)
+    cpdef fetch_sq(self, bint everything=*)
     @cython.locals(wqe=SendWQE, info=WrInfo, comp=Completer, held=bint, rd=bint, sq=WorkRing,
-                   cc=CongestionControl)
+                   cc=CongestionControl, state=cython.longlong)
     cpdef pump_sq(self, double now)
     @cython.locals(cc=CongestionControl)
     cpdef bint _may_send(self, double now)

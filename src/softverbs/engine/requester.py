@@ -77,6 +77,7 @@ if TYPE_CHECKING:
     from softverbs.engine.completer import Completer
     from softverbs.engine.congestion import CongestionControl
     from softverbs.engine.qp import QPEngine
+    from softverbs.engine.rings import WorkRing
 
 class SigStop(IntEnum):
     """Signature pipelining (MLX5DV_QP_CREATE_SIG_PIPELINING): where the SQ is."""
@@ -149,7 +150,8 @@ class Requester:
         obs = qp.hca.observer
         if obs is not None and qp.sq is not None:
             obs.doorbell(qp, SQ, qp.sq.db)
-        if qp._state == _ERR or qp._state == _SQE:
+        state: int = qp._state  # compiled, a C integer: the compares below are C compares
+        if state in (_ERR, _SQE):
             self.flush_sq()
             return
         self.pump_sq(now)
@@ -159,7 +161,8 @@ class Requester:
         qp = self.qp
         sq = qp.sq
         comp = self.comp
-        if sq is None or (qp._state != _RTS and qp._state != _SQD) or comp.backing_off():
+        state: int = qp._state  # compiled, a C integer: the compares below are C compares
+        if sq is None or (state != _RTS and state != _SQD) or comp.backing_off():
             return
         held = False  #: a WQE has packets left to send: later PSNs must wait for them
         cc = self.cc
@@ -168,8 +171,10 @@ class Requester:
             if pending(wqe) and (not self._may_send(now) or not self._transmit(wqe, now)):
                 held = True
                 break
-        while (not held and self.sq_next < sq.seen_db and qp._state == _RTS
-               and not self.blocked):  # fmt: skip
+        while not held and self.sq_next < sq.seen_db and not self.blocked:
+            state = qp._state  # the WQE started last may have moved the QP on
+            if state != _RTS:
+                break
             wqe = sq.get(self.sq_next)
             info = _WR_INFO[wqe.opcode]
             rd = info.rd
@@ -190,7 +195,7 @@ class Requester:
         if self.sig is _SIG_PENDING and qp._state == _RTS and self.sq_next >= sq.db:
             self._sig_stop()  # nothing more to start: stop here
         comp.complete(now)
-        if qp._state == _SQD and self.draining:
+        if self.draining and qp._state == _SQD:
             self._check_drained()
 
     def _may_send(self, now: float) -> bool:
@@ -506,14 +511,10 @@ class Requester:
         sq = self.qp.sq
         if sq is None:
             return
-        first = sq.db
+        first = sq.seen_db
         sq.latch(everything)
         if self.cancelled:
-            for index in range(first, sq.db):
-                wqe: SendWQE = sq.get(index)
-                if any(index < below and wqe.wr_id == wr_id for below, wr_id in self.cancelled):
-                    _cancel(wqe)
-            self.cancelled = [c for c in self.cancelled if c[0] > sq.db]
+            self.cancelled = _turn_cancelled(sq, first, self.cancelled)
 
     # --- flushing ------------------------------------------------------------------
     def flush_sq(self) -> None:
@@ -539,6 +540,17 @@ class Requester:
         self.rd_out = 0
         self.blocked = False
         comp.stop_timers()
+
+
+def _turn_cancelled(sq: WorkRing, first: int,
+                    cancelled: list[tuple[int, int]]) -> list[tuple[int, int]]:  # fmt: skip
+    """Turn the WQEs fetched from ``first`` on that a cancel named before they were
+    fetched (``cancelled``: (posted below, wr_id)); the cancels still to come."""
+    for index in range(first, sq.db):
+        wqe: SendWQE = sq.get(index)
+        if any(index < below and wqe.wr_id == wr_id for below, wr_id in cancelled):
+            _cancel(wqe)
+    return [c for c in cancelled if c[0] > sq.db]
 
 
 def _cancel(wqe: SendWQE) -> None:

@@ -33,6 +33,15 @@ cdef class SendWQE:
     cdef public long long psn, npkts, tx, rxd
     cdef public object data, status, reason
 
+    # every field stored once: the constructor's, and SendSlots.read's C call
+    cdef _fill(self, object wr_id, long long opcode, object signaled, object sges,
+               long long length,
+               object inline, object fence, object se, object imm, object inv_rkey,
+               object rkey, object xrc_srqn, object remote_addr, object compare_add,
+               object swap, object ah, object remote_qpn, object remote_qkey, object bind_mw,
+               object bind_mr, object bind_rkey, object bind_addr, object bind_length,
+               object bind_access, object driver_op, object caller)
+
 
 # RecvWQE and CQE: one of each per received message.  As extension types they
 # are allocated from a freelist and their fields are slots of a C struct.  The
@@ -67,7 +76,8 @@ cpdef CQE new_cqe(object wr_id, object status, object opcode, object qp_num,
 # stores and loads of a C struct.  Sizes are C constants (the public names stay
 # Python integers).
 cdef long long _HDR, _SEND_HDR, _SGE, _RECV_HDR, _CQE
-cdef object _SEND_FIRST, _RECV_FIRST
+cdef long long _SEND_FLAGS, _F_SIGNALED, _F_FENCE, _F_SOLICITED, _F_INLINE
+cdef object _SEND_FIRST, _RECV_FIRST, _SEND_UNPACK
 
 
 cdef class PackedSlots:
@@ -83,7 +93,7 @@ cdef class SendSlots(PackedSlots):
     cpdef write(self, long long index, object w)
     @cython.locals(off=cython.longlong, opcode=cython.longlong, flags=cython.longlong,
                    nsge=cython.longlong, inline_len=cython.longlong, pos=cython.longlong,
-                   length=cython.longlong, sge_len=cython.longlong, sges=list)
+                   length=cython.longlong, sge_len=cython.longlong, sges=list, w=SendWQE)
     cpdef read(self, long long index)
 
 
@@ -122,6 +132,7 @@ cdef class WorkRing:
 
     cpdef push(self, object wqe)
     cpdef bint ring(self, object upto)
+    @cython.locals(seen=cython.longlong, top=cython.longlong)
     cpdef long long _bound(self, object value)
     @cython.locals(seen=cython.longlong, new=cython.longlong, i=cython.longlong,
                    size=cython.longlong, fetched=list)

@@ -94,6 +94,9 @@ WQ_NONE, WQ_SQ, WQ_RQ, WQ_SRQ = 0, 1, 2, 3
 #: Send WQE flags (send slot byte 9).
 F_SIGNALED, F_FENCE, F_SOLICITED, F_INLINE = 1, 2, 4, 8
 _SEND_FLAGS = F_SIGNALED | F_FENCE | F_SOLICITED | F_INLINE
+# the same as C integers for SendSlots.read (rings.pxd): the public names stay
+# Python objects for everyone else
+_F_SIGNALED, _F_FENCE, _F_SOLICITED, _F_INLINE = F_SIGNALED, F_FENCE, F_SOLICITED, F_INLINE
 
 #: CQE flags (CQE byte 47).
 CQE_DEAD, CQE_SOLICITED = 1, 2
@@ -174,8 +177,7 @@ class SendWQE:
     )  # fmt: skip
 
     # The fields after ``length`` are the ones a send slot carries besides the
-    # SGEs (SendSlots.read passes them all, so each is stored once); everyone
-    # else names the few it sets.
+    # SGEs; everyone else names the few it sets.
     def __init__(self, wr_id: int, opcode: int, signaled: bool, sges: list[Sge], length: int,
                  inline: bytes | None = None, fence: bool = False, se: bool = False,
                  imm: int = 0, inv_rkey: int = 0, rkey: int = 0, xrc_srqn: int = 0,
@@ -183,6 +185,20 @@ class SendWQE:
                  remote_qpn: int = 0, remote_qkey: int = 0, bind_mw: int = 0, bind_mr: int = 0,
                  bind_rkey: int = 0, bind_addr: int = 0, bind_length: int = 0,
                  bind_access: int = 0, driver_op: int = 0, caller: int = 0) -> None:  # fmt: skip
+        self._fill(wr_id, opcode, signaled, sges, length, inline, fence, se, imm, inv_rkey, rkey,
+                   xrc_srqn, remote_addr, compare_add, swap, ah, remote_qpn, remote_qkey,
+                   bind_mw, bind_mr, bind_rkey, bind_addr, bind_length, bind_access, driver_op,
+                   caller)  # fmt: skip
+
+    # Every field stored once.  SendSlots.read fills a new WQE (``SendWQE.__new__``)
+    # through this directly: compiled, a C call with every argument in place and the
+    # WQE from the free list, without the constructor's argument parsing.
+    def _fill(self, wr_id: int, opcode: int, signaled: bool, sges: list[Sge], length: int,
+              inline: bytes | None, fence: bool, se: bool, imm: int, inv_rkey: int, rkey: int,
+              xrc_srqn: int, remote_addr: int, compare_add: int, swap: int, ah: int,
+              remote_qpn: int, remote_qkey: int, bind_mw: int, bind_mr: int, bind_rkey: int,
+              bind_addr: int, bind_length: int, bind_access: int, driver_op: int,
+              caller: int) -> None:  # fmt: skip
         self.wr_id = wr_id
         self.opcode = opcode
         self.signaled = signaled
@@ -556,6 +572,8 @@ def _with_first_sge(record: type[Record]) -> struct.Struct:
 
 _SEND_FIRST = _with_first_sge(SendWQEHeader)
 _RECV_FIRST = _with_first_sge(RecvWQEHeader)
+#: the bound method, read once: a call per WQE without looking ``unpack_from`` up
+_SEND_UNPACK = _SEND_FIRST.unpack_from
 #: the whole CQE with its reason: ``72s`` NUL-pads (and cuts) the UTF-8 bytes, so a
 #: CQE is one ``pack_into``
 CQE_PACKED = CQEntry._struct
@@ -617,12 +635,12 @@ class SendSlots(PackedSlots):
         # least one SGE's bytes (send_slot_size), whatever num_sge says
         (wr_id, opcode, flags, nsge, inline_len, imm, inv_rkey, rkey, srqn, remote_addr,
          compare, swap, ah, rqpn, rqkey, mw, mr, bind_rkey, bind_addr, bind_len, bind_access,
-         driver_op, caller, addr, sge_len, lkey) = _SEND_FIRST.unpack_from(buf, off)  # fmt: skip
+         driver_op, caller, addr, sge_len, lkey) = _SEND_UNPACK(buf, off)  # fmt: skip
         if opcode not in self.opcodes:
             raise CorruptSlot(f"opcode {opcode} is not a send opcode this device executes", wr_id)
         if flags & ~_SEND_FLAGS:
             raise CorruptSlot(f"unknown send flags {flags & ~_SEND_FLAGS:#x}", wr_id)
-        if not flags & F_INLINE:
+        if not flags & _F_INLINE:
             inline_len = 0
         if _SEND_HDR + nsge * _SGE + inline_len > self.slot:
             raise CorruptSlot(f"{nsge} SGEs and {inline_len} inline bytes overflow the "
@@ -637,15 +655,17 @@ class SendSlots(PackedSlots):
             length = sge_len + _more_sges(buf, pos, nsge - 1, sges)
             pos += (nsge - 1) * _SGE
         inline = None
-        if flags & F_INLINE:
+        if flags & _F_INLINE:
             inline = bytes(buf[pos : pos + inline_len])
             length = inline_len
-        # the WQE is built once, every field stored once (compiled, these are
-        # stores into the extension type's struct)
-        return SendWQE(wr_id, opcode, (flags & F_SIGNALED) != 0, sges, length, inline,
-                       (flags & F_FENCE) != 0, (flags & F_SOLICITED) != 0, imm, inv_rkey, rkey,
-                       srqn, remote_addr, compare, swap, ah, rqpn, rqkey, mw, mr, bind_rkey,
-                       bind_addr, bind_len, bind_access, driver_op, caller)  # fmt: skip
+        # the WQE is filled once, every field stored once (compiled, a C call storing
+        # into the extension type's struct: no constructor's argument parsing)
+        w = SendWQE.__new__(SendWQE)
+        w._fill(wr_id, opcode, (flags & _F_SIGNALED) != 0, sges, length, inline,
+                (flags & _F_FENCE) != 0, (flags & _F_SOLICITED) != 0, imm, inv_rkey, rkey, srqn,
+                remote_addr, compare, swap, ah, rqpn, rqkey, mw, mr, bind_rkey, bind_addr,
+                bind_len, bind_access, driver_op, caller)  # fmt: skip
+        return w
 
 
 def _more_sges(buf: memoryview, pos: int, count: int, sges: list[Sge]) -> int:
@@ -840,7 +860,13 @@ class WorkRing:
     def _bound(self, value: int) -> int:
         """``value`` clamped to what the application can honestly have posted."""
         seen = self.seen_db
-        return max(seen, min(value, int(self.hdr[_W_PI]), seen + self.size))
+        top = seen + self.size  # the least of this, pi and value, but never below seen
+        pi = int(self.hdr[_W_PI])
+        if pi < top:
+            top = pi
+        if value < top:
+            top = value
+        return top if top > seen else seen
 
     def latch(self, everything: bool = False) -> int:
         """Fetch the WQEs below the doorbell (or below ``pi``); how many.
