@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from bench_kit import run_bench
 
 
@@ -29,6 +30,18 @@ def test_an_unknown_kind_is_named() -> None:
 def test_packed_queues_run_to_the_end() -> None:
     """``--packed``: the queues in their shared byte layout, each WQE decoded from its slot."""
     r = run_bench("bench_engine.py", "--quick", "--packed", "--iters", "500")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert re.search(r"^softverbs: .*, packed queues$", r.stdout, re.M), r.stdout
+    for kind in ("write4k", "send8"):
+        assert re.search(rf"^{kind}\s+CPU us/message: best", r.stdout, re.M), r.stdout
+
+
+def test_process_memory_and_packed_queues_run_to_the_end() -> None:
+    """``--proc --packed``: the service's copies through ``/proc/self/mem`` and its queues in
+    their byte layout, together (each exits non-zero on a failed completion)."""
+    r = run_bench("bench_engine.py", "--quick", "--proc", "--packed", "--iters", "500")
+    if "no PROCMAP_QUERY" in r.stderr:
+        pytest.skip("--proc needs PROCMAP_QUERY (Linux 6.11+)")
     assert r.returncode == 0, r.stdout + r.stderr
     assert re.search(r"^softverbs: .*, packed queues$", r.stdout, re.M), r.stdout
     for kind in ("write4k", "send8"):
