@@ -18,6 +18,7 @@ import os
 import pytest
 from engine_kit import BASE_B, Bench
 
+from softverbs.device import memory as device_memory
 from softverbs.device.memory import ProcessMemory
 from softverbs.engine.rings import CACHE_LINE, place, scatter
 from softverbs.enums import IBV_WC_SUCCESS, IBV_WR_RDMA_READ, IBV_WR_RDMA_WRITE, IBV_WR_SEND
@@ -170,8 +171,11 @@ def test_place_on_process_memory_is_one_ordered_pwritev(monkeypatch: pytest.Monk
         calls.append(("pwritev", where - base, [len(p) for p in pieces]))
         return real_pwritev(fd, pieces, where)
 
-    monkeypatch.setattr(os, "pwrite", pwrite)
-    monkeypatch.setattr(os, "pwritev", pwritev)
+    # the store's system calls, as device.memory reads them from os once (a copy through
+    # any other name is one this does not see, and fails the counts below)
+    assert (device_memory._pwrite, device_memory._pwritev) == (real_pwrite, real_pwritev)
+    monkeypatch.setattr(device_memory, "_pwrite", pwrite)
+    monkeypatch.setattr(device_memory, "_pwritev", pwritev)
     mem = ProcessMemory(os.open("/proc/self/mem", os.O_RDWR))
     try:
         place(mem.span(base, len(target)), 3, pattern(4097))  # type: ignore[arg-type]

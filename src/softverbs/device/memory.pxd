@@ -45,8 +45,8 @@ cdef class ProcessMemory:
     cpdef bint still_pinned(self, Pin pin, object addr, object length)
     @cython.locals(seg=tuple)
     cpdef bint _still_pinned(self, Pin pin, object addr, object length, tuple got)
-    @cython.locals(data=bytes)
-    cpdef bytes read(self, object addr, Py_ssize_t length)
+    @cython.locals(data=bytes, n=Py_ssize_t)
+    cpdef bytes read(self, object addr, object length)
     @cython.locals(done=Py_ssize_t, parts=list, more=bytes)
     cpdef bytes _read_rest(self, bytes data, object addr, Py_ssize_t length)
     @cython.locals(view=memoryview, done=Py_ssize_t)
@@ -58,13 +58,18 @@ cdef class ProcessMemory:
     @cython.locals(n=Py_ssize_t)
     cpdef _write_rest(self, object addr, object data, Py_ssize_t done)
     cpdef write_ordered(self, object addr, object data, Py_ssize_t tail)
-    @cython.locals(n=Py_ssize_t, cut=Py_ssize_t, done=Py_ssize_t)
+    # cut: boxed once, for both slices (as a C integer each slice boxed it again)
+    @cython.locals(n=Py_ssize_t, cut=object, done=Py_ssize_t)
     cpdef _write_ordered(self, object addr, object view, Py_ssize_t tail)
     cpdef ProcessSpan span(self, object addr, object length, bint pinned=*)
     cpdef close(self)
 
 
 cpdef bint _unshared(bytearray buf)
+
+
+# reads of at least this many bytes are pooled: POOLED_READ as a C integer
+cdef Py_ssize_t _POOLED_READ
 
 
 @cython.final
@@ -98,7 +103,8 @@ cdef class ProcessSpan:
 
 
 cdef object _byte_view(object data)
-cdef object _read(ProcessMemory mem, object addr, Py_ssize_t length)
+@cython.locals(n=Py_ssize_t)
+cdef object _read(ProcessMemory mem, object addr, object length)
 @cython.locals(pin=Pin)
 cdef object _backed(ProcessSpan span, object offset, object length)
 

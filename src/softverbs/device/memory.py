@@ -61,6 +61,14 @@ from softverbs.enums import (
 
 Buffer = bytes | bytearray | memoryview
 
+#: The system calls of the copies, each read from ``os`` once: compiled, a module
+#: global is a cached lookup, where ``os.pread`` is an attribute lookup on the module
+#: per copy.  Tests replace these names here to see the calls the copies make.
+_pread = os.pread
+_preadv = os.preadv
+_pwrite = os.pwrite
+_pwritev = os.pwritev
+
 
 #: the access flags that need writable pages (the kernel's ib_access_writable)
 WRITABLE_ACCESS = (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC
@@ -331,16 +339,17 @@ class ProcessMemory:
     def read(self, addr: int, length: int) -> bytes:
         """``length`` bytes at ``addr``: one ``pread`` when the pages are there; what
         the kernel refuses reads as zeros and counts in :attr:`faults`."""
+        n = length  # compiled, a C integer; ``length`` goes to pread as it came
         if not self.closed:
             try:
-                data = os.pread(self.fd, length, addr)
+                data = _pread(self.fd, length, addr)
             except OSError:
                 data = b""
-            if len(data) == length:
+            if len(data) == n:
                 return data
         else:
             data = b""
-        return self._read_rest(data, addr, length)
+        return self._read_rest(data, addr, n)
 
     def _read_rest(self, data: bytes, addr: int, length: int) -> bytes:
         """:meth:`read` after a short first ``pread``: the rest as far as the kernel
@@ -349,7 +358,7 @@ class ProcessMemory:
         parts = [data]
         while done < length and not self.closed:
             try:
-                more = os.pread(self.fd, length - done, addr + done)
+                more = _pread(self.fd, length - done, addr + done)
             except OSError:
                 break
             if not more:
@@ -371,7 +380,7 @@ class ProcessMemory:
         done = 0
         if not self.closed:
             try:
-                done = os.preadv(self.fd, [view], addr)
+                done = _preadv(self.fd, [view], addr)
             except OSError:
                 done = 0
             if done == length:
@@ -385,7 +394,7 @@ class ProcessMemory:
         length = len(view)
         while done < length and not self.closed:
             try:
-                n = os.preadv(self.fd, [view[done:]], addr + done)
+                n = _preadv(self.fd, [view[done:]], addr + done)
             except OSError:
                 break
             if n <= 0:
@@ -404,7 +413,7 @@ class ProcessMemory:
         done = 0
         if not self.closed:
             try:  # not contextlib.suppress: no context manager made per copy
-                done = os.pwrite(self.fd, data, addr)
+                done = _pwrite(self.fd, data, addr)
             except OSError:
                 done = 0
             if done == len(data):  # bytes, or a memoryview of them (the engine's)
@@ -417,7 +426,7 @@ class ProcessMemory:
         view = memoryview(data).cast("B")
         while done < len(view) and not self.closed:
             try:
-                n = os.pwrite(self.fd, view[done:], addr + done)
+                n = _pwrite(self.fd, view[done:], addr + done)
             except OSError:
                 break
             if n <= 0:
@@ -447,8 +456,8 @@ class ProcessMemory:
             return
         done = 0
         if not self.closed:
-            try:  # the two pieces in a tuple: os.pwritev takes any sequence
-                done = os.pwritev(self.fd, (view[:cut], view[cut:]), addr)
+            try:  # the two pieces in a tuple: pwritev takes any sequence
+                done = _pwritev(self.fd, (view[:cut], view[cut:]), addr)
             except OSError:
                 done = 0
             if done == n:
@@ -477,6 +486,7 @@ class ProcessMemory:
 
 #: Reads of at least this many bytes go into a reused buffer (:class:`ReadBuffers`).
 POOLED_READ = 16 << 10
+_POOLED_READ = POOLED_READ  # the same as a C integer for _read (memory.pxd)
 #: The most bytes of read buffers the service keeps mapped.
 READ_BUFFER_LIMIT = 256 << 20
 #: Buffers :meth:`ReadBuffers.take` asks before it makes another.
@@ -652,8 +662,9 @@ def _byte_view(data: Buffer) -> memoryview:
 
 def _read(mem: ProcessMemory, addr: int, length: int) -> memoryview:
     """:meth:`ProcessSpan.read` of ``length`` bytes at ``addr``."""
-    if length >= POOLED_READ:
-        got = mem.read_pooled(addr, length)
+    n = length  # compiled, a C integer; ``length`` goes on as it came
+    if n >= _POOLED_READ:
+        got = mem.read_pooled(addr, n)
         if got is not None:
             return got
     return memoryview(mem.read(addr, length))

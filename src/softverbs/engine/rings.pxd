@@ -77,7 +77,8 @@ cpdef CQE new_cqe(object wr_id, object status, object opcode, object qp_num,
 # Python integers).
 cdef long long _HDR, _SEND_HDR, _SGE, _RECV_HDR, _CQE
 cdef long long _SEND_FLAGS, _F_SIGNALED, _F_FENCE, _F_SOLICITED, _F_INLINE
-cdef object _SEND_FIRST, _RECV_FIRST, _SEND_UNPACK
+cdef long long _CQE_DEAD, _CQE_SOLICITED
+cdef object _SEND_FIRST, _RECV_FIRST, _SEND_UNPACK, _CQE_PACK
 
 
 cdef class PackedSlots:
@@ -109,6 +110,7 @@ cdef class RecvSlots(PackedSlots):
 
 
 cdef class CQESlots(PackedSlots):
+    @cython.locals(flags=cython.longlong)
     cpdef write(self, long long index, CQE c)
     @cython.locals(c=CQE)
     cpdef read(self, long long index)

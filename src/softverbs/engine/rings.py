@@ -100,6 +100,8 @@ _F_SIGNALED, _F_FENCE, _F_SOLICITED, _F_INLINE = F_SIGNALED, F_FENCE, F_SOLICITE
 
 #: CQE flags (CQE byte 47).
 CQE_DEAD, CQE_SOLICITED = 1, 2
+# the same as C integers for CQESlots.write (rings.pxd)
+_CQE_DEAD, _CQE_SOLICITED = CQE_DEAD, CQE_SOLICITED
 
 
 # --- records ---------------------------------------------------------------------------------
@@ -577,6 +579,8 @@ _SEND_UNPACK = _SEND_FIRST.unpack_from
 #: the whole CQE with its reason: ``72s`` NUL-pads (and cuts) the UTF-8 bytes, so a
 #: CQE is one ``pack_into``
 CQE_PACKED = CQEntry._struct
+#: its bound method, read once: a call per CQE without looking ``pack_into`` up
+_CQE_PACK = CQE_PACKED.pack_into
 CQE_SIZE = CQEntry.size()
 REASON_BYTES = CQE_SIZE - CQE_FIELDS.size
 # the same sizes as C integers for the slot classes (rings.pxd); the public names
@@ -727,11 +731,15 @@ class CQESlots(PackedSlots):
 
     def write(self, index: int, c: CQE) -> None:
         reason = c.reason
-        CQE_PACKED.pack_into(
+        flags = 0  # compiled, a C integer: the flag constants are C constants (rings.pxd)
+        if c.dead:
+            flags = _CQE_DEAD
+        if c.solicited:
+            flags |= _CQE_SOLICITED
+        _CQE_PACK(
             self.buf, self.offset(index), c.wr_id, c.status, c.opcode,
             c.vendor_err, c.byte_len, c.imm & 0xFFFFFFFF, c.qp_num, c.src_qp, c.wc_flags,
-            c.pkey_index, c.slid, c.sl, 0, c.wq_kind,
-            (CQE_DEAD if c.dead else 0) | (CQE_SOLICITED if c.solicited else 0), c.wq_handle,
+            c.pkey_index, c.slid, c.sl, 0, c.wq_kind, flags, c.wq_handle,
             c.index & 0xFFFFFFFF, reason.encode("utf-8", "replace") if reason else b"",
         )  # fmt: skip
 
