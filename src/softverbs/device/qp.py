@@ -500,17 +500,6 @@ def ring_deferred(host: Host, owner: Owner, qp: int, queue: int) -> Device:
     return dev
 
 
-def ring_send_queue(rec: QPObj, now: float) -> None:
-    """The send queue doorbell of QP ``rec``, which the caller holds already
-    (the service's scan of a process's send queues on an eventfd wake-up,
-    service/server.py ``_Bell``), without running the engine (its runtime,
-    ``rec.device.runtime``, must run next).  The caller holds ``host.lock``
-    and that runtime's lock, ``now`` is its clock's time (one take and one
-    read for every queue of the scan), and it has checked that ``rec`` is
-    still its owner's."""
-    rec.engine.doorbell(now)
-
-
 def cancel_send(host: Host, owner: Owner, req: records.CancelSend, res: Resources) -> records.Count:
     rec = host.obj(owner, req.qp, QPObj)
     eng = rec.engine

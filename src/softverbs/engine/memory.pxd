@@ -17,6 +17,8 @@ cdef object _MR, _MKEY, _MW2
 cdef long long _pass
 # read by device/memory's mapping checks, twice per WRITE the service serves: a C call
 cpdef long long current_pass()
+# begun by the service per message and per doorbell wake-up (service/server.py): a C call
+cpdef new_pass()
 
 cdef class MemKey:
     cdef public object kind, pd, owner, iova, length, view, mr, resolver, xform

@@ -28,3 +28,5 @@ cdef class QPEngine(QPCore):
     # subclass, overrides it; the device calls it by attribute, which finds that)
     @cython.locals(theirs=cython.longlong, ours=cython.longlong)
     cpdef receive(self, Packet pkt, OpInfo info, double now)
+    # the service's ring of a send queue on an eventfd wake-up (service/server.py _rang): a C call
+    cpdef doorbell(self, double now)

@@ -5,9 +5,14 @@
 # as C functions, and its runtimes are typed (fabric/runtime.pxd), so their
 # progress and next_deadline are C calls.  Nothing else in softverbs cimports them.
 
+from softverbs.engine.qp cimport QPEngine
 from softverbs.fabric.runtime cimport Runtime
 
 cimport cython
+cimport softverbs.engine.memory as engine_memory  # new_pass, per doorbell: a C call
+
+# epoll's and selectors' event bits (_ready, _turn): C integers, not module dict entries
+cdef long _READ, _WRITE, _NOT_IN, _NOT_OUT
 
 
 cdef class Client:
@@ -36,21 +41,23 @@ cdef class Service:
     cdef public long long _eventfd_rung
     cdef object __weakref__  # softverbs.cm.service keeps its agents by service
 
-    @cython.locals(served=cython.bint, client=Client)
+    @cython.locals(served=cython.bint, client=Client, mask=cython.long)
     cpdef _turn(self)
     @cython.locals(out=list, devices=list)
     cpdef list _runtimes(self)
     cpdef list _wait(self, double timeout)
-    @cython.locals(keys=dict, out=list)
+    @cython.locals(keys=dict, out=list, ev=cython.long, mask=cython.long)
     cpdef list _ready(self, double timeout)
-    @cython.locals(timeout=cython.double, runtime=Runtime)
+    @cython.locals(timeout=cython.double, runtime=Runtime, deadline=cython.double,
+                   now=cython.double)
     cpdef double _progress(self, object runtimes)
     @cython.locals(client=Client, budget=cython.longlong, got=cython.longlong, held=dict)
     cpdef _read(self, object sock)
     @cython.locals(n=cython.longlong)
     cpdef _ring_held(self, Client client, dict held)
-    @cython.locals(client=Client, made=cython.longlong, moved=list, seen=dict,
-                   n=cython.Py_ssize_t, i=cython.Py_ssize_t, runtime=Runtime, now=cython.double)
+    @cython.locals(client=Client, made=cython.longlong, moved=list, seen=dict, objects=dict,
+                   n=cython.Py_ssize_t, i=cython.Py_ssize_t, runtime=Runtime, now=cython.double,
+                   eng=QPEngine)
     cpdef _rang(self, _Bell bell)
     cpdef bint _ring(self, Client client, object qp, object queue)
     cpdef bint _doorbell(self, Client client, object qp, object queue)

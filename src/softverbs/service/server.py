@@ -77,12 +77,11 @@ from softverbs.device.protocol import ProtocolError
 from softverbs.device.qp import (
     QPObj,
     ring_deferred,
-    ring_send_queue,
     send_queue_header,
     send_queues,
 )
 from softverbs.device.srq import SRQObj
-from softverbs.engine.memory import new_pass
+from softverbs.engine import memory as engine_memory
 from softverbs.engine.rings import (
     C_CONSTANTS,
     CQE_SIZE,
@@ -614,9 +613,9 @@ class Service:
                 self._woken()
             else:
                 sock: socket.socket = key.fileobj  # type: ignore[assignment]
-                if mask & selectors.EVENT_WRITE:
+                if mask & _WRITE:
                     self._write(sock)
-                if mask & selectors.EVENT_READ:
+                if mask & _READ:
                     self._read(sock)
                     served = True
         if served and self.spin:  # only the spin (_wait) asks when the loop last served
@@ -652,17 +651,22 @@ class Service:
         same hold of each runtime's lock."""
         timeout = 1.0
         for runtime in runtimes if type(runtimes) is list else list(runtimes):
-            with runtime.lock:
-                try:
-                    runtime.progress()
-                    nxt = runtime.next_deadline()
-                    if nxt is not None:
-                        timeout = min(timeout, max(0.0, nxt - runtime.clock.now()))
-                except Exception:  # the engine must not take the service down
-                    self.stats["engine_errors"] += 1
-                    names = [d.name for d in list(self.registry.devices.values())
-                             if d.runtime is runtime]  # fmt: skip
-                    log.exception("engine progress on %s", ", ".join(names))
+            runtime.lock.acquire()  # as ``with``, without its two bound methods (_rang)
+            try:
+                runtime.progress()
+                nxt = runtime.next_deadline()
+                if nxt is not None:
+                    # the deadline and the clock as C doubles: no float made between them
+                    deadline = nxt
+                    now = runtime.clock.now()
+                    timeout = min(timeout, max(0.0, deadline - now))
+            except Exception:  # the engine must not take the service down
+                self.stats["engine_errors"] += 1
+                names = [d.name for d in list(self.registry.devices.values())
+                         if d.runtime is runtime]  # fmt: skip
+                log.exception("engine progress on %s", ", ".join(names))
+            finally:
+                runtime.lock.release()
         if self._rung:
             self._rung.clear()
         return timeout
@@ -751,7 +755,7 @@ class Service:
                 continue
             polled.db = int(db)
             served = True
-            new_pass()  # as for a DOORBELL message (handle)
+            engine_memory.new_pass()  # as for a DOORBELL message (handle)
             self.stats["doorbells_polled"] += 1
             self._doorbell(polled.client, polled.handle, records.DB_SQ)
         if served:
@@ -794,12 +798,13 @@ class Service:
         client = bell.client
         if not client.alive:
             return
+        host = self.host
         objects = client.owner.objects
-        made = self.host.changes[_KIND_QP]
+        made = host.changes.get(_KIND_QP, 0)  # a Counter: a missing kind is 0 as by [ ]
         queues = bell.queues
         if made != bell.made:  # a QP may have come or gone: list them again
             try:
-                with self.host.lock:
+                with host.lock:
                     queues = bell.queues = [(handle, rec, sq.hdr)
                                             for handle, rec in send_queues(client.owner)
                                             if (sq := rec.engine.sq) is not None]  # fmt: skip
@@ -811,7 +816,7 @@ class Service:
             live = {handle for handle, _, _ in queues}
             for handle in [h for h in bell.seen if h not in live]:
                 del bell.seen[handle]
-        new_pass()  # as for a DOORBELL message (handle)
+        engine_memory.new_pass()  # as for a DOORBELL message (handle)
         seen = bell.seen
         moved: list[QPObj] | None = None
         for handle, rec, hdr in queues:
@@ -834,26 +839,40 @@ class Service:
             self.stats["doorbell_errors"] += len(moved)
         else:  # the listed records are the owner's QPs: ring them without a lookup (_doorbell)
             # under one take of each runtime's lock and one read of its clock for
-            # the run of queues of its devices (one runtime, mostly), not per queue
+            # the run of queues of its devices (one runtime, mostly), not per queue.
+            # The locks are taken and released by their methods, not by ``with``
+            # (which makes a bound method of each of __enter__ and __exit__ per take,
+            # compiled); the ``finally`` releases them as ``with`` would.
             n = len(moved)
             i = 0
-            with self.host.lock:
+            lock = host.lock
+            lock.acquire()
+            try:
+                rec = moved[0]
                 while i < n:
-                    runtime = moved[i].device.runtime
-                    with runtime.lock:
+                    runtime = rec.device.runtime
+                    runtime.lock.acquire()
+                    try:
                         now = runtime.clock.now()
                         while True:
-                            rec = moved[i]
                             i += 1
+                            eng = rec.engine
                             try:
-                                ring_send_queue(rec, now)
+                                eng.doorbell(now)  # the engine runs next (_progress)
                             except PyverbsError as exc:
                                 self.stats["doorbell_errors"] += 1
                                 log.debug("doorbell of pid %d: %s", client.pid, exc)
                             else:
                                 self._rung.add(runtime)
-                            if i == n or moved[i].device.runtime is not runtime:
-                                break  # the last, or the next is another runtime's
+                            if i == n:
+                                break  # the last
+                            rec = moved[i]
+                            if rec.device.runtime is not runtime:
+                                break  # the next is another runtime's
+                    finally:
+                        runtime.lock.release()
+            finally:
+                lock.release()
 
     def _close_bell(self, client: Client) -> None:
         bell, client.bell = client.bell, None
@@ -1014,7 +1033,7 @@ class Service:
         counts one error per DOORBELL message it stood for."""
         if not held:
             return
-        new_pass()  # they may follow an unmap: check mappings again (device/memory.py)
+        engine_memory.new_pass()  # they may follow an unmap: check mappings (device/memory.py)
         for (qp, queue), n in held.items():
             if not self._ring(client, qp, queue) and n > 1:
                 self.stats["doorbell_errors"] += n - 1
@@ -1031,7 +1050,7 @@ class Service:
     # --- requests ------------------------------------------------------------------------
     def handle(self, client: Client, data: bytes, fds: list[int]) -> None:
         """Serve one message; every failure becomes an error reply."""
-        new_pass()  # it may follow an unmap: check mappings again (device/memory.py)
+        engine_memory.new_pass()  # it may follow an unmap: check mappings again (device/memory.py)
         if not fds and client.greeted:  # the data path first, in one unpack
             rung = protocol.decode_doorbell(data)
             if rung is not None:
