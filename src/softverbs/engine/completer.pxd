@@ -35,7 +35,7 @@ cdef class Completer:
     cpdef list take_all(self)
     cpdef next_deadline(self)
     cpdef stop_timers(self)
-    @cython.locals(deadline=double)
+    @cython.locals(seconds=double, deadline=double)
     cpdef arm_ack_timer(self, double now)
     cpdef on_response(self, Packet pkt, OpInfo info, double now)
     @cython.locals(wqe=SendWQE, pmtu=cython.longlong, count=cython.longlong,

@@ -207,7 +207,8 @@ class Completer:
         if self.deadline is None:
             timeout = P.ack_timeout_s(self.qp.timeout)
             if timeout is not None:
-                deadline: float = now + timeout  # compiled, a C double: boxed once, for the field
+                seconds: float = timeout  # compiled, C doubles: one C add, the field boxed once
+                deadline: float = now + seconds
                 self.deadline = deadline
                 self.qp.arm(deadline)
 
