@@ -8,7 +8,7 @@ cimport softverbs.engine.psn as P
 from softverbs.engine.core cimport QPCore
 from softverbs.engine.requester cimport Requester
 from softverbs.engine.rings cimport CQE, SendWQE, new_cqe
-from softverbs.engine.wr cimport WrInfo, finished, move
+from softverbs.engine.wr cimport WrInfo, finished, info_of, move
 from softverbs.wire.opcodes cimport OpInfo, aeth_kind, aeth_value
 from softverbs.wire.packet cimport Packet
 
@@ -16,12 +16,12 @@ from softverbs.wire.packet cimport Packet
 cdef object _C_ACK, _C_BURST, _C_DUPLICATE, _C_ERROR_RETRY, _C_AFTER_GAP, _C_INVALID
 cdef object _K_ACK, _K_READ_RESP, _W_DONE, _W_ACTIVE, _W_FAILED
 cdef object _WR_READ, _WR_ATOMIC, _WR_SEND, _RTS, _SQD
-cdef dict _WR_INFO
 cdef long long _AETH_ACK, _AETH_RNR_NAK, _AETH_NAK
 
 cdef class Completer:
     cdef public QPCore qp
     cdef public object inflight, deadline, rnr_until
+    cdef object _popleft  # inflight.popleft, bound once
     cdef public Requester req
     cdef public long long una, retry_left, rnr_left, rnr_psn
     cdef public bint resending
@@ -35,6 +35,7 @@ cdef class Completer:
     cpdef list take_all(self)
     cpdef next_deadline(self)
     cpdef stop_timers(self)
+    @cython.locals(seconds=double, deadline=double)
     cpdef arm_ack_timer(self, double now)
     cpdef on_response(self, Packet pkt, OpInfo info, double now)
     @cython.locals(wqe=SendWQE, pmtu=cython.longlong, count=cython.longlong,

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 from softverbs.engine import psn as P
 from softverbs.engine.core import NATIVE
 from softverbs.engine.rings import SendWQE, WqeState, new_cqe, scatter
-from softverbs.engine.wr import WR_INFO, WrClass, finished, move
+from softverbs.engine.wr import WrClass, finished, info_of, move
 from softverbs.enums import (
     IBV_QPS_RTS,
     IBV_QPS_SQD,
@@ -135,12 +135,6 @@ _SQD = IBV_QPS_SQD
 _AETH_ACK = AETH_ACK
 _AETH_RNR_NAK = AETH_RNR_NAK
 _AETH_NAK = AETH_NAK
-# WR_INFO, read per WQE: compiled a dict-typed C global (completer.pxd), so the
-# lookup is a direct dictionary lookup; interpreted the same subscript as before.
-# Its keys are plain ints: WR_INFO's are IntEnum members, and a WQE's opcode (a
-# plain int) found under one was compared by a rich comparison through the enum
-# type (about 200 instructions a lookup, five lookups a WRITE)
-_WR_INFO = {int(op): info for op, info in WR_INFO.items()}
 
 
 class Completer:
@@ -151,6 +145,9 @@ class Completer:
         self.qp = qp
         self.req: Requester  # set by the QP engine
         self.inflight: deque[SendWQE] = deque()  #: started WQEs, in posting order
+        #: its ``popleft``, bound once (the deque is only ever cleared): compiled, a call
+        #: of a bound method where ``inflight.popleft()`` looked the method up per WQE
+        self._popleft = self.inflight.popleft
         self.reset()
 
     def reset(self) -> None:
@@ -210,8 +207,10 @@ class Completer:
         if self.deadline is None:
             timeout = P.ack_timeout_s(self.qp.timeout)
             if timeout is not None:
-                self.deadline = now + timeout
-                self.qp.arm(self.deadline)
+                seconds: float = timeout  # compiled, C doubles: one C add, the field boxed once
+                deadline: float = now + seconds
+                self.deadline = deadline
+                self.qp.arm(deadline)
 
     # --- responses --------------------------------------------------------------
     def on_response(self, pkt: Packet, info: OpInfo, now: float) -> CompState:
@@ -254,7 +253,7 @@ class Completer:
         side effect, for anything else (the packets then go one by one)."""
         qp = self.qp
         wqe = self._find(b.psn)
-        if wqe is None or _WR_INFO[wqe.opcode].klass is not _WR_READ or finished(wqe):
+        if wqe is None or info_of(wqe.opcode).klass is not _WR_READ or finished(wqe):
             return False
         pmtu = qp.pmtu
         count = b.count
@@ -322,7 +321,7 @@ class Completer:
                 continue
             if P.diff(wqe.psn, psn) > 0:
                 break
-            info = _WR_INFO[wqe.opcode]
+            info = info_of(wqe.opcode)
             if info.rd:
                 # The responder is past this READ/atomic but its response is
                 # missing: an implied NAK (IBA 9.7.5.1.5; mlx5 counts it by this name).
@@ -412,7 +411,7 @@ class Completer:
         qp = self.qp
         counters = qp.hca.counters
         wqe = self._find(pkt.psn)
-        if wqe is None or _WR_INFO[wqe.opcode].klass is not _WR_READ or finished(wqe):
+        if wqe is None or info_of(wqe.opcode).klass is not _WR_READ or finished(wqe):
             counters["drop_unexpected_response"] += 1
             return _C_UNEXPECTED
         expected = P.add(wqe.psn, wqe.rxd)
@@ -460,7 +459,7 @@ class Completer:
     def _atomic_ack(self, pkt: Packet, now: float) -> CompState:
         counters = self.qp.hca.counters
         wqe = self._find(pkt.psn)
-        if wqe is None or _WR_INFO[wqe.opcode].klass is not _WR_ATOMIC or finished(wqe):
+        if wqe is None or info_of(wqe.opcode).klass is not _WR_ATOMIC or finished(wqe):
             counters["drop_unexpected_response"] += 1
             return _C_UNEXPECTED
         self._acked(P.add(wqe.psn, -1), now)
@@ -510,7 +509,7 @@ class Completer:
             end = P.diff(P.add(wqe.psn, wqe.npkts), psn)
             if end <= 0:
                 continue  # entirely before psn
-            if _WR_INFO[wqe.opcode].rd:
+            if info_of(wqe.opcode).rd:
                 wqe.tx = 0
             else:
                 off = P.diff(psn, wqe.psn)
@@ -566,11 +565,11 @@ class Completer:
         inflight = self.inflight
         obs = qp.hca.observer
         while inflight and finished(inflight[0]):
-            wqe = inflight.popleft()
+            wqe = self._popleft()
             if obs is not None:
                 obs.wqe_done(qp, wqe)
             ok = wqe.state != _W_FAILED
-            info = _WR_INFO[wqe.opcode]
+            info = info_of(wqe.opcode)
             if wqe.state == _W_DONE and info.klass is _WR_SEND:
                 qp.hca.rdma_sends += 1  # rxe: every completed SEND WQE
             if ok and not (wqe.signaled or qp.sq_sig_all):

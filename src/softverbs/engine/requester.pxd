@@ -13,7 +13,7 @@ from softverbs.engine.completer cimport Completer
 from softverbs.engine.congestion cimport CongestionControl
 from softverbs.engine.memory cimport KeyTable
 from softverbs.engine.rings cimport SendWQE, WorkRing
-from softverbs.engine.wr cimport WrInfo, move, pending
+from softverbs.engine.wr cimport WrInfo, info_of, move, pending
 from softverbs.wire.packet cimport Packet, burst, new_packet
 
 # enum members the per-WQE path compares with: C globals, no dict lookup
@@ -22,7 +22,6 @@ cdef object _WR_SEND, _WR_WRITE, _WR_READ, _WR_ATOMIC, _WR_LOCAL
 # the QP states the send queue's path compares with: C integers, compared with the
 # state read once into a C local (pump_sq, doorbell)
 cdef long long _RTS, _SQD, _ERR, _SQE
-cdef dict _WR_INFO
 
 cdef class Requester:
     cdef public QPCore qp

@@ -57,7 +57,7 @@ from softverbs.engine import psn as P
 from softverbs.engine.core import ack_every
 from softverbs.engine.observe import SQ
 from softverbs.engine.rings import CQE, WR_DRIVER1, SendWQE, WqeState
-from softverbs.engine.wr import WR_INFO, WrClass, WrInfo, move, pending
+from softverbs.engine.wr import WrClass, WrInfo, info_of, move, pending
 from softverbs.enums import (
     IBV_QPS_ERR,
     IBV_QPS_RTS,
@@ -106,12 +106,6 @@ _WR_LOCAL = WrClass.LOCAL
 _RTS = IBV_QPS_RTS
 _SQD = IBV_QPS_SQD
 _ERR = IBV_QPS_ERR
-# WR_INFO, read per WQE: compiled a dict-typed C global (requester.pxd), so the
-# lookup is a direct dictionary lookup; interpreted the same subscript as before.
-# Its keys are plain ints: WR_INFO's are IntEnum members, and a WQE's opcode (a
-# plain int) found under one was compared by a rich comparison through the enum
-# type (about 200 instructions a lookup, five lookups a WRITE)
-_WR_INFO = {int(op): info for op, info in WR_INFO.items()}
 _SQE = IBV_QPS_SQE
 
 
@@ -176,7 +170,7 @@ class Requester:
             if state != _RTS:
                 break
             wqe = sq.get(self.sq_next)
-            info = _WR_INFO[wqe.opcode]
+            info = info_of(wqe.opcode)
             rd = info.rd
             if wqe.fence and self.sig is _SIG_PENDING:
                 self._sig_stop()  # never past a fence after a signature error
@@ -275,6 +269,12 @@ class Requester:
         if klass is _WR_SEND or klass is _WR_WRITE:
             if wqe.inline is not None:
                 wqe.data = wqe.inline
+            elif len(wqe.sges) == 1:  # most WQEs: the one SGE's view, no list made for it
+                addr, length, lkey = wqe.sges[0]
+                v = keys.local(lkey, qp.pd, addr, length, False)
+                if isinstance(v, str):
+                    return self.fail(wqe, IBV_WC_LOC_PROT_ERR, v)
+                wqe.data = v
             else:
                 views: list[memoryview] = []
                 for addr, length, lkey in wqe.sges:
@@ -282,7 +282,7 @@ class Requester:
                     if isinstance(v, str):
                         return self.fail(wqe, IBV_WC_LOC_PROT_ERR, v)
                     views.append(v)
-                wqe.data = views[0] if len(views) == 1 else b"".join(views)
+                wqe.data = b"".join(views)
             if qp.is_ud and wqe.length > qp.pmtu:
                 return self.fail(
                     wqe, IBV_WC_LOC_LEN_ERR,
@@ -334,7 +334,7 @@ class Requester:
     def _transmit(self, wqe: SendWQE, now: float) -> bool:
         """Send this WQE's pending packets; False if the window closed."""
         qp = self.qp
-        info = _WR_INFO[wqe.opcode]
+        info = info_of(wqe.opcode)
         klass = info.klass
         asked_all = True
         if klass is _WR_READ:
@@ -531,7 +531,7 @@ class Requester:
             flushed.append(sq.get(self.sq_next))
             self.sq_next += 1
         for wqe in flushed:
-            info = _WR_INFO[wqe.opcode]
+            info = info_of(wqe.opcode)
             cqe = CQE(wqe.wr_id, IBV_WC_WR_FLUSH_ERR, info.wc_opcode, qp.qpn)
             cqe.reason = "flushed: the QP is in the error state"
             cqe.wq_kind, cqe.wq_handle = sq.tag

@@ -103,23 +103,49 @@ WR_INFO: dict[int, WrInfo] = {
 }
 
 
-#: the states finished() and pending() compare with, read per message: module constants
-#: (an enum member read from its class costs several times a global's)
-_CANCELLED = WqeState.CANCELLED
-_ACTIVE = WqeState.ACTIVE
+#: the states finished() and pending() compare with, read per message: compiled C
+#: integers (wr.pxd), compared with the WQE's state read into a C integer
+_I_CANCELLED = int(WqeState.CANCELLED)
+_I_ACTIVE = int(WqeState.ACTIVE)
+
+
+#: every ``ibv_wr_opcode`` with a :class:`WrInfo`, by number (None: none): what
+#: :func:`info_of` indexes, where a dictionary lookup was a hash and a probe per call
+_BY_OPCODE: tuple[WrInfo | None, ...] = tuple(
+    WR_INFO.get(op) for op in range(max(WR_INFO) + 1)
+)
+
+
+def info_of(opcode: int) -> WrInfo:
+    """The :class:`WrInfo` of ``opcode`` (KeyError if it has none, as ``WR_INFO[opcode]``)."""
+    info = _BY_OPCODE[opcode] if 0 <= opcode < len(_BY_OPCODE) else None
+    if info is None:
+        raise KeyError(opcode)
+    return info
+
+
+#: :data:`~.rings.WQE_MOVES` as one integer, bit ``8 * state + new`` set for each legal
+#: move: ``move`` checks a move with a shift, where a dictionary and a frozenset lookup
+#: with enum keys cost about 280 instructions each compiled (two moves per WRITE)
+_MOVE_BITS: int = sum(1 << (8 * old + new) for old, news in WQE_MOVES.items() for new in news)
+assert max(WqeState) < 8  # the table's fields are 8 bits wide
 
 
 def move(wqe: SendWQE, new: WqeState) -> None:
     """Move ``wqe`` along :data:`~.rings.WQE_MOVES` (checked in debug runs)."""
-    assert new in WQE_MOVES[wqe.state], f"WQE {wqe.wr_id}: {wqe.state.name} -> {new.name}"
+    old: int = wqe.state  # compiled, C integers: the check is a shift and a mask
+    to: int = new
+    assert _MOVE_BITS >> (8 * old + to) & 1, f"WQE {wqe.wr_id}: {wqe.state.name} -> {new.name}"
     wqe.state = new
 
 
 def finished(wqe: SendWQE) -> bool:
     """Done, failed or cancelled: ready to complete once it reaches the head."""
-    return wqe.state >= _CANCELLED
+    state: int = wqe.state  # compiled, a C integer: a C compare, no rich compare of enums
+    return state >= _I_CANCELLED
 
 
 def pending(wqe: SendWQE) -> bool:
     """Started, with packets still to send."""
-    return wqe.state == _ACTIVE and wqe.tx < wqe.npkts
+    state: int = wqe.state
+    return state == _I_ACTIVE and wqe.tx < wqe.npkts
