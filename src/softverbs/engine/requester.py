@@ -51,7 +51,7 @@ tell it is the short list in :mod:`.completer`.
 from __future__ import annotations
 
 from enum import IntEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from softverbs.engine import psn as P
 from softverbs.engine.core import ack_every
@@ -265,42 +265,59 @@ class Requester:
     def _resolve(self, wqe: SendWQE, klass: WrClass) -> int | None:
         """Resolve local memory; on failure mark the WQE failed (returns status)."""
         qp = self.qp
-        keys = qp.hca.keys
         if klass is _WR_SEND or klass is _WR_WRITE:
             if wqe.inline is not None:
                 wqe.data = wqe.inline
-            elif len(wqe.sges) == 1:  # most WQEs: the one SGE's view, no list made for it
-                addr, length, lkey = wqe.sges[0]
-                v = keys.local(lkey, qp.pd, addr, length, False)
-                if isinstance(v, str):
-                    return self.fail(wqe, IBV_WC_LOC_PROT_ERR, v)
-                wqe.data = v
             else:
-                views: list[memoryview] = []
-                for addr, length, lkey in wqe.sges:
-                    v = keys.local(lkey, qp.pd, addr, length, False)
-                    if isinstance(v, str):
-                        return self.fail(wqe, IBV_WC_LOC_PROT_ERR, v)
-                    views.append(v)
-                wqe.data = b"".join(views)
+                sges = wqe.sges
+                if len(sges) == 1:  # most WQEs: the one SGE's view, no list and no copy
+                    data = self._local(wqe, sges[0], False)
+                else:
+                    views = self._local_views(wqe, False)
+                    data = None if views is None else b"".join(views)
+                if data is None:
+                    return wqe.status
+                wqe.data = data
             if qp.is_ud and wqe.length > qp.pmtu:
                 return self.fail(
                     wqe, IBV_WC_LOC_LEN_ERR,
                     f"a UD message of {wqe.length} bytes exceeds the path MTU {qp.pmtu}",
                 )  # fmt: skip
             return None
-        views = []
-        for addr, length, lkey in wqe.sges:
-            v = keys.local(lkey, qp.pd, addr, length, True)
-            if isinstance(v, str):
-                return self.fail(wqe, IBV_WC_LOC_PROT_ERR, v)
-            views.append(v)
+        views = self._local_views(wqe, True)
+        if views is None:
+            return wqe.status
         if klass is _WR_ATOMIC:
             if wqe.length < 8:
                 return self.fail(wqe, IBV_WC_LOC_LEN_ERR, "an atomic needs an 8-byte local buffer")
             views = [views[0][:8]] if len(views[0]) >= 8 else views
         wqe.data = views
         return None
+
+    def _local_views(self, wqe: SendWQE, write: bool) -> list[Any] | None:
+        """Each of ``wqe``'s SGEs as :meth:`_local` gives it, in order; None when
+        one failed its key check (the WQE has then failed)."""
+        views: list[Any] = []
+        for sge in wqe.sges:
+            v = self._local(wqe, sge, write)
+            if v is None:
+                return None
+            views.append(v)
+        return views
+
+    def _local(self, wqe: SendWQE, sge: tuple[int, int, int], write: bool) -> Any:
+        """One SGE ``(addr, length, lkey)`` of ``wqe`` as local memory, as
+        :meth:`~.memory.KeyTable.local` gives it: the bytes to read (a memoryview)
+        or, with ``write``, what the device stores into; None when the key check
+        failed, and then the WQE has failed with ``IBV_WC_LOC_PROT_ERR``."""
+        addr, length, lkey = sge
+        qp = self.qp
+        keys = qp.hca.keys
+        v = keys.local(lkey, qp.pd, addr, length, write)
+        if isinstance(v, str):
+            self.fail(wqe, IBV_WC_LOC_PROT_ERR, v)
+            return None
+        return v
 
     def fail(self, wqe: SendWQE, status: int, reason: str) -> int:
         """``wqe`` failed: it completes in error when it reaches the head, and
