@@ -121,6 +121,11 @@ def _compiled_installed() -> str:
     return r.stdout.strip()
 
 
+def _num(value: float) -> str:
+    """A rate as a whole number with thousands separators, a ratio or a time to 3 places."""
+    return f"{value:,.0f}" if value >= 1000 else f"{value:.3f}"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3, help="rounds per mode (default 3)")
@@ -152,7 +157,7 @@ def main() -> int:
         pure, comp = (statistics.median(by_mode[m]) for m in MODES)
         better_low = target.startswith("<=") or label.endswith(("us", "us/packet"))
         gain = (pure / comp) if better_low else (comp / pure)
-        print(f"{label:<44}{target:>12}{pure:>13,.3f}{comp:>11,.3f}{gain:>6.2f}x")
+        print(f"{label:<44}{target:>12} {_num(pure):>12} {_num(comp):>10}{gain:>6.2f}x")
     for note in skipped:
         print(f"skipped: {note}")
     return 0
