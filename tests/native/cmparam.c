@@ -11,6 +11,13 @@
  *    limits (max_qp_rd_atom, max_qp_init_rd_atom) on both QPs.
  * 3. A value above the device's limit is EINVAL, on connect and on accept,
  *    and a refused accept leaves the QP in INIT.
+ * 4. fio's rdma engine (engines/rdma.c): an rdma_conn_param zeroed but for
+ *    retry_count 10 on connect, responder resources and initiator depth 1
+ *    on both sides.  rnr_retry_count 0 reaches the active QP as rnr_retry 0,
+ *    as under the kernel's CM (the REP's value), so a SEND that finds no
+ *    receive posted is not retried: IBV_WC_RNR_RETRY_EXC_ERR at once, and the
+ *    QP in ERR.  This is where fio's --verb=send hangs when its receiver falls
+ *    behind (docs/status.md, tests/thirdparty/test_fio.py).
  *
  * Prints one line per check; exits 0 if all hold.
  */
@@ -85,6 +92,15 @@ static int request(struct pair *p, uint16_t port, struct rdma_conn_param *req, i
 	*seen = ev->param.conn;
 	rdma_ack_cm_event(ev);
 	return qp_for(p->passive);
+}
+
+static int rnr_retry(struct rdma_cm_id *id)
+{
+	struct ibv_qp_attr attr;
+	struct ibv_qp_init_attr ia;
+	if (ibv_query_qp(id->qp, &attr, IBV_QP_RNR_RETRY, &ia))
+		return -1;
+	return attr.rnr_retry;
 }
 
 static int rd(struct rdma_cm_id *id, int *dest, int *init, enum ibv_qp_state *state)
@@ -192,6 +208,38 @@ int main(void)
 	int d, i;
 	check(refused && !rd(p.passive, &d, &i, &s) && s == IBV_QPS_INIT,
 	      "rdma_accept above max_qp_rd_atom: EINVAL, the QP still in INIT");
+	done(&p);
+
+	/* 4 */
+	struct rdma_conn_param fio_req = {.responder_resources = 1, .initiator_depth = 1,
+					  .retry_count = 10};
+	struct rdma_conn_param fio_rep = {.responder_resources = 1, .initiator_depth = 1};
+	char buf[64] = "a SEND no receive waits for";
+	struct ibv_wc wc = {.status = IBV_WC_SUCCESS};
+	struct ibv_mr *m = NULL;
+	rc = request(&p, 7735, &fio_req, &err, &seen_req) || rdma_accept(p.passive, &fio_rep);
+	for (int n = 0; !rc && n < 2; n++) {
+		struct rdma_cm_event *ev = wait_for(p.ch, RDMA_CM_EVENT_ESTABLISHED);
+		rc = !ev;
+		if (ev)
+			rdma_ack_cm_event(ev);
+	}
+	check(!rc && rnr_retry(p.active) == 0 && rnr_retry(p.passive) == 0,
+	      "a zeroed rnr_retry_count (fio's): rnr_retry 0 on both QPs");
+	if (!rc)
+		m = ibv_reg_mr(p.active->pd, buf, sizeof(buf), 0);
+	struct ibv_sge sge = {.addr = (uintptr_t)buf, .length = sizeof(buf),
+			      .lkey = m ? m->lkey : 0};
+	struct ibv_send_wr wr = {.wr_id = 4, .sg_list = &sge, .num_sge = 1,
+				 .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED}, *bad;
+	s = IBV_QPS_RTS;
+	int got = m && !ibv_post_send(p.active->qp, &wr, &bad) ? poll_n(p.active->send_cq, &wc, 1)
+							      : 0;
+	check(got == 1 && wc.wr_id == 4 && wc.status == IBV_WC_RNR_RETRY_EXC_ERR &&
+	      !rd(p.active, &d, &i, &s) && s == IBV_QPS_ERR,
+	      "rnr_retry 0, no receive posted: IBV_WC_RNR_RETRY_EXC_ERR, the QP in ERR");
+	if (m)
+		ibv_dereg_mr(m);
 	done(&p);
 	return failures ? 1 : 0;
 }

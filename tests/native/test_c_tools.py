@@ -505,9 +505,10 @@ def test_a_forked_child_shares_the_context_not_the_rings(env: dict[str, str],
 #: read, a refused destroy sets errno, as under rdma-core; resize.c -- ibv_resize_cq
 #: and ibv_modify_srq(IBV_SRQ_MAX_WR) with work waiting, ibv_rereg_mr, the GID table
 #: sig.c -- mlx5dv signature offload (seed 004) through libmlx5.so.1, with SOFTVERBS_MLX5=sig
-#: cmparam.c -- responder resources and initiator depth, decided by the CM agent
+#: cmparam.c -- responder resources and initiator depth, decided by the CM agent, and
+#: the rnr_retry of a zeroed rdma_conn_param (fio's): 0, an RNR NAK is fatal
 C_CHECKS = [("events.c", 8), ("resize.c", 14), ("sig.c", 20), ("eintr.c", 5), ("zeroq.c", 6),
-            ("cmext.c", 12), ("import.c", 15), ("cmparam.c", 7)]
+            ("cmext.c", 12), ("import.c", 15), ("cmparam.c", 9)]
 #: what a program needs besides libibverbs: more libraries, its environment
 C_EXTRA: dict[str, tuple[list[str], dict[str, str]]] = {
     "sig.c": (["-l:libmlx5.so.1"], {"SOFTVERBS_MLX5": "sig"}),
