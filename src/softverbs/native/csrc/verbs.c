@@ -1006,6 +1006,9 @@ static int req_notify_cq(struct ibv_cq *ibcq, int solicited_only)
 	struct sv_ring *r = &((struct sv_cq *)ibcq)->ring;
 	uint64_t seq = (sv_load(r, SV_RING_CQ_ARM) >> 1) + 1;
 	sv_store(r, SV_RING_CQ_ARM, seq << 1 | (solicited_only ? 1 : 0));
+	/* The arm before the next poll's load of pi: the device stores pi, then loads
+	 * arm, so each side needs a full barrier (docs/rings.md, Arming). */
+	__atomic_thread_fence(__ATOMIC_SEQ_CST);
 	return 0;
 }
 
