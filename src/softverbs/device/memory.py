@@ -14,7 +14,12 @@ ways, chosen per memory region:
   client opened and passed with ``HELLO``.  ``pread``/``pwrite`` on it from
   the service read and write the client's pages.  The kernel checked the
   right to open it when the *client* opened it, so this needs no ptrace
-  permission and no root, and it reaches only that one process.
+  permission and no root, and it reaches only that one process.  Copies of
+  :data:`VM_COPY` bytes and more go around the descriptor, through
+  ``process_vm_readv``/``process_vm_writev`` (one copy in the kernel where
+  the descriptor makes two), wherever the service may ptrace the process:
+  :meth:`ProcessMemory._vm_copy`, and docs/architecture.md, *Copies that
+  bypass the descriptor*, for the right, the pid and the order.
 
 Measured on this 2-core VM (see docs/architecture.md): a 4 KiB ``pread``
 from another process costs 0.7 µs (a memoryview slice copy: 0.36 µs), and a
