@@ -77,13 +77,7 @@ _pwrite = os.pwrite
 _pwritev = os.pwritev
 
 
-class _Iovec(ctypes.Structure):
-    """``struct iovec``."""
-
-    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
-
-
-#: three ``struct iovec``: the local buffer, then up to two remote pieces
+#: three ``struct iovec`` (base, length): the local buffer, then up to two remote pieces
 _IOVECS = struct.Struct("=6Q")
 
 
@@ -132,12 +126,12 @@ def _vm_calls() -> tuple[Any, Any, Any, Any]:
     return readv, writev, get, release
 
 
-#: The system calls of the copies that bypass the descriptor (:meth:`ProcessMemory.vm_copy`);
+#: The system calls of the copies that bypass the descriptor (:meth:`ProcessMemory._vm_copy`);
 #: None where there are none.  Tests replace these names too.
 _process_vm_readv, _process_vm_writev, _get_buffer, _release_buffer = _vm_calls()
 _SCRATCH = _Scratch()
 #: ``signal.pidfd_send_signal``: signal 0 through the client's pidfd asks whether its
-#: pid still names it (:meth:`ProcessMemory.vm_copy`)
+#: pid still names it (:meth:`ProcessMemory._vm_copy`)
 _pidfd_send_signal: Any = getattr(signal, "pidfd_send_signal", None)
 #: what ``process_vm_*`` answer when they can never work on a process: no right to
 #: ptrace it (EPERM; EACCES from an LSM), it is gone or its leader has exited
