@@ -206,13 +206,33 @@ def test_without_process_vm_in_libc_every_copy_takes_the_descriptor(
         m.close()
 
 
-def test_a_descriptor_of_another_process_gets_no_process_vm(region: int) -> None:
-    """The pid must be the descriptor's process: no pidfd is taken otherwise."""
+def test_a_descriptor_of_another_process_gets_no_process_vm(
+    region: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pid must be the descriptor's process: no pidfd is kept otherwise, and the
+    copy goes through the descriptor (this process's memory, as before)."""
+    calls: Calls = []
+    _count(monkeypatch, calls)
     m = ProcessMemory(os.open("/proc/self/mem", os.O_RDWR | os.O_CLOEXEC), os.getppid())
     try:
+        assert m.vm and m.pidfd == -1  # taken at the first large copy
+        new = os.urandom(SIZE)
+        m.write(region, new)
+        assert ctypes.string_at(region, SIZE) == new
+        assert [name for name, _ in calls] == ["_pwrite"]
         assert not m.vm and "not /proc/" in m.vm_why and m.pidfd == -1
     finally:
         m.close()
+
+
+def test_the_pidfd_is_taken_at_the_first_large_copy(mem: ProcessMemory, region: int) -> None:
+    assert mem.pidfd == -1
+    mem.write(region, bytes(VM_COPY - 1))
+    assert mem.pidfd == -1
+    mem.write(region, bytes(SIZE))
+    assert mem.pidfd >= 0 and mem.vm_copies == 1
+    mem.close()
+    assert mem.pidfd == -1
 
 
 def _child(region: int, then: Callable[[int], None]) -> tuple[int, int, int]:

@@ -34,6 +34,7 @@ cdef class ProcessMemory:
     cdef public memoryview _words
 
     cpdef _vm_open(self, int fd, object pid)
+    cpdef bint _vm_pidfd(self)
     cpdef _vm_refused(self, str why)
     @cython.locals(n=Py_ssize_t, done=Py_ssize_t)
     cpdef Py_ssize_t _vm_copy(self, object data, object addr, Py_ssize_t cut, bint write)

@@ -282,43 +282,53 @@ class ProcessMemory:
         self.vm = False
         self.vm_copies = 0  #: copies made through ``process_vm_readv``/``process_vm_writev``
         self.vm_why = "no pid"  #: why not, when :attr:`vm` is False
-        #: the process's pidfd, held while the copies may bypass the descriptor
+        #: the process's pidfd, from its first large copy while they may bypass the
+        #: descriptor (:meth:`_vm_pidfd`)
         self.pidfd = -1
         if pid:
             self._vm_open(fd, pid)
 
     def _vm_open(self, fd: int, pid: int) -> None:
         """Let copies go through ``process_vm_*`` if this kernel and interpreter have
-        what they need, holding a pidfd that names the process ``fd`` is the
-        ``/proc/PID/mem`` of (docs/architecture.md, *Copies that bypass the descriptor*).
-
-        The pidfd is opened first and the descriptor checked after: a process
-        whose ``mem`` file was opened before the pidfd and that still has ``pid``
-        afterwards (the same ``/proc/PID/mem`` inode: a process that reuses a pid
-        gets a new one) had it throughout, so the pidfd names it."""
+        what they need (the pidfd that names the process is taken at its first
+        large copy: :meth:`_vm_pidfd`)."""
         if _process_vm_writev is None or _get_buffer is None or _pidfd_send_signal is None:
             self.vm_why = "no process_vm_readv/writev or pidfd here"
             return
         if self.maps < 0:  # the check that the descriptor's memory is still the process's
             self.vm_why = "no PROCMAP_QUERY on this kernel"
             return
+        self.vm = True
+        self.vm_why = ""
+
+    def _vm_pidfd(self) -> bool:
+        """Take a pidfd that names the process :attr:`fd` is the ``/proc/PID/mem`` of
+        (docs/architecture.md, *Copies that bypass the descriptor*); False (and the
+        descriptor for good) if there is none.
+
+        The pidfd is opened first and the descriptor checked after: the
+        descriptor's process existed before the pidfd was opened, and if it still
+        has :attr:`pid` afterwards (the same ``/proc/PID/mem`` inode: a process
+        that reuses a pid gets a new one) it had it throughout, so the pidfd
+        names it.  Taken at the first large copy, not at HELLO: a client that
+        never makes one holds no descriptor more in the service."""
         try:
-            pidfd = os.pidfd_open(pid)
+            pidfd = os.pidfd_open(self.pid)
         except (OSError, AttributeError) as exc:
-            self.vm_why = f"pidfd_open: {getattr(exc, 'strerror', None) or exc}"
-            return
+            self._vm_refused(f"pidfd_open: {getattr(exc, 'strerror', None) or exc}")
+            return False
         try:
-            st, own = os.fstat(fd), os.stat(f"/proc/{pid}/mem")
+            st, own = os.fstat(self.fd), os.stat(f"/proc/{self.pid}/mem")
             same = (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
         except OSError:
             same = False
         if not same:
             os.close(pidfd)
-            self.vm_why = f"the memory descriptor is not /proc/{pid}/mem"
-            return
+            self._vm_refused(f"the memory descriptor is not /proc/{self.pid}/mem (or the "
+                             f"process is gone)")  # fmt: skip
+            return False
         self.pidfd = pidfd
-        self.vm = True
-        self.vm_why = ""
+        return True
 
     def _vm_refused(self, why: str) -> None:
         """``process_vm_*`` cannot work on this process: every copy goes through the
@@ -346,6 +356,8 @@ class ProcessMemory:
         descriptor's memory is still the process's (one ``PROCMAP_QUERY`` on
         its ``/proc/PID/maps``, opened with the descriptor: ESRCH once that
         memory is gone, after an ``exec`` or an exit)."""
+        if self.pidfd < 0 and not self._vm_pidfd():
+            return -1
         try:
             _pidfd_send_signal(self.pidfd, 0)
         except OSError as exc:  # ESRCH: reaped; EPERM: no right to signal it either
