@@ -404,7 +404,11 @@ def test_a_killed_c_program_leaves_nothing(env: dict[str, str]) -> None:
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                          text=True)  # fmt: skip
     wait_listening(port, p, 60)  # its QP, CQ, MR and PD exist by now
-    assert any(proc["pid"] == p.pid for proc in _status(env)["processes"])  # type: ignore[attr-defined,index]
+    mine = [proc for proc in _status(env)["processes"] if proc["pid"] == p.pid]  # type: ignore[attr-defined,index]
+    assert mine
+    # how the service copies its memory: process_vm_* until refused, else /proc/PID/mem
+    copies = mine[0]["copies"]
+    assert copies["path"] in ("process_vm", "descriptor") and copies["faults"] == 0, copies
     p.kill()
     p.wait()
     deadline = time.monotonic() + 30

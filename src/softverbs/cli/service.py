@@ -309,7 +309,7 @@ def _status(path: str, as_json: bool) -> int:
     print(f"devices: {', '.join(stats.get('devices', [])) or 'none open'}")
     print(f"clients: {stats['clients']}")
     for proc in stats.get("processes", []):
-        print(f"  pid {proc['pid']}: {_kinds(proc['objects'])}")
+        print(f"  pid {proc['pid']}: {_kinds(proc['objects'])}{_copies(proc.get('copies'))}")
     print(f"live objects: {_kinds(stats['objects'])}")
     holders = stats.get("xrc_holders", {})
     xrc = ", ".join(f"{qpn} ({n} holder{'s' if n != 1 else ''})" for qpn, n in holders.items())
@@ -320,6 +320,17 @@ def _status(path: str, as_json: bool) -> int:
     if counts:
         print("service counters: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
     return 0
+
+
+def _copies(copies: dict[str, Any] | None) -> str:
+    """How the service copies a client's memory (``ProcessMemory.copies``), or nothing."""
+    if not copies:
+        return ""
+    if copies["path"] == "process_vm":
+        way = f"process_vm_readv/writev ({copies['process_vm_copies']} large copies)"
+    else:
+        way = f"/proc/PID/mem only ({copies['why']})"
+    return f"; memory copies: {way}, {copies['faults']} faulted"
 
 
 def _kinds(objects: dict[str, int]) -> str:

@@ -62,7 +62,7 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO, ClassVar, Protocol, TypeVar
 
 from softverbs.device import records
-from softverbs.device.memory import AddressSpace
+from softverbs.device.memory import AddressSpace, ProcessMemory
 from softverbs.device.records import (
     KIND_AH,
     KIND_CAPTURE,
@@ -670,7 +670,10 @@ class Host:
                     entry["pdn"] = pd.handle
                 rec.describe(entry)
                 objs.append(entry)
-            owners.append({"label": o.label, "pid": o.pid, "uid": o.uid, "objects": objs})
+            mine: dict[str, Any] = {"label": o.label, "pid": o.pid, "uid": o.uid, "objects": objs}
+            if isinstance(o.memory, ProcessMemory):  # how the service copies its memory
+                mine["copies"] = o.memory.copies()
+            owners.append(mine)
         xrc = []
         for dev in self.devices.values():
             for qpn, refs in dev.hca.xrc_refs.items():

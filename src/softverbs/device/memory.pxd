@@ -20,10 +20,11 @@ cdef class Pin:
 
 @cython.final
 cdef class ProcessMemory:
-    cdef public int fd, maps
+    cdef public int fd, maps, pidfd
     cdef public object pid
-    cdef public long long faults, _seen_pass
-    cdef public bint closed, reuse
+    cdef public long long faults, _seen_pass, vm_copies
+    cdef public bint closed, reuse, vm
+    cdef public str vm_why
     # the mapping-check cache: (start, end, backing) the kernel gave this pass
     cdef public list _seen
     # the Pin.answer values the kernel gave again this pass
@@ -32,6 +33,12 @@ cdef class ProcessMemory:
     # _query as native u64s: the address is word 2
     cdef public memoryview _words
 
+    cpdef _vm_open(self, int fd, object pid)
+    cpdef bint _vm_pidfd(self)
+    cpdef _vm_refused(self, str why)
+    @cython.locals(n=Py_ssize_t, done=Py_ssize_t)
+    cpdef Py_ssize_t _vm_copy(self, object data, object addr, Py_ssize_t cut, bint write)
+    cpdef dict copies(self)
     cpdef bint _ask(self, object addr)
     cpdef tuple _answer(self)
     cpdef _new_pass(self, long long now)
@@ -53,7 +60,7 @@ cdef class ProcessMemory:
     cpdef object read_pooled(self, object addr, Py_ssize_t length)
     @cython.locals(n=Py_ssize_t, length=Py_ssize_t)
     cpdef _read_rest_into(self, memoryview view, object addr, Py_ssize_t done)
-    @cython.locals(done=Py_ssize_t)
+    @cython.locals(done=Py_ssize_t, n=Py_ssize_t)
     cpdef write(self, object addr, object data)
     @cython.locals(n=Py_ssize_t)
     cpdef _write_rest(self, object addr, object data, Py_ssize_t done)
@@ -70,6 +77,8 @@ cpdef bint _unshared(bytearray buf)
 
 # reads of at least this many bytes are pooled: POOLED_READ as a C integer
 cdef Py_ssize_t _POOLED_READ
+# copies of at least this many bytes go through process_vm_*: VM_COPY as a C integer
+cdef Py_ssize_t _VM_COPY
 
 
 @cython.final

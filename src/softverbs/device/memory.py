@@ -14,7 +14,12 @@ ways, chosen per memory region:
   client opened and passed with ``HELLO``.  ``pread``/``pwrite`` on it from
   the service read and write the client's pages.  The kernel checked the
   right to open it when the *client* opened it, so this needs no ptrace
-  permission and no root, and it reaches only that one process.
+  permission and no root, and it reaches only that one process.  Copies of
+  :data:`VM_COPY` bytes and more go around the descriptor, through
+  ``process_vm_readv``/``process_vm_writev`` (one copy in the kernel where
+  the descriptor makes two), wherever the service may ptrace the process:
+  :meth:`ProcessMemory._vm_copy`, and docs/architecture.md, *Copies that
+  bypass the descriptor*, for the right, the pid and the order.
 
 Measured on this 2-core VM (see docs/architecture.md): a 4 KiB ``pread``
 from another process costs 0.7 µs (a memoryview slice copy: 0.36 µs), and a
@@ -43,12 +48,14 @@ for the device's own process.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import fcntl
 import os
+import signal
 import struct
 import threading
-from typing import Protocol
+from typing import Any, Protocol
 
 from softverbs.engine import memory as engine_memory
 from softverbs.engine.memory import Bytes
@@ -68,6 +75,74 @@ _pread = os.pread
 _preadv = os.preadv
 _pwrite = os.pwrite
 _pwritev = os.pwritev
+
+
+#: three ``struct iovec`` (base, length): the local buffer, then up to two remote pieces
+_IOVECS = struct.Struct("=6Q")
+
+
+class _Scratch(threading.local):
+    """A thread's ``Py_buffer`` and iovecs for :meth:`ProcessMemory._vm_copy`, made once
+    (the call releases the GIL: two threads never share them)."""
+
+    def __init__(self) -> None:
+        self.pybuf = _PyBuffer()
+        self.where = ctypes.addressof(self.pybuf)
+        self.iov = (ctypes.c_uint64 * 6)()
+        self.at = ctypes.addressof(self.iov)
+
+
+class _PyBuffer(ctypes.Structure):
+    """CPython's ``Py_buffer`` (the stable buffer protocol's struct): how a copy finds
+    the address of the bytes it is given, read-only ones included, through
+    ``PyObject_GetBuffer`` -- ``ctypes.c_char.from_buffer`` takes writable ones only."""
+
+    _fields_ = [("buf", ctypes.c_void_p), ("obj", ctypes.c_void_p), ("len", ctypes.c_ssize_t),
+                ("itemsize", ctypes.c_ssize_t), ("readonly", ctypes.c_int),
+                ("ndim", ctypes.c_int), ("format", ctypes.c_void_p), ("shape", ctypes.c_void_p),
+                ("strides", ctypes.c_void_p), ("suboffsets", ctypes.c_void_p),
+                ("internal", ctypes.c_void_p)]  # fmt: skip
+
+
+def _vm_calls() -> tuple[Any, Any, Any, Any]:
+    """libc's ``process_vm_readv`` and ``process_vm_writev`` and the interpreter's
+    ``PyObject_GetBuffer`` and ``PyBuffer_Release``, through ``ctypes`` (the same
+    calls compiled and interpreted); Nones where they cannot be found (then every
+    copy goes through the descriptor)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        readv, writev = libc.process_vm_readv, libc.process_vm_writev
+        get, release = ctypes.pythonapi.PyObject_GetBuffer, ctypes.pythonapi.PyBuffer_Release
+    except (OSError, AttributeError):
+        return None, None, None, None
+    for call in (readv, writev):
+        call.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_void_p,
+                         ctypes.c_ulong, ctypes.c_ulong]  # fmt: skip
+        call.restype = ctypes.c_ssize_t
+    get.argtypes = [ctypes.py_object, ctypes.c_void_p, ctypes.c_int]
+    get.restype = ctypes.c_int
+    release.argtypes = [ctypes.c_void_p]
+    release.restype = None
+    return readv, writev, get, release
+
+
+#: The system calls of the copies that bypass the descriptor (:meth:`ProcessMemory._vm_copy`);
+#: None where there are none.  Tests replace these names too.
+_process_vm_readv, _process_vm_writev, _get_buffer, _release_buffer = _vm_calls()
+_SCRATCH = _Scratch()
+#: ``signal.pidfd_send_signal``: signal 0 through the client's pidfd asks whether its
+#: pid still names it (:meth:`ProcessMemory._vm_copy`)
+_pidfd_send_signal: Any = getattr(signal, "pidfd_send_signal", None)
+#: what ``process_vm_*`` answer when they can never work on a process: no right to
+#: ptrace it (EPERM; EACCES from an LSM), it is gone or its leader has exited
+#: (ESRCH), a kernel or seccomp filter without them (ENOSYS)
+_VM_REFUSED = (errno.EPERM, errno.EACCES, errno.ESRCH, errno.ENOSYS)
+#: Copies of at least this many bytes go through ``process_vm_readv`` /
+#: ``process_vm_writev`` where the service may use them on the client: below it
+#: the two checks and the ``ctypes`` call (about 2 µs) cost more than the kernel
+#: saves (docs/performance.md, *Copies that bypass the descriptor*).
+VM_COPY = 128 << 10
+_VM_COPY = VM_COPY  # the same as a C integer (memory.pxd)
 
 
 #: the access flags that need writable pages (the kernel's ib_access_writable)
@@ -174,7 +249,7 @@ class ProcessMemory:
     """One process's address space, through its ``/proc/<pid>/mem`` descriptor."""
 
     __slots__ = ("_good", "_query", "_seen", "_seen_pass", "_words", "closed", "faults", "fd",
-                 "maps", "pid", "reuse")  # fmt: skip
+                 "maps", "pid", "pidfd", "reuse", "vm", "vm_copies", "vm_why")  # fmt: skip
 
     def __init__(self, fd: int, pid: int = 0, reuse: bool = False) -> None:
         self.fd = fd
@@ -202,6 +277,136 @@ class ProcessMemory:
             if self.maps >= 0 and not self._query_works():
                 os.close(self.maps)
                 self.maps = -1
+        #: copies of at least :data:`VM_COPY` bytes may go through ``process_vm_*``
+        #: (:meth:`_vm_copy`); False for good once they cannot
+        self.vm = False
+        self.vm_copies = 0  #: copies made through ``process_vm_readv``/``process_vm_writev``
+        self.vm_why = "no pid"  #: why not, when :attr:`vm` is False
+        #: the process's pidfd, from its first large copy while they may bypass the
+        #: descriptor (:meth:`_vm_pidfd`)
+        self.pidfd = -1
+        if pid:
+            self._vm_open(fd, pid)
+
+    def _vm_open(self, fd: int, pid: int) -> None:
+        """Let copies go through ``process_vm_*`` if this kernel and interpreter have
+        what they need (the pidfd that names the process is taken at its first
+        large copy: :meth:`_vm_pidfd`)."""
+        if _process_vm_writev is None or _get_buffer is None or _pidfd_send_signal is None:
+            self.vm_why = "no process_vm_readv/writev or pidfd here"
+            return
+        if self.maps < 0:  # the check that the descriptor's memory is still the process's
+            self.vm_why = "no PROCMAP_QUERY on this kernel"
+            return
+        self.vm = True
+        self.vm_why = ""
+
+    def _vm_pidfd(self) -> bool:
+        """Take a pidfd that names the process :attr:`fd` is the ``/proc/PID/mem`` of
+        (docs/architecture.md, *Copies that bypass the descriptor*); False (and the
+        descriptor for good) if there is none.
+
+        The pidfd is opened first and the descriptor checked after: the
+        descriptor's process existed before the pidfd was opened, and if it still
+        has :attr:`pid` afterwards (the same ``/proc/PID/mem`` inode: a process
+        that reuses a pid gets a new one) it had it throughout, so the pidfd
+        names it.  Taken at the first large copy, not at HELLO: a client that
+        never makes one holds no descriptor more in the service."""
+        try:
+            pidfd = os.pidfd_open(self.pid)
+        except (OSError, AttributeError) as exc:
+            self._vm_refused(f"pidfd_open: {getattr(exc, 'strerror', None) or exc}")
+            return False
+        try:
+            st, own = os.fstat(self.fd), os.stat(f"/proc/{self.pid}/mem")
+            same = (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
+        except OSError:
+            same = False
+        if not same:
+            os.close(pidfd)
+            self._vm_refused(f"the memory descriptor is not /proc/{self.pid}/mem (or the "
+                             f"process is gone)")  # fmt: skip
+            return False
+        self.pidfd = pidfd
+        return True
+
+    def _vm_refused(self, why: str) -> None:
+        """``process_vm_*`` cannot work on this process: every copy goes through the
+        descriptor from now on."""
+        self.vm = False
+        self.vm_why = why
+        if self.pidfd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.pidfd)
+            self.pidfd = -1
+
+    def _vm_copy(self, data: Buffer, addr: int, cut: int, write: bool) -> int:
+        """One ``process_vm_writev`` of ``data`` to ``addr`` (``write``) or one
+        ``process_vm_readv`` from ``addr`` into ``data``; with ``0 < cut <
+        len(data)`` the remote side is two pieces, ``[addr, addr + cut)`` then the
+        rest -- the kernel copies remote iovecs in order, each in address order,
+        and stops at the first that falls short (``process_vm_rw_core``), so the
+        second lands last.  The bytes copied (a prefix: the caller copies the
+        rest through the descriptor, as after a short ``pwrite``), or -1 when none
+        was tried or the kernel refused (then the caller copies all of it).
+
+        Before the copy, two checks that ``process_vm_*`` reaches the memory the
+        descriptor reaches: the pidfd still names an unreaped process (signal
+        0: the pid has not been freed, so it is not another process's), and the
+        descriptor's memory is still the process's (one ``PROCMAP_QUERY`` on
+        its ``/proc/PID/maps``, opened with the descriptor: ESRCH once that
+        memory is gone, after an ``exec`` or an exit)."""
+        if self.pidfd < 0 and not self._vm_pidfd():
+            return -1
+        try:
+            _pidfd_send_signal(self.pidfd, 0)
+        except OSError as exc:  # ESRCH: reaped; EPERM: no right to signal it either
+            self._vm_refused("the process is gone" if exc.errno == errno.ESRCH
+                             else f"pidfd_send_signal: {exc.strerror}")  # fmt: skip
+            return -1
+        self._words[2] = addr
+        try:
+            fcntl.ioctl(self.maps, _PROCMAP_QUERY, self._query)
+        except OSError as exc:
+            if exc.errno == errno.ESRCH:
+                self._vm_refused("the process's memory is gone (exec or exit)")
+            return -1  # nothing mapped at addr: the descriptor finds what it finds
+        scratch = _SCRATCH  # this thread's
+        pybuf = scratch.pybuf
+        where = scratch.where
+        try:
+            _get_buffer(data, where, 1 if not write else 0)  # PyBUF_WRITABLE to read into
+        except (BufferError, TypeError, ValueError):
+            return -1
+        try:
+            n = pybuf.len
+            if 0 < cut < n:
+                _IOVECS.pack_into(scratch.iov, 0, pybuf.buf, n, addr, cut, addr + cut, n - cut)
+                remote = 2
+            else:
+                _IOVECS.pack_into(scratch.iov, 0, pybuf.buf, n, addr, n, 0, 0)
+                remote = 1
+            at = scratch.at
+            call = _process_vm_writev if write else _process_vm_readv
+            done: int = call(self.pid, at, 1, at + 16, remote, 0)
+        finally:
+            _release_buffer(where)
+        if done < 0:
+            err = ctypes.get_errno()
+            if err in _VM_REFUSED:
+                self._vm_refused(f"process_vm_{'writev' if write else 'readv'}: "
+                                 f"{os.strerror(err)}")  # fmt: skip
+            return -1
+        self.vm_copies += 1
+        return done
+
+    def copies(self) -> dict[str, object]:
+        """How the service copies this process's memory, for ``softverbs service
+        status``: ``process_vm`` (copies of at least :data:`VM_COPY` bytes through
+        ``process_vm_readv``/``process_vm_writev``) or ``descriptor`` (all through
+        ``/proc/PID/mem``, and why), the copies made the first way, and the faults."""
+        return {"path": "process_vm" if self.vm else "descriptor", "why": self.vm_why,
+                "process_vm_copies": self.vm_copies, "faults": self.faults}  # fmt: skip
 
     def _query_works(self) -> bool:
         """False on a kernel without PROCMAP_QUERY (before 6.11): no checks there."""
@@ -377,15 +582,18 @@ class ProcessMemory:
         view = READ_BUFFERS.take(length)
         if view is None:
             return None
-        done = 0
+        done = -1
         if not self.closed:
-            try:
-                done = _preadv(self.fd, [view], addr)
-            except OSError:
-                done = 0
+            if length >= _VM_COPY and self.vm:
+                done = self._vm_copy(view, addr, 0, False)
+            if done < 0:
+                try:
+                    done = _preadv(self.fd, [view], addr)
+                except OSError:
+                    done = 0
             if done == length:
                 return view.toreadonly()
-        self._read_rest_into(view, addr, done)
+        self._read_rest_into(view, addr, done if done > 0 else 0)
         return view.toreadonly()
 
     def _read_rest_into(self, view: memoryview, addr: int, done: int) -> None:
@@ -410,15 +618,19 @@ class ProcessMemory:
         the kernel refuses is not stored and counts in :attr:`faults`."""
         if type(data) is memoryview and data.itemsize != 1:
             data = data.cast("B")  # its length in bytes, as pwrite counts
-        done = 0
+        done = -1
         if not self.closed:
-            try:  # not contextlib.suppress: no context manager made per copy
-                done = _pwrite(self.fd, data, addr)
-            except OSError:
-                done = 0
-            if done == len(data):  # bytes, or a memoryview of them (the engine's)
+            n = len(data)  # bytes, or a memoryview of them (the engine's)
+            if n >= _VM_COPY and self.vm:
+                done = self._vm_copy(data, addr, 0, True)
+            if done < 0:
+                try:  # not contextlib.suppress: no context manager made per copy
+                    done = _pwrite(self.fd, data, addr)
+                except OSError:
+                    done = 0
+            if done == n:
                 return
-        self._write_rest(addr, data, done)
+        self._write_rest(addr, data, done if done > 0 else 0)
 
     def _write_rest(self, addr: int, data: Buffer, done: int) -> None:
         """:meth:`write` after a short first ``pwrite`` of ``done`` bytes (or data
@@ -454,14 +666,19 @@ class ProcessMemory:
         if cut <= 0:
             self.write(addr, view)
             return
-        done = 0
+        done = -1
         if not self.closed:
-            try:  # the two pieces in a tuple: pwritev takes any sequence
-                done = _pwritev(self.fd, (view[:cut], view[cut:]), addr)
-            except OSError:
-                done = 0
+            if n >= _VM_COPY and self.vm:  # one process_vm_writev of (body, tail), in order
+                done = self._vm_copy(view, addr, cut, True)
+            if done < 0:
+                try:  # the two pieces in a tuple: pwritev takes any sequence
+                    done = _pwritev(self.fd, (view[:cut], view[cut:]), addr)
+                except OSError:
+                    done = 0
             if done == n:
                 return
+        if done < 0:
+            done = 0
         if done < cut:  # the body fell short: the rest of it, then the tail, each in order
             self._write_rest(addr, view[:cut], done)
             done = cut
@@ -475,6 +692,7 @@ class ProcessMemory:
     def close(self) -> None:
         if not self.closed:
             self.closed = True
+            self._vm_refused("closed")
             READ_BUFFERS.release()  # what its reads still hold stays until they go
             with contextlib.suppress(OSError):
                 os.close(self.fd)

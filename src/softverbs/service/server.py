@@ -1243,7 +1243,8 @@ class Service:
             mine = Counter(obj["kind"] for obj in o["objects"])
             live.update(mine)
             others.append({"pid": o["pid"], "uid": o["uid"], "label": o["label"],
-                           "objects": dict(mine), "handles": o["objects"]})  # fmt: skip
+                           "objects": dict(mine), "handles": o["objects"],
+                           "copies": o.get("copies")})  # fmt: skip
         hcas = [d.hca for d in self._devices() if d.hca is not None]
         if self._eventfd_rung:
             self.stats["doorbells_eventfd"] += self._eventfd_rung
