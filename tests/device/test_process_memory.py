@@ -20,6 +20,8 @@ import pytest
 from softverbs import hostmem
 from softverbs.device import memory
 from softverbs.device.memory import POOLED_READ, ProcessMemory, ProcessSpan, ReadBuffers
+from softverbs.verbs.cq import CQ, CompChannel
+from softverbs.verbs.device import Context
 
 PAGE = mmap.PAGESIZE
 
@@ -322,3 +324,18 @@ def test_threads_never_take_the_same_buffer(pool: ReadBuffers) -> None:
     finally:
         sys.setswitchinterval(interval)
     assert errors == []
+
+
+def test_a_cq_with_a_channel_fences_between_its_cqe_and_reading_the_arm() -> None:
+    """An application arms a CQ that has a completion channel, from its own process:
+    the device puts a full barrier between publishing a CQE and reading the arm
+    (docs/rings.md, Arming); a CQ without a channel has nothing to fence."""
+    with Context(name="sv0") as ctx:
+        channel = CompChannel(ctx)
+        armed, polled = CQ(ctx, 8, None, channel), CQ(ctx, 8)
+        assert armed.ring.fence is memory.full_fence
+        assert polled.ring.fence is None
+        armed.close()
+        assert armed.ring.fence is None, "a destroyed CQ fences nothing"
+        polled.close()
+        channel.close()

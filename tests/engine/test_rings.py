@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 
-from softverbs.engine import rings
 from softverbs.engine.rings import (
     CQE,
     WQ_RQ,
@@ -322,23 +321,19 @@ def test_arming_fires_once(make: Any) -> None:
     assert events == [1, 1]
 
 
-def test_a_full_barrier_between_each_sides_store_and_load(make: Any,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_device_fences_between_publishing_a_cqe_and_reading_the_arm(make: Any) -> None:
     """The device stores pi then loads arm; the application stores arm then loads
     pi (docs/rings.md, Arming): each side fences between the two, or both could
     miss the other's store and the application sleep for an event never sent.
-    The device fences where another process could arm: a CQ with a channel."""
+    The device fences where another process arms the CQ (it sets ``fence``)."""
     cq = make[3](8)
     seen: list[tuple[int, int]] = []  # (pi, arm) at each fence
-    monkeypatch.setattr(rings, "full_fence",
-                        lambda: seen.append((int(cq.hdr[cq.PI]), int(cq.hdr[cq.ARM]))))
-    cq.push(_cqe(1))
-    assert seen == [], "no channel, so no other process waits on an arm"
-    cq.notify = lambda: None
+    cq.push(_cqe(1))  # no fence: one process
+    cq.fence = lambda: seen.append((int(cq.hdr[cq.PI]), int(cq.hdr[cq.ARM])))
     cq.push(_cqe(2))
-    assert seen == [(2, 0)], "the device's fence comes after the CQE is published"
     cq.arm(solicited_only=False)
-    assert seen[-1] == (2, 2), "the application's fence comes after its arm"
+    cq.push(_cqe(3))
+    assert seen == [(2, 0), (3, 2)], "after the CQE is published, before the arm is read"
 
 
 def test_purge_marks_a_qps_cqes_dead(make: Any) -> None:

@@ -20,6 +20,7 @@ from softverbs.device.core import (
     Resources,
     kind_class,
 )
+from softverbs.device.memory import full_fence
 from softverbs.device.records import KIND_CHANNEL, KIND_CQ
 from softverbs.engine.hca import HCA
 from softverbs.engine.rings import CompletionRing
@@ -56,6 +57,7 @@ class CQObj(Obj):
         ring = self.engine
         ring.set_error()
         ring.notify = None
+        ring.fence = None
         ring.owner = None
 
     def describe(self, entry: dict[str, object]) -> None:
@@ -92,6 +94,7 @@ def create_cq(host: Host, owner: Owner, req: records.CreateCQ,
         if sink is not None:
             handle = rec.handle
             ring.notify = lambda: sink(handle) if not owner.closed else None
+            ring.fence = full_fence  # the application arms it from its own process
     return records.CreateCQReply(rec.handle, req.cqe)
 
 

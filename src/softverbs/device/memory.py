@@ -145,6 +145,20 @@ VM_COPY = 128 << 10
 _VM_COPY = VM_COPY  # the same as a C integer (memory.pxd)
 
 
+_FENCE = threading.Lock()
+
+
+def full_fence() -> None:
+    """A full memory barrier: every store before it is visible to other processes
+    before any load after it, as shared rings need where each side stores one word
+    and then loads the other's (a CQ's arm: docs/rings.md, *Arming*).  Python has no
+    fence of its own; an uncontended lock's acquire is a locked read-modify-write
+    (glibc's ``sem_wait`` fast path: ``lock cmpxchg`` on x86-64), which is one.
+    About 65 ns."""
+    _FENCE.acquire()
+    _FENCE.release()
+
+
 #: the access flags that need writable pages (the kernel's ib_access_writable)
 WRITABLE_ACCESS = (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC
                    | IBV_ACCESS_MW_BIND)  # fmt: skip

@@ -154,7 +154,7 @@ cdef class SharedRecvRing:
 cdef class CompletionRing:
     cdef public long long capacity, tail, seen_ci, fired
     cdef public bint error
-    cdef public object slots, hdr, notify, owner
+    cdef public object slots, hdr, notify, fence, owner
 
     @cython.locals(word=cython.ulonglong, ci=cython.longlong)
     cpdef long long _ci(self)

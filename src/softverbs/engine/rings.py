@@ -68,7 +68,6 @@ import fcntl
 import mmap
 import os
 import struct
-import threading
 from collections.abc import Callable
 from enum import IntEnum
 from typing import Annotated, Any, Protocol, TypeVar
@@ -1018,25 +1017,13 @@ class SharedRecvRing:
         return max(0, min(int(self.hdr[_S_PI]), taken + self.size) - taken)
 
 
-_FENCE = threading.Lock()
-
-
-def full_fence() -> None:
-    """A full memory barrier: every store before it is visible to other processes
-    before any load after it.  An uncontended lock's acquire is a locked
-    read-modify-write (glibc's ``sem_wait`` fast path, ``lock cmpxchg`` on x86-64),
-    which is one; Python offers no fence of its own.  About 65 ns."""
-    _FENCE.acquire()
-    _FENCE.release()
-
-
 class CompletionRing:
     """A completion queue (see the module docstring)."""
 
     PI, CI, ARM, FIRED, ERROR = _C_PI, _C_CI, _C_ARM, _C_FIRED, _C_ERROR
 
-    __slots__ = ("capacity", "error", "fired", "hdr", "notify", "owner", "seen_ci", "slots",
-                 "tail")  # fmt: skip
+    __slots__ = ("capacity", "error", "fence", "fired", "hdr", "notify", "owner", "seen_ci",
+                 "slots", "tail")  # fmt: skip
 
     def __init__(self, capacity: int, slots: SlotStore[CQE], hdr: memoryview) -> None:
         self.capacity = capacity
@@ -1049,6 +1036,9 @@ class CompletionRing:
         self.error = bool(hdr[_C_ERROR])
         #: called when an armed CQ fires (a completion event)
         self.notify: Callable[[], None] | None = None
+        #: a full memory barrier, called between publishing a CQE and reading the
+        #: arm request, where another process arms this CQ (None in one process)
+        self.fence: Callable[[], None] | None = None
         self.owner: Any = None
 
     # --- the device's face ------------------------------------------------------------------
@@ -1078,9 +1068,10 @@ class CompletionRing:
         # that arms and then finds the CQ empty is sure to get its event.  Each side
         # stores a word and then loads the other's, so each needs a full barrier
         # between the two (x86 lets a load pass an earlier store): where another
-        # process can arm (a completion channel), this one's comes from full_fence.
-        if self.notify is not None:
-            full_fence()
+        # process arms this CQ, the device gives it one (fence).
+        fence = self.fence
+        if fence is not None:
+            fence()
         arm = int(self.hdr[_C_ARM])
         if arm >> 1 != self.fired and (
             not arm & 1 or cqe.solicited or cqe.status != IBV_WC_SUCCESS
@@ -1156,7 +1147,6 @@ class CompletionRing:
     def arm(self, solicited_only: bool) -> None:
         seq = (int(self.hdr[_C_ARM]) >> 1) + 1
         self.hdr[_C_ARM] = seq << 1 | int(solicited_only)
-        full_fence()  # the arm before the next poll's load of pi (push's comment)
 
     @property
     def in_error(self) -> bool:

@@ -332,8 +332,8 @@ class CQBase(PyverbsCM):
         self._check_open()
         if self.channel is None:
             raise einval("req_notify needs a CQ created with a completion channel")
-        with self.context.lock:
-            self.ring.arm(bool(solicited_only))
+        with self.context.lock:  # its release is the full barrier after the arm
+            self.ring.arm(bool(solicited_only))  # (docs/rings.md, Arming)
 
     def ack_events(self, num_events: int) -> None:
         self.num_events = max(0, self.num_events - num_events)
