@@ -741,9 +741,10 @@ class ReadBuffers:
     """The service's buffers for large reads of client memory, reused.
 
     The device snapshots a WQE's data when it starts the WQE, and holds the
-    snapshot until the WQE completes (a retransmission sends it again), so a
-    program with 128 1 MiB WRITEs posted has 128 MiB of snapshots in the
-    service.  Fresh buffers for them cost page faults: the allocator gives
+    snapshot until the WQE completes (a retransmission sends it again): a
+    few alive per QP, as many as its window lets start (about five 1 MiB
+    WRITEs of ``ib_write_bw``), which the next reads find free and still in
+    the cache.  Fresh buffers for them cost page faults: the allocator gives
     freed memory back to the kernel, and the next read copies into new zeroed
     pages (205 faults and 0.82 ms of the service's CPU per 1 MiB WRITE of
     ``ib_write_bw``, against 33 and 0.50 ms with the buffers kept,

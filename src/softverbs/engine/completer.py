@@ -566,6 +566,11 @@ class Completer:
         obs = qp.hca.observer
         while inflight and finished(inflight[0]):
             wqe = self._popleft()
+            # Its data goes with it: no retry can need a snapshot now, and the SQ's
+            # copy of the WQE lives until its slot is fetched again, a whole ring
+            # later -- ib_write_bw's 128 1 MiB WRITEs kept 128 MiB of snapshots
+            # alive, and every copy into them went to DRAM (docs/performance.md)
+            wqe.data = None
             if obs is not None:
                 obs.wqe_done(qp, wqe)
             ok = wqe.state != _W_FAILED

@@ -548,6 +548,7 @@ class Requester:
             flushed.append(sq.get(self.sq_next))
             self.sq_next += 1
         for wqe in flushed:
+            wqe.data = None  # as a completion drops it (Completer.complete)
             info = info_of(wqe.opcode)
             cqe = CQE(wqe.wr_id, IBV_WC_WR_FLUSH_ERR, info.wc_opcode, qp.qpn)
             cqe.reason = "flushed: the QP is in the error state"

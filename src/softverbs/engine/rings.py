@@ -241,7 +241,9 @@ class SendWQE:
         self.npkts = 0
         self.tx = 0  #: packets of this WQE handed to the fabric in this pass
         self.rxd = 0  #: READ: response packets received in order
-        self.data: Any = None  #: gathered payload, or READ/atomic target views
+        #: gathered payload (the snapshot), or READ/atomic target views; dropped
+        #: when the WQE completes or is flushed
+        self.data: Any = None
         self.status: int = IBV_WC_SUCCESS
         self.reason = ""  #: why it failed, in words
 
