@@ -8,8 +8,10 @@ receive buffer gets the 40-byte GRH first.
 
 from __future__ import annotations
 
+import pytest
 from engine_kit import BASE_B, GID_A, GID_B, Bench, drop_if, is_request
 
+from softverbs.engine.congestion import CCConfig
 from softverbs.engine.rings import Route
 from softverbs.enums import (
     IBV_QPS_RTS,
@@ -93,3 +95,26 @@ def test_ud_wrong_qkey_or_no_receive_is_dropped_and_counted() -> None:
     assert b.b.counters["drop_no_rqe"] == 1
     assert b.b.poll_recv() == []
     assert [c.status for c in b.a.poll_send()] == [IBV_WC_SUCCESS] * 2
+
+
+@pytest.mark.parametrize("opcode", [IBV_WR_RDMA_WRITE, IBV_WR_SEND])
+def test_a_paced_uc_message_sends_every_packet_before_it_completes(opcode: int) -> None:
+    """DCQCN paces a UC QP a packet at a time (its quantum at this rate); a message of
+    many packets is done only once its last packet is sent -- not after the first
+    burst, which completed it in success with the rest never sent."""
+    size = 64 * PMTU
+    b = Bench(IBV_QPT_UC, pmtu=PMTU, mem_size=4 * size)
+    for node in (b.a, b.b):
+        node.hca.cc = CCConfig("dcqcn", line_rate=1e9)
+        node.qp.req.cc = node.hca.cc.new(node.qp.window)
+    assert b.a.qp.req.cc.quantum(PMTU) < size // PMTU, "paced in more than one burst"
+    b.a.mem[:size] = bytes(range(256)) * (size // 256)
+    if opcode == IBV_WR_SEND:
+        b.b.post_recv(0, size)
+    b.a.post_send(opcode, 0, size, remote=b.b.addr(0), rkey=b.b.mr.key)
+    b.run()
+    assert [c.status for c in b.a.poll_send()] == [IBV_WC_SUCCESS]
+    assert sum(1 for s in b.log if s.src == "a" and is_request(s.pkt)) == size // PMTU
+    assert b.b.mem[:size] == b.a.mem[:size]
+    if opcode == IBV_WR_SEND:
+        assert [(c.status, c.byte_len) for c in b.b.poll_recv()] == [(IBV_WC_SUCCESS, size)]

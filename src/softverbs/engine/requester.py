@@ -362,8 +362,9 @@ class Requester:
             asked_all = self._send_message(wqe, info, now)
         if qp.reliable:
             self.comp.arm_ack_timer(now)
-        else:
-            move(wqe, _W_DONE)  # UC, UD: done once sent
+        elif asked_all:
+            move(wqe, _W_DONE)  # UC, UD: done once its last packet is sent (a paced
+            # message sends the rest when its pacing lets it, as RC does)
         return asked_all
 
     def _send_message(self, wqe: SendWQE, info: WrInfo, now: float) -> bool:
