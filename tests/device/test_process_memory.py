@@ -16,6 +16,7 @@ import os
 from collections.abc import Iterator
 
 import pytest
+from procmem_kit import own_memory
 
 from softverbs import hostmem
 from softverbs.device import memory
@@ -28,7 +29,7 @@ PAGE = mmap.PAGESIZE
 
 @pytest.fixture
 def mem() -> Iterator[ProcessMemory]:
-    m = ProcessMemory(os.open("/proc/self/mem", os.O_RDWR | os.O_CLOEXEC), os.getpid())
+    m = own_memory()
     yield m
     m.close()
 

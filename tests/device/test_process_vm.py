@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from procmem_kit import own_memory, own_read_buffers
 
 from softverbs import hostmem
 from softverbs.device import memory
@@ -38,14 +39,12 @@ LINE = 64
 @pytest.fixture(autouse=True)
 def pool(monkeypatch: pytest.MonkeyPatch) -> ReadBuffers:
     """Read buffers of this test's own."""
-    buffers = ReadBuffers(16 * SIZE)
-    monkeypatch.setattr(memory, "READ_BUFFERS", buffers)
-    return buffers
+    return own_read_buffers(monkeypatch, 16 * SIZE)
 
 
 @pytest.fixture
 def mem() -> Iterator[ProcessMemory]:
-    m = ProcessMemory(os.open("/proc/self/mem", os.O_RDWR | os.O_CLOEXEC), os.getpid())
+    m = own_memory()
     yield m
     m.close()
 

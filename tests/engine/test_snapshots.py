@@ -12,13 +12,12 @@ them missed the cache (docs/performance.md, *Snapshots dropped at completion*).
 from __future__ import annotations
 
 import ctypes
-import os
 from collections.abc import Iterator
 
 import pytest
 from engine_kit import ALL_ACCESS, BASE_A, DELIVER, DROP, Bench, is_request
+from procmem_kit import own_memory, own_read_buffers
 
-from softverbs.device import memory
 from softverbs.device.memory import POOLED_READ, ProcessMemory, ReadBuffers
 from softverbs.engine.memory import MemKind
 from softverbs.enums import IBV_WC_SUCCESS, IBV_WR_RDMA_WRITE, IBV_WR_SEND
@@ -36,14 +35,12 @@ def pattern(i: int, n: int) -> bytes:
 @pytest.fixture
 def pool(monkeypatch: pytest.MonkeyPatch) -> ReadBuffers:
     """Read buffers of this test's own."""
-    buffers = ReadBuffers(64 * SIZE)
-    monkeypatch.setattr(memory, "READ_BUFFERS", buffers)
-    return buffers
+    return own_read_buffers(monkeypatch, 64 * SIZE)
 
 
 @pytest.fixture
 def process_mem() -> Iterator[ProcessMemory]:
-    m = ProcessMemory(os.open("/proc/self/mem", os.O_RDWR | os.O_CLOEXEC), os.getpid())
+    m = own_memory()
     yield m
     m.close()
 
