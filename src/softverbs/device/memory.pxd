@@ -40,6 +40,7 @@ cdef class ProcessMemory:
     cpdef Py_ssize_t _vm_copy(self, object data, object addr, Py_ssize_t cut, bint write)
     cpdef dict copies(self)
     cpdef bint _ask(self, object addr)
+    cpdef int _query_at(self, object addr)
     cpdef tuple _answer(self)
     cpdef _new_pass(self, long long now)
     @cython.locals(seen=tuple, got=tuple, now=cython.longlong)

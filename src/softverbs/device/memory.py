@@ -378,11 +378,9 @@ class ProcessMemory:
             self._vm_refused("the process is gone" if exc.errno == errno.ESRCH
                              else f"pidfd_send_signal: {exc.strerror}")  # fmt: skip
             return -1
-        self._words[2] = addr
-        try:
-            fcntl.ioctl(self.maps, _PROCMAP_QUERY, self._query)
-        except OSError as exc:
-            if exc.errno == errno.ESRCH:
+        err = self._query_at(addr)
+        if err:
+            if err == errno.ESRCH:
                 self._vm_refused("the process's memory is gone (exec or exit)")
             return -1  # nothing mapped at addr: the descriptor finds what it finds
         scratch = _SCRATCH  # this thread's
@@ -434,12 +432,18 @@ class ProcessMemory:
     def _ask(self, addr: int) -> bool:
         """One PROCMAP_QUERY for the mapping covering ``addr``: its answer is in
         :attr:`_query` (bytes 24-80); False if nothing is mapped there."""
+        return self._query_at(addr) == 0
+
+    def _query_at(self, addr: int) -> int:
+        """:meth:`_ask`'s PROCMAP_QUERY: 0, or the errno the kernel refused it with
+        (ENOENT: nothing mapped at ``addr``; ESRCH: the memory the maps descriptor
+        was opened on is gone, after an ``exec`` or an exit)."""
         self._words[2] = addr
         try:
             fcntl.ioctl(self.maps, _PROCMAP_QUERY, self._query)
-        except OSError:
-            return False
-        return True
+        except OSError as exc:
+            return exc.errno or errno.EIO
+        return 0
 
     def _answer(self) -> tuple[int, int, Backing]:
         """(start, end, backing) of the answer :meth:`_ask` left in :attr:`_query`."""
