@@ -74,7 +74,8 @@ _FUNC = re.compile(r"c(?:p)?def (?:inline )?[\w\s*\[\]]*?\b(\w+)\((.*)\)(?:\s+\w
 _CIMPORT = re.compile(
     r"(?:from (softverbs[\w.]*) cimport .*|cimport (softverbs[\w.]*)(?: as \w+)?)$"
 )
-_VAR = re.compile(r"cdef (?:public |readonly )?([\w\s*]+?)\s*$")
+#: a C variable or attribute, a typed memoryview's ``[::1]`` included
+_VAR = re.compile(r"cdef (?:public |readonly )?((?:[\w\s*]|\[[:1, ]*\])+?)\s*$")
 
 
 def _split_params(text: str) -> list[str]:

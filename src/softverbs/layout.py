@@ -124,6 +124,17 @@ class Record:
         return cls._struct.size
 
     @classmethod
+    def index_of(cls, name: str) -> int:
+        """Where field ``name`` is in an array of items of its own width that
+        starts with the record (its offset over its size; fields are aligned):
+        the index a memoryview cast to its format (``"Q"``, ``"I"``, ...) reads
+        and stores it at, plus the record's offset over that width."""
+        f = next(f for f in cls._fields if f.name == name)
+        if f.code not in _C_TYPES:
+            raise TypeError(f"{cls.__name__}.{name} is not a number field")
+        return f.offset // f.size
+
+    @classmethod
     def unpack(cls, data: bytes | memoryview, offset: int = 0) -> Any:
         """The record at ``offset`` of ``data`` (ProtocolError if too short)."""
         if len(data) - offset < cls._struct.size:

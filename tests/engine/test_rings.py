@@ -14,11 +14,16 @@ import pytest
 
 from softverbs.engine.rings import (
     CQE,
+    CQE_SIZE,
+    HEADER_SIZE,
+    REASON_BYTES,
     WQ_RQ,
     WQ_SQ,
     WQ_SRQ,
     WR_DRIVER1,
     CompletionRing,
+    CQEntry,
+    CQESlots,
     RecvWQE,
     SendWQE,
     SharedRecvRing,
@@ -178,7 +183,8 @@ _FIELDS = dict(imm=0x11223344, inv_rkey=0x55, rkey=0x66, xrc_srqn=0x77, remote_a
 def test_a_send_wqe_reads_back_field_for_field(make: Any, sges: list[Any],
                                                inline: bytes | None) -> None:  # fmt: skip
     """What the device fetches is what was posted, whatever the number of SGEs
-    (the packed store reads the first SGE with the header) and with inline data."""
+    (the packed store loads each field through the typed view of its width) and
+    with inline data."""
     sq = make[0](2)
     length = len(inline) if inline is not None else sum(s[1] for s in sges)
     w = SendWQE(42, IBV_WR_SEND, False, list(sges), length, inline, True, True, **_FIELDS)
@@ -302,6 +308,67 @@ def test_a_lying_ci_does_not_hide_an_overrun(make: Any) -> None:
     cq.push(_cqe(2))
     cq.hdr[cq.CI] = 1 << 62  # claims to have polled far more than was written
     assert not cq.push(_cqe(3)) or cq.waiting() <= cq.capacity
+
+
+def _full_cqe(wr_id: int, reason: str) -> CQE:
+    """A CQE with every field set to a value of its own."""
+    c = CQE(wr_id, 12, 0x83, 0x123456, 0x7FFFFFFF, 0x3F, 0xDEADBEEF)
+    c.vendor_err, c.src_qp, c.pkey_index, c.slid, c.sl = 0x244, 0xABCDEF, 0x7FFF, 0xBEEF, 9
+    c.wq_kind, c.wq_handle, c.index, c.solicited, c.dead = WQ_SRQ, 0x1234, 0x9876543, True, True
+    c.reason = reason
+    return c
+
+
+def test_cqe_slot_bytes_are_the_records() -> None:
+    """Each field stored through its typed view lands where CQEntry (and so the C
+    library's struct) has it: the slot's bytes are the record's packing, the reason
+    cut to its bytes and NUL-padded; a later CQE with a shorter reason in the same
+    slot leaves nothing of the longer one; reading it back gives every field."""
+    region = SharedRegion(HEADER_SIZE + 2 * CQE_SIZE)
+    slots = CQESlots(region, 2)
+    flags = 0x03  # CQE_DEAD | CQE_SOLICITED
+    for wr_id, reason in ((0xFFFFFFFFFFFFFFFF, "é" * 60), (7, "short"), (8, "")):
+        c = _full_cqe(wr_id, reason)
+        slots.write(0, c)
+        want = CQEntry(wr_id, 12, 0x83, 0x244, 0x7FFFFFFF, 0xDEADBEEF, 0x123456, 0xABCDEF,
+                       0x3F, 0x7FFF, 0xBEEF, 9, 0, WQ_SRQ, flags, 0x1234, 0x9876543,
+                       reason.encode()[:REASON_BYTES]).pack()  # fmt: skip
+        assert bytes(region.view[HEADER_SIZE : HEADER_SIZE + CQE_SIZE]) == want
+        got = slots.read(0)
+        assert (got.wr_id, got.status, got.opcode, got.qp_num, got.byte_len, got.imm) == (
+            wr_id, 12, 0x83, 0x123456, 0x7FFFFFFF, 0xDEADBEEF)
+        assert (got.src_qp, got.pkey_index, got.slid, got.sl, got.wq_kind, got.index) == (
+            0xABCDEF, 0x7FFF, 0xBEEF, 9, WQ_SRQ, 0x9876543)
+        assert got.reason == reason.encode()[:REASON_BYTES].decode("utf-8", "replace")
+    assert bytes(region.view[HEADER_SIZE + CQE_SIZE :]) == bytes(CQE_SIZE), "the next slot"
+    region.close()
+
+
+@pytest.mark.parametrize("field,value", [("qp_num", 1 << 32), ("slid", 1 << 16),
+                                         ("sl", 256), ("status", -1), ("wr_id", 1 << 64)])
+def test_a_cqe_field_that_does_not_fit_is_an_error(field: str, value: int) -> None:
+    """Compiled and interpreted alike: ValueError, naming the CQE."""
+    region = SharedRegion(HEADER_SIZE + CQE_SIZE)
+    slots = CQESlots(region, 1)
+    c = _full_cqe(5, "")
+    setattr(c, field, value)
+    with pytest.raises(ValueError, match="does not fit its slot"):
+        slots.write(0, c)
+    region.close()
+
+
+def test_slots_of_a_closed_region_raise() -> None:
+    """The region unmaps at close (compiled, the slots' typed views let go of it
+    first), and its slots then fail with an exception, never touching the pages."""
+    region = SharedRegion(HEADER_SIZE + 2 * CQE_SIZE)
+    cq = shared_cq(region, 2)
+    cq.push(_cqe(1))
+    region.close()
+    assert region.mm.closed
+    with pytest.raises((IndexError, ValueError)):
+        cq.slots.write(1, _cqe(2))
+    with pytest.raises((IndexError, ValueError)):
+        cq.slots.read(0)
 
 
 def test_arming_fires_once(make: Any) -> None:

@@ -78,39 +78,53 @@ cpdef CQE new_cqe(object wr_id, object status, object opcode, object qp_num,
 cdef long long _HDR, _SEND_HDR, _SGE, _RECV_HDR, _CQE
 cdef long long _SEND_FLAGS, _F_SIGNALED, _F_FENCE, _F_SOLICITED, _F_INLINE
 cdef long long _CQE_DEAD, _CQE_SOLICITED
-cdef object _SEND_FIRST, _RECV_FIRST, _SEND_UNPACK, _CQE_PACK
+cdef long long _CQ_WR_ID, _CQ_STATUS, _CQ_OPCODE, _CQ_VENDOR_ERR, _CQ_BYTE_LEN, _CQ_IMM
+cdef long long _CQ_QP_NUM, _CQ_SRC_QP, _CQ_WC_FLAGS, _CQ_WQ_HANDLE, _CQ_WQE_INDEX
+cdef long long _CQ_PKEY_INDEX, _CQ_SLID, _CQ_SL, _CQ_DLID_BITS, _CQ_WQ_KIND, _CQ_FLAGS
+cdef long long _CQ_REASON, _CQ_REASON_WORDS
+cdef long long _SQ_WR_ID, _SQ_REMOTE_ADDR, _SQ_COMPARE, _SQ_SWAP, _SQ_BIND_ADDR, _SQ_BIND_LEN
+cdef long long _SQ_CALLER, _SQ_OPCODE, _SQ_FLAGS, _SQ_NUM_SGE, _SQ_INLINE_LEN, _SQ_IMM
+cdef long long _SQ_INV_RKEY, _SQ_RKEY, _SQ_SRQN, _SQ_AH, _SQ_RQPN, _SQ_RQKEY, _SQ_MW, _SQ_MR
+cdef long long _SQ_BIND_RKEY, _SQ_BIND_ACCESS, _SQ_DRIVER_OP, _RQ_WR_ID, _RQ_NUM_SGE
+cdef long long _SGE_ADDR, _SGE_LENGTH, _SGE_LKEY
 
 
 cdef class PackedSlots:
     cdef public object buf
     cdef public long long size, slot
+    # the same bytes typed, one array per field width (SharedRegion.cast)
+    cdef unsigned char[::1] u8
+    cdef unsigned short[::1] u16
+    cdef unsigned int[::1] u32
+    cdef unsigned long long[::1] u64
 
     cpdef long long offset(self, long long index)
+    cpdef detach(self)
+    @cython.locals(length=cython.longlong, n=cython.longlong, _i=cython.longlong)
+    cdef long long _sges(self, long long pos, long long count, list sges)
 
 
 cdef class SendSlots(PackedSlots):
     cdef public object opcodes
 
     cpdef write(self, long long index, object w)
-    @cython.locals(off=cython.longlong, opcode=cython.longlong, flags=cython.longlong,
+    @cython.locals(off=cython.longlong, w8=cython.longlong, w4=cython.longlong,
+                   w2=cython.longlong, opcode=cython.longlong, flags=cython.longlong,
                    nsge=cython.longlong, inline_len=cython.longlong, pos=cython.longlong,
-                   length=cython.longlong, sge_len=cython.longlong, sges=list, w=SendWQE)
+                   length=cython.longlong, sges=list, w=SendWQE)
     cpdef read(self, long long index)
-
-
-@cython.locals(length=cython.longlong, _i=cython.longlong)
-cdef long long _more_sges(object buf, long long pos, long long count, list sges)
 
 
 cdef class RecvSlots(PackedSlots):
     cpdef write(self, long long index, object w)
     @cython.locals(off=cython.longlong, nsge=cython.longlong, length=cython.longlong,
-                   sge_len=cython.longlong, sges=list, bad=RecvWQE)
+                   sges=list, bad=RecvWQE)
     cpdef read(self, long long index)
 
 
 cdef class CQESlots(PackedSlots):
-    @cython.locals(flags=cython.longlong)
+    @cython.locals(flags=cython.longlong, off=cython.longlong, w8=cython.longlong,
+                   w4=cython.longlong, w2=cython.longlong, i=cython.longlong, start=cython.longlong)
     cpdef write(self, long long index, CQE c)
     @cython.locals(c=CQE)
     cpdef read(self, long long index)

@@ -70,7 +70,7 @@ import os
 import struct
 from collections.abc import Callable
 from enum import IntEnum
-from typing import Annotated, Any, Protocol, TypeVar
+from typing import Annotated, Any, Literal, Protocol, TypeVar
 
 from softverbs.enums import IBV_WC_SUCCESS
 from softverbs.layout import U8, U16, U32, U64, Record
@@ -399,7 +399,8 @@ class SharedRegion:
         self.mm = mmap.mmap(fd, self.size)
         self.view = memoryview(self.mm)
         self.closed = False
-        self._words: list[memoryview] = []
+        self._casts: list[memoryview] = []  #: released at close
+        self.slots: list[PackedSlots] = []  #: the slots laid out in it, detached at close
 
     def words(self, nbytes: int = HEADER_SIZE) -> memoryview:
         """The first ``nbytes`` as 64-bit words (a ring header).
@@ -409,16 +410,26 @@ class SharedRegion:
         process could read 0 in the middle of an update.  A ``'Q'``
         memoryview item is one aligned 8-byte access.
         """
-        words = self.view[:nbytes].cast("Q")
-        self._words.append(words)
-        return words
+        return self.cast("Q", nbytes)
+
+    def cast(self, fmt: Literal["B", "H", "I", "Q"], nbytes: int | None = None) -> memoryview:
+        """The first ``nbytes`` (by default every whole item of the region) as an
+        array of ``fmt`` items (``"Q"``, ``"I"``, ``"H"`` or ``"B"``, in the host's
+        byte order, as the C library's structs), released when the region closes."""
+        if nbytes is None:
+            nbytes = self.size - self.size % struct.calcsize(fmt)
+        view = self.view[:nbytes].cast(fmt)
+        self._casts.append(view)
+        return view
 
     def close(self) -> None:
         if self.closed:
             return
         self.closed = True
-        for words in self._words:
-            words.release()
+        for slots in self.slots:
+            slots.detach()  # compiled, their typed views hold the casts' buffers
+        for view in self._casts:
+            view.release()
         self.view.release()
         with contextlib.suppress(BufferError):  # a slice may still be alive: it goes with it
             self.mm.close()
@@ -434,7 +445,7 @@ def local_header() -> memoryview:
 class PackedSlots:
     """Fixed-size slots in a :class:`SharedRegion`, after its header."""
 
-    __slots__ = ("buf", "size", "slot")
+    __slots__ = ("buf", "size", "slot", "u8", "u16", "u32", "u64")
 
     def __init__(self, region: SharedRegion, size: int, slot: int) -> None:
         if HEADER_SIZE + size * slot > region.size:
@@ -442,9 +453,35 @@ class PackedSlots:
         self.buf = region.view
         self.size = size
         self.slot = slot
+        # the same bytes as arrays of each width a slot's fields have: compiled,
+        # typed memoryviews (rings.pxd), so a field is one C load or store at
+        # ``Record.index_of`` plus the slot's offset over the width
+        self.u8 = region.cast("B")
+        self.u16 = region.cast("H")
+        self.u32 = region.cast("I")
+        self.u64 = region.cast("Q")
+        region.slots.append(self)
+
+    def detach(self) -> None:
+        """Let go of the region's memory, which is being unmapped: a slot read or
+        written after this raises (IndexError; ``buf``, released, ValueError)."""
+        self.u8, self.u16, self.u32, self.u64 = (
+            memoryview(bytearray()).cast("B"), memoryview(bytearray()).cast("H"),
+            memoryview(bytearray()).cast("I"), memoryview(bytearray()).cast("Q"))  # fmt: skip
 
     def offset(self, index: int) -> int:
         return _HDR + (index % self.size) * self.slot
+
+    def _sges(self, pos: int, count: int, sges: list[Sge]) -> int:
+        """Append the ``count`` SGEs at byte ``pos`` of the slots (a WQE's, after its
+        header) to ``sges`` as (addr, length, lkey); the sum of their lengths."""
+        length = 0
+        for _i in range(count):
+            n = self.u32[(pos >> 2) + _SGE_LENGTH]
+            sges.append((self.u64[(pos >> 3) + _SGE_ADDR], n, self.u32[(pos >> 2) + _SGE_LKEY]))
+            length += n
+            pos += _SGE
+        return length
 
     @staticmethod
     def region_size(size: int, slot: int) -> int:
@@ -564,25 +601,6 @@ RECV_HEADER = RecvWQEHeader._struct
 CQE_FIELDS = struct.Struct("<" + "".join(f.code for f in CQEntry._fields[:-1]))
 
 
-def _with_first_sge(record: type[Record]) -> struct.Struct:
-    """A WQE slot's header ``record`` and its first SGE as one struct, the header's
-    trailing reserved words skipped: what the device reads per WQE in one unpack_from."""
-    kept = [f for f in record._fields if not f.name.startswith("reserved")]
-    assert record._fields[: len(kept)] == tuple(kept), "reserved words come last"
-    end = kept[-1].offset + struct.calcsize("<" + kept[-1].code)
-    return struct.Struct("<" + "".join(f.code for f in kept)
-                         + f"{record._struct.size - end}x" + SGE.format.lstrip("<"))  # fmt: skip
-
-
-_SEND_FIRST = _with_first_sge(SendWQEHeader)
-_RECV_FIRST = _with_first_sge(RecvWQEHeader)
-#: the bound method, read once: a call per WQE without looking ``unpack_from`` up
-_SEND_UNPACK = _SEND_FIRST.unpack_from
-#: the whole CQE with its reason: ``72s`` NUL-pads (and cuts) the UTF-8 bytes, so a
-#: CQE is one ``pack_into``
-CQE_PACKED = CQEntry._struct
-#: its bound method, read once: a call per CQE without looking ``pack_into`` up
-_CQE_PACK = CQE_PACKED.pack_into
 CQE_SIZE = CQEntry.size()
 REASON_BYTES = CQE_SIZE - CQE_FIELDS.size
 # the same sizes as C integers for the slot classes (rings.pxd); the public names
@@ -591,9 +609,46 @@ _HDR, _SEND_HDR, _SGE, _RECV_HDR, _CQE = (HEADER_SIZE, SEND_HEADER.size, SGE.siz
                                           RECV_HEADER.size, CQE_SIZE)  # fmt: skip
 _CQE_FLAGS_OFFSET = next(f.offset for f in CQEntry._fields if f.name == "flags")
 _CQE_QPN_OFFSET = next(f.offset for f in CQEntry._fields if f.name == "qp_num")
+# A CQE's fields at their index in the slot as an array of their width (Record.index_of):
+# CQESlots.write stores each with one typed store, no struct call (C constants, rings.pxd)
+_CQ_WR_ID = CQEntry.index_of("wr_id")
+_CQ_STATUS, _CQ_OPCODE, _CQ_VENDOR_ERR, _CQ_BYTE_LEN, _CQ_IMM, _CQ_QP_NUM, _CQ_SRC_QP = (
+    CQEntry.index_of("status"), CQEntry.index_of("opcode"), CQEntry.index_of("vendor_err"),
+    CQEntry.index_of("byte_len"), CQEntry.index_of("imm_data"), CQEntry.index_of("qp_num"),
+    CQEntry.index_of("src_qp"))  # fmt: skip
+_CQ_WC_FLAGS, _CQ_WQ_HANDLE, _CQ_WQE_INDEX = (
+    CQEntry.index_of("wc_flags"), CQEntry.index_of("wq_handle"), CQEntry.index_of("wqe_index"))
+_CQ_PKEY_INDEX, _CQ_SLID = CQEntry.index_of("pkey_index"), CQEntry.index_of("slid")
+_CQ_SL, _CQ_DLID_BITS, _CQ_WQ_KIND, _CQ_FLAGS = (
+    CQEntry.index_of("sl"), CQEntry.index_of("dlid_path_bits"), CQEntry.index_of("wq_kind"),
+    CQEntry.index_of("flags"))  # fmt: skip
+#: the reason's place as 64-bit words (it is 8-byte aligned, a whole number of words)
+_CQ_REASON, _CQ_REASON_WORDS = CQE_FIELDS.size // 8, REASON_BYTES // 8
+assert CQE_FIELDS.size % 8 == 0 and REASON_BYTES % 8 == 0
+# A send WQE's fields, a receive WQE's and an SGE's, the same way: SendSlots.read and
+# RecvSlots.read load each with one typed load, no struct call and no tuple
+_SQ_WR_ID, _SQ_REMOTE_ADDR, _SQ_COMPARE, _SQ_SWAP, _SQ_BIND_ADDR, _SQ_BIND_LEN, _SQ_CALLER = (
+    SendWQEHeader.index_of("wr_id"), SendWQEHeader.index_of("remote_addr"),
+    SendWQEHeader.index_of("compare_add"), SendWQEHeader.index_of("swap"),
+    SendWQEHeader.index_of("bind_addr"), SendWQEHeader.index_of("bind_length"),
+    SendWQEHeader.index_of("caller"))  # fmt: skip
+_SQ_OPCODE, _SQ_FLAGS, _SQ_NUM_SGE = (
+    SendWQEHeader.index_of("opcode"), SendWQEHeader.index_of("flags"),
+    SendWQEHeader.index_of("num_sge"))  # fmt: skip
+_SQ_INLINE_LEN, _SQ_IMM, _SQ_INV_RKEY, _SQ_RKEY, _SQ_SRQN, _SQ_AH, _SQ_RQPN, _SQ_RQKEY = (
+    SendWQEHeader.index_of("inline_len"), SendWQEHeader.index_of("imm_data"),
+    SendWQEHeader.index_of("invalidate_rkey"), SendWQEHeader.index_of("rkey"),
+    SendWQEHeader.index_of("remote_srqn"), SendWQEHeader.index_of("ah"),
+    SendWQEHeader.index_of("remote_qpn"), SendWQEHeader.index_of("remote_qkey"))  # fmt: skip
+_SQ_MW, _SQ_MR, _SQ_BIND_RKEY, _SQ_BIND_ACCESS, _SQ_DRIVER_OP = (
+    SendWQEHeader.index_of("bind_mw"), SendWQEHeader.index_of("bind_mr"),
+    SendWQEHeader.index_of("bind_rkey"), SendWQEHeader.index_of("bind_access"),
+    SendWQEHeader.index_of("driver_op"))  # fmt: skip
+_RQ_WR_ID, _RQ_NUM_SGE = RecvWQEHeader.index_of("wr_id"), RecvWQEHeader.index_of("num_sge")
+_SGE_ADDR, _SGE_LENGTH, _SGE_LKEY = (
+    SGEntry.index_of("addr"), SGEntry.index_of("length"), SGEntry.index_of("lkey"))
 assert SEND_HEADER.size == 128 and CQE_SIZE == 128 and RingHeader.size() == HEADER_SIZE
-assert _SEND_FIRST.size == SEND_HEADER.size + SGE.size
-assert _RECV_FIRST.size == RECV_HEADER.size + SGE.size
+assert RECV_HEADER.size % 8 == 0 and SGE.size == 16
 
 
 def send_slot_size(max_sge: int, max_inline: int) -> int:
@@ -614,7 +669,7 @@ class SendSlots(PackedSlots):
 
     def __init__(self, region: SharedRegion, size: int, slot: int,
                  opcodes: frozenset[int]) -> None:  # fmt: skip
-        if slot < _SEND_FIRST.size:
+        if slot < _SEND_HDR + _SGE:
             raise ValueError(f"a send slot of {slot} bytes is smaller than a header and one SGE")
         super().__init__(region, size, slot)
         self.opcodes = opcodes  #: what the device accepts
@@ -635,55 +690,45 @@ class SendSlots(PackedSlots):
         self.buf[pos : pos + len(inline)] = inline
 
     def read(self, index: int) -> SendWQE:
-        buf = self.buf
         off = self.offset(index)
-        # the header and the first SGE in one unpack: every send slot holds at
-        # least one SGE's bytes (send_slot_size), whatever num_sge says
-        (wr_id, opcode, flags, nsge, inline_len, imm, inv_rkey, rkey, srqn, remote_addr,
-         compare, swap, ah, rqpn, rqkey, mw, mr, bind_rkey, bind_addr, bind_len, bind_access,
-         driver_op, caller, addr, sge_len, lkey) = _SEND_UNPACK(buf, off)  # fmt: skip
+        # each field one load from the view of its width (compiled, a C load; no
+        # struct call, no tuple): the slot's offset in items of each width, plus the
+        # field's index (the _SQ_* constants, from SendWQEHeader)
+        w8, w4, w2 = off >> 3, off >> 2, off >> 1
+        wr_id = self.u64[w8 + _SQ_WR_ID]
+        opcode = self.u8[off + _SQ_OPCODE]
+        flags = self.u8[off + _SQ_FLAGS]
         if opcode not in self.opcodes:
             raise CorruptSlot(f"opcode {opcode} is not a send opcode this device executes", wr_id)
         if flags & ~_SEND_FLAGS:
             raise CorruptSlot(f"unknown send flags {flags & ~_SEND_FLAGS:#x}", wr_id)
-        if not flags & _F_INLINE:
-            inline_len = 0
+        nsge = self.u16[w2 + _SQ_NUM_SGE]
+        inline_len = self.u32[w4 + _SQ_INLINE_LEN] if flags & _F_INLINE else 0
         if _SEND_HDR + nsge * _SGE + inline_len > self.slot:
             raise CorruptSlot(f"{nsge} SGEs and {inline_len} inline bytes overflow the "
                               f"{self.slot}-byte slot", wr_id)  # fmt: skip
-        pos = off + _SEND_HDR + _SGE
-        if nsge == 0:
-            sges: list[Sge] = []
-            length = 0
-            pos = off + _SEND_HDR
-        else:
-            sges = [(addr, sge_len, lkey)]
-            length = sge_len + _more_sges(buf, pos, nsge - 1, sges)
-            pos += (nsge - 1) * _SGE
+        pos = off + _SEND_HDR
+        sges: list[Sge] = []
+        length = self._sges(pos, nsge, sges)
         inline = None
         if flags & _F_INLINE:
-            inline = bytes(buf[pos : pos + inline_len])
+            pos += nsge * _SGE
+            inline = bytes(self.buf[pos : pos + inline_len])
             length = inline_len
         # the WQE is filled once, every field stored once (compiled, a C call storing
         # into the extension type's struct: no constructor's argument parsing)
         w = SendWQE.__new__(SendWQE)
         w._fill(wr_id, opcode, (flags & _F_SIGNALED) != 0, sges, length, inline,
-                (flags & _F_FENCE) != 0, (flags & _F_SOLICITED) != 0, imm, inv_rkey, rkey, srqn,
-                remote_addr, compare, swap, ah, rqpn, rqkey, mw, mr, bind_rkey, bind_addr,
-                bind_len, bind_access, driver_op, caller)  # fmt: skip
+                (flags & _F_FENCE) != 0, (flags & _F_SOLICITED) != 0,
+                self.u32[w4 + _SQ_IMM], self.u32[w4 + _SQ_INV_RKEY], self.u32[w4 + _SQ_RKEY],
+                self.u32[w4 + _SQ_SRQN], self.u64[w8 + _SQ_REMOTE_ADDR],
+                self.u64[w8 + _SQ_COMPARE], self.u64[w8 + _SQ_SWAP], self.u32[w4 + _SQ_AH],
+                self.u32[w4 + _SQ_RQPN], self.u32[w4 + _SQ_RQKEY], self.u32[w4 + _SQ_MW],
+                self.u32[w4 + _SQ_MR], self.u32[w4 + _SQ_BIND_RKEY],
+                self.u64[w8 + _SQ_BIND_ADDR], self.u64[w8 + _SQ_BIND_LEN],
+                self.u32[w4 + _SQ_BIND_ACCESS], self.u32[w4 + _SQ_DRIVER_OP],
+                self.u64[w8 + _SQ_CALLER])  # fmt: skip
         return w
-
-
-def _more_sges(buf: memoryview, pos: int, count: int, sges: list[Sge]) -> int:
-    """Append the ``count`` SGEs at ``pos`` of a slot to ``sges`` (a WQE's second
-    and later: the first comes with its header); the sum of their lengths."""
-    length = 0
-    for _i in range(count):
-        sge = SGE.unpack_from(buf, pos)
-        sges.append(sge)
-        length += sge[1]
-        pos += _SGE
-    return length
 
 
 class RecvSlots(PackedSlots):
@@ -692,7 +737,7 @@ class RecvSlots(PackedSlots):
     __slots__ = ()
 
     def __init__(self, region: SharedRegion, size: int, slot: int) -> None:
-        if slot < _RECV_FIRST.size:
+        if slot < _RECV_HDR + _SGE:
             raise ValueError(f"a receive slot of {slot} bytes is smaller than a header and one SGE")
         super().__init__(region, size, slot)
 
@@ -705,21 +750,18 @@ class RecvSlots(PackedSlots):
             pos += SGE.size
 
     def read(self, index: int) -> RecvWQE:
-        buf = self.buf
         off = self.offset(index)
-        # the header and the first SGE in one unpack (recv_slot_size: every
-        # receive slot holds at least one SGE's bytes)
-        wr_id, nsge, addr, sge_len, lkey = _RECV_FIRST.unpack_from(buf, off)
+        # typed loads, as SendSlots.read
+        wr_id = self.u64[(off >> 3) + _RQ_WR_ID]
+        nsge = self.u32[(off >> 2) + _RQ_NUM_SGE]
         if _RECV_HDR + nsge * _SGE > self.slot:
             # more SGEs than the slot holds: a malformed WQE, which completes
             # with LOC_QP_OP_ERR under its wr_id (see poisoned())
             bad = RecvWQE(wr_id, [], 0)
             bad.bad = f"{nsge} SGEs overflow the {self.slot}-byte slot"
             return bad
-        if nsge == 0:
-            return RecvWQE(wr_id, [], 0)
-        sges: list[Sge] = [(addr, sge_len, lkey)]
-        length = sge_len + _more_sges(buf, off + _RECV_HDR + _SGE, nsge - 1, sges)
+        sges: list[Sge] = []
+        length = self._sges(off + _RECV_HDR, nsge, sges)
         return RecvWQE(wr_id, sges, length)
 
 
@@ -732,18 +774,45 @@ class CQESlots(PackedSlots):
         super().__init__(region, size, CQE_SIZE)
 
     def write(self, index: int, c: CQE) -> None:
-        reason = c.reason
+        # each field one store into the slot through the view of its width (compiled,
+        # a C store; no struct call, no argument tuple): the slot's offset in items of
+        # each width, plus the field's index (the _CQ_* constants, from CQEntry)
+        off = self.offset(index)
+        w8, w4, w2 = off >> 3, off >> 2, off >> 1
         flags = 0  # compiled, a C integer: the flag constants are C constants (rings.pxd)
         if c.dead:
             flags = _CQE_DEAD
         if c.solicited:
             flags |= _CQE_SOLICITED
-        _CQE_PACK(
-            self.buf, self.offset(index), c.wr_id, c.status, c.opcode,
-            c.vendor_err, c.byte_len, c.imm & 0xFFFFFFFF, c.qp_num, c.src_qp, c.wc_flags,
-            c.pkey_index, c.slid, c.sl, 0, c.wq_kind, flags, c.wq_handle,
-            c.index & 0xFFFFFFFF, reason.encode("utf-8", "replace") if reason else b"",
-        )  # fmt: skip
+        try:
+            self.u64[w8 + _CQ_WR_ID] = c.wr_id
+            self.u32[w4 + _CQ_STATUS] = c.status
+            self.u32[w4 + _CQ_OPCODE] = c.opcode
+            self.u32[w4 + _CQ_VENDOR_ERR] = c.vendor_err
+            self.u32[w4 + _CQ_BYTE_LEN] = c.byte_len
+            self.u32[w4 + _CQ_IMM] = c.imm & 0xFFFFFFFF
+            self.u32[w4 + _CQ_QP_NUM] = c.qp_num
+            self.u32[w4 + _CQ_SRC_QP] = c.src_qp
+            self.u32[w4 + _CQ_WC_FLAGS] = c.wc_flags
+            self.u16[w2 + _CQ_PKEY_INDEX] = c.pkey_index
+            self.u16[w2 + _CQ_SLID] = c.slid
+            self.u8[off + _CQ_SL] = c.sl
+            self.u8[off + _CQ_DLID_BITS] = 0
+            self.u8[off + _CQ_WQ_KIND] = c.wq_kind
+            self.u8[off + _CQ_FLAGS] = flags
+            self.u32[w4 + _CQ_WQ_HANDLE] = c.wq_handle
+            self.u32[w4 + _CQ_WQE_INDEX] = c.index & 0xFFFFFFFF
+        except (OverflowError, ValueError):  # compiled and interpreted raise differently
+            raise ValueError(f"a field of the CQE of wr_id {c.wr_id!r} (QP {c.qp_num!r}) does "
+                             "not fit its slot") from None
+        # the reason: UTF-8, cut to its bytes and NUL-padded (as struct's "72s")
+        for i in range(w8 + _CQ_REASON, w8 + _CQ_REASON + _CQ_REASON_WORDS):
+            self.u64[i] = 0
+        reason = c.reason
+        if reason:
+            text = reason.encode("utf-8", "replace")[:REASON_BYTES]
+            start = off + CQE_FIELDS.size
+            self.buf[start : start + len(text)] = text
 
     def read(self, index: int) -> CQE:
         off = self.offset(index)
