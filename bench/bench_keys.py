@@ -20,6 +20,11 @@ its argument parsing, which the engine's typed (compiled) calls skip.
     python bench/bench_keys.py [--n 10000] [--rounds 7]
     PYTHONPATH=/path/to/other/src python bench/bench_keys.py   # another tree
     SOFTVERBS_PURE=1 python bench/bench_keys.py                 # interpreted
+    python bench/bench_keys.py --only "new pass"                # some rows only
+
+``--only`` runs the rows whose names contain the text (the loop alone too), so
+that an instruction count (callgrind: a run of ``--n 5000 --rounds 1`` minus one
+of ``--n 1000``) measures those calls alone.
 
 A benchmark, never a test: compare trees by running them alternately.
 """
@@ -45,6 +50,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=10000, help="calls per round")
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--only", default="", help="run only the rows whose names contain this")
     args = ap.parse_args()
 
     dst = mmap.mmap(-1, REGION)
@@ -85,6 +91,10 @@ def main() -> int:
             "new_pass(); keys.remote(dst_key, pd, 5, at, 4096, REMOTE_WRITE)",
         "keys.local, a memoryview region": "keys.local(own_key, pd, 0x10064, 64, False)",
     }  # fmt: skip
+    ops = {name: stmt for name, stmt in ops.items()
+           if args.only in name or name == "(the loop alone)"}  # fmt: skip
+    if len(ops) == 1:
+        raise SystemExit(f"--only {args.only!r}: no row has that in its name")
     scope = {"os": os, "new_pass": new_pass, "REMOTE_WRITE": REMOTE_WRITE, "keys": keys,
              "mem": mem, "pd": pd, "sub": sub, "payload": payload, "fd": fd, "at": at,
              "src_at": src_at, "src_key": src_key, "dst_key": dst_key, "own_key": own_key}

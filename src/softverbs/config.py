@@ -151,6 +151,15 @@ def doorbell_mode() -> str:
     return text
 
 
+def ptracer_left_alone() -> bool:
+    """``SOFTVERBS_NO_PTRACER`` set (to anything but ``0``, ``off``, ``no``,
+    ``false``): a client of the service does not name it its ptracer after
+    ``HELLO`` (``softverbs.verbs.served.name_ptracer``; the C library reads the
+    same variable, conn.c), leaving one the program named itself."""
+    value = os.environ.get("SOFTVERBS_NO_PTRACER", "")
+    return value != "" and value.lower() not in ("0", "off", "no", "false")
+
+
 #: what --socket options say of the default
 SOCKET_HELP = ("the service's socket (default: $SOFTVERBS_SERVICE if it is a path, else "
                "softverbsd.sock in $XDG_RUNTIME_DIR, softverbsd-netINODE.sock in another "

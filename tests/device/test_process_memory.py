@@ -327,6 +327,54 @@ def test_threads_never_take_the_same_buffer(pool: ReadBuffers) -> None:
     assert errors == []
 
 
+def test_two_threads_checking_mappings_each_read_their_own_answer(
+        mem: ProcessMemory, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """The service's loop and a UDP device's progress thread may check one
+    process's mappings at once, each under its own device's lock, and the
+    PROCMAP_QUERY ioctl lets go of the GIL: each check must read the answer to
+    its own query.  The first thread is held just after its ioctl while the
+    second checks another mapping -- what a thread switch there does."""
+    import threading
+
+    if mem.maps < 0:
+        pytest.skip("no PROCMAP_QUERY on this kernel (Linux 6.11+)")
+    # two mappings the kernel cannot merge (their protections differ)
+    addrs = [hostmem.mmap(length=PAGE), hostmem.mmap(length=3 * PAGE, prot=mmap.PROT_READ)]
+    try:
+        want = [mem.backing(a) for a in addrs]
+        assert None not in want and want[0] != want[1]
+        real = memory._ioctl
+        held, done = threading.Event(), threading.Event()
+        got: dict[int, object] = {}
+
+        def ioctl(fd: int, request: int, arg: bytearray) -> object:
+            answer = real(fd, request, arg)
+            if threading.current_thread().name == "first" and not held.is_set():
+                held.set()
+                assert done.wait(10), "the second check did not end"
+            return answer
+
+        def first() -> None:
+            got[0] = mem.backing(addrs[0])
+
+        def second() -> None:
+            assert held.wait(10), "the first check did not reach its ioctl"
+            got[1] = mem.backing(addrs[1])
+            done.set()
+
+        monkeypatch.setattr(memory, "_ioctl", ioctl)
+        threads = [threading.Thread(target=first, name="first"),
+                   threading.Thread(target=second, name="second")]  # fmt: skip
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(20)
+        assert got == {0: want[0], 1: want[1]}
+    finally:
+        hostmem.munmap(addrs[0], PAGE)
+        hostmem.munmap(addrs[1], 3 * PAGE)
+
+
 def test_a_cq_with_a_channel_fences_between_its_cqe_and_reading_the_arm() -> None:
     """An application arms a CQ that has a completion channel, from its own process:
     the device puts a full barrier between publishing a CQE and reading the arm

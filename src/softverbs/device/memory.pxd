@@ -29,9 +29,6 @@ cdef class ProcessMemory:
     cdef public list _seen
     # the Pin.answer values the kernel gave again this pass
     cdef public set _good
-    cdef public bytearray _query
-    # _query as native u64s: the address is word 2
-    cdef public memoryview _words
 
     cpdef _vm_open(self, int fd, object pid)
     cpdef bint _vm_pidfd(self)
@@ -39,17 +36,18 @@ cdef class ProcessMemory:
     @cython.locals(n=Py_ssize_t, done=Py_ssize_t)
     cpdef Py_ssize_t _vm_copy(self, object data, object addr, Py_ssize_t cut, bint write)
     cpdef dict copies(self)
-    cpdef bint _ask(self, object addr)
-    cpdef int _query_at(self, object addr)
-    cpdef tuple _answer(self)
+    cpdef bytearray _ask(self, object addr)
+    cpdef bytearray _query_at(self, object addr)
+    cpdef tuple _answer(self, bytearray answer)
     cpdef _new_pass(self, long long now)
-    @cython.locals(seen=tuple, got=tuple, now=cython.longlong)
+    @cython.locals(answer=bytearray, seen=tuple, got=tuple, now=cython.longlong)
     cpdef backing(self, object addr)
-    @cython.locals(segments=list, got=tuple, made=Pin)
+    @cython.locals(segments=list, got=tuple, made=Pin, answer=bytearray)
     cpdef pin(self, object addr, object length)
     @cython.locals(segments=list, backed=tuple)
-    cpdef object _adopt(self, Pin pin)
-    @cython.locals(answer=bytes, good=bytes, now=cython.longlong, seen=tuple, got=tuple)
+    cpdef object _adopt(self, Pin pin, bytearray answer)
+    @cython.locals(answer=bytes, asked=bytearray, good=bytes, now=cython.longlong, seen=tuple,
+                   got=tuple)
     cpdef bint still_pinned(self, Pin pin, object addr, object length)
     @cython.locals(seg=tuple)
     cpdef bint _still_pinned(self, Pin pin, object addr, object length, tuple got)
@@ -80,6 +78,8 @@ cpdef bint _unshared(bytearray buf)
 cdef Py_ssize_t _POOLED_READ
 # copies of at least this many bytes go through process_vm_*: VM_COPY as a C integer
 cdef Py_ssize_t _VM_COPY
+# a PROCMAP_QUERY argument but for the address, copied by each query
+cdef bytearray _PROCMAP_ASK
 
 
 @cython.final

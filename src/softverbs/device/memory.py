@@ -75,6 +75,8 @@ _pread = os.pread
 _preadv = os.preadv
 _pwrite = os.pwrite
 _pwritev = os.pwritev
+#: the mapping checks' PROCMAP_QUERY (:meth:`ProcessMemory._query_at`), likewise
+_ioctl = fcntl.ioctl
 
 
 #: three ``struct iovec`` (base, length): the local buffer, then up to two remote pieces
@@ -196,6 +198,12 @@ def mapped(addr: int, length: int, pid: int | str = "self", writable: bool = Fal
 _PROCMAP_QUERY_FMT = struct.Struct("<9Q4I2Q")
 #: ``PROCMAP_QUERY``: ``_IOWR('f', 17, struct procmap_query)``
 _PROCMAP_QUERY = (3 << 30) | (_PROCMAP_QUERY_FMT.size << 16) | (ord("f") << 8) | 17
+#: the argument of a query but for the address (word 2): its size, flags 0 (the
+#: mapping covering the address), and zeros (no names asked for); each query
+#: copies it (:meth:`ProcessMemory._query_at`)
+_PROCMAP_ASK = bytearray(_PROCMAP_QUERY_FMT.pack(_PROCMAP_QUERY_FMT.size, 0, 0, *[0] * 12))
+#: stores the address into a copy of :data:`_PROCMAP_ASK` (a bound method, taken once)
+_PROCMAP_AT = struct.Struct("<Q").pack_into
 #: the answer's fields, at offset 24: vma_start, vma_end, vma_flags, vma_page_size,
 #: vma_offset, inode, dev_major, dev_minor
 _PROCMAP_VMA = struct.Struct("<6Q2I")
@@ -262,8 +270,8 @@ class AddressSpace(Protocol):
 class ProcessMemory:
     """One process's address space, through its ``/proc/<pid>/mem`` descriptor."""
 
-    __slots__ = ("_good", "_query", "_seen", "_seen_pass", "_words", "closed", "faults", "fd",
-                 "maps", "pid", "pidfd", "reuse", "vm", "vm_copies", "vm_why")  # fmt: skip
+    __slots__ = ("_good", "_seen", "_seen_pass", "closed", "faults", "fd", "maps", "pid",
+                 "pidfd", "reuse", "vm", "vm_copies", "vm_why")  # fmt: skip
 
     def __init__(self, fd: int, pid: int = 0, reuse: bool = False) -> None:
         self.fd = fd
@@ -279,12 +287,6 @@ class ProcessMemory:
         self._seen_pass = -1
         #: the process's /proc/<pid>/maps, for PROCMAP_QUERY (-1: none, no checks)
         self.maps = -1
-        #: one PROCMAP_QUERY argument, reused: only the address changes between calls
-        self._query = bytearray(_PROCMAP_QUERY_FMT.pack(_PROCMAP_QUERY_FMT.size, 0, 0,
-                                                        *[0] * 12))  # fmt: skip
-        #: :attr:`_query` as native u64s: the address is word 2, stored by an item
-        #: assignment (a third of ``struct.pack_into``'s cost, which parses its arguments)
-        self._words = memoryview(self._query).cast("Q")
         if pid:
             with contextlib.suppress(OSError):
                 self.maps = os.open(f"/proc/{pid}/maps", os.O_RDONLY | os.O_CLOEXEC)
@@ -378,9 +380,10 @@ class ProcessMemory:
             self._vm_refused("the process is gone" if exc.errno == errno.ESRCH
                              else f"pidfd_send_signal: {exc.strerror}")  # fmt: skip
             return -1
-        err = self._query_at(addr)
-        if err:
-            if err == errno.ESRCH:
+        try:
+            self._query_at(addr)
+        except OSError as exc:
+            if exc.errno == errno.ESRCH:
                 self._vm_refused("the process's memory is gone (exec or exit)")
             return -1  # nothing mapped at addr: the descriptor finds what it finds
         scratch = _SCRATCH  # this thread's
@@ -429,25 +432,35 @@ class ProcessMemory:
             return exc.errno not in (errno.ENOTTY, errno.EINVAL)
         return True
 
-    def _ask(self, addr: int) -> bool:
-        """One PROCMAP_QUERY for the mapping covering ``addr``: its answer is in
-        :attr:`_query` (bytes 24-80); False if nothing is mapped there."""
-        return self._query_at(addr) == 0
-
-    def _query_at(self, addr: int) -> int:
-        """:meth:`_ask`'s PROCMAP_QUERY: 0, or the errno the kernel refused it with
-        (ENOENT: nothing mapped at ``addr``; ESRCH: the memory the maps descriptor
-        was opened on is gone, after an ``exec`` or an exit)."""
-        self._words[2] = addr
+    def _ask(self, addr: int) -> bytearray | None:
+        """One PROCMAP_QUERY for the mapping covering ``addr``: the kernel's answer
+        (the whole ``struct procmap_query``, the mapping in bytes 24-80), or None if
+        nothing is mapped there."""
         try:
-            fcntl.ioctl(self.maps, _PROCMAP_QUERY, self._query)
-        except OSError as exc:
-            return exc.errno or errno.EIO
-        return 0
+            return self._query_at(addr)
+        except OSError:
+            return None
 
-    def _answer(self) -> tuple[int, int, Backing]:
-        """(start, end, backing) of the answer :meth:`_ask` left in :attr:`_query`."""
-        got = _PROCMAP_VMA.unpack_from(self._query, 24)
+    def _query_at(self, addr: int) -> bytearray:
+        """:meth:`_ask`'s PROCMAP_QUERY, raising the OSError the kernel refused it
+        with (ENOENT: nothing mapped at ``addr``; ESRCH: the memory the maps
+        descriptor was opened on is gone, after an ``exec`` or an exit).
+
+        The argument is a new buffer per call, holding the answer after it:
+        nothing is shared between calls, so two threads may ask at once -- the
+        service's loop and a UDP device's progress thread can each reach one
+        process's memory under its own device's lock, and the ioctl lets go of
+        the GIL.  (A ``bytearray``: ``ioctl`` given ``bytes`` would return the
+        answer too, but only after formatting the error of its first try, a
+        writable buffer, which costs more than the rest of the check.)"""
+        query = _PROCMAP_ASK.copy()
+        _PROCMAP_AT(query, 16, addr)
+        _ioctl(self.maps, _PROCMAP_QUERY, query)
+        return query
+
+    def _answer(self, answer: bytearray) -> tuple[int, int, Backing]:
+        """(start, end, backing) of an answer of :meth:`_ask`."""
+        got = _PROCMAP_VMA.unpack_from(answer, 24)
         start, end, flags, _, offset, inode, major, minor = got
         return start, end, (flags & _VMA_SHARED, major, minor, inode,
                             offset - start if inode else 0)  # fmt: skip
@@ -471,9 +484,10 @@ class ProcessMemory:
                         return seen
             else:
                 self._new_pass(now)
-        if not self._ask(addr):
+        answer = self._ask(addr)
+        if answer is None:
             return None
-        got = self._answer()
+        got = self._answer(answer)
         if self.reuse:
             self._seen.append(got)
         return got
@@ -485,25 +499,27 @@ class ProcessMemory:
             return None
         segments: list[tuple[int, int, Backing]] = []
         pos, end = addr, addr + length
+        answer = None
         while pos < end:  # asked afresh, outside any pass's answers: a registration
-            if not self._ask(pos):
+            answer = self._ask(pos)
+            if answer is None:
                 return None
-            got = self._answer()
+            got = self._answer(answer)
             segments.append((pos, min(got[1], end), got[2]))
             pos = got[1]
         made = Pin(segments)
-        if len(segments) == 1:  # the answer for addr is still in _query
-            self._adopt(made)
+        if len(segments) == 1 and answer is not None:  # the answer for addr
+            self._adopt(made, answer)
         return made
 
-    def _adopt(self, pin: Pin) -> bytes | None:
-        """If the answer in :attr:`_query` backs all of ``pin``'s region as
-        registered, it becomes the pin's :attr:`Pin.answer` (and is returned)."""
-        start, end, backed = self._answer()
+    def _adopt(self, pin: Pin, answer: bytearray) -> bytes | None:
+        """If ``answer`` (:meth:`_ask`'s) backs all of ``pin``'s region as
+        registered, its mapping becomes the pin's :attr:`Pin.answer` (and is returned)."""
+        start, end, backed = self._answer(answer)
         segments = pin.segments
         if (len(segments) == 1 and start <= segments[0][0] and end >= segments[0][1]
                 and backed == segments[0][2]):  # fmt: skip
-            pin.answer = bytes(self._query[24:80])
+            pin.answer = bytes(answer[24:80])
             return pin.answer
         return None
 
@@ -527,14 +543,15 @@ class ProcessMemory:
                     for seen in self._seen:
                         if seen[0] <= addr < seen[1]:
                             return self._still_pinned(pin, addr, length, seen)
-            if not self._ask(addr):
+            asked = self._ask(addr)
+            if asked is None:
                 return False  # nothing is mapped there now
-            good = answer if self._query.startswith(answer, 24) else self._adopt(pin)
+            good = answer if asked.startswith(answer, 24) else self._adopt(pin, asked)
             if good is not None:
                 if self.reuse:
                     self._good.add(good)
                 return True
-            got = self._answer()
+            got = self._answer(asked)
             if self.reuse:
                 self._seen.append(got)
             return self._still_pinned(pin, addr, length, got)

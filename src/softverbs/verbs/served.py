@@ -27,10 +27,12 @@ child never uses its parent's: it gets a connection of its own on first use.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import os
 import selectors
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -86,6 +88,61 @@ def idle_exit() -> float:
         raise ConfigError(f"SOFTVERBS_IDLE_EXIT={text!r}: give the seconds a service started "
                           "on demand waits, once idle, before it exits (a number above 0)")
     return value
+
+
+#: ``PR_SET_PTRACER`` (``<linux/prctl.h>``): Yama's, naming the process that may ptrace this one
+PR_SET_PTRACER = 0x59616D61
+
+
+def _libc_prctl() -> Any:
+    """libc's ``prctl`` through ``ctypes``, keeping its errno; None where there is none."""
+    try:
+        call = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    call.restype = ctypes.c_int
+    return call
+
+
+_LIBC_PRCTL = _libc_prctl()
+
+
+def _prctl(option: int, arg: int) -> int:
+    """``prctl(option, arg, 0, 0, 0)``: 0, or the errno it failed with.  Tests replace
+    this name to see the calls."""
+    if _LIBC_PRCTL is None:
+        return errno.ENOSYS
+    args = (ctypes.c_ulong(arg), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0))
+    if _LIBC_PRCTL(ctypes.c_int(option), *args) == 0:
+        return 0
+    return ctypes.get_errno() or errno.EIO
+
+
+def name_ptracer(sock: socket.socket, service_pid: int) -> bool:
+    """After ``HELLO``: name the service this process's ptracer, so that under
+    Yama's ``ptrace_scope`` 1 it may copy large transfers with
+    ``process_vm_readv``/``process_vm_writev`` (docs/architecture.md, *Copies
+    that bypass the descriptor*); the C library does the same (conn.c).
+    Whether ``prctl(PR_SET_PTRACER, service_pid)`` was asked.
+
+    Only when ``service_pid`` (the reply's) is the process at the other end of
+    ``sock`` (``SO_PEERCRED``, in this process's pid namespace: 0 if not in it)
+    and not this process: a service in another pid namespace, whose pid would
+    name another process here, is not named.  Never ``PR_SET_PTRACER_ANY``.
+    Every error is ignored -- EINVAL without Yama; without the right the
+    service copies through the descriptor.  Not with ``SOFTVERBS_NO_PTRACER``
+    (:func:`softverbs.config.ptracer_left_alone`): Yama keeps one ptracer per
+    process, and ours replaces one the program named itself."""
+    if config.ptracer_left_alone() or service_pid <= 0 or service_pid == os.getpid():
+        return False
+    try:
+        peer = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    except OSError:
+        return False
+    if peer[0] != service_pid:
+        return False
+    _prctl(PR_SET_PTRACER, service_pid)
+    return True
 
 
 def _lost(exc: BaseException) -> PyverbsRDMAError:
@@ -226,6 +283,7 @@ class Connection:
             raise
         finally:
             os.close(fds[0])
+        name_ptracer(self.sock, reply.service_pid)
         old, self.bell = self.bell, -1
         if old >= 0:
             os.close(old)

@@ -22,6 +22,9 @@
  * after which the service rings every queue of ours whose db moved.  Which
  * one is a value (bell_fd), chosen once per connection; a forked child makes
  * its own with its own connection.
+ *
+ * After HELLO the process names the service its ptracer (name_ptracer), for
+ * the service's copies of large transfers under Yama (docs/architecture.md).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -32,6 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -313,6 +317,37 @@ static int doorbell_eventfd(void)
 	return eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 }
 
+#ifndef PR_SET_PTRACER
+#define PR_SET_PTRACER 0x59616d61	/* <linux/prctl.h>: Yama's */
+#endif
+
+/* After HELLO: name the service our ptracer, so that under Yama's
+ * ptrace_scope 1 it may copy our memory with process_vm_readv/writev
+ * (docs/architecture.md, *Copies that bypass the descriptor*); as
+ * softverbs.verbs.served.name_ptracer.  Only when the pid the reply gives is
+ * the process at the other end of our socket (SO_PEERCRED, in our pid
+ * namespace; 0 if not in it) and not ourselves: a service in another pid
+ * namespace, whose pid would name another process here, is not named.  Never
+ * PR_SET_PTRACER_ANY.  Yama keeps one ptracer per process, so this replaces
+ * one the program named itself (a crash handler's); SOFTVERBS_NO_PTRACER=1
+ * leaves it alone.  Every error is ignored: EINVAL without Yama, and the
+ * service copies through the descriptor when it may not ptrace us. */
+static void name_ptracer(uint32_t service_pid)
+{
+	const char *v = getenv("SOFTVERBS_NO_PTRACER");
+	if (v && *v && !off_value(v))
+		return;
+	struct ucred peer;
+	socklen_t len = sizeof(peer);
+	if (!service_pid || service_pid == (uint32_t)getpid() ||
+	    getsockopt(conn_fd, SOL_SOCKET, SO_PEERCRED, &peer, &len) || len < sizeof(peer) ||
+	    peer.pid <= 0 || (uint32_t)peer.pid != service_pid)
+		return;
+	int saved = errno;
+	prctl(PR_SET_PTRACER, (unsigned long)service_pid, 0UL, 0UL, 0UL);
+	errno = saved;
+}
+
 /* HELLO with our memory and, if asked for, a doorbell eventfd; the eventfd
  * becomes bell_fd if the service took it. */
 static int hello_locked(struct sv_hello *hello, int mem, struct sv_hello_reply *rep)
@@ -396,6 +431,7 @@ static int connect_locked(void)
 	if (!err) {
 		conn_token = rep.token;
 		conn_joinable = 1;
+		name_ptracer(rep.service_pid);
 		/* a joined owner is watched already, its reports going where the parent's go */
 		if (!join)
 			err = sanitize_locked();
