@@ -1,4 +1,4 @@
-/* An LD_PRELOAD shim for tests/native/test_ptracer.py: every
+/* An LD_PRELOAD shim for tests/native/test_c_ptracer.py: every
  * prctl(PR_SET_PTRACER, ...) a program makes is appended to the file
  * $SV_PRCTL_LOG as "PID ARG2 RESULT ERRNO", then answered by the real prctl --
  * or, with SV_PRCTL_FAIL=N, failed with errno N without asking the kernel.

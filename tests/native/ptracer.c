@@ -1,5 +1,5 @@
 /* A program that reaches the host device, forks, and reaches it from the child
- * too (tests/native/test_ptracer.py): each process's connection says HELLO,
+ * too (tests/native/test_c_ptracer.py): each process's connection says HELLO,
  * after which the C library names the service the process's ptracer
  * (csrc/conn.c, name_ptracer).  Whatever prctl answers, every verb works:
  * one line per check, "ok ..." or "FAIL ..."; exits 0 if all hold. */

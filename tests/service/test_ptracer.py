@@ -3,7 +3,7 @@
 After ``HELLO`` a client calls ``prctl(PR_SET_PTRACER, service_pid)`` so that,
 under Yama's ``ptrace_scope`` 1, the service may copy its memory with
 ``process_vm_readv``/``process_vm_writev`` (docs/architecture.md, *Copies that
-bypass the descriptor*); the C library does the same (tests/native/test_ptracer.py).
+bypass the descriptor*); the C library does the same (tests/native/test_c_ptracer.py).
 Here ``served._prctl`` is replaced to see the calls: one per connection, naming
 the service's pid; no answer stops the connection; ``SOFTVERBS_NO_PTRACER``
 leaves the ptracer alone; a pid that is not the socket's peer (a service in
