@@ -38,7 +38,7 @@ def test_each_part_owns_its_state() -> None:
         for b in fields:
             if a < b:
                 assert not fields[a] & fields[b], (a, b, fields[a] & fields[b])
-    assert not (set().union(*fields.values()) & set(vars(qp))), "a part shadows the QP"
+    assert not (set().union(*fields.values()) & _fields(qp)), "a part shadows the QP"
 
 
 def test_the_wqe_table() -> None:

@@ -1,9 +1,11 @@
 # Cython declarations for qp.py (compiled mode only; see softverbs.compiled).
 # QPEngine becomes an extension type (a subclass of QPCore) holding its three
 # parts typed: a packet's dispatch to the responder or the completer and a
-# doorbell's to the requester are C calls.  It keeps a __dict__ and weak
-# references, as a Python subclass had: what the device or a test hangs on a
-# QP still works, and GsiQP stays a Python subclass of it.
+# doorbell's to the requester are C calls.  It keeps weak references, and no
+# __dict__: a cpdef method (QPCore's send, push_cqe, ...) called on an instance
+# with one first looks itself up on the instance, in case a Python override
+# hides it, and that lookup missed Cython's cache on every call, about 380
+# instructions each.  GsiQP stays a Python subclass of it (with a __dict__).
 
 cimport cython
 
@@ -18,7 +20,6 @@ from softverbs.wire.packet cimport Packet
 cdef object _RESPONDING
 
 cdef class QPEngine(QPCore):
-    cdef dict __dict__
     cdef object __weakref__
     cdef public Requester req
     cdef public Completer comp
