@@ -15,7 +15,7 @@ import subprocess
 from collections.abc import Iterator
 
 import pytest
-from rxe_kit import DEV, GUEST, GUEST_IP, OUT, PEER, Peer, _skip_unless_possible
+from rxe_kit import DEV, GUEST, OUT, PEER, RUN, Peer, _skip_unless_possible
 
 
 @pytest.fixture(scope="session")
@@ -31,18 +31,24 @@ def peer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Peer]:
     for var in ("SOFTVERBS_FAULTS", "SOFTVERBS_PCAP"):
         env.pop(var, None)
     p = Peer(PEER / "boot.sh", env)
-    p.sh("stop", GUEST)
     try:
-        r = p.sh("start", GUEST, GUEST_IP)
-        assert r.returncode == 0, f"boot.sh start failed:\n{r.stdout}\n{r.stderr}"
-        r = p.sh("wait", GUEST, "PEER: READY", "300", timeout=330)
-        assert r.returncode == 0, f"the guest did not become ready:\n{r.stdout}\n{r.stderr}"
+        p.start()
         yield p
     finally:
+        if (RUN / f"{GUEST}.pid").exists():
+            p.keep_console("end")
         p.sh("down")
 
 
 @pytest.fixture
-def clean(peer: Peer) -> Peer:
+def clean(peer: Peer) -> Iterator[Peer]:
+    """The guest with no ping-pong left over; after the test, a guest that still answers
+    on its network, or this test errors with what the link looked like and the guest is
+    booted again (the tests after it would otherwise all fail: docs/status.md)."""
     peer.clean_guest()
-    return peer
+    yield peer
+    silent = peer.silent()
+    if silent:
+        report = peer.recover("after this test")
+        pytest.fail(f"the guest stopped answering on its network during this test "
+                    f"({silent}):\n{report}", pytrace=False)  # fmt: skip

@@ -202,10 +202,17 @@ def _ours_c(env: dict[str, str], tool: str, args: str, *extra: str) -> subproces
                             stderr=subprocess.STDOUT)  # fmt: skip
 
 
+#: perftest could not calibrate its clock: get_cpu_mhz() fits rdtsc against gettimeofday
+#: and gives 0 MHz when the fit is worse than r^2 0.9, which a TCG guest on a busy host
+#: can do; every latency column is then "inf", while the row still counts the iterations
+CLOCK_UNCALIBRATED = "Correlation coefficient r^2"
+
+
 def _c_ok(tool: str, out: str) -> bool:
     if tool.startswith("ibv_"):
         return re.search(r"^\d+ iters in [\d.]+ seconds = [\d.]+ usec/iter$", out, re.M) is not None
-    return re.search(r"^ \d+\s+\d+\s+[\d.]+", out, re.M) is not None  # perftest's result row
+    figure = r"(?:[\d.]+|inf)" if CLOCK_UNCALIBRATED in out else r"[\d.]+"
+    return re.search(rf"^ \d+\s+\d+\s+{figure}", out, re.M) is not None  # perftest's result row
 
 
 @pytest.mark.parametrize(("tool", "args"), C_TOOLS, ids=C_IDS)
@@ -250,7 +257,8 @@ def test_c_tool_rxe_client_softverbs_server(clean: Peer, tool: str, args: str,
                         "stop"], env=env, capture_output=True, timeout=60, check=False)
     assert rc == 0, gout
     assert server.returncode == 0, out
-    assert _c_ok(tool, gout if not tool.startswith("ibv_") else out), (out, gout)
+    # (a string, which pytest prints whole: a tuple's repr is cut to a few lines)
+    assert _c_ok(tool, gout if not tool.startswith("ibv_") else out), f"{out}\n---\n{gout}"
 
 
 @pytest.mark.parametrize("direction", ["softverbs-client", "rxe-client"])
