@@ -5,6 +5,7 @@
 # (Read from interpreted code, such a field costs more than a __slots__ one;
 # making the WC costs far less: measured in docs/performance.md.)
 
+cimport cython
 from softverbs.engine.rings cimport CQE
 from softverbs.verbs.base cimport PyverbsObject
 
@@ -13,3 +14,7 @@ cdef class WC(PyverbsObject):
     cdef public object wc_flags, pkey_index, slid, sl, dlid_path_bits, reason
 
 cpdef WC _fill_wc(WC wc, CQE cqe)
+
+# the slots of a poll's CQEs given back: the CQEs read as C structs
+@cython.locals(cqe=CQE)
+cpdef _give_back(list cqes, dict rings)

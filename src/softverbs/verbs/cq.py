@@ -194,6 +194,23 @@ def _fill_wc(wc: WC, cqe: CQE) -> WC:
     return wc
 
 
+def _give_back(cqes: list[CQE], rings: dict[tuple[int, int], Any]) -> None:
+    """Give each polled CQE's WQE slot back to its queue (``rings``: the device's
+    queues by (kind, handle)).  The CQEs of a poll mostly come from one queue, which
+    is looked up once per run of them.  Compiled, the CQEs are read as C structs
+    (``cq.pxd``)."""
+    kind = handle = -1
+    wq: Any = None
+    for cqe in cqes:
+        if cqe.wq_kind:
+            if cqe.wq_kind != kind or cqe.wq_handle != handle:
+                kind = cqe.wq_kind
+                handle = cqe.wq_handle
+                wq = rings.get((kind, handle))
+            if wq is not None:
+                wq.release(cqe.index)
+
+
 class CompChannel(PyverbsCM):
     """A completion event channel: ``CompChannel(ctx)``."""
 
@@ -320,11 +337,7 @@ class CQBase(PyverbsCM):
             if not cqes:
                 rt.idle_step()  # a virtual clock moves on when the poller finds nothing
                 cqes = ring.take(num_entries)
-            for cqe in cqes:
-                if cqe.wq_kind:
-                    wq = rings.get((cqe.wq_kind, cqe.wq_handle))
-                    if wq is not None:
-                        wq.release(cqe.index)
+            _give_back(cqes, rings)
         return cqes
 
     def req_notify(self, solicited_only: bool = False) -> None:

@@ -9,11 +9,17 @@ requests name AHs and memory windows, which are made on a PD.
 from __future__ import annotations
 
 from softverbs import hostmem
-from softverbs.verbs.base import CStruct, PyverbsCM, c_member
+from softverbs.verbs.base import PyverbsCM, c_checked, c_member, c_store
 
 
-class SGE(CStruct, PyverbsCM):
-    """A scatter/gather element: ``SGE(addr, length, lkey)``."""
+class SGE(PyverbsCM):
+    """A scatter/gather element: ``SGE(addr, length, lkey)``.
+
+    Compiled, an extension type whose members are typed slots (sge.pxd), so the
+    post path reads them as C struct fields; it keeps an instance dictionary for
+    anything else a program hangs on it.  Setting a member checks it as the C
+    member takes it (``c_member``, the rule of every C struct the verbs mirror).
+    """
 
     _c_fields = {"addr": 64, "length": 32, "lkey": 32}
     addr: int
@@ -21,12 +27,14 @@ class SGE(CStruct, PyverbsCM):
     lkey: int
 
     def __init__(self, addr: int, length: int, lkey: int) -> None:
-        # an SGE per buffer, often one per WR: the checked fields go straight into
-        # the instance dictionary (c_member is CStruct.__setattr__'s rule)
-        d = self.__dict__
-        d["addr"] = c_member(self, "addr", addr)
-        d["length"] = c_member(self, "length", length)
-        d["lkey"] = c_member(self, "lkey", lkey)
+        # one per buffer, often one per WR: checked here and stored (compiled: C
+        # stores into the typed slots)
+        self.addr = c_member(self, "addr", addr)
+        self.length = c_member(self, "length", length)
+        self.lkey = c_member(self, "lkey", lkey)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        c_store(self, name, c_checked(self, name, value))
 
     def read(self, length: int, offset: int) -> bytes:
         """Read memory at the SGE's address (EFAULT if it is not mapped)."""

@@ -23,7 +23,7 @@ from softverbs.enums import (
 )
 from softverbs.errors import PyverbsUserError, einval
 from softverbs.verbs.addr import AH
-from softverbs.verbs.base import _LIMIT, CStruct, PyverbsCM, as_uint, c_member
+from softverbs.verbs.base import _LIMIT, PyverbsCM, as_uint, c_checked, c_member, c_store
 from softverbs.verbs.mr import MW, MWBindInfo, inc_rkey
 from softverbs.verbs.sge import SGE as SGE
 
@@ -55,11 +55,21 @@ def _sg_list(sg: Any, num_sge: Any) -> list[SGE]:
     return sges[:num_sge]
 
 
-class _SgeList:
+class _SgeList(PyverbsCM):
     """A WR's ``sg`` and ``num_sge``, one list: ``num_sge`` is its length, and
-    setting it lower drops the SGEs past it (what the C WR's count does)."""
+    setting it lower drops the SGEs past it (what the C WR's count does).
+
+    The base of ``SendWR`` and ``RecvWR``: compiled, extension types whose
+    members are typed slots (wr.pxd), which the post path reads as C struct
+    fields; each keeps an instance dictionary for anything else a program (or a
+    provider's QP) hangs on it.  Setting a C member checks it as the member
+    takes it (``c_member``, the rule of every C struct the verbs mirror).
+    """
 
     sg: list[SGE]
+
+    def __setattr__(self, name: str, value: object) -> None:
+        c_store(self, name, c_checked(self, name, value))
 
     @property
     def num_sge(self) -> int:
@@ -70,23 +80,21 @@ class _SgeList:
         self.sg = self.sg[:val]
 
 
-class RecvWR(_SgeList, CStruct, PyverbsCM):
+class RecvWR(_SgeList):
     """A receive work request: ``RecvWR(wr_id, num_sge, sg, next_wr)``."""
 
     _c_fields = {"wr_id": 64}
     wr_id: int
-    sg: list[SGE]
     next_wr: RecvWR | None
 
     def __init__(
         self, wr_id: int = 0, num_sge: int = 0, sg: Any = None, next_wr: RecvWR | None = None
     ) -> None:
-        # one WR per receive: the fields go straight into the instance dictionary,
-        # checked by CStruct.__setattr__'s rule (c_member)
-        d = self.__dict__
-        d["wr_id"] = c_member(self, "wr_id", wr_id)
-        d["sg"] = _sg_list(sg, num_sge)
-        d["next_wr"] = next_wr
+        # one WR per receive: checked here and stored (compiled: C stores into the
+        # typed slots)
+        self.wr_id = c_member(self, "wr_id", wr_id)
+        self.sg = _sg_list(sg, num_sge)
+        self.next_wr = next_wr
 
     def close(self) -> None:
         pass
@@ -95,43 +103,53 @@ class RecvWR(_SgeList, CStruct, PyverbsCM):
         return f"{'WR ID':22}: {self.wr_id:<20}\n{'Num SGE':22}: {self.num_sge:<20}\n"
 
 
-def recv_wqe(w: RecvWR, max_sge: int, n: int, verb: str) -> RecvWQE:
-    """Check a receive WR and turn it into a ring entry (``n``: its place in the
-    posted list and ``verb``, for the message)."""
-    sg = w.sg
+def recv_wqe(w: object, max_sge: int, n: int, verb: str) -> RecvWQE:
+    """Check receive WR #``n`` of a posted list (``verb``, for the message) and
+    turn it into a ring entry.  Compiled, the WR and its SGEs are read as C
+    struct fields (wr.pxd)."""
+    if not isinstance(w, RecvWR):
+        raise einval(f"{verb}: WR #{n}: a receive WR list holds RecvWR objects, got "
+                     f"{type(w).__name__}")  # fmt: skip
+    r = w
+    sg = r.sg
     if len(sg) > max_sge:
-        raise einval(f"{verb}: WR #{n} (wr_id={w.wr_id}): {len(sg)} SGEs exceed "
+        raise einval(f"{verb}: WR #{n} (wr_id={r.wr_id}): {len(sg)} SGEs exceed "
                      f"max_recv_sge={max_sge}")  # fmt: skip
     sges = []
     length = 0
-    for s in sg:
+    for item in sg:
+        s = sge_of(item, n, verb, r.wr_id)
         size = s.length
         sges.append((s.addr, size, s.lkey))
         length += size
-    return RecvWQE(w.wr_id, sges, length)
+    return RecvWQE(r.wr_id, sges, length)
+
+
+def sge_of(item: object, n: int, verb: str, wr_id: object) -> SGE:
+    """``item`` of WR #``n``'s SGE list, which must be an SGE (a program may have
+    put anything in ``sg``): EINVAL saying so otherwise."""
+    if not isinstance(item, SGE):
+        raise einval(f"{verb}: WR #{n} (wr_id={wr_id}): SGE list entries must be SGE "
+                     f"objects, got {type(item).__name__}")  # fmt: skip
+    return item
 
 
 _NO_SGE_OPCODES = (IBV_WR_LOCAL_INV, IBV_WR_BIND_MW, IBV_WR_SEND_WITH_INV)
-#: a new SendWR's union members (``ibv_send_wr.wr``): all zero
-_UNION_ZERO: dict[str, Any] = {
-    "remote_addr": 0, "rkey_remote": 0, "compare_add": 0, "swap": 0, "ah": None,
-    "remote_qpn": 0, "remote_qkey": 0, "remote_srqn": 0, "mw": None, "bind_info": None,
-    "bind_rkey": 0,
-}  # fmt: skip
 
 
-class SendWR(_SgeList, CStruct, PyverbsCM):
+class SendWR(_SgeList):
     """A send work request, shaped like pyverbs' ``SendWR``.
 
     ``send_flags`` defaults to ``IBV_SEND_SIGNALED``, as in pyverbs.
     """
 
-    _c_fields = {"wr_id": 64, "opcode": 32, "imm_data": 32, "send_flags": 32,
-                 "remote_addr": 64, "rkey_remote": 32, "compare_add": 64, "swap": 64,
-                 "remote_qpn": 32, "remote_qkey": 32, "remote_srqn": 32}  # fmt: skip
+    _c_fields = {
+        "wr_id": 64, "opcode": 32, "imm_data": 32, "send_flags": 32, "remote_addr": 64,
+        "rkey_remote": 32, "compare_add": 64, "swap": 64, "remote_qpn": 32, "remote_qkey": 32,
+        "remote_srqn": 32,
+    }  # fmt: skip
     wr_id: int
     opcode: int
-    sg: list[SGE]
     imm_data: int
     send_flags: int
     next_wr: SendWR | None
@@ -161,15 +179,25 @@ class SendWR(_SgeList, CStruct, PyverbsCM):
         num_sge = as_uint(num_sge, 32, "num_sge")
         if opcode not in _NO_SGE_OPCODES and (num_sge < 1 or sg is None):
             raise PyverbsUserError("A WR needs at least one SGE")
-        # straight into the instance dictionary, checked by CStruct.__setattr__'s rule
-        d = self.__dict__
-        d["wr_id"] = c_member(self, "wr_id", wr_id)
-        d["opcode"] = c_member(self, "opcode", opcode)
-        d["sg"] = _sg_list(sg, num_sge)
-        d["imm_data"] = c_member(self, "imm_data", imm_data)
-        d["send_flags"] = c_member(self, "send_flags", send_flags)
-        d["next_wr"] = next_wr
-        d.update(_UNION_ZERO)  # the union members of ibv_send_wr.wr, zeroed
+        # checked here and stored (compiled: C stores into the typed slots)
+        self.wr_id = c_member(self, "wr_id", wr_id)
+        self.opcode = c_member(self, "opcode", opcode)
+        self.sg = _sg_list(sg, num_sge)
+        self.imm_data = c_member(self, "imm_data", imm_data)
+        self.send_flags = c_member(self, "send_flags", send_flags)
+        self.next_wr = next_wr
+        # the union members of ibv_send_wr.wr, zeroed
+        self.remote_addr = 0
+        self.rkey_remote = 0
+        self.compare_add = 0
+        self.swap = 0
+        self.ah = None
+        self.remote_qpn = 0
+        self.remote_qkey = 0
+        self.remote_srqn = 0
+        self.mw = None
+        self.bind_info = None
+        self.bind_rkey = 0
 
     @classmethod
     def without_sges(cls, wr_id: int, opcode: int, send_flags: int) -> SendWR:
@@ -193,7 +221,7 @@ class SendWR(_SgeList, CStruct, PyverbsCM):
 
     @invalidate_rkey.setter
     def invalidate_rkey(self, val: int) -> None:
-        self.imm_data = val
+        self.imm_data = c_member(self, "imm_data", val)
 
     @property
     def rkey(self) -> int:
@@ -204,18 +232,18 @@ class SendWR(_SgeList, CStruct, PyverbsCM):
         if not isinstance(ah, AH):
             raise PyverbsUserError(f"ah must be an AH, got {type(ah).__name__}")
         self.ah = ah
-        self.remote_qpn = rqpn
-        self.remote_qkey = rqkey
+        self.remote_qpn = c_member(self, "remote_qpn", rqpn)
+        self.remote_qkey = c_member(self, "remote_qkey", rqkey)
 
     def set_wr_rdma(self, rkey: int, addr: int) -> None:
-        self.rkey_remote = rkey
-        self.remote_addr = addr
+        self.rkey_remote = c_member(self, "rkey_remote", rkey)
+        self.remote_addr = c_member(self, "remote_addr", addr)
 
     def set_wr_atomic(self, rkey: int, addr: int, compare_add: int, swap: int = 0) -> None:
-        self.rkey_remote = rkey
-        self.remote_addr = addr
-        self.compare_add = compare_add
-        self.swap = swap
+        self.rkey_remote = c_member(self, "rkey_remote", rkey)
+        self.remote_addr = c_member(self, "remote_addr", addr)
+        self.compare_add = c_member(self, "compare_add", compare_add)
+        self.swap = c_member(self, "swap", swap)
 
     def set_bind_wr(self, mw: MW, bind_info: MWBindInfo) -> None:
         self.mw = mw
@@ -223,7 +251,7 @@ class SendWR(_SgeList, CStruct, PyverbsCM):
         self.bind_rkey = inc_rkey(mw.rkey)
 
     def set_qp_type_xrc(self, remote_srqn: int) -> None:
-        self.remote_srqn = remote_srqn
+        self.remote_srqn = c_member(self, "remote_srqn", remote_srqn)
 
     def close(self) -> None:
         pass
@@ -234,6 +262,21 @@ class SendWR(_SgeList, CStruct, PyverbsCM):
                 + f.format("Opcode", self.opcode)
                 + f.format("Send flags", send_flags_to_str(self.send_flags))
                 + f.format("Imm Data", self.imm_data))  # fmt: skip
+
+
+#: the members a WR's copy (``bad_wr``) takes, besides its instance dictionary
+RECV_WR_FIELDS = ("wr_id", "sg", "next_wr")
+SEND_WR_FIELDS = ("wr_id", "opcode", "sg", "imm_data", "send_flags", "next_wr", "remote_addr",
+                  "rkey_remote", "compare_add", "swap", "ah", "remote_qpn", "remote_qkey",
+                  "remote_srqn", "mw", "bind_info", "bind_rkey")  # fmt: skip
+
+
+def copy_wr(src: SendWR | RecvWR, dst: SendWR | RecvWR) -> None:
+    """Fill ``dst`` with ``src``'s members and attributes (``bad_wr``, as ibv_post_*
+    fills it with the WR that failed)."""
+    for name in SEND_WR_FIELDS if isinstance(src, SendWR) else RECV_WR_FIELDS:
+        c_store(dst, name, getattr(src, name))
+    dst.__dict__.update(src.__dict__)
 
 
 _SEND_FLAG_NAMES = {
