@@ -6,7 +6,7 @@
 # making the WC costs far less: measured in docs/performance.md.)
 
 cimport cython
-from softverbs.engine.rings cimport CQE
+from softverbs.engine.rings cimport CQE, WorkRing
 from softverbs.verbs.base cimport PyverbsObject
 
 cdef class WC(PyverbsObject):
@@ -15,6 +15,7 @@ cdef class WC(PyverbsObject):
 
 cpdef WC _fill_wc(WC wc, CQE cqe)
 
-# the slots of a poll's CQEs given back: the CQEs read as C structs
-@cython.locals(cqe=CQE)
+# the slots of a poll's CQEs given back: the CQEs read as C structs, a queue's
+# release once per run of its CQEs
+@cython.locals(cqe=CQE, pending=WorkRing)
 cpdef _give_back(list cqes, dict rings)

@@ -844,7 +844,7 @@ class _SendFacts:
 
     def __init__(self, qp: QP) -> None:
         self.qp = qp
-        self.qp_type = qp_type = qp.qp_type
+        self.qp_type = qp_type = qp._qp_type
         self.sq = sq = qp.sq
         published = sq.published_state() if sq is not None else None
         self.state = state = published if published is not None else IBV_QPS_RESET
