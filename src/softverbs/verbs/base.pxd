@@ -16,5 +16,3 @@ cimport cython
 # the C-member rule: a C call from the constructors of sge.py and wr.py (their .pxd cimport it)
 @cython.locals(fields=dict, limits=dict)
 cpdef object c_member(object obj, str name, object value)
-@cython.locals(fields=dict)
-cpdef object c_checked(object obj, str name, object value)

@@ -63,7 +63,7 @@ class PyverbsCM(PyverbsObject):
     """
 
     #: Dependents close in increasing rank: QPs before CQs before PDs.
-    close_rank: ClassVar[int] = 50
+    close_rank = 50
 
     def __init__(self) -> None:
         super().__init__()
@@ -171,9 +171,9 @@ def c_member(obj: Any, name: str, value: object) -> int:
     returned as it is, with no call and no message; anything else goes to
     :func:`as_uint` / :func:`as_int`, which convert it or say what is wrong
     with ``TypeName.name`` in the message.  The one rule for every C member:
-    ``CStruct.__setattr__`` applies it to an assignment, and the hot
-    constructors (``SGE``, ``SendWR``, ``RecvWR``) to their arguments
-    (compiled, a C call: base.pxd).
+    ``CStruct.__setattr__`` applies it to an assignment, and the records of the
+    post path (``SGE``, ``SendWR``, ``RecvWR``) in their constructors and their
+    members' setters (compiled, a C call: base.pxd).
     """
     fields: dict[str, int] = obj._c_fields  # typed in base.pxd: C dict lookups
     limits: dict[int, int] = _LIMIT
@@ -184,39 +184,17 @@ def c_member(obj: Any, name: str, value: object) -> int:
     return as_uint(value, bits, what) if bits > 0 else as_int(value, what, -bits)
 
 
-def c_checked(obj: Any, name: str, value: object) -> object:
-    """``value`` as attribute ``name`` of ``obj`` takes it: checked by
-    :func:`c_member` if ``name`` is one of ``obj._c_fields``, else as it is."""
-    fields: dict[str, int] = obj._c_fields
-    return c_member(obj, name, value) if name in fields else value
-
-
-def c_store(obj: Any, name: str, value: object) -> None:
-    """Set attribute ``name`` of ``obj`` as ``object.__setattr__`` would: through
-    its class's data descriptor (a typed field, a property) if it has one, else
-    in the instance dictionary.  For the records that are extension types when
-    compiled (``SGE``, ``SendWR``, ``RecvWR``), whose own ``__setattr__`` Python
-    does not let ``object.__setattr__`` skip."""
-    setter = getattr(getattr(type(obj), name, None), "__set__", None)
-    if setter is not None:
-        setter(obj, value)
-        return
-    try:
-        d = obj.__dict__
-    except AttributeError:
-        raise AttributeError(f"{type(obj).__name__!r} object has no attribute {name!r}") from None
-    d[name] = value
-
-
 class CStruct:
     """Mixin for attribute objects whose fields are members of a C struct.
 
     ``_c_fields`` maps a field name to its width in bits (negative: signed).
     Setting such a field checks the value as the C member would take it
-    (:func:`c_checked`); other attributes are free.
+    (:func:`c_member`); other attributes are free.
     """
 
     _c_fields: ClassVar[dict[str, int]] = {}
 
     def __setattr__(self, name: str, value: object) -> None:
-        object.__setattr__(self, name, c_checked(self, name, value))
+        if name in self._c_fields:
+            value = c_member(self, name, value)
+        object.__setattr__(self, name, value)

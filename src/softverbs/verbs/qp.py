@@ -828,7 +828,7 @@ def _post_recvs(rq: WorkRing, wr: RecvWR, max_sge: int, bad_wr: RecvWR | None) -
             n += 1
     except PyverbsRDMAError:
         if bad_wr is not None and w is not None:
-            copy_wr(w, bad_wr)  # type: ignore[arg-type]
+            copy_wr(w, bad_wr)
         raise
 
 
@@ -888,7 +888,7 @@ def _post_chain(qp: QP, wr: SendWR, bad_wr: SendWR | None) -> None:
             f.unsignaled = 0 if wqe.signaled else f.unsignaled + 1
             if not own:
                 qp._unsignaled_run = f.unsignaled  # what the hook's next WR reads
-            flags = w.send_flags
+            flags = w._send_flags
             if not flags & _DEFER:
                 ring_to = wqe.index + 1
             cur = w.next_wr
@@ -899,7 +899,7 @@ def _post_chain(qp: QP, wr: SendWR, bad_wr: SendWR | None) -> None:
             qp._ring(sq.pi)
         qp._ctx.runtime.posted()
         if bad_wr is not None and cur is not None:
-            copy_wr(cur, bad_wr)  # type: ignore[arg-type]
+            copy_wr(cur, bad_wr)
         raise
     qp._unsignaled_run = f.unsignaled
     qp._ring(ring_to)
@@ -926,11 +926,11 @@ def _wqe_of(f: _SendFacts, w: SendWR, n: int, type1_bind: bool) -> SendWQE:
             f"{_Where(n, w)}: the QP is in {_name(ibv_qp_state, f.state)}; send WRs may be "
             "posted only in RTS (or SQD, SQE, ERR). Move the QP to RTS first"
         )
-    opcode = w.opcode
+    opcode = w._opcode
     if opcode >= 64 or not (f.opcodes >> opcode) & 1:
         raise einval(f"{_Where(n, w)}: opcode {_name(ibv_wr_opcode, opcode)} is not "
                      f"supported on {_name(ibv_qp_type, qp_type)} QPs")  # fmt: skip
-    flags = w.send_flags
+    flags = w._send_flags
     if flags & _NOT_SEND_FLAGS:
         raise einval(f"{_Where(n, w)}: unsupported send_flags bits "
                      f"{flags & _NOT_SEND_FLAGS:#x}")  # fmt: skip
@@ -944,9 +944,9 @@ def _wqe_of(f: _SendFacts, w: SendWR, n: int, type1_bind: bool) -> SendWQE:
     sges: list[Sge] = []
     length = 0
     for item in sg:
-        s = sge_of(item, n, "post_send", w.wr_id)
-        size = s.length
-        sges.append((s.addr, size, s.lkey))
+        s = sge_of(item, n, "post_send", w._wr_id)
+        size = s._length
+        sges.append((s._addr, size, s._lkey))
         length += size
     inline: bytes | None = None
     klass = info.klass
@@ -961,18 +961,18 @@ def _wqe_of(f: _SendFacts, w: SendWR, n: int, type1_bind: bool) -> SendWQE:
         sges = []
     # imm_data is ibv_send_wr's __be32: its bytes go on the wire as they lie in
     # memory; the WQE carries the ImmDt value (docs/rings.md)
-    imm = _htobe32(w.imm_data) if info.imm else 0
-    inv_rkey = w.imm_data & 0xFFFFFFFF if info.inv or opcode == _LOCAL_INV else 0
+    imm = _htobe32(w._imm_data) if info.imm else 0
+    inv_rkey = w._imm_data & 0xFFFFFFFF if info.inv or opcode == _LOCAL_INV else 0
     rkey: Any = 0
     remote_addr: Any = 0
     compare_add: Any = 0
     swap: Any = 0
     if klass is _WRITE or klass is _READ or klass is _ATOMIC:
-        rkey = w.rkey_remote
-        remote_addr = w.remote_addr
+        rkey = w._rkey_remote
+        remote_addr = w._remote_addr
         if klass is _ATOMIC:
-            compare_add = w.compare_add & 0xFFFFFFFFFFFFFFFF
-            swap = w.swap & 0xFFFFFFFFFFFFFFFF
+            compare_add = w._compare_add & 0xFFFFFFFFFFFFFFFF
+            swap = w._swap & 0xFFFFFFFFFFFFFFFF
     ah: Any = 0
     remote_qpn: Any = 0
     remote_qkey: Any = 0
@@ -982,12 +982,12 @@ def _wqe_of(f: _SendFacts, w: SendWR, n: int, type1_bind: bool) -> SendWQE:
             raise einval(f"{_Where(n, w)}: a UD send needs an address handle (set_wr_ud)")
         w.ah._check_open()
         ah = w.ah.dev_handle
-        remote_qpn = w.remote_qpn & 0xFFFFFF
-        remote_qkey = w.remote_qkey & 0xFFFFFFFF
+        remote_qpn = w._remote_qpn & 0xFFFFFF
+        remote_qkey = w._remote_qkey & 0xFFFFFFFF
     elif qp_type == _XRC_SEND:
-        xrc_srqn = w.remote_srqn & 0xFFFFFF
+        xrc_srqn = w._remote_srqn & 0xFFFFFF
     wqe = SendWQE.__new__(SendWQE)
-    wqe._fill(w.wr_id, opcode, True if flags & _SIGNALED else f.sig_all, sges, length, inline,
+    wqe._fill(w._wr_id, opcode, True if flags & _SIGNALED else f.sig_all, sges, length, inline,
               bool(flags & _FENCE), bool(flags & _SOLICITED), imm, inv_rkey, rkey, xrc_srqn,
               remote_addr, compare_add, swap, ah, remote_qpn, remote_qkey, 0, 0, 0, 0, 0, 0, 0,
               0)  # fmt: skip

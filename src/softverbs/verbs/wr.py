@@ -23,7 +23,7 @@ from softverbs.enums import (
 )
 from softverbs.errors import PyverbsUserError, einval
 from softverbs.verbs.addr import AH
-from softverbs.verbs.base import _LIMIT, PyverbsCM, as_uint, c_checked, c_member, c_store
+from softverbs.verbs.base import _LIMIT, PyverbsCM, as_uint, c_member
 from softverbs.verbs.mr import MW, MWBindInfo, inc_rkey
 from softverbs.verbs.sge import SGE as SGE
 
@@ -59,17 +59,15 @@ class _SgeList(PyverbsCM):
     """A WR's ``sg`` and ``num_sge``, one list: ``num_sge`` is its length, and
     setting it lower drops the SGEs past it (what the C WR's count does).
 
-    The base of ``SendWR`` and ``RecvWR``: compiled, extension types whose
-    members are typed slots (wr.pxd), which the post path reads as C struct
-    fields; each keeps an instance dictionary for anything else a program (or a
-    provider's QP) hangs on it.  Setting a C member checks it as the member
+    The base of ``SendWR`` and ``RecvWR``.  Their C members are properties over
+    slots of their own (``_wr_id``, ...): setting one checks it as the member
     takes it (``c_member``, the rule of every C struct the verbs mirror).
+    Compiled, extension types (wr.pxd): the slots are C struct fields that the
+    post path reads directly, and an instance dictionary holds anything else a
+    program (or a provider's QP) hangs on a WR.
     """
 
     sg: list[SGE]
-
-    def __setattr__(self, name: str, value: object) -> None:
-        c_store(self, name, c_checked(self, name, value))
 
     @property
     def num_sge(self) -> int:
@@ -84,23 +82,29 @@ class RecvWR(_SgeList):
     """A receive work request: ``RecvWR(wr_id, num_sge, sg, next_wr)``."""
 
     _c_fields = {"wr_id": 64}
-    wr_id: int
+    _wr_id: int
     next_wr: RecvWR | None
 
     def __init__(
         self, wr_id: int = 0, num_sge: int = 0, sg: Any = None, next_wr: RecvWR | None = None
     ) -> None:
-        # one WR per receive: checked here and stored (compiled: C stores into the
-        # typed slots)
-        self.wr_id = c_member(self, "wr_id", wr_id)
+        self._wr_id = c_member(self, "wr_id", wr_id)
         self.sg = _sg_list(sg, num_sge)
         self.next_wr = next_wr
+
+    @property
+    def wr_id(self) -> int:
+        return self._wr_id
+
+    @wr_id.setter
+    def wr_id(self, value: int) -> None:
+        self._wr_id = c_member(self, "wr_id", value)
 
     def close(self) -> None:
         pass
 
     def __str__(self) -> str:
-        return f"{'WR ID':22}: {self.wr_id:<20}\n{'Num SGE':22}: {self.num_sge:<20}\n"
+        return f"{'WR ID':22}: {self._wr_id:<20}\n{'Num SGE':22}: {self.num_sge:<20}\n"
 
 
 def recv_wqe(w: object, max_sge: int, n: int, verb: str) -> RecvWQE:
@@ -113,16 +117,16 @@ def recv_wqe(w: object, max_sge: int, n: int, verb: str) -> RecvWQE:
     r = w
     sg = r.sg
     if len(sg) > max_sge:
-        raise einval(f"{verb}: WR #{n} (wr_id={r.wr_id}): {len(sg)} SGEs exceed "
+        raise einval(f"{verb}: WR #{n} (wr_id={r._wr_id}): {len(sg)} SGEs exceed "
                      f"max_recv_sge={max_sge}")  # fmt: skip
     sges = []
     length = 0
     for item in sg:
-        s = sge_of(item, n, verb, r.wr_id)
-        size = s.length
-        sges.append((s.addr, size, s.lkey))
+        s = sge_of(item, n, verb, r._wr_id)
+        size = s._length
+        sges.append((s._addr, size, s._lkey))
         length += size
-    return RecvWQE(r.wr_id, sges, length)
+    return RecvWQE(r._wr_id, sges, length)
 
 
 def sge_of(item: object, n: int, verb: str, wr_id: object) -> SGE:
@@ -148,20 +152,20 @@ class SendWR(_SgeList):
         "rkey_remote": 32, "compare_add": 64, "swap": 64, "remote_qpn": 32, "remote_qkey": 32,
         "remote_srqn": 32,
     }  # fmt: skip
-    wr_id: int
-    opcode: int
-    imm_data: int
-    send_flags: int
+    _wr_id: int
+    _opcode: int
+    _imm_data: int
+    _send_flags: int
     next_wr: SendWR | None
     # the union members of ibv_send_wr.wr (set together, zeroed, by __init__)
-    remote_addr: int
-    rkey_remote: int
-    compare_add: int
-    swap: int
+    _remote_addr: int
+    _rkey_remote: int
+    _compare_add: int
+    _swap: int
     ah: AH | None
-    remote_qpn: int
-    remote_qkey: int
-    remote_srqn: int
+    _remote_qpn: int
+    _remote_qkey: int
+    _remote_srqn: int
     mw: MW | None
     bind_info: MWBindInfo | None
     bind_rkey: int
@@ -179,25 +183,113 @@ class SendWR(_SgeList):
         num_sge = as_uint(num_sge, 32, "num_sge")
         if opcode not in _NO_SGE_OPCODES and (num_sge < 1 or sg is None):
             raise PyverbsUserError("A WR needs at least one SGE")
-        # checked here and stored (compiled: C stores into the typed slots)
-        self.wr_id = c_member(self, "wr_id", wr_id)
-        self.opcode = c_member(self, "opcode", opcode)
+        self._wr_id = c_member(self, "wr_id", wr_id)
+        self._opcode = c_member(self, "opcode", opcode)
         self.sg = _sg_list(sg, num_sge)
-        self.imm_data = c_member(self, "imm_data", imm_data)
-        self.send_flags = c_member(self, "send_flags", send_flags)
+        self._imm_data = c_member(self, "imm_data", imm_data)
+        self._send_flags = c_member(self, "send_flags", send_flags)
         self.next_wr = next_wr
         # the union members of ibv_send_wr.wr, zeroed
-        self.remote_addr = 0
-        self.rkey_remote = 0
-        self.compare_add = 0
-        self.swap = 0
+        self._remote_addr = 0
+        self._rkey_remote = 0
+        self._compare_add = 0
+        self._swap = 0
         self.ah = None
-        self.remote_qpn = 0
-        self.remote_qkey = 0
-        self.remote_srqn = 0
+        self._remote_qpn = 0
+        self._remote_qkey = 0
+        self._remote_srqn = 0
         self.mw = None
         self.bind_info = None
         self.bind_rkey = 0
+
+    # the C members: each setter checks its value (c_member)
+    @property
+    def wr_id(self) -> int:
+        return self._wr_id
+
+    @wr_id.setter
+    def wr_id(self, value: int) -> None:
+        self._wr_id = c_member(self, "wr_id", value)
+
+    @property
+    def opcode(self) -> int:
+        return self._opcode
+
+    @opcode.setter
+    def opcode(self, value: int) -> None:
+        self._opcode = c_member(self, "opcode", value)
+
+    @property
+    def imm_data(self) -> int:
+        return self._imm_data
+
+    @imm_data.setter
+    def imm_data(self, value: int) -> None:
+        self._imm_data = c_member(self, "imm_data", value)
+
+    @property
+    def send_flags(self) -> int:
+        return self._send_flags
+
+    @send_flags.setter
+    def send_flags(self, value: int) -> None:
+        self._send_flags = c_member(self, "send_flags", value)
+
+    @property
+    def remote_addr(self) -> int:
+        return self._remote_addr
+
+    @remote_addr.setter
+    def remote_addr(self, value: int) -> None:
+        self._remote_addr = c_member(self, "remote_addr", value)
+
+    @property
+    def rkey_remote(self) -> int:
+        return self._rkey_remote
+
+    @rkey_remote.setter
+    def rkey_remote(self, value: int) -> None:
+        self._rkey_remote = c_member(self, "rkey_remote", value)
+
+    @property
+    def compare_add(self) -> int:
+        return self._compare_add
+
+    @compare_add.setter
+    def compare_add(self, value: int) -> None:
+        self._compare_add = c_member(self, "compare_add", value)
+
+    @property
+    def swap(self) -> int:
+        return self._swap
+
+    @swap.setter
+    def swap(self, value: int) -> None:
+        self._swap = c_member(self, "swap", value)
+
+    @property
+    def remote_qpn(self) -> int:
+        return self._remote_qpn
+
+    @remote_qpn.setter
+    def remote_qpn(self, value: int) -> None:
+        self._remote_qpn = c_member(self, "remote_qpn", value)
+
+    @property
+    def remote_qkey(self) -> int:
+        return self._remote_qkey
+
+    @remote_qkey.setter
+    def remote_qkey(self, value: int) -> None:
+        self._remote_qkey = c_member(self, "remote_qkey", value)
+
+    @property
+    def remote_srqn(self) -> int:
+        return self._remote_srqn
+
+    @remote_srqn.setter
+    def remote_srqn(self, value: int) -> None:
+        self._remote_srqn = c_member(self, "remote_srqn", value)
 
     @classmethod
     def without_sges(cls, wr_id: int, opcode: int, send_flags: int) -> SendWR:
@@ -221,7 +313,7 @@ class SendWR(_SgeList):
 
     @invalidate_rkey.setter
     def invalidate_rkey(self, val: int) -> None:
-        self.imm_data = c_member(self, "imm_data", val)
+        self.imm_data = val
 
     @property
     def rkey(self) -> int:
@@ -232,18 +324,18 @@ class SendWR(_SgeList):
         if not isinstance(ah, AH):
             raise PyverbsUserError(f"ah must be an AH, got {type(ah).__name__}")
         self.ah = ah
-        self.remote_qpn = c_member(self, "remote_qpn", rqpn)
-        self.remote_qkey = c_member(self, "remote_qkey", rqkey)
+        self.remote_qpn = rqpn
+        self.remote_qkey = rqkey
 
     def set_wr_rdma(self, rkey: int, addr: int) -> None:
-        self.rkey_remote = c_member(self, "rkey_remote", rkey)
-        self.remote_addr = c_member(self, "remote_addr", addr)
+        self.rkey_remote = rkey
+        self.remote_addr = addr
 
     def set_wr_atomic(self, rkey: int, addr: int, compare_add: int, swap: int = 0) -> None:
-        self.rkey_remote = c_member(self, "rkey_remote", rkey)
-        self.remote_addr = c_member(self, "remote_addr", addr)
-        self.compare_add = c_member(self, "compare_add", compare_add)
-        self.swap = c_member(self, "swap", swap)
+        self.rkey_remote = rkey
+        self.remote_addr = addr
+        self.compare_add = compare_add
+        self.swap = swap
 
     def set_bind_wr(self, mw: MW, bind_info: MWBindInfo) -> None:
         self.mw = mw
@@ -251,7 +343,7 @@ class SendWR(_SgeList):
         self.bind_rkey = inc_rkey(mw.rkey)
 
     def set_qp_type_xrc(self, remote_srqn: int) -> None:
-        self.remote_srqn = c_member(self, "remote_srqn", remote_srqn)
+        self.remote_srqn = remote_srqn
 
     def close(self) -> None:
         pass
@@ -271,11 +363,13 @@ SEND_WR_FIELDS = ("wr_id", "opcode", "sg", "imm_data", "send_flags", "next_wr", 
                   "remote_srqn", "mw", "bind_info", "bind_rkey")  # fmt: skip
 
 
-def copy_wr(src: SendWR | RecvWR, dst: SendWR | RecvWR) -> None:
+def copy_wr(src: object, dst: SendWR | RecvWR) -> None:
     """Fill ``dst`` with ``src``'s members and attributes (``bad_wr``, as ibv_post_*
-    fills it with the WR that failed)."""
+    fills it with the WR that failed; nothing if ``src`` is not a WR)."""
+    if not isinstance(src, (SendWR, RecvWR)):
+        return
     for name in SEND_WR_FIELDS if isinstance(src, SendWR) else RECV_WR_FIELDS:
-        c_store(dst, name, getattr(src, name))
+        setattr(dst, name, getattr(src, name))
     dst.__dict__.update(src.__dict__)
 
 
