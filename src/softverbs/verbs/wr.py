@@ -7,6 +7,7 @@ reused as soon as ``post_send``/``post_recv`` returns, as with C verbs.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from softverbs.engine.rings import RecvWQE
@@ -55,6 +56,17 @@ def _sg_list(sg: Any, num_sge: Any) -> list[SGE]:
     return sges[:num_sge]
 
 
+def _only_local() -> int:
+    """What ``sys.getrefcount`` says of an object that only a local variable holds,
+    as this module calls it (compiled and interpreted count the argument
+    differently)."""
+    o = object()
+    return sys.getrefcount(o)
+
+
+_ONLY_LOCAL = _only_local()
+
+
 class _SgeList(PyverbsCM):
     """A WR's ``sg`` and ``num_sge``, one list: ``num_sge`` is its length, and
     setting it lower drops the SGEs past it (what the C WR's count does).
@@ -68,6 +80,21 @@ class _SgeList(PyverbsCM):
     """
 
     sg: list[SGE]
+    next_wr: Any
+
+    def __dealloc__(self) -> None:
+        """Compiled, the destructor of the extension type: the WRs after this one
+        that nothing else holds are freed one at a time here, not each by a C call
+        nested in the one before (a long ``next_wr`` list would overflow the C
+        stack; CPython frees a Python class's instances that way, and interpreted
+        this is never called)."""
+        w = self.next_wr
+        self.next_wr = None
+        while isinstance(w, _SgeList) and sys.getrefcount(w) == _ONLY_LOCAL:
+            nxt = w.next_wr
+            w.next_wr = None
+            w = nxt  # frees the one before, whose next_wr is None now
+            nxt = None  # (w's only holder is w again)
 
     @property
     def num_sge(self) -> int:
