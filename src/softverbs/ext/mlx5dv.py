@@ -663,7 +663,7 @@ class Mlx5QP(QPEx):
         reset = MLX5DV_MKEY_CONF_FLAG_RESET_SIG_ATTR
         wr = SendWR.without_sges(self.wr_id, WR_DRIVER1, self.wr_flags)
         conf = _MkeyConf(mkey, num_setters, bool(mkey_config.conf_flags & reset))
-        wr.mkey_conf = conf
+        wr.mkey_conf = conf  # type: ignore[attr-defined]  # (kept in the WR's __dict__)
         self._batch.append(wr)
         self._conf = conf
         if not self._mkey_ops():

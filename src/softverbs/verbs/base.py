@@ -55,10 +55,15 @@ class PyverbsObject:
 
 
 class PyverbsCM(PyverbsObject):
-    """A verbs resource with dependents and an idempotent close()."""
+    """A verbs resource with dependents and an idempotent close().
+
+    An extension type when compiled (base.pxd), as pyverbs' is, so that the
+    records of the post path (``SGE``, ``SendWR``, ``RecvWR``) can be extension
+    types too; every resource class stays an ordinary Python subclass.
+    """
 
     #: Dependents close in increasing rank: QPs before CQs before PDs.
-    close_rank: ClassVar[int] = 50
+    close_rank = 50
 
     def __init__(self) -> None:
         super().__init__()
@@ -158,7 +163,7 @@ def as_count(value: Any, what: str) -> int:
 _LIMIT = {bits: 1 << bits for bits in (8, 16, 32, 64)}
 
 
-def c_member(obj: CStruct, name: str, value: object) -> int:
+def c_member(obj: Any, name: str, value: object) -> int:
     """The value C member ``name`` of ``obj`` holds when given ``value``.
 
     The member's width is ``obj._c_fields[name]`` (negative: signed).  An int
@@ -166,9 +171,9 @@ def c_member(obj: CStruct, name: str, value: object) -> int:
     returned as it is, with no call and no message; anything else goes to
     :func:`as_uint` / :func:`as_int`, which convert it or say what is wrong
     with ``TypeName.name`` in the message.  The one rule for every C member:
-    ``CStruct.__setattr__`` applies it to an assignment, and the hot
-    constructors (``SGE``, ``SendWR``, ``RecvWR``) to their arguments
-    (compiled, a C call: base.pxd).
+    ``CStruct.__setattr__`` applies it to an assignment, and the records of the
+    post path (``SGE``, ``SendWR``, ``RecvWR``) in their constructors and their
+    members' setters (compiled, a C call: base.pxd).
     """
     fields: dict[str, int] = obj._c_fields  # typed in base.pxd: C dict lookups
     limits: dict[int, int] = _LIMIT

@@ -5,7 +5,8 @@
 # (Read from interpreted code, such a field costs more than a __slots__ one;
 # making the WC costs far less: measured in docs/performance.md.)
 
-from softverbs.engine.rings cimport CQE
+cimport cython
+from softverbs.engine.rings cimport CQE, WorkRing
 from softverbs.verbs.base cimport PyverbsObject
 
 cdef class WC(PyverbsObject):
@@ -13,3 +14,8 @@ cdef class WC(PyverbsObject):
     cdef public object wc_flags, pkey_index, slid, sl, dlid_path_bits, reason
 
 cpdef WC _fill_wc(WC wc, CQE cqe)
+
+# the slots of a poll's CQEs given back: the CQEs read as C structs, a queue's
+# release once per run of its CQEs
+@cython.locals(cqe=CQE, pending=WorkRing)
+cpdef _give_back(list cqes, dict rings)

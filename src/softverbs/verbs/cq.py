@@ -13,7 +13,7 @@ from collections import deque
 from typing import Any
 
 from softverbs.device import ops, records
-from softverbs.engine.rings import CQE, CompletionRing
+from softverbs.engine.rings import CQE, CompletionRing, WorkRing
 from softverbs.enums import (
     IBV_WC_BAD_RESP_ERR,
     IBV_WC_FATAL_ERR,
@@ -194,6 +194,37 @@ def _fill_wc(wc: WC, cqe: CQE) -> WC:
     return wc
 
 
+def _give_back(cqes: list[CQE], rings: dict[tuple[int, int], Any]) -> None:
+    """Give each polled CQE's WQE slot back to its queue (``rings``: the device's
+    queues by (kind, handle)).
+
+    The CQEs of a poll mostly come from one queue, which is looked up once per
+    run of them.  A send or receive queue (``WorkRing``) completes its WQEs in
+    the order they were posted, and releasing one releases every earlier slot,
+    so it is told once per run, with the run's last CQE; an SRQ counts every
+    CQE.  Compiled, the CQEs are read as C structs (``cq.pxd``)."""
+    kind = handle = -1
+    wq: Any = None
+    pending: WorkRing | None = None  # a queue whose run's last CQE is not yet released
+    last = 0
+    for cqe in cqes:
+        if cqe.wq_kind:
+            if cqe.wq_kind != kind or cqe.wq_handle != handle:
+                if pending is not None:
+                    pending.release(last)
+                    pending = None
+                kind = cqe.wq_kind
+                handle = cqe.wq_handle
+                wq = rings.get((kind, handle))
+            if type(wq) is WorkRing:
+                pending = wq
+                last = cqe.index
+            elif wq is not None:
+                wq.release(cqe.index)
+    if pending is not None:
+        pending.release(last)
+
+
 class CompChannel(PyverbsCM):
     """A completion event channel: ``CompChannel(ctx)``."""
 
@@ -320,11 +351,7 @@ class CQBase(PyverbsCM):
             if not cqes:
                 rt.idle_step()  # a virtual clock moves on when the poller finds nothing
                 cqes = ring.take(num_entries)
-            for cqe in cqes:
-                if cqe.wq_kind:
-                    wq = rings.get((cqe.wq_kind, cqe.wq_handle))
-                    if wq is not None:
-                        wq.release(cqe.index)
+            _give_back(cqes, rings)
         return cqes
 
     def req_notify(self, solicited_only: bool = False) -> None:

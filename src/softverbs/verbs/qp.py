@@ -26,7 +26,7 @@ from softverbs.device import ops, records
 from softverbs.device.core import ALLOWED_OPCODES
 from softverbs.engine import qpstate
 from softverbs.engine.rings import WQ_RQ, WQ_SQ, SendWQE, Sge, WorkRing, ring_slots
-from softverbs.engine.wr import WR_INFO, WrClass
+from softverbs.engine.wr import WrClass, info_of
 from softverbs.enums import (
     IBV_MTU_1024,
     IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
@@ -69,8 +69,9 @@ from softverbs.verbs.device import LIMITS, Context
 from softverbs.verbs.mr import MW, MWBind, MWBindInfo, inc_rkey
 from softverbs.verbs.pd import PD
 from softverbs.verbs.provider import Attach, check_post, destroy
+from softverbs.verbs.sge import SGE
 from softverbs.verbs.srq import SRQ
-from softverbs.verbs.wr import SGE, RecvWR, SendWR, recv_wqe
+from softverbs.verbs.wr import RecvWR, SendWR, copy_wr, recv_wqe, sge_of
 from softverbs.verbs.xrcd import XRCD
 
 SEND_FLAGS = int(IBV_SEND_FENCE | IBV_SEND_SIGNALED | IBV_SEND_SOLICITED | IBV_SEND_INLINE)
@@ -82,13 +83,25 @@ _INLINE = int(IBV_SEND_INLINE)
 _FENCE = int(IBV_SEND_FENCE)
 _SOLICITED = int(IBV_SEND_SOLICITED)
 _ALLOWED_SEND_FLAGS = SEND_FLAGS | _DEFER
-_INLINE_OK = (WrClass.SEND, WrClass.WRITE)
+_NOT_SEND_FLAGS = ~_ALLOWED_SEND_FLAGS & 0xFFFFFFFF  #: (send_flags is a 32-bit member)
 #: WR classes that address remote memory; enum members as module constants,
 #: since a class attribute lookup of an IntEnum member costs several times a global's
+_SEND_CLASS = WrClass.SEND
 _WRITE = WrClass.WRITE
 _READ = WrClass.READ
 _ATOMIC = WrClass.ATOMIC
 _POST_SEND_STATES = (IBV_QPS_RTS, IBV_QPS_SQD, IBV_QPS_SQE, IBV_QPS_ERR)
+#: the same states as bits (bit ``state`` set), and each QP type's opcodes as bits
+#: (bit ``opcode`` set; every opcode is below 64): a shift and a mask per WR, where
+#: a tuple or a frozenset lookup costs a few hundred instructions compiled
+_POST_SEND_STATE_BITS: int = sum(1 << int(st) for st in _POST_SEND_STATES)
+_OPCODE_BITS: dict[int, int] = {int(t): sum(1 << int(op) for op in ops)
+                                for t, ops in ALLOWED_OPCODES.items()}  # fmt: skip
+assert all(0 <= op < 64 for ops in ALLOWED_OPCODES.values() for op in ops)
+_UD = int(IBV_QPT_UD)
+_XRC_SEND = int(IBV_QPT_XRC_SEND)
+_LOCAL_INV = int(IBV_WR_LOCAL_INV)
+_BIND_MW = int(IBV_WR_BIND_MW)
 
 
 def _name(enum: Any, value: int) -> str:
@@ -748,46 +761,33 @@ class QP(PyverbsCM):
         check_post(self._ctx.provider, "post_recv", RecvWR, wr, bad_wr)
         rt = self._ctx.runtime
         with rt.lock:
-            w: RecvWR | None = wr
-            n = 0
-            posted = 0
             try:
                 # what holds for the whole list is checked once, and names its first WR
                 if self.srq is not None:
-                    raise einval(f"{_Where(n, w, 'post_recv')}: this QP takes its receives "
+                    raise einval(f"{_Where(0, wr, 'post_recv')}: this QP takes its receives "
                                  "from an SRQ; post them to the SRQ")  # fmt: skip
                 rq = self.rq
                 if rq is None:
                     raise einval(
-                        f"{_Where(n, w, 'post_recv')}: an "
+                        f"{_Where(0, wr, 'post_recv')}: an "
                         f"{_name(ibv_qp_type, self.qp_type)} QP has no receive queue"
                     )
                 if self._state() == IBV_QPS_RESET:
-                    raise einval(f"{_Where(n, w, 'post_recv')}: the QP is in RESET; move it "
+                    raise einval(f"{_Where(0, wr, 'post_recv')}: the QP is in RESET; move it "
                                  "to INIT first")  # fmt: skip
                 if not rq.capacity:
-                    raise enomem(f"{_Where(n, w, 'post_recv')}: the QP was created with "
+                    raise enomem(f"{_Where(0, wr, 'post_recv')}: the QP was created with "
                                  "max_recv_wr=0: its receive queue holds no WR")  # fmt: skip
-                max_sge = self.cap.max_recv_sge
-                while w is not None:
-                    if rq.used >= rq.capacity:
-                        raise enomem(
-                            f"{_Where(n, w, 'post_recv')}: the receive queue is full: "
-                            f"{rq.used} of {rq.capacity} receive WRs are posted and not yet "
-                            "completed and polled"
-                        )
-                    rq.push(recv_wqe(w, max_sge, n, "post_recv"))
-                    posted += 1
-                    w = w.next_wr
-                    n += 1
             except PyverbsRDMAError:
-                if bad_wr is not None and w is not None:
-                    _copy_wr(w, bad_wr)
+                if bad_wr is not None:
+                    copy_wr(wr, bad_wr)
                 raise
+            try:
+                _post_recvs(rq, wr, self.cap.max_recv_sge, bad_wr)
             finally:
+                # the WRs before a failed one stay posted: the doorbell rings for them
                 provider = self._ctx.provider
-                if posted and self.rq is not None and self.rq.ring(self.rq.pi) and (
-                        provider.rings_rq or self._state() == IBV_QPS_ERR):  # fmt: skip
+                if rq.ring(rq.pi) and (provider.rings_rq or self._state() == IBV_QPS_ERR):
                     provider.doorbell(self.dev_handle, records.DB_RQ)
                     rt.posted()
 
@@ -801,116 +801,199 @@ class QP(PyverbsCM):
             self._free_rings()
 
 
-def _post_chain(qp: QP, wr: SendWR, bad_wr: SendWR | None) -> None:
-    """``post_send``'s loop, under the runtime's lock: each WR's WQE
-    (``qp._build_send``) into the send ring, then the doorbell.
+#: the per-WR hook of a plain QP: a QP class that overrides it gets it called per WR
+_BUILD_SEND = QP._build_send
 
-    A module function so that the compiled build holds the ring and the WQEs
-    typed (``qp.pxd``): the push and the reads of the WQE are C calls and
-    C struct reads.  A WR that fails stops the list: the doorbell rings for
-    the WQEs written before it (never strand deferred WQEs, seed 003) and
-    ``bad_wr`` gets a copy of it."""
-    sq = qp.sq
-    ring_to = int(sq.hdr[sq.DB]) if sq is not None else 0
-    build = qp._build_send
-    w: SendWR | None = wr
+
+def _post_recvs(rq: WorkRing, wr: RecvWR, max_sge: int, bad_wr: RecvWR | None) -> None:
+    """``post_recv``'s loop, under the runtime's lock: each WR's receive WQE
+    (``recv_wqe``) into the receive ring.  A WR that fails stops the list (the
+    ones before it stay posted) and ``bad_wr`` gets a copy of it.  A module
+    function so that the compiled build holds the ring typed (``qp.pxd``)."""
+    w: object = wr
     n = 0
+    room = rq.capacity - rq.used
     try:
         while w is not None:
-            wqe = build(w, n)
-            assert sq is not None
-            sq.push(wqe)  # sets wqe.index
-            qp._unsignaled_run = 0 if wqe.signaled else qp._unsignaled_run + 1
-            if not w.send_flags & _DEFER:
-                ring_to = wqe.index + 1
-            w = w.next_wr
+            if room <= 0:
+                raise enomem(
+                    f"{_Where(n, w, 'post_recv')}: the receive queue is full: "
+                    f"{rq.used} of {rq.capacity} receive WRs are posted and not yet "
+                    "completed and polled"
+                )
+            rq.push(recv_wqe(w, max_sge, n, "post_recv"))  # which checks w is a RecvWR
+            room -= 1
+            r: RecvWR = w  # type: ignore[assignment]
+            w = r.next_wr
             n += 1
     except PyverbsRDMAError:
+        if bad_wr is not None and w is not None:
+            copy_wr(w, bad_wr)
+        raise
+
+
+class _SendFacts:
+    """What each WR of one post is checked against and built with, read from the
+    QP once (``_post_chain``), or per WR for a provider's ``_build_send``.
+
+    Compiled, an extension type (``qp.pxd``), so ``_wqe_of`` reads these as C
+    struct fields.  ``room`` and ``unsignaled`` follow the WRs of the post."""
+
+    __slots__ = ("can_post", "max_inline", "max_sge", "opcodes", "qp", "qp_type", "room",
+                 "sig_all", "sq", "state", "unsignaled")  # fmt: skip
+
+    def __init__(self, qp: QP) -> None:
+        self.qp = qp
+        self.qp_type = qp_type = qp._qp_type
+        self.sq = sq = qp.sq
+        published = sq.published_state() if sq is not None else None
+        self.state = state = published if published is not None else IBV_QPS_RESET
+        self.can_post = 0 <= state < 64 and bool((_POST_SEND_STATE_BITS >> state) & 1)
+        self.opcodes = _OPCODE_BITS.get(qp_type, 0)
+        cap = qp.cap
+        self.max_sge = cap.max_send_sge
+        self.max_inline = cap.max_inline_data
+        self.sig_all = bool(qp.sq_sig_all)
+        self.room = sq.capacity - sq.used if sq is not None else 0
+        self.unsignaled = qp._unsignaled_run
+
+
+def _post_chain(qp: QP, wr: SendWR, bad_wr: SendWR | None) -> None:
+    """``post_send``'s loop, under the runtime's lock: each WR's WQE into the send
+    ring, then the doorbell.
+
+    The QP's facts are read once per post (``_SendFacts``) and each WR becomes a
+    WQE by ``_wqe_of`` -- or by the QP's own ``_build_send`` where a provider's QP
+    overrides it (``ext/mlx5dv.py``).  A module function so that the compiled
+    build holds the ring, the WRs and the WQEs typed (``qp.pxd``): the push, the
+    reads of the WR and of the WQE are C calls and C struct reads.  A WR that
+    fails stops the list: the doorbell rings for the WQEs written before it
+    (never strand deferred WQEs, seed 003) and ``bad_wr`` gets a copy of it."""
+    sq = qp.sq
+    ring_to = int(sq.hdr[sq.DB]) if sq is not None else 0
+    f = _SendFacts(qp)
+    own = type(qp)._build_send is _BUILD_SEND  # else a provider's hook, per WR
+    cur: object = wr
+    n = 0
+    try:
+        while cur is not None:
+            if not isinstance(cur, SendWR):
+                raise einval(f"post_send: WR #{n}: a send WR list holds SendWR objects, got "
+                             f"{type(cur).__name__}")  # fmt: skip
+            w = cur
+            wqe = _wqe_of(f, w, n, False) if own else qp._build_send(w, n)
+            assert sq is not None
+            sq.push(wqe)  # sets wqe.index
+            f.room -= 1
+            f.unsignaled = 0 if wqe.signaled else f.unsignaled + 1
+            if not own:
+                qp._unsignaled_run = f.unsignaled  # what the hook's next WR reads
+            flags = w._send_flags
+            if not flags & _DEFER:
+                ring_to = wqe.index + 1
+            cur = w.next_wr
+            n += 1
+    except PyverbsRDMAError:
+        qp._unsignaled_run = f.unsignaled
         if sq is not None:
             qp._ring(sq.pi)
         qp._ctx.runtime.posted()
-        if bad_wr is not None and w is not None:
-            _copy_send_wr(w, bad_wr)
+        if bad_wr is not None and cur is not None:
+            copy_wr(cur, bad_wr)
         raise
+    qp._unsignaled_run = f.unsignaled
     qp._ring(ring_to)
 
 
 def _send_wqe(qp: QP, w: SendWR, n: int, type1_bind: bool) -> SendWQE:
-    """``QP._build_send``: WR #``n`` of a post checked and made a send WQE.
+    """``QP._build_send``: WR #``n`` of a post checked and made a send WQE, with
+    the QP's facts as they are now."""
+    return _wqe_of(_SendFacts(qp), w, n, type1_bind)
+
+
+def _wqe_of(f: _SendFacts, w: SendWR, n: int, type1_bind: bool) -> SendWQE:
+    """WR #``n`` of a post checked against the QP's facts ``f`` and made a send WQE.
 
     The checks go cheapest first, and an error's prefix (``_Where``) is made
-    only when one fails.  A module function so that the compiled build holds
-    the ring, the WQE and the opcode's facts typed (``qp.pxd``)."""
-    qp_type = qp.qp_type
-    sq = qp.sq
-    if sq is None:
+    only when one fails.  Compiled, the facts, the WR, its SGEs and the WQE are
+    typed (``qp.pxd``): C struct reads, and the WQE comes from its type's free
+    list filled by one C call (``SendWQE._fill``, the engine's list of fields)."""
+    qp_type = f.qp_type
+    if f.sq is None:
         raise einval(f"{_Where(n, w)}: an {_name(ibv_qp_type, qp_type)} QP has no send queue")
-    published = sq.published_state()
-    state = published if published is not None else IBV_QPS_RESET
-    if state not in _POST_SEND_STATES:
+    if not f.can_post:
         raise einval(
-            f"{_Where(n, w)}: the QP is in {_name(ibv_qp_state, state)}; send WRs may be "
+            f"{_Where(n, w)}: the QP is in {_name(ibv_qp_state, f.state)}; send WRs may be "
             "posted only in RTS (or SQD, SQE, ERR). Move the QP to RTS first"
         )
-    opcode = w.opcode
-    if opcode not in ALLOWED_OPCODES[qp_type]:
+    opcode = w._opcode
+    if opcode >= 64 or not (f.opcodes >> opcode) & 1:
         raise einval(f"{_Where(n, w)}: opcode {_name(ibv_wr_opcode, opcode)} is not "
                      f"supported on {_name(ibv_qp_type, qp_type)} QPs")  # fmt: skip
-    flags = w.send_flags
-    if flags & ~_ALLOWED_SEND_FLAGS:
+    flags = w._send_flags
+    if flags & _NOT_SEND_FLAGS:
         raise einval(f"{_Where(n, w)}: unsupported send_flags bits "
-                     f"{flags & ~_ALLOWED_SEND_FLAGS:#x}")  # fmt: skip
-    if sq.used >= sq.capacity:
-        raise qp._sq_full(_Where(n, w))
-    cap = qp.cap
+                     f"{flags & _NOT_SEND_FLAGS:#x}")  # fmt: skip
+    if f.room <= 0:
+        f.qp._unsignaled_run = f.unsignaled  # the report's count, as of this WR
+        raise f.qp._sq_full(_Where(n, w))
     sg = w.sg
-    if len(sg) > cap.max_send_sge:
-        raise einval(f"{_Where(n, w)}: {len(sg)} SGEs exceed max_send_sge={cap.max_send_sge}")
-    info = WR_INFO[opcode]
+    if len(sg) > f.max_sge:
+        raise einval(f"{_Where(n, w)}: {len(sg)} SGEs exceed max_send_sge={f.max_sge}")
+    info = info_of(opcode)
     sges: list[Sge] = []
     length = 0
-    for s in sg:
-        size = s.length
-        sges.append((s.addr, size, s.lkey))
+    for item in sg:
+        s = sge_of(item, n, "post_send", w._wr_id)
+        size = s._length
+        sges.append((s._addr, size, s._lkey))
         length += size
-    wqe = SendWQE(w.wr_id, opcode, bool(flags & _SIGNALED) or qp.sq_sig_all, sges, length)
+    inline: bytes | None = None
+    klass = info.klass
     if flags & _INLINE:
         where = _Where(n, w)
-        if info.klass not in _INLINE_OK:
+        if klass is not _SEND_CLASS and klass is not _WRITE:
             raise einval(f"{where}: IBV_SEND_INLINE applies only to SEND and RDMA WRITE")
-        if length > cap.max_inline_data:
+        if length > f.max_inline:
             raise einval(f"{where}: {length} bytes of inline data exceed "
-                         f"max_inline_data={cap.max_inline_data}")  # fmt: skip
-        wqe.inline = qp._inline_bytes(sges, where)
-        wqe.sges = []
-    if flags & _FENCE:
-        wqe.fence = True
-    if flags & _SOLICITED:
-        wqe.se = True
-    if info.imm:
-        # imm_data is ibv_send_wr's __be32: its bytes go on the wire as they
-        # lie in memory; the WQE carries the ImmDt value (docs/rings.md)
-        wqe.imm = _htobe32(w.imm_data)
-    if info.inv or opcode == IBV_WR_LOCAL_INV:
-        wqe.inv_rkey = w.imm_data & 0xFFFFFFFF
-    klass = info.klass
+                         f"max_inline_data={f.max_inline}")  # fmt: skip
+        inline = f.qp._inline_bytes(sges, where)
+        sges = []
+    # imm_data is ibv_send_wr's __be32: its bytes go on the wire as they lie in
+    # memory; the WQE carries the ImmDt value (docs/rings.md)
+    imm = _htobe32(w._imm_data) if info.imm else 0
+    inv_rkey = w._imm_data & 0xFFFFFFFF if info.inv or opcode == _LOCAL_INV else 0
+    rkey: Any = 0
+    remote_addr: Any = 0
+    compare_add: Any = 0
+    swap: Any = 0
     if klass is _WRITE or klass is _READ or klass is _ATOMIC:
-        wqe.rkey = w.rkey_remote
-        wqe.remote_addr = w.remote_addr
+        rkey = w._rkey_remote
+        remote_addr = w._remote_addr
         if klass is _ATOMIC:
-            wqe.compare_add = w.compare_add & 0xFFFFFFFFFFFFFFFF
-            wqe.swap = w.swap & 0xFFFFFFFFFFFFFFFF
-    if qp_type == IBV_QPT_UD:
+            compare_add = w._compare_add & 0xFFFFFFFFFFFFFFFF
+            swap = w._swap & 0xFFFFFFFFFFFFFFFF
+    ah: Any = 0
+    remote_qpn: Any = 0
+    remote_qkey: Any = 0
+    xrc_srqn: Any = 0
+    if qp_type == _UD:
         if w.ah is None:
             raise einval(f"{_Where(n, w)}: a UD send needs an address handle (set_wr_ud)")
         w.ah._check_open()
-        wqe.ah = w.ah.dev_handle
-        wqe.remote_qpn = w.remote_qpn & 0xFFFFFF
-        wqe.remote_qkey = w.remote_qkey & 0xFFFFFFFF
-    elif qp_type == IBV_QPT_XRC_SEND:
-        wqe.xrc_srqn = w.remote_srqn & 0xFFFFFF
-    if opcode == IBV_WR_BIND_MW:
-        qp._bind_args(wqe, w.mw, w.bind_info, w.bind_rkey, _Where(n, w), type2=not type1_bind)
+        ah = w.ah.dev_handle
+        remote_qpn = w._remote_qpn & 0xFFFFFF
+        remote_qkey = w._remote_qkey & 0xFFFFFFFF
+    elif qp_type == _XRC_SEND:
+        xrc_srqn = w._remote_srqn & 0xFFFFFF
+    wqe = SendWQE.__new__(SendWQE)
+    wqe._fill(w._wr_id, opcode, True if flags & _SIGNALED else f.sig_all, sges, length, inline,
+              bool(flags & _FENCE), bool(flags & _SOLICITED), imm, inv_rkey, rkey, xrc_srqn,
+              remote_addr, compare_add, swap, ah, remote_qpn, remote_qkey, 0, 0, 0, 0, 0, 0, 0,
+              0)  # fmt: skip
+    if opcode == _BIND_MW:
+        f.qp._bind_args(wqe, w.mw, w.bind_info, w.bind_rkey, _Where(n, w),
+                        type2=not type1_bind)  # fmt: skip
     return wqe
 
 
@@ -1097,15 +1180,6 @@ def _send_ops_table() -> dict[int, int]:
 
 
 _SEND_OPS_FLAG = _send_ops_table()
-
-
-def _copy_send_wr(src: SendWR, dst: SendWR) -> None:
-    _copy_wr(src, dst)
-
-
-def _copy_wr(src: SendWR | RecvWR, dst: SendWR | RecvWR) -> None:
-    """Fill ``bad_wr`` with the WR that failed, as ibv_post_* does."""
-    dst.__dict__.update(src.__dict__)
 
 
 # --- XRC receive QPs owned by the device (seed 002) ----------------------------------

@@ -28,7 +28,7 @@ from softverbs.verbs.cq import CQBase
 from softverbs.verbs.device import LIMITS, Context
 from softverbs.verbs.pd import PD
 from softverbs.verbs.provider import Attach, check_post, destroy
-from softverbs.verbs.wr import RecvWR, recv_wqe
+from softverbs.verbs.wr import RecvWR, copy_wr, recv_wqe
 from softverbs.verbs.xrcd import XRCD
 
 
@@ -206,7 +206,7 @@ class SRQ(PyverbsCM):
                     n += 1
             except PyverbsRDMAError:
                 if bad_wr is not None and w is not None:
-                    bad_wr.__dict__.update(w.__dict__)  # ibv_post_srq_recv's bad_wr
+                    copy_wr(w, bad_wr)  # ibv_post_srq_recv's bad_wr
                 raise
             finally:
                 self._ctx.runtime.posted()

@@ -7,6 +7,7 @@ reused as soon as ``post_send``/``post_recv`` returns, as with C verbs.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from softverbs.engine.rings import RecvWQE
@@ -23,7 +24,7 @@ from softverbs.enums import (
 )
 from softverbs.errors import PyverbsUserError, einval
 from softverbs.verbs.addr import AH
-from softverbs.verbs.base import _LIMIT, CStruct, PyverbsCM, as_uint, c_member
+from softverbs.verbs.base import _LIMIT, PyverbsCM, as_uint, c_member
 from softverbs.verbs.mr import MW, MWBindInfo, inc_rkey
 from softverbs.verbs.sge import SGE as SGE
 
@@ -55,11 +56,45 @@ def _sg_list(sg: Any, num_sge: Any) -> list[SGE]:
     return sges[:num_sge]
 
 
-class _SgeList:
+def _only_local() -> int:
+    """What ``sys.getrefcount`` says of an object that only a local variable holds,
+    as this module calls it (compiled and interpreted count the argument
+    differently)."""
+    o = object()
+    return sys.getrefcount(o)
+
+
+_ONLY_LOCAL = _only_local()
+
+
+class _SgeList(PyverbsCM):
     """A WR's ``sg`` and ``num_sge``, one list: ``num_sge`` is its length, and
-    setting it lower drops the SGEs past it (what the C WR's count does)."""
+    setting it lower drops the SGEs past it (what the C WR's count does).
+
+    The base of ``SendWR`` and ``RecvWR``.  Their C members are properties over
+    slots of their own (``_wr_id``, ...): setting one checks it as the member
+    takes it (``c_member``, the rule of every C struct the verbs mirror).
+    Compiled, extension types (wr.pxd): the slots are C struct fields that the
+    post path reads directly, and an instance dictionary holds anything else a
+    program (or a provider's QP) hangs on a WR.
+    """
 
     sg: list[SGE]
+    next_wr: Any
+
+    def __dealloc__(self) -> None:
+        """Compiled, the destructor of the extension type: the WRs after this one
+        that nothing else holds are freed one at a time here, not each by a C call
+        nested in the one before (a long ``next_wr`` list would overflow the C
+        stack; CPython frees a Python class's instances that way, and interpreted
+        this is never called)."""
+        w = self.next_wr
+        self.next_wr = None
+        while isinstance(w, _SgeList) and sys.getrefcount(w) == _ONLY_LOCAL:
+            nxt = w.next_wr
+            w.next_wr = None
+            w = nxt  # frees the one before, whose next_wr is None now
+            nxt = None  # (w's only holder is w again)
 
     @property
     def num_sge(self) -> int:
@@ -70,80 +105,94 @@ class _SgeList:
         self.sg = self.sg[:val]
 
 
-class RecvWR(_SgeList, CStruct, PyverbsCM):
+class RecvWR(_SgeList):
     """A receive work request: ``RecvWR(wr_id, num_sge, sg, next_wr)``."""
 
     _c_fields = {"wr_id": 64}
-    wr_id: int
-    sg: list[SGE]
+    _wr_id: int
     next_wr: RecvWR | None
 
     def __init__(
         self, wr_id: int = 0, num_sge: int = 0, sg: Any = None, next_wr: RecvWR | None = None
     ) -> None:
-        # one WR per receive: the fields go straight into the instance dictionary,
-        # checked by CStruct.__setattr__'s rule (c_member)
-        d = self.__dict__
-        d["wr_id"] = c_member(self, "wr_id", wr_id)
-        d["sg"] = _sg_list(sg, num_sge)
-        d["next_wr"] = next_wr
+        self._wr_id = c_member(self, "wr_id", wr_id)
+        self.sg = _sg_list(sg, num_sge)
+        self.next_wr = next_wr
+
+    @property
+    def wr_id(self) -> int:
+        return self._wr_id
+
+    @wr_id.setter
+    def wr_id(self, value: int) -> None:
+        self._wr_id = c_member(self, "wr_id", value)
 
     def close(self) -> None:
         pass
 
     def __str__(self) -> str:
-        return f"{'WR ID':22}: {self.wr_id:<20}\n{'Num SGE':22}: {self.num_sge:<20}\n"
+        return f"{'WR ID':22}: {self._wr_id:<20}\n{'Num SGE':22}: {self.num_sge:<20}\n"
 
 
-def recv_wqe(w: RecvWR, max_sge: int, n: int, verb: str) -> RecvWQE:
-    """Check a receive WR and turn it into a ring entry (``n``: its place in the
-    posted list and ``verb``, for the message)."""
-    sg = w.sg
+def recv_wqe(w: object, max_sge: int, n: int, verb: str) -> RecvWQE:
+    """Check receive WR #``n`` of a posted list (``verb``, for the message) and
+    turn it into a ring entry.  Compiled, the WR and its SGEs are read as C
+    struct fields (wr.pxd)."""
+    if not isinstance(w, RecvWR):
+        raise einval(f"{verb}: WR #{n}: a receive WR list holds RecvWR objects, got "
+                     f"{type(w).__name__}")  # fmt: skip
+    r = w
+    sg = r.sg
     if len(sg) > max_sge:
-        raise einval(f"{verb}: WR #{n} (wr_id={w.wr_id}): {len(sg)} SGEs exceed "
+        raise einval(f"{verb}: WR #{n} (wr_id={r._wr_id}): {len(sg)} SGEs exceed "
                      f"max_recv_sge={max_sge}")  # fmt: skip
     sges = []
     length = 0
-    for s in sg:
-        size = s.length
-        sges.append((s.addr, size, s.lkey))
+    for item in sg:
+        s = sge_of(item, n, verb, r._wr_id)
+        size = s._length
+        sges.append((s._addr, size, s._lkey))
         length += size
-    return RecvWQE(w.wr_id, sges, length)
+    return RecvWQE(r._wr_id, sges, length)
+
+
+def sge_of(item: object, n: int, verb: str, wr_id: object) -> SGE:
+    """``item`` of WR #``n``'s SGE list, which must be an SGE (a program may have
+    put anything in ``sg``): EINVAL saying so otherwise."""
+    if not isinstance(item, SGE):
+        raise einval(f"{verb}: WR #{n} (wr_id={wr_id}): SGE list entries must be SGE "
+                     f"objects, got {type(item).__name__}")  # fmt: skip
+    return item
 
 
 _NO_SGE_OPCODES = (IBV_WR_LOCAL_INV, IBV_WR_BIND_MW, IBV_WR_SEND_WITH_INV)
-#: a new SendWR's union members (``ibv_send_wr.wr``): all zero
-_UNION_ZERO: dict[str, Any] = {
-    "remote_addr": 0, "rkey_remote": 0, "compare_add": 0, "swap": 0, "ah": None,
-    "remote_qpn": 0, "remote_qkey": 0, "remote_srqn": 0, "mw": None, "bind_info": None,
-    "bind_rkey": 0,
-}  # fmt: skip
 
 
-class SendWR(_SgeList, CStruct, PyverbsCM):
+class SendWR(_SgeList):
     """A send work request, shaped like pyverbs' ``SendWR``.
 
     ``send_flags`` defaults to ``IBV_SEND_SIGNALED``, as in pyverbs.
     """
 
-    _c_fields = {"wr_id": 64, "opcode": 32, "imm_data": 32, "send_flags": 32,
-                 "remote_addr": 64, "rkey_remote": 32, "compare_add": 64, "swap": 64,
-                 "remote_qpn": 32, "remote_qkey": 32, "remote_srqn": 32}  # fmt: skip
-    wr_id: int
-    opcode: int
-    sg: list[SGE]
-    imm_data: int
-    send_flags: int
+    _c_fields = {
+        "wr_id": 64, "opcode": 32, "imm_data": 32, "send_flags": 32, "remote_addr": 64,
+        "rkey_remote": 32, "compare_add": 64, "swap": 64, "remote_qpn": 32, "remote_qkey": 32,
+        "remote_srqn": 32,
+    }  # fmt: skip
+    _wr_id: int
+    _opcode: int
+    _imm_data: int
+    _send_flags: int
     next_wr: SendWR | None
     # the union members of ibv_send_wr.wr (set together, zeroed, by __init__)
-    remote_addr: int
-    rkey_remote: int
-    compare_add: int
-    swap: int
+    _remote_addr: int
+    _rkey_remote: int
+    _compare_add: int
+    _swap: int
     ah: AH | None
-    remote_qpn: int
-    remote_qkey: int
-    remote_srqn: int
+    _remote_qpn: int
+    _remote_qkey: int
+    _remote_srqn: int
     mw: MW | None
     bind_info: MWBindInfo | None
     bind_rkey: int
@@ -161,15 +210,113 @@ class SendWR(_SgeList, CStruct, PyverbsCM):
         num_sge = as_uint(num_sge, 32, "num_sge")
         if opcode not in _NO_SGE_OPCODES and (num_sge < 1 or sg is None):
             raise PyverbsUserError("A WR needs at least one SGE")
-        # straight into the instance dictionary, checked by CStruct.__setattr__'s rule
-        d = self.__dict__
-        d["wr_id"] = c_member(self, "wr_id", wr_id)
-        d["opcode"] = c_member(self, "opcode", opcode)
-        d["sg"] = _sg_list(sg, num_sge)
-        d["imm_data"] = c_member(self, "imm_data", imm_data)
-        d["send_flags"] = c_member(self, "send_flags", send_flags)
-        d["next_wr"] = next_wr
-        d.update(_UNION_ZERO)  # the union members of ibv_send_wr.wr, zeroed
+        self._wr_id = c_member(self, "wr_id", wr_id)
+        self._opcode = c_member(self, "opcode", opcode)
+        self.sg = _sg_list(sg, num_sge)
+        self._imm_data = c_member(self, "imm_data", imm_data)
+        self._send_flags = c_member(self, "send_flags", send_flags)
+        self.next_wr = next_wr
+        # the union members of ibv_send_wr.wr, zeroed
+        self._remote_addr = 0
+        self._rkey_remote = 0
+        self._compare_add = 0
+        self._swap = 0
+        self.ah = None
+        self._remote_qpn = 0
+        self._remote_qkey = 0
+        self._remote_srqn = 0
+        self.mw = None
+        self.bind_info = None
+        self.bind_rkey = 0
+
+    # the C members: each setter checks its value (c_member)
+    @property
+    def wr_id(self) -> int:
+        return self._wr_id
+
+    @wr_id.setter
+    def wr_id(self, value: int) -> None:
+        self._wr_id = c_member(self, "wr_id", value)
+
+    @property
+    def opcode(self) -> int:
+        return self._opcode
+
+    @opcode.setter
+    def opcode(self, value: int) -> None:
+        self._opcode = c_member(self, "opcode", value)
+
+    @property
+    def imm_data(self) -> int:
+        return self._imm_data
+
+    @imm_data.setter
+    def imm_data(self, value: int) -> None:
+        self._imm_data = c_member(self, "imm_data", value)
+
+    @property
+    def send_flags(self) -> int:
+        return self._send_flags
+
+    @send_flags.setter
+    def send_flags(self, value: int) -> None:
+        self._send_flags = c_member(self, "send_flags", value)
+
+    @property
+    def remote_addr(self) -> int:
+        return self._remote_addr
+
+    @remote_addr.setter
+    def remote_addr(self, value: int) -> None:
+        self._remote_addr = c_member(self, "remote_addr", value)
+
+    @property
+    def rkey_remote(self) -> int:
+        return self._rkey_remote
+
+    @rkey_remote.setter
+    def rkey_remote(self, value: int) -> None:
+        self._rkey_remote = c_member(self, "rkey_remote", value)
+
+    @property
+    def compare_add(self) -> int:
+        return self._compare_add
+
+    @compare_add.setter
+    def compare_add(self, value: int) -> None:
+        self._compare_add = c_member(self, "compare_add", value)
+
+    @property
+    def swap(self) -> int:
+        return self._swap
+
+    @swap.setter
+    def swap(self, value: int) -> None:
+        self._swap = c_member(self, "swap", value)
+
+    @property
+    def remote_qpn(self) -> int:
+        return self._remote_qpn
+
+    @remote_qpn.setter
+    def remote_qpn(self, value: int) -> None:
+        self._remote_qpn = c_member(self, "remote_qpn", value)
+
+    @property
+    def remote_qkey(self) -> int:
+        return self._remote_qkey
+
+    @remote_qkey.setter
+    def remote_qkey(self, value: int) -> None:
+        self._remote_qkey = c_member(self, "remote_qkey", value)
+
+    @property
+    def remote_srqn(self) -> int:
+        return self._remote_srqn
+
+    @remote_srqn.setter
+    def remote_srqn(self, value: int) -> None:
+        self._remote_srqn = c_member(self, "remote_srqn", value)
 
     @classmethod
     def without_sges(cls, wr_id: int, opcode: int, send_flags: int) -> SendWR:
@@ -234,6 +381,23 @@ class SendWR(_SgeList, CStruct, PyverbsCM):
                 + f.format("Opcode", self.opcode)
                 + f.format("Send flags", send_flags_to_str(self.send_flags))
                 + f.format("Imm Data", self.imm_data))  # fmt: skip
+
+
+#: the members a WR's copy (``bad_wr``) takes, besides its instance dictionary
+RECV_WR_FIELDS = ("wr_id", "sg", "next_wr")
+SEND_WR_FIELDS = ("wr_id", "opcode", "sg", "imm_data", "send_flags", "next_wr", "remote_addr",
+                  "rkey_remote", "compare_add", "swap", "ah", "remote_qpn", "remote_qkey",
+                  "remote_srqn", "mw", "bind_info", "bind_rkey")  # fmt: skip
+
+
+def copy_wr(src: object, dst: SendWR | RecvWR) -> None:
+    """Fill ``dst`` with ``src``'s members and attributes (``bad_wr``, as ibv_post_*
+    fills it with the WR that failed; nothing if ``src`` is not a WR)."""
+    if not isinstance(src, (SendWR, RecvWR)):
+        return
+    for name in SEND_WR_FIELDS if isinstance(src, SendWR) else RECV_WR_FIELDS:
+        setattr(dst, name, getattr(src, name))
+    dst.__dict__.update(src.__dict__)
 
 
 _SEND_FLAG_NAMES = {
