@@ -11,13 +11,14 @@ from softverbs.verbs.sge cimport SGE as _SGE  # (wr.py re-exports the Python nam
 
 cdef class _SgeList(PyverbsCM):
     cdef public object sg, next_wr  # (__dealloc__ frees a next_wr list one WR at a time)
+    cdef public object _wr_id  # wr_id, both kinds' (the property checks it)
     cdef dict __dict__
 
 cdef class RecvWR(_SgeList):
-    cdef public object _wr_id
+    pass
 
 cdef class SendWR(_SgeList):
-    cdef public object _wr_id, _opcode, _imm_data, _send_flags
+    cdef public object _opcode, _imm_data, _send_flags
     cdef public object _remote_addr, _rkey_remote, _compare_add, _swap, ah, _remote_qpn
     cdef public object _remote_qkey, _remote_srqn, mw, bind_info, bind_rkey
 

@@ -81,6 +81,15 @@ class _SgeList(PyverbsCM):
 
     sg: list[SGE]
     next_wr: Any
+    _wr_id: int
+
+    @property
+    def wr_id(self) -> int:
+        return self._wr_id
+
+    @wr_id.setter
+    def wr_id(self, value: int) -> None:
+        self._wr_id = c_member(self, "wr_id", value)
 
     def __dealloc__(self) -> None:
         """Compiled, the destructor of the extension type: the WRs after this one
@@ -109,7 +118,6 @@ class RecvWR(_SgeList):
     """A receive work request: ``RecvWR(wr_id, num_sge, sg, next_wr)``."""
 
     _c_fields = {"wr_id": 64}
-    _wr_id: int
     next_wr: RecvWR | None
 
     def __init__(
@@ -118,14 +126,6 @@ class RecvWR(_SgeList):
         self._wr_id = c_member(self, "wr_id", wr_id)
         self.sg = _sg_list(sg, num_sge)
         self.next_wr = next_wr
-
-    @property
-    def wr_id(self) -> int:
-        return self._wr_id
-
-    @wr_id.setter
-    def wr_id(self, value: int) -> None:
-        self._wr_id = c_member(self, "wr_id", value)
 
     def close(self) -> None:
         pass
@@ -229,15 +229,7 @@ class SendWR(_SgeList):
         self.bind_info = None
         self.bind_rkey = 0
 
-    # the C members: each setter checks its value (c_member)
-    @property
-    def wr_id(self) -> int:
-        return self._wr_id
-
-    @wr_id.setter
-    def wr_id(self, value: int) -> None:
-        self._wr_id = c_member(self, "wr_id", value)
-
+    # the C members: each setter checks its value (c_member); wr_id is _SgeList's
     @property
     def opcode(self) -> int:
         return self._opcode
