@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import weakref
-from typing import Any, ClassVar
+from typing import Any, ClassVar, overload
 
 from softverbs.errors import PyverbsUserError, ebusy
 
@@ -182,6 +182,33 @@ def c_member(obj: Any, name: str, value: object) -> int:
         return value
     what = f"{type(obj).__name__}.{name}"
     return as_uint(value, bits, what) if bits > 0 else as_int(value, what, -bits)
+
+
+class CMember:
+    """A C member of a record that keeps its value in the slot ``_<name>``:
+    reading it reads the slot, and setting it stores what :func:`c_member` makes
+    of the value.  The records of the post path (``SGE``, ``SendWR``,
+    ``RecvWR``) declare their members so; compiled, the slots are C struct
+    fields the post path reads directly."""
+
+    __slots__ = ("name", "slot")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.slot = "_" + name
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> CMember: ...
+    @overload
+    def __get__(self, obj: object, owner: type | None = None) -> int: ...
+    def __get__(self, obj: object, owner: type | None = None) -> CMember | int:
+        if obj is None:
+            return self
+        value: int = getattr(obj, self.slot)
+        return value
+
+    def __set__(self, obj: object, value: object) -> None:
+        setattr(obj, self.slot, c_member(obj, self.name, value))
 
 
 class CStruct:

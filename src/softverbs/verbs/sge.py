@@ -9,14 +9,14 @@ requests name AHs and memory windows, which are made on a PD.
 from __future__ import annotations
 
 from softverbs import hostmem
-from softverbs.verbs.base import PyverbsCM, c_member
+from softverbs.verbs.base import CMember, PyverbsCM, c_member
 
 
 class SGE(PyverbsCM):
     """A scatter/gather element: ``SGE(addr, length, lkey)``.
 
-    Its members are properties over slots of their own (``_addr``, ...): setting
-    one checks it as the C member takes it (``c_member``, the rule of every C
+    Its members (``CMember``) keep their values in slots of their own (``_addr``,
+    ...): setting one checks it as the C member takes it (``c_member``, the rule of every C
     struct the verbs mirror).  Compiled, an extension type (sge.pxd): the slots are
     C struct fields that the post path reads directly, and an instance
     dictionary holds anything else a program hangs on an SGE.
@@ -26,35 +26,15 @@ class SGE(PyverbsCM):
     _addr: int
     _length: int
     _lkey: int
+    # the C members: each reads its slot, and a store checks the value (c_member)
+    addr = CMember("addr")
+    length = CMember("length")
+    lkey = CMember("lkey")
 
     def __init__(self, addr: int, length: int, lkey: int) -> None:
         self._addr = c_member(self, "addr", addr)
         self._length = c_member(self, "length", length)
         self._lkey = c_member(self, "lkey", lkey)
-
-    @property
-    def addr(self) -> int:
-        return self._addr
-
-    @addr.setter
-    def addr(self, value: int) -> None:
-        self._addr = c_member(self, "addr", value)
-
-    @property
-    def length(self) -> int:
-        return self._length
-
-    @length.setter
-    def length(self, value: int) -> None:
-        self._length = c_member(self, "length", value)
-
-    @property
-    def lkey(self) -> int:
-        return self._lkey
-
-    @lkey.setter
-    def lkey(self, value: int) -> None:
-        self._lkey = c_member(self, "lkey", value)
 
     def read(self, length: int, offset: int) -> bytes:
         """Read memory at the SGE's address (EFAULT if it is not mapped)."""

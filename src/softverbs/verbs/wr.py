@@ -24,7 +24,7 @@ from softverbs.enums import (
 )
 from softverbs.errors import PyverbsUserError, einval
 from softverbs.verbs.addr import AH
-from softverbs.verbs.base import _LIMIT, PyverbsCM, as_uint, c_member
+from softverbs.verbs.base import _LIMIT, CMember, PyverbsCM, as_uint, c_member
 from softverbs.verbs.mr import MW, MWBindInfo, inc_rkey
 from softverbs.verbs.sge import SGE as SGE
 
@@ -71,8 +71,8 @@ class _SgeList(PyverbsCM):
     """A WR's ``sg`` and ``num_sge``, one list: ``num_sge`` is its length, and
     setting it lower drops the SGEs past it (what the C WR's count does).
 
-    The base of ``SendWR`` and ``RecvWR``.  Their C members are properties over
-    slots of their own (``_wr_id``, ...): setting one checks it as the member
+    The base of ``SendWR`` and ``RecvWR``.  Their C members (``CMember``) keep
+    their values in slots of their own (``_wr_id``, ...): setting one checks it as the member
     takes it (``c_member``, the rule of every C struct the verbs mirror).
     Compiled, extension types (wr.pxd): the slots are C struct fields that the
     post path reads directly, and an instance dictionary holds anything else a
@@ -82,14 +82,7 @@ class _SgeList(PyverbsCM):
     sg: list[SGE]
     next_wr: Any
     _wr_id: int
-
-    @property
-    def wr_id(self) -> int:
-        return self._wr_id
-
-    @wr_id.setter
-    def wr_id(self, value: int) -> None:
-        self._wr_id = c_member(self, "wr_id", value)
+    wr_id = CMember("wr_id")  #: both kinds' (reads the slot; a store is checked)
 
     def __dealloc__(self) -> None:
         """Compiled, the destructor of the extension type: the WRs after this one
@@ -196,6 +189,18 @@ class SendWR(_SgeList):
     mw: MW | None
     bind_info: MWBindInfo | None
     bind_rkey: int
+    # the C members: each reads its slot, and a store checks the value (c_member);
+    # wr_id is _SgeList's
+    opcode = CMember("opcode")
+    imm_data = CMember("imm_data")
+    send_flags = CMember("send_flags")
+    remote_addr = CMember("remote_addr")
+    rkey_remote = CMember("rkey_remote")
+    compare_add = CMember("compare_add")
+    swap = CMember("swap")
+    remote_qpn = CMember("remote_qpn")
+    remote_qkey = CMember("remote_qkey")
+    remote_srqn = CMember("remote_srqn")
 
     def __init__(
         self,
@@ -228,87 +233,6 @@ class SendWR(_SgeList):
         self.mw = None
         self.bind_info = None
         self.bind_rkey = 0
-
-    # the C members: each setter checks its value (c_member); wr_id is _SgeList's
-    @property
-    def opcode(self) -> int:
-        return self._opcode
-
-    @opcode.setter
-    def opcode(self, value: int) -> None:
-        self._opcode = c_member(self, "opcode", value)
-
-    @property
-    def imm_data(self) -> int:
-        return self._imm_data
-
-    @imm_data.setter
-    def imm_data(self, value: int) -> None:
-        self._imm_data = c_member(self, "imm_data", value)
-
-    @property
-    def send_flags(self) -> int:
-        return self._send_flags
-
-    @send_flags.setter
-    def send_flags(self, value: int) -> None:
-        self._send_flags = c_member(self, "send_flags", value)
-
-    @property
-    def remote_addr(self) -> int:
-        return self._remote_addr
-
-    @remote_addr.setter
-    def remote_addr(self, value: int) -> None:
-        self._remote_addr = c_member(self, "remote_addr", value)
-
-    @property
-    def rkey_remote(self) -> int:
-        return self._rkey_remote
-
-    @rkey_remote.setter
-    def rkey_remote(self, value: int) -> None:
-        self._rkey_remote = c_member(self, "rkey_remote", value)
-
-    @property
-    def compare_add(self) -> int:
-        return self._compare_add
-
-    @compare_add.setter
-    def compare_add(self, value: int) -> None:
-        self._compare_add = c_member(self, "compare_add", value)
-
-    @property
-    def swap(self) -> int:
-        return self._swap
-
-    @swap.setter
-    def swap(self, value: int) -> None:
-        self._swap = c_member(self, "swap", value)
-
-    @property
-    def remote_qpn(self) -> int:
-        return self._remote_qpn
-
-    @remote_qpn.setter
-    def remote_qpn(self, value: int) -> None:
-        self._remote_qpn = c_member(self, "remote_qpn", value)
-
-    @property
-    def remote_qkey(self) -> int:
-        return self._remote_qkey
-
-    @remote_qkey.setter
-    def remote_qkey(self, value: int) -> None:
-        self._remote_qkey = c_member(self, "remote_qkey", value)
-
-    @property
-    def remote_srqn(self) -> int:
-        return self._remote_srqn
-
-    @remote_srqn.setter
-    def remote_srqn(self, value: int) -> None:
-        self._remote_srqn = c_member(self, "remote_srqn", value)
 
     @classmethod
     def without_sges(cls, wr_id: int, opcode: int, send_flags: int) -> SendWR:
