@@ -20,10 +20,14 @@ import multiprocessing.connection
 import os
 import signal
 import socket
+import subprocess
+import sys
 import time
 import traceback
 from collections.abc import Callable
 from typing import Any
+
+import pytest
 
 from softverbs import (
     CQ,
@@ -866,3 +870,19 @@ class SrqOwner(RcPeer):
         except PyverbsRDMAError as exc:
             return exc.error_code
         return 0
+
+
+def other_uid_can_run(prefix: list[str] | tuple[str, ...], code: str,
+                      env: dict[str, str] | None = None) -> None:
+    """Skip, saying why, unless a process of the other uid (``prefix``: its
+    ``setpriv``) can run this interpreter on ``code`` (the imports a test's
+    subprocess needs), started as the test starts it: a checkout or venv in a
+    directory only root may read -- a clone in ``mktemp -d``'s 0700 directory --
+    is out of its reach, as tests/thirdparty/unprivileged.py finds for its
+    programs."""
+    r = subprocess.run([*prefix, sys.executable, "-c", code], env=env, capture_output=True,
+                       text=True, timeout=60, check=False)  # fmt: skip
+    if r.returncode != 0:
+        why = (r.stderr.strip().splitlines() or ["?"])[-1]
+        pytest.skip(f"uid 65534 cannot run this checkout's softverbs ({why}); clone and "
+                    "install it where that user can read it")

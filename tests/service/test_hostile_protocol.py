@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import rawclient as rc
-from svkit import ServiceProc
+from svkit import ServiceProc, other_uid_can_run
 
 import softverbs
 from softverbs.enums import (
@@ -227,6 +227,7 @@ def test_other_uid_reads_eperm_before_the_close(service: ServiceProc) -> None:
     (seq 0: unsolicited), then an orderly end of file -- not ECONNRESET."""
     prefix = _as_nobody(service)
     kits = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "kits")
+    other_uid_can_run(prefix, f"import sys; sys.path.insert(0, {kits!r}); import rawclient")
     for _ in range(5):  # the HELLO races the service's accept: try both orders
         r = subprocess.run([*prefix, sys.executable, "-c", _AS_OTHER_UID, service.path, kits],
                            capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
@@ -251,6 +252,7 @@ def test_cli_of_other_uid_prints_the_reason(service: ServiceProc) -> None:
     # usable by another uid (it was not in CI)
     src = os.path.dirname(os.path.dirname(os.path.abspath(softverbs.__file__)))
     env = {**os.environ, "SOFTVERBS_SERVICE": service.path, "HOME": "/tmp", "PYTHONPATH": src}
+    other_uid_can_run(prefix, "import softverbs.cli", env)
     for args in (("service", "status"), ("res",)):
         out = _cli(env, *args, prefix=prefix)
         assert out.returncode != 0, out.stdout

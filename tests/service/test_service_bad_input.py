@@ -38,6 +38,7 @@ from svkit import (
     Worker,
     XrcReceiver,
     XrcSender,
+    other_uid_can_run,
 )
 
 from softverbs.device import ops, protocol, records
@@ -310,9 +311,11 @@ def test_another_users_connection_is_refused(service: ServiceProc) -> None:
     os.chmod(os.path.dirname(service.path), 0o755)
     os.chmod(service.path, 0o777)  # let the socket be reached: the check is the service's
     src = os.path.dirname(os.path.dirname(os.path.abspath(protocol.__file__)))
-    r = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
-                        sys.executable, "-c", code], capture_output=True, text=True, timeout=30,
-                       env={**os.environ, "PYTHONPATH": os.path.dirname(src)})  # fmt: skip
+    prefix = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"]
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(src)}
+    other_uid_can_run(prefix, "import softverbs.device.protocol", env)
+    r = subprocess.run([*prefix, sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=30, env=env)  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert int(r.stdout.strip()) == errno.EPERM, r.stdout
     assert service.stats()["stats"]["clients_refused"] == 1
