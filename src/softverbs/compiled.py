@@ -85,6 +85,7 @@ LINKED: frozenset[str] = frozenset({
     "softverbs.wire.codec",  # cimports Packet
     "softverbs.device.memory",  # cimports engine.memory (current_pass)
     "softverbs.fabric.runtime",  # cimports HCA and Packet
+    "softverbs.fabric.udp",  # cimports Runtime, HCA, Packet and BurstMerger
     "softverbs.service.server",  # cimports Runtime
     "softverbs.wire.opcodes",
     "softverbs.wire.packet",

@@ -108,6 +108,13 @@ def _waited_for_delivery(qp_tx: QP, wr: SendWR, channel: CompChannel, cq_rx: CQ)
     return waited
 
 
+def _open_udp_as(cls: type[UdpRuntime], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Open this test's UDP devices with ``cls``, a subclass that changes one
+    method (compiled, UdpRuntime is an extension type: its methods cannot be
+    replaced on the class)."""
+    monkeypatch.setattr(udp, "UdpRuntime", cls)  # the registry imports it when it opens one
+
+
 @pytest.mark.parametrize("progress_thread", [True, False], ids=["thread", "no-thread"])
 def test_ud_receive_wakes_get_cq_event(two_udp_devices: tuple[str, str], progress_thread: bool,
                                        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
@@ -115,9 +122,15 @@ def test_ud_receive_wakes_get_cq_event(two_udp_devices: tuple[str, str], progres
     progress thread at all (issue 11: a blocking get_cq_event on a device with
     nothing else to do runs the device itself) the completion arrives too."""
     if not progress_thread:
-        monkeypatch.setattr(UdpRuntime, "start", lambda self: None)
+
+        class Unstarted(UdpRuntime):
+            def start(self) -> None:
+                pass
+
+        _open_udp_as(Unstarted, monkeypatch)
     name_tx, name_rx = two_udp_devices
     with Context(name=name_tx) as tx, Context(name=name_rx) as rx:
+        assert (rx.runtime._thread is None) is not progress_thread  # type: ignore[attr-defined]
         channel = CompChannel(rx)
         _, qp_tx, cq_rx, qp_rx, wr, recvs = _ud_pair(tx, rx, channel)
         qp_rx.post_recv(recvs[0])
@@ -172,6 +185,15 @@ def test_a_poller_that_blocks_ends_the_standing_back(
     standing back (here made a minute long) ends."""
     monkeypatch.setattr(udp, "POLLER_STANDS_BACK", 60.0)
     monkeypatch.setattr(udp, "STAND_BACK_SLEEP", 60.0)
+    by_thread: list[str] = []
+
+    class Counted(UdpRuntime):
+        def progress(self) -> bool:
+            if threading.current_thread() is self._thread:
+                by_thread.append("progress")
+            return UdpRuntime.progress(self)
+
+    _open_udp_as(Counted, monkeypatch)
     name_tx, name_rx = two_udp_devices
     with Context(name=name_tx) as tx, Context(name=name_rx) as rx:
         channel = CompChannel(rx)
@@ -194,21 +216,21 @@ def test_a_thread_that_drives_its_waits_leaves_the_progress_thread_asleep(
     can end it)."""
     monkeypatch.setattr(udp, "POLLER_STANDS_BACK", 60.0)
     monkeypatch.setattr(udp, "STAND_BACK_SLEEP", 60.0)
+    by_thread: list[str] = []
+
+    class Counted(UdpRuntime):
+        def progress(self) -> bool:
+            if threading.current_thread() is self._thread:
+                by_thread.append("progress")
+            return UdpRuntime.progress(self)
+
+    _open_udp_as(Counted, monkeypatch)
     name_tx, name_rx = two_udp_devices
     with Context(name=name_tx) as tx, Context(name=name_rx) as rx:
         channel = CompChannel(rx)
         cq_tx, qp_tx, cq_rx, qp_rx, wr, recvs = _ud_pair(tx, rx, channel)
         rt = rx.runtime
-        assert isinstance(rt, UdpRuntime)
-        by_thread: list[str] = []
-        progress = UdpRuntime.progress
-
-        def counted(self: UdpRuntime) -> bool:
-            if self is rt and threading.current_thread() is rt._thread:
-                by_thread.append("progress")
-            return progress(self)
-
-        monkeypatch.setattr(UdpRuntime, "progress", counted)
+        assert isinstance(rt, Counted)
         qp_rx.post_recv(recvs[0])
         assert cq_rx.poll(1)[0] == 0  # a poller: the thread stands back from now on
         for i in range(20):

@@ -3,9 +3,10 @@
 # (progress, next_deadline), their progress loop's calls into their own
 # methods and into the devices (HCA, typed: pending, receive, next_deadline)
 # are C calls, and their fields C struct reads.  The instances keep a
-# __dict__, and the fabrics that subclass them (UdpRuntime, SwitchedRuntime)
-# are Python classes whose overrides the compiled callers find and call; their
-# settings (bursts, own_events, direct) are fields a subclass sets in __init__.
+# __dict__.  The UDP fabric's runtime extends Runtime as an extension type too
+# (fabric/udp.pxd); the switched fabric's (SwitchedRuntime) is a Python class
+# whose overrides the compiled callers find and call; its settings (bursts,
+# own_events, direct) are fields it sets in __init__.
 
 from softverbs.engine.hca cimport HCA
 from softverbs.wire.packet cimport Packet

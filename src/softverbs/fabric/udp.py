@@ -397,6 +397,20 @@ Dest = tuple[str, int] | tuple[str, int, int, int]
 Route = tuple[socket.socket, int, bytes, bytes, Dest]
 
 
+def _sendto(src: HCA, sock: socket.socket, parts: Parts, dest: Dest) -> None:
+    """One datagram, from the buffers of ``parts``."""
+    try:
+        if len(parts) == 1:
+            sock.sendto(parts[0], dest)
+        else:
+            sock.sendmsg(parts, (), 0, dest)
+    except BlockingIOError:
+        src.counters["drop_tx_busy"] += 1  # like a full NIC queue: RC recovers
+    except OSError as exc:
+        src.counters["drop_tx_error"] += 1
+        log.debug("sendto %s failed: %s", dest, exc)
+
+
 class UdpRuntime(Runtime):
     """One UDP device's sockets, progress thread and progress loop."""
 
@@ -620,7 +634,7 @@ class UdpRuntime(Runtime):
         if pkt.tclass != self.tos:
             self._send_tos(src, sock, data, dest, pkt.tclass)
             return
-        self._sendto(src, sock, [data], dest)
+        _sendto(src, sock, [data], dest)
 
     def _route(self, src: HCA, pkt: Packet) -> Route | None:
         """How ``pkt`` leaves: the socket, its source port, the source and
@@ -667,21 +681,6 @@ class UdpRuntime(Runtime):
             src.counters["drop_tx_error"] += 1
             log.debug("sendmsg %s (tos %#x) failed: %s", dest, tos, exc)
 
-    @staticmethod
-    def _sendto(src: HCA, sock: socket.socket, parts: Parts,
-                dest: tuple[str, int] | tuple[str, int, int, int]) -> None:  # fmt: skip
-        """One datagram, from the buffers of ``parts``."""
-        try:
-            if len(parts) == 1:
-                sock.sendto(parts[0], dest)
-            else:
-                sock.sendmsg(parts, (), 0, dest)
-        except BlockingIOError:
-            src.counters["drop_tx_busy"] += 1  # like a full NIC queue: RC recovers
-        except OSError as exc:
-            src.counters["drop_tx_error"] += 1
-            log.debug("sendto %s failed: %s", dest, exc)
-
     def _send_run(self, src: HCA, sock: socket.socket, run: list[Parts], seg: int,
                   dest: tuple[str, int] | tuple[str, int, int, int],
                   addr: tuple[bytes, bytes, int]) -> None:  # fmt: skip
@@ -691,11 +690,11 @@ class UdpRuntime(Runtime):
         GSO is refused they go one by one, each sealed again for ID 0 (``addr``:
         source IP, destination IP, source port)."""
         if len(run) == 1:
-            self._sendto(src, sock, run[0], dest)
+            _sendto(src, sock, run[0], dest)
             return
         if not self.gso:  # refused earlier in this burst
             for parts in run:
-                self._sendto(src, sock, [_alone(parts, addr)], dest)
+                _sendto(src, sock, [_alone(parts, addr)], dest)
             return
         if sock not in self._checksummed:
             self._checksum_on(sock)
