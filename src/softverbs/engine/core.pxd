@@ -41,7 +41,7 @@ cdef class QPCore:
     # burst, which hold the QP as a QPCore, call it by C call; a Python subclass's
     # override (GsiQP's) is still found, as such a type is checked for one
     cpdef receive(self, Packet pkt, OpInfo info, double now)
-    cpdef send(self, object pkt)
+    cpdef send(self, Packet pkt)  # its count a C struct read
     cpdef count(self, object name)
     cpdef arm(self, double deadline)
     cpdef push_cqe(self, CompletionRing cq, CQE cqe)  # the CQ's error flag and push: C
