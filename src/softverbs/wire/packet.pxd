@@ -1,7 +1,8 @@
 # Cython declarations for packet.py (compiled mode only; see softverbs.compiled).
 # Packet becomes an extension type: one is made per message (and per ACK), and
-# its constructor's 35 stores are C struct stores; the freelist saves the
-# allocation.  The header fields stay Python objects, so a field holds exactly
+# its constructor's 35 stores are C struct stores.  (The freelist and no_gc
+# decorators below are ignored by Cython 3.3 in a .pxd -- the generated C has
+# neither -- and refused in the .py for a class the .pxd declares.)  The header fields stay Python objects, so a field holds exactly
 # what was stored (a bool stays a bool, an IntEnum stays one); only count, no
 # header field, is a C integer.  Burst is an extension type on it whose own
 # fields (where in its message it is) are C integers: the responder executes
