@@ -10,6 +10,7 @@
 
 from softverbs.engine.hca cimport HCA
 from softverbs.engine.rings cimport CQE, CompletionRing, Route, SharedRecvRing, WorkRing
+from softverbs.wire.opcodes cimport OpInfo
 from softverbs.wire.packet cimport Packet, new_packet
 
 cimport cython
@@ -36,7 +37,11 @@ cdef class QPCore:
     cdef public bint is_ud, is_xrc_send, is_xrc_recv  # qp_type, as tested per packet
     cdef public double cnp_sent_at
 
-    cpdef send(self, object pkt)
+    # QPEngine's (qp.pxd), here so that the device (hca.pxd) and a part splitting a
+    # burst, which hold the QP as a QPCore, call it by C call; a Python subclass's
+    # override (GsiQP's) is still found, as such a type is checked for one
+    cpdef receive(self, Packet pkt, OpInfo info, double now)
+    cpdef send(self, Packet pkt)  # its count a C struct read
     cpdef count(self, object name)
     cpdef arm(self, double deadline)
     cpdef push_cqe(self, CompletionRing cq, CQE cqe)  # the CQ's error flag and push: C

@@ -44,7 +44,7 @@ from softverbs.enums import (
     IBV_WC_SUCCESS,
     IBV_WC_WR_FLUSH_ERR,
 )
-from softverbs.wire.opcodes import Transport
+from softverbs.wire.opcodes import OpInfo, Transport
 from softverbs.wire.packet import Packet, new_packet, qp_sport
 
 if TYPE_CHECKING:
@@ -218,6 +218,12 @@ class QPCore:
             obs.state(self, old, value)
 
     # --- device links -------------------------------------------------------
+    def receive(self, pkt: Packet, info: OpInfo, now: float) -> None:
+        """One packet (or burst) in: :class:`~softverbs.engine.qp.QPEngine`'s.
+        Declared here so that the device, and a part splitting a burst, holding
+        the QP as a QPCore call it by C call (core.pxd)."""
+        raise NotImplementedError
+
     def send(self, pkt: Packet) -> None:
         self.sent_pkts += pkt.count
         self.hca.queue(pkt)

@@ -392,7 +392,8 @@ class Requester:
         if quantum:
             count = min(count, quantum)
         data = wqe.data
-        payload = data if n == 1 else data[i * pmtu : (i + count) * pmtu]
+        # the whole message in one burst (the usual case): its data as it is, no slice
+        payload = data if i == 0 and count == n else data[i * pmtu : (i + count) * pmtu]
         if qp.is_ud:
             pkt = new_packet(0, wqe.remote_qpn, psn, payload)
             qp.address(pkt, wqe.route)

@@ -1,6 +1,6 @@
 # Cython declarations for responder.py (compiled mode only; see softverbs.compiled).
 # The responder is an extension type with typed fields; its per-packet
-# methods are cpdef.  _burst_body and the rare paths stay Python methods.
+# methods are cpdef, and so is a burst's execution; the rare paths stay Python methods.
 
 cimport cython
 
@@ -9,7 +9,7 @@ from softverbs.engine.core cimport QPCore
 from softverbs.engine.memory cimport KeyTable
 from softverbs.engine.rings cimport CQE, RecvWQE, SharedRecvRing, WorkRing, place
 from softverbs.wire.opcodes cimport OpInfo
-from softverbs.wire.packet cimport Packet
+from softverbs.wire.packet cimport Burst, Packet
 
 # module constants the per-packet path reads: C globals, no dict lookup
 cdef object _K_ATOMIC, _K_READ_REQ, _K_SEND, _K_WRITE
@@ -33,6 +33,15 @@ cdef class Responder:
     cpdef bint _out_of_sequence(self, OpInfo info)
     cpdef _accept(self, Packet pkt, long long n=*, object asked=*)
     cpdef emit_ack(self)
+    # a burst: its fields C struct reads, its body and its last packet C calls
+    # (QPCore.receive, core.pxd)
+    @cython.locals(qp=QPCore, count=cython.longlong, body=cython.longlong,
+                   done=cython.longlong, j=cython.longlong, info=OpInfo, seg=Packet)
+    cpdef _burst(self, Burst b, double now)
+    @cython.locals(info=OpInfo, first=bint, seg=cython.longlong, size=cython.longlong,
+                   off=cython.longlong, room=cython.longlong, every=cython.longlong,
+                   index=cython.longlong)
+    cpdef long long _burst_body(self, Burst b, long long k, double now)
     # the ACK typed: its AETH fields are C struct stores
     @cython.locals(ack=Packet)
     cpdef _send_ack(self, Packet req, long long psn)

@@ -228,8 +228,12 @@ class Responder:
     def _out_of_sequence(self, info: OpInfo) -> bool:
         """A FIRST or ONLY inside a message, or a MIDDLE or LAST outside one or of
         another kind."""
-        inside = self.msg is _MSG_SEND or self.msg is _MSG_WRITE
-        return inside == info.first or (inside and _INSIDE.get(info.kind) is not self.msg)
+        msg = self.msg
+        if msg is _MSG_SEND:
+            return info.first or info.kind is not _K_SEND
+        if msg is _MSG_WRITE:
+            return info.first or info.kind is not _K_WRITE
+        return not info.first
 
     def _accept(self, pkt: Packet, n: int = 1, asked: bool | None = None) -> None:
         """``n`` packets from ``pkt`` on executed: consume their PSNs, and ACK
@@ -261,12 +265,14 @@ class Responder:
         completes the message, and may carry the immediate).  The one-by-one
         path is the per-packet responder itself, so every PSN, NAK and error
         is exactly what the packets sent singly would have met."""
+        qp = self.qp
+        count = b.count
         info = OPINFO[b.last_opcode]
-        body = b.count - 1 if info is None or info.last else b.count
-        done = self._burst_body(b, body, now) if b.seg == self.qp.pmtu else 0
-        for j in range(done, b.count):
+        body = count - 1 if info is None or info.last else count
+        done = self._burst_body(b, body, now) if b.seg == qp.pmtu else 0
+        for j in range(done, count):
             seg = b.segment(j)
-            self.qp.receive(seg, OPINFO[seg.opcode], now)  # type: ignore[arg-type]
+            qp.receive(seg, OPINFO[seg.opcode], now)  # type: ignore[arg-type]
 
     def _burst_body(self, b: Burst, k: int, now: float) -> int:
         """Execute up to ``k`` leading packets of ``b`` (none of them the
@@ -277,47 +283,58 @@ class Responder:
         info = OPINFO[b.opcode]
         assert info is not None
         kind = info.kind
-        if b.psn != self.epsn or kind not in (_K_SEND, _K_WRITE):
+        first = info.first
+        # the message kinds are one object each: compared by identity, no dict lookup
+        if kind is _K_WRITE:
+            inside = _MSG_WRITE
+        elif kind is _K_SEND:
+            inside = _MSG_SEND
+        else:
             return 0
+        if b.psn != self.epsn:
+            return 0
+        msg = self.msg
         if self.qp.reliable:
             if self._out_of_sequence(info):
                 return 0
-        elif self.msg is _MSG_DROPPING or (
-            self.msg is not _MSG_IDLE if info.first else _INSIDE[kind] is not self.msg
-        ):
+        elif msg is _MSG_DROPPING or (msg is not _MSG_IDLE if first else inside is not msg):
             return 0  # UC: a resynchronisation, a dropped message: one by one
-        size = k * b.seg
-        if kind is _K_WRITE:
-            if info.first:
+        seg = b.seg
+        size = k * seg
+        if inside is _MSG_WRITE:
+            if first:
                 if size > b.dma_len:
                     return 0
-                view = self._remote(b, _K_WRITE, b.va, b.dma_len, now)
-                if view is _R_RKEY:
+                got = self._remote(b, _K_WRITE, b.va, b.dma_len, now)
+                if got is _R_RKEY:
                     return 1  # the first packet failed (NAKed, or dropped on UC)
-                self.wview = view
+                self.wview = got
                 self.wkey = b.rkey
                 self.off = 0
             view = self.wview
             off = self.off
             if view is None or off + size > len(view):
                 return 0
-            view[off : off + size] = b.payload[:size]
+            payload = b.payload
+            view[off : off + size] = payload if len(payload) == size else payload[:size]
         else:
-            if info.first:
+            if first:
                 if self._begin_recv(b, now) is not None:
                     return 1  # RNR NAK, or the receive WQE failed
                 self.off = 0
-            room = sum(len(v) for v in self.views) - self.off
-            k = min(k, room // b.seg)
+            room = -self.off
+            for v in self.views:
+                room += len(v)
+            k = min(k, room // seg)
             if k == 0:
                 return 0  # the per-packet path reuses the WQE taken above
-            size = k * b.seg
+            size = k * seg
             scatter(self.views, self.off, b.payload[:size])
         self.off += size
-        self.msg = _INSIDE[kind]
+        self.msg = inside
         every = b.ack_every
-        first = b.first_index
-        self._accept(b, k, every > 0 and (first + k) // every > first // every)
+        index = b.first_index
+        self._accept(b, k, every > 0 and (index + k) // every > index // every)
         return k
 
     # --- ACKs and NAKs ----------------------------------------------------------------

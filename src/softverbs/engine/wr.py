@@ -76,10 +76,12 @@ class WrInfo:
         #: a READ or an atomic: answered by responses, limited by max_rd_atomic
         self.rd = klass in (WrClass.READ, WrClass.ATOMIC)
         #: SEND, WRITE: BTH transport -> the message's (FIRST, MIDDLE, LAST, ONLY) opcodes
+        #: (keyed by the Transport members: a QP's transport, one of them, is found by
+        #: identity; a plain int of the same value finds the same entry)
         self.ops: dict[int, tuple[int, int, int, int]] = {}
         base = _MSG_OPS.get((klass, imm, inv))
         if base is not None:
-            self.ops = {int(t): (t | base[0], t | base[1], t | base[2], t | base[3])
+            self.ops = {t: (t | base[0], t | base[1], t | base[2], t | base[3])
                         for t in Transport}  # fmt: skip
 
 

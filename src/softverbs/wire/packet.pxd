@@ -1,10 +1,12 @@
 # Cython declarations for packet.py (compiled mode only; see softverbs.compiled).
 # Packet becomes an extension type: one is made per message (and per ACK), and
-# its constructor's 35 stores are C struct stores; the freelist saves the
-# allocation.  The header fields stay Python objects, so a field holds exactly
+# its constructor's 35 stores are C struct stores.  (The freelist and no_gc
+# decorators below are ignored by Cython 3.3 in a .pxd -- the generated C has
+# neither -- and refused in the .py for a class the .pxd declares.)  The header fields stay Python objects, so a field holds exactly
 # what was stored (a bool stays a bool, an IntEnum stays one); only count, no
-# header field, is a C integer.  Burst stays a Python subclass with slots of
-# its own.
+# header field, is a C integer.  Burst is an extension type on it whose own
+# fields (where in its message it is) are C integers: the responder executes
+# a burst, and splits off its last packet, by C struct reads and C calls.
 
 cimport cython
 
@@ -31,6 +33,17 @@ cdef class Packet:
     cdef _init(self, object opcode, object dqpn, object psn, object payload)
 
 
+# no_gc as Packet: ops is a tuple of ints
+@cython.no_gc
+cdef class Burst(Packet):
+    cdef public object ops
+    cdef public long long ack_every, first_index, last_opcode, msg_packets, seg
+
+    # packet j, as it goes on the wire: its fields C struct copies and stores
+    @cython.locals(pkt=Packet, seg=cython.longlong)
+    cpdef Packet segment(self, long long j)
+
+
 # a new packet, as the engine makes its requests and responses: the object from the
 # freelist (tp_new, no call through the type, no argument parsing) filled by
 # Packet._init, which the constructor calls too (one list of the defaults)
@@ -42,6 +55,7 @@ cpdef _copy_fields(Packet src, Packet dst)
 
 # a one-packet message is shaped in place (burst -> _shape): C calls, and the
 # packet's fields C struct stores rather than attribute stores by name
+@cython.locals(b=Burst, last=cython.longlong)
 cpdef burst(Packet template, object ops, long long first_index, long long count,
             long long msg_packets, long long seg, long long ack_every)
 cpdef _opcode_at(object ops, long long i, long long n)
