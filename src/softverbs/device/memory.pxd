@@ -98,7 +98,6 @@ cdef class ReadBuffers:
 
 
 @cython.final
-@cython.freelist(16)
 cdef class ProcessSpan:
     cdef public ProcessMemory mem
     cdef public object addr, length

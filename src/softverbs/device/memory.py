@@ -958,7 +958,7 @@ def _cut(span: ProcessSpan, index: slice) -> ProcessSpan:
 
 def _subspan(span: ProcessSpan, start: int, length: int) -> ProcessSpan:
     """``length`` bytes of ``span`` from ``start``: a span made without
-    ``__init__``'s argument handling (compiled, a C call and a freelist entry)."""
+    ``__init__``'s argument handling (compiled, a C call)."""
     part = ProcessSpan.__new__(ProcessSpan)
     part.mem = span.mem
     part.addr = span.addr + start

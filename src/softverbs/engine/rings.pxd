@@ -20,7 +20,6 @@ cdef class ObjectSlots:
     cpdef read(self, long long index)
 
 
-@cython.freelist(64)
 cdef class SendWQE:
     # the WR as posted
     cdef public object wr_id, signaled, sges, inline, fence, se, imm, inv_rkey, rkey
@@ -43,15 +42,14 @@ cdef class SendWQE:
                object bind_access, object driver_op, object caller)
 
 
-# RecvWQE and CQE: one of each per received message.  As extension types they
-# are allocated from a freelist and their fields are slots of a C struct.  The
-# fields stay Python objects, so what is stored is exactly what was given.
-@cython.freelist(64)
+# RecvWQE and CQE: one of each per received message.  As extension types their
+# fields are slots of a C struct.  The fields stay Python objects, so what is
+# stored is exactly what was given.  (No free list: Cython 3.3 ignores
+# @cython.freelist in a .pxd, and refuses it in the .py for a class declared here.)
 cdef class RecvWQE:
     cdef public object wr_id, sges, length, index, srq, bad
 
 
-@cython.freelist(64)
 cdef class CQE:
     cdef public object wr_id, status, opcode, qp_num, byte_len, wc_flags, imm, vendor_err
     cdef public object src_qp, pkey_index, sl, slid, solicited, reason, wq_kind, wq_handle
@@ -62,8 +60,8 @@ cdef class CQE:
                object byte_len, object wc_flags, object imm)
 
 
-# a new CQE, as the engine makes one per completion: the object from the freelist
-# (tp_new, no call through the type, no argument parsing) filled by CQE._init,
+# a new CQE, as the engine makes one per completion: the object made by tp_new
+# (no call through the type, no argument parsing) filled by CQE._init,
 # which the constructor calls too (one list of the defaults)
 @cython.locals(c=CQE)
 cpdef CQE new_cqe(object wr_id, object status, object opcode, object qp_num,

@@ -193,8 +193,8 @@ class SendWQE:
                    caller)  # fmt: skip
 
     # Every field stored once.  SendSlots.read fills a new WQE (``SendWQE.__new__``)
-    # through this directly: compiled, a C call with every argument in place and the
-    # WQE from the free list, without the constructor's argument parsing.
+    # through this directly: compiled, a C call with every argument in place on a
+    # WQE made by tp_new, without the constructor's argument parsing.
     def _fill(self, wr_id: int, opcode: int, signaled: bool, sges: list[Sge], length: int,
               inline: bytes | None, fence: bool, se: bool, imm: int, inv_rkey: int, rkey: int,
               xrc_srqn: int, remote_addr: int, compare_add: int, swap: int, ah: int,
@@ -316,7 +316,7 @@ class CQE:
 def new_cqe(wr_id: int, status: int, opcode: int, qp_num: int, byte_len: int = 0,
             wc_flags: int = 0, imm: int = 0) -> CQE:  # fmt: skip
     """``CQE(wr_id, status, opcode, qp_num, ...)``, as the engine makes one per
-    completion: compiled, the object comes from the type's free list and is filled
+    completion: compiled, the object is made by the type's tp_new and filled
     by a C call (:meth:`CQE._init`), without the constructor's call through the
     type and its argument parsing."""
     c = CQE.__new__(CQE)

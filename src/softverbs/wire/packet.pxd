@@ -1,21 +1,15 @@
 # Cython declarations for packet.py (compiled mode only; see softverbs.compiled).
 # Packet becomes an extension type: one is made per message (and per ACK), and
-# its constructor's 35 stores are C struct stores.  (The freelist and no_gc
-# decorators below are ignored by Cython 3.3 in a .pxd -- the generated C has
-# neither -- and refused in the .py for a class the .pxd declares.)  The header fields stay Python objects, so a field holds exactly
-# what was stored (a bool stays a bool, an IntEnum stays one); only count, no
+# its constructor's 35 stores are C struct stores.  It has no free list and is
+# tracked by the collector: Cython 3.3 ignores @cython.freelist and @cython.no_gc
+# in a .pxd, and refuses them in the .py for a class the .pxd declares.  The
+# header fields stay Python objects, so a field holds exactly what was stored (a bool stays a bool, an IntEnum stays one); only count, no
 # header field, is a C integer.  Burst is an extension type on it whose own
 # fields (where in its message it is) are C integers: the responder executes
 # a burst, and splits off its last packet, by C struct reads and C calls.
 
 cimport cython
 
-# no_gc: a packet refers to no container that could refer back to it (its fields
-# are numbers, bytes, a memoryview of the payload; a Burst's ops a tuple of ints),
-# so it cannot be part of a cycle: the collector need not track the one or two
-# made per message
-@cython.freelist(64)
-@cython.no_gc
 cdef class Packet:
     # BTH
     cdef public object opcode, se, mig, pad, tver, pkey, fecn, becn, dqpn, ackreq, psn
@@ -33,8 +27,6 @@ cdef class Packet:
     cdef _init(self, object opcode, object dqpn, object psn, object payload)
 
 
-# no_gc as Packet: ops is a tuple of ints
-@cython.no_gc
 cdef class Burst(Packet):
     cdef public object ops
     cdef public long long ack_every, first_index, last_opcode, msg_packets, seg
@@ -44,8 +36,8 @@ cdef class Burst(Packet):
     cpdef Packet segment(self, long long j)
 
 
-# a new packet, as the engine makes its requests and responses: the object from the
-# freelist (tp_new, no call through the type, no argument parsing) filled by
+# a new packet, as the engine makes its requests and responses: the object made by
+# tp_new (no call through the type, no argument parsing) filled by
 # Packet._init, which the constructor calls too (one list of the defaults)
 @cython.locals(pkt=Packet)
 cpdef Packet new_packet(object opcode, object dqpn, object psn, object payload=*)

@@ -212,7 +212,7 @@ class Packet:
 
 def new_packet(opcode: int, dqpn: int, psn: int, payload: Any = b"") -> Packet:
     """``Packet(opcode, dqpn, psn, payload)``, as the engine makes its requests and
-    responses: compiled, the object comes from the type's free list and is filled
+    responses: compiled, the object is made by the type's tp_new and filled
     by a C call (:meth:`Packet._init`), without the constructor's call through the
     type and its argument parsing (one of each per packet)."""
     pkt = Packet.__new__(Packet)
