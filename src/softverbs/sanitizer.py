@@ -658,14 +658,17 @@ _INVALIDATING = frozenset({IBV_WR_LOCAL_INV})
 
 def _may_complete(qp: Any, cq: CompletionRing) -> int:
     """How many posted WRs of ``qp`` will make a CQE in ``cq``: signaled send
-    WQEs not yet finished, receive WQEs not yet used."""
+    WQEs not yet finished, receive WQEs not yet used.  A receive counts from its
+    post (the ring's ``pi``), not from when the device took its doorbell: on the
+    host device a send queue's doorbell may reach the service first, and its
+    completion would otherwise take the place of receives posted before it."""
     n = 0
     if qp.send_cq is cq and qp.sq is not None:
         signaled = qp.sq_sig_all
         n += sum(1 for wqe in qp.comp.inflight if signaled or wqe.signaled)
         n += sum(1 for i in range(qp.req.sq_next, qp.sq.db) if signaled or qp.sq.get(i).signaled)
     if qp.recv_cq is cq and qp.rq is not None:
-        n += qp.rq.db - qp.resp.rq_next
+        n += qp.rq.posted() - qp.resp.rq_next
     return n
 
 

@@ -15,10 +15,12 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from softverbs import sanitizer
+from softverbs.engine.rings import RecvWQE, local_work_ring
 
 PROGRAM = Path(__file__).resolve().parents[2] / "examples" / "sanitizer_misuse.py"
 HEADER = "softverbs-sanitizer: "
@@ -233,3 +235,22 @@ def test_the_seed_004_example_has_no_report(kind_env: dict[str, str]) -> None:
                        timeout=120, check=False)  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
     assert HEADER not in r.stderr, r.stderr
+
+
+def test_receives_count_from_their_post_not_their_doorbell() -> None:
+    """cq-too-small counts a receive from its post (the ring's ``pi``): on the host
+    device the doorbell of a send posted after it can reach the service first, and
+    the send's completion must not take the receives' place in the report."""
+    rq = local_work_ring(8)
+    for i in range(8):
+        rq.push(RecvWQE(100 + i, [], 0))
+    cq = object()
+    qp = SimpleNamespace(send_cq=None, sq=None, recv_cq=cq, rq=rq,
+                         resp=SimpleNamespace(rq_next=0))  # fmt: skip
+    assert rq.db == 0  # posted, the doorbell not yet taken
+    assert sanitizer._may_complete(qp, cq) == 8  # type: ignore[arg-type]
+    rq.ring(8)
+    rq.latch()
+    assert sanitizer._may_complete(qp, cq) == 8  # type: ignore[arg-type]
+    qp.resp.rq_next = 3  # three used
+    assert sanitizer._may_complete(qp, cq) == 5  # type: ignore[arg-type]
