@@ -799,6 +799,21 @@ static int cqx_fetch(struct sv_cq *cq)
 	return ENOENT;
 }
 
+/* Every 4096th poll of a CQ that keeps finding nothing asks whether the device
+ * is still there: a peek at the context's event socket, which reads end of file
+ * once the service has gone (killed, or crashed).  Its CQ can then never fill,
+ * and a program that polls it would spin for ever; ibv_poll_cq fails instead
+ * (-1, errno EIO; ibv_start_poll returns EIO), as a provider whose device died
+ * does, so the program sees the error and can stop.  Completions already in
+ * the ring are still returned first. */
+static int service_gone(struct sv_cq *cq)
+{
+	char c;
+	if (cq->empty_polls & 4095)
+		return 0;
+	return recv(cq->ctx->vctx.context.async_fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
+}
+
 static int cqx_start_poll(struct ibv_cq_ex *x, struct ibv_poll_cq_attr *attr)
 {
 	struct sv_cq *cq = (struct sv_cq *)x;
@@ -810,8 +825,11 @@ static int cqx_start_poll(struct ibv_cq_ex *x, struct ibv_poll_cq_attr *attr)
 	cq->ci = sv_load(&cq->ring, SV_RING_CQ_CI);
 	int err = cqx_fetch(cq);
 	if (err) {	/* the program does not call end_poll after ENOENT */
-		if (++cq->empty_polls >= 64)
+		if (++cq->empty_polls >= 64) {
 			sched_yield();	/* as poll_cq: let the device run */
+			if (service_gone(cq))
+				err = EIO;
+		}
 		pthread_mutex_unlock(&x->mutex);
 		return err;
 	}
@@ -1088,6 +1106,11 @@ static int poll_cq(struct ibv_cq *ibcq, int num_entries, struct ibv_wc *wc)
 	if (n == 0 && ++cq->empty_polls >= 64) {
 		sched_yield();
 		n = take_cqes(cq, num_entries, wc);
+		if (n == 0 && service_gone(cq)) {
+			pthread_mutex_unlock(&ibcq->mutex);
+			errno = EIO;
+			return -1;
+		}
 	}
 	if (n)
 		cq->empty_polls = 0;
